@@ -1,0 +1,67 @@
+"""colibri-convert: a GGUF file or Hugging Face folder -> a Colibri model directory."""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+
+from engine.convert.convert import QUANTIZE_CHOICES, Progress, convert
+from engine.errors import ColibriError
+
+
+def _progress_printer(stream=sys.stderr):
+    last = [0.0]
+
+    def show(p: Progress) -> None:
+        now = time.monotonic()
+        if now - last[0] < 0.2 and p.done_bytes < p.total_bytes:
+            return
+        last[0] = now
+        stream.write(f"\r{p.fraction:6.1%}  {p.done_bytes / 1e6:8.1f} / {p.total_bytes / 1e6:.1f} MB  "
+                     f"{p.tensor[:48]:<48}")
+        stream.flush()
+    return show
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="colibri-convert",
+        description="Convert a GGUF file or a Hugging Face safetensors folder into a Colibri model "
+                    "directory (one file per expert, memory-mappable).")
+    ap.add_argument("--model_path", required=True, help="a .gguf file or a Hugging Face model folder")
+    ap.add_argument("--output_path", required=True, help="the model directory to create")
+    ap.add_argument("--quantize", choices=QUANTIZE_CHOICES, default=None,
+                    help="weight format; default: keep a GGUF's own formats, int8 for float checkpoints")
+    ap.add_argument("--split_experts", action=argparse.BooleanOptionalAction, default=True,
+                    help="one file per expert (default), or --no-split_experts for one file per layer")
+    ap.add_argument("--num_experts", type=int, help="check the source has this many experts per layer")
+    ap.add_argument("--top_k", type=int, help="experts used per token (default: the model's own)")
+    ap.add_argument("--force", action="store_true", help="replace an existing output folder")
+    ap.add_argument("--quiet", action="store_true", help="no progress bar")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+    try:
+        result = convert(args.model_path, args.output_path, args.quantize, split_experts=args.split_experts,
+                         num_experts=args.num_experts, top_k=args.top_k, force=args.force,
+                         progress=None if args.quiet else _progress_printer())
+    except KeyboardInterrupt:
+        print("\ncolibri-convert: interrupted; nothing was written", file=sys.stderr)
+        return 130
+    except ColibriError as e:
+        print(f"\ncolibri-convert: error: {e}", file=sys.stderr)
+        return 1
+    mb = result.bytes_written / 1e6
+    types = ", ".join(f"{n} {k}" for k, n in sorted(result.tensor_types.items()))
+    print(f"\nwrote {result.path}: {result.config.architecture}, {result.config.num_layers} layers, "
+          f"{result.config.num_experts} expert(s), {mb:.1f} MB in {result.seconds:.1f} s "
+          f"({mb / max(result.seconds, 1e-9):.0f} MB/s); tensors: {types}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

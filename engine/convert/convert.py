@@ -1,0 +1,362 @@
+"""Convert a GGUF file or a Hugging Face folder into a Colibri model directory.
+
+Streaming: tensors are read, converted and written a slice of rows at a time, so memory stays
+flat whatever the model size. Safety: everything is written into a hidden folder beside the
+destination and renamed into place only when complete; a failure, a cancel or Ctrl-C removes
+it, and a destination that exists is never touched without `force`.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import shutil
+import threading
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Callable, Iterable
+
+import numpy as np
+
+from engine import quant
+from engine.convert import hf as hf_src
+from engine.convert.gguf_file import GGUFModel
+from engine.convert.names import HF_FAMILY, gguf_names, hf_names, split_slice
+from engine.convert.source import SourceTensor
+from engine.convert.tokenizer_import import TokenizerBundle, from_hf_folder
+from engine.errors import (ConfigError, ConversionCancelled, ConversionError, DiskSpaceError,
+                           MissingTensorError, OutputExistsError, SourceFormatError, UnexpectedTensorError)
+from engine.model_dir import (CONFIG_FILE, TEMPLATE_FILE, TOKENIZER_FILE, Manifest, ModelConfig,
+                              config_document, expected_tensors)
+from engine.tensorfile import TensorFileWriter, TensorPlan, align_up
+
+log = logging.getLogger("colibri.convert")
+
+QUANTIZE_CHOICES = ("f32", "f16", "int8", "int4", "keep")
+CHUNK_BYTES = 16 << 20  # float32 bytes converted per slice of a large tensor
+_PARTIAL = ".partial-"
+
+
+@dataclass(frozen=True)
+class Progress:
+    done_bytes: int
+    total_bytes: int
+    tensor: str
+    file: str
+
+    @property
+    def fraction(self) -> float:
+        return self.done_bytes / self.total_bytes if self.total_bytes else 1.0
+
+
+@dataclass(frozen=True)
+class ConvertResult:
+    path: Path
+    config: ModelConfig
+    bytes_written: int
+    seconds: float
+    tensor_types: dict[str, int]  # format name -> tensor count
+
+
+@dataclass
+class _Source:
+    kind: str  # "gguf" or "huggingface"
+    config: ModelConfig
+    tokenizer: TokenizerBundle
+    tensors: dict[str, SourceTensor]  # by source name
+    resolve: Callable[[str, ModelConfig, set[str]], SourceTensor | None]  # internal name -> tensor
+    ignorable: Callable[[str], bool]
+    close: Callable[[], None]
+
+
+# --- opening sources -------------------------------------------------------------------------
+
+def _lookup(tensors: dict[str, SourceTensor], candidates: Iterable[str],
+            consumed: set[str]) -> SourceTensor | None:
+    for cand in candidates:
+        base, index = split_slice(cand)
+        if base in tensors:
+            consumed.add(base)
+            return tensors[base] if index is None else tensors[base].expert(index)
+    return None
+
+
+def open_source(path: Path) -> _Source:
+    path = Path(path)
+    if path.is_dir():
+        cfg = hf_src.config_from_hf(path)
+        ckpt = hf_src.HFCheckpoint(path)
+        family = HF_FAMILY[cfg.architecture]
+        try:
+            tok = from_hf_folder(path)
+        except BaseException:
+            ckpt.close()
+            raise
+        src = _Source("huggingface", cfg, tok, ckpt.tensors, None, ckpt.ignorable, ckpt.close)  # type: ignore[arg-type]
+        src.resolve = lambda name, c, consumed: _lookup(ckpt.tensors, hf_names(name, family), consumed)
+        return src
+    if path.is_file():
+        g = GGUFModel(path)
+        try:
+            cfg, tok = g.config(), g.tokenizer()
+        except BaseException:
+            g.close()
+            raise
+        dense = cfg.num_experts == 1
+
+        def resolve(name: str, c: ModelConfig, consumed: set[str]) -> SourceTensor | None:
+            t = _lookup(g.tensors, gguf_names(name, dense), consumed)
+            if t is not None and "[" not in t.name and t.name in g.tensors:
+                return g.source_tensor(t.name, c)
+            return t
+        return _Source("gguf", cfg, tok, g.tensors, resolve, lambda n: False, g.close)
+    raise SourceFormatError(f"{path}: no such file or folder (give a .gguf file or a Hugging Face folder)")
+
+
+# --- planning --------------------------------------------------------------------------------
+
+def _llama3_factors(cfg: ModelConfig) -> np.ndarray:
+    """Per-frequency divisors equivalent to Hugging Face's llama3 rope scaling."""
+    s = cfg.rope_scaling or {}
+    factor, lo, hi = float(s["factor"]), float(s.get("low_freq_factor", 1.0)), float(s.get("high_freq_factor", 4.0))
+    old = float(s.get("original_max_position_embeddings", 8192))
+    freqs = 1.0 / cfg.rope_theta ** (np.arange(0, cfg.head_dim, 2, dtype=np.float64) / cfg.head_dim)
+    wavelen = 2 * math.pi / freqs
+    smooth = np.clip((old / wavelen - lo) / (hi - lo), 0.0, 1.0)
+    out = np.where(wavelen > old / lo, factor, np.where(wavelen < old / hi, 1.0, 1.0 / ((1 - smooth) / factor + smooth)))
+    return out.astype(np.float32)
+
+
+def _memory_tensor(name: str, values: np.ndarray) -> SourceTensor:
+    return SourceTensor(name, values.shape, quant.get("f32"), lambda a, b: values)
+
+
+def choose_type(name: str, src: quant.QuantType, shape: tuple[int, ...], target: str) -> quant.QuantType:
+    """The stored format of one tensor: vectors and routers stay exact, quantized families are kept."""
+    floats = {"f32", "f16", "bf16"}
+    if len(shape) == 1 or name.endswith("ffn_gate_inp.weight"):
+        return quant.get("f32") if src.name in floats else src
+    if target == "keep":
+        return src
+    if target == "int4" and name in ("token_embd.weight", "output.weight"):
+        target = "int8"  # the embedding and output matrices are the most sensitive: 8 bits
+    if src.name in quant.FAMILY[target]:
+        return src
+    want = quant.get(quant.TARGETS[target])
+    if shape[-1] % want.block_size:
+        fallback = quant.get("f16")
+        log.warning("%s: row length %d is not a multiple of %d; stored as f16", name, shape[-1], want.block_size)
+        return fallback
+    return want
+
+
+@dataclass(frozen=True)
+class _Item:
+    file: str
+    name: str
+    source: SourceTensor
+    qtype: quant.QuantType
+
+
+def plan(src: _Source, cfg: ModelConfig, target: str, split_experts: bool) -> list[_Item]:
+    consumed: set[str] = set()
+    extra: dict[str, SourceTensor] = {}
+    if cfg.rope_scaling and cfg.rope_scaling.get("type") == "llama3":
+        extra["rope_freqs.weight"] = _memory_tensor("rope_freqs (computed from llama3 rope_scaling)",
+                                                    _llama3_factors(cfg))
+    items = []
+    layout = expected_tensors(cfg, split_experts)
+    for rel, tensors in layout.items():
+        for name, shape in tensors.items():
+            t = extra.get(name) or src.resolve(name, cfg, consumed)
+            if t is None:
+                raise MissingTensorError(f"source has no tensor for {name!r} (the {cfg.architecture} config "
+                                         f"requires it); looked for: {', '.join(_candidates(src, name, cfg))}")
+            if t.shape != shape:
+                if t.shape[-1] == shape[-1] and math.prod(t.shape) == math.prod(shape):
+                    t = t.reshaped(shape)
+                else:
+                    raise ConfigError(f"tensor {t.name!r} has shape {list(t.shape)} but the config implies "
+                                      f"{list(shape)} for {name!r}")
+            items.append(_Item(rel, name, t, choose_type(name, t.qtype, shape, target)))
+    if cfg.tie_word_embeddings:
+        src.resolve("output.weight", cfg, consumed)  # some checkpoints store the tied copy too
+    left = sorted(n for n in src.tensors if n not in consumed and not src.ignorable(n))
+    if left:
+        more = f" and {len(left) - 8} more" if len(left) > 8 else ""
+        raise UnexpectedTensorError(f"source tensors not used by the {cfg.architecture} layout: "
+                                    f"{', '.join(left[:8])}{more} (a different architecture or a config "
+                                    f"that does not match the weights?)")
+    return items
+
+
+def _candidates(src: _Source, name: str, cfg: ModelConfig) -> list[str]:
+    if src.kind == "gguf":
+        return gguf_names(name, cfg.num_experts == 1) or [name]
+    return hf_names(name, HF_FAMILY[cfg.architecture]) or [name]
+
+
+# --- writing ---------------------------------------------------------------------------------
+
+def _write_tensor(w: TensorFileWriter, item: _Item, check: Callable[[], None]) -> None:
+    t, out = item.source, item.qtype
+    if len(t.shape) == 1:
+        data = t.read()
+        w.write(item.name, data if t.qtype is out else quant.quantize(quant.dequantize(data, t.qtype), out))
+        return
+    step = max(1, CHUNK_BYTES // (4 * t.shape[-1]))
+    for start in range(0, t.rows, step):
+        check()
+        data = t.read(start, min(t.rows, start + step))
+        if t.qtype is not out:
+            data = quant.quantize(quant.dequantize(data, t.qtype), out)
+        w.write(item.name, data)
+
+
+def _clean_stale_partials(dst: Path) -> None:
+    """Remove hidden partial folders of earlier runs that were killed outright."""
+    for p in dst.parent.glob(f".{dst.name}{_PARTIAL}*"):
+        pid = p.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def _check_destination(dst: Path, force: bool) -> None:
+    if dst.exists() and not dst.is_dir():
+        raise OutputExistsError(f"{dst}: exists and is not a folder")
+    if dst.is_dir() and any(dst.iterdir()) and not force:
+        raise OutputExistsError(f"{dst}: folder exists and is not empty (use --force to replace it)")
+
+
+def _check_space(dst: Path, need: int) -> None:
+    free = shutil.disk_usage(dst.parent).free
+    if need > free:
+        raise DiskSpaceError(f"{dst.parent}: not enough free disk space: the model needs "
+                             f"{need / 1e6:.1f} MB, {free / 1e6:.1f} MB free")
+
+
+def convert(model_path: str | Path, output_path: str | Path, quantize: str | None = None, *,
+            split_experts: bool = True, num_experts: int | None = None, top_k: int | None = None,
+            force: bool = False, progress: Callable[[Progress], None] | None = None,
+            cancel: threading.Event | Callable[[], bool] | None = None) -> ConvertResult:
+    """Convert `model_path` (GGUF file or HF folder) into the Colibri directory `output_path`.
+
+    `quantize`: f32, f16, int8, int4 or keep; None keeps a GGUF's formats and makes int8 of a
+    float checkpoint. `cancel` (an Event or a callable) is checked between slices of tensors.
+    """
+    t0 = time.perf_counter()
+    src_path, dst = Path(model_path).expanduser(), Path(output_path).expanduser().absolute()
+    if quantize is not None and quantize not in QUANTIZE_CHOICES:
+        raise ConversionError(f"--quantize {quantize!r}: choose one of {', '.join(QUANTIZE_CHOICES)}")
+    _check_destination(dst, force)
+    is_cancelled = cancel.is_set if isinstance(cancel, threading.Event) else (cancel or (lambda: False))
+
+    def check() -> None:
+        if is_cancelled():
+            raise ConversionCancelled("conversion cancelled; nothing was written")
+
+    src = open_source(src_path)
+    tmp: Path | None = None
+    try:
+        target = quantize or ("keep" if src.kind == "gguf" else "int8")
+        cfg = _apply_overrides(src.config, num_experts, top_k)
+        if cfg.rope_scaling and cfg.rope_scaling.get("type") == "llama3":
+            cfg = replace(cfg, rope_freq_factors=True)
+        items = plan(src, cfg, target, split_experts)
+        cfg = replace(cfg, rope_scaling=None) if cfg.rope_freq_factors else cfg
+        total = sum(i.qtype.nbytes(i.source.shape) for i in items)
+        _check_space(dst, total + sum(align_up(1) for _ in items) + (4 << 20))
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        _clean_stale_partials(dst)
+        tmp = dst.parent / f".{dst.name}{_PARTIAL}{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        manifest, done = Manifest(), 0
+        by_file: dict[str, list[_Item]] = {}
+        for it in items:
+            by_file.setdefault(it.file, []).append(it)
+        for rel, file_items in by_file.items():
+            (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+            w = TensorFileWriter(tmp / rel, [TensorPlan(i.name, i.qtype, i.source.shape) for i in file_items])
+            try:
+                for it in file_items:
+                    check()
+                    _write_tensor(w, it, check)
+                    done += it.qtype.nbytes(it.source.shape)
+                    if progress:
+                        progress(Progress(done, total, it.name, rel))
+            except BaseException:
+                w.abort()
+                raise
+            manifest.add(rel, *w.close())
+        check()
+        types: dict[str, int] = {}
+        for it in items:
+            types[it.qtype.name] = types.get(it.qtype.name, 0) + 1
+        _write_metadata(tmp, cfg, src, target, split_experts, types, src_path, manifest)
+        _move_into_place(tmp, dst)
+        tmp = None
+    finally:
+        src.close()
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+    seconds = time.perf_counter() - t0
+    log.info("converted %s -> %s: %.1f MB in %.1f s", src_path, dst, total / 1e6, seconds)
+    return ConvertResult(dst, cfg, total, seconds, types)
+
+
+def _apply_overrides(cfg: ModelConfig, num_experts: int | None, top_k: int | None) -> ModelConfig:
+    if num_experts is not None and num_experts != cfg.num_experts:
+        raise ConfigError(f"--num_experts {num_experts}: the source model has {cfg.num_experts} "
+                          f"expert{'s' if cfg.num_experts != 1 else ''} per layer")
+    if top_k is not None:
+        if not 1 <= top_k <= cfg.num_experts:
+            raise ConfigError(f"--top_k {top_k}: must be between 1 and the {cfg.num_experts} experts per layer")
+        if top_k != cfg.top_k:
+            log.warning("top_k %d overrides the model's %d experts per token", top_k, cfg.top_k)
+        cfg = replace(cfg, top_k=top_k)
+    return cfg
+
+
+def _write_metadata(tmp: Path, cfg: ModelConfig, src: _Source, target: str, split: bool,
+                    types: dict[str, int], src_path: Path, manifest: Manifest) -> None:
+    (tmp / TOKENIZER_FILE).write_text(src.tokenizer.tokenizer_json, encoding="utf-8")
+    manifest.add_file(tmp, TOKENIZER_FILE)
+    if src.tokenizer.chat_template is not None:
+        (tmp / TEMPLATE_FILE).write_text(src.tokenizer.chat_template, encoding="utf-8")
+        manifest.add_file(tmp, TEMPLATE_FILE)
+    meta = {
+        "quantization": {"requested": target, "tensor_types": types},
+        "layout": {"split_experts": split},
+        "tokenizer": {"file": TOKENIZER_FILE,
+                      "chat_template_file": TEMPLATE_FILE if src.tokenizer.chat_template is not None else None,
+                      **src.tokenizer.meta},
+        "source": {"kind": src.kind, "name": src_path.name},
+    }
+    if src.config.rope_scaling and src.config.rope_scaling.get("type") == "llama3":
+        meta["source"]["rope_scaling"] = src.config.rope_scaling
+    (tmp / CONFIG_FILE).write_text(json.dumps(config_document(cfg, meta), indent=1) + "\n", encoding="utf-8")
+    manifest.add_file(tmp, CONFIG_FILE)
+    manifest.write(tmp)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _move_into_place(tmp: Path, dst: Path) -> None:
+    _fsync_dir(tmp)
+    old = None
+    if dst.exists():
+        old = dst.parent / f".{dst.name}.old-{os.getpid()}"
+        os.rename(dst, old)
+    os.rename(tmp, dst)
+    _fsync_dir(dst.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)

@@ -1,0 +1,190 @@
+"""Hugging Face checkpoints: a folder of safetensors (one file or sharded) with config.json.
+
+The safetensors header is parsed here rather than by the `safetensors` package: its numpy API
+cannot read BF16, and we want each lie in a header (sizes, offsets, dtypes) named precisely.
+Weights are never unpickled: `.bin`/`.pt` checkpoints are refused.
+"""
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import numpy as np
+
+from engine import quant
+from engine.convert.names import HF_FAMILY, HF_IGNORED
+from engine.convert.source import FileReader, SourceTensor
+from engine.errors import (ConfigError, SourceFormatError, UnsupportedArchitectureError)
+from engine.model_dir import ModelConfig
+
+# Hugging Face class -> our architecture name
+HF_ARCHITECTURES = {
+    "LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3", "MixtralForCausalLM": "mixtral", "Qwen2MoeForCausalLM": "qwen2_moe",
+    "Qwen3MoeForCausalLM": "qwen3_moe", "OlmoeForCausalLM": "olmoe",
+}
+_DTYPES = {"F32": "f32", "F16": "f16", "BF16": "bf16"}
+_ITEMSIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
+             "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
+
+
+def read_safetensors_header(path: Path) -> tuple[dict[str, dict], int, int]:
+    """(tensor entries, data start, file size); every entry checked against the file."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise SourceFormatError(f"{path}: not a safetensors file ({size} bytes, no header)")
+        (hlen,) = struct.unpack("<Q", head)
+        if hlen > size - 8 or hlen > 100_000_000:
+            raise SourceFormatError(f"{path}: safetensors header claims {hlen} bytes but the file has "
+                                    f"{size} (truncated or not a safetensors file)")
+        try:
+            doc = json.loads(f.read(hlen))
+        except (ValueError, UnicodeDecodeError) as e:
+            raise SourceFormatError(f"{path}: safetensors header is not valid JSON: {e}") from None
+    if not isinstance(doc, dict):
+        raise SourceFormatError(f"{path}: safetensors header is not a JSON object")
+    doc.pop("__metadata__", None)
+    data_start, data_size = 8 + hlen, size - 8 - hlen
+    for name, e in doc.items():
+        try:
+            dtype, shape, (begin, end) = e["dtype"], [int(d) for d in e["shape"]], e["data_offsets"]
+        except (KeyError, TypeError, ValueError):
+            raise SourceFormatError(f"{path}: tensor {name!r} has a malformed header entry: {e!r}") from None
+        if dtype not in _ITEMSIZE:
+            raise SourceFormatError(f"{path}: tensor {name!r} has unknown dtype {dtype!r}")
+        want = int(np.prod(shape, dtype=np.int64)) * _ITEMSIZE[dtype]
+        if end - begin != want or begin < 0:
+            raise SourceFormatError(f"{path}: tensor {name!r} is {dtype}{shape} = {want} bytes but its "
+                                    f"header offsets [{begin}, {end}) span {end - begin}")
+        if end > data_size:
+            raise SourceFormatError(f"{path}: tensor {name!r} ends at data byte {end} but the file holds "
+                                    f"only {data_size} data bytes (truncated?)")
+    return doc, data_start, size
+
+
+class HFCheckpoint:
+    """The safetensors of a Hugging Face folder as a catalog of lazily read SourceTensors."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+        self.readers: list[FileReader] = []
+        self.tensors: dict[str, SourceTensor] = {}
+        index = folder / "model.safetensors.index.json"
+        if index.is_file():
+            try:
+                weight_map = json.loads(index.read_text())["weight_map"]
+            except (ValueError, KeyError) as e:
+                raise SourceFormatError(f"{index}: not a valid safetensors index: {e!r}") from None
+            shards = sorted(set(weight_map.values()))
+        else:
+            weight_map, shards = None, sorted(p.name for p in folder.glob("*.safetensors"))
+        if not shards:
+            pickles = [p.name for p in folder.glob("*.bin")] + [p.name for p in folder.glob("*.pt")]
+            hint = f" ({', '.join(pickles)} are pickle files, which Colibri never loads)" if pickles else ""
+            raise SourceFormatError(f"{folder}: no .safetensors weights found{hint}")
+        for shard in shards:
+            p = folder / shard
+            if not p.is_file():
+                raise SourceFormatError(f"{p}: shard listed in model.safetensors.index.json is missing")
+            self._add_shard(p)
+        if weight_map is not None:
+            for name, shard in weight_map.items():
+                if name not in self.tensors:
+                    raise SourceFormatError(f"{folder / shard}: tensor {name!r} listed in the index is not in it")
+
+    def _add_shard(self, path: Path) -> None:
+        entries, data_start, _ = read_safetensors_header(path)
+        reader = FileReader(path)
+        self.readers.append(reader)
+        for name, e in entries.items():
+            if name in self.tensors:
+                raise SourceFormatError(f"{path}: tensor {name!r} appears in two shards")
+            if e["dtype"] not in _DTYPES:
+                raise SourceFormatError(f"{path}: tensor {name!r} has dtype {e['dtype']}; Colibri converts "
+                                        f"F32, F16 and BF16 checkpoints")
+            qtype = quant.get(_DTYPES[e["dtype"]])
+            shape = tuple(int(d) for d in e["shape"]) or (1,)
+            row_bytes = qtype.row_bytes(shape[-1])
+            self.tensors[name] = SourceTensor(
+                name, shape, qtype, reader.rows(name, data_start + e["data_offsets"][0], row_bytes, qtype.storage))
+
+    def ignorable(self, name: str) -> bool:
+        return any(p.fullmatch(name) for p in HF_IGNORED)
+
+    def close(self) -> None:
+        for r in self.readers:
+            r.close()
+
+
+# --- config.json -----------------------------------------------------------------------------
+
+def _need(cfg: dict, key: str, path: Path):
+    if cfg.get(key) is None:
+        raise ConfigError(f"{path}: config.json has no {key!r}")
+    return cfg[key]
+
+
+def _rope(cfg: dict, path: Path) -> tuple[float, dict | None]:
+    params = cfg.get("rope_parameters") or {}
+    scaling = cfg.get("rope_scaling") or (params if params.get("rope_type", "default") != "default" else None)
+    theta = cfg.get("rope_theta", params.get("rope_theta", 10000.0))
+    if scaling:
+        kind = scaling.get("rope_type", scaling.get("type"))
+        if kind not in ("default", "linear", "llama3", "yarn"):
+            raise ConfigError(f"{path}: rope scaling type {kind!r} is not supported "
+                              f"(supported: linear, llama3, yarn)")
+        scaling = None if kind == "default" else {"type": kind, **{k: v for k, v in scaling.items()
+                                                                   if k not in ("type", "rope_type", "rope_theta")}}
+    return float(theta), scaling
+
+
+def config_from_hf(folder: Path) -> ModelConfig:
+    path = folder / "config.json"
+    if not path.is_file():
+        raise SourceFormatError(f"{folder}: no config.json (is this a Hugging Face model folder?)")
+    try:
+        cfg = json.loads(path.read_text())
+    except ValueError as e:
+        raise ConfigError(f"{path}: not valid JSON: {e}") from None
+    classes = cfg.get("architectures") or []
+    arch = next((HF_ARCHITECTURES[c] for c in classes if c in HF_ARCHITECTURES), None)
+    if arch is None:
+        raise UnsupportedArchitectureError(
+            f"{path}: architecture {classes or cfg.get('model_type')!r} is not supported; supported: "
+            f"{', '.join(HF_ARCHITECTURES)}")
+    heads = int(_need(cfg, "num_attention_heads", path))
+    hidden = int(_need(cfg, "hidden_size", path))
+    family = HF_FAMILY[arch]
+    moe = family != "dense"
+    if cfg.get("mlp_only_layers") or cfg.get("decoder_sparse_step", 1) != 1:
+        raise ConfigError(f"{path}: models that mix dense and MoE layers (mlp_only_layers / "
+                          f"decoder_sparse_step) are not supported yet")
+    theta, scaling = _rope(cfg, path)
+    experts_key = {"mixtral": "num_local_experts"}.get(family, "num_experts")
+    ff_key = "moe_intermediate_size" if family == "qwen_moe" else "intermediate_size"
+    return ModelConfig(
+        architecture=arch,
+        vocab_size=int(_need(cfg, "vocab_size", path)),
+        hidden_size=hidden,
+        num_layers=int(_need(cfg, "num_hidden_layers", path)),
+        num_heads=heads,
+        num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
+        head_dim=int(cfg.get("head_dim") or hidden // heads),
+        intermediate_size=int(_need(cfg, ff_key, path)),
+        num_experts=int(_need(cfg, experts_key, path)) if moe else 1,
+        top_k=int(_need(cfg, "num_experts_per_tok", path)) if moe else 1,
+        norm_topk_prob=True if arch == "mixtral" else bool(cfg.get("norm_topk_prob", False)),
+        shared_expert_intermediate_size=int(cfg.get("shared_expert_intermediate_size") or 0)
+        if arch == "qwen2_moe" else 0,
+        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+        rope_theta=theta,
+        rope_scaling=scaling,
+        max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        attention_bias=arch in ("qwen2", "qwen2_moe") or bool(cfg.get("attention_bias", False)),
+        qk_norm={"qwen3": "head", "qwen3_moe": "head", "olmoe": "full"}.get(arch, "none"),
+        clip_qkv=cfg.get("clip_qkv"),
+    )

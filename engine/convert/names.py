@@ -1,0 +1,120 @@
+"""Tensor names: one table per source format, internal name -> source name(s).
+
+Internal names are GGUF's vocabulary with one tensor per expert (`blk.{L}.ffn_gate.{E}.weight`).
+A source name ending in `[{E}]` is slice E of a stacked tensor (experts along the first axis).
+Where a row lists several source names, the first one present in the checkpoint is used.
+"""
+from __future__ import annotations
+
+import re
+
+ALL = frozenset({"dense", "mixtral", "qwen_moe", "olmoe"})
+DENSE, MIXTRAL = frozenset({"dense"}), frozenset({"mixtral"})
+QWEN_MOE, OLMOE = frozenset({"qwen_moe"}), frozenset({"olmoe"})
+MLP_EXPERTS = QWEN_MOE | OLMOE
+
+HF_FAMILY = {"llama": "dense", "mistral": "dense", "qwen2": "dense", "qwen3": "dense",
+             "mixtral": "mixtral", "qwen2_moe": "qwen_moe", "qwen3_moe": "qwen_moe", "olmoe": "olmoe"}
+
+_L = "model.layers.{L}"
+# internal name                          Hugging Face name(s)                                      families
+HF_NAMES: list[tuple[str, tuple[str, ...], frozenset[str]]] = [
+    ("token_embd.weight",                ("model.embed_tokens.weight",),                            ALL),
+    ("output_norm.weight",               ("model.norm.weight",),                                    ALL),
+    ("output.weight",                    ("lm_head.weight",),                                       ALL),
+    ("blk.{L}.attn_norm.weight",         (f"{_L}.input_layernorm.weight",),                         ALL),
+    ("blk.{L}.attn_q.weight",            (f"{_L}.self_attn.q_proj.weight",),                        ALL),
+    ("blk.{L}.attn_k.weight",            (f"{_L}.self_attn.k_proj.weight",),                        ALL),
+    ("blk.{L}.attn_v.weight",            (f"{_L}.self_attn.v_proj.weight",),                        ALL),
+    ("blk.{L}.attn_output.weight",       (f"{_L}.self_attn.o_proj.weight",),                        ALL),
+    ("blk.{L}.attn_q.bias",              (f"{_L}.self_attn.q_proj.bias",),                          ALL),
+    ("blk.{L}.attn_k.bias",              (f"{_L}.self_attn.k_proj.bias",),                          ALL),
+    ("blk.{L}.attn_v.bias",              (f"{_L}.self_attn.v_proj.bias",),                          ALL),
+    ("blk.{L}.attn_q_norm.weight",       (f"{_L}.self_attn.q_norm.weight",),                        ALL),
+    ("blk.{L}.attn_k_norm.weight",       (f"{_L}.self_attn.k_norm.weight",),                        ALL),
+    ("blk.{L}.ffn_norm.weight",          (f"{_L}.post_attention_layernorm.weight",),                ALL),
+    ("blk.{L}.ffn_gate.0.weight",        (f"{_L}.mlp.gate_proj.weight",),                           DENSE),
+    ("blk.{L}.ffn_up.0.weight",          (f"{_L}.mlp.up_proj.weight",),                             DENSE),
+    ("blk.{L}.ffn_down.0.weight",        (f"{_L}.mlp.down_proj.weight",),                           DENSE),
+    ("blk.{L}.ffn_gate_inp.weight",      (f"{_L}.block_sparse_moe.gate.weight",),                   MIXTRAL),
+    ("blk.{L}.ffn_gate.{E}.weight",      (f"{_L}.block_sparse_moe.experts.{{E}}.w1.weight",),       MIXTRAL),
+    ("blk.{L}.ffn_down.{E}.weight",      (f"{_L}.block_sparse_moe.experts.{{E}}.w2.weight",),       MIXTRAL),
+    ("blk.{L}.ffn_up.{E}.weight",        (f"{_L}.block_sparse_moe.experts.{{E}}.w3.weight",),       MIXTRAL),
+    ("blk.{L}.ffn_gate_inp.weight",      (f"{_L}.mlp.gate.weight",),                                MLP_EXPERTS),
+    ("blk.{L}.ffn_gate.{E}.weight",      (f"{_L}.mlp.experts.{{E}}.gate_proj.weight",),             MLP_EXPERTS),
+    ("blk.{L}.ffn_up.{E}.weight",        (f"{_L}.mlp.experts.{{E}}.up_proj.weight",),               MLP_EXPERTS),
+    ("blk.{L}.ffn_down.{E}.weight",      (f"{_L}.mlp.experts.{{E}}.down_proj.weight",),             MLP_EXPERTS),
+    ("blk.{L}.ffn_gate_inp_shexp.weight", (f"{_L}.mlp.shared_expert_gate.weight",),                 QWEN_MOE),
+    ("blk.{L}.ffn_gate_shexp.weight",    (f"{_L}.mlp.shared_expert.gate_proj.weight",),             QWEN_MOE),
+    ("blk.{L}.ffn_up_shexp.weight",      (f"{_L}.mlp.shared_expert.up_proj.weight",),               QWEN_MOE),
+    ("blk.{L}.ffn_down_shexp.weight",    (f"{_L}.mlp.shared_expert.down_proj.weight",),             QWEN_MOE),
+]
+# Present in some checkpoints, derived by the engine: consumed without being stored.
+HF_IGNORED = (re.compile(r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq"),)
+
+_B = "blk.{L}"
+# internal name                          GGUF name(s): stacked experts first, old per-expert second
+GGUF_NAMES: list[tuple[str, tuple[str, ...]]] = [
+    ("token_embd.weight",                ("token_embd.weight",)),
+    ("output_norm.weight",               ("output_norm.weight",)),
+    ("output.weight",                    ("output.weight",)),
+    ("rope_freqs.weight",                ("rope_freqs.weight",)),
+    ("blk.{L}.attn_norm.weight",         (f"{_B}.attn_norm.weight",)),
+    ("blk.{L}.attn_q.weight",            (f"{_B}.attn_q.weight",)),
+    ("blk.{L}.attn_k.weight",            (f"{_B}.attn_k.weight",)),
+    ("blk.{L}.attn_v.weight",            (f"{_B}.attn_v.weight",)),
+    ("blk.{L}.attn_output.weight",       (f"{_B}.attn_output.weight",)),
+    ("blk.{L}.attn_q.bias",              (f"{_B}.attn_q.bias",)),
+    ("blk.{L}.attn_k.bias",              (f"{_B}.attn_k.bias",)),
+    ("blk.{L}.attn_v.bias",              (f"{_B}.attn_v.bias",)),
+    ("blk.{L}.attn_q_norm.weight",       (f"{_B}.attn_q_norm.weight",)),
+    ("blk.{L}.attn_k_norm.weight",       (f"{_B}.attn_k_norm.weight",)),
+    ("blk.{L}.ffn_norm.weight",          (f"{_B}.ffn_norm.weight",)),
+    ("blk.{L}.ffn_gate_inp.weight",      (f"{_B}.ffn_gate_inp.weight",)),
+    ("blk.{L}.ffn_gate.{E}.weight",      (f"{_B}.ffn_gate_exps.weight[{{E}}]", f"{_B}.ffn_gate.{{E}}.weight")),
+    ("blk.{L}.ffn_up.{E}.weight",        (f"{_B}.ffn_up_exps.weight[{{E}}]", f"{_B}.ffn_up.{{E}}.weight")),
+    ("blk.{L}.ffn_down.{E}.weight",      (f"{_B}.ffn_down_exps.weight[{{E}}]", f"{_B}.ffn_down.{{E}}.weight")),
+    ("blk.{L}.ffn_gate_inp_shexp.weight", (f"{_B}.ffn_gate_inp_shexp.weight",)),
+    ("blk.{L}.ffn_gate_shexp.weight",    (f"{_B}.ffn_gate_shexp.weight",)),
+    ("blk.{L}.ffn_up_shexp.weight",      (f"{_B}.ffn_up_shexp.weight",)),
+    ("blk.{L}.ffn_down_shexp.weight",    (f"{_B}.ffn_down_shexp.weight",)),
+]
+# A dense GGUF model's MLP is our expert 0.
+GGUF_DENSE_MLP = {"blk.{L}.ffn_gate.0.weight": f"{_B}.ffn_gate.weight",
+                  "blk.{L}.ffn_up.0.weight": f"{_B}.ffn_up.weight",
+                  "blk.{L}.ffn_down.0.weight": f"{_B}.ffn_down.weight"}
+
+
+def _pattern(internal: str) -> re.Pattern[str]:
+    return re.compile("^" + re.escape(internal).replace(r"\{L\}", r"(?P<L>\d+)").replace(r"\{E\}", r"(?P<E>\d+)") + "$")
+
+
+_HF = [(_pattern(i), srcs, fams) for i, srcs, fams in HF_NAMES]
+_GGUF = [(_pattern(i), srcs) for i, srcs in GGUF_NAMES]
+_GGUF_DENSE = [(_pattern(i), (s,)) for i, s in GGUF_DENSE_MLP.items()]
+
+
+def _fill(templates: tuple[str, ...], m: re.Match[str]) -> list[str]:
+    return [t.format(**m.groupdict()) for t in templates]
+
+
+def hf_names(internal: str, family: str) -> list[str]:
+    """Candidate Hugging Face names for an internal tensor name."""
+    for pat, srcs, fams in _HF:
+        if family in fams and (m := pat.match(internal)):
+            return _fill(srcs, m)
+    return []
+
+
+def gguf_names(internal: str, dense: bool) -> list[str]:
+    """Candidate GGUF names (possibly `name[E]` slices) for an internal tensor name."""
+    for pat, srcs in (_GGUF_DENSE if dense else []) + _GGUF:
+        if m := pat.match(internal):
+            return _fill(srcs, m)
+    return []
+
+
+def split_slice(source_name: str) -> tuple[str, int | None]:
+    """'blk.0.ffn_up_exps.weight[3]' -> ('blk.0.ffn_up_exps.weight', 3)."""
+    m = re.fullmatch(r"(.*)\[(\d+)\]", source_name)
+    return (m.group(1), int(m.group(2))) if m else (source_name, None)

@@ -1,0 +1,100 @@
+"""Source tensors read lazily, a slice of rows at a time, with `pread` (never mmap).
+
+Reading with pread into private buffers keeps the converter's resident memory at about one
+slice of one tensor, whatever the model size: pages of an mmap would stay counted in RSS.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from engine import quant
+from engine.errors import ConversionError, SourceFormatError
+
+RowReader = Callable[[int, int], np.ndarray]  # rows [start, stop) -> stored array
+
+
+@dataclass(frozen=True)
+class SourceTensor:
+    """A tensor of a source checkpoint: its shape, storage format and a reader of row ranges.
+
+    Rows are the leading dimensions flattened; a 1-D tensor is a single row.
+    """
+    name: str
+    shape: tuple[int, ...]
+    qtype: quant.QuantType
+    read_rows: RowReader = field(repr=False)
+
+    @property
+    def rows(self) -> int:
+        return int(np.prod(self.shape[:-1], dtype=np.int64)) if len(self.shape) > 1 else 1
+
+    @property
+    def row_bytes(self) -> int:
+        return self.qtype.row_bytes(int(self.shape[-1]))
+
+    @property
+    def nbytes(self) -> int:
+        return self.rows * self.row_bytes
+
+    def read(self, start: int = 0, stop: int | None = None) -> np.ndarray:
+        """Stored rows [start, stop) as an array (rows, stored row) — or the whole 1-D tensor."""
+        stop = self.rows if stop is None else stop
+        data = self.read_rows(start, stop)
+        if len(self.shape) == 1:
+            return data.reshape(self.qtype.stored_shape(self.shape))
+        return data.reshape(stop - start, -1)
+
+    def expert(self, index: int) -> SourceTensor:
+        """Slice `index` of a tensor stacked along its first axis."""
+        if len(self.shape) < 2 or not 0 <= index < self.shape[0]:
+            raise ConversionError(f"{self.name}: no slice {index} in shape {list(self.shape)}")
+        per = self.rows // self.shape[0]
+        return SourceTensor(f"{self.name}[{index}]", self.shape[1:], self.qtype,
+                            lambda a, b: self.read_rows(index * per + a, index * per + b))
+
+    def permute_rows(self, order: np.ndarray) -> SourceTensor:
+        """Rows reordered: new row i is old row order[i] (a lossless move of whole rows)."""
+        def read(a: int, b: int) -> np.ndarray:
+            return self.read().reshape(self.rows, -1)[order[a:b]]
+        return SourceTensor(self.name, self.shape, self.qtype, read)
+
+    def reshaped(self, shape: tuple[int, ...]) -> SourceTensor:
+        """Same data, other leading dims (e.g. a (1, n) matrix as an (n,) vector)."""
+        assert shape[-1] == self.shape[-1] and np.prod(shape) == np.prod(self.shape)
+        if len(shape) == 1:
+            return SourceTensor(self.name, shape, self.qtype, lambda a, b: self.read_rows(0, self.rows))
+        return SourceTensor(self.name, shape, self.qtype, self.read_rows)
+
+
+class FileReader:
+    """One open source file; reads byte ranges with pread and checks they exist."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        try:
+            self.fd = os.open(self.path, os.O_RDONLY)
+        except OSError as e:
+            raise SourceFormatError(f"{self.path}: cannot open: {e.strerror}") from None
+        self.size = os.fstat(self.fd).st_size
+
+    def rows(self, name: str, offset: int, row_bytes: int, dtype: np.dtype) -> RowReader:
+        """A reader of rows of `row_bytes` bytes starting at byte `offset`."""
+        def read(a: int, b: int) -> np.ndarray:
+            want = (b - a) * row_bytes
+            buf = bytearray(want)
+            got = os.preadv(self.fd, [buf], offset + a * row_bytes) if want else 0
+            if got != want:
+                raise SourceFormatError(f"{self.path}: tensor {name!r} is cut short "
+                                        f"(read {got} of {want} bytes: file truncated?)")
+            return np.frombuffer(buf, dtype=dtype)
+        return read
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1

@@ -1,0 +1,249 @@
+"""The Colibri model directory: what files it holds, what each must contain, and its checks.
+
+    model/
+      config.json                     format name and version, architecture, dims, quantization
+      manifest.json                   every other file with its size and sha256
+      tokenizer.json                  Hugging Face tokenizers format
+      chat_template.jinja             the model's chat template (untrusted: render in a sandbox)
+      embeddings.bin                  token_embd (+ output, output_norm, rope_freqs)
+      attention/layer_N.bin           attention weights and both norms of layer N
+      router/layer_N.bin              router of layer N (MoE only)
+      experts/layer_N_expert_M.bin    gate/up/down of one expert (a dense MLP is expert 0)
+      experts/layer_N_shared.bin      Qwen2-MoE's shared expert
+    or, converted without --split_experts, experts/layer_N.bin holding all experts of layer N.
+
+Tensor names are GGUF's vocabulary (`blk.3.attn_q.weight`, `blk.3.ffn_gate.5.weight`) and are
+the same string in files, manifest, logs and dashboard.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+from engine import tensorfile
+from engine.errors import (BadHeaderError, ChecksumMismatchError, MissingFileError,
+                           ModelFormatError, NewerFormatError, SizeMismatchError)
+
+FORMAT_NAME = "colibri"
+FORMAT_VERSION = 1
+CONFIG_FILE, MANIFEST_FILE = "config.json", "manifest.json"
+TOKENIZER_FILE, TEMPLATE_FILE = "tokenizer.json", "chat_template.jinja"
+
+ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Everything the engine needs to know about a model's shape and maths."""
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int  # of one expert (the MLP, for a dense model)
+    num_experts: int = 1
+    top_k: int = 1
+    norm_topk_prob: bool = False  # renormalise the top-k router weights to sum to 1
+    shared_expert_intermediate_size: int = 0  # Qwen2-MoE's always-on expert; 0 = none
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None  # {"type": "linear"|"yarn", ...}; llama3-style → rope_freqs
+    rope_freq_factors: bool = False  # embeddings.bin holds rope_freqs.weight (head_dim/2 divisors)
+    max_position_embeddings: int = 4096
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False  # q/k/v biases (Qwen2)
+    qk_norm: str = "none"  # "none", "head" (RMSNorm per head: Qwen3) or "full" (whole q/k: OLMoE)
+    clip_qkv: float | None = None
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 1
+
+    @classmethod
+    def from_dict(cls, d: dict) -> ModelConfig:
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise ModelFormatError(f"config.json: unknown model keys {unknown}")
+        try:
+            return cls(**d)
+        except TypeError as e:
+            raise ModelFormatError(f"config.json: {e}") from None
+
+
+# --- which tensor goes where -----------------------------------------------------------------
+
+def expert_file(layer: int, expert: int | str, split: bool) -> str:
+    if not split:
+        return f"experts/layer_{layer}.bin"
+    return f"experts/layer_{layer}_{'shared' if expert == 'shared' else f'expert_{expert}'}.bin"
+
+
+def expected_tensors(cfg: ModelConfig, split_experts: bool = True) -> dict[str, dict[str, tuple[int, ...]]]:
+    """file -> {tensor name -> shape}, in file order: the one definition of the layout."""
+    D, hd = cfg.hidden_size, cfg.head_dim
+    q, kv = cfg.num_heads * hd, cfg.num_kv_heads * hd
+    files: dict[str, dict[str, tuple[int, ...]]] = {}
+    emb = {"token_embd.weight": (cfg.vocab_size, D), "output_norm.weight": (D,)}
+    if not cfg.tie_word_embeddings:
+        emb["output.weight"] = (cfg.vocab_size, D)
+    if cfg.rope_freq_factors:
+        emb["rope_freqs.weight"] = (hd // 2,)
+    files["embeddings.bin"] = emb
+    for L in range(cfg.num_layers):
+        b = f"blk.{L}."
+        att = {b + "attn_norm.weight": (D,), b + "attn_q.weight": (q, D), b + "attn_k.weight": (kv, D),
+               b + "attn_v.weight": (kv, D), b + "attn_output.weight": (D, q)}
+        if cfg.attention_bias:
+            att |= {b + "attn_q.bias": (q,), b + "attn_k.bias": (kv,), b + "attn_v.bias": (kv,)}
+        if cfg.qk_norm != "none":
+            head = cfg.qk_norm == "head"
+            att |= {b + "attn_q_norm.weight": (hd if head else q,), b + "attn_k_norm.weight": (hd if head else kv,)}
+        att[b + "ffn_norm.weight"] = (D,)
+        files[f"attention/layer_{L}.bin"] = att
+        if cfg.is_moe:
+            router = {b + "ffn_gate_inp.weight": (cfg.num_experts, D)}
+            if cfg.shared_expert_intermediate_size:
+                router[b + "ffn_gate_inp_shexp.weight"] = (D,)
+            files[f"router/layer_{L}.bin"] = router
+        F = cfg.intermediate_size
+        for e in range(cfg.num_experts):
+            files.setdefault(expert_file(L, e, split_experts), {}).update({
+                f"{b}ffn_gate.{e}.weight": (F, D), f"{b}ffn_up.{e}.weight": (F, D),
+                f"{b}ffn_down.{e}.weight": (D, F)})
+        if cfg.shared_expert_intermediate_size:
+            S = cfg.shared_expert_intermediate_size
+            files.setdefault(expert_file(L, "shared", split_experts), {}).update({
+                b + "ffn_gate_shexp.weight": (S, D), b + "ffn_up_shexp.weight": (S, D),
+                b + "ffn_down_shexp.weight": (D, S)})
+    return files
+
+
+# --- manifest --------------------------------------------------------------------------------
+
+def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+@dataclass
+class Manifest:
+    files: dict[str, dict] = field(default_factory=dict)  # relpath -> {"size", "sha256"}
+
+    def add(self, relpath: str, size: int, sha256: str) -> None:
+        self.files[relpath] = {"size": size, "sha256": sha256}
+
+    def add_file(self, root: Path, relpath: str) -> None:
+        p = root / relpath
+        self.add(relpath, p.stat().st_size, sha256_file(p))
+
+    def write(self, root: Path) -> None:
+        doc = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "files": self.files}
+        (root / MANIFEST_FILE).write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+
+
+# --- opening and validating ------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ModelDir:
+    """A validated model directory. Tensor files are opened (mmapped) on demand."""
+    path: Path
+    config: ModelConfig
+    meta: dict  # the rest of config.json: quantization, tokenizer, source, layout
+    manifest: dict
+
+    @property
+    def split_experts(self) -> bool:
+        return bool(self.meta.get("layout", {}).get("split_experts", True))
+
+    def tensor_file(self, relpath: str) -> tensorfile.TensorFile:
+        return tensorfile.TensorFile(self.path / relpath)
+
+    def files(self) -> dict[str, dict[str, tuple[int, ...]]]:
+        return expected_tensors(self.config, self.split_experts)
+
+    @property
+    def chat_template(self) -> str | None:
+        p = self.path / TEMPLATE_FILE
+        return p.read_text(encoding="utf-8") if p.exists() else None
+
+
+def _load_json(path: Path, what: str) -> dict:
+    if not path.is_file():
+        raise MissingFileError(f"{path}: missing {what}")
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise BadHeaderError(f"{path}: {what} is not valid JSON: {e}") from None
+    if not isinstance(doc, dict):
+        raise BadHeaderError(f"{path}: {what} is not a JSON object")
+    return doc
+
+
+def _check_format(doc: dict, path: Path) -> None:
+    if doc.get("format") != FORMAT_NAME:
+        raise BadHeaderError(f"{path}: format is {doc.get('format')!r}, expected {FORMAT_NAME!r} "
+                             f"(is this a Colibri model directory?)")
+    version = doc.get("format_version")
+    if not isinstance(version, int):
+        raise BadHeaderError(f"{path}: format_version {version!r} is not an integer")
+    if version > FORMAT_VERSION:
+        raise NewerFormatError(f"{path}: model format version {version} is newer than this Colibri "
+                               f"reads ({FORMAT_VERSION}); update Colibri to open it")
+
+
+def open_model_dir(path: str | Path, verify: bool = False) -> ModelDir:
+    """Check a model directory and say precisely what is wrong with it.
+
+    Always checks: config and manifest parse, every expected file is listed and present with
+    the listed size, every tensor file's header, and every expected tensor with its shape and
+    a known quant type. With `verify`, also every file's sha256 (reads the whole model).
+    """
+    root = Path(path)
+    if not root.is_dir():
+        raise MissingFileError(f"{root}: model directory not found")
+    cfg_doc = _load_json(root / CONFIG_FILE, "config.json")
+    _check_format(cfg_doc, root / CONFIG_FILE)
+    man_doc = _load_json(root / MANIFEST_FILE, "manifest.json")
+    _check_format(man_doc, root / MANIFEST_FILE)
+    if "model" not in cfg_doc or not isinstance(cfg_doc["model"], dict):
+        raise BadHeaderError(f"{root / CONFIG_FILE}: no 'model' section")
+    config = ModelConfig.from_dict(cfg_doc["model"])
+    meta = {k: v for k, v in cfg_doc.items() if k != "model"}
+    listed = man_doc.get("files", {})
+    for rel, entry in listed.items():
+        p = root / rel
+        if not p.is_file():
+            raise MissingFileError(f"{p}: missing (listed in manifest.json)")
+        size = p.stat().st_size
+        if size != entry.get("size"):
+            raise SizeMismatchError(f"{p}: size {size} bytes, manifest.json says {entry.get('size')} "
+                                    f"(truncated or overwritten?)")
+        if verify and sha256_file(p) != entry.get("sha256"):
+            raise ChecksumMismatchError(f"{p}: sha256 does not match manifest.json (file is corrupt)")
+    model = ModelDir(root, config, meta, man_doc)
+    for rel in (CONFIG_FILE, TOKENIZER_FILE):
+        if rel not in listed:
+            raise MissingFileError(f"{root / rel}: missing from manifest.json")
+    for rel, tensors in model.files().items():
+        if rel not in listed:
+            raise MissingFileError(f"{root / rel}: missing (the config needs it; not in manifest.json)")
+        infos, _ = tensorfile.read_header(root / rel)
+        for name, shape in tensors.items():
+            if name not in infos:
+                raise BadHeaderError(f"{root / rel}: tensor {name!r} is missing")
+            if infos[name].shape != shape:
+                raise BadHeaderError(f"{root / rel}: tensor {name!r} has shape {list(infos[name].shape)}, "
+                                     f"config.json implies {list(shape)}")
+    return model
+
+
+def config_document(cfg: ModelConfig, meta: dict) -> dict:
+    return {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "model": asdict(cfg), **meta}

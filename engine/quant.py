@@ -1,0 +1,287 @@
+"""Weight formats: each declared once, with the pure-numpy reference that *is* its definition.
+
+Type ids are GGML's numbers, so they are never renumbered and a GGUF block is copied into our
+files byte for byte (lossless import, no second rounding). Our own `int8` is the Q8_0 block and
+our own `int4` the Q4_1 block (scale and minimum per 32 weights, two weights per byte).
+
+Layout: blocks run along a matrix row (the input dimension). A row of `n` weights is
+`n // block_size` blocks of `type_size` bytes; a stored quantized matrix is a uint8 array
+(..., rows, row_bytes). Float types are stored as plain element arrays (bf16 as uint16).
+
+Every dequantizer uses float32 arithmetic in the same order as `gguf.quants.dequantize`, so
+the two agree bit for bit (tested).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+QK = 32  # weights per block of the simple formats
+QK_K = 256  # weights per super-block of the K-quants
+
+
+class QuantError(ValueError):
+    """A tensor cannot be stored in the requested format."""
+
+
+@dataclass(frozen=True)
+class QuantType:
+    name: str
+    type_id: int  # on-disk id (GGML's); never renumber
+    block_size: int
+    type_size: int  # bytes per block
+    storage: np.dtype  # dtype of the stored array
+    dequantize: Callable[[np.ndarray], np.ndarray]
+    quantize: Callable[[np.ndarray], np.ndarray] | None
+    rms_budget: float | None  # max relative RMS error of quantize→dequantize on N(0,1) weights
+
+    @property
+    def is_block(self) -> bool:
+        return self.block_size > 1
+
+    def row_bytes(self, n: int) -> int:
+        if n % self.block_size:
+            raise QuantError(f"{self.name}: row length {n} is not a multiple of {self.block_size}")
+        return n // self.block_size * self.type_size
+
+    def nbytes(self, shape: tuple[int, ...]) -> int:
+        rows = int(np.prod(shape[:-1], dtype=np.int64)) if len(shape) > 1 else 1
+        return rows * self.row_bytes(int(shape[-1])) if shape else self.type_size
+
+    def stored_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        """Shape of the stored array for a logical tensor shape."""
+        if not self.is_block:
+            return tuple(shape)
+        return (*shape[:-1], self.row_bytes(int(shape[-1])))
+
+
+# --- helpers ---------------------------------------------------------------------------------
+
+def _blocks(raw: np.ndarray, type_size: int) -> tuple[np.ndarray, tuple[int, ...]]:
+    """(..., row_bytes) uint8 -> (n_blocks, type_size), and the leading shape to restore."""
+    raw = np.ascontiguousarray(raw, dtype=np.uint8)
+    return raw.reshape(-1, type_size), raw.shape[:-1]
+
+
+def _f16(b: np.ndarray) -> np.ndarray:
+    """Two bytes per row (n, 2) -> float32 (n, 1), exactly."""
+    return np.ascontiguousarray(b).view(np.float16).astype(np.float32)
+
+
+def _round_away(x: np.ndarray) -> np.ndarray:
+    """C roundf: halves away from zero (np.round rounds halves to even)."""
+    a = np.abs(x)
+    whole = np.floor(a)
+    return np.copysign(whole + (a - whole >= np.float32(0.5)), x).astype(np.float32)
+
+
+def _group(x: np.ndarray, size: int) -> tuple[np.ndarray, tuple[int, ...]]:
+    x = np.asarray(x, dtype=np.float32)
+    if x.shape[-1] % size:
+        raise QuantError(f"row length {x.shape[-1]} is not a multiple of {size}")
+    return x.reshape(-1, size), x.shape[:-1] + (x.shape[-1] // size,)
+
+
+def _pack_nibbles(q: np.ndarray) -> np.ndarray:
+    """(n, 32) values 0..15 -> (n, 16) bytes: byte j = q[j] | q[j + 16] << 4."""
+    q = q.astype(np.uint8)
+    return q[:, :16] | (q[:, 16:] << np.uint8(4))
+
+
+def _unpack_nibbles(qs: np.ndarray) -> np.ndarray:
+    """(n, 16k) bytes -> (n, 32k): each 16-byte chunk gives its low nibbles, then its high ones."""
+    n, width = qs.shape
+    qs = qs.reshape(n, width // 16, 1, 16)
+    return ((qs >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)) & np.uint8(15)).reshape(n, -1)
+
+
+def _unshape(values: np.ndarray, lead: tuple[int, ...]) -> np.ndarray:
+    return values.reshape(*lead, -1)
+
+
+# --- float formats ---------------------------------------------------------------------------
+
+def _f32_deq(a: np.ndarray) -> np.ndarray:
+    return np.asarray(a, dtype=np.float32)
+
+
+def _f16_q(x: np.ndarray) -> np.ndarray:
+    return np.asarray(x, dtype=np.float32).astype(np.float16)
+
+
+def _f16_deq(a: np.ndarray) -> np.ndarray:
+    return np.asarray(a).astype(np.float32)
+
+
+def _bf16_q(x: np.ndarray) -> np.ndarray:
+    """float32 -> bf16 bits, round to nearest even (NaN kept quiet)."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    rounded = ((u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16))
+    nan = (u & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
+    return np.where(nan, (u >> np.uint32(16)) | np.uint32(0x40), rounded).astype(np.uint16)
+
+
+def _bf16_deq(a: np.ndarray) -> np.ndarray:
+    return (np.asarray(a, dtype=np.uint16).astype(np.uint32) << np.uint32(16)).view(np.float32)
+
+
+# --- Q8_0 (our int8): f16 d, int8 q[32]; w = d * q -------------------------------------------
+# The quantizers follow ggml's reference (quantize_row_*_ref): the scale is computed in float32
+# and rounded to f16 only when stored. Our output equals `gguf.quants.quantize` bit for bit.
+
+def _inverse(d: np.ndarray) -> np.ndarray:
+    with np.errstate(divide="ignore"):
+        return np.where(d == 0, np.float32(0), np.float32(1) / d).astype(np.float32)
+
+
+def _q8_0_q(x: np.ndarray) -> np.ndarray:
+    g, lead = _group(x, QK)
+    d = np.abs(g).max(axis=1, keepdims=True) / np.float32(127)
+    q = _round_away(g * _inverse(d)).astype(np.int8)
+    out = np.concatenate([d.astype(np.float16).view(np.uint8), q.view(np.uint8)], axis=1)
+    return out.reshape(*lead[:-1], -1)
+
+
+def _q8_0_deq(raw: np.ndarray) -> np.ndarray:
+    b, lead = _blocks(raw, 34)
+    return _unshape(_f16(b[:, :2]) * b[:, 2:].view(np.int8).astype(np.float32), lead)
+
+
+# --- Q4_0: f16 d, nibbles; w = d * (q - 8) ---------------------------------------------------
+
+def _q4_0_q(x: np.ndarray) -> np.ndarray:
+    g, lead = _group(x, QK)
+    signed_max = np.take_along_axis(g, np.abs(g).argmax(axis=1)[:, None], axis=1)
+    d = signed_max / np.float32(-8)
+    q = np.clip(np.trunc(g * _inverse(d) + np.float32(8.5)), 0, 15)
+    out = np.concatenate([d.astype(np.float16).view(np.uint8), _pack_nibbles(q)], axis=1)
+    return out.reshape(*lead[:-1], -1)
+
+
+def _q4_0_deq(raw: np.ndarray) -> np.ndarray:
+    b, lead = _blocks(raw, 18)
+    q = (_unpack_nibbles(b[:, 2:]).astype(np.int8) - np.int8(8)).astype(np.float32)
+    return _unshape(_f16(b[:, :2]) * q, lead)
+
+
+# --- Q4_1 (our int4): f16 d, f16 m, nibbles; w = d * q + m -----------------------------------
+
+def _q4_1_q(x: np.ndarray) -> np.ndarray:
+    g, lead = _group(x, QK)
+    lo, hi = g.min(axis=1, keepdims=True), g.max(axis=1, keepdims=True)
+    d = (hi - lo) / np.float32(15)
+    q = np.clip(np.trunc((g - lo) * _inverse(d) + np.float32(0.5)), 0, 15)
+    head = [d.astype(np.float16).view(np.uint8), lo.astype(np.float16).view(np.uint8)]
+    return np.concatenate([*head, _pack_nibbles(q)], axis=1).reshape(*lead[:-1], -1)
+
+
+def _q4_1_deq(raw: np.ndarray) -> np.ndarray:
+    b, lead = _blocks(raw, 20)
+    q = _unpack_nibbles(b[:, 4:]).astype(np.float32)
+    return _unshape(_f16(b[:, :2]) * q + _f16(b[:, 2:4]), lead)
+
+
+# --- K-quants (import only): 256 weights in 8 sub-blocks of 32 (Q6_K: 16 of 16) -------------
+
+def _k_scales(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """12 bytes -> 8 six-bit scales and 8 six-bit minimums.
+
+    bytes 0-3: sc[0:4] in bits 0-5, top bits of sc[4:8] in bits 6-7
+    bytes 4-7: m[0:4] in bits 0-5, top bits of m[4:8] in bits 6-7
+    bytes 8-11: low 4 bits of sc[4:8] (low nibble) and of m[4:8] (high nibble)
+    """
+    lo_s, lo_m, mix = s[:, 0:4], s[:, 4:8], s[:, 8:12]
+    sc = np.concatenate([lo_s & 63, (mix & 15) | ((lo_s >> 6) << 4)], axis=1)
+    mn = np.concatenate([lo_m & 63, (mix >> 4) | ((lo_m >> 6) << 4)], axis=1)
+    return sc.astype(np.float32), mn.astype(np.float32)
+
+
+def _q4_k_deq(raw: np.ndarray) -> np.ndarray:
+    # d f16 | dmin f16 | scales[12] | qs[128]: 32-byte chunk c holds sub-blocks 2c (low), 2c+1 (high)
+    b, lead = _blocks(raw, 144)
+    sc, mn = _k_scales(b[:, 4:16])
+    d = (_f16(b[:, 0:2]) * sc)[:, :, None]
+    dm = (_f16(b[:, 2:4]) * mn)[:, :, None]
+    qs = b[:, 16:].reshape(-1, 4, 1, 32) >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)
+    q = (qs & np.uint8(15)).reshape(-1, 8, 32).astype(np.float32)
+    return _unshape(d * q - dm, lead)
+
+
+def _q5_k_deq(raw: np.ndarray) -> np.ndarray:
+    # d f16 | dmin f16 | scales[12] | qh[32] | qs[128]; bit i of qh[j] is bit 4 of sub-block i, weight j
+    b, lead = _blocks(raw, 176)
+    sc, mn = _k_scales(b[:, 4:16])
+    d = (_f16(b[:, 0:2]) * sc)[:, :, None]
+    dm = (_f16(b[:, 2:4]) * mn)[:, :, None]
+    qs = b[:, 48:].reshape(-1, 4, 1, 32) >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)
+    lo = (qs & np.uint8(15)).reshape(-1, 8, 32)
+    hi = (b[:, 16:48].reshape(-1, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 8, 1)) & np.uint8(1)
+    q = (lo | (hi << np.uint8(4))).astype(np.float32)
+    return _unshape(d * q - dm, lead)
+
+
+def _q6_k_deq(raw: np.ndarray) -> np.ndarray:
+    # ql[128] | qh[64] | scales int8[16] | d f16; w = d * scale[sub16] * (q6 - 32)
+    b, lead = _blocks(raw, 210)
+    ql = b[:, :128].reshape(-1, 2, 1, 64) >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)
+    ql = (ql & np.uint8(15)).reshape(-1, 8, 32)
+    qh = b[:, 128:192].reshape(-1, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 4, 1)
+    qh = (qh & np.uint8(3)).reshape(-1, 8, 32)
+    q = ((ql | (qh << np.uint8(4))).astype(np.int8) - np.int8(32)).reshape(-1, 16, 16).astype(np.float32)
+    d = (_f16(b[:, 208:210]) * b[:, 192:208].view(np.int8).astype(np.float32))[:, :, None]
+    return _unshape(d * q, lead)
+
+
+# --- the table -------------------------------------------------------------------------------
+
+_TYPES = [
+    QuantType("f32", 0, 1, 4, np.dtype(np.float32), _f32_deq, _f32_deq, 0.0),
+    QuantType("f16", 1, 1, 2, np.dtype(np.float16), _f16_deq, _f16_q, 4e-4),
+    QuantType("q4_0", 2, QK, 18, np.dtype(np.uint8), _q4_0_deq, _q4_0_q, 0.11),
+    QuantType("q4_1", 3, QK, 20, np.dtype(np.uint8), _q4_1_deq, _q4_1_q, 0.09),
+    QuantType("q8_0", 8, QK, 34, np.dtype(np.uint8), _q8_0_deq, _q8_0_q, 0.006),
+    QuantType("q4_k", 12, QK_K, 144, np.dtype(np.uint8), _q4_k_deq, None, None),
+    QuantType("q5_k", 13, QK_K, 176, np.dtype(np.uint8), _q5_k_deq, None, None),
+    QuantType("q6_k", 14, QK_K, 210, np.dtype(np.uint8), _q6_k_deq, None, None),
+    QuantType("bf16", 30, 1, 2, np.dtype(np.uint16), _bf16_deq, _bf16_q, 2.5e-3),
+]
+BY_NAME: dict[str, QuantType] = {t.name: t for t in _TYPES}
+BY_ID: dict[int, QuantType] = {t.type_id: t for t in _TYPES}
+
+# What users ask for on the command line -> the format that holds it.
+TARGETS: dict[str, str] = {"f32": "f32", "f16": "f16", "int8": "q8_0", "int4": "q4_1"}
+# Source formats already in a target's family are copied as they are, never re-rounded.
+FAMILY: dict[str, frozenset[str]] = {
+    "f32": frozenset({"f32"}),
+    "f16": frozenset({"f16"}),
+    "int8": frozenset({"q8_0"}),
+    "int4": frozenset({"q4_0", "q4_1", "q4_k"}),
+}
+
+
+def get(name_or_id: str | int) -> QuantType:
+    """Look a format up by name or on-disk id; unknown ones are an error naming the known ones."""
+    table = BY_ID if isinstance(name_or_id, (int, np.integer)) else BY_NAME
+    try:
+        return table[name_or_id]  # type: ignore[index]
+    except KeyError:
+        known = ", ".join(f"{t.name} ({t.type_id})" for t in _TYPES)
+        raise QuantError(f"unknown quant type {name_or_id!r}; known: {known}") from None
+
+
+def quantize(x: np.ndarray, qtype: str | QuantType) -> np.ndarray:
+    """float weights (..., n) -> the stored array of `qtype`."""
+    t = qtype if isinstance(qtype, QuantType) else get(qtype)
+    if t.quantize is None:
+        raise QuantError(f"{t.name} can be imported but not produced")
+    if t.is_block:
+        t.row_bytes(int(np.shape(x)[-1]))
+    return t.quantize(x)
+
+
+def dequantize(stored: np.ndarray, qtype: str | QuantType) -> np.ndarray:
+    """The stored array of `qtype` -> float32 weights (..., n)."""
+    t = qtype if isinstance(qtype, QuantType) else get(qtype)
+    return t.dequantize(stored)

@@ -1,0 +1,30 @@
+"""Shared fixtures: the repository's test data folders and the real default model."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+TESTS = Path(__file__).parent
+sys.path.insert(0, str(TESTS))  # test helpers (gguf_fixtures, kquant_ref) import as plain modules
+
+HF_FIXTURES = TESTS / "fixtures" / "hf"
+HF_ARCHS = ("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe")
+
+
+@pytest.fixture(scope="session")
+def default_gguf() -> Path:
+    from engine.default_model import default_gguf_path
+    return default_gguf_path()
+
+
+@pytest.fixture(scope="session")
+def default_converted(tmp_path_factory, default_gguf) -> Path:
+    """The default model converted once (keep formats) for every test that reads it."""
+    from engine.convert.convert import convert
+    out = tmp_path_factory.mktemp("default") / "smollm2"
+    convert(default_gguf, out)
+    return out
