@@ -58,6 +58,7 @@ class ModelConfig:
     attention_bias: bool = False  # q/k/v biases (Qwen2)
     qk_norm: str = "none"  # "none", "head" (RMSNorm per head: Qwen3) or "full" (whole q/k: OLMoE)
     clip_qkv: float | None = None
+    sliding_window: int | None = None  # attend to at most this many past tokens (Mistral); None = all
 
     @property
     def is_moe(self) -> bool:

@@ -76,10 +76,11 @@ class _Source:
 def _lookup(tensors: dict[str, SourceTensor], candidates: Iterable[str],
             consumed: set[str]) -> SourceTensor | None:
     for cand in candidates:
-        base, index = split_slice(cand)
+        base, index, part = split_slice(cand)
         if base in tensors:
             consumed.add(base)
-            return tensors[base] if index is None else tensors[base].expert(index)
+            t = tensors[base] if index is None else tensors[base].expert(index)
+            return t if part is None else t.row_part(*part)
     return None
 
 
@@ -298,6 +299,9 @@ def convert(model_path: str | Path, output_path: str | Path, quantize: str | Non
         _write_metadata(tmp, cfg, src, target, split_experts, types, src_path, manifest)
         _move_into_place(tmp, dst)
         tmp = None
+    except OSError as e:  # a full disk, a vanished folder, a permission: say where
+        raise ConversionError(f"writing {dst}: {e.strerror or e} ({e.filename or dst.parent}); "
+                              f"nothing was written") from e
     finally:
         src.close()
         if tmp is not None:

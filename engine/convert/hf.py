@@ -163,7 +163,9 @@ def config_from_hf(folder: Path) -> ModelConfig:
         raise ConfigError(f"{path}: models that mix dense and MoE layers (mlp_only_layers / "
                           f"decoder_sparse_step) are not supported yet")
     theta, scaling = _rope(cfg, path)
-    experts_key = {"mixtral": "num_local_experts"}.get(family, "num_experts")
+    experts = cfg.get("num_experts") or cfg.get("num_local_experts")  # names vary by version
+    if moe and not experts:
+        raise ConfigError(f"{path}: config.json has no 'num_experts' / 'num_local_experts'")
     ff_key = "moe_intermediate_size" if family == "qwen_moe" else "intermediate_size"
     return ModelConfig(
         architecture=arch,
@@ -174,7 +176,7 @@ def config_from_hf(folder: Path) -> ModelConfig:
         num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
         head_dim=int(cfg.get("head_dim") or hidden // heads),
         intermediate_size=int(_need(cfg, ff_key, path)),
-        num_experts=int(_need(cfg, experts_key, path)) if moe else 1,
+        num_experts=int(experts) if moe else 1,
         top_k=int(_need(cfg, "num_experts_per_tok", path)) if moe else 1,
         norm_topk_prob=True if arch == "mixtral" else bool(cfg.get("norm_topk_prob", False)),
         shared_expert_intermediate_size=int(cfg.get("shared_expert_intermediate_size") or 0)
@@ -184,7 +186,10 @@ def config_from_hf(folder: Path) -> ModelConfig:
         rope_scaling=scaling,
         max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        attention_bias=arch in ("qwen2", "qwen2_moe") or bool(cfg.get("attention_bias", False)),
+        attention_bias=arch == "qwen2" or bool(cfg.get("qkv_bias", True) if arch == "qwen2_moe"
+                                               else cfg.get("attention_bias", False)),
+        sliding_window=int(cfg["sliding_window"]) if cfg.get("sliding_window") and
+        cfg.get("use_sliding_window", True) else None,
         qk_norm={"qwen3": "head", "qwen3_moe": "head", "olmoe": "full"}.get(arch, "none"),
         clip_qkv=cfg.get("clip_qkv"),
     )

@@ -1,8 +1,10 @@
 """Tensor names: one table per source format, internal name -> source name(s).
 
 Internal names are GGUF's vocabulary with one tensor per expert (`blk.{L}.ffn_gate.{E}.weight`).
-A source name ending in `[{E}]` is slice E of a stacked tensor (experts along the first axis).
-Where a row lists several source names, the first one present in the checkpoint is used.
+A source name ending in `[{E}]` is slice E of a stacked tensor (experts along the first axis);
+`[{E}]#p/n` is part p of n equal row blocks of that slice (transformers 5 fuses gate and up
+projections as `gate_up_proj` [E, 2·F, D], gate rows first). Where a row lists several source
+names, the first one present in the checkpoint is used.
 """
 from __future__ import annotations
 
@@ -17,6 +19,9 @@ HF_FAMILY = {"llama": "dense", "mistral": "dense", "qwen2": "dense", "qwen3": "d
              "mixtral": "mixtral", "qwen2_moe": "qwen_moe", "qwen3_moe": "qwen_moe", "olmoe": "olmoe"}
 
 _L = "model.layers.{L}"
+_ROUTER = f"{_L}.mlp.gate.weight"
+_GATE, _UP = f"{_L}.mlp.experts.gate_up_proj[{{E}}]#0/2", f"{_L}.mlp.experts.gate_up_proj[{{E}}]#1/2"
+_DOWN = f"{_L}.mlp.experts.down_proj[{{E}}]"  # transformers 5 fused layout, saved with save_original_format=False
 # internal name                          Hugging Face name(s)                                      families
 HF_NAMES: list[tuple[str, tuple[str, ...], frozenset[str]]] = [
     ("token_embd.weight",                ("model.embed_tokens.weight",),                            ALL),
@@ -36,14 +41,14 @@ HF_NAMES: list[tuple[str, tuple[str, ...], frozenset[str]]] = [
     ("blk.{L}.ffn_gate.0.weight",        (f"{_L}.mlp.gate_proj.weight",),                           DENSE),
     ("blk.{L}.ffn_up.0.weight",          (f"{_L}.mlp.up_proj.weight",),                             DENSE),
     ("blk.{L}.ffn_down.0.weight",        (f"{_L}.mlp.down_proj.weight",),                           DENSE),
-    ("blk.{L}.ffn_gate_inp.weight",      (f"{_L}.block_sparse_moe.gate.weight",),                   MIXTRAL),
-    ("blk.{L}.ffn_gate.{E}.weight",      (f"{_L}.block_sparse_moe.experts.{{E}}.w1.weight",),       MIXTRAL),
-    ("blk.{L}.ffn_down.{E}.weight",      (f"{_L}.block_sparse_moe.experts.{{E}}.w2.weight",),       MIXTRAL),
-    ("blk.{L}.ffn_up.{E}.weight",        (f"{_L}.block_sparse_moe.experts.{{E}}.w3.weight",),       MIXTRAL),
-    ("blk.{L}.ffn_gate_inp.weight",      (f"{_L}.mlp.gate.weight",),                                MLP_EXPERTS),
-    ("blk.{L}.ffn_gate.{E}.weight",      (f"{_L}.mlp.experts.{{E}}.gate_proj.weight",),             MLP_EXPERTS),
-    ("blk.{L}.ffn_up.{E}.weight",        (f"{_L}.mlp.experts.{{E}}.up_proj.weight",),               MLP_EXPERTS),
-    ("blk.{L}.ffn_down.{E}.weight",      (f"{_L}.mlp.experts.{{E}}.down_proj.weight",),             MLP_EXPERTS),
+    ("blk.{L}.ffn_gate_inp.weight",      (f"{_L}.block_sparse_moe.gate.weight", _ROUTER),            MIXTRAL),
+    ("blk.{L}.ffn_gate.{E}.weight",      (f"{_L}.block_sparse_moe.experts.{{E}}.w1.weight", _GATE),  MIXTRAL),
+    ("blk.{L}.ffn_down.{E}.weight",      (f"{_L}.block_sparse_moe.experts.{{E}}.w2.weight", _DOWN),  MIXTRAL),
+    ("blk.{L}.ffn_up.{E}.weight",        (f"{_L}.block_sparse_moe.experts.{{E}}.w3.weight", _UP),    MIXTRAL),
+    ("blk.{L}.ffn_gate_inp.weight",      (_ROUTER,),                                                MLP_EXPERTS),
+    ("blk.{L}.ffn_gate.{E}.weight",      (f"{_L}.mlp.experts.{{E}}.gate_proj.weight", _GATE),       MLP_EXPERTS),
+    ("blk.{L}.ffn_up.{E}.weight",        (f"{_L}.mlp.experts.{{E}}.up_proj.weight", _UP),           MLP_EXPERTS),
+    ("blk.{L}.ffn_down.{E}.weight",      (f"{_L}.mlp.experts.{{E}}.down_proj.weight", _DOWN),       MLP_EXPERTS),
     ("blk.{L}.ffn_gate_inp_shexp.weight", (f"{_L}.mlp.shared_expert_gate.weight",),                 QWEN_MOE),
     ("blk.{L}.ffn_gate_shexp.weight",    (f"{_L}.mlp.shared_expert.gate_proj.weight",),             QWEN_MOE),
     ("blk.{L}.ffn_up_shexp.weight",      (f"{_L}.mlp.shared_expert.up_proj.weight",),               QWEN_MOE),
@@ -114,7 +119,10 @@ def gguf_names(internal: str, dense: bool) -> list[str]:
     return []
 
 
-def split_slice(source_name: str) -> tuple[str, int | None]:
-    """'blk.0.ffn_up_exps.weight[3]' -> ('blk.0.ffn_up_exps.weight', 3)."""
-    m = re.fullmatch(r"(.*)\[(\d+)\]", source_name)
-    return (m.group(1), int(m.group(2))) if m else (source_name, None)
+def split_slice(source_name: str) -> tuple[str, int | None, tuple[int, int] | None]:
+    """'x.gate_up_proj[3]#1/2' -> ('x.gate_up_proj', 3, (1, 2)); plain names -> (name, None, None)."""
+    m = re.fullmatch(r"(.*)\[(\d+)\](?:#(\d+)/(\d+))?", source_name)
+    if not m:
+        return source_name, None, None
+    part = (int(m.group(3)), int(m.group(4))) if m.group(3) else None
+    return m.group(1), int(m.group(2)), part

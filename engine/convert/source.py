@@ -57,6 +57,14 @@ class SourceTensor:
         return SourceTensor(f"{self.name}[{index}]", self.shape[1:], self.qtype,
                             lambda a, b: self.read_rows(index * per + a, index * per + b))
 
+    def row_part(self, part: int, parts: int) -> SourceTensor:
+        """Rows block `part` of `parts` equal blocks along the first axis (a fused gate_up)."""
+        if len(self.shape) != 2 or self.shape[0] % parts:
+            raise ConversionError(f"{self.name}: shape {list(self.shape)} does not split in {parts} row blocks")
+        n = self.shape[0] // parts
+        return SourceTensor(f"{self.name}#{part}/{parts}", (n, self.shape[1]), self.qtype,
+                            lambda a, b: self.read_rows(part * n + a, part * n + b))
+
     def permute_rows(self, order: np.ndarray) -> SourceTensor:
         """Rows reordered: new row i is old row order[i] (a lossless move of whole rows)."""
         def read(a: int, b: int) -> np.ndarray:
