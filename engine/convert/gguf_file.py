@@ -94,7 +94,9 @@ class GGUFModel:
         hidden = int(self._get("embedding_length", required=True))
         heads = int(self._get("attention.head_count", required=True))
         moe = experts > 1
-        ff_key = "feed_forward_length" if arch == "mixtral" or not moe else "expert_feed_forward_length"
+        # experts' width: its own key where the arch has one (Qwen MoE), else the FFN width
+        ff_key = "expert_feed_forward_length" if moe and self._get("expert_feed_forward_length") else \
+            "feed_forward_length"
         tokens = self.fields.get("tokenizer.ggml.tokens") or []
         scaling = None
         kind = self._get("rope.scaling.type")
