@@ -199,3 +199,9 @@ def test_stale_partial_of_a_killed_run_is_cleaned(tmp_path):
     stale.mkdir()
     convert(HF_FIXTURES / "llama", tmp_path / "out")
     assert not stale.exists()
+
+
+def test_tokenizer_larger_than_the_embedding_table(tmp_path, llama):
+    edit_config(llama, vocab_size=100)
+    with pytest.raises(errors.ConfigError, match="tokenizer has 384 tokens but the model's embedding table only 100"):
+        convert(llama, tmp_path / "out")

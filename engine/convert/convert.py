@@ -265,6 +265,7 @@ def convert(model_path: str | Path, output_path: str | Path, quantize: str | Non
         cfg = _apply_overrides(src.config, num_experts, top_k)
         if cfg.rope_scaling and cfg.rope_scaling.get("type") == "llama3":
             cfg = replace(cfg, rope_freq_factors=True)
+        _check_vocab(src.tokenizer, cfg)
         items = plan(src, cfg, target, split_experts)
         cfg = replace(cfg, rope_scaling=None) if cfg.rope_freq_factors else cfg
         total = sum(i.qtype.nbytes(i.source.shape) for i in items)
@@ -309,6 +310,15 @@ def convert(model_path: str | Path, output_path: str | Path, quantize: str | Non
     seconds = time.perf_counter() - t0
     log.info("converted %s -> %s: %.1f MB in %.1f s", src_path, dst, total / 1e6, seconds)
     return ConvertResult(dst, cfg, total, seconds, types)
+
+
+def _check_vocab(tok: TokenizerBundle, cfg: ModelConfig) -> None:
+    """A tokenizer that can emit ids past the embedding table would crash the engine later."""
+    from tokenizers import Tokenizer
+    size = Tokenizer.from_str(tok.tokenizer_json).get_vocab_size(with_added_tokens=True)
+    if size > cfg.vocab_size:
+        raise ConfigError(f"the tokenizer has {size} tokens but the model's embedding table only "
+                          f"{cfg.vocab_size} rows (tokenizer and weights from different models?)")
 
 
 def _apply_overrides(cfg: ModelConfig, num_experts: int | None, top_k: int | None) -> ModelConfig:

@@ -1,0 +1,105 @@
+"""colibri-bench: measurements that are printed, never asserted.
+
+    colibri-bench convert [--model_path SRC | --synthetic_mb 1000] [--quantize int8] [--json FILE]
+
+`convert` times a conversion in a child process and reports its throughput and peak resident
+memory beside the streaming bound (3 × the largest tensor + 300 MB).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from app.bench_models import shape_for_size, write_checkpoint
+
+
+def _largest_tensor_bytes(model_path: Path) -> int:
+    from engine.convert.convert import open_source
+    src = open_source(model_path)
+    try:
+        return max(t.nbytes for t in src.tensors.values())
+    finally:
+        src.close()
+
+
+def _source_bytes(model_path: Path) -> int:
+    if model_path.is_file():
+        return model_path.stat().st_size
+    return sum(p.stat().st_size for p in model_path.glob("*.safetensors"))
+
+
+# The child reads its own high-water mark (VmHWM belongs to the exec'd image; ru_maxrss would
+# also count the parent's pages at fork time).
+_CHILD = """
+import sys
+from app.cli_convert import main
+code = main(sys.argv[1:])
+hwm = next(l for l in open('/proc/self/status') if l.startswith('VmHWM:'))
+print('PEAK_RSS_KB', hwm.split()[1], file=sys.stderr)
+sys.exit(code)
+"""
+
+
+def measure_conversion(model_path: Path, out: Path, quantize: str | None) -> dict:
+    """Convert in a fresh process and report its throughput and peak resident memory."""
+    cmd = [sys.executable, "-c", _CHILD, "--model_path", str(model_path), "--output_path", str(out),
+           "--force", "--quiet"] + (["--quantize", quantize] if quantize else [])
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    seconds = time.perf_counter() - t0
+    if proc.returncode:
+        raise SystemExit(f"conversion failed:\n{proc.stderr}")
+    peak_kb = int(proc.stderr.rsplit("PEAK_RSS_KB", 1)[1].split()[0])
+    largest = _largest_tensor_bytes(model_path)
+    src = _source_bytes(model_path)
+    written = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
+    return {"source_mb": src / 1e6, "output_mb": written / 1e6, "seconds": seconds,
+            "mb_per_s": src / 1e6 / seconds, "peak_rss_mb": peak_kb / 1024,
+            "largest_tensor_mb": largest / 1e6,
+            "rss_bound_mb": 3 * largest / 1e6 + 300, "quantize": quantize or "default"}
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="colibri-bench-"))
+    try:
+        src = Path(args.model_path) if args.model_path else None
+        if src is None:
+            shape = shape_for_size(args.synthetic_mb)
+            src = write_checkpoint(work / "synthetic-mixtral", shape)
+            print(f"synthetic Mixtral-style checkpoint: {shape.layers} layers x {shape.experts} experts, "
+                  f"{shape.params() / 1e6:.0f}M parameters, {_source_bytes(src) / 1e6:.0f} MB bf16")
+        result = measure_conversion(src, work / "converted", args.quantize)
+    finally:
+        if not args.keep and not args.workdir:
+            shutil.rmtree(work, ignore_errors=True)
+    for k, v in result.items():
+        print(f"{k:>18}: {v:.1f}" if isinstance(v, float) else f"{k:>18}: {v}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="colibri-bench", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="command", required=True)
+    c = sub.add_parser("convert", help="conversion throughput and peak memory")
+    c.add_argument("--model_path", help="a GGUF file or HF folder (default: a synthetic checkpoint)")
+    c.add_argument("--synthetic_mb", type=float, default=1000, help="size of the synthetic checkpoint")
+    c.add_argument("--quantize", default="int8")
+    c.add_argument("--workdir", help="keep the files here instead of a temporary folder")
+    c.add_argument("--keep", action="store_true", help="do not delete the temporary folder")
+    c.add_argument("--json", help="also write the figures to this file")
+    c.set_defaults(func=cmd_convert)
+    args = ap.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

