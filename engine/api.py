@@ -1,0 +1,314 @@
+"""The engine's one public face: `Engine`, the `Step` records it yields and `StatsSnapshot`.
+
+CLI, GUI and server use only this module. Nothing here imports Qt.
+
+    eng = Engine("~/models/smollm2", threads=2)
+    for step in eng.generate([{"role": "user", "content": "Hi!"}], temperature=0):
+        print(step.text, end="")
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import numba
+import numpy as np
+import psutil
+
+from engine import params as P
+from engine.errors import ColibriError, ModelFormatError
+from engine.kvcache import KVCache
+from engine.model_dir import open_model_dir
+from engine.models import model_class
+from engine.sampling import Sampler
+from engine.tokenizer import StreamDecoder, TextCodec
+from engine.weights import ModelWeights
+
+log = logging.getLogger("colibri.engine")
+
+
+def _level(name: str) -> str:
+    return "WARNING" if name == "WARN" else name
+
+
+class ContextOverflowError(ColibriError, ValueError):
+    """The prompt does not fit in the context; raised before any work is done."""
+
+
+@dataclass(frozen=True)
+class Step:
+    """One streamed piece of a reply. The last step has `finish_reason` set."""
+    text: str
+    token_id: int | None
+    generated_tokens: int
+    prompt_tokens: int
+    cached_tokens: int  # prompt tokens reused from the previous turn (not prefilled again)
+    prefill_tok_s: float
+    decode_tok_s: float
+    ttft_s: float
+    context_used: int
+    context_limit: int
+    finish_reason: str | None = None  # "stop", "length", "cancelled"
+
+
+@dataclass(frozen=True)
+class StatsSnapshot:
+    """Every figure about the engine at one moment, as plain values."""
+    model: str
+    architecture: str
+    num_layers: int
+    num_experts: int
+    top_k: int
+    weights_bytes: int
+    threads: int
+    context_used: int
+    context_limit: int
+    kv_cache_kind: str
+    kv_cache_bytes: int
+    rss_bytes: int
+    prefill_tok_s: float
+    decode_tok_s: float
+    ttft_s: float
+    tokens_prefilled: int
+    tokens_generated: int
+    tokens_reused: int
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+class Engine:
+    def __init__(self, model_path: str | os.PathLike, **params: Any):
+        path = Path(model_path).expanduser()
+        if path.is_file() and path.suffix.lower() == ".gguf":
+            raise ModelFormatError(f"{path}: a GGUF file; convert it first with colibri-convert "
+                                   f"(colibri-cli --model FILE.gguf does this for you)")
+        engine_p = {k: v for k, v in params.items() if k in P.PARAMS and P.PARAMS[k].scope == "engine"}
+        sampling_p = {k: v for k, v in params.items() if k not in engine_p}
+        self.params = P.defaults("engine") | P.validate(engine_p)
+        self.sampling = P.defaults("sampling") | P.validate(sampling_p, scope="sampling")
+        self.model = open_model_dir(path)
+        self.cfg = self.model.config
+        self.codec = TextCodec.from_model(self.model)
+        self.weights = ModelWeights(self.model)
+        self.net = model_class(self.cfg.architecture)(self.cfg, self.weights)
+        self._lock = threading.Lock()  # one computation at a time
+        self._cancel = threading.Event()
+        self.tokens: list[int] = []  # the conversation held in the KV cache
+        self._totals = {"prefilled": 0, "generated": 0, "reused": 0}
+        self._last = {"prefill_tok_s": 0.0, "decode_tok_s": 0.0, "ttft_s": 0.0}
+        self._new_cache()
+        logging.getLogger("colibri").setLevel(_level(self.params["log_level"]))
+        log.info("loaded %s: %s, %d layers, %d expert(s), context %d, kv %s, %d threads", path.name,
+                 self.cfg.architecture, self.cfg.num_layers, self.cfg.num_experts, self.context_limit,
+                 self.params["kv_cache_quantize"], self.threads)
+
+    # --- parameters ------------------------------------------------------------------------
+    @property
+    def threads(self) -> int:
+        wanted = self.params["threads"] or P.physical_cores()
+        return max(1, min(wanted, numba.config.NUMBA_NUM_THREADS))
+
+    @property
+    def context_limit(self) -> int:
+        return min(self.params["context_length"], self.cfg.max_position_embeddings)
+
+    def _new_cache(self) -> None:
+        c = self.cfg
+        self.cache = KVCache(c.num_layers, self.context_limit, c.num_kv_heads, c.head_dim,
+                             self.params["kv_cache_quantize"])
+        self.tokens = []
+
+    def set_param(self, name: str, value: Any) -> None:
+        """Change one parameter; engine settings that size the cache rebuild it (the conversation
+        cache is dropped, the next turn prefills again)."""
+        v = P.check(name, value)
+        p = P.PARAMS[name]
+        if p.scope == "sampling":
+            self.sampling[name] = v
+            return
+        with self._lock:
+            self.params[name] = v
+            if not p.live:
+                self._new_cache()
+            if name == "log_level":
+                logging.getLogger("colibri").setLevel(_level(v))
+        log.info("set %s = %r", name, v)
+
+    # --- text ------------------------------------------------------------------------------
+    def tokenize(self, text: str, add_bos: bool | None = None) -> list[int]:
+        return self.codec.encode(text, add_bos)
+
+    def detokenize(self, ids: Sequence[int], skip_special: bool = True) -> str:
+        return self.codec.decode(list(ids), skip_special)
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        return self.codec.render(messages, add_generation_prompt)
+
+    # --- compute ---------------------------------------------------------------------------
+    def _prefill(self, ids: Sequence[int], cache: KVCache, pos0: int, all_logits: bool) -> np.ndarray:
+        numba.set_num_threads(self.threads)  # per calling thread
+        out, bs = [], self.params["batch_size"]
+        for a in range(0, len(ids), bs):
+            chunk = np.asarray(ids[a:a + bs], np.int64)
+            out.append(self.net.forward(chunk, cache, pos0 + a, all_logits=all_logits))
+        return np.concatenate(out) if all_logits else out[-1]
+
+    def _check_ids(self, ids: Sequence[int]) -> None:
+        bad = [i for i in ids if not 0 <= int(i) < self.cfg.vocab_size]
+        if bad:
+            raise ValueError(f"token ids out of range 0..{self.cfg.vocab_size - 1}: {bad[:5]}")
+
+    def logits(self, token_ids: Sequence[int], dump: dict | None = None) -> np.ndarray:
+        """Logits (len, vocab) of every position, from an empty cache; the conversation is kept."""
+        ids = list(token_ids)
+        self._check_ids(ids)
+        if not ids or len(ids) > self.context_limit:
+            raise ContextOverflowError(f"{len(ids)} tokens: logits needs 1 to {self.context_limit}")
+        with self._lock:
+            c = self.cfg
+            cache = KVCache(c.num_layers, len(ids), c.num_kv_heads, c.head_dim, self.params["kv_cache_quantize"])
+            numba.set_num_threads(self.threads)
+            if dump is not None:
+                return self.net.forward(np.asarray(ids, np.int64), cache, 0, all_logits=True, dump=dump)
+            return self._prefill(ids, cache, 0, all_logits=True)
+
+    def forward(self, token_ids: Sequence[int]) -> int:
+        """Append tokens to the conversation cache; the greedy next token."""
+        ids = list(token_ids)
+        self._check_ids(ids)
+        with self._lock:
+            if self.cache.length + len(ids) > self.context_limit:
+                raise ContextOverflowError(f"{self.cache.length} + {len(ids)} tokens exceed the context of "
+                                           f"{self.context_limit}")
+            last = self._prefill(ids, self.cache, self.cache.length, all_logits=False)
+            self.tokens += ids
+        return int(np.argmax(last[-1]))
+
+    def reset(self) -> None:
+        """Forget the conversation held in the cache."""
+        with self._lock:
+            self.cache.truncate(0)
+            self.tokens = []
+
+    def stop(self) -> None:
+        """Ask a running generate() to finish after the current token (from any thread)."""
+        self._cancel.set()
+
+    def prompt_ids(self, prompt: str | list[dict]) -> list[int]:
+        """Raw text as it is; messages through the chat template (whose BOS, if any, is kept)."""
+        if isinstance(prompt, str):
+            return self.codec.encode(prompt)
+        return self.codec.encode(self.codec.render(prompt))
+
+    def generate(self, prompt: str | list[dict], stop: Sequence[str] = (), **sampling: Any) -> Iterator[Step]:
+        """Stream a reply: a raw text continuation (str) or a chat reply (a list of messages).
+
+        The prompt's longest prefix already in the cache is not prefilled again.
+        """
+        sampler = Sampler(**(self.sampling | sampling))
+        max_tokens = P.check("max_tokens", sampling.get("max_tokens", self.sampling["max_tokens"]))
+        ids = self.prompt_ids(prompt)
+        self._check_ids(ids)
+        limit = self.context_limit
+        if len(ids) >= limit:
+            raise ContextOverflowError(f"the prompt is {len(ids)} tokens but the context holds {limit} "
+                                       f"(room is needed for the reply): shorten the conversation or raise "
+                                       f"context_length")
+        return self._generate(ids, sampler, max_tokens, tuple(stop))
+
+    def _generate(self, ids: list[int], sampler: Sampler, max_tokens: int, stop: tuple[str, ...]) -> Iterator[Step]:
+        with self._lock:
+            self._cancel.clear()
+            t0 = time.perf_counter()
+            reuse = 0
+            for a, b in zip(self.tokens, ids):
+                if a != b:
+                    break
+                reuse += 1
+            reuse = min(reuse, len(ids) - 1)  # at least one token must run to get logits
+            self.cache.truncate(reuse)
+            self.tokens = self.tokens[:reuse]
+            logits = self._prefill(ids[reuse:], self.cache, reuse, all_logits=False)[-1]
+            self.tokens = list(ids)
+            t_prefill = time.perf_counter()
+            prefill_tok_s = (len(ids) - reuse) / max(t_prefill - t0, 1e-9)
+            self._totals["prefilled"] += len(ids) - reuse
+            self._totals["reused"] += reuse
+            decoder, history, generated, text = StreamDecoder(self.codec), list(ids), 0, ""
+            ttft = decode_tok_s = 0.0
+            finish = None
+            while True:
+                tok = sampler.sample(logits, history)
+                if generated == 0:
+                    ttft = time.perf_counter() - t0
+                    t_first = time.perf_counter()
+                if tok in self.codec.stop_ids:
+                    finish = "stop"
+                    piece = decoder.flush()
+                else:
+                    generated += 1
+                    history.append(tok)
+                    piece = decoder.feed(tok)
+                    text += piece
+                    hit = next((s for s in stop if s and s in text), None)
+                    if hit:
+                        cut = text.index(hit)
+                        piece = piece[:len(piece) - (len(text) - cut)] if len(text) - cut <= len(piece) else ""
+                        finish = "stop"
+                    elif generated >= max_tokens or len(self.tokens) + 1 >= self.cache.capacity:
+                        finish = "length"
+                    elif self._cancel.is_set():
+                        finish = "cancelled"
+                if generated > 1:
+                    decode_tok_s = (generated - 1) / max(time.perf_counter() - t_first, 1e-9)
+                if finish is not None:
+                    if finish != "stop" or tok not in self.codec.stop_ids:
+                        piece += decoder.flush()
+                    self._last = {"prefill_tok_s": prefill_tok_s, "decode_tok_s": decode_tok_s, "ttft_s": ttft}
+                    self._totals["generated"] += generated
+                    yield Step(piece, None if tok in self.codec.stop_ids else tok, generated, len(ids), reuse,
+                               prefill_tok_s, decode_tok_s, ttft, len(self.tokens), self.context_limit, finish)
+                    return
+                yield Step(piece, tok, generated, len(ids), reuse, prefill_tok_s, decode_tok_s, ttft,
+                           len(self.tokens), self.context_limit)
+                logits = self._prefill([tok], self.cache, len(self.tokens), all_logits=False)[-1]
+                self.tokens.append(tok)
+
+    # --- lifecycle -------------------------------------------------------------------------
+    def warmup(self) -> float:
+        """Compile (or load) every kernel and touch the hot path; returns the seconds it took."""
+        t0 = time.perf_counter()
+        probe = [self.codec.bos_id or 0, 1 % self.cfg.vocab_size]
+        self.logits(probe)
+        with self._lock:
+            c = self.cfg
+            cache = KVCache(c.num_layers, 3, c.num_kv_heads, c.head_dim, self.params["kv_cache_quantize"])
+            self._prefill(probe, cache, 0, all_logits=False)
+            self._prefill(probe[:1], cache, 2, all_logits=False)
+        seconds = time.perf_counter() - t0
+        log.info("warmup took %.2f s", seconds)
+        return seconds
+
+    def stats(self) -> StatsSnapshot:
+        return StatsSnapshot(
+            model=self.model.path.name, architecture=self.cfg.architecture, num_layers=self.cfg.num_layers,
+            num_experts=self.cfg.num_experts, top_k=self.cfg.top_k, weights_bytes=self.weights.nbytes(),
+            threads=self.threads, context_used=self.cache.length, context_limit=self.context_limit,
+            kv_cache_kind=self.cache.kind, kv_cache_bytes=self.cache.nbytes_used,
+            rss_bytes=psutil.Process().memory_info().rss, tokens_prefilled=self._totals["prefilled"],
+            tokens_generated=self._totals["generated"], tokens_reused=self._totals["reused"],
+            params={**self.params, **self.sampling}, **self._last)
+
+    def close(self) -> None:
+        with self._lock:
+            self.weights.close()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,171 @@
+"""Shared blocks of every architecture: embedding, attention with RoPE over the KV cache,
+SwiGLU experts, top-k routing, and the decoder loop.
+
+An architecture file subclasses `Transformer` and says only what differs: its feed-forward
+block (`ffn`) and, for MoE, how router logits become expert weights (`route`).
+
+Every intermediate has a name (`blk.3.attn_out`, `blk.3.ffn_out`, `blk.3.out`, `logits`, ...);
+pass a dict as `dump` and each is stored there, so a mismatch with transformers can be traced
+layer by layer.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from engine.kernels import cpu
+from engine.kvcache import KVCache
+from engine.model_dir import ModelConfig
+from engine.weights import ExpertWeights, LayerWeights, Matrix, ModelWeights
+
+
+def linear(x: np.ndarray, m: Matrix) -> np.ndarray:
+    """x (T, cols) @ m.T -> (T, rows)."""
+    out = np.empty((x.shape[0], m.rows), np.float32)
+    cpu.matmul(m.data, m.code, np.ascontiguousarray(x, dtype=np.float32), out)
+    return out
+
+
+def rmsnorm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    """Over the last axis of x (..., n)."""
+    flat = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, x.shape[-1])
+    out = np.empty_like(flat)
+    cpu.rmsnorm(flat, weight, np.float32(eps), out)
+    return out.reshape(x.shape)
+
+
+def expert_mlp(h: np.ndarray, e: ExpertWeights) -> np.ndarray:
+    """SwiGLU: down(silu(gate h) * up h)."""
+    g, u = linear(h, e.gate), linear(h, e.up)
+    a = np.empty_like(g)
+    cpu.swiglu(g, u, a)
+    return linear(a, e.down)
+
+
+def softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def top_k(probs: np.ndarray, k: int, renormalise: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(T, E) probabilities -> weights (T, k) and expert ids (T, k), most likely first."""
+    ids = np.argsort(-probs, axis=-1, kind="stable")[:, :k]
+    w = np.take_along_axis(probs, ids, axis=-1)
+    if renormalise:
+        w = w / w.sum(axis=-1, keepdims=True)
+    return w.astype(np.float32), ids
+
+
+@dataclass
+class Step:
+    """What one forward call works on."""
+    cache: KVCache
+    pos0: int  # position of the first new token
+    cos: np.ndarray  # (T, head_dim/2)
+    sin: np.ndarray
+    dump: dict | None
+
+
+class Transformer:
+    """The decoder loop: x += attention(norm x); x += ffn(norm x); then the output head."""
+
+    def __init__(self, cfg: ModelConfig, weights: ModelWeights):
+        self.cfg, self.w = cfg, weights
+        hd = cfg.head_dim
+        if cfg.rope_scaling and cfg.rope_scaling.get("type") not in ("linear",):
+            raise NotImplementedError(f"rope scaling {cfg.rope_scaling.get('type')!r} is not supported yet")
+        # float32 throughout, as transformers computes it
+        inv = np.float32(1.0) / (np.float32(cfg.rope_theta) ** (np.arange(0, hd, 2, dtype=np.float32) / np.float32(hd)))
+        if weights.rope_freqs is not None:
+            inv = inv / weights.rope_freqs
+        if cfg.rope_scaling:  # linear: positions divided by the factor
+            inv = inv / np.float32(cfg.rope_scaling["factor"])
+        self.inv_freq = inv.astype(np.float32)
+        self.scale = np.float32(1.0 / math.sqrt(hd))
+
+    # --- per-architecture parts ----------------------------------------------------------------
+    def ffn(self, L: int, h: np.ndarray, lw: LayerWeights, step: Step) -> np.ndarray:
+        raise NotImplementedError
+
+    def route(self, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        raise NotImplementedError
+
+    # --- shared blocks -------------------------------------------------------------------------
+    def dense_ffn(self, L: int, h: np.ndarray) -> np.ndarray:
+        return expert_mlp(h, self.w.experts.get(L, 0))
+
+    def sparse_moe(self, L: int, h: np.ndarray, lw: LayerWeights, step: Step) -> np.ndarray:
+        """Each token's top-k experts, weighted; tokens grouped by expert so each is read once."""
+        logits = linear(h, lw.router)
+        weights, ids = self.route(logits)
+        if step.dump is not None:
+            step.dump[f"blk.{L}.router_logits"] = logits.copy()
+            step.dump[f"blk.{L}.expert_ids"] = ids.copy()
+        out = np.zeros_like(h)
+        for e in np.unique(ids):
+            rows, slot = np.nonzero(ids == e)
+            y = expert_mlp(h[rows], self.w.experts.get(L, int(e)))
+            out[rows] += weights[rows, slot, None] * y
+        return out
+
+    def attention(self, L: int, h: np.ndarray, lw: LayerWeights, step: Step) -> np.ndarray:
+        cfg, T = self.cfg, h.shape[0]
+        H, KV, hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        q, k, v = linear(h, lw.q), linear(h, lw.k), linear(h, lw.v)
+        if lw.q_bias is not None:
+            q += lw.q_bias
+            k += lw.k_bias
+            v += lw.v_bias
+        if cfg.qk_norm == "full":  # OLMoE: one norm over all heads
+            q, k = rmsnorm(q, lw.q_norm, cfg.rms_norm_eps), rmsnorm(k, lw.k_norm, cfg.rms_norm_eps)
+        q, k, v = q.reshape(T, H, hd), k.reshape(T, KV, hd), v.reshape(T, KV, hd)
+        if cfg.qk_norm == "head":  # Qwen3: a norm per head
+            q, k = rmsnorm(q, lw.q_norm, cfg.rms_norm_eps), rmsnorm(k, lw.k_norm, cfg.rms_norm_eps)
+        if cfg.clip_qkv:
+            for a in (q, k, v):
+                np.clip(a, -cfg.clip_qkv, cfg.clip_qkv, out=a)
+        cpu.rope(q, step.cos, step.sin)
+        cpu.rope(k, step.cos, step.sin)
+        step.cache.write(L, step.pos0, k, v)
+        keys, values = step.cache.read(L, step.pos0 + T)
+        out = np.empty_like(q)
+        scores = np.empty((T * H, step.pos0 + T), np.float32)
+        cpu.attention(q, keys, values, step.pos0, cfg.sliding_window or 0, self.scale, scores, out)
+        if step.dump is not None:
+            step.dump |= {f"blk.{L}.q": q.copy(), f"blk.{L}.k": k.copy(), f"blk.{L}.v": v.copy(),
+                          f"blk.{L}.attn_out": out.reshape(T, -1).copy()}
+        return linear(out.reshape(T, H * hd), lw.o)
+
+    def rotary(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        angles = positions.astype(np.float32)[:, None] * self.inv_freq[None, :]
+        return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+
+    def forward(self, ids: np.ndarray, cache: KVCache, pos0: int, all_logits: bool = False,
+                dump: dict | None = None) -> np.ndarray:
+        """Run tokens `ids` at positions pos0.. through the model, filling the cache.
+
+        Returns logits (T, vocab) if all_logits, else those of the last token (1, vocab).
+        """
+        cfg, T = self.cfg, len(ids)
+        cos, sin = self.rotary(np.arange(pos0, pos0 + T))
+        step = Step(cache, pos0, cos, sin, dump)
+        x = np.empty((T, cfg.hidden_size), np.float32)
+        cpu.gather_rows(self.w.token_embd.data, self.w.token_embd.code, np.asarray(ids, np.int64), x)
+        if dump is not None:
+            dump["token_embd"] = x.copy()
+        for L, lw in enumerate(self.w.layers):
+            x += self.attention(L, rmsnorm(x, lw.attn_norm, cfg.rms_norm_eps), lw, step)
+            f = self.ffn(L, rmsnorm(x, lw.ffn_norm, cfg.rms_norm_eps), lw, step)
+            x += f
+            if dump is not None:
+                dump[f"blk.{L}.ffn_out"] = f.copy()
+                dump[f"blk.{L}.out"] = x.copy()
+        cache.length = pos0 + T
+        h = rmsnorm(x if all_logits else x[-1:], self.w.output_norm, cfg.rms_norm_eps)
+        logits = linear(h, self.w.output)
+        if dump is not None:
+            dump["output_norm"] = h.copy()
+            dump["logits"] = logits.copy()
+        return logits

@@ -1,0 +1,122 @@
+"""Every runtime parameter, declared once: name, type, default, range, help.
+
+CLI flags, config-file validation, `Engine.set_param` and (later) the settings dialog are all
+generated from this table. `scope` says who reads a value: the engine (`engine`) or each
+generation request (`sampling`). `live` says whether a running engine applies a change at once.
+"""
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from typing import Any
+
+import psutil
+
+
+def physical_cores() -> int:
+    return psutil.cpu_count(logical=False) or psutil.cpu_count() or 1
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    type: type
+    default: Any
+    help: str
+    scope: str = "engine"  # "engine" or "sampling"
+    min: float | None = None
+    max: float | None = None
+    choices: tuple | None = None
+    live: bool = True
+    nullable: bool = False
+
+    def check(self, value: Any) -> Any:
+        """The value converted to this parameter's type, or ValueError naming name and range."""
+        if value is None and self.nullable:
+            return None
+        try:
+            if self.type is bool and isinstance(value, str):
+                v: Any = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}[value.lower()]
+            elif self.type is int and isinstance(value, float) and not value.is_integer():
+                raise ValueError
+            else:
+                v = self.type(value)
+        except (ValueError, TypeError, KeyError):
+            raise ValueError(f"{self.name}: {value!r} is not a valid {self.type.__name__} ({self.range_text()})") from None
+        if self.choices is not None and v not in self.choices:
+            raise ValueError(f"{self.name}: {v!r} is not one of {', '.join(map(str, self.choices))}")
+        if (self.min is not None and v < self.min) or (self.max is not None and v > self.max):
+            raise ValueError(f"{self.name}: {v!r} is out of range ({self.range_text()})")
+        return v
+
+    def range_text(self) -> str:
+        if self.choices is not None:
+            return "one of " + ", ".join(map(str, self.choices))
+        lo = "-inf" if self.min is None else f"{self.min:g}"
+        hi = "inf" if self.max is None else f"{self.max:g}"
+        return f"{lo} to {hi}"
+
+
+PARAMS: dict[str, Param] = {p.name: p for p in [
+    # engine
+    Param("threads", int, None, "compute threads (default: the number of physical cores)", min=1, max=1024,
+          nullable=True),
+    Param("context_length", int, 4096, "tokens the KV cache holds (capped by the model's own limit)",
+          min=16, max=1 << 20, live=False),
+    Param("kv_cache_quantize", str, "f16", "KV cache storage: f32, f16 (half the memory) or int8 (a quarter)",
+          choices=("f32", "f16", "int8"), live=False),
+    Param("batch_size", int, 128, "prompt tokens processed per forward step during prefill", min=1, max=8192),
+    Param("log_level", str, "INFO", "log verbosity", choices=("DEBUG", "INFO", "WARN", "WARNING", "ERROR")),
+    # sampling
+    Param("max_tokens", int, 512, "most tokens to generate for one reply", scope="sampling", min=1, max=1 << 20),
+    Param("temperature", float, 0.7, "randomness; 0 = always the most likely token (greedy)", scope="sampling",
+          min=0.0, max=5.0),
+    Param("top_k", int, 40, "sample among the k most likely tokens; 0 = no limit", scope="sampling", min=0,
+          max=1 << 20),
+    Param("top_p", float, 0.95, "sample among the most likely tokens whose probabilities sum to p",
+          scope="sampling", min=0.0, max=1.0),
+    Param("min_p", float, 0.05, "drop tokens less likely than min_p × the top token's probability",
+          scope="sampling", min=0.0, max=1.0),
+    Param("repeat_penalty", float, 1.1, "penalise tokens seen in the last 64 tokens; 1 = off",
+          scope="sampling", min=0.0, max=10.0),
+    Param("seed", int, None, "random seed; the same seed gives the same text", scope="sampling", min=0,
+          max=2**63 - 1, nullable=True),
+]}
+
+
+def defaults(scope: str) -> dict[str, Any]:
+    return {p.name: p.default for p in PARAMS.values() if p.scope == scope}
+
+
+def check(name: str, value: Any) -> Any:
+    try:
+        return PARAMS[name].check(value)
+    except KeyError:
+        raise ValueError(f"unknown parameter {name!r}; known: {', '.join(PARAMS)}") from None
+
+
+def validate(values: dict[str, Any], scope: str | None = None) -> dict[str, Any]:
+    out = {}
+    for name, value in values.items():
+        p = PARAMS.get(name)
+        if p is None or (scope is not None and p.scope != scope):
+            known = ", ".join(n for n, q in PARAMS.items() if scope is None or q.scope == scope)
+            raise ValueError(f"unknown parameter {name!r}; known: {known}")
+        out[name] = p.check(value)
+    return out
+
+
+def add_arguments(parser: argparse.ArgumentParser, scopes: tuple[str, ...] = ("engine", "sampling")) -> None:
+    """One --flag per parameter, defaulting to None so that only what the user gave is passed on."""
+    for p in PARAMS.values():
+        if p.scope not in scopes:
+            continue
+        kind = str if p.type is bool else p.type
+        extra = {"choices": p.choices} if p.choices else {}
+        default = "physical cores" if p.name == "threads" else p.default
+        parser.add_argument(f"--{p.name}", type=kind, default=None, help=f"{p.help} [default: {default}]", **extra)
+
+
+def from_args(args: argparse.Namespace, scope: str) -> dict[str, Any]:
+    return validate({p.name: getattr(args, p.name) for p in PARAMS.values()
+                     if p.scope == scope and getattr(args, p.name, None) is not None})
