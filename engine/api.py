@@ -26,7 +26,7 @@ from engine.kvcache import KVCache
 from engine.model_dir import open_model_dir
 from engine.models import model_class
 from engine.sampling import Sampler
-from engine.tokenizer import StreamDecoder, TextCodec
+from engine.tokenizer import StopMatcher, StreamDecoder, TextCodec
 from engine.weights import ModelWeights
 
 log = logging.getLogger("colibri.engine")
@@ -238,7 +238,7 @@ class Engine:
             prefill_tok_s = (len(ids) - reuse) / max(t_prefill - t0, 1e-9)
             self._totals["prefilled"] += len(ids) - reuse
             self._totals["reused"] += reuse
-            decoder, history, generated, text = StreamDecoder(self.codec), list(ids), 0, ""
+            decoder, stops, history, generated = StreamDecoder(self.codec), StopMatcher(stop), list(ids), 0
             ttft = decode_tok_s = 0.0
             finish = None
             while True:
@@ -248,26 +248,24 @@ class Engine:
                     t_first = time.perf_counter()
                 if tok in self.codec.stop_ids:
                     finish = "stop"
-                    piece = decoder.flush()
+                    piece, _ = stops.push(decoder.flush())
+                    piece += stops.flush()
                 else:
                     generated += 1
                     history.append(tok)
-                    piece = decoder.feed(tok)
-                    text += piece
-                    hit = next((s for s in stop if s and s in text), None)
+                    piece, hit = stops.push(decoder.feed(tok))
                     if hit:
-                        cut = text.index(hit)
-                        piece = piece[:len(piece) - (len(text) - cut)] if len(text) - cut <= len(piece) else ""
                         finish = "stop"
                     elif generated >= max_tokens or len(self.tokens) + 1 >= self.cache.capacity:
                         finish = "length"
                     elif self._cancel.is_set():
                         finish = "cancelled"
+                    if finish in ("length", "cancelled"):
+                        more, _ = stops.push(decoder.flush())
+                        piece += more + stops.flush()
                 if generated > 1:
                     decode_tok_s = (generated - 1) / max(time.perf_counter() - t_first, 1e-9)
                 if finish is not None:
-                    if finish != "stop" or tok not in self.codec.stop_ids:
-                        piece += decoder.flush()
                     self._last = {"prefill_tok_s": prefill_tok_s, "decode_tok_s": decode_tok_s, "ttft_s": ttft}
                     self._totals["generated"] += generated
                     yield Step(piece, None if tok in self.codec.stop_ids else tok, generated, len(ids), reuse,

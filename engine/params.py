@@ -77,7 +77,7 @@ PARAMS: dict[str, Param] = {p.name: p for p in [
           scope="sampling", min=0.0, max=1.0),
     Param("min_p", float, 0.05, "drop tokens less likely than min_p × the top token's probability",
           scope="sampling", min=0.0, max=1.0),
-    Param("repeat_penalty", float, 1.1, "penalise tokens seen in the last 64 tokens; 1 = off",
+    Param("repeat_penalty", float, 1.0, "penalise tokens seen in the last 64 tokens; 1 = off",
           scope="sampling", min=0.0, max=10.0),
     Param("seed", int, None, "random seed; the same seed gives the same text", scope="sampling", min=0,
           max=2**63 - 1, nullable=True),

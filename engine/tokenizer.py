@@ -112,3 +112,29 @@ class StreamDecoder:
         after = self.codec.decode(self.ids[self.prefix:])
         self.prefix = self.read = len(self.ids)
         return after[len(before):]
+
+
+class StopMatcher:
+    """Holds back text that might be the start of a stop string, so none of it is ever shown."""
+
+    def __init__(self, stops: tuple[str, ...]):
+        self.stops = [s for s in stops if s]
+        self.pending = ""
+
+    def push(self, piece: str) -> tuple[str, bool]:
+        """(text safe to show now, whether a stop string was reached)."""
+        self.pending += piece
+        hits = [i for i in (self.pending.find(s) for s in self.stops) if i >= 0]
+        if hits:
+            out, self.pending = self.pending[:min(hits)], ""
+            return out, True
+        hold = 0
+        for s in self.stops:
+            hold = max(hold, next((k for k in range(min(len(s) - 1, len(self.pending)), 0, -1)
+                                   if self.pending.endswith(s[:k])), 0))
+        out, self.pending = self.pending[:len(self.pending) - hold], self.pending[len(self.pending) - hold:]
+        return out, False
+
+    def flush(self) -> str:
+        out, self.pending = self.pending, ""
+        return out

@@ -105,6 +105,7 @@ class ModelWeights:
         self.rope_freqs = load_vector(emb, "rope_freqs.weight") if cfg.rope_freq_factors else None
         self.experts = ExpertStore(model)
         self.layers = [self._layer(model, L) for L in range(cfg.num_layers)]
+        self._bytes = sum(e["size"] for rel, e in model.manifest["files"].items() if rel.endswith(".bin"))
 
     def _open(self, path: Path) -> TensorFile:
         tf = TensorFile(path)
@@ -130,7 +131,6 @@ class ModelWeights:
             q_norm=opt("attn_q_norm.weight"), k_norm=opt("attn_k_norm.weight"),
             router=router, shared_gate=shared_gate, shared=shared)
 
-        self._bytes = sum(e["size"] for rel, e in model.manifest["files"].items() if rel.endswith(".bin"))
 
     def nbytes(self) -> int:
         """Bytes of all weight files (every expert, resident or not)."""

@@ -1,0 +1,153 @@
+"""colibri-cli: chat with a model in the terminal, or answer one --prompt and exit.
+
+Without --model it uses the default model, converting it into the user data folder on first
+use. A .gguf file is converted once into the same folder. Ctrl-C stops the reply, not the
+program; Ctrl-D (or /exit) leaves.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from app.cli_convert import _progress_printer
+from app.model_library import ensure_default_model
+from app.paths import models_dir
+from engine import default_model
+from engine import params as P
+from engine.errors import ColibriError
+
+HELP_COMMANDS = "commands: /reset (new conversation), /stats, /exit"
+
+
+def resolve_model(arg: str | None) -> Path:
+    """A model directory to load: the default one, a converted .gguf, or the folder given."""
+    from engine.convert.convert import convert
+    from engine.model_dir import open_model_dir
+    if arg is None:
+        print(f"model: {default_model.NAME} — {default_model.NOTE}", file=sys.stderr)
+        from app.model_library import default_model_dir
+        fresh = not (default_model_dir() / "manifest.json").exists()
+        if fresh:
+            print("converting the default model into your data folder (first run only)", file=sys.stderr)
+        path = ensure_default_model(progress=_progress_printer())
+        if fresh:
+            print(file=sys.stderr)
+        return path
+    path = Path(arg).expanduser()
+    if path.is_file() and path.suffix.lower() == ".gguf":
+        target = models_dir() / path.stem
+        try:
+            open_model_dir(target)
+        except ColibriError:
+            print(f"converting {path.name} into {target} (once)", file=sys.stderr)
+            convert(path, target, "keep", force=True, progress=_progress_printer())
+            print(file=sys.stderr)
+        return target
+    return path
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="colibri-cli", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", help="a Colibri model folder or a .gguf file (default: the bundled SmolLM2)")
+    ap.add_argument("--prompt", help="answer this one message and exit (default: interactive chat)")
+    ap.add_argument("--system", help="system prompt")
+    ap.add_argument("--raw", action="store_true", help="continue --prompt as plain text, without the chat template")
+    P.add_arguments(ap)
+    return ap
+
+
+def stream_reply(engine, prompt, sampling: dict, out=sys.stdout) -> tuple[str, object]:
+    """Print a reply as it streams; Ctrl-C ends it early. Returns (text, last step)."""
+    text, step = "", None
+    gen = engine.generate(prompt, **sampling)
+    try:
+        for step in gen:
+            out.write(step.text)
+            out.flush()
+            text += step.text
+    except KeyboardInterrupt:
+        out.write(" [stopped]")
+    finally:
+        gen.close()
+        out.write("\n")
+        out.flush()
+    return text, step
+
+
+def _speed(step) -> str:
+    if step is None:
+        return ""
+    return (f"[{step.generated_tokens} tokens, prefill {step.prefill_tok_s:.1f} tok/s "
+            f"({step.prompt_tokens - step.cached_tokens} new, {step.cached_tokens} reused), "
+            f"decode {step.decode_tok_s:.1f} tok/s, first token {step.ttft_s:.2f} s, "
+            f"context {step.context_used}/{step.context_limit}]")
+
+
+def chat(engine, system: str | None, sampling: dict) -> None:
+    print(f"chatting with {engine.model.path.name} — {HELP_COMMANDS}", file=sys.stderr)
+    messages = [{"role": "system", "content": system}] if system else []
+    while True:
+        try:
+            line = input("> ")
+        except (EOFError, KeyboardInterrupt):
+            print(file=sys.stderr)
+            return
+        if not line.strip():
+            continue
+        if line.strip() in ("/exit", "/quit"):
+            return
+        if line.strip() == "/reset":
+            messages = messages[:1] if system else []
+            engine.reset()
+            continue
+        if line.strip() == "/stats":
+            print(engine.stats(), file=sys.stderr)
+            continue
+        messages.append({"role": "user", "content": line})
+        while True:
+            try:
+                reply, step = stream_reply(engine, messages, sampling)
+                break
+            except ColibriError as e:
+                if "context" not in str(e) or len(messages) <= (2 if system else 1):
+                    raise
+                del messages[1 if system else 0:3 if system else 2]  # the oldest exchange
+                print("[context full: the oldest exchange was dropped]", file=sys.stderr)
+        messages.append({"role": "assistant", "content": reply})
+        print(_speed(step), file=sys.stderr)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        engine_p, sampling = P.from_args(args, "engine"), P.from_args(args, "sampling")
+        engine_p.setdefault("log_level", "WARN")  # the terminal is for the conversation
+        from engine.api import Engine
+        engine = Engine(resolve_model(args.model), **engine_p)
+        print("warming up…", end="", file=sys.stderr, flush=True)
+        print(f" ready ({engine.warmup():.1f} s)", file=sys.stderr)
+        if args.prompt is None:
+            chat(engine, args.system, sampling)
+            return 0
+        if args.raw:
+            prompt = args.prompt
+        else:
+            prompt = ([{"role": "system", "content": args.system}] if args.system else []) + \
+                [{"role": "user", "content": args.prompt}]
+        _, step = stream_reply(engine, prompt, sampling)
+        print(_speed(step), file=sys.stderr)
+        return 0
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return 130
+    except (ColibriError, ValueError) as e:
+        print(f"colibri-cli: error: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

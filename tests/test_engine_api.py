@@ -1,0 +1,156 @@
+"""The public Engine API on real converted models: parameters, generation, cache reuse, limits."""
+from __future__ import annotations
+
+import dataclasses
+import threading
+
+import numpy as np
+import pytest
+from conftest import HF_FIXTURES
+
+from engine import errors
+from engine.api import ContextOverflowError, Engine
+from engine.convert.convert import convert
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return convert(HF_FIXTURES / "qwen3_moe", tmp_path_factory.mktemp("api") / "m", "keep").path
+
+
+@pytest.fixture(scope="module")
+def smol(default_converted):
+    eng = Engine(default_converted, threads=2)
+    yield eng
+    eng.close()
+
+
+CHAT = [{"role": "user", "content": "What is 2 + 2? Answer with a number."}]
+
+
+def reply(eng, prompt, **kw):
+    steps = list(eng.generate(prompt, **kw))
+    return "".join(s.text for s in steps), steps
+
+
+def test_parameters_are_checked_against_the_table(tiny):
+    with pytest.raises(ValueError, match=r"temperature: 7.0 is out of range \(0 to 5\)"):
+        Engine(tiny, temperature=7)
+    with pytest.raises(ValueError, match="kv_cache_quantize: 'int3' is not one of f32, f16, int8"):
+        Engine(tiny, kv_cache_quantize="int3")
+    with pytest.raises(ValueError, match="unknown parameter 'tempreature'"):
+        Engine(tiny, tempreature=1)
+    eng = Engine(tiny)
+    with pytest.raises(ValueError, match=r"top_p: 1.5 is out of range \(0 to 1\)"):
+        eng.set_param("top_p", 1.5)
+    with pytest.raises(ValueError, match="top_k: 'many' is not a valid int"):
+        list(eng.generate("hi", top_k="many"))
+    eng.set_param("kv_cache_quantize", "int8")
+    assert eng.cache.kind == "int8"
+    eng.set_param("temperature", 0.2)
+    assert eng.stats().params["temperature"] == 0.2
+
+
+def test_same_seed_same_text(tiny):
+    eng = Engine(tiny)
+    a, _ = reply(eng, "The", temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=123, max_tokens=12)
+    b, _ = reply(eng, "The", temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=123, max_tokens=12)
+    c, _ = reply(eng, "The", temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=7, max_tokens=12)
+    assert a == b and a != c
+
+
+def test_greedy_generate_equals_forward_loop(tiny):
+    eng = Engine(tiny, kv_cache_quantize="f32")
+    _, steps = reply(eng, "Hello world", temperature=0, max_tokens=6, repeat_penalty=1.0)
+    ids = eng.tokenize("Hello world")
+    fresh = Engine(tiny, kv_cache_quantize="f32")
+    want = [fresh.forward(ids)]
+    for _ in range(5):
+        want.append(fresh.forward([want[-1]]))
+    got = [s.token_id for s in steps if s.token_id is not None]
+    assert got == want[:len(got)] and steps[-1].finish_reason in ("length", "stop")
+
+
+def test_logits_do_not_touch_the_conversation(tiny):
+    eng = Engine(tiny)
+    reply(eng, "Once upon", temperature=0, max_tokens=3)
+    before = (list(eng.tokens), eng.cache.length)
+    out = eng.logits(eng.tokenize("a b c"))
+    assert out.shape == (len(eng.tokenize("a b c")), eng.cfg.vocab_size) and out.dtype == np.float32
+    assert (eng.tokens, eng.cache.length) == before
+
+
+def test_finish_reasons(tiny):
+    eng = Engine(tiny, context_length=24)
+    _, steps = reply(eng, "x " * 8, temperature=0, max_tokens=3)
+    assert steps[-1].finish_reason == "length" and steps[-1].generated_tokens == 3
+    _, steps = reply(eng, "x " * 8, temperature=0, max_tokens=500)
+    assert steps[-1].finish_reason == "length" and steps[-1].context_used <= 24
+    with pytest.raises(ContextOverflowError, match=r"the prompt is \d+ tokens but the context holds 24"):
+        eng.generate("x " * 40)
+    assert eng.cache.length <= 24
+
+
+def test_stop_from_another_thread(tiny):
+    eng = Engine(tiny)
+    gen = eng.generate("Tell", temperature=0, max_tokens=10_000)
+    first = next(gen)
+    threading.Thread(target=eng.stop).start()
+    rest = list(gen)
+    assert first.finish_reason is None and rest[-1].finish_reason == "cancelled"
+
+
+def test_stop_strings(tiny):
+    eng = Engine(tiny)
+    full, _ = reply(eng, "Once", temperature=0, max_tokens=20, repeat_penalty=1.0)
+    cut = full[3:6]
+    assert cut
+    text, steps = reply(eng, "Once", temperature=0, max_tokens=20, repeat_penalty=1.0, stop=[cut])
+    assert steps[-1].finish_reason == "stop" and text == full[:full.index(cut)]
+
+
+def test_chat_on_the_default_model(smol):
+    text, steps = reply(smol, CHAT, temperature=0, max_tokens=20)
+    assert "4" in text
+    last = steps[-1]
+    assert last.finish_reason == "stop" and last.token_id is None  # ended by the model's own EOS
+    assert last.ttft_s > 0 and last.prefill_tok_s > 0
+
+
+def test_follow_up_turn_prefills_only_new_tokens(smol):
+    smol.reset()
+    first, s1 = reply(smol, CHAT, temperature=0, max_tokens=20)
+    conv = CHAT + [{"role": "assistant", "content": first}, {"role": "user", "content": "And 3 + 3?"}]
+    _, s2 = reply(smol, conv, temperature=0, max_tokens=10)
+    new = s2[-1].prompt_tokens - s2[-1].cached_tokens
+    assert s2[-1].cached_tokens >= s1[-1].prompt_tokens  # the whole first turn was reused
+    assert new < 20 < s2[-1].prompt_tokens
+    assert smol.stats().tokens_reused >= s2[-1].cached_tokens
+
+
+def test_stats_is_a_frozen_snapshot(smol):
+    st = smol.stats()
+    assert st.architecture == "llama" and st.num_layers == 30 and st.weights_bytes > 90e6
+    assert st.rss_bytes > 0 and st.context_limit == 4096 and st.kv_cache_kind == "f16"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        st.threads = 9  # type: ignore[misc]
+
+
+def test_bad_model_paths(tmp_path, default_gguf, default_converted):
+    with pytest.raises(errors.ModelFormatError, match="a GGUF file; convert it first"):
+        Engine(default_gguf)
+    with pytest.raises(errors.MissingFileError, match="model directory not found"):
+        Engine(tmp_path / "nothing")
+    import shutil
+    broken = shutil.copytree(default_converted, tmp_path / "broken")
+    (broken / "attention" / "layer_7.bin").write_bytes(b"CLBT")
+    with pytest.raises(errors.ModelFormatError, match="layer_7.bin"):
+        Engine(broken)
+
+
+def test_warmup_and_token_checks(tiny):
+    eng = Engine(tiny)
+    assert eng.warmup() >= 0
+    with pytest.raises(ValueError, match="token ids out of range"):
+        eng.logits([0, 10_000_000])
+    assert eng.detokenize(eng.tokenize("round trip 123")) == "round trip 123"
