@@ -41,7 +41,7 @@ Re-run (needs llama-cpp-python, never in the project venv; no network is used at
 
     python3 -m venv .venv-bench
     CMAKE_BUILD_PARALLEL_LEVEL=2 CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON \\
-        -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX_VNNI=ON -DGGML_AVX512=ON \\
+        -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX_VNNI=OFF -DGGML_AVX512=ON \\
         -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON" \\
         .venv-bench/bin/pip install llama-cpp-python numpy jinja2
     .venv-bench/bin/python tests/make_llamacpp_reference.py [--model PATH] [--out PATH]
