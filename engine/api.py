@@ -86,10 +86,9 @@ class Engine:
         if path.is_file() and path.suffix.lower() == ".gguf":
             raise ModelFormatError(f"{path}: a GGUF file; convert it first with colibri-convert "
                                    f"(colibri-cli --model FILE.gguf does this for you)")
-        engine_p = {k: v for k, v in params.items() if k in P.PARAMS and P.PARAMS[k].scope == "engine"}
-        sampling_p = {k: v for k, v in params.items() if k not in engine_p}
-        self.params = P.defaults("engine") | P.validate(engine_p)
-        self.sampling = P.defaults("sampling") | P.validate(sampling_p, scope="sampling")
+        given = P.validate(params)
+        self.params = P.defaults("engine") | {k: v for k, v in given.items() if P.PARAMS[k].scope == "engine"}
+        self.sampling = P.defaults("sampling") | {k: v for k, v in given.items() if P.PARAMS[k].scope == "sampling"}
         self.model = open_model_dir(path)
         self.cfg = self.model.config
         self.codec = TextCodec.from_model(self.model)
