@@ -22,7 +22,9 @@ import psutil
 
 from engine import params as P
 from engine.errors import ColibriError, ModelFormatError
+from engine.experts import CacheStats, plan_expert_cache
 from engine.kvcache import KVCache
+from engine.mempool import MemoryPool, PoolStats
 from engine.model_dir import open_model_dir
 from engine.models import model_class
 from engine.sampling import Sampler
@@ -77,6 +79,11 @@ class StatsSnapshot:
     tokens_prefilled: int
     tokens_generated: int
     tokens_reused: int
+    expert_cache_hit_rate: float
+    prefetch_accuracy: float | None
+    expert_cache: CacheStats
+    expert_cache_plan: str
+    mem_pool: PoolStats
     params: dict[str, Any] = field(default_factory=dict)
 
 
@@ -92,7 +99,9 @@ class Engine:
         self.model = open_model_dir(path)
         self.cfg = self.model.config
         self.codec = TextCodec.from_model(self.model)
-        self.weights = ModelWeights(self.model)
+        self.pool = MemoryPool()
+        self.cache_plan = plan_expert_cache(self.model, self.params, self.context_limit)
+        self.weights = ModelWeights(self.model, self.pool, self.cache_plan.capacity, self.params["prefetch_window"])
         self.net = model_class(self.cfg.architecture)(self.cfg, self.weights)
         self._lock = threading.Lock()  # one computation at a time
         self._cancel = threading.Event()
@@ -101,9 +110,9 @@ class Engine:
         self._last = {"prefill_tok_s": 0.0, "decode_tok_s": 0.0, "ttft_s": 0.0}
         self._new_cache()
         logging.getLogger("colibri").setLevel(_level(self.params["log_level"]))
-        log.info("loaded %s: %s, %d layers, %d expert(s), context %d, kv %s, %d threads", path.name,
-                 self.cfg.architecture, self.cfg.num_layers, self.cfg.num_experts, self.context_limit,
-                 self.params["kv_cache_quantize"], self.threads)
+        log.info("loaded %s: %s, %d layers, %d expert(s), context %d, kv %s, %d threads; expert cache: %s",
+                 path.name, self.cfg.architecture, self.cfg.num_layers, self.cfg.num_experts, self.context_limit,
+                 self.params["kv_cache_quantize"], self.threads, self.cache_plan.reason)
 
     # --- parameters ------------------------------------------------------------------------
     @property
@@ -117,8 +126,10 @@ class Engine:
 
     def _new_cache(self) -> None:
         c = self.cfg
+        if getattr(self, "cache", None) is not None:
+            self.cache.free()
         self.cache = KVCache(c.num_layers, self.context_limit, c.num_kv_heads, c.head_dim,
-                             self.params["kv_cache_quantize"])
+                             self.params["kv_cache_quantize"], self.pool)
         self.tokens = []
 
     def set_param(self, name: str, value: Any) -> None:
@@ -131,7 +142,10 @@ class Engine:
             return
         with self._lock:
             self.params[name] = v
-            if not p.live:
+            if name in ("expert_cache_size", "expert_cache_bytes", "prefetch_window"):
+                self.cache_plan = plan_expert_cache(self.model, self.params, self.context_limit)
+                self.weights.reset_experts(self.cache_plan.capacity, self.params["prefetch_window"])
+            elif not p.live:
                 self._new_cache()
             if name == "log_level":
                 logging.getLogger("colibri").setLevel(_level(v))
@@ -150,7 +164,9 @@ class Engine:
     # --- compute ---------------------------------------------------------------------------
     def _prefill(self, ids: Sequence[int], cache: KVCache, pos0: int, all_logits: bool) -> np.ndarray:
         numba.set_num_threads(self.threads)  # per calling thread
-        out, bs = [], self.params["batch_size"]
+        # MoE: the whole prompt goes through each layer at once, so every expert is loaded at
+        # most once per layer per prompt (attention works in query blocks inside the layer)
+        out, bs = [], max(len(ids), 1) if self.cfg.is_moe else self.params["batch_size"]
         for a in range(0, len(ids), bs):
             chunk = np.asarray(ids[a:a + bs], np.int64)
             out.append(self.net.forward(chunk, cache, pos0 + a, all_logits=all_logits))
@@ -266,6 +282,7 @@ class Engine:
                     decode_tok_s = (generated - 1) / max(time.perf_counter() - t_first, 1e-9)
                 if finish is not None:
                     self._last = {"prefill_tok_s": prefill_tok_s, "decode_tok_s": decode_tok_s, "ttft_s": ttft}
+                    self.weights.experts.check_prefetch()
                     self._totals["generated"] += generated
                     yield Step(piece, None if tok in self.codec.stop_ids else tok, generated, len(ids), reuse,
                                prefill_tok_s, decode_tok_s, ttft, len(self.tokens), self.context_limit, finish)
@@ -291,6 +308,7 @@ class Engine:
         return seconds
 
     def stats(self) -> StatsSnapshot:
+        ec = self.weights.experts.stats()
         return StatsSnapshot(
             model=self.model.path.name, architecture=self.cfg.architecture, num_layers=self.cfg.num_layers,
             num_experts=self.cfg.num_experts, top_k=self.cfg.top_k, weights_bytes=self.weights.nbytes(),
@@ -298,11 +316,21 @@ class Engine:
             kv_cache_kind=self.cache.kind, kv_cache_bytes=self.cache.nbytes_used,
             rss_bytes=psutil.Process().memory_info().rss, tokens_prefilled=self._totals["prefilled"],
             tokens_generated=self._totals["generated"], tokens_reused=self._totals["reused"],
+            expert_cache_hit_rate=ec.hit_rate, prefetch_accuracy=ec.prefetch_accuracy, expert_cache=ec,
+            expert_cache_plan=self.cache_plan.reason, mem_pool=self.pool.stats(),
             params={**self.params, **self.sampling}, **self._last)
+
+    def mem_pool_defrag(self) -> int:
+        """Compact the memory pool and return its free pages to the OS; bytes given back."""
+        with self._lock:
+            returned = self.pool.defrag()
+        log.info("mem_pool_defrag returned %.1f MB", returned / 1e6)
+        return returned
 
     def close(self) -> None:
         with self._lock:
             self.weights.close()
+            self.cache.free()
 
     def __enter__(self) -> Engine:
         return self

@@ -8,24 +8,48 @@ from __future__ import annotations
 
 import numpy as np
 
+from engine.mempool import MemoryPool
+
 KINDS = ("f32", "f16", "int8")
 
 
 class KVCache:
-    def __init__(self, layers: int, capacity: int, kv_heads: int, head_dim: int, kind: str = "f16"):
+    def __init__(self, layers: int, capacity: int, kv_heads: int, head_dim: int, kind: str = "f16",
+                 pool: MemoryPool | None = None):
         if kind not in KINDS:
             raise ValueError(f"kv_cache_quantize: {kind!r} is not one of {', '.join(KINDS)}")
         self.kind, self.capacity, self.length = kind, capacity, 0
+        self._pool, self._blocks = pool, []
         shape = (layers, capacity, kv_heads, head_dim)
         dtype = {"f32": np.float32, "f16": np.float16, "int8": np.int8}[kind]
-        # np.zeros maps untouched pages lazily: memory is paid as the context fills
-        self.k, self.v = np.zeros(shape, dtype), np.zeros(shape, dtype)
+        # fresh anonymous pages cost nothing until written: memory is paid as the context fills
+        self.k, self.v = self._zeros(shape, dtype), self._zeros(shape, dtype)
         if kind == "int8":
-            self.k_scale = np.zeros(shape[:3], np.float32)
-            self.v_scale = np.zeros(shape[:3], np.float32)
+            self.k_scale = self._zeros(shape[:3], np.float32)
+            self.v_scale = self._zeros(shape[:3], np.float32)
         if kind != "f32":
-            self._k32 = np.zeros(shape[1:], np.float32)
-            self._v32 = np.zeros(shape[1:], np.float32)
+            self._k32 = self._zeros(shape[1:], np.float32)
+            self._v32 = self._zeros(shape[1:], np.float32)
+
+    def _zeros(self, shape, dtype) -> np.ndarray:
+        if self._pool is None:
+            return np.zeros(shape, dtype)
+        arr, block = self._pool.empty(shape, dtype)
+        if block.tier != "large":  # reused pool memory may hold old bytes; large blocks are fresh pages
+            arr[...] = 0
+        self._blocks.append(block)
+        return arr
+
+    @property
+    def nbytes_reserved(self) -> int:
+        return sum(b.size for b in self._blocks)
+
+    def free(self) -> None:
+        """Give the memory back to the pool (the cache is unusable afterwards)."""
+        self.k = self.v = self._k32 = self._v32 = self.k_scale = self.v_scale = None
+        for b in self._blocks:
+            b.free()
+        self._blocks = []
 
     @property
     def nbytes_used(self) -> int:

@@ -32,7 +32,7 @@ class Param:
 
     def check(self, value: Any) -> Any:
         """The value converted to this parameter's type, or ValueError naming name and range."""
-        if value is None and self.nullable:
+        if self.nullable and (value is None or (isinstance(value, str) and value.lower() in ("auto", "none", ""))):
             return None
         try:
             if self.type is bool and isinstance(value, str):
@@ -65,6 +65,12 @@ PARAMS: dict[str, Param] = {p.name: p for p in [
           min=16, max=1 << 20, live=False),
     Param("kv_cache_quantize", str, "f16", "KV cache storage: f32, f16 (half the memory) or int8 (a quarter)",
           choices=("f32", "f16", "int8"), live=False),
+    Param("expert_cache_size", int, None, "experts of each layer kept in memory; auto (default) sizes the "
+          "cache from free memory, the model and the KV cache", min=1, max=4096, nullable=True, live=False),
+    Param("expert_cache_bytes", int, None, "expert cache budget in bytes, instead of a count per layer",
+          min=1, max=1 << 50, nullable=True, live=False),
+    Param("prefetch_window", int, 16, "tokens whose expert choices guide prefetching; 0 = no prefetch "
+          "(experts load when needed)", min=0, max=4096, live=False),
     Param("batch_size", int, 128, "prompt tokens processed per forward step during prefill", min=1, max=8192),
     Param("log_level", str, "INFO", "log verbosity", choices=("DEBUG", "INFO", "WARN", "WARNING", "ERROR")),
     # sampling
@@ -111,9 +117,10 @@ def add_arguments(parser: argparse.ArgumentParser, scopes: tuple[str, ...] = ("e
     for p in PARAMS.values():
         if p.scope not in scopes:
             continue
-        kind = str if p.type is bool else p.type
+        kind = str if p.type is bool or p.nullable else p.type  # nullable ones also take "auto"
         extra = {"choices": p.choices} if p.choices else {}
-        default = "physical cores" if p.name == "threads" else p.default
+        default = "physical cores" if p.name == "threads" else "auto" if p.nullable and p.default is None \
+            and p.name != "seed" else p.default
         parser.add_argument(f"--{p.name}", type=kind, default=None, help=f"{p.help} [default: {default}]", **extra)
 
 

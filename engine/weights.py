@@ -1,8 +1,8 @@
 """A model's weights as the kernels see them: stored matrices mapped in place from the model dir.
 
 Nothing is dequantized or copied at load except small vectors (norms, biases), which become
-float32. Experts are reached through `ExpertStore.get(layer, expert)`, the one door the expert
-cache (on-demand loading) replaces.
+float32. Experts are not mapped: they are loaded on demand into the expert cache
+(`engine.experts`), reached through `ModelWeights.experts.use(layer, expert)`.
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.model_dir import ModelDir, expert_file
+from engine.model_dir import ModelDir
 from engine.tensorfile import TensorFile
 
 
@@ -65,47 +65,25 @@ class LayerWeights:
     shared: ExpertWeights | None = None
 
 
-class ExpertStore:
-    """Every expert of every layer, each file opened (mapped) the first time it is asked for."""
-
-    def __init__(self, model: ModelDir):
-        self._model = model
-        self._files: dict[str, TensorFile] = {}
-        self._cache: dict[tuple[int, int | str], ExpertWeights] = {}
-
-    def _file(self, rel: str) -> TensorFile:
-        if rel not in self._files:
-            self._files[rel] = self._model.tensor_file(rel)
-        return self._files[rel]
-
-    def get(self, layer: int, expert: int | str) -> ExpertWeights:
-        key = (layer, expert)
-        if key not in self._cache:
-            tf = self._file(expert_file(layer, expert, self._model.split_experts))
-            sfx = "_shexp" if expert == "shared" else f".{expert}"
-            self._cache[key] = ExpertWeights(*(load_matrix(tf, f"blk.{layer}.ffn_{p}{sfx}.weight")
-                                               for p in ("gate", "up", "down")))
-        return self._cache[key]
-
-    def close(self) -> None:
-        self._cache.clear()
-        for tf in self._files.values():
-            tf.close()
-        self._files.clear()
-
-
 class ModelWeights:
-    def __init__(self, model: ModelDir):
+    def __init__(self, model: ModelDir, pool, capacity: int, prefetch_window: int):
+        from engine.experts import ExpertCache, ExpertStore
         cfg = model.config
         self.files: list[TensorFile] = []
+        self.pool = pool
+        self.store = ExpertStore(model)
+        self._shared_blocks = []
+        self.top_k = cfg.top_k
+        self.experts = ExpertCache(self.store, pool, cfg.num_layers, cfg.num_experts, capacity, prefetch_window,
+                                   cfg.top_k)
         emb = self._open(model.path / "embeddings.bin")
         self.token_embd = load_matrix(emb, "token_embd.weight")
         self.output = self.token_embd if cfg.tie_word_embeddings else load_matrix(emb, "output.weight")
         self.output_norm = load_vector(emb, "output_norm.weight")
         self.rope_freqs = load_vector(emb, "rope_freqs.weight") if cfg.rope_freq_factors else None
-        self.experts = ExpertStore(model)
         self.layers = [self._layer(model, L) for L in range(cfg.num_layers)]
-        self._bytes = sum(e["size"] for rel, e in model.manifest["files"].items() if rel.endswith(".bin"))
+        self.model_files = model.manifest["files"]
+        self._bytes = sum(e["size"] for rel, e in self.model_files.items() if rel.endswith(".bin"))
 
     def _open(self, path: Path) -> TensorFile:
         tf = TensorFile(path)
@@ -122,7 +100,7 @@ class ModelWeights:
             router = load_matrix(rt, b + "ffn_gate_inp.weight")
             if cfg.shared_expert_intermediate_size:
                 shared_gate = load_vector(rt, b + "ffn_gate_inp_shexp.weight")
-                shared = self.experts.get(L, "shared")
+                shared = self._resident(L, "shared")
         return LayerWeights(
             attn_norm=load_vector(at, b + "attn_norm.weight"), q=load_matrix(at, b + "attn_q.weight"),
             k=load_matrix(at, b + "attn_k.weight"), v=load_matrix(at, b + "attn_v.weight"),
@@ -131,12 +109,34 @@ class ModelWeights:
             q_norm=opt("attn_q_norm.weight"), k_norm=opt("attn_k_norm.weight"),
             router=router, shared_gate=shared_gate, shared=shared)
 
+    def _resident(self, layer: int, expert: int | str) -> ExpertWeights:
+        """An always-used expert (Qwen2-MoE's shared one), loaded once outside the LRU cache."""
+        block = self.pool.alloc(self.store.span(layer, expert).nbytes)
+        self._shared_blocks.append(block)
+        return self.store.read_into(layer, expert, block.array(np.uint8, (block.size,)))
+
+    def dense_bytes(self) -> int:
+        """Bytes of everything but the routed experts (always resident once touched)."""
+        return sum(e["size"] for rel, e in self.model_files.items()
+                   if rel.endswith(".bin") and not rel.startswith("experts/")) + \
+            sum(b.size for b in self._shared_blocks)
 
     def nbytes(self) -> int:
         """Bytes of all weight files (every expert, resident or not)."""
         return self._bytes
 
+    def reset_experts(self, capacity: int, prefetch_window: int) -> None:
+        """A new, empty expert cache with other settings."""
+        from engine.experts import ExpertCache
+        self.experts.close()
+        cfg = self.experts
+        self.experts = ExpertCache(self.store, self.pool, len(cfg.counters), cfg.num_experts, capacity,
+                                   prefetch_window, self.top_k)
+
     def close(self) -> None:
         self.experts.close()
+        self.layers = []
+        for b in self._shared_blocks:
+            b.free()
         for f in self.files:
             f.close()

@@ -20,6 +20,9 @@ from engine.kvcache import KVCache
 from engine.model_dir import ModelConfig
 from engine.weights import ExpertWeights, LayerWeights, Matrix, ModelWeights
 
+ATTENTION_BLOCK = 256  # query tokens per attention call
+PREFETCH_MAX_TOKENS = 4  # prefetch while decoding; a prompt's union of experts is most of them
+
 
 def linear(x: np.ndarray, m: Matrix) -> np.ndarray:
     """x (T, cols) @ m.T -> (T, rows)."""
@@ -94,21 +97,38 @@ class Transformer:
 
     # --- shared blocks -------------------------------------------------------------------------
     def dense_ffn(self, L: int, h: np.ndarray) -> np.ndarray:
-        return expert_mlp(h, self.w.experts.get(L, 0))
+        with self.w.experts.use(L, 0) as e:
+            return expert_mlp(h, e)
 
     def sparse_moe(self, L: int, h: np.ndarray, lw: LayerWeights, step: Step) -> np.ndarray:
-        """Each token's top-k experts, weighted; tokens grouped by expert so each is read once."""
+        """Each token's top-k experts, weighted; tokens grouped by expert so each expert is
+        loaded and read once per layer, however many tokens chose it."""
+        cache = self.w.experts
         logits = linear(h, lw.router)
         weights, ids = self.route(logits)
+        cache.record(L, ids)
+        if h.shape[0] <= PREFETCH_MAX_TOKENS:
+            self.prefetch(L, h, logits)
         if step.dump is not None:
             step.dump[f"blk.{L}.router_logits"] = logits.copy()
             step.dump[f"blk.{L}.expert_ids"] = ids.copy()
         out = np.zeros_like(h)
-        for e in np.unique(ids):
+        for e in cache.order_for_use(L, np.unique(ids)):  # resident experts first: loads overlap compute
             rows, slot = np.nonzero(ids == e)
-            y = expert_mlp(h[rows], self.w.experts.get(L, int(e)))
+            with cache.use(L, int(e)) as ew:
+                y = expert_mlp(h[rows], ew)
             out[rows] += weights[rows, slot, None] * y
         return out
+
+    def prefetch(self, L: int, h: np.ndarray, logits: np.ndarray) -> None:
+        """Queue the experts the next layer's router picks from this layer's hidden state, and
+        this layer's runners-up (ranked just after the top-k) for the next token."""
+        cache, k = self.w.experts, self.cfg.top_k
+        if L + 1 < len(self.w.layers) and self.w.layers[L + 1].router is not None:
+            nxt = np.argsort(-linear(h, self.w.layers[L + 1].router), axis=-1)[:, :k]
+            cache.prefetch(L + 1, np.unique(nxt))
+        ranked = np.argsort(-logits, axis=-1)
+        cache.prefetch(L, np.unique(ranked[:, k:k + 1]), spare_only=True)
 
     def attention(self, L: int, h: np.ndarray, lw: LayerWeights, step: Step) -> np.ndarray:
         cfg, T = self.cfg, h.shape[0]
@@ -131,8 +151,11 @@ class Transformer:
         step.cache.write(L, step.pos0, k, v)
         keys, values = step.cache.read(L, step.pos0 + T)
         out = np.empty_like(q)
-        scores = np.empty((T * H, step.pos0 + T), np.float32)
-        cpu.attention(q, keys, values, step.pos0, cfg.sliding_window or 0, self.scale, scores, out)
+        for a in range(0, T, ATTENTION_BLOCK):  # query blocks bound the scores buffer on long prompts
+            b = min(T, a + ATTENTION_BLOCK)
+            scores = np.empty(((b - a) * H, step.pos0 + b), np.float32)
+            cpu.attention(q[a:b], keys[:step.pos0 + b], values[:step.pos0 + b], step.pos0 + a,
+                          cfg.sliding_window or 0, self.scale, scores, out[a:b])
         if step.dump is not None:
             step.dump |= {f"blk.{L}.q": q.copy(), f"blk.{L}.k": k.copy(), f"blk.{L}.v": v.copy(),
                           f"blk.{L}.attn_out": out.reshape(T, -1).copy()}

@@ -1,0 +1,319 @@
+"""The engine's memory pool: three tiers, each with its own lock, every block 64-byte aligned.
+
+    small   < 4 KiB      fixed-size slabs (64 B … 4 KiB classes) carved from 64 KiB pages
+    medium  4 KiB–1 MiB  a buddy allocator over 4 MiB arenas
+    large   > 1 MiB      one anonymous mmap per block, unmapped on free
+
+All memory is anonymous mmap, so pages cost nothing until touched and `defrag()` can hand free
+ranges back to the OS (madvise DONTNEED, or unmapping an arena that became empty). Blocks
+allocated as movable may be relocated by `defrag()`: the pool copies the bytes and calls the
+owner's `on_move(new_block)` so it can swap its arrays.
+"""
+from __future__ import annotations
+
+import mmap
+import threading
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+ALIGN = 64
+PAGE = mmap.PAGESIZE
+SMALL_MAX = 4096
+MEDIUM_MAX = 1 << 20
+SLAB_PAGE = 64 << 10
+ARENA = 4 << 20
+MIN_ORDER, MAX_ORDER = 12, 22  # buddy blocks 4 KiB … 4 MiB (one arena)
+SMALL_CLASSES = (64, 128, 256, 512, 1024, 2048, 4096)
+
+
+class Block:
+    """A piece of pool memory. Use `array()` for numpy views; `free()` gives it back."""
+
+    def __init__(self, pool: MemoryPool, tier: str, buf: mmap.mmap, offset: int, size: int, requested: int,
+                 key: object, on_move: Callable[[Block], None] | None):
+        self.pool, self.tier, self.buf, self.offset = pool, tier, buf, offset
+        self.size, self.requested, self.key, self.on_move = size, requested, key, on_move
+        self.freed = False
+
+    @property
+    def movable(self) -> bool:
+        return self.on_move is not None
+
+    def array(self, dtype, shape) -> np.ndarray:
+        dtype = np.dtype(dtype)
+        count = int(np.prod(shape))
+        if count * dtype.itemsize > self.size:
+            raise ValueError(f"{count * dtype.itemsize} bytes do not fit a {self.size}-byte block")
+        return np.frombuffer(self.buf, dtype, count, self.offset).reshape(shape)
+
+    def free(self) -> None:
+        if not self.freed:
+            self.freed = True
+            self.pool._free(self)
+
+
+@dataclass(frozen=True)
+class TierStats:
+    used: int  # bytes handed out (rounded block sizes)
+    free: int  # bytes reserved from the OS but not handed out
+    blocks: int
+    fragmentation: float  # 0 = all free memory in one usable piece, 1 = scattered
+
+
+@dataclass(frozen=True)
+class PoolStats:
+    allocated: int  # bytes requested by live blocks
+    peak: int
+    reserved: int  # bytes mapped from the OS
+    small: TierStats
+    medium: TierStats
+    large: TierStats
+
+    @property
+    def fragmentation(self) -> float:
+        free = self.small.free + self.medium.free
+        if not free:
+            return 0.0
+        return (self.small.fragmentation * self.small.free + self.medium.fragmentation * self.medium.free) / free
+
+
+class _SmallTier:
+    """Slabs: a 64 KiB page holds blocks of one size class; a bitmap-free list per page."""
+
+    def __init__(self):
+        self.pages: dict[int, list[dict]] = {c: [] for c in SMALL_CLASSES}
+
+    def alloc(self, size: int) -> tuple[mmap.mmap, int, int, object]:
+        cls = next(c for c in SMALL_CLASSES if c >= size)
+        for page in self.pages[cls]:
+            if page["free"]:
+                return page["buf"], page["free"].pop(), cls, page
+        page = {"buf": mmap.mmap(-1, SLAB_PAGE), "free": list(range(SLAB_PAGE - cls, -1, -cls)), "cls": cls}
+        self.pages[cls].append(page)
+        return page["buf"], page["free"].pop(), cls, page
+
+    def release(self, block: Block) -> None:
+        block.key["free"].append(block.offset)
+
+    def stats(self) -> TierStats:
+        used = free = blocks = 0
+        partial_free = 0
+        for cls, pages in self.pages.items():
+            for p in pages:
+                n_free = len(p["free"])
+                n_used = SLAB_PAGE // cls - n_free
+                used += n_used * cls
+                free += n_free * cls
+                blocks += n_used
+                if n_used:
+                    partial_free += n_free * cls
+        return TierStats(used, free, blocks, partial_free / free if free else 0.0)
+
+    def trim(self) -> int:
+        """Unmap pages with no block in use."""
+        returned = 0
+        for cls, pages in self.pages.items():
+            keep = []
+            for p in pages:
+                if len(p["free"]) == SLAB_PAGE // cls and _try_close(p["buf"]):
+                    returned += SLAB_PAGE
+                else:
+                    keep.append(p)
+            self.pages[cls] = keep
+        return returned
+
+
+class _Arena:
+    def __init__(self):
+        self.buf = mmap.mmap(-1, ARENA)
+        self.free: dict[int, set[int]] = {o: set() for o in range(MIN_ORDER, MAX_ORDER + 1)}
+        self.free[MAX_ORDER].add(0)
+        self.used: dict[int, int] = {}  # offset -> order
+        self.returned: set[tuple[int, int]] = set()  # free ranges already given back to the OS
+
+    def alloc(self, order: int) -> int | None:
+        o = order
+        while o <= MAX_ORDER and not self.free[o]:
+            o += 1
+        if o > MAX_ORDER:
+            return None
+        off = min(self.free[o])  # lowest address first: keeps the arena dense
+        self.free[o].discard(off)
+        while o > order:  # split, keeping the lower half
+            o -= 1
+            self.free[o].add(off + (1 << o))
+        self.used[off] = order
+        self.returned.discard((off, order))
+        return off
+
+    def release(self, off: int) -> None:
+        order = self.used.pop(off)
+        while order < MAX_ORDER:
+            buddy = off ^ (1 << order)
+            if buddy not in self.free[order]:
+                break
+            self.free[order].discard(buddy)
+            off = min(off, buddy)
+            order += 1
+        self.free[order].add(off)
+
+    def free_bytes(self) -> int:
+        return sum(len(s) << o for o, s in self.free.items())
+
+    def largest_free(self) -> int:
+        return max((1 << o for o, s in self.free.items() if s), default=0)
+
+
+class _MediumTier:
+    def __init__(self):
+        self.arenas: list[_Arena] = []
+
+    @staticmethod
+    def order(size: int) -> int:
+        return max(MIN_ORDER, (size - 1).bit_length())
+
+    def alloc(self, size: int) -> tuple[mmap.mmap, int, int, object]:
+        order = self.order(size)
+        # the fullest arena that fits, so that emptier arenas can drain and be unmapped
+        for arena in sorted(self.arenas, key=lambda a: a.free_bytes()):
+            off = arena.alloc(order)
+            if off is not None:
+                return arena.buf, off, 1 << order, arena
+        arena = _Arena()
+        self.arenas.append(arena)
+        return arena.buf, arena.alloc(order), 1 << order, arena
+
+    def release(self, block: Block) -> None:
+        block.key.release(block.offset)
+
+    def stats(self) -> TierStats:
+        used = sum(sum(1 << o for o in a.used.values()) for a in self.arenas)
+        free = sum(a.free_bytes() for a in self.arenas)
+        largest = max((a.largest_free() for a in self.arenas), default=0)
+        blocks = sum(len(a.used) for a in self.arenas)
+        return TierStats(used, free, blocks, 1.0 - largest / free if free else 0.0)
+
+    def trim(self) -> int:
+        returned, keep = 0, []
+        for a in self.arenas:
+            if not a.used and _try_close(a.buf):
+                returned += ARENA
+                continue
+            keep.append(a)
+            for order, offsets in a.free.items():  # give free ranges' pages back, keep the mapping
+                for off in offsets:
+                    if (off, order) not in a.returned:
+                        a.buf.madvise(mmap.MADV_DONTNEED, off, 1 << order)
+                        a.returned.add((off, order))
+                        returned += 1 << order
+        self.arenas = keep
+        return returned
+
+
+def _try_close(buf: mmap.mmap) -> bool:
+    try:
+        buf.close()
+        return True
+    except BufferError:  # someone still holds a numpy view of it
+        return False
+
+
+class MemoryPool:
+    """Thread-safe: one lock per tier (or one global lock, for comparison)."""
+
+    def __init__(self, global_lock: bool = False):
+        self._small, self._medium = _SmallTier(), _MediumTier()
+        self._large: set[Block] = set()
+        one = threading.Lock()
+        self._locks = {t: one if global_lock else threading.Lock() for t in ("small", "medium", "large")}
+        self._count_lock = threading.Lock()
+        self._live: set[Block] = set()
+        self.allocated = self.peak = 0
+
+    def alloc(self, nbytes: int, on_move: Callable[[Block], None] | None = None) -> Block:
+        """A block of at least `nbytes`, 64-byte aligned, zero-filled if never used before."""
+        nbytes = max(1, int(nbytes))
+        size = (nbytes + ALIGN - 1) // ALIGN * ALIGN
+        if size < SMALL_MAX:
+            tier = "small"
+            with self._locks[tier]:
+                buf, off, got, key = self._small.alloc(size)
+        elif size <= MEDIUM_MAX:
+            tier = "medium"
+            with self._locks[tier]:
+                buf, off, got, key = self._medium.alloc(size)
+        else:
+            tier, got = "large", (size + PAGE - 1) // PAGE * PAGE
+            buf, off, key = mmap.mmap(-1, got), 0, None
+        block = Block(self, tier, buf, off, got, nbytes, key, on_move)
+        with self._count_lock:
+            self._live.add(block)
+            if tier == "large":
+                self._large.add(block)
+            self.allocated += nbytes
+            self.peak = max(self.peak, self.allocated)
+        return block
+
+    def empty(self, shape, dtype=np.float32) -> tuple[np.ndarray, Block]:
+        dtype = np.dtype(dtype)
+        block = self.alloc(int(np.prod(shape)) * dtype.itemsize)
+        return block.array(dtype, shape), block
+
+    def _free(self, block: Block) -> None:
+        with self._count_lock:
+            self._live.discard(block)
+            self._large.discard(block)
+            self.allocated -= block.requested
+        if block.tier == "large":
+            _try_close(block.buf)  # views still alive keep it mapped until they go
+            return
+        with self._locks[block.tier]:
+            (self._small if block.tier == "small" else self._medium).release(block)
+
+    def stats(self) -> PoolStats:
+        with self._locks["small"]:
+            small = self._small.stats()
+        with self._locks["medium"]:
+            medium = self._medium.stats()
+        with self._count_lock:
+            large_used = sum(b.size for b in self._large)
+            allocated, peak = self.allocated, self.peak
+        large = TierStats(large_used, 0, len(self._large), 0.0)
+        reserved = small.used + small.free + medium.used + medium.free + large_used
+        return PoolStats(allocated, peak, reserved, small, medium, large)
+
+    def defrag(self) -> int:
+        """Move movable medium blocks into the densest arenas, then return free memory to the OS.
+        Returns the number of bytes given back."""
+        with self._locks["medium"]:
+            movable = [b for b in self._live if b.tier == "medium" and b.movable]
+            # emptiest arenas first: their blocks move out so the arena can be unmapped
+            movable.sort(key=lambda b: -b.key.free_bytes())
+            for b in movable:
+                old_arena = b.key
+                order = _MediumTier.order(b.size)
+                target = None
+                for arena in sorted(self._medium.arenas, key=lambda a: a.free_bytes()):
+                    if arena is old_arena or arena.free_bytes() >= old_arena.free_bytes():
+                        continue
+                    off = arena.alloc(order)
+                    if off is not None:
+                        target = (arena, off)
+                        break
+                if target is None:
+                    continue
+                arena, off = target
+                arena.buf[off:off + b.size] = old_arena.buf[b.offset:b.offset + b.size]
+                new = Block(self, "medium", arena.buf, off, b.size, b.requested, arena, b.on_move)
+                with self._count_lock:
+                    self._live.discard(b)
+                    self._live.add(new)
+                b.freed = True
+                b.on_move(new)  # the owner swaps its arrays before the old range is reused
+                old_arena.release(b.offset)
+            returned = self._medium.trim()
+        with self._locks["small"]:
+            returned += self._small.trim()
+        return returned

@@ -1,0 +1,102 @@
+"""The memory pool: alignment, tiers, counters, and defrag returning memory to the OS (real RSS)."""
+from __future__ import annotations
+
+import random
+import threading
+
+import numpy as np
+import psutil
+import pytest
+
+from engine.mempool import MEDIUM_MAX, SMALL_MAX, MemoryPool
+
+
+def test_tiers_alignment_and_counters():
+    pool = MemoryPool()
+    sizes = [1, 63, 64, 100, 4000, SMALL_MAX, 5000, 300_000, MEDIUM_MAX, MEDIUM_MAX + 1, 3 << 20]
+    blocks = [pool.alloc(n) for n in sizes]
+    assert [b.tier for b in blocks] == ["small"] * 5 + ["medium"] * 4 + ["large"] * 2
+    for b, n in zip(blocks, sizes):
+        a = b.array(np.uint8, (n,))
+        assert a.ctypes.data % 64 == 0 and b.size >= n
+        a[:] = 1
+    st = pool.stats()
+    assert st.allocated == sum(sizes) == st.peak
+    assert st.small.blocks == 5 and st.medium.blocks == 4 and st.large.blocks == 2
+    for b in blocks:
+        b.free()
+    st = pool.stats()
+    assert st.allocated == 0 and st.peak == sum(sizes) and st.large.blocks == 0
+
+
+def test_blocks_do_not_overlap():
+    pool = MemoryPool()
+    rng = random.Random(1)
+    live = []
+    for i in range(2000):
+        if live and rng.random() < 0.4:
+            b, val = live.pop(rng.randrange(len(live)))
+            assert (b.array(np.uint8, (b.requested,)) == val).all()
+            b.free()
+        else:
+            n = rng.choice([32, 200, 3000, 9000, 70_000, 500_000])
+            b = pool.alloc(n)
+            b.array(np.uint8, (n,))[:] = i % 251
+            live.append((b, i % 251))
+    for b, val in live:
+        assert (b.array(np.uint8, (b.requested,)) == val).all()
+
+
+class Chat:
+    """What an open conversation holds: a KV block that may move, and a few small buffers."""
+
+    def __init__(self, pool, tokens):
+        self.block = pool.alloc(tokens * 1024, on_move=self.moved)
+        self.kv = self.block.array(np.float32, (tokens, 256))
+        self.kv[:] = tokens
+        self.small = [pool.alloc(n) for n in (96, 700, 3000)]
+        self.tokens = tokens
+
+    def moved(self, new):
+        self.block, self.kv = new, new.array(np.float32, (self.tokens, 256))
+
+    def close(self):
+        self.kv = None
+        self.block.free()
+        for b in self.small:
+            b.free()
+
+
+def test_defrag_after_chats_close_lowers_rss_and_fragmentation():
+    proc, pool, rng = psutil.Process(), MemoryPool(), random.Random(0)
+    rss0 = proc.memory_info().rss
+    chats = [Chat(pool, rng.choice([8, 40, 200, 900])) for _ in range(400)]
+    rss_open = proc.memory_info().rss
+    for c in rng.sample(chats, 320):
+        c.close()
+        chats.remove(c)
+    before, rss_closed = pool.stats(), proc.memory_info().rss
+    returned = pool.defrag()
+    after, rss_after = pool.stats(), proc.memory_info().rss
+    assert rss_open - rss0 > 80e6  # the chats really used memory
+    assert before.fragmentation > after.fragmentation
+    assert returned > 50e6 and after.reserved < before.reserved / 2
+    assert rss_closed - rss_after > 50e6  # the process gave memory back to the OS
+    for c in chats:  # moved blocks kept their contents
+        assert (c.kv == c.tokens).all()
+
+
+@pytest.mark.parametrize("global_lock", [False, True])
+def test_threads_share_a_pool(global_lock):
+    pool = MemoryPool(global_lock=global_lock)
+
+    def churn(seed):
+        rng = random.Random(seed)
+        for _ in range(3000):
+            b = pool.alloc(rng.choice([100, 2000, 16 << 10, 100 << 10]))
+            b.array(np.uint8, (b.requested,))[:8] = 1
+            b.free()
+    ts = [threading.Thread(target=churn, args=(s,)) for s in range(2)]
+    [t.start() for t in ts]
+    [t.join() for t in ts]
+    assert pool.stats().allocated == 0
