@@ -1,6 +1,7 @@
 """The memory pool: alignment, tiers, counters, and defrag returning memory to the OS (real RSS)."""
 from __future__ import annotations
 
+import gc
 import random
 import threading
 
@@ -68,6 +69,7 @@ class Chat:
 
 
 def test_defrag_after_chats_close_lowers_rss_and_fragmentation():
+    gc.collect()  # earlier tests' pools, unmapped now rather than in the middle of this one
     proc, pool, rng = psutil.Process(), MemoryPool(), random.Random(0)
     rss0 = proc.memory_info().rss
     chats = [Chat(pool, rng.choice([8, 40, 200, 900])) for _ in range(400)]
