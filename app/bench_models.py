@@ -79,7 +79,10 @@ def _byte_tokenizer() -> Tokenizer:
     return tok
 
 
-def write_checkpoint(folder: Path, shape: MixtralShape, dtype: str = "bf16", seed: int = 0) -> Path:
+def write_checkpoint(folder: Path, shape: MixtralShape, dtype: str = "bf16", seed: int = 0,
+                     balanced_router: bool = False) -> Path:
+    """A random checkpoint. `balanced_router`: router rows orthogonal and of equal norm, so that
+    picks spread evenly over the experts as in trained MoE models (iid rows can favour a few)."""
     folder.mkdir(parents=True, exist_ok=True)
     st_dtype, size = _DTYPES[dtype]
     shapes = shape.tensors()
@@ -96,7 +99,10 @@ def write_checkpoint(folder: Path, shape: MixtralShape, dtype: str = "bf16", see
         for name, s in shapes.items():
             x = rng.standard_normal(s, dtype=np.float32) * (1.0 if len(s) == 1 else 0.02)
             if len(s) == 1:
-                x += 1.0
+                x = 1.0 + 0.1 * x
+            elif balanced_router and name.endswith("block_sparse_moe.gate.weight"):
+                q, _ = np.linalg.qr(rng.standard_normal((s[1], s[0])))  # (D, E), orthonormal columns
+                x = (q.T * np.sqrt(s[1]) * 0.05).astype(np.float32)
             f.write(quant.quantize(x, dtype).tobytes())
     (folder / "config.json").write_text(json.dumps(shape.config(), indent=1))
     _byte_tokenizer().save(str(folder / "tokenizer.json"))

@@ -1,9 +1,13 @@
 """colibri-bench: measurements that are printed, never asserted.
 
     colibri-bench convert [--model_path SRC | --synthetic_mb 1000] [--quantize int8] [--json FILE]
+    colibri-bench speed [--model GGUF_OR_FOLDER] [--threads 1,2] [--runs 3] [--json FILE]
 
 `convert` times a conversion in a child process and reports its throughput and peak resident
-memory beside the streaming bound (3 × the largest tensor + 300 MB).
+memory beside the streaming bound (3 × the largest tensor + 300 MB). `speed` runs Colibri,
+llama.cpp and transformers on the same model, alternating, and reports decode/prefill speed,
+time to first token, load time, peak memory and decode as a share of the memory-bandwidth
+limit (app/bench_speed.py).
 """
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from app import bench_speed
 from app.bench_models import shape_for_size, write_checkpoint
 
 
@@ -97,6 +102,17 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--keep", action="store_true", help="do not delete the temporary folder")
     c.add_argument("--json", help="also write the figures to this file")
     c.set_defaults(func=cmd_convert)
+    bench_speed.add_parser(sub)
+    m = sub.add_parser("memory", help="expert cache vs llama.cpp on a Mixtral-style model (peak RSS, tok/s)")
+    m.add_argument("--workdir", help="where the benchmark model is built and kept (default ~/.cache/colibri/bench)")
+    m.add_argument("--caches", default="8,4,2", help="Colibri expert_cache_size values to run (auto allowed)")
+    m.add_argument("--ram_cap", help="comma-separated fractions of the model size: run each engine in a memory "
+                                     "cgroup that small (needs root), e.g. 0.9,0.75,0.5")
+    m.add_argument("--threads", type=int, default=2)
+    m.add_argument("--decode_tokens", type=int, default=48)
+    m.add_argument("--timeout", type=float, default=900, help="seconds per run before it counts as failed")
+    m.add_argument("--json", help="also write the results to this file")
+    m.set_defaults(func=lambda a: __import__("app.bench_memory", fromlist=["main"]).main(a))
     args = ap.parse_args(argv)
     return args.func(args)
 

@@ -323,6 +323,7 @@ class Engine:
     def mem_pool_defrag(self) -> int:
         """Compact the memory pool and return its free pages to the OS; bytes given back."""
         with self._lock:
+            self.weights.experts.drop_spares()
             returned = self.pool.defrag()
         log.info("mem_pool_defrag returned %.1f MB", returned / 1e6)
         return returned

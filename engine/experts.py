@@ -32,6 +32,7 @@ from engine.weights import ExpertWeights, Matrix
 
 log = logging.getLogger("colibri.experts")
 PARTS = ("gate", "up", "down")
+SPARE_SLOTS = 2  # evicted slots kept for reuse
 
 
 class ExpertLoadError(ModelFormatError):
@@ -165,6 +166,7 @@ class ExpertCache:
             self._loader = threading.Thread(target=self._prefetch_loop, name="colibri-prefetch", daemon=True)
             self._loader.start()
         self._warned_at = 0
+        self._spare: list[Block] = []
 
     # --- the compute side ------------------------------------------------------------------
     @contextmanager
@@ -187,20 +189,24 @@ class ExpertCache:
                 slot.pins -= 1
                 if slot.error is not None:
                     self._drop(layer, expert, slot)
+                self._make_room(layer, keep=self.capacity)  # back within budget once released
 
     def order_for_use(self, layer: int, experts) -> list[int]:
-        """The experts of a step, resident ones first; the missing ones start loading now on
-        the loader thread, so they arrive while the resident ones compute."""
+        """The experts of a step with the resident ones first, so loads overlap compute."""
         experts = [int(e) for e in experts]
         with self._lock:
-            ready = [e for e in experts if e in self._lru[layer] and self._lru[layer][e].ready.is_set()]
-        rest = [e for e in experts if e not in ready]
-        if self._loader is not None and ready:
-            for e in rest:
-                slot, load = self._acquire(layer, e, prefetch=False, reserve=True)
-                if load:
-                    self._queue.put((layer, e, slot))
-        return ready + rest
+            lru = self._lru[layer]
+            ready = [e for e in experts if e in lru and lru[e].ready.is_set()]
+        return ready + [e for e in experts if e not in ready]
+
+    def load_ahead(self, layer: int, expert: int) -> None:
+        """Start loading the expert needed next on the loader thread (a demand load begun
+        early: the compute thread works on the current expert meanwhile)."""
+        if self._loader is None:
+            return
+        slot, load = self._acquire(layer, expert, prefetch=False, reserve=True)
+        if load:
+            self._queue.put((layer, expert, slot))
 
     def record(self, layer: int, experts: np.ndarray) -> None:
         """Note the experts a token picked (for the sliding-window prefetch and the heatmap)."""
@@ -262,9 +268,12 @@ class ExpertCache:
     def _evictable(self, layer: int) -> bool:
         return any(s.pins == 0 and not s.reserved and s.ready.is_set() for s in self._lru[layer].values())
 
-    def _make_room(self, layer: int) -> None:
+    def _make_room(self, layer: int, keep: int | None = None) -> None:
+        """Evict least recently used, unpinned experts until the layer holds fewer than its
+        capacity (room for one more), or at most `keep`."""
         lru = self._lru[layer]
-        while len(lru) >= self.capacity:
+        limit = self.capacity - 1 if keep is None else keep
+        while len(lru) > limit:
             victim = next((e for e, s in lru.items() if s.pins == 0 and not s.reserved and s.ready.is_set()), None)
             if victim is None:
                 return  # everything pinned or loading: allow a temporary overflow
@@ -276,10 +285,22 @@ class ExpertCache:
             self._release(slot)
 
     def _release(self, slot: _Slot) -> None:
-        slot.weights = None  # drop the views before the memory goes back
+        """Called with the lock held. An evicted slot's memory is kept for the next load (its
+        pages are already faulted in, and unmapping is not free), up to SPARE_SLOTS of them."""
+        slot.weights = None  # drop the views before the memory is reused
         if slot.block is not None:
-            slot.block.free()
+            if len(self._spare) < SPARE_SLOTS:
+                self._spare.append(slot.block)
+            else:
+                slot.block.free()
             slot.block = None
+
+    def _take_block(self, nbytes: int) -> Block:
+        with self._lock:
+            for i, b in enumerate(self._spare):
+                if nbytes <= b.size <= 2 * nbytes:
+                    return self._spare.pop(i)
+        return self.pool.alloc(nbytes)
 
     def _drop(self, layer: int, expert: int, slot: _Slot) -> None:
         if self._lru[layer].get(expert) is slot and slot.pins == 0:
@@ -290,7 +311,7 @@ class ExpertCache:
         t0 = time.perf_counter()
         try:
             nbytes = self.store.span(layer, expert).nbytes
-            block = self.pool.alloc(nbytes)
+            block = self._take_block(nbytes)
             slot.weights = self.store.read_into(layer, expert, block.array(np.uint8, (block.size,)))
             slot.block = block
         except Exception as e:  # kept on the slot: the waiting compute thread re-raises it
@@ -349,6 +370,12 @@ class ExpertCache:
                 log.warning("prefetch accuracy %.0f%% < 60%%: prefetching wastes loads; consider "
                             "prefetch_window 0 or a larger expert cache", 100 * st.prefetch_accuracy)
 
+    def drop_spares(self) -> None:
+        with self._lock:
+            for b in self._spare:
+                b.free()
+            self._spare.clear()
+
     def close(self) -> None:
         self._stop.set()
         if self._loader is not None:
@@ -359,6 +386,9 @@ class ExpertCache:
                     slot.ready.wait(timeout=2)
                     self._release(slot)
                 lru.clear()
+            for b in self._spare:
+                b.free()
+            self._spare.clear()
 
 
 @dataclass(frozen=True)

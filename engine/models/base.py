@@ -113,9 +113,12 @@ class Transformer:
             step.dump[f"blk.{L}.router_logits"] = logits.copy()
             step.dump[f"blk.{L}.expert_ids"] = ids.copy()
         out = np.zeros_like(h)
-        for e in cache.order_for_use(L, np.unique(ids)):  # resident experts first: loads overlap compute
+        order = cache.order_for_use(L, np.unique(ids))  # resident experts first
+        for i, e in enumerate(order):
+            if i + 1 < len(order):
+                cache.load_ahead(L, order[i + 1])  # the next one loads while this one computes
             rows, slot = np.nonzero(ids == e)
-            with cache.use(L, int(e)) as ew:
+            with cache.use(L, e) as ew:
                 y = expert_mlp(h[rows], ew)
             out[rows] += weights[rows, slot, None] * y
         return out
