@@ -1,0 +1,389 @@
+"""colibri-bench speed: Colibri, llama.cpp and transformers side by side on one model, one run.
+
+Each measurement is a fresh process (so load time and peak RSS are honest), and the engines
+alternate run by run, so machine noise (other jobs on a shared box) spreads over all of them;
+figures are medians of `--runs` runs. Each run: load, a 256-token prompt (prefill and time to
+first token), then 128 greedy tokens (decode). The memory read bandwidth is measured in the
+same run, and decode is also given as a fraction of its limit (bandwidth / weight bytes read
+per token).
+
+Peers need their own packages: llama.cpp from `llama-cpp-python` (the `bench` extra),
+transformers from `torch` + `transformers` (the `fixtures` extra). If the running interpreter
+lacks one, an interpreter that has it is used for that engine (`--llamacpp_python`,
+`--transformers_python`, or the repository's .venv-bench / .venv-fixtures); otherwise the engine
+is skipped with the reason printed.
+
+This module's top level imports only the standard library and numpy: the peers' interpreters
+run it as `python -m app.bench_speed --worker ENGINE ...` without Colibri's dependencies.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+ENGINES = ("colibri", "llama.cpp", "transformers")
+MODULES = {"colibri": "numba", "llama.cpp": "llama_cpp", "transformers": "transformers"}
+VENVS = {"llama.cpp": ".venv-bench", "transformers": ".venv-fixtures"}
+FIGURES = ("decode_tok_s", "prefill_tok_s", "ttft_s", "load_s", "first_token_s", "peak_rss_mb")
+
+
+# --- the physical limit ----------------------------------------------------------------------
+
+def measure_bandwidth(mb: int = 512, reps: int = 7) -> float:
+    """Memory read bandwidth in bytes/s: the median time of numpy summing an array of `mb` MB
+    (one thread, streaming; far larger than any cache)."""
+    a = np.ones(mb * (1 << 20) // 8)
+    a.sum()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        a.sum()
+        times.append(time.perf_counter() - t0)
+    return a.nbytes / statistics.median(times)
+
+
+def weight_bytes_per_token(model_dir: Path) -> int:
+    """Bytes of weights a decode step reads: attention, routers, the active share of the experts
+    (top_k of num_experts; shared experts always) and the output matrix."""
+    from engine.model_dir import open_model_dir
+    from engine.tensorfile import read_header
+    md = open_model_dir(model_dir)
+    cfg, total = md.config, 0
+    for rel, entry in md.manifest["files"].items():
+        if rel.startswith(("attention/", "router/")):
+            total += entry["size"]
+        elif rel.startswith("experts/"):
+            share = 1.0 if (not cfg.is_moe or "shared" in rel) else cfg.top_k / cfg.num_experts
+            total += int(entry["size"] * share)
+    infos, _ = read_header(md.path / "embeddings.bin")
+    total += infos["output.weight" if "output.weight" in infos else "token_embd.weight"].nbytes
+    return total
+
+
+# --- workers: one measurement each, in a fresh process ---------------------------------------
+
+def _peak_rss_mb() -> float:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 1024
+
+
+def _colibri(model: str, threads: int, prompt: list[int], gen: int, t_start: float) -> dict:
+    from engine.api import Engine
+    eng = Engine(model, threads=threads, context_length=len(prompt) + gen + 8)
+    eng.warmup()  # loads the compiled kernels (numba cache): part of a real start
+    load = time.perf_counter() - t_start
+    t0 = time.perf_counter()
+    nxt = eng.forward(prompt)
+    ttft = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    for _ in range(gen):
+        nxt = eng.forward([nxt])
+    return {"load_s": load, "ttft_s": ttft, "decode_s": time.perf_counter() - t0}
+
+
+def _llamacpp(model: str, threads: int, prompt: list[int], gen: int, t_start: float) -> dict:
+    from llama_cpp import Llama
+    n_ctx = len(prompt) + gen + 8  # scores keeps n_batch rows: n_batch >= n_ctx
+    llm = Llama(model_path=model, n_ctx=n_ctx, n_batch=n_ctx, n_threads=threads,
+                n_threads_batch=threads, verbose=False)
+    load = time.perf_counter() - t_start
+    t0 = time.perf_counter()
+    llm.eval(prompt)
+    nxt = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+    ttft = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    for _ in range(gen):
+        llm.eval([nxt])
+        nxt = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+    return {"load_s": load, "ttft_s": ttft, "decode_s": time.perf_counter() - t0}
+
+
+# GGUF tensor (inside blk.N.) -> Hugging Face name (inside model.layers.N.), Llama family
+_HF_NAMES = {"attn_norm.weight": "input_layernorm.weight", "ffn_norm.weight": "post_attention_layernorm.weight",
+             "attn_q.weight": "self_attn.q_proj.weight", "attn_k.weight": "self_attn.k_proj.weight",
+             "attn_v.weight": "self_attn.v_proj.weight", "attn_output.weight": "self_attn.o_proj.weight",
+             "ffn_gate.weight": "mlp.gate_proj.weight", "ffn_up.weight": "mlp.up_proj.weight",
+             "ffn_down.weight": "mlp.down_proj.weight"}
+
+
+def _hf_from_gguf(path: str):
+    """A Llama-family GGUF dequantized into transformers' LlamaForCausalLM (float32), as
+    tests/make_float_reference.py does (transformers cannot read Q4_1 itself)."""
+    import gguf
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+    r = gguf.GGUFReader(path)
+    f = {k: v.contents() for k, v in r.fields.items()}
+    if f.get("general.architecture") != "llama":
+        raise SystemExit(f"transformers: GGUF architecture {f.get('general.architecture')!r} is not dequantized "
+                         f"here (Llama family only): pass a Hugging Face folder")
+    heads, kv = f["llama.attention.head_count"], f["llama.attention.head_count_kv"]
+
+    def unpermute(w, n):  # llama.cpp interleaves rotary pairs in q/k rows; HF keeps halves
+        return w.reshape(n, w.shape[0] // n // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+    sd = {}
+    for t in r.tensors:
+        w = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type).astype(np.float32)
+        if t.name in ("token_embd.weight", "output.weight"):
+            sd["model.embed_tokens.weight" if t.name == "token_embd.weight" else "lm_head.weight"] = torch.from_numpy(w)
+        elif t.name == "output_norm.weight":
+            sd["model.norm.weight"] = torch.from_numpy(w)
+        else:
+            _, layer, key = t.name.split(".", 2)
+            w = unpermute(w, heads) if key == "attn_q.weight" else unpermute(w, kv) if key == "attn_k.weight" else w
+            sd[f"model.layers.{layer}.{_HF_NAMES[key]}"] = torch.from_numpy(w)
+    tied = "lm_head.weight" not in sd
+    if tied:
+        sd["lm_head.weight"] = sd["model.embed_tokens.weight"]
+    cfg = LlamaConfig(vocab_size=sd["model.embed_tokens.weight"].shape[0], hidden_size=f["llama.embedding_length"],
+                      intermediate_size=f["llama.feed_forward_length"], num_hidden_layers=f["llama.block_count"],
+                      num_attention_heads=heads, num_key_value_heads=kv, tie_word_embeddings=tied,
+                      rms_norm_eps=f["llama.attention.layer_norm_rms_epsilon"], rope_theta=f["llama.rope.freq_base"],
+                      max_position_embeddings=f["llama.context_length"])
+    model = LlamaForCausalLM(cfg)
+    model.load_state_dict(sd, strict=True)
+    return model
+
+
+def _transformers(model: str, threads: int, prompt: list[int], gen: int, t_start: float) -> dict:
+    import torch
+    torch.set_num_threads(threads)
+    if model.lower().endswith(".gguf"):
+        net = _hf_from_gguf(model)
+    else:
+        from transformers import AutoModelForCausalLM
+        net = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
+    net.eval()
+    load = time.perf_counter() - t_start
+    with torch.inference_mode():
+        t0 = time.perf_counter()
+        out = net(torch.tensor([prompt]), use_cache=True)
+        nxt = int(out.logits[0, -1].argmax())
+        ttft = time.perf_counter() - t0
+        past = out.past_key_values
+        t0 = time.perf_counter()
+        for _ in range(gen):
+            out = net(torch.tensor([[nxt]]), past_key_values=past, use_cache=True)
+            past, nxt = out.past_key_values, int(out.logits[0, -1].argmax())
+    return {"load_s": load, "ttft_s": ttft, "decode_s": time.perf_counter() - t0}
+
+
+WORKERS = {"colibri": _colibri, "llama.cpp": _llamacpp, "transformers": _transformers}
+
+
+def worker_main(argv: list[str]) -> int:
+    """`--worker ENGINE --model PATH --threads N --prompt_file F --gen N`: prints one JSON line."""
+    t_start = time.perf_counter()
+    ap = argparse.ArgumentParser()
+    for flag in ("--worker", "--model", "--prompt_file"):
+        ap.add_argument(flag, required=True)
+    ap.add_argument("--threads", type=int, required=True)
+    ap.add_argument("--gen", type=int, required=True)
+    a = ap.parse_args(argv)
+    prompt = json.loads(Path(a.prompt_file).read_text())
+    r = WORKERS[a.worker](a.model, a.threads, prompt, a.gen, t_start)
+    r |= {"prefill_tok_s": len(prompt) / r["ttft_s"], "decode_tok_s": a.gen / r["decode_s"],
+          "first_token_s": r["load_s"] + r["ttft_s"], "peak_rss_mb": _peak_rss_mb()}
+    print("BENCH_RESULT " + json.dumps(r), flush=True)
+    return 0
+
+
+# --- the parent: prepare, alternate, summarise -----------------------------------------------
+
+def find_python(engine: str, given: str | None) -> tuple[str | None, str]:
+    """An interpreter that can import the engine's package, or None and why not."""
+    candidates = [given] if given else [sys.executable, str(ROOT / VENVS.get(engine, ".venv") / "bin" / "python")]
+    for py in candidates:
+        if py and Path(py).exists() and subprocess.run([py, "-c", f"import {MODULES[engine]}, numpy"],
+                                                       capture_output=True).returncode == 0:
+            return py, ""
+    return None, f"no interpreter with `{MODULES[engine]}` (tried {', '.join(c for c in candidates if c)})"
+
+
+def prepare(model: Path, workdir: Path) -> dict[str, tuple[str | None, str]]:
+    """engine -> (the path it loads, or None and why it is skipped)."""
+    from engine.model_dir import open_model_dir
+    is_gguf = model.is_file() and model.suffix.lower() == ".gguf"
+    if (model / "manifest.json").exists():  # already a Colibri directory: peers need its source
+        open_model_dir(model)
+        return {"colibri": (str(model), ""), "llama.cpp": (None, "a Colibri directory: give the GGUF/HF source"),
+                "transformers": (None, "a Colibri directory: give the GGUF/HF source")}
+    from engine.convert.convert import convert
+    out = workdir / "colibri-model"
+    if not (out / "manifest.json").exists():
+        print(f"converting {model.name} for Colibri into {out} ...", flush=True)
+        convert(model, out, force=True)
+    return {"colibri": (str(out), ""),
+            "llama.cpp": (str(model), "") if is_gguf else (None, "llama.cpp needs a GGUF file"),
+            "transformers": (str(model), "")}
+
+
+def run_once(py: str, engine: str, model: str, threads: int, prompt_file: Path, gen: int,
+             env: dict[str, str]) -> dict:
+    cmd = [py, "-m", "app.bench_speed", "--worker", engine, "--model", model, "--threads", str(threads),
+           "--prompt_file", str(prompt_file), "--gen", str(gen)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=os.environ | env, timeout=1800)
+    line = next((x for x in proc.stdout.splitlines() if x.startswith("BENCH_RESULT ")), None)
+    if proc.returncode or line is None:
+        raise RuntimeError(f"{engine} worker failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+    return json.loads(line.split(" ", 1)[1])
+
+
+def _label(engine: str, simd: str) -> str:
+    return engine if engine != "colibri" or simd == "auto" else f"colibri[{simd}]"
+
+
+def run_speed(model: Path, engines: list[str], threads: list[int], runs: int, prompt_tokens: int, gen: int,
+              simds: list[str], workdir: Path, pythons: dict[str, str | None],
+              log=print) -> dict:
+    workdir.mkdir(parents=True, exist_ok=True)
+    paths = prepare(model, workdir)
+    plan, skipped = [], {}
+    for engine in engines:
+        path, why = paths[engine]
+        py, why_py = find_python(engine, pythons.get(engine)) if path else (None, why)
+        if py is None:
+            skipped[engine] = why_py
+            log(f"skipping {engine}: {why_py}")
+            continue
+        for simd in (simds if engine == "colibri" else ["auto"]):
+            plan.append((_label(engine, simd), engine, py, path, {"COLIBRI_SIMD": simd}))
+    from engine.model_dir import open_model_dir
+    cfg = open_model_dir(paths["colibri"][0]).config
+    rng = np.random.default_rng(0)  # the same prompt for every engine: ordinary (non-special) ids
+    prompt = [int(i) for i in rng.integers(min(1000, cfg.vocab_size // 4), cfg.vocab_size * 3 // 4, prompt_tokens)]
+    prompt_file = workdir / "prompt.json"
+    prompt_file.write_text(json.dumps(prompt))
+    qbytes = weight_bytes_per_token(Path(paths["colibri"][0]))
+    fbytes = 4 * _weights_per_token(Path(paths["colibri"][0]))
+    log(f"measuring memory bandwidth ...")
+    bw = measure_bandwidth()
+    log(f"bandwidth {bw / 1e9:.1f} GB/s; weights read per decoded token: {qbytes / 1e6:.1f} MB "
+        f"(as stored), {fbytes / 1e6:.1f} MB (float32, transformers)")
+    for label, engine, py, path, env in plan:  # untimed: compiles kernels, warms the page cache
+        run_once(py, engine, path, threads[0], prompt_file, 4, env)
+    samples: dict[tuple[str, int], list[dict]] = {}
+    for r in range(runs):
+        for t in threads:
+            for label, engine, py, path, env in plan:
+                res = run_once(py, engine, path, t, prompt_file, gen, env)
+                samples.setdefault((label, t), []).append(res)
+                log(f"run {r + 1}/{runs} {label:>18} {t} thread(s): decode {res['decode_tok_s']:6.1f} tok/s, "
+                    f"prefill {res['prefill_tok_s']:6.1f} tok/s, load {res['load_s']:.2f} s")
+    results = []
+    for (label, t), rs in samples.items():
+        med = {k: statistics.median(x[k] for x in rs) for k in FIGURES}
+        per_token = fbytes if label == "transformers" else qbytes
+        med["bandwidth_fraction"] = med["decode_tok_s"] * per_token / bw
+        results.append({"engine": label, "model": model.name, "threads": t, "runs": len(rs), **med})
+    for row in results:
+        peer = next((x for x in results if x["engine"] == "llama.cpp" and x["threads"] == row["threads"]), None)
+        if peer:
+            row["vs_llama_cpp"] = {"decode": row["decode_tok_s"] / peer["decode_tok_s"],
+                                   "prefill": row["prefill_tok_s"] / peer["prefill_tok_s"]}
+        hf = next((x for x in results if x["engine"] == "transformers" and x["threads"] == row["threads"]), None)
+        if hf:
+            row["vs_transformers"] = {"decode": row["decode_tok_s"] / hf["decode_tok_s"],
+                                      "prefill": row["prefill_tok_s"] / hf["prefill_tok_s"]}
+    return {"model": str(model), "machine": machine(), "bandwidth_gb_s": bw / 1e9,
+            "weight_bytes_per_token": qbytes, "prompt_tokens": prompt_tokens, "decode_tokens": gen,
+            "skipped": skipped, "results": results}
+
+
+def _weights_per_token(model_dir: Path) -> int:
+    """Weights (not bytes) a decode step reads, from the tensor shapes."""
+    from engine.model_dir import open_model_dir
+    from engine.tensorfile import read_header
+    md = open_model_dir(model_dir)
+    cfg, total = md.config, 0
+    for rel in md.manifest["files"]:
+        if not rel.endswith(".bin") or rel == "embeddings.bin":
+            continue
+        infos, _ = read_header(md.path / rel)
+        n = sum(int(np.prod(i.shape)) for i in infos.values() if len(i.shape) >= 2)
+        share = cfg.top_k / cfg.num_experts if cfg.is_moe and rel.startswith("experts/") and "shared" not in rel else 1
+        total += int(n * share)
+    infos, _ = read_header(md.path / "embeddings.bin")
+    return total + int(np.prod(infos["output.weight" if "output.weight" in infos else "token_embd.weight"].shape))
+
+
+def machine() -> dict:
+    import platform
+    cpu = "unknown"
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    import psutil
+    return {"cpu": cpu, "physical_cores": psutil.cpu_count(logical=False), "logical_cpus": psutil.cpu_count(),
+            "memory_gb": psutil.virtual_memory().total / 1e9, "system": platform.platform()}
+
+
+def table(report: dict) -> str:
+    head = "| engine | threads | decode tok/s | prefill tok/s | TTFT s | load s | start→1st token s | peak RSS MB | decode/bandwidth limit | decode vs llama.cpp | prefill vs llama.cpp |"
+    lines = [head, "|" + "---|" * head.count(" | ") + "---|"]
+    for r in sorted(report["results"], key=lambda r: (r["threads"], r["engine"])):
+        vs = r.get("vs_llama_cpp")
+        lines.append(f"| {r['engine']} | {r['threads']} | {r['decode_tok_s']:.1f} | {r['prefill_tok_s']:.0f} | "
+                     f"{r['ttft_s']:.2f} | {r['load_s']:.2f} | {r['first_token_s']:.2f} | {r['peak_rss_mb']:.0f} | "
+                     f"{100 * r['bandwidth_fraction']:.0f}% | "
+                     + (f"{vs['decode']:.2f}× | {vs['prefill']:.2f}× |" if vs else "– | – |"))
+    return "\n".join(lines)
+
+
+def cmd_speed(args: argparse.Namespace) -> int:
+    if args.model:
+        model = Path(args.model).expanduser()
+    else:
+        from engine.default_model import default_gguf_path
+        model = default_gguf_path()
+    if not model.exists():
+        raise SystemExit(f"--model {model}: no such file or folder")
+    workdir = Path(args.workdir) if args.workdir else None
+    with tempfile.TemporaryDirectory(prefix="colibri-speed-") as tmp:
+        report = run_speed(model, [e.strip() for e in args.engines.split(",")],
+                           [int(t) for t in args.threads.split(",")], args.runs, args.prompt_tokens,
+                           args.gen_tokens, [s.strip() for s in args.simd.split(",")], workdir or Path(tmp),
+                           {"llama.cpp": args.llamacpp_python, "transformers": args.transformers_python})
+    m = report["machine"]
+    print(f"\n{m['cpu']}, {m['physical_cores']} cores, read bandwidth {report['bandwidth_gb_s']:.1f} GB/s; "
+          f"{report['prompt_tokens']}-token prompt, {report['decode_tokens']} greedy tokens, medians\n")
+    print(table(report))
+    for engine, why in report["skipped"].items():
+        print(f"\n{engine}: skipped ({why})")
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
+    return 0
+
+
+def add_parser(sub) -> None:
+    s = sub.add_parser("speed", help="decode/prefill speed beside llama.cpp and transformers")
+    s.add_argument("--model", help="a GGUF file, a Hugging Face folder or a Colibri directory "
+                                   "(default: the default model's GGUF)")
+    s.add_argument("--engines", default=",".join(ENGINES), help="comma-separated, of: " + ", ".join(ENGINES))
+    s.add_argument("--threads", default="1,2", help="comma-separated thread counts")
+    s.add_argument("--runs", type=int, default=3, help="runs per engine and thread count (medians)")
+    s.add_argument("--prompt_tokens", type=int, default=256)
+    s.add_argument("--gen_tokens", type=int, default=128)
+    s.add_argument("--simd", default="auto", help="Colibri's instruction sets to compare, e.g. auto,avx512")
+    s.add_argument("--llamacpp_python", help="interpreter with llama_cpp (default: this one or .venv-bench)")
+    s.add_argument("--transformers_python", help="interpreter with torch+transformers (default: .venv-fixtures)")
+    s.add_argument("--workdir", help="keep the converted model here (reused next time)")
+    s.add_argument("--json", help="also write the figures to this file")
+    s.set_defaults(func=cmd_speed)
+
+
+if __name__ == "__main__":
+    if "--worker" in sys.argv:
+        sys.exit(worker_main(sys.argv[1:]))
+    sys.exit("run through colibri-bench speed")
