@@ -259,3 +259,67 @@ def main(args) -> int:
         Path(args.json).write_text(text + "\n")
     print(text)
     return 0
+
+
+# --- how to read an expert: mmap, pread or O_DIRECT -------------------------------------------
+
+def _load_mmap(path: Path, offset: int, nbytes: int, out) -> None:
+    with open(path, "rb") as f:
+        start = offset // mmap.ALLOCATIONGRANULARITY * mmap.ALLOCATIONGRANULARITY
+        mm = mmap.mmap(f.fileno(), nbytes + offset - start, access=mmap.ACCESS_READ, offset=start)
+        try:
+            out[:nbytes] = memoryview(mm)[offset - start:offset - start + nbytes]
+        finally:
+            mm.close()  # nothing stays mapped, as with the other two
+
+
+def _load_pread(path: Path, offset: int, nbytes: int, out) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.preadv(fd, [memoryview(out)[:nbytes]], offset)
+    finally:
+        os.close(fd)
+
+
+def _load_direct(path: Path, offset: int, nbytes: int, out) -> None:
+    align = 4096
+    start = offset // align * align
+    length = (offset + nbytes - start + align - 1) // align * align
+    buf = mmap.mmap(-1, length)  # page-aligned, as O_DIRECT requires
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECT", 0))
+    try:
+        os.preadv(fd, [buf], start)
+        out[:nbytes] = memoryview(buf)[offset - start:offset - start + nbytes]
+    finally:
+        os.close(fd)
+        buf.close()
+
+
+def measure_loads(model: Path, repeats: int = 5) -> dict:
+    """Cold (page cache evicted) and warm loads of one expert with each method; medians."""
+    import statistics
+
+    import numpy as np
+
+    from engine.experts import ExpertStore
+    from engine.model_dir import open_model_dir
+    store = ExpertStore(open_model_dir(model))
+    span = store.span(0, 0)
+    out = np.empty(span.nbytes, np.uint8)
+    out[:] = 0
+    result = {"expert_mb": span.nbytes / 1e6}
+    for name, fn in (("mmap", _load_mmap), ("pread", _load_pread), ("o_direct", _load_direct)):
+        for state in ("cold", "warm"):
+            times = []
+            for _ in range(repeats):
+                if state == "cold":
+                    evict([span.path])
+                else:
+                    fn(span.path, span.offset, span.nbytes, out)
+                t = time.perf_counter()
+                fn(span.path, span.offset, span.nbytes, out)
+                times.append(time.perf_counter() - t)
+            med = statistics.median(times)
+            result[f"{name}_{state}_ms"] = med * 1e3
+            result[f"{name}_{state}_mb_s"] = span.nbytes / 1e6 / med
+    return result

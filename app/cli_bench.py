@@ -90,6 +90,16 @@ def cmd_convert(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_loads(args: argparse.Namespace) -> int:
+    from app.bench_memory import measure_loads
+    result = measure_loads(Path(args.model))
+    for k, v in result.items():
+        print(f"{k:>18}: {v:.1f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="colibri-bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -113,6 +123,10 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--timeout", type=float, default=900, help="seconds per run before it counts as failed")
     m.add_argument("--json", help="also write the results to this file")
     m.set_defaults(func=lambda a: __import__("app.bench_memory", fromlist=["main"]).main(a))
+    lo = sub.add_parser("loads", help="cold and warm expert loads with mmap, pread and O_DIRECT")
+    lo.add_argument("--model", required=True, help="a converted MoE model folder")
+    lo.add_argument("--json", help="also write the results to this file")
+    lo.set_defaults(func=cmd_loads)
     args = ap.parse_args(argv)
     return args.func(args)
 
