@@ -1,0 +1,269 @@
+"""The engine's worker: one QObject per engine, living on its own QThread.
+
+Requests come in as queued signals (its slots), results go out as signals. The bodies are plain
+functions — `check_fit`, `open_engine`, `stream_reply`, `import_model` — that tests call
+directly, without threads. Stop and cancel are `threading.Event`s set from the GUI thread; the
+worker itself calls `Engine.stop()`, so the GUI thread never touches the engine.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import psutil
+from PySide6.QtCore import QObject, Signal, Slot
+
+from app.model_library import ensure_default_model
+from app.paths import models_dir
+from engine import params as P
+from engine.errors import ColibriError, ConversionCancelled
+from engine.model_dir import open_model_dir
+
+log = logging.getLogger("colibri.app")
+
+FRAME_S = 1 / 60  # tokens are batched: at most one text signal per frame
+PROGRESS_S = 0.05  # conversion progress: at most 20 signals a second
+KV_BYTES = {"f32": 4, "f16": 2, "int8": 1}
+
+
+class ModelTooLargeError(ColibriError):
+    """The pre-flight check says the model will not fit in the memory that is free."""
+
+    def __init__(self, report: FitReport):
+        super().__init__(report.explain())
+        self.report = report
+
+
+@dataclass(frozen=True)
+class FitReport:
+    model: str
+    weights_bytes: int
+    kv_cache_bytes: int
+    expert_cache_bytes: int
+    available_bytes: int
+
+    @property
+    def needed_bytes(self) -> int:
+        return self.weights_bytes + self.kv_cache_bytes + self.expert_cache_bytes
+
+    @property
+    def fits(self) -> bool:
+        return self.needed_bytes <= self.available_bytes
+
+    def explain(self) -> str:
+        gb = lambda n: f"{n / 1e9:.2f} GB"  # noqa: E731
+        parts = [f"the model's weights {gb(self.weights_bytes)}",
+                 f"the conversation memory (KV cache) {gb(self.kv_cache_bytes)}"]
+        if self.expert_cache_bytes:
+            parts.append(f"the expert cache {gb(self.expert_cache_bytes)}")
+        return (f"{self.model} needs about {gb(self.needed_bytes)} of memory ({', '.join(parts)}), "
+                f"but only {gb(self.available_bytes)} is free. Close other programs, lower the context "
+                f"length, or store the KV cache as int8 in Settings.")
+
+
+def check_fit(model_path: str | Path, params: dict[str, Any], available: int | None = None) -> FitReport:
+    """Weights + KV cache + expert cache against the memory that is free now."""
+    model = open_model_dir(model_path)
+    c = model.config
+    files = {rel: e["size"] for rel, e in model.manifest.get("files", {}).items()}
+    experts = sum(size for rel, size in files.items() if rel.startswith("experts/"))
+    weights = sum(files.values())
+    expert_cache = 0
+    per_layer = params.get("expert_cache_size")  # experts kept per layer, once the table has it
+    budget = params.get("expert_cache_bytes")
+    if (per_layer or budget) and c.num_experts > 1 and experts:
+        weights -= experts  # experts live on disk; only the cache's share is held in memory
+        by_count = int(per_layer) * experts // c.num_experts if per_layer else experts  # per layer × mean size × layers
+        expert_cache = min(experts, by_count, int(budget) if budget else experts)
+    ctx = min(params.get("context_length") or P.PARAMS["context_length"].default, c.max_position_embeddings)
+    kind = params.get("kv_cache_quantize") or P.PARAMS["kv_cache_quantize"].default
+    per_pos = 2 * c.num_layers * c.num_kv_heads * (c.head_dim * KV_BYTES[kind] + (4 if kind == "int8" else 0))
+    free = psutil.virtual_memory().available if available is None else available
+    return FitReport(model.path.name, weights, per_pos * ctx, expert_cache, free)
+
+
+def open_engine(model_path: str | Path, params: dict[str, Any], force: bool = False,
+                stage: Callable[[str], None] = lambda s: None):
+    """A warmed-up Engine, after the fit check (skipped with `force`)."""
+    from engine.api import Engine
+    stage("checking memory")
+    report = check_fit(model_path, params)
+    if not force and not report.fits:
+        raise ModelTooLargeError(report)
+    stage("opening the weights")
+    engine = Engine(model_path, **{k: v for k, v in params.items() if P.PARAMS[k].scope == "engine"})
+    stage("compiling kernels (the first time takes a while)")
+    engine.warmup()
+    return engine
+
+
+@dataclass(frozen=True)
+class Reply:
+    text: str
+    step: Any  # the last engine Step, or None when nothing came
+    dropped: int  # oldest messages dropped because the context was full
+
+
+def stream_reply(engine, messages: list[dict], sampling: dict[str, Any], stop: threading.Event,
+                 emit: Callable[[str, Any], None], frame_s: float = FRAME_S,
+                 clock: Callable[[], float] = time.perf_counter) -> Reply:
+    """Generate a reply, emitting text in batches of at most one per frame.
+
+    When `stop` is set the engine is asked to stop, which ends the reply after the current
+    token. A conversation too long for the context loses its oldest exchanges (the system
+    prompt stays), as colibri-cli does.
+    """
+    from engine.api import ContextOverflowError
+    msgs, dropped = list(messages), 0
+    first = 1 if msgs and msgs[0]["role"] == "system" else 0
+    while True:
+        try:
+            steps = engine.generate(msgs, **sampling)
+            break
+        except ContextOverflowError:
+            if len(msgs) - first <= 1:
+                raise
+            cut = 2 if len(msgs) - first > 2 else 1
+            del msgs[first:first + cut]
+            dropped += cut
+    text, pending, last, t_emit, asked = "", "", None, clock(), False
+    for last in steps:
+        text += last.text
+        pending += last.text
+        if stop.is_set() and not asked:
+            engine.stop()
+            asked = True
+        if last.finish_reason is not None or clock() - t_emit >= frame_s:
+            emit(pending, last)
+            pending, t_emit = "", clock()
+    if pending:
+        emit(pending, last)
+    return Reply(text, last, dropped)
+
+
+def import_model(source: str | Path, progress: Callable[[float, str], None],
+                 cancel: threading.Event) -> Path:
+    """Convert a GGUF file or Hugging Face folder into the models folder (once)."""
+    from engine.convert.convert import convert
+    src = Path(source)
+    target = models_dir() / (src.stem if src.is_file() else src.name)
+    try:
+        open_model_dir(target)
+        return target
+    except ColibriError:
+        pass
+    convert(src, target, force=True, progress=lambda p: progress(p.fraction, p.tensor), cancel=cancel)
+    return target
+
+
+class EngineWorker(QObject):
+    """Owns one Engine. Move it to a QThread; call its slots only through queued signals."""
+    stage = Signal(str)  # what loading is doing now
+    progress = Signal(float, str)  # conversion: fraction done, tensor name
+    converted = Signal(str)  # the model folder a conversion produced
+    loaded = Signal(object)  # StatsSnapshot of the new engine
+    wont_fit = Signal(object, str)  # FitReport, model path (the GUI may ask to load anyway)
+    text = Signal(int, str, object)  # request id, batched text, latest Step
+    finished = Signal(int, object)  # request id, Reply
+    stats = Signal(object)  # StatsSnapshot
+    failed = Signal(str, str)  # what was being done, the specific error
+    cancelled = Signal(str)  # a conversion was cancelled: what it was converting
+
+    def __init__(self):
+        super().__init__()
+        self.engine = None
+        self._stop = threading.Event()
+        self._cancel = threading.Event()
+
+    # --- thread-safe controls (plain methods, callable from the GUI thread) -----------------
+    def arm(self) -> None:
+        """Clear stop and cancel; the GUI calls it *before* queueing a request, so a Stop pressed
+        before the worker picks the request up still counts."""
+        self._stop.clear()
+        self._cancel.clear()
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    def request_cancel(self) -> None:
+        self._cancel.set()
+
+    def _fail(self, what: str, e: BaseException) -> None:
+        log.error("%s failed: %s\n%s", what, e, traceback.format_exc())
+        kind = "" if isinstance(e, ColibriError) else f"{type(e).__name__}: "
+        self.failed.emit(what, f"{kind}{e}")
+
+    # --- slots (run on the worker thread) ---------------------------------------------------
+    @Slot(str, dict, bool)
+    def load(self, path: str, params: dict, force: bool) -> None:
+        try:
+            if not force:  # before the loaded model is let go: a model that won't fit changes nothing
+                self.stage.emit("checking memory")
+                report = check_fit(path, params)
+                if not report.fits:
+                    self.wont_fit.emit(report, path)
+                    return
+            if self.engine is not None:
+                self.engine.close()
+                self.engine = None
+            self.engine = open_engine(path, params, True, self.stage.emit)
+            self.loaded.emit(self.engine.stats())
+        except Exception as e:  # noqa: BLE001 - every failure becomes a dialog with its message
+            self._fail(f"Loading {Path(path).name}", e)
+
+    @Slot(str)
+    def convert(self, source: str) -> None:
+        """Convert `source` (a GGUF file or HF folder; "" = the default model) into the library."""
+        last = [0.0]
+
+        def progress(fraction: float, tensor: str) -> None:
+            now = time.perf_counter()
+            if now - last[0] >= PROGRESS_S or fraction >= 1.0:
+                last[0] = now
+                self.progress.emit(fraction, tensor)
+        try:
+            if source:
+                path = import_model(source, progress, self._cancel)
+            else:
+                path = ensure_default_model(lambda p: progress(p.fraction, p.tensor), self._cancel.is_set)
+            self.converted.emit(str(path))
+        except ConversionCancelled:
+            self.cancelled.emit(source)
+        except Exception as e:  # noqa: BLE001
+            self._fail(f"Converting {Path(source).name if source else 'the default model'}", e)
+
+    @Slot(int, list, dict)
+    def generate(self, request: int, messages: list, sampling: dict) -> None:
+        if self.engine is None:
+            self.failed.emit("Generating a reply", "no model is loaded: pick one in the model list")
+            self.finished.emit(request, Reply("", None, 0))
+            return
+        try:
+            reply = stream_reply(self.engine, messages, sampling, self._stop,
+                                 lambda t, s: self.text.emit(request, t, s))
+        except Exception as e:  # noqa: BLE001
+            self._fail("Generating a reply", e)
+            reply = Reply("", None, 0)
+        self.finished.emit(request, reply)
+        if self.engine is not None:
+            self.stats.emit(self.engine.stats())
+
+    @Slot(str, object)
+    def set_param(self, name: str, value: Any) -> None:
+        try:
+            if self.engine is not None:
+                self.engine.set_param(name, value)
+                self.stats.emit(self.engine.stats())
+        except Exception as e:  # noqa: BLE001
+            self._fail(f"Setting {name}", e)
+
+    @Slot()
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.close()
+            self.engine = None

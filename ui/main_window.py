@@ -1,0 +1,498 @@
+"""The chat window: conversations on the left, the chat in the middle, figures in the status line."""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import psutil
+from PySide6.QtCore import QSize, Qt, QTimer
+from PySide6.QtGui import QAction, QKeySequence
+from PySide6.QtWidgets import (QApplication, QComboBox, QFileDialog, QHBoxLayout, QInputDialog, QLabel,
+                               QLineEdit, QListView, QMainWindow, QMenu, QMessageBox, QPushButton, QSizePolicy,
+                               QSplitter,
+                               QVBoxLayout, QWidget)
+
+from app import model_library
+from app.history import NEW_TITLE, History, chat_messages
+from app.settings import Settings
+from ui import theme
+from ui.chat_view import ChatView, MessageInput
+from ui.model_flow import ModelFlow, show_error
+from ui.models import ConversationListModel
+from ui.param_form import ConversationDialog, SettingsDialog
+
+log = logging.getLogger("colibri.ui")
+
+STATUS_MS = 500  # the status line is refreshed at this fixed rate, never per token
+IMPORT = "__import__"
+
+
+class ElidedLabel(QLabel):
+    """A one-line label that ends a text too long for it with an ellipsis."""
+
+    def __init__(self, objectName: str):  # noqa: N803 - Qt's keyword
+        super().__init__(objectName=objectName)
+        self.full = ""
+        self.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)  # a long title never squeezes the rest
+
+    def set_full_text(self, text: str) -> None:
+        self.full = text
+        self._elide()
+
+    def resizeEvent(self, e) -> None:  # noqa: N802 - Qt's name
+        super().resizeEvent(e)
+        self._elide()
+
+    def _elide(self) -> None:
+        self.setText(self.fontMetrics().elidedText(self.full, Qt.ElideRight, max(self.width(), 40)))
+        self.setToolTip(self.full)
+
+
+class MainWindow(QMainWindow):
+    def __init__(self, settings: Settings, history: History):
+        super().__init__()
+        self.settings, self.history = settings, history
+        self.setWindowTitle("Colibri")
+        self.resize(1100, 720)
+        self.conv_id: int | None = None
+        self.request = 0  # id of the latest generation request
+        self.gen_conv: int | None = None  # conversation a reply is being generated for
+        self.editing: int | None = None  # id of the user message being edited
+        self.last_step = None  # latest Step of the latest reply
+        self.snapshot = None  # latest StatsSnapshot
+        self.busy = ""
+        self.flow = ModelFlow(self, settings)
+        self._build()
+        self._menus()
+        self.flow.ready.connect(self._on_ready)
+        self.flow.busy.connect(self._set_busy)
+        self.flow.no_model.connect(self._on_no_model)
+        w = self.flow.worker
+        w.text.connect(self._on_text)
+        w.finished.connect(self._on_finished)
+        w.stats.connect(self._on_stats)
+        self.status_timer = QTimer(self, objectName="status_timer", interval=STATUS_MS)
+        self.status_timer.timeout.connect(self._update_status)
+        self.status_timer.start()
+        self.apply_appearance()
+        self.refresh_conversations()
+        convs = self.model.items
+        self.open_conversation(convs[0].id if convs else self.history.create(sampling=settings.sampling).id)
+        self._update_controls()
+
+    # --- layout ------------------------------------------------------------------------------
+    def _build(self) -> None:
+        side = QWidget(objectName="sidebar")
+        self.search = QLineEdit(placeholderText="Search chats", clearButtonEnabled=True, objectName="search")
+        self.search.textChanged.connect(lambda _: self.refresh_conversations())
+        self.new_button = QPushButton("New chat", objectName="new_chat")
+        self.new_button.clicked.connect(self.new_conversation)
+        self.model = ConversationListModel()
+        self.list = QListView(objectName="conversations")
+        self.list.setModel(self.model)
+        self.list.setContextMenuPolicy(Qt.CustomContextMenu)
+        self.list.customContextMenuRequested.connect(self._conversation_menu)
+        self.list.selectionModel().currentChanged.connect(
+            lambda cur, _: cur.isValid() and self.open_conversation(cur.data(ConversationListModel.IdRole)))
+        self.list.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
+        self.list.setTextElideMode(Qt.ElideRight)
+        side.setMinimumWidth(220)
+        sl = QVBoxLayout(side)
+        sl.setContentsMargins(10, 10, 10, 10)
+        sl.addWidget(self.new_button)
+        sl.addWidget(self.search)
+        sl.addWidget(self.list, 1)
+
+        top = QWidget(objectName="topbar")
+        self.title = ElidedLabel("title")
+        self.model_picker = QComboBox(objectName="model_picker")
+        self.model_picker.setMinimumWidth(240)
+        self.model_picker.activated.connect(self._pick_model)
+        self.chat_settings_button = QPushButton("Chat settings", objectName="chat_settings")
+        self.chat_settings_button.clicked.connect(self.edit_conversation_options)
+        settings_button = QPushButton("Settings", objectName="settings")
+        settings_button.clicked.connect(self.open_settings)
+        tl = QHBoxLayout(top)
+        tl.setContentsMargins(14, 8, 14, 8)
+        tl.addWidget(self.title, 1)
+        tl.addWidget(self.model_picker)
+        tl.addWidget(self.chat_settings_button)
+        tl.addWidget(settings_button)
+
+        self.view = ChatView(theme.palette(self.settings.theme), self.settings.font_size)
+        self.view.edit_requested.connect(self.edit_message)
+        self.view.regenerate_requested.connect(self.regenerate)
+        self.view.copy_requested.connect(lambda _: self.statusBar().showMessage("Copied to the clipboard", 2000))
+
+        composer = QWidget(objectName="composer")
+        self.input = MessageInput()
+        self.input.setObjectName("input")
+        self.input.submitted.connect(self.send)
+        self.notice = QLabel(objectName="notice")
+        self.notice.hide()
+        self.send_button = QPushButton("Send", objectName="primary")
+        self.send_button.setMinimumWidth(84)
+        self.send_button.clicked.connect(self._send_or_stop)
+        cl = QVBoxLayout(composer)
+        cl.setContentsMargins(14, 8, 14, 10)
+        cl.addWidget(self.notice)
+        row = QHBoxLayout()
+        row.addWidget(self.input, 1)
+        row.addWidget(self.send_button, 0, Qt.AlignBottom)
+        cl.addLayout(row)
+
+        center = QWidget()
+        ml = QVBoxLayout(center)
+        ml.setContentsMargins(0, 0, 0, 0)
+        ml.setSpacing(0)
+        ml.addWidget(top)
+        ml.addWidget(self.view, 1)
+        ml.addWidget(composer)
+        split = QSplitter()
+        split.addWidget(side)
+        split.addWidget(center)
+        split.setStretchFactor(1, 1)
+        split.setSizes([250, 850])
+        split.setHandleWidth(1)
+        self.setCentralWidget(split)
+
+        self.speed_label = QLabel(objectName="speed")
+        self.context_label = QLabel(objectName="context")
+        self.memory_label = QLabel(objectName="memory")
+        for lab in (self.speed_label, self.context_label, self.memory_label):
+            self.statusBar().addPermanentWidget(lab)
+        self.refresh_models()
+
+    def _menus(self) -> None:
+        def act(menu: QMenu, text: str, slot, shortcut: str | None = None) -> QAction:
+            a = menu.addAction(text)
+            a.triggered.connect(slot)
+            if shortcut:
+                a.setShortcut(QKeySequence(shortcut))
+            return a
+        f = self.menuBar().addMenu("&File")
+        act(f, "New chat", self.new_conversation, "Ctrl+N")
+        act(f, "Import model…", self.import_model, "Ctrl+O")
+        f.addSeparator()
+        act(f, "Export chat as Markdown…", lambda: self.export_dialog("md"))
+        act(f, "Export chat as JSON…", lambda: self.export_dialog("json"))
+        f.addSeparator()
+        act(f, "Quit", self.close, "Ctrl+Q")
+        c = self.menuBar().addMenu("&Chat")
+        act(c, "Stop", self.stop, "Esc")
+        act(c, "Regenerate", self.regenerate, "Ctrl+R")
+        act(c, "Edit last message", lambda: self.edit_message(None), "Ctrl+E")
+        act(c, "Rename chat…", lambda: self.rename_dialog(self.conv_id), "F2")
+        act(c, "Delete chat", lambda: self.delete_conversation(self.conv_id, confirm=True))
+        act(c, "Chat settings…", self.edit_conversation_options)
+        v = self.menuBar().addMenu("&View")
+        act(v, "Toggle dark theme", self.toggle_theme, "Ctrl+Shift+D")
+        act(v, "Settings…", self.open_settings, "Ctrl+,")
+
+    def sizeHint(self) -> QSize:  # noqa: N802 - Qt's name
+        return QSize(1100, 720)
+
+    # --- conversations -----------------------------------------------------------------------
+    def refresh_conversations(self) -> None:
+        self.model.set_items(self.history.conversations(self.search.text().strip()))
+        row = self.model.row_of(self.conv_id) if self.conv_id is not None else -1
+        if row >= 0:
+            self.list.selectionModel().blockSignals(True)
+            self.list.setCurrentIndex(self.model.index(row))
+            self.list.selectionModel().blockSignals(False)
+
+    def open_conversation(self, cid: int) -> None:
+        if cid == self.conv_id:
+            return
+        self.conv_id, self.editing = cid, None
+        self.notice.hide()
+        self.refresh_conversations()
+        self.render_conversation()
+
+    def render_conversation(self) -> None:
+        conv = self.history.conversation(self.conv_id)
+        self.title.set_full_text(conv.title)
+        streaming = self.view.streaming if self.gen_conv == self.conv_id else None
+        self.view.set_messages(self.history.messages(self.conv_id), streaming)
+
+    def new_conversation(self) -> None:
+        conv = self.history.create(sampling=self.settings.sampling)
+        self.search.clear()
+        self.open_conversation(conv.id)
+        self.input.setFocus()
+
+    def rename_conversation(self, cid: int, title: str) -> None:
+        self.history.rename(cid, title)
+        self.refresh_conversations()
+        if cid == self.conv_id:
+            self.title.set_full_text(self.history.conversation(cid).title)
+
+    def rename_dialog(self, cid: int | None) -> None:
+        if cid is None:
+            return
+        title, ok = QInputDialog.getText(self, "Rename chat", "Title:", text=self.history.conversation(cid).title)
+        if ok:
+            self.rename_conversation(cid, title)
+
+    def delete_conversation(self, cid: int | None, confirm: bool = False) -> None:
+        if cid is None or cid == self.gen_conv:
+            return
+        title = self.history.conversation(cid).title
+        if confirm and QMessageBox.question(self, "Delete chat", f"Delete “{title}” and all its messages?") \
+                != QMessageBox.Yes:
+            return
+        self.history.delete(cid)
+        if cid == self.conv_id:
+            self.conv_id = None
+            rest = self.history.conversations()
+            self.open_conversation(rest[0].id if rest else self.history.create(sampling=self.settings.sampling).id)
+        self.refresh_conversations()
+
+    def _conversation_menu(self, pos) -> None:
+        index = self.list.indexAt(pos)
+        if not index.isValid():
+            return
+        cid = index.data(ConversationListModel.IdRole)
+        menu = QMenu(self)
+        menu.addAction("Rename…", lambda: self.rename_dialog(cid))
+        menu.addAction("Delete", lambda: self.delete_conversation(cid, confirm=True))
+        menu.exec(self.list.viewport().mapToGlobal(pos))
+
+    def edit_conversation_options(self) -> None:
+        conv = self.history.conversation(self.conv_id)
+        d = ConversationDialog(self, conv.system_prompt, self.settings.sampling_values() | conv.sampling)
+        if d.exec():
+            self.history.set_options(conv.id, d.system.toPlainText().strip(), d.form.values())
+
+    # --- chatting ----------------------------------------------------------------------------
+    def send(self, text: str) -> None:
+        if not text.strip() or self.busy or self.flow.model is None:
+            return
+        if self.editing is not None:
+            self.history.delete_from(self.conv_id, self.editing)
+            self.editing = None
+            self.notice.hide()
+        self.history.add_message(self.conv_id, "user", text.strip())
+        if self.history.conversation(self.conv_id).title == NEW_TITLE:
+            first = text.strip().splitlines()[0]
+            self.history.rename(self.conv_id, first[:48] + ("…" if len(first) > 48 else ""))
+        self.input.clear()
+        self.refresh_conversations()
+        self._generate()
+
+    def _generate(self) -> None:
+        conv = self.history.conversation(self.conv_id)
+        sampling = self.settings.sampling_values() | conv.sampling
+        self.request += 1
+        self.gen_conv = conv.id
+        self.last_step = None
+        self.view.streaming = ""
+        self.render_conversation()
+        self._set_busy("generating")
+        self.flow.generate(self.request, chat_messages(conv, self.history.messages(conv.id)), sampling)
+
+    def _on_text(self, request: int, text: str, step) -> None:
+        if request != self.request:
+            return
+        self.last_step = step
+        if self.gen_conv == self.conv_id:
+            self.view.append(text)
+
+    def _on_finished(self, request: int, reply) -> None:
+        if request != self.request:
+            return
+        cid, self.gen_conv = self.gen_conv, None
+        self.view.end_stream()
+        s = reply.step
+        if s is not None and (reply.text or s.generated_tokens):
+            stats = {"generated_tokens": s.generated_tokens, "prompt_tokens": s.prompt_tokens,
+                     "decode_tok_s": s.decode_tok_s, "prefill_tok_s": s.prefill_tok_s, "ttft_s": s.ttft_s,
+                     "finish_reason": s.finish_reason}
+            self.history.add_message(cid, "assistant", reply.text, stats)
+        if reply.dropped:
+            self.statusBar().showMessage(f"The context was full: the {reply.dropped} oldest messages were left "
+                                         f"out of this reply", 8000)
+        self._set_busy("")
+        if cid == self.conv_id:
+            self.render_conversation()
+        self.refresh_conversations()
+        self._update_status()
+
+    def stop(self) -> None:
+        if self.busy == "generating":
+            self.flow.worker.request_stop()  # a threading.Event; the worker asks the engine to stop
+        elif self.editing is not None:
+            self.editing = None
+            self.notice.hide()
+            self.input.clear()
+
+    def _send_or_stop(self) -> None:
+        if self.busy == "generating":
+            self.stop()
+        else:
+            self.send(self.input.toPlainText())
+
+    def regenerate(self) -> None:
+        if self.busy or self.flow.model is None:
+            return
+        msgs = self.history.messages(self.conv_id)
+        if not msgs:
+            return
+        if msgs[-1].role == "assistant":
+            self.history.delete_from(self.conv_id, msgs[-1].id)
+        self._generate()
+
+    def edit_message(self, message_id: int | None) -> None:
+        if self.busy:
+            return
+        users = [m for m in self.history.messages(self.conv_id) if m.role == "user"]
+        if not users or (message_id is not None and users[-1].id != message_id):
+            return
+        self.editing = users[-1].id
+        self.input.setPlainText(users[-1].content)
+        self.input.setFocus()
+        self.notice.setText("Editing your last message: Enter resends it and replaces the reply · Esc cancels")
+        self.notice.show()
+
+    # --- models ------------------------------------------------------------------------------
+    def refresh_models(self) -> None:
+        self.model_picker.blockSignals(True)
+        self.model_picker.clear()
+        paths = [str(p) for p in model_library.installed_models()]
+        current = self.flow.model or self.flow.loading
+        if current and current not in paths:
+            paths.insert(0, current)
+        for p in paths:
+            self.model_picker.addItem(Path(p).name, p)
+        if not paths:
+            self.model_picker.addItem("No model", None)
+        self.model_picker.insertSeparator(self.model_picker.count())
+        self.model_picker.addItem("Import…", IMPORT)
+        index = self.model_picker.findData(current) if current else 0
+        self.model_picker.setCurrentIndex(max(index, 0))
+        self.model_picker.blockSignals(False)
+
+    def _pick_model(self, index: int) -> None:
+        data = self.model_picker.itemData(index)
+        if data == IMPORT:
+            self.refresh_models()
+            self.import_model()
+        elif data and data != self.flow.model and not self.busy:
+            self.flow.load(data)
+        else:
+            self.refresh_models()
+
+    def import_model(self) -> None:
+        if self.busy:
+            return
+        box = QMessageBox(QMessageBox.Question, "Import a model",
+                          "Import a GGUF file or a Hugging Face model folder (safetensors)?", QMessageBox.Cancel, self)
+        gguf = box.addButton("GGUF file…", QMessageBox.AcceptRole)
+        folder = box.addButton("Hugging Face folder…", QMessageBox.AcceptRole)
+        box.exec()
+        if box.clickedButton() is gguf:
+            src, _ = QFileDialog.getOpenFileName(self, "Import a GGUF model", str(Path.home()), "GGUF (*.gguf)")
+        elif box.clickedButton() is folder:
+            src = QFileDialog.getExistingDirectory(self, "Import a Hugging Face model folder", str(Path.home()))
+        else:
+            return
+        if src:
+            self.flow.import_source(src)
+
+    def _on_ready(self, snapshot) -> None:
+        self.snapshot = snapshot
+        self.refresh_models()
+        self.view.empty_text = f"{snapshot.model} is ready. Type a message below."
+        self.render_conversation()
+        self._update_controls()
+        self.input.setFocus()
+
+    def _on_no_model(self, reason: str) -> None:
+        if self.flow.model is not None:
+            return
+        self.view.empty_text = f"No model is loaded. {reason} Pick or import one from the model list above."
+        self.refresh_models()
+        self.render_conversation()
+
+    def _on_stats(self, snapshot) -> None:
+        self.snapshot = snapshot
+
+    # --- settings and appearance ----------------------------------------------------------------
+    def open_settings(self) -> None:
+        d = SettingsDialog(self, self.settings)
+        if d.exec():
+            self.apply_settings(d.engine_form.values(), d.ui_form.values())
+
+    def apply_settings(self, engine: dict, ui: dict) -> None:
+        """Save the new values; engine changes are applied to the running engine at once."""
+        current = self.settings.engine_values()
+        for name, value in engine.items():
+            if value != current.get(name):
+                self.settings.engine[name] = value
+                self.flow.set_param_requested.emit(name, value)
+        for name, value in ui.items():
+            self.settings.set_ui(name, value)
+        self.settings.save()
+        self.apply_appearance()
+
+    def toggle_theme(self) -> None:
+        self.settings.set_ui("theme", "light" if self.settings.theme == "dark" else "dark")
+        self.settings.save()
+        self.apply_appearance()
+
+    def apply_appearance(self) -> None:
+        theme.apply(QApplication.instance(), self.settings.theme, self.settings.font_size)
+        self.view.set_style(theme.palette(self.settings.theme), self.settings.font_size)
+        f = self.input.font()
+        f.setPointSize(self.settings.font_size)
+        self.input.setFont(f)
+
+    # --- export ------------------------------------------------------------------------------
+    def export_conversation(self, cid: int, path: str | Path, fmt: str) -> None:
+        text = self.history.export_markdown(cid) if fmt == "md" else self.history.export_json(cid)
+        Path(path).write_text(text, encoding="utf-8")
+
+    def export_dialog(self, fmt: str) -> None:
+        conv = self.history.conversation(self.conv_id)
+        name = "".join(ch if ch.isalnum() or ch in " -_" else "_" for ch in conv.title).strip() or "chat"
+        path, _ = QFileDialog.getSaveFileName(self, "Export chat", str(Path.home() / f"{name}.{fmt}"),
+                                              "Markdown (*.md)" if fmt == "md" else "JSON (*.json)")
+        if path:
+            try:
+                self.export_conversation(conv.id, path, fmt)
+                self.statusBar().showMessage(f"Exported to {path}", 4000)
+            except OSError as e:
+                show_error(self, "Exporting the chat", f"{path}: {e.strerror or e}")
+
+    # --- state and status --------------------------------------------------------------------
+    def _set_busy(self, what: str) -> None:
+        self.busy = what
+        self._update_controls()
+
+    def _update_controls(self) -> None:
+        generating = self.busy == "generating"
+        self.send_button.setText("Stop" if generating else "Send")
+        self.send_button.setObjectName("danger" if generating else "primary")
+        self.send_button.style().unpolish(self.send_button)
+        self.send_button.style().polish(self.send_button)
+        self.send_button.setEnabled(generating or (not self.busy and self.flow.model is not None))
+        self.model_picker.setEnabled(not self.busy)
+
+    def _update_status(self) -> None:
+        s, snap = self.last_step, self.snapshot
+        if s is not None:
+            self.speed_label.setText(f"{s.decode_tok_s:.1f} tok/s · first token {s.ttft_s:.2f} s")
+            self.context_label.setText(f"context {s.context_used:,} / {s.context_limit:,}")
+        elif snap is not None:
+            self.speed_label.setText(f"{snap.decode_tok_s:.1f} tok/s · first token {snap.ttft_s:.2f} s")
+            self.context_label.setText(f"context {snap.context_used:,} / {snap.context_limit:,}")
+        else:
+            self.speed_label.setText("— tok/s")
+            self.context_label.setText("context —")
+        self.memory_label.setText(f"memory {psutil.Process().memory_info().rss / 2**20:,.0f} MB")
+
+    def closeEvent(self, event) -> None:  # noqa: N802 - Qt's name
+        self.status_timer.stop()
+        self.flow.shutdown()
+        self.history.close()
+        super().closeEvent(event)

@@ -1,0 +1,192 @@
+"""The engine link: the worker's thread, model loading and conversion with their dialogs.
+
+Requests go to the worker as queued signals (`load_requested`, `generate_requested`, …); the
+worker's answers come back as queued signals. The GUI thread never calls the engine.
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from PySide6.QtCore import QObject, Qt, QThread, Signal
+from PySide6.QtWidgets import QMessageBox, QProgressDialog, QWidget
+
+from app import model_library
+from app.settings import Settings
+from app.worker import EngineWorker, FitReport
+from engine import default_model
+from engine.errors import ColibriError
+from engine.model_dir import open_model_dir
+
+log = logging.getLogger("colibri.ui")
+
+
+def show_error(parent: QWidget, title: str, text: str) -> QMessageBox:
+    """A non-blocking error dialog with the specific message."""
+    box = QMessageBox(QMessageBox.Critical, title, f"{title} failed.", QMessageBox.Ok, parent)
+    box.setInformativeText(text)
+    box.setAttribute(Qt.WA_DeleteOnClose)
+    box.setObjectName("error_dialog")
+    box.open()
+    return box
+
+
+class ModelFlow(QObject):
+    load_requested = Signal(str, dict, bool)
+    convert_requested = Signal(str)
+    generate_requested = Signal(int, list, dict)
+    set_param_requested = Signal(str, object)
+    close_requested = Signal()
+
+    ready = Signal(object)  # StatsSnapshot: a model is loaded and warm
+    busy = Signal(str)  # "" when idle, else what is happening ("loading", "converting")
+    no_model = Signal(str)  # why there is no model (cancelled, failed)
+
+    def __init__(self, window: QWidget, settings: Settings):
+        super().__init__(window)
+        self.window, self.settings = window, settings
+        self.thread = QThread(objectName="engine_thread")
+        self.worker = EngineWorker()
+        self.worker.moveToThread(self.thread)
+        self.load_requested.connect(self.worker.load)
+        self.convert_requested.connect(self.worker.convert)
+        self.generate_requested.connect(self.worker.generate)
+        self.set_param_requested.connect(self.worker.set_param)
+        self.close_requested.connect(self.worker.close, Qt.BlockingQueuedConnection)
+        w = self.worker
+        w.stage.connect(self._stage)
+        w.progress.connect(self._progress)
+        w.converted.connect(self._converted)
+        w.loaded.connect(self._loaded)
+        w.wont_fit.connect(self._wont_fit)
+        w.failed.connect(self._failed)
+        w.cancelled.connect(self._cancelled)
+        self.dialog: QProgressDialog | None = None
+        self.loading: str | None = None  # the model folder being loaded
+        self.model: str | None = None  # the model folder loaded
+        self.thread.start()
+
+    # --- requests ----------------------------------------------------------------------------
+    def start(self, model_arg: str | None = None) -> None:
+        """First run converts the default model; later runs load the last (or default) model."""
+        if model_arg:
+            p = Path(model_arg).expanduser()
+            return self.import_source(str(p)) if p.is_file() else self.load(str(p))
+        for candidate in (self.settings.model, str(model_library.default_model_dir())):
+            if candidate and _valid(candidate):
+                return self.load(candidate)
+        self._progress_dialog(f"Preparing {default_model.NAME}",
+                              f"Converting the default model into your data folder (first run only).\n"
+                              f"{default_model.NAME}: {default_model.NOTE}.", cancel=True)
+        self.busy.emit("converting")
+        self.worker.arm()
+        self.convert_requested.emit("")
+
+    def load(self, path: str, force: bool = False) -> None:
+        self.loading = path
+        self._progress_dialog(f"Loading {Path(path).name}", "checking memory", cancel=False)
+        self.busy.emit("loading")
+        self.load_requested.emit(path, self.settings.engine_values(), force)
+
+    def import_source(self, source: str) -> None:
+        self._progress_dialog(f"Importing {Path(source).name}", "Converting into your model library…", cancel=True)
+        self.busy.emit("converting")
+        self.worker.arm()
+        self.convert_requested.emit(source)
+
+    def generate(self, request: int, messages: list, sampling: dict) -> None:
+        self.worker.arm()
+        self.generate_requested.emit(request, messages, sampling)
+
+    def shutdown(self) -> None:
+        self.worker.request_stop()
+        self.worker.request_cancel()
+        if self.thread.isRunning():
+            self.close_requested.emit()  # blocks until the worker has closed its engine
+            self.thread.quit()
+            self.thread.wait()
+
+    # --- dialogs -----------------------------------------------------------------------------
+    def _progress_dialog(self, title: str, text: str, cancel: bool) -> None:
+        self._close_dialog()
+        d = QProgressDialog(text, "Cancel" if cancel else "", 0, 1000 if cancel else 0, self.window)
+        d.setObjectName("progress_dialog")
+        d.setWindowTitle(title)
+        d.setWindowModality(Qt.WindowModal)
+        d.setMinimumDuration(0)
+        d.setMinimumWidth(440)
+        d.setAutoClose(False)
+        d.setAutoReset(False)
+        if cancel:
+            d.canceled.connect(lambda: self.worker.request_cancel())  # direct: the worker thread is busy
+        else:
+            d.setCancelButton(None)
+        d.show()
+        self.dialog = d
+
+    def _close_dialog(self) -> None:
+        if self.dialog is not None:
+            self.dialog.close()
+            self.dialog.deleteLater()
+            self.dialog = None
+
+    # --- worker answers ----------------------------------------------------------------------
+    def _stage(self, text: str) -> None:
+        if self.dialog is not None:
+            self.dialog.setLabelText(f"{Path(self.loading or '').name}: {text}…")
+
+    def _progress(self, fraction: float, tensor: str) -> None:
+        if self.dialog is not None:
+            self.dialog.setValue(int(fraction * 1000))
+            self.dialog.setLabelText(f"Converting {tensor}  ({fraction:.0%})")
+
+    def _converted(self, path: str) -> None:
+        self.load(path)
+
+    def _loaded(self, snapshot) -> None:
+        self._close_dialog()
+        self.model = self.loading
+        self.settings.model = self.loading
+        self.settings.save()
+        self.busy.emit("")
+        self.ready.emit(snapshot)
+
+    def _wont_fit(self, report: FitReport, path: str) -> None:
+        self._close_dialog()
+        self.busy.emit("")
+        box = QMessageBox(QMessageBox.Warning, "Not enough memory", f"{report.model} will not fit in memory.",
+                          QMessageBox.Cancel, self.window)
+        box.setObjectName("fit_dialog")
+        box.setInformativeText(report.explain())
+        anyway = box.addButton("Load anyway", QMessageBox.AcceptRole)
+        box.setAttribute(Qt.WA_DeleteOnClose)
+        box.finished.connect(lambda _: self._fit_answer(box.clickedButton() is anyway, path, report))
+        box.open()
+
+    def _fit_answer(self, load_anyway: bool, path: str, report: FitReport) -> None:
+        if load_anyway:
+            self.load(path, force=True)
+        elif self.model is None:  # a model already loaded stays loaded
+            self.no_model.emit(report.explain())
+
+    def _failed(self, what: str, message: str) -> None:
+        self._close_dialog()
+        if what.startswith(("Loading", "Converting")):
+            if what.startswith("Loading"):
+                self.model = None  # the previous engine was closed before this one was opened
+            self.busy.emit("")
+            self.no_model.emit(message)
+        show_error(self.window, what, message)
+
+    def _cancelled(self, source: str) -> None:
+        self._close_dialog()
+        self.busy.emit("")
+        self.no_model.emit("The conversion was cancelled; nothing was written.")
+
+
+def _valid(path: str) -> bool:
+    try:
+        open_model_dir(path)
+        return True
+    except (ColibriError, OSError):
+        return False
