@@ -22,7 +22,18 @@ from pathlib import Path
 
 from app.bench_models import MixtralShape, write_checkpoint
 
-BENCH_SHAPE = MixtralShape(hidden=1024, layers=16, heads=16, kv_heads=4, experts=8, top_k=2, ff=4096, vocab=32000)
+# vocabulary of the default model (SmolLM2, byte-level BPE with merges), which llama.cpp can load
+BENCH_SHAPE = MixtralShape(hidden=1024, layers=16, heads=16, kv_heads=4, experts=8, top_k=2, ff=4096, vocab=49152)
+
+
+def _default_tokenizer() -> str:
+    from engine.convert.gguf_file import GGUFModel
+    from engine.default_model import default_gguf_path
+    g = GGUFModel(default_gguf_path())
+    try:
+        return g.tokenizer().tokenizer_json
+    finally:
+        g.close()
 PROMPT_TOKENS, DECODE_TOKENS = 128, 48
 
 # Runs in a child process: measures Colibri and prints one JSON line.
@@ -93,7 +104,7 @@ def prepare(workdir: Path) -> tuple[Path, Path, dict]:
     if not (hf / "model.safetensors").exists():
         print(f"building the benchmark model: {shape.params() / 1e9:.2f} B parameters, "
               f"experts {100 * info['expert_share']:.1f}%", file=sys.stderr)
-        write_checkpoint(hf, shape, balanced_router=True)
+        write_checkpoint(hf, shape, balanced_router=True, tokenizer_json=_default_tokenizer(), embed_std=1.0)
     if not (ours / "manifest.json").exists():
         convert(hf, ours, "int8", force=True)
     if not gguf_path.exists():
