@@ -23,11 +23,13 @@ import psutil
 from engine import params as P
 from engine.errors import ColibriError, ModelFormatError
 from engine.experts import CacheStats, plan_expert_cache
+from engine.hardware import EnergyReading, HardwareMonitor, HardwareSnapshot
 from engine.kvcache import KVCache
 from engine.mempool import MemoryPool, PoolStats
 from engine.model_dir import open_model_dir
 from engine.models import model_class
 from engine.sampling import Sampler
+from engine.throttle import ThrottleEvent
 from engine.tokenizer import StopMatcher, StreamDecoder, TextCodec
 from engine.weights import ModelWeights
 
@@ -84,6 +86,11 @@ class StatsSnapshot:
     expert_cache: CacheStats
     expert_cache_plan: str
     mem_pool: PoolStats
+    configured_threads: int  # asked for; `threads` is what the thermal governor allows now
+    hardware: HardwareSnapshot  # load, RSS, temperatures, power and limits; reasons for what is missing
+    throttle_events: tuple[ThrottleEvent, ...]
+    energy: EnergyReading | None  # the last reply (prefill + decode); None before the first
+    joules_per_token: float | None  # the last reply: CPU package + GPU joules / generated tokens
     params: dict[str, Any] = field(default_factory=dict)
 
 
@@ -96,6 +103,10 @@ class Engine:
         given = P.validate(params)
         self.params = P.defaults("engine") | {k: v for k, v in given.items() if P.PARAMS[k].scope == "engine"}
         self.sampling = P.defaults("sampling") | {k: v for k, v in given.items() if P.PARAMS[k].scope == "sampling"}
+        # sensors and the thermal governor first: bad throttle marks fail before the model loads
+        self.hw = HardwareMonitor(self.configured_threads, self.params["throttle_high_c"],
+                                  self.params["throttle_low_c"])
+        self._energy: EnergyReading | None = None
         self.model = open_model_dir(path)
         self.cfg = self.model.config
         self.codec = TextCodec.from_model(self.model)
@@ -110,15 +121,24 @@ class Engine:
         self._last = {"prefill_tok_s": 0.0, "decode_tok_s": 0.0, "ttft_s": 0.0}
         self._new_cache()
         logging.getLogger("colibri").setLevel(_level(self.params["log_level"]))
+        self.hw.apply_limits(self.params)  # never raises: a refusal is logged and shown in stats()
+        if self.params["affinity"]:
+            self.hw.apply_affinity(True)
         log.info("loaded %s: %s, %d layers, %d expert(s), context %d, kv %s, %d threads; expert cache: %s",
                  path.name, self.cfg.architecture, self.cfg.num_layers, self.cfg.num_experts, self.context_limit,
                  self.params["kv_cache_quantize"], self.threads, self.cache_plan.reason)
 
     # --- parameters ------------------------------------------------------------------------
     @property
-    def threads(self) -> int:
+    def configured_threads(self) -> int:
+        """The thread count asked for (default: physical cores), capped by numba's pool."""
         wanted = self.params["threads"] or P.physical_cores()
         return max(1, min(wanted, numba.config.NUMBA_NUM_THREADS))
+
+    @property
+    def threads(self) -> int:
+        """The thread count in use now: configured_threads unless the CPU is too hot."""
+        return self.hw.governor.threads
 
     @property
     def context_limit(self) -> int:
@@ -140,8 +160,17 @@ class Engine:
         if p.scope == "sampling":
             self.sampling[name] = v
             return
+        if name in ("throttle_high_c", "throttle_low_c"):  # low < high is checked before anything changes
+            marks = {**self.params, name: v}
+            self.hw.governor.set_limits(marks["throttle_high_c"], marks["throttle_low_c"])
         with self._lock:
             self.params[name] = v
+            if name == "threads":
+                self.hw.governor.configure(self.configured_threads)
+            if name in ("power_limit", "gpu_power_limit"):
+                self.hw.apply_limits(self.params)
+            if name == "affinity" or (name == "threads" and self.params["affinity"]):
+                self.hw.apply_affinity(self.params["affinity"])
             if name in ("expert_cache_size", "expert_cache_bytes", "prefetch_window"):
                 self.cache_plan = plan_expert_cache(self.model, self.params, self.context_limit)
                 self.weights.reset_experts(self.cache_plan.capacity, self.params["prefetch_window"])
@@ -163,7 +192,7 @@ class Engine:
 
     # --- compute ---------------------------------------------------------------------------
     def _prefill(self, ids: Sequence[int], cache: KVCache, pos0: int, all_logits: bool) -> np.ndarray:
-        numba.set_num_threads(self.threads)  # per calling thread
+        numba.set_num_threads(self.hw.governor.update())  # per calling thread; fewer while too hot
         # MoE: the whole prompt goes through each layer at once, so every expert is loaded at
         # most once per layer per prompt (attention works in query blocks inside the layer)
         out, bs = [], max(len(ids), 1) if self.cfg.is_moe else self.params["batch_size"]
@@ -239,6 +268,8 @@ class Engine:
         with self._lock:
             self._cancel.clear()
             t0 = time.perf_counter()
+            meter = self.hw.energy_meter()
+            meter.start()
             reuse = 0
             for a, b in zip(self.tokens, ids):
                 if a != b:
@@ -284,6 +315,7 @@ class Engine:
                     self._last = {"prefill_tok_s": prefill_tok_s, "decode_tok_s": decode_tok_s, "ttft_s": ttft}
                     self.weights.experts.check_prefetch()
                     self._totals["generated"] += generated
+                    self._energy = meter.stop(generated)
                     yield Step(piece, None if tok in self.codec.stop_ids else tok, generated, len(ids), reuse,
                                prefill_tok_s, decode_tok_s, ttft, len(self.tokens), self.context_limit, finish)
                     return
@@ -318,6 +350,9 @@ class Engine:
             tokens_generated=self._totals["generated"], tokens_reused=self._totals["reused"],
             expert_cache_hit_rate=ec.hit_rate, prefetch_accuracy=ec.prefetch_accuracy, expert_cache=ec,
             expert_cache_plan=self.cache_plan.reason, mem_pool=self.pool.stats(),
+            configured_threads=self.configured_threads, hardware=self.hw.snapshot(),
+            throttle_events=self.hw.governor.events, energy=self._energy,
+            joules_per_token=None if self._energy is None else self._energy.joules_per_token,
             params={**self.params, **self.sampling}, **self._last)
 
     def mem_pool_defrag(self) -> int:
@@ -332,6 +367,7 @@ class Engine:
         with self._lock:
             self.weights.close()
             self.cache.free()
+            self.hw.close()  # puts back any power limit and CPU mask we changed
 
     def __enter__(self) -> Engine:
         return self

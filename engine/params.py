@@ -72,7 +72,21 @@ PARAMS: dict[str, Param] = {p.name: p for p in [
     Param("prefetch_window", int, 16, "tokens whose expert choices guide prefetching; 0 = no prefetch "
           "(experts load when needed)", min=0, max=4096, live=False),
     Param("batch_size", int, 128, "prompt tokens processed per forward step during prefill", min=1, max=8192),
+    Param("simd", str, "auto", "instruction set the kernels are compiled for: auto (avx512 on AMD, where it "
+          "measured faster; avx2 elsewhere, as many Intel CPUs clock down under AVX-512), avx2, or avx512; "
+          "applied at the next start (COLIBRI_SIMD)", choices=("auto", "avx2", "avx512"), live=False),
     Param("log_level", str, "INFO", "log verbosity", choices=("DEBUG", "INFO", "WARN", "WARNING", "ERROR")),
+    Param("power_limit", float, None, "CPU package power limit in watts (Linux RAPL, long-term limit; "
+          "needs root); auto = leave it as is; a limit we set is put back on exit", min=1.0, max=10_000.0,
+          nullable=True),
+    Param("gpu_power_limit", float, None, "NVIDIA GPU power limit in watts (NVML; needs root; checked "
+          "against the GPU's own range); auto = leave it as is; put back on exit", min=1.0, max=10_000.0,
+          nullable=True),
+    Param("throttle_high_c", float, 85.0, "CPU temperature (°C) above which the engine drops one thread "
+          "per step", min=40.0, max=150.0),
+    Param("throttle_low_c", float, 75.0, "CPU temperature (°C) below which dropped threads come back one "
+          "per step; must be below throttle_high_c", min=20.0, max=145.0),
+    Param("affinity", bool, False, "pin the engine to one logical CPU per physical core (sched_setaffinity)"),
     # sampling
     Param("max_tokens", int, 512, "most tokens to generate for one reply", scope="sampling", min=1, max=1 << 20),
     Param("temperature", float, 0.7, "randomness; 0 = always the most likely token (greedy)", scope="sampling",

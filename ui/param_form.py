@@ -59,9 +59,13 @@ class ParamForm(QWidget):
         elif p.type is float:
             w = QDoubleSpinBox()
             w.setDecimals(3)
-            w.setRange(p.min if p.min is not None else -1e9, p.max if p.max is not None else 1e9)
+            lo = p.min if p.min is not None else -1e9
+            if p.nullable:  # one step below the minimum stands for "not set"
+                lo -= 1
+                w.setSpecialValueText("as is")
+            w.setRange(lo, p.max if p.max is not None else 1e9)
             w.setSingleStep(0.05)
-            w.setValue(float(value))
+            w.setValue(lo if value is None else float(value))
         else:
             w = QLineEdit("" if value is None else str(value))
         return w
@@ -75,7 +79,7 @@ class ParamForm(QWidget):
         elif isinstance(w, QSpinBox):
             raw = None if p.nullable and w.value() == w.minimum() else w.value()
         elif isinstance(w, QDoubleSpinBox):
-            raw = w.value()
+            raw = None if p.nullable and w.value() == w.minimum() else w.value()
         else:
             raw = w.text() or None
         return p.check(raw)
@@ -89,7 +93,7 @@ class ParamForm(QWidget):
         elif isinstance(w, QSpinBox):
             w.setValue(w.minimum() if value is None and p.nullable else int(value))
         elif isinstance(w, QDoubleSpinBox):
-            w.setValue(float(value))
+            w.setValue(w.minimum() if value is None and p.nullable else float(value))
         else:
             w.setText("" if value is None else str(value))
 
