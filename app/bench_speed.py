@@ -266,7 +266,7 @@ def run_speed(model: Path, engines: list[str], threads: list[int], runs: int, pr
     prompt_file.write_text(json.dumps(prompt))
     qbytes = weight_bytes_per_token(Path(paths["colibri"][0]))
     fbytes = 4 * _weights_per_token(Path(paths["colibri"][0]))
-    log(f"measuring memory bandwidth ...")
+    log("measuring memory bandwidth ...")
     bw = measure_bandwidth()
     log(f"bandwidth {bw / 1e9:.1f} GB/s; weights read per decoded token: {qbytes / 1e6:.1f} MB "
         f"(as stored), {fbytes / 1e6:.1f} MB (float32, transformers)")

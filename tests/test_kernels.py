@@ -92,3 +92,29 @@ def test_attention_causal_gqa_and_window(pos0, tokens, window):
     scores = np.empty((tokens * H, pos0 + tokens), np.float32)
     cpu.attention(q, k, v, pos0, window, np.float32(0.25), scores, out)
     np.testing.assert_allclose(out, ref.attention(q, k, v, pos0, window, 0.25), rtol=1e-5, atol=1e-5)
+
+
+def test_simd_setting_reaches_numba_before_it_compiles():
+    import numba
+
+    import engine.kernels as k
+    from engine import params
+    p = params.PARAMS["simd"]
+    assert p.choices == k.SIMD_CHOICES and not p.live
+    assert k.SIMD in ("avx2", "avx512", "native", "custom")
+    assert k._apply_simd("avx512") in ("avx512", "custom")
+    if k.SIMD == "avx2":  # the host has AVX-512 and it is switched off for every kernel
+        assert "-avx512f" in numba.config.CPU_FEATURES and "+avx512f" not in numba.config.CPU_FEATURES
+
+
+@pytest.mark.parametrize("name", ["q4_0", "q4_1", "q8_0"])
+def test_direct_and_dequantized_paths_agree(name):
+    """Decode (<= DIRECT_MAX_T tokens, dotted from the blocks) equals prefill (dequantized rows)."""
+    n, rows = 256, 64
+    w = stored_matrix(name, rows, n, seed=3)
+    x = np.random.default_rng(5).standard_normal((cpu.DIRECT_MAX_T + 1, n)).astype(np.float32)
+    many = np.empty((x.shape[0], rows), np.float32)
+    cpu.matmul(w, quant.get(name).type_id, x, many)
+    one = np.empty((1, rows), np.float32)
+    cpu.matmul(w, quant.get(name).type_id, x[:1], one)
+    np.testing.assert_allclose(one[0], many[0], rtol=1e-5, atol=1e-5 * np.abs(many).max())
