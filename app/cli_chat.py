@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -126,6 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         engine_p, sampling = P.from_args(args, "engine"), P.from_args(args, "sampling")
         engine_p.setdefault("log_level", "WARN")  # the terminal is for the conversation
+        if "simd" in engine_p:  # read when the kernels are first imported, just below
+            os.environ["COLIBRI_SIMD"] = engine_p["simd"]
         from engine.api import Engine
         engine = Engine(resolve_model(args.model), **engine_p)
         print("warming up…", end="", file=sys.stderr, flush=True)

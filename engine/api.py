@@ -124,6 +124,10 @@ class Engine:
         self.hw.apply_limits(self.params)  # never raises: a refusal is logged and shown in stats()
         if self.params["affinity"]:
             self.hw.apply_affinity(True)
+        from engine import kernels
+        if self.params["simd"] != kernels.SIMD_REQUESTED:
+            log.warning("simd %s takes effect at the next start (this process compiled for %s)",
+                        self.params["simd"], kernels.SIMD)
         log.info("loaded %s: %s, %d layers, %d expert(s), context %d, kv %s, %d threads; expert cache: %s",
                  path.name, self.cfg.architecture, self.cfg.num_layers, self.cfg.num_experts, self.context_limit,
                  self.params["kv_cache_quantize"], self.threads, self.cache_plan.reason)
