@@ -334,3 +334,39 @@ def measure_loads(model: Path, repeats: int = 5) -> dict:
             result[f"{name}_{state}_ms"] = med * 1e3
             result[f"{name}_{state}_mb_s"] = span.nbytes / 1e6 / med
     return result
+
+
+# --- memory pool: one lock per tier against one global lock ----------------------------------
+
+def measure_pool_locks(ops: int = 20000, repeats: int = 5) -> dict:
+    """Two threads allocate, touch and free blocks of every tier; medians of `repeats` runs."""
+    import random
+    import statistics
+    import threading
+
+    import numpy as np
+
+    from engine.mempool import MemoryPool
+
+    def churn(pool: MemoryPool, seed: int) -> None:
+        rng = random.Random(seed)
+        for _ in range(ops):
+            b = pool.alloc(rng.choice([200, 3000, 64 << 10, 512 << 10, 2 << 20]))
+            b.array(np.uint8, (b.requested,))[:4096] = 1  # touch it, as a real user would
+            b.free()
+
+    out = {}
+    for name, global_lock in (("per_tier", False), ("global", True)):
+        times = []
+        for _ in range(repeats):
+            pool = MemoryPool(global_lock=global_lock)
+            ts = [threading.Thread(target=churn, args=(pool, s)) for s in range(2)]
+            t0 = time.perf_counter()
+            for t in ts:
+                t.start()
+            for t in ts:
+                t.join()
+            times.append(time.perf_counter() - t0)
+        out[f"{name}_s"] = statistics.median(times)
+    out["global_over_per_tier"] = out["global_s"] / out["per_tier_s"]
+    return out

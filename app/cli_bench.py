@@ -127,6 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     lo.add_argument("--model", required=True, help="a converted MoE model folder")
     lo.add_argument("--json", help="also write the results to this file")
     lo.set_defaults(func=cmd_loads)
+    pl = sub.add_parser("pool", help="memory pool: per-tier locks against one global lock, 2 threads")
+    pl.set_defaults(func=lambda a: print(__import__("app.bench_memory", fromlist=["x"]).measure_pool_locks()) or 0)
     args = ap.parse_args(argv)
     return args.func(args)
 
