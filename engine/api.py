@@ -16,12 +16,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
+import engine.kernels  # noqa: F401  (sets NUMBA_CACHE_DIR etc. before numba is imported)
 import numba
 import numpy as np
 import psutil
 
 from engine import params as P
 from engine.errors import ColibriError, ModelFormatError
+from engine.scheduler import ScheduleSnapshot, attach
 from engine.experts import CacheStats, plan_expert_cache
 from engine.hardware import EnergyReading, HardwareMonitor, HardwareSnapshot
 from engine.kvcache import KVCache
@@ -91,6 +93,7 @@ class StatsSnapshot:
     throttle_events: tuple[ThrottleEvent, ...]
     energy: EnergyReading | None  # the last reply (prefill + decode); None before the first
     joules_per_token: float | None  # the last reply: CPU package + GPU joules / generated tokens
+    schedule: ScheduleSnapshot  # per layer: CPU or GPU and why; GPU fallbacks
     params: dict[str, Any] = field(default_factory=dict)
 
 
@@ -114,6 +117,7 @@ class Engine:
         self.cache_plan = plan_expert_cache(self.model, self.params, self.context_limit)
         self.weights = ModelWeights(self.model, self.pool, self.cache_plan.capacity, self.params["prefetch_window"])
         self.net = model_class(self.cfg.architecture)(self.cfg, self.weights)
+        self.scheduler = attach(self)  # gpu_layers > 0 and a GPU: matmuls are offered to it
         self._lock = threading.Lock()  # one computation at a time
         self._cancel = threading.Event()
         self.tokens: list[int] = []  # the conversation held in the KV cache
@@ -169,6 +173,9 @@ class Engine:
             self.hw.governor.set_limits(marks["throttle_high_c"], marks["throttle_low_c"])
         with self._lock:
             self.params[name] = v
+            if name == "gpu_layers":
+                self.scheduler.close()
+                self.scheduler = attach(self)
             if name == "threads":
                 self.hw.governor.configure(self.configured_threads)
             if name in ("power_limit", "gpu_power_limit"):
@@ -353,7 +360,7 @@ class Engine:
             rss_bytes=psutil.Process().memory_info().rss, tokens_prefilled=self._totals["prefilled"],
             tokens_generated=self._totals["generated"], tokens_reused=self._totals["reused"],
             expert_cache_hit_rate=ec.hit_rate, prefetch_accuracy=ec.prefetch_accuracy, expert_cache=ec,
-            expert_cache_plan=self.cache_plan.reason, mem_pool=self.pool.stats(),
+            expert_cache_plan=self.cache_plan.reason, mem_pool=self.pool.stats(), schedule=self.scheduler.snapshot(),
             configured_threads=self.configured_threads, hardware=self.hw.snapshot(),
             throttle_events=self.hw.governor.events, energy=self._energy,
             joules_per_token=None if self._energy is None else self._energy.joules_per_token,
@@ -369,6 +376,7 @@ class Engine:
 
     def close(self) -> None:
         with self._lock:
+            self.scheduler.close()
             self.weights.close()
             self.cache.free()
             self.hw.close()  # puts back any power limit and CPU mask we changed

@@ -71,6 +71,9 @@ PARAMS: dict[str, Param] = {p.name: p for p in [
           min=1, max=1 << 50, nullable=True, live=False),
     Param("prefetch_window", int, 16, "tokens whose expert choices guide prefetching; 0 = no prefetch "
           "(experts load when needed)", min=0, max=4096, live=False),
+    Param("gpu_layers", int, 0, "layers whose attention runs on the NVIDIA GPU (numba-cuda), first layers "
+          "first; other matmuls go where the cost model says; 0 = CPU only. No GPU: everything on the CPU",
+          min=0, max=4096, live=False),
     Param("batch_size", int, 128, "prompt tokens processed per forward step during prefill", min=1, max=8192),
     Param("simd", str, "auto", "instruction set the kernels are compiled for: auto (avx512 on AMD, where it "
           "measured faster; avx2 elsewhere, as many Intel CPUs clock down under AVX-512), avx2, or avx512; "

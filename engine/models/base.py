@@ -11,6 +11,7 @@ layer by layer.
 from __future__ import annotations
 
 import math
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,8 +25,20 @@ ATTENTION_BLOCK = 256  # query tokens per attention call
 PREFETCH_MAX_TOKENS = 4  # prefetch while decoding; a prompt's union of experts is most of them
 
 
+# --- GPU hook (issue 8) ----------------------------------------------------------------------
+# While a Transformer whose `gpu` runner is set (engine.scheduler, gpu_layers > 0 and a GPU present)
+# runs forward(), linear() offers each matmul to it first; the runner returns None for the ones the
+# CPU should do. Unset (the default, and always on a CPU-only machine) it costs one lookup.
+_gpu: ContextVar = ContextVar("colibri_gpu", default=None)
+
+
 def linear(x: np.ndarray, m: Matrix) -> np.ndarray:
     """x (T, cols) @ m.T -> (T, rows)."""
+    g = _gpu.get()  # issue 8
+    if g is not None:
+        y = g.linear(x, m)
+        if y is not None:
+            return y
     out = np.empty((x.shape[0], m.rows), np.float32)
     cpu.matmul(m.data, m.code, np.ascontiguousarray(x, dtype=np.float32), out)
     return out
@@ -73,6 +86,7 @@ class Step:
 
 class Transformer:
     """The decoder loop: x += attention(norm x); x += ffn(norm x); then the output head."""
+    gpu = None  # issue 8: the GPU runner (engine.scheduler.Scheduler.runner); None = CPU only
 
     def __init__(self, cfg: ModelConfig, weights: ModelWeights):
         self.cfg, self.w = cfg, weights
@@ -174,6 +188,12 @@ class Transformer:
 
         Returns logits (T, vocab) if all_logits, else those of the last token (1, vocab).
         """
+        if self.gpu is not None and _gpu.get() is not self.gpu:  # issue 8: offer this pass's matmuls to the GPU
+            token = _gpu.set(self.gpu)
+            try:
+                return self.forward(ids, cache, pos0, all_logits, dump)
+            finally:
+                _gpu.reset(token)
         cfg, T = self.cfg, len(ids)
         cos, sin = self.rotary(np.arange(pos0, pos0 + T))
         step = Step(cache, pos0, cos, sin, dump)
