@@ -3,10 +3,14 @@ dialog); later runs open straight into the chat on the last model used.
 
     colibri                      # the last model, or the default one
     colibri --model FOLDER|FILE.gguf
+    colibri --prompt "Hello"     # no window: one reply from the same model on stdout, then exit
+                                 # (also takes colibri-cli's flags, e.g. --max_tokens 64 --temperature 0)
+    colibri --version
 """
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import logging
 import sys
 import traceback
@@ -27,14 +31,48 @@ def _crash_dialog(kind, value, tb) -> None:
         box.exec()
 
 
+def version() -> str:
+    """The installed package's version; a frozen build carries the metadata (packaging/colibri.spec)."""
+    try:
+        return importlib.metadata.version("colibri")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (no package metadata" + (" in this build)" if getattr(sys, "frozen", False) else ")")
+
+
+def answer_once(prompt: str, model: str | None, cli_flags: list[str]) -> int:
+    """--prompt: no window. The model is the chat's (--model, else the last one used, else the default,
+    converted on first run); colibri-cli prints the reply on stdout and its progress on stderr."""
+    from app import cli_chat
+    from engine.errors import ColibriError
+    from engine.model_dir import open_model_dir
+    if model is None and (last := app_settings.load().model):
+        try:
+            open_model_dir(last)
+            model = last
+        except (ColibriError, OSError):
+            pass  # gone or damaged: the default model, as the window would
+    return cli_chat.main((["--model", model] if model else []) + cli_flags + ["--prompt", prompt])
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="colibri", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", help="a Colibri model folder or a .gguf file (default: the last one used)")
-    args = ap.parse_args(argv)
+    ap.add_argument("--prompt", help="answer this one message on stdout and exit, without a window")
+    ap.add_argument("--version", action="version", version=f"colibri {version()}")
+    args, rest = ap.parse_known_args(argv)
+    if args.prompt is not None:
+        return answer_once(args.prompt, args.model, rest)
+    if rest:
+        ap.error(f"unrecognized arguments: {' '.join(rest)}")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     app = QApplication.instance() or QApplication(sys.argv[:1])
     app.setApplicationName("Colibri")
+    app.setDesktopFileName("colibri")  # matches packaging/linux/colibri.desktop
+    from PySide6.QtGui import QIcon
+
+    from ui.theme import RESOURCES
+    app.setWindowIcon(QIcon(str(RESOURCES / "colibri.png")))
     from ui.main_window import MainWindow  # after the QApplication: widgets need it
     settings = app_settings.load()
     history = History()
