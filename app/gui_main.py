@@ -67,6 +67,13 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"unrecognized arguments: {' '.join(rest)}")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     app = QApplication.instance() or QApplication(sys.argv[:1])
+    from pyqtgraph.util.garbage_collector import GarbageCollector
+
+    from ui import pyside_refcount
+    pyside_refcount.install()  # a no-op unless the Qt binding has the None refcount bug
+    # Garbage is collected on the GUI thread only: a collection that runs on a worker thread
+    # would delete Qt objects there. The collector runs from a GUI timer instead.
+    collector = GarbageCollector(interval=1.0)  # noqa: F841  (kept alive by this frame)
     app.setApplicationName("Colibri")
     app.setDesktopFileName("colibri")  # matches packaging/linux/colibri.desktop
     from PySide6.QtGui import QIcon

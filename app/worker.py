@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import psutil
-from PySide6.QtCore import QObject, Signal, Slot
+from PySide6.QtCore import QObject, QTimer, Signal, Slot
 
 from app.model_library import ensure_default_model
 from app.paths import models_dir
@@ -28,6 +28,7 @@ log = logging.getLogger("colibri.app")
 
 FRAME_S = 1 / 60  # tokens are batched: at most one text signal per frame
 PROGRESS_S = 0.05  # conversion progress: at most 20 signals a second
+STATS_MS = 500  # the dashboard's fixed rate: one StatsSnapshot every half second while it watches
 KV_BYTES = {"f32": 4, "f16": 2, "int8": 1}
 
 
@@ -161,6 +162,25 @@ def import_model(source: str | Path, progress: Callable[[float, str], None],
     return target
 
 
+@dataclass(frozen=True)
+class DefragResult:
+    """What one mem_pool_defrag did: bytes the pool gave back and the process RSS around it."""
+    returned_bytes: int
+    rss_before: int
+    rss_after: int
+
+    @property
+    def rss_change(self) -> int:
+        return self.rss_after - self.rss_before
+
+
+def defrag(engine) -> DefragResult:
+    rss = psutil.Process().memory_info
+    before = rss().rss
+    returned = engine.mem_pool_defrag()
+    return DefragResult(returned, before, rss().rss)
+
+
 class EngineWorker(QObject):
     """Owns one Engine. Move it to a QThread; call its slots only through queued signals."""
     stage = Signal(str)  # what loading is doing now
@@ -171,6 +191,7 @@ class EngineWorker(QObject):
     text = Signal(int, str, object)  # request id, batched text, latest Step
     finished = Signal(int, object)  # request id, Reply
     stats = Signal(object)  # StatsSnapshot
+    defragged = Signal(object)  # DefragResult
     failed = Signal(str, str)  # what was being done, the specific error
     cancelled = Signal(str)  # a conversion was cancelled: what it was converting
 
@@ -179,6 +200,8 @@ class EngineWorker(QObject):
         self.engine = None
         self._stop = threading.Event()
         self._cancel = threading.Event()
+        self.stats_timer: QTimer | None = None  # made on the worker's thread by watch_stats
+        self._stats_ms, self._stats_at = 0, 0.0
 
     # --- thread-safe controls (plain methods, callable from the GUI thread) -----------------
     def arm(self) -> None:
@@ -243,9 +266,12 @@ class EngineWorker(QObject):
             self.failed.emit("Generating a reply", "no model is loaded: pick one in the model list")
             self.finished.emit(request, Reply("", None, 0))
             return
+        def emit(text: str, step: Any) -> None:
+            self.text.emit(request, text, step)
+            if self._stats_ms and time.perf_counter() - self._stats_at >= self._stats_ms / 1000:
+                self.poll_stats()  # the timer cannot tick while this thread generates
         try:
-            reply = stream_reply(self.engine, messages, sampling, self._stop,
-                                 lambda t, s: self.text.emit(request, t, s))
+            reply = stream_reply(self.engine, messages, sampling, self._stop, emit)
         except Exception as e:  # noqa: BLE001
             self._fail("Generating a reply", e)
             reply = Reply("", None, 0)
@@ -262,8 +288,96 @@ class EngineWorker(QObject):
         except Exception as e:  # noqa: BLE001
             self._fail(f"Setting {name}", e)
 
+    @Slot(int)
+    def watch_stats(self, interval_ms: int) -> None:
+        """Emit a StatsSnapshot every `interval_ms` (0 stops): from the named timer while idle,
+        between tokens while generating."""
+        if self.stats_timer is None:
+            self.stats_timer = QTimer(self, objectName="stats_timer")
+            self.stats_timer.timeout.connect(self.poll_stats)
+        self._stats_ms = max(0, interval_ms)
+        if self._stats_ms:
+            self.stats_timer.start(self._stats_ms)
+            self.poll_stats()
+        else:
+            self.stats_timer.stop()
+
+    @Slot()
+    def poll_stats(self) -> None:
+        self._stats_at = time.perf_counter()
+        if self.engine is not None:
+            try:
+                self.stats.emit(self.engine.stats())
+            except Exception as e:  # noqa: BLE001 - said once, then the timer stops
+                self.watch_stats(0)
+                self._fail("Reading the engine's figures", e)
+
+    @Slot()
+    def defrag(self) -> None:
+        if self.engine is None:
+            self.failed.emit("Defragmenting the memory pool", "no model is loaded")
+            return
+        try:
+            self.defragged.emit(defrag(self.engine))
+            self.stats.emit(self.engine.stats())
+        except Exception as e:  # noqa: BLE001
+            self._fail("Defragmenting the memory pool", e)
+
     @Slot()
     def close(self) -> None:
+        if self.stats_timer is not None:
+            self.stats_timer.stop()
         if self.engine is not None:
             self.engine.close()
             self.engine = None
+
+
+class ConvertWorker(QObject):
+    """The conversion wizard's worker: inspects and converts a source on its own thread (not the
+    engine's), so chatting goes on meanwhile. Cancel is a threading.Event set from the GUI."""
+    inspected = Signal(str, object)  # source, ModelSummary
+    progress = Signal(float, str)  # fraction done, tensor name
+    converted = Signal(object)  # engine ConvertResult
+    cancelled = Signal()
+    failed = Signal(str, str)  # what was being done, the specific error
+
+    def __init__(self):
+        super().__init__()
+        self._cancel = threading.Event()
+
+    def arm(self) -> None:
+        self._cancel.clear()
+
+    def request_cancel(self) -> None:
+        self._cancel.set()
+
+    def _fail(self, what: str, e: BaseException) -> None:
+        log.error("%s failed: %s\n%s", what, e, traceback.format_exc())
+        self.failed.emit(what, f"{'' if isinstance(e, ColibriError) else type(e).__name__ + ': '}{e}")
+
+    @Slot(str)
+    def inspect(self, source: str) -> None:
+        from app.model_info import inspect
+        try:
+            self.inspected.emit(source, inspect(source))
+        except Exception as e:  # noqa: BLE001 - an unreadable source is a message in the wizard
+            self._fail(f"Reading {Path(source).name}", e)
+
+    @Slot(str, str, str, bool)
+    def convert(self, source: str, target: str, quantize: str, split_experts: bool) -> None:
+        from engine.convert.convert import convert
+        last = [0.0]
+
+        def progress(p) -> None:
+            now = time.perf_counter()
+            if now - last[0] >= PROGRESS_S or p.fraction >= 1.0:
+                last[0] = now
+                self.progress.emit(p.fraction, p.tensor)
+        try:
+            result = convert(source, target, quantize, split_experts=split_experts, force=True,
+                             progress=progress, cancel=self._cancel)
+            self.converted.emit(result)
+        except ConversionCancelled:
+            self.cancelled.emit()
+        except Exception as e:  # noqa: BLE001
+            self._fail(f"Converting {Path(source).name}", e)

@@ -15,6 +15,17 @@ HF_FIXTURES = TESTS / "fixtures" / "hf"
 HF_ARCHS = ("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe")
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _qt_binding_guard():
+    """Protect the test process from the Qt binding's None refcount bug where it exists."""
+    try:
+        from ui import pyside_refcount
+        pyside_refcount.install()
+    except ImportError:
+        pass
+    yield
+
+
 @pytest.fixture(scope="session")
 def default_gguf() -> Path:
     from engine.default_model import default_gguf_path

@@ -13,6 +13,7 @@ from PySide6.QtWidgets import (QApplication, QComboBox, QFileDialog, QHBoxLayout
                                QVBoxLayout, QWidget)
 
 from app import model_library
+from app.paths import models_dir
 from app.history import NEW_TITLE, History, chat_messages
 from app.settings import Settings
 from ui import theme
@@ -172,7 +173,7 @@ class MainWindow(QMainWindow):
             return a
         f = self.menuBar().addMenu("&File")
         act(f, "New chat", self.new_conversation, "Ctrl+N")
-        act(f, "Import model…", self.import_model, "Ctrl+O")
+        act(f, "Convert model…", self.import_model, "Ctrl+O")
         f.addSeparator()
         act(f, "Export chat as Markdown…", lambda: self.export_dialog("md"))
         act(f, "Export chat as JSON…", lambda: self.export_dialog("json"))
@@ -188,6 +189,7 @@ class MainWindow(QMainWindow):
         v = self.menuBar().addMenu("&View")
         act(v, "Toggle dark theme", self.toggle_theme, "Ctrl+Shift+D")
         act(v, "Settings…", self.open_settings, "Ctrl+,")
+        act(v, "Performance dashboard", self.open_dashboard, "Ctrl+Shift+P")
 
     def sizeHint(self) -> QSize:  # noqa: N802 - Qt's name
         return QSize(1100, 720)
@@ -382,25 +384,32 @@ class MainWindow(QMainWindow):
         else:
             self.refresh_models()
 
-    def import_model(self) -> None:
-        if self.busy:
-            return
-        box = QMessageBox(QMessageBox.Question, "Import a model",
-                          "Import a GGUF file or a Hugging Face model folder (safetensors)?", QMessageBox.Cancel, self)
-        gguf = box.addButton("GGUF file…", QMessageBox.AcceptRole)
-        folder = box.addButton("Hugging Face folder…", QMessageBox.AcceptRole)
-        box.exec()
-        if box.clickedButton() is gguf:
-            src, _ = QFileDialog.getOpenFileName(self, "Import a GGUF model", str(Path.home()), "GGUF (*.gguf)")
-        elif box.clickedButton() is folder:
-            src = QFileDialog.getExistingDirectory(self, "Import a Hugging Face model folder", str(Path.home()))
-        else:
-            return
-        if src:
-            self.flow.import_source(src)
+    def import_model(self, source: str | None = None):
+        """The conversion wizard (its own thread: chatting goes on); "Open in chat" loads the result."""
+        from ui.wizard import ConvertWizard
+        wizard = ConvertWizard(self, models_dir(), source)
+        wizard.setAttribute(Qt.WA_DeleteOnClose)
+        wizard.open_requested.connect(self._open_converted)
+        wizard.open()
+        return wizard
+
+    def _open_converted(self, path: str) -> None:
+        self.refresh_models()
+        if not self.busy and path != self.flow.model:
+            self.flow.load(path)
+
+    def open_dashboard(self):
+        if getattr(self, "dashboard", None) is None:
+            from ui.dashboard import Dashboard
+            self.dashboard = Dashboard(self.flow.worker, theme.palette(self.settings.theme), self.flow.model, self)
+        self.dashboard.show()
+        self.dashboard.raise_()
+        return self.dashboard
 
     def _on_ready(self, snapshot) -> None:
         self.snapshot = snapshot
+        if getattr(self, "dashboard", None) is not None:
+            self.dashboard.set_model_path(self.flow.model)
         self.refresh_models()
         self.view.empty_text = f"{snapshot.model} is ready. Type a message below."
         self.render_conversation()

@@ -1,0 +1,167 @@
+"""What a model source is, before converting it: the conversion wizard's facts and estimates.
+
+`inspect(path)` opens a GGUF file or a Hugging Face folder the way the converter will (so a
+source the converter would refuse is refused here, with the converter's message), plans the
+conversion for each quantization choice without writing anything, and returns a
+`ModelSummary`: architecture, layers, experts, top-k, parameters, bytes per quantization and the
+memory a given expert cache size needs. No Qt here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from engine.convert.convert import open_source, plan
+from engine.model_dir import ModelConfig
+
+QUANTIZE = ("keep", "f16", "int8", "int4")  # the wizard's choices, in its order
+QUANTIZE_HELP = {
+    "keep": "as the source stores them (a GGUF's blocks import losslessly)",
+    "f16": "16-bit floats: practically lossless",
+    "int8": "8 bits per weight: a quarter of f32, a very small quality loss",
+    "int4": "4 bits per weight: an eighth of f32, a noticeable quality loss",
+}
+KV_BYTES = {"f32": 4, "f16": 2, "int8": 1}
+CONTEXT = 4096  # the default context_length the memory estimates assume
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """Bytes of the converted model for one quantization."""
+    dense: int  # embeddings, attention, routers, norms, shared experts: always in memory
+    experts: int  # all routed experts of all layers (on disk; the expert cache holds some)
+    one_expert: int  # one routed expert of one layer
+
+    @property
+    def total(self) -> int:
+        return self.dense + self.experts
+
+
+@dataclass(frozen=True)
+class CacheRow:
+    experts_per_layer: int
+    ram_bytes: int
+    note: str
+
+
+@dataclass(frozen=True)
+class ModelSummary:
+    source: Path
+    kind: str  # "gguf" or "huggingface"
+    config: ModelConfig
+    source_bytes: int  # size of the source file(s)
+    source_types: dict[str, int]  # storage format -> tensor count, in the source
+    params_total: int
+    params_active: int  # used for one token: everything but the experts not picked
+    sizes: dict[str, Sizes]  # quantization choice -> sizes
+
+    @property
+    def name(self) -> str:
+        return self.source.stem if self.source.is_file() else self.source.name
+
+    @property
+    def default_quantize(self) -> str:
+        return "keep" if self.kind == "gguf" else "int8"  # what convert() picks when not told
+
+    def kv_bytes(self, context: int = CONTEXT, kind: str = "f16") -> int:
+        c = self.config
+        ctx = min(context, c.max_position_embeddings)
+        return 2 * c.num_layers * c.num_kv_heads * (c.head_dim * KV_BYTES[kind] + (4 if kind == "int8" else 0)) * ctx
+
+    def memory_table(self, quantize: str, context: int = CONTEXT, kv: str = "f16") -> list[CacheRow]:
+        """Expert cache size (experts kept per layer) -> memory the model needs, for `quantize`."""
+        c, s = self.config, self.sizes[quantize]
+        base = s.dense + self.kv_bytes(context, kv)
+        if not c.is_moe:
+            return [CacheRow(1, base + s.experts, "dense model: all weights stay in memory")]
+        counts = sorted({c.top_k, 2 * c.top_k, c.num_experts // 4, c.num_experts // 2, c.num_experts})
+        rows = []
+        for n in (n for n in counts if c.top_k <= n <= c.num_experts):
+            note = ("the fewest: the others load from disk" if n == c.top_k else
+                    "all experts in memory: never waits for the disk" if n == c.num_experts else "")
+            rows.append(CacheRow(n, base + n * s.one_expert * c.num_layers, note))
+        return rows
+
+    def facts(self) -> list[tuple[str, str]]:
+        """(label, value) rows of what the source is."""
+        c = self.config
+        kinds = ", ".join(f"{k.upper()} × {n}" for k, n in sorted(self.source_types.items(), key=lambda kv: -kv[1]))
+        rows = [("Source", f"{'GGUF file' if self.kind == 'gguf' else 'Hugging Face folder'} · "
+                           f"{human_bytes(self.source_bytes)} · {kinds}"),
+                ("Architecture", c.architecture),
+                ("Layers", f"{c.num_layers} (hidden size {c.hidden_size}, {c.num_heads} heads, "
+                           f"{c.num_kv_heads} KV heads)")]
+        if c.is_moe:
+            shared = f", plus a shared expert of width {c.shared_expert_intermediate_size}" \
+                if c.shared_expert_intermediate_size else ""
+            rows += [("Experts", f"{c.num_experts} per layer, width {c.intermediate_size}{shared}"),
+                     ("Top-k", f"{c.top_k} experts picked per token")]
+        else:
+            rows.append(("Experts", "none: a dense model (one MLP per layer)"))
+        rows += [("Parameters", f"{human_count(self.params_total)} in all, {human_count(self.params_active)} "
+                                f"used per token"),
+                 ("Vocabulary", f"{c.vocab_size:,} tokens"),
+                 ("Context", f"up to {c.max_position_embeddings:,} tokens")]
+        return rows
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(n) < 1000 or unit == "GB":
+            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} GB"
+
+
+def human_count(n: int) -> str:
+    for div, unit in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n >= div:
+            return f"{n / div:.1f}{unit}"
+    return str(n)
+
+
+def _source_bytes(path: Path) -> int:
+    if path.is_file():
+        return path.stat().st_size
+    return sum(p.stat().st_size for p in path.glob("*.safetensors"))
+
+
+def inspect(path: str | Path) -> ModelSummary:
+    """Open `path` as the converter would and plan every quantization; nothing is written.
+
+    Raises the converter's own errors (unsupported architecture, missing tensor, ...)."""
+    path = Path(path).expanduser()
+    src = open_source(path)
+    try:
+        cfg = src.config
+        if cfg.rope_scaling and cfg.rope_scaling.get("type") == "llama3":
+            cfg = replace(cfg, rope_freq_factors=True)  # as convert() does
+        sizes: dict[str, Sizes] = {}
+        params_total = params_routed = 0
+        for q in QUANTIZE:
+            dense = experts = 0
+            items = plan(src, cfg, q, split_experts=True)
+            for it in items:
+                n = it.qtype.nbytes(it.source.shape)
+                routed = cfg.is_moe and "_expert_" in it.file
+                experts += n if routed else 0
+                dense += 0 if routed else n
+            sizes[q] = Sizes(dense, experts, experts // max(1, cfg.num_layers * cfg.num_experts) if cfg.is_moe else 0)
+        for it in items:
+            count = 1
+            for d in it.source.shape:
+                count *= d
+            params_total += count
+            params_routed += count if cfg.is_moe and "_expert_" in it.file else 0
+        types: dict[str, int] = {}
+        for t in src.tensors.values():
+            types[t.qtype.name] = types.get(t.qtype.name, 0) + 1
+        active = params_total - params_routed + (params_routed * cfg.top_k // cfg.num_experts if cfg.is_moe else 0)
+        return ModelSummary(path, src.kind, cfg, _source_bytes(path), types, params_total, active, sizes)
+    finally:
+        src.close()
+
+
+def default_target(models: Path, summary: ModelSummary, quantize: str) -> Path:
+    """Where the wizard proposes to put the converted model: named after the source and the choice."""
+    return models / (summary.name if quantize == "keep" else f"{summary.name}-{quantize}")

@@ -1,0 +1,127 @@
+"""The conversion wizard on a real Qt loop (offscreen): inspect, options, convert, cancel, open."""
+from __future__ import annotations
+
+import gc
+import threading
+
+import pytest
+from conftest import HF_FIXTURES
+from gguf import GGMLQuantizationType as Q
+from gguf_fixtures import write_gguf
+from PySide6.QtCore import Qt, QTimer
+
+from engine.model_dir import open_model_dir
+
+pytestmark = [pytest.mark.qt_log_level_fail("WARNING"), pytest.mark.qt_log_ignore("propagateSizeHints")]
+
+
+@pytest.fixture
+def wizard(qtbot, tmp_path):
+    from ui.wizard import ConvertWizard
+    # garbage of earlier tests (Qt objects in reference cycles) must be collected here, on the GUI
+    # thread: a collection that happens to run on the wizard's thread would delete them there
+    gc.collect()
+    w = ConvertWizard(None, tmp_path / "models")
+    (tmp_path / "models").mkdir()
+    qtbot.addWidget(w)
+    w.show()
+    yield w
+    w.close()
+    gc.collect()
+
+
+def inspect(qtbot, w, source) -> None:
+    w.set_source(str(source))
+    assert not w.next_button.isEnabled()  # not before the source is read
+    qtbot.waitUntil(lambda: w.summary is not None or w.state == "failed", timeout=20_000)
+
+
+def test_inspects_a_hugging_face_folder(qtbot, wizard):
+    inspect(qtbot, wizard, HF_FIXTURES / "mixtral")
+    text = wizard.facts.text()
+    assert "Hugging Face folder" in text and "mixtral" in text and "8 per layer" in text and "Parameters" in text
+    assert wizard.next_button.isEnabled()
+    qtbot.mouseClick(wizard.next_button, Qt.LeftButton)
+    assert wizard.pages.currentIndex() == 1 and wizard.next_button.text() == "Convert"
+    assert wizard.quantize == "int8" and wizard.name_edit.text() == "mixtral-int8"  # convert()'s own default
+    table = wizard.memory_table
+    assert [table.item(r, 0).text() for r in range(table.rowCount())] == ["2 of 8", "4 of 8", "8 of 8"]
+    before = table.item(0, 1).text()
+    wizard.quant_buttons["int4"].setChecked(True)
+    assert table.item(0, 1).text() != before and wizard.name_edit.text() == "mixtral-int4"
+    assert wizard.split_layer.isEnabled()
+
+
+def test_inspects_a_gguf_file(qtbot, wizard, tmp_path):
+    inspect(qtbot, wizard, write_gguf(HF_FIXTURES / "qwen2_moe", tmp_path / "tiny-moe.gguf", qtypes=Q.Q8_0))
+    assert "GGUF file" in wizard.facts.text() and "Q8_0" in wizard.facts.text()
+    assert "shared expert" in wizard.facts.text()
+    wizard._next()
+    assert wizard.quantize == "keep" and wizard.name_edit.text() == "tiny-moe"
+
+
+def test_a_source_it_cannot_read_says_why(qtbot, wizard, tmp_path):
+    (tmp_path / "empty").mkdir()
+    inspect(qtbot, wizard, tmp_path / "empty")
+    assert wizard.state == "failed" and "failed" in wizard.source_status.text()
+    assert not wizard.next_button.isEnabled()
+
+
+def test_converts_with_progress_then_opens_the_result(qtbot, wizard):
+    inspect(qtbot, wizard, HF_FIXTURES / "mixtral")
+    wizard._next()
+    wizard.quant_buttons["int4"].setChecked(True)
+    wizard.split_layer.setChecked(True)
+    opened = []
+    wizard.open_requested.connect(opened.append)
+    qtbot.mouseClick(wizard.next_button, Qt.LeftButton)
+    assert wizard.pages.currentIndex() == 2 and wizard.cancel_button.isVisible()
+    qtbot.waitUntil(lambda: wizard.state == "done", timeout=30_000)
+    assert wizard.progress_seen and wizard.progress_seen[-1] == 1.0 and wizard.bar.value() == 1000
+    assert wizard.progress_seen == sorted(wizard.progress_seen)
+    model = open_model_dir(wizard.target, verify=True)
+    assert not model.split_experts and (wizard.target / "experts" / "layer_0.bin").is_file()
+    assert "Done" in wizard.outcome.text() and wizard.open_button.isVisible()
+    qtbot.mouseClick(wizard.open_button, Qt.LeftButton)
+    assert opened == [str(wizard.target)] and not wizard.isVisible()
+
+
+def test_cancel_leaves_no_output(qtbot, wizard):
+    inspect(qtbot, wizard, HF_FIXTURES / "mixtral")
+    wizard._next()
+    gate = threading.Event()
+    QTimer.singleShot(0, wizard.worker, lambda: gate.wait(10))  # holds the wizard's thread until Cancel
+    wizard.start_conversion()
+    wizard.cancel()
+    gate.set()
+    qtbot.waitUntil(lambda: wizard.state == "cancelled", timeout=30_000)
+    assert "nothing was written" in wizard.outcome.text()
+    assert list(wizard.models.iterdir()) == []  # neither the model nor a hidden partial folder
+    assert wizard.back_button.isEnabled() and not wizard.open_button.isVisible()
+
+
+def test_file_menu_converts_and_opens_in_chat(qtbot, tmp_path, monkeypatch):
+    from app import settings as S
+    from app.history import History
+    from ui.main_window import MainWindow
+    monkeypatch.setenv("COLIBRI_HOME", str(tmp_path))
+    gc.collect()
+    w = MainWindow(S.load(), History())
+    qtbot.addWidget(w)
+    w.show()
+    action = next(a for m in w.menuBar().actions() if m.text() == "&File"
+                  for a in m.menu().actions() if a.text() == "Convert model…")
+    action.trigger()
+    from ui.wizard import ConvertWizard
+    wizard = w.findChild(ConvertWizard, "convert_wizard")
+    assert wizard is not None and wizard.isVisible()
+    inspect(qtbot, wizard, HF_FIXTURES / "qwen2_moe")
+    wizard._next()
+    wizard._next()
+    qtbot.waitUntil(lambda: wizard.state == "done", timeout=30_000)
+    target = str(wizard.target)
+    with qtbot.waitSignal(w.flow.ready, timeout=60_000) as ready:
+        qtbot.mouseClick(wizard.open_button, Qt.LeftButton)
+    assert ready.args[0].model == "qwen2_moe-int8" and w.flow.model == target
+    assert w.model_picker.currentData() == target
+    w.close()

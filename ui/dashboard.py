@@ -1,0 +1,447 @@
+"""The performance dashboard: live figures of the engine, drawn from the worker's StatsSnapshots.
+
+While the window is shown the worker sends one snapshot per `STATS_MS` (its named `stats_timer`
+when idle, between tokens while it generates); each snapshot adds one point to every series and
+redraws. The window only emits requests (`watch_requested`, `defrag_requested`) and reads plain
+records (StatsSnapshot, Step, DefragResult): it never calls the engine. Figures an engine does not
+report read "not available" with the reason, through app.advice's readers.
+"""
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import (QAbstractItemView, QGridLayout, QGroupBox, QHBoxLayout, QHeaderView, QLabel,
+                               QPushButton, QStackedWidget, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget)
+
+from app import advice as A
+from app.model_info import human_bytes
+from app.worker import STATS_MS
+from ui import pyside_refcount
+
+WINDOW_S = 120  # seconds of history on every time plot
+NAN = float("nan")
+SERIES = ("prefill", "decode", "hit", "prefetch", "rss", "temp", "threads", "cpu_w", "gpu_w", "cpu_pct", "gpu_pct")
+TIERS = ("small", "medium", "large")
+_mb = human_bytes
+
+
+def _pct(x: float | None) -> str:
+    return "—" if x is None else f"{x:.0%}"
+
+
+class Dashboard(QWidget):
+    """A top-level window; `worker` is the app's EngineWorker (its signals in, requests out)."""
+    watch_requested = Signal(int)  # ms between snapshots; 0 = stop
+    defrag_requested = Signal()
+
+    def __init__(self, worker, colors: dict[str, str], model_path: str | None = None, parent: QWidget | None = None):
+        super().__init__(parent, Qt.Window)
+        pyside_refcount.install()
+        self.setObjectName("dashboard")
+        self.setWindowTitle("Colibri — performance")
+        self.resize(1320, 900)
+        self.colors = colors
+        self.model_path = model_path
+        self.mounts = A.read_mounts()
+        self.snapshot = None
+        self.advice: list[str] = []
+        self.history = {k: deque(maxlen=WINDOW_S * 1000 // STATS_MS + 1) for k in ("t", *SERIES)}
+        self._step, self._step_fresh, self._prefill_seen = None, False, None
+        self._markers: list[pg.InfiniteLine] = []
+        pg.setConfigOptions(antialias=True)
+        self._build()
+        self.watch_requested.connect(worker.watch_stats)
+        self.defrag_requested.connect(worker.defrag)
+        worker.stats.connect(self.on_stats)
+        worker.text.connect(self.on_step)
+        worker.defragged.connect(self.on_defragged)
+        worker.failed.connect(lambda what, _: what.startswith("Defrag") and self._defrag_done("Defrag failed."))
+
+    # --- layout ------------------------------------------------------------------------------
+    def _plot(self, y_label: str, legend: bool = False) -> pg.PlotWidget:
+        c = self.colors
+        p = pg.PlotWidget(background=c["bg"])
+        p.setMinimumHeight(150)
+        for side in ("left", "bottom", "right"):
+            ax = p.getAxis(side)
+            ax.setPen(pg.mkPen(c["border"]))
+            ax.setTextPen(pg.mkPen(c["muted"]))
+        p.setLabel("left", y_label, color=c["muted"])
+        p.setLabel("bottom", "seconds ago", color=c["muted"])
+        p.setXRange(-WINDOW_S, 0, padding=0.01)
+        p.showGrid(x=True, y=True, alpha=0.15)
+        p.setMouseEnabled(x=False, y=False)
+        p.hideButtons()
+        if legend:
+            p.addLegend(offset=(8, 4), labelTextColor=c["text"], brush=pg.mkBrush(c["bg"] + "c0"))
+        return p
+
+    def _chart(self, plot: pg.PlotWidget) -> QStackedWidget:
+        """The plot, or in its place a message saying why it has nothing to show."""
+        stack = QStackedWidget()
+        stack.addWidget(plot)
+        msg = QLabel(alignment=Qt.AlignCenter, wordWrap=True)
+        msg.setStyleSheet(f"color: {self.colors['muted']}; font-size: 12pt; padding: 12px;")
+        stack.addWidget(msg)
+        stack.setMinimumHeight(150)
+        return stack
+
+    @staticmethod
+    def _say(stack: QStackedWidget, message: str | None) -> None:
+        if message:
+            stack.widget(1).setText(message)
+        stack.setCurrentIndex(1 if message else 0)
+
+    def _curve(self, plot: pg.PlotWidget, color: str, name: str, width: float = 2, step: bool = False):
+        kw = {"stepMode": "right"} if step else {}
+        return plot.plot([], [], pen=pg.mkPen(color, width=width), name=name, connect="finite", **kw)
+
+    def _panel(self, title: str, *widgets: QWidget) -> QGroupBox:
+        box = QGroupBox(title)
+        lay = QVBoxLayout(box)
+        lay.setContentsMargins(8, 6, 8, 6)
+        lay.setSpacing(4)
+        for w in widgets:
+            lay.addWidget(w, 1 if isinstance(w, (pg.PlotWidget, QTableWidget, QStackedWidget)) else 0)
+        return box
+
+    def _caption(self, name: str) -> QLabel:
+        lab = QLabel(objectName=name, wordWrap=True)
+        lab.setTextInteractionFlags(Qt.TextSelectableByMouse)
+        lab.setStyleSheet(f"color: {self.colors['muted']};")
+        return lab
+
+    def _build(self) -> None:
+        c = self.colors
+        blue, orange, green, red, purple = c["accent"], "#e8893a", "#3aa757", c["danger"], "#9b6bd6"
+        self.header = QLabel("No model is loaded.", objectName="dash_header", wordWrap=True)
+        self.header.setStyleSheet("font-weight: 600;")
+        self.advice_label = QLabel(objectName="advice", wordWrap=True)
+        self.advice_label.setTextFormat(Qt.RichText)
+
+        self.speed_plot = self._plot("tokens / s", legend=True)
+        self.prefill_curve = self.speed_plot.plot([], [], pen=None, symbol="o", symbolSize=7, symbolPen=None,
+                                                  symbolBrush=orange, name="prefill (one dot per reply)")
+        self.decode_curve = self._curve(self.speed_plot, blue, "decode")
+        self.speed_text = self._caption("speed_text")
+
+        self.cache_plot = self._plot("%", legend=True)
+        self.cache_plot.setYRange(0, 100, padding=0.05)
+        self.cache_plot.addItem(pg.InfiniteLine(pos=100 * A.HIT_RATE_LOW, angle=0,
+                                                pen=pg.mkPen(c["muted"], style=Qt.DashLine)))
+        self.hit_curve = self._curve(self.cache_plot, blue, "hit rate")
+        self.prefetch_curve = self._curve(self.cache_plot, green, "prefetch accuracy")
+        self.cache_text = self._caption("cache_text")
+
+        self.heat_plot = pg.PlotWidget(background=c["bg"])
+        self.heat_plot.setMinimumHeight(150)
+        self.heat_plot.setMouseEnabled(x=False, y=False)
+        self.heat_plot.hideButtons()
+        self.heat_plot.invertY(True)  # layer 0 on top, as in a table
+        self.heat_plot.setLabel("bottom", "expert", color=c["muted"])
+        self.heat_plot.setLabel("left", "layer", color=c["muted"])
+        for side in ("left", "bottom"):
+            self.heat_plot.getAxis(side).setTextPen(pg.mkPen(c["muted"]))
+            self.heat_plot.getAxis(side).setPen(pg.mkPen(c["border"]))
+        self.heat = pg.ImageItem(axisOrder="row-major")
+        self.heat_plot.addItem(self.heat)
+        cmap = pg.colormap.get("viridis")
+        self.heat_bar = pg.ColorBarItem(values=(0, 1), colorMap=cmap, interactive=False, width=14,
+                                        pen=pg.mkPen(c["border"]), label="picks")
+        self.heat_bar.setImageItem(self.heat, insert_in=self.heat_plot.getPlotItem())
+        self.heat_bar.getAxis("right").setTextPen(pg.mkPen(c["muted"]))
+        self.heat_text = self._caption("heat_text")
+
+        self.pool_table = QTableWidget(4, 4, objectName="pool_table")
+        self.pool_table.setHorizontalHeaderLabels(["used", "free", "blocks", "fragmented"])
+        self.pool_table.setVerticalHeaderLabels([*TIERS, "all"])
+        self.pool_table.setEditTriggers(QAbstractItemView.NoEditTriggers)
+        self.pool_table.setSelectionMode(QAbstractItemView.NoSelection)
+        self.pool_table.horizontalHeader().setSectionResizeMode(QHeaderView.Stretch)
+        self.pool_table.verticalHeader().setSectionResizeMode(QHeaderView.Stretch)
+        self.pool_text = self._caption("pool_text")
+        self.defrag_button = QPushButton("Defrag", objectName="defrag")
+        self.defrag_button.setToolTip("Compact the memory pool and give its free memory back to the system")
+        self.defrag_button.clicked.connect(self.request_defrag)
+        self.defrag_text = self._caption("defrag_text")
+        row = QWidget()
+        rl = QHBoxLayout(row)
+        rl.setContentsMargins(0, 0, 0, 0)
+        rl.addWidget(self.defrag_button)
+        rl.addWidget(self.defrag_text, 1)
+
+        self.rss_plot = self._plot("MB")
+        self.rss_curve = self._curve(self.rss_plot, purple, "RSS")
+        self.rss_text = self._caption("rss_text")
+
+        self.temp_plot = self._plot("°C", legend=True)
+        self.temp_curve = self._curve(self.temp_plot, red, "CPU temperature")
+        self.threads_view = pg.ViewBox()
+        pi = self.temp_plot.getPlotItem()
+        pi.showAxis("right")
+        pi.scene().addItem(self.threads_view)
+        pi.getAxis("right").linkToView(self.threads_view)
+        pi.getAxis("right").setLabel("threads", color=c["muted"])
+        self.threads_view.setXLink(pi)
+        self.threads_view.setMouseEnabled(x=False, y=False)
+        self.threads_curve = pg.PlotDataItem([], [], pen=pg.mkPen(blue, width=2, style=Qt.DashLine), name="threads",
+                                             connect="finite")
+        self.threads_view.addItem(self.threads_curve)
+        pi.legend.addItem(self.threads_curve, "threads")
+        pi.vb.sigResized.connect(lambda: self.threads_view.setGeometry(pi.vb.sceneBoundingRect()))
+        self.temp_chart = self._chart(self.temp_plot)
+        self.temp_text = self._caption("temp_text")
+
+        self.power_plot = self._plot("W", legend=True)
+        self.cpu_w_curve = self._curve(self.power_plot, orange, "CPU")
+        self.gpu_w_curve = self._curve(self.power_plot, green, "GPU")
+        self.power_chart = self._chart(self.power_plot)
+        self.power_text = self._caption("power_text")
+
+        self.load_plot = self._plot("% of all CPUs")
+        self.load_plot.setYRange(0, 100, padding=0.05)
+        self.load_curve = self._curve(self.load_plot, blue, "CPU load")
+        self.load_chart = self._chart(self.load_plot)
+        self.load_text = self._caption("load_text")
+
+        self.gpu_plot = self._plot("% busy")
+        self.gpu_plot.setYRange(0, 100, padding=0.05)
+        self.gpu_curve = self._curve(self.gpu_plot, green, "GPU busy")
+        self.gpu_chart = self._chart(self.gpu_plot)
+        self.gpu_text = self._caption("gpu_text")
+
+        grid = QGridLayout()
+        grid.setSpacing(8)
+        panels = [
+            self._panel("Speed", self.speed_plot, self.speed_text),
+            self._panel("Expert cache: hit rate and prefetch accuracy", self.cache_plot, self.cache_text),
+            self._panel("Expert activations (layer × expert)", self.heat_plot, self.heat_text),
+            self._panel("Memory pool", self.pool_table, self.pool_text, row),
+            self._panel("Memory (RSS)", self.rss_plot, self.rss_text),
+            self._panel("CPU load", self.load_chart, self.load_text),
+            self._panel("CPU temperature and threads", self.temp_chart, self.temp_text),
+            self._panel("Power", self.power_chart, self.power_text),
+            self._panel("GPU", self.gpu_chart, self.gpu_text),
+        ]
+        for i, panel in enumerate(panels):
+            grid.addWidget(panel, i // 3, i % 3)
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(12, 10, 12, 10)
+        lay.addWidget(self.header)
+        lay.addWidget(self.advice_label)
+        lay.addLayout(grid, 1)
+        self._show_advice([])
+
+    # --- watching ----------------------------------------------------------------------------
+    def showEvent(self, e) -> None:  # noqa: N802 - Qt's name
+        super().showEvent(e)
+        self.watch_requested.emit(STATS_MS)
+
+    def hideEvent(self, e) -> None:  # noqa: N802 - Qt's name
+        self.watch_requested.emit(0)
+        super().hideEvent(e)
+
+    def set_model_path(self, path: str | None) -> None:
+        self.model_path = path
+        self.mounts = A.read_mounts()
+
+    def request_defrag(self) -> None:
+        self.defrag_button.setEnabled(False)
+        self.defrag_text.setText("Defragmenting… (after the reply being written, if any)")
+        self.defrag_requested.emit()
+
+    def _defrag_done(self, text: str) -> None:
+        self.defrag_button.setEnabled(True)
+        self.defrag_text.setText(text)
+
+    # --- worker answers ----------------------------------------------------------------------
+    def on_step(self, request: int, text: str, step) -> None:
+        self._step, self._step_fresh = step, True
+
+    def on_defragged(self, r) -> None:
+        sign = "−" if r.rss_change < 0 else "+"
+        self._defrag_done(f"Gave back {_mb(r.returned_bytes)} · RSS {_mb(r.rss_before)} → {_mb(r.rss_after)} "
+                          f"({sign}{_mb(abs(r.rss_change))})")
+
+    def on_stats(self, snap) -> None:
+        """One snapshot: a point on every series, then every panel redrawn."""
+        self.snapshot = snap
+        hw, ec, step = A.hardware(snap), snap.expert_cache, self._step if self._step_fresh else None
+        self._step_fresh = False
+        g = A.gpu(snap)
+        new_reply = step is not None and (step.prompt_tokens, step.ttft_s) != self._prefill_seen \
+            and step.prompt_tokens - step.cached_tokens >= 8  # fewer tokens time the overhead, not the speed
+        if new_reply:
+            self._prefill_seen = (step.prompt_tokens, step.ttft_s)
+        point = {
+            "t": time.time(),
+            "prefill": step.prefill_tok_s if new_reply else NAN,
+            "decode": step.decode_tok_s if step is not None and step.generated_tokens >= 4 else NAN,
+            "hit": 100 * ec.hit_rate if ec.hits + ec.misses else NAN,
+            "prefetch": NAN if ec.prefetch_accuracy is None else 100 * ec.prefetch_accuracy,
+            "rss": snap.rss_bytes / 1e6,
+            "temp": NAN if hw is None or hw.cpu_temp_c is None else hw.cpu_temp_c,
+            "threads": A.effective_threads(snap),
+            "cpu_w": NAN if hw is None or hw.cpu_power_w is None else hw.cpu_power_w,
+            "gpu_w": NAN if g is None or g.power_w is None else g.power_w,
+            "cpu_pct": NAN if hw is None else hw.cpu_percent,
+            "gpu_pct": NAN if g is None or g.util_percent is None else g.util_percent,
+        }
+        for k, v in point.items():
+            self.history[k].append(v)
+        self._show_advice(A.advice(snap, model_path=self.model_path, mounts=self.mounts))
+        self._draw_series(snap)
+        self._draw_heatmap(ec.activations, snap.num_experts)
+        self._draw_pool(snap.mem_pool)
+        self._draw_text(snap, step)
+
+    # --- drawing -----------------------------------------------------------------------------
+    def _show_advice(self, lines: list[str]) -> None:
+        self.advice = lines
+        c = self.colors
+        if not lines:
+            self.advice_label.setText("No advice: nothing in these figures asks for a change.")
+            self.advice_label.setStyleSheet(f"color: {c['muted']}; padding: 4px 2px;")
+            return
+        items = "".join(f"<li>{line}</li>" for line in lines)
+        self.advice_label.setText(f"<b>Advice</b><ul style='margin: 2px 0 0 -20px;'>{items}</ul>")
+        self.advice_label.setStyleSheet(f"background: {c['user']}; color: {c['text']}; border: 1px solid "
+                                        f"{c['border']}; border-radius: 6px; padding: 6px 10px;")
+
+    def _draw_series(self, snap) -> None:
+        now = time.time()
+        x = np.asarray(self.history["t"]) - now
+        prefill = np.asarray(self.history["prefill"], float)
+        dots = np.isfinite(prefill)  # a scatter of NaNs warns: only the replies' dots
+        self.prefill_curve.setData(x[dots], prefill[dots])
+        for curve, key in ((self.decode_curve, "decode"), (self.hit_curve, "hit"),
+                           (self.prefetch_curve, "prefetch"), (self.rss_curve, "rss"), (self.temp_curve, "temp"),
+                           (self.cpu_w_curve, "cpu_w"), (self.gpu_w_curve, "gpu_w"), (self.load_curve, "cpu_pct"),
+                           (self.gpu_curve, "gpu_pct")):
+            curve.setData(x, np.asarray(self.history[key], float), connect="finite")
+        threads = np.asarray(self.history["threads"], float)
+        self.threads_curve.setData(x, threads, connect="finite")
+        self.threads_view.setYRange(0, max(A.configured_threads(snap), int(np.nanmax(threads)) if len(threads) else 1) + 1)
+        for m in self._markers:
+            self.temp_plot.removeItem(m)
+        self._markers = []
+        for e in A.throttle_events(snap):
+            if now - e.time <= WINDOW_S:
+                m = pg.InfiniteLine(pos=e.time - now, angle=90, pen=pg.mkPen(self.colors["danger"], width=1),
+                                    label=f"{e.from_threads}→{e.to_threads}",
+                                    labelOpts={"position": 0.9, "color": self.colors["danger"]})
+                m.setToolTip(e.reason)
+                self.temp_plot.addItem(m)
+                self._markers.append(m)
+
+    def _draw_heatmap(self, activations, num_experts: int) -> None:
+        a = np.asarray(activations, dtype=np.int64)
+        if num_experts <= 1 or a.ndim != 2 or a.size == 0:
+            self.heat.clear()
+            self.heat_text.setText("A dense model: it has no experts to pick.")
+            return
+        top = max(1, int(a.max()))
+        self.heat.setImage(a, levels=(0, top), autoLevels=False)
+        self.heat.setRect(0, 0, a.shape[1], a.shape[0])
+        self.heat_bar.setLevels((0, top))
+        for axis, n in (("bottom", a.shape[1]), ("left", a.shape[0])):
+            every = max(1, math.ceil(n / 16))
+            self.heat_plot.getAxis(axis).setTicks([[(i + 0.5, str(i)) for i in range(0, n, every)]])
+        self.heat_plot.setRange(xRange=(0, a.shape[1]), yRange=(0, a.shape[0]), padding=0)
+        L, E = np.unravel_index(int(a.argmax()), a.shape)
+        self.heat_text.setText(f"{int(a.sum()):,} picks so far · busiest: layer {L} expert {E} ({top:,} picks) · "
+                               f"least used: {int(a.min()):,} picks")
+
+    def _draw_pool(self, pool) -> None:
+        tiers = [getattr(pool, t) for t in TIERS]
+        total_used, total_free = sum(t.used for t in tiers), sum(t.free for t in tiers)
+        rows = [(t.used, t.free, t.blocks, t.fragmentation) for t in tiers]
+        rows.append((total_used, total_free, sum(t.blocks for t in tiers), pool.fragmentation))
+        for r, (used, free, blocks, frag) in enumerate(rows):
+            cells = [_mb(used), _mb(free), f"{blocks:,}", f"{frag:.0%}"]
+            for col, text in enumerate(cells):
+                item = QTableWidgetItem(text)
+                item.setTextAlignment(Qt.AlignRight | Qt.AlignVCenter)
+                self.pool_table.setItem(r, col, item)
+        self.pool_text.setText(f"allocated {_mb(pool.allocated)} · peak {_mb(pool.peak)} · reserved from the "
+                               f"system {_mb(pool.reserved)}")
+
+    def _draw_text(self, snap, step) -> None:
+        ec, hw, g = snap.expert_cache, A.hardware(snap), A.gpu(snap)
+        experts = (f"{snap.num_layers} layers × {snap.num_experts} experts, top-{snap.top_k}"
+                   if snap.num_experts > 1 else f"{snap.num_layers} layers, dense")
+        name = snap.model if snap.model == snap.architecture else f"{snap.model} · {snap.architecture}"
+        self.header.setText(f"{name} · {experts} · {human_bytes(snap.weights_bytes)} of "
+                            f"weights · {A.effective_threads(snap)} thread{'s' if A.effective_threads(snap) != 1 else ''} · context {snap.context_used:,} / "
+                            f"{snap.context_limit:,} ({snap.kv_cache_kind} KV cache, {_mb(snap.kv_cache_bytes)})")
+        now = "now" if step is not None else "last reply"
+        self.speed_text.setText(f"{now}: prefill {snap.prefill_tok_s if step is None else step.prefill_tok_s:,.0f} "
+                                f"tok/s · decode {snap.decode_tok_s if step is None else step.decode_tok_s:,.1f} "
+                                f"tok/s · first token {snap.ttft_s if step is None else step.ttft_s:.2f} s · "
+                                f"{snap.tokens_generated:,} tokens generated, {snap.tokens_prefilled:,} prefilled, "
+                                f"{snap.tokens_reused:,} reused")
+        prefetch = "off" if not ec.prefetch_enabled else _pct(ec.prefetch_accuracy)
+        self.cache_text.setText(f"hit rate {_pct(ec.hit_rate if ec.hits + ec.misses else None)} · prefetch accuracy "
+                                f"{prefetch} · served without waiting {_pct(ec.served_without_wait)} · "
+                                f"{ec.resident} experts in memory ({_mb(ec.resident_bytes)}), "
+                                f"{_mb(ec.bytes_loaded)} loaded · {snap.expert_cache_plan}")
+        self.rss_text.setText(f"RSS {_mb(snap.rss_bytes)} · weights {_mb(snap.weights_bytes)} · KV cache "
+                              f"{_mb(snap.kv_cache_bytes)}")
+        configured, effective = A.configured_threads(snap), A.effective_threads(snap)
+        temp = f"{hw.cpu_temp_c:.0f} °C ({hw.cpu_temp_sensor})" if hw is not None and hw.cpu_temp_c is not None \
+            else f"CPU temperature {A.missing(snap, 'cpu_temp')}"
+        events = A.throttle_events(snap)
+        throttle = f" · {len(events)} throttle event(s), last: {events[-1].reason}" if events else " · no throttling"
+        self.temp_text.setText(f"{temp} · threads {effective} of {configured or effective}{throttle}")
+        has_temp = any(not math.isnan(v) for v in self.history["temp"])
+        self._say(self.temp_chart, None if has_temp or events else
+                  f"CPU temperature {A.missing(snap, 'cpu_temp')}.\nThreads: {effective} of {configured or effective}; "
+                  f"the thermal governor needs a temperature to act.")
+        jpt = A.joules_per_token(snap)
+        parts = [self._watts("CPU", hw and hw.cpu_power_w, hw and hw.cpu_power_limit_w, A.missing(snap, "cpu_power")),
+                 self._watts("GPU", g and g.power_w, g and g.power_limit_w, A.missing(snap, "gpu"))]
+        has = lambda key: any(not math.isnan(v) for v in self.history[key])  # noqa: E731
+        power = has("cpu_w") or has("gpu_w")
+        self._say(self.power_chart, None if power else
+                  f"No power readings.\nCPU: {A.missing(snap, 'cpu_power')}\nGPU: {A.missing(snap, 'gpu')}")
+        if jpt is not None:
+            parts.append(f"{jpt:.2f} J per token (last reply)")
+        elif power or snap is None or getattr(snap, "energy", None) is None:
+            parts.append(f"J per token {A.energy_missing(snap)}")
+        else:
+            parts.append("J per token: not available without an energy counter (RAPL or NVML)")
+        self.power_text.setText(" · ".join(parts) if power else parts[-1])
+        load = f"{hw.cpu_percent:.0f}% of all CPUs now" if hw is not None else f"CPU load {A.NO_HARDWARE}"
+        self.load_text.setText(load)
+        self._say(self.load_chart, None if has("cpu_pct") else f"CPU load {A.NO_HARDWARE}")
+        self.gpu_text.setText(self._gpu_text(snap, hw, g))
+        self._say(self.gpu_chart, None if g is not None else self._no_gpu(snap, hw))
+
+    @staticmethod
+    def _watts(name: str, watts, limit, why: str) -> str:
+        if watts is None:
+            return f"{name} {why}"
+        return f"{name} {watts:.1f} W" + (f" (limit {limit:g} W)" if limit else "")
+
+    @staticmethod
+    def _no_gpu(snap, hw) -> str:
+        if hw is None:
+            return f"GPU {A.NO_HARDWARE}"
+        why = A.missing(snap, "gpu").removeprefix("not available: ")
+        return why[:1].upper() + why[1:] if why.lower().startswith("no nvidia gpu") else f"No NVIDIA GPU: {why}"
+
+    @staticmethod
+    def _gpu_text(snap, hw, g) -> str:
+        if g is None:
+            return "The engine runs on the CPU." if hw is not None else ""
+
+        def v(x, fmt):
+            return "—" if x is None else fmt.format(x)
+        mem = "—" if g.mem_used_bytes is None else f"{g.mem_used_bytes / 2**30:.1f} / {g.mem_total_bytes / 2**30:.1f} GiB"
+        return (f"GPU {g.index}: {g.name} · {v(g.temp_c, '{:.0f} °C')} · {v(g.power_w, '{:.0f} W')} of "
+                f"{v(g.power_limit_w, '{:.0f} W')} limit · busy {v(g.util_percent, '{:.0f}%')} · memory {mem}")

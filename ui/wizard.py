@@ -1,0 +1,342 @@
+"""The model conversion wizard: pick a source, see what it is, choose how to store it, convert.
+
+Three pages: Source (a GGUF file or a Hugging Face folder, and what it holds), Options
+(quantization, expert files, name; the memory each expert cache size needs) and Convert
+(progress with Cancel, then "Open in chat"). Inspection and conversion run on the wizard's own
+thread through app.worker.ConvertWorker, so chatting goes on; Cancel sets its threading.Event and
+the converter leaves nothing behind.
+"""
+from __future__ import annotations
+
+import html
+from pathlib import Path
+
+from PySide6.QtCore import Qt, QThread, Signal
+from PySide6.QtWidgets import (QAbstractItemView, QButtonGroup, QDialog, QFileDialog, QGroupBox, QHBoxLayout,
+                               QHeaderView, QLabel, QLineEdit, QProgressBar, QPushButton, QRadioButton,
+                               QStackedWidget, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget)
+
+from app.model_info import CONTEXT, QUANTIZE, QUANTIZE_HELP, ModelSummary, default_target, human_bytes
+from app.worker import ConvertWorker
+from ui import pyside_refcount
+
+SOURCE, OPTIONS, CONVERT = range(3)
+
+
+def _muted(text: str = "", name: str = "") -> QLabel:
+    lab = QLabel(text, objectName=name or "help", wordWrap=True)
+    return lab
+
+
+class ConvertWizard(QDialog):
+    inspect_requested = Signal(str)
+    convert_requested = Signal(str, str, str, bool)  # source, target folder, quantization, one file per expert
+    open_requested = Signal(str)  # "Open in chat": the converted model folder
+
+    def __init__(self, parent: QWidget | None, models: Path, source: str | None = None):
+        super().__init__(parent)
+        pyside_refcount.install()
+        self.setObjectName("convert_wizard")
+        self.setWindowTitle("Convert a model")
+        self.resize(780, 700)
+        self.models = Path(models)
+        self.summary: ModelSummary | None = None
+        self.result = None  # the engine's ConvertResult once converted
+        self.state = "idle"  # idle, inspecting, converting, done, cancelled, failed
+        self.progress_seen: list[float] = []
+        self.thread = QThread(objectName="convert_thread")
+        self.worker = ConvertWorker()
+        self.worker.moveToThread(self.thread)
+        self.inspect_requested.connect(self.worker.inspect)
+        self.convert_requested.connect(self.worker.convert)
+        self.worker.inspected.connect(self._inspected)
+        self.worker.progress.connect(self._progress)
+        self.worker.converted.connect(self._converted)
+        self.worker.cancelled.connect(self._cancelled)
+        self.worker.failed.connect(self._failed)
+        self.thread.start()
+        self._build()
+        self._go(SOURCE)
+        if source:
+            self.set_source(source)
+
+    # --- pages -------------------------------------------------------------------------------
+    def _build(self) -> None:
+        self.pages = QStackedWidget()
+        self.pages.addWidget(self._source_page())
+        self.pages.addWidget(self._options_page())
+        self.pages.addWidget(self._convert_page())
+        self.step_label = QLabel(objectName="title")
+        self.back_button = QPushButton("Back")
+        self.back_button.clicked.connect(lambda: self._go(self.pages.currentIndex() - 1))
+        self.next_button = QPushButton("Next", objectName="primary")
+        self.next_button.clicked.connect(self._next)
+        self.close_button = QPushButton("Close")
+        self.close_button.clicked.connect(self.close)
+        row = QHBoxLayout()
+        row.addStretch(1)
+        for b in (self.back_button, self.next_button, self.close_button):
+            row.addWidget(b)
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(18, 14, 18, 14)
+        lay.addWidget(self.step_label)
+        lay.addWidget(self.pages, 1)
+        lay.addLayout(row)
+
+    def _source_page(self) -> QWidget:
+        page = QWidget()
+        self.path_edit = QLineEdit(objectName="source_path", readOnly=True,
+                                   placeholderText="a .gguf file, or a folder with config.json and *.safetensors")
+        gguf = QPushButton("GGUF file…")
+        gguf.clicked.connect(self._pick_gguf)
+        folder = QPushButton("Hugging Face folder…")
+        folder.clicked.connect(self._pick_folder)
+        row = QHBoxLayout()
+        row.addWidget(self.path_edit, 1)
+        row.addWidget(gguf)
+        row.addWidget(folder)
+        self.source_status = _muted(name="source_status")
+        self.facts = QLabel(objectName="facts", wordWrap=True, textFormat=Qt.RichText)
+        self.facts.setTextInteractionFlags(Qt.TextSelectableByMouse)
+        self.facts.setAlignment(Qt.AlignTop | Qt.AlignLeft)
+        lay = QVBoxLayout(page)
+        lay.addWidget(_muted("Colibri runs models converted into its own folder format. Pick the model to convert: "
+                             "a GGUF file (as llama.cpp uses) or a Hugging Face folder with its config.json and "
+                             "*.safetensors weights. Nothing is downloaded and the source is never changed."))
+        lay.addLayout(row)
+        lay.addWidget(self.source_status)
+        lay.addWidget(self.facts, 1)
+        return page
+
+    def _options_page(self) -> QWidget:
+        page = QWidget()
+        qbox = QGroupBox("Quantization: how each weight is stored")
+        ql = QVBoxLayout(qbox)
+        self.quant_group = QButtonGroup(self)
+        self.quant_buttons: dict[str, QRadioButton] = {}
+        for q in QUANTIZE:
+            b = QRadioButton(objectName=f"quant_{q}")
+            self.quant_group.addButton(b)
+            self.quant_buttons[q] = b
+            b.toggled.connect(lambda on: on and self._update_options())
+            ql.addWidget(b)
+        ebox = QGroupBox("Expert files")
+        el = QVBoxLayout(ebox)
+        self.split_expert = QRadioButton("One file per expert: a token reads only the experts it uses (recommended)",
+                                         objectName="split_expert", checked=True)
+        self.split_layer = QRadioButton("One file per layer: fewer, larger files", objectName="split_layer")
+        el.addWidget(self.split_expert)
+        el.addWidget(self.split_layer)
+        self.memory_table = QTableWidget(0, 3, objectName="memory_table")
+        self.memory_table.setHorizontalHeaderLabels(["experts in memory per layer", "memory needed", ""])
+        self.memory_table.setEditTriggers(QAbstractItemView.NoEditTriggers)
+        self.memory_table.setSelectionMode(QAbstractItemView.NoSelection)
+        self.memory_table.verticalHeader().hide()
+        self.memory_table.horizontalHeader().setSectionResizeMode(0, QHeaderView.ResizeToContents)
+        self.memory_table.horizontalHeader().setSectionResizeMode(1, QHeaderView.ResizeToContents)
+        self.memory_table.horizontalHeader().setSectionResizeMode(2, QHeaderView.Stretch)
+        self.memory_table.setMinimumHeight(130)
+        self.memory_note = _muted(name="memory_note")
+        mbox = QGroupBox("Memory by expert cache size")
+        ml = QVBoxLayout(mbox)
+        ml.addWidget(self.memory_table)
+        ml.addWidget(self.memory_note)
+        self.name_edit = QLineEdit(objectName="target_name")
+        self.name_edit.textEdited.connect(lambda _: self._update_target())
+        self.target_label = _muted(name="target")
+        nrow = QHBoxLayout()
+        nrow.addWidget(QLabel("Save as"))
+        nrow.addWidget(self.name_edit, 1)
+        lay = QVBoxLayout(page)
+        lay.addWidget(qbox)
+        lay.addWidget(ebox)
+        lay.addWidget(mbox, 1)
+        lay.addLayout(nrow)
+        lay.addWidget(self.target_label)
+        return page
+
+    def _convert_page(self) -> QWidget:
+        page = QWidget()
+        self.convert_title = QLabel(objectName="convert_title", wordWrap=True)
+        self.bar = QProgressBar(objectName="convert_progress", minimum=0, maximum=1000)
+        self.tensor_label = _muted(name="tensor")
+        self.cancel_button = QPushButton("Cancel", objectName="cancel_convert")
+        self.cancel_button.clicked.connect(self.cancel)
+        self.outcome = QLabel(objectName="outcome", wordWrap=True)
+        self.open_button = QPushButton("Open in chat", objectName="primary")
+        self.open_button.clicked.connect(self.open_in_chat)
+        row = QHBoxLayout()
+        row.addWidget(self.cancel_button)
+        row.addStretch(1)
+        row.addWidget(self.open_button)
+        lay = QVBoxLayout(page)
+        lay.addWidget(self.convert_title)
+        lay.addWidget(self.bar)
+        lay.addWidget(self.tensor_label)
+        lay.addWidget(self.outcome)
+        lay.addLayout(row)
+        lay.addStretch(1)
+        return page
+
+    # --- navigation --------------------------------------------------------------------------
+    def _go(self, page: int) -> None:
+        self.pages.setCurrentIndex(page)
+        titles = ["1 · Choose the source", "2 · Choose how to store it", "3 · Convert"]
+        self.step_label.setText(titles[page])
+        self._update_buttons()
+
+    def _update_buttons(self) -> None:
+        page, busy = self.pages.currentIndex(), self.state in ("inspecting", "converting")
+        self.back_button.setEnabled(page > SOURCE and not busy)
+        self.next_button.setVisible(page < CONVERT)
+        self.next_button.setText("Convert" if page == OPTIONS else "Next")
+        self.next_button.setEnabled(not busy and self.summary is not None
+                                    and (page != OPTIONS or bool(self.name_edit.text().strip())))
+        self.cancel_button.setVisible(self.state == "converting")
+        self.open_button.setVisible(self.state == "done")
+        self.close_button.setText("Cancel" if busy and page == CONVERT else "Close")
+
+    def _next(self) -> None:
+        if self.pages.currentIndex() == SOURCE:
+            self._go(OPTIONS)
+        elif self.pages.currentIndex() == OPTIONS:
+            self.start_conversion()
+
+    # --- source ------------------------------------------------------------------------------
+    def _pick_gguf(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Choose a GGUF file", str(Path.home()), "GGUF (*.gguf)")
+        if path:
+            self.set_source(path)
+
+    def _pick_folder(self) -> None:
+        path = QFileDialog.getExistingDirectory(self, "Choose a Hugging Face model folder", str(Path.home()))
+        if path:
+            self.set_source(path)
+
+    def set_source(self, path: str) -> None:
+        """Read what `path` is, on the worker thread; the Source page shows it when it comes."""
+        self.summary, self.state = None, "inspecting"
+        self.path_edit.setText(path)
+        self.source_status.setStyleSheet("")
+        self.source_status.setText(f"Reading {Path(path).name}…")
+        self.facts.clear()
+        self._update_buttons()
+        self.inspect_requested.emit(path)
+
+    def _inspected(self, source: str, summary: ModelSummary) -> None:
+        if source != self.path_edit.text():
+            return  # an older pick
+        self.summary, self.state = summary, "idle"
+        self.source_status.setText("")
+        rows = "".join(f"<tr><td style='padding: 3px 14px 3px 0;'><b>{html.escape(k)}</b></td>"
+                       f"<td style='padding: 3px 0;'>{html.escape(v)}</td></tr>" for k, v in summary.facts())
+        self.facts.setText(f"<table>{rows}</table>")
+        self.quant_buttons[summary.default_quantize].setChecked(True)
+        moe = summary.config.is_moe
+        self.split_expert.setEnabled(moe)
+        self.split_layer.setEnabled(moe)
+        self._update_options(rename=True)
+        self._update_buttons()
+
+    # --- options -----------------------------------------------------------------------------
+    @property
+    def quantize(self) -> str:
+        return next(q for q, b in self.quant_buttons.items() if b.isChecked())
+
+    def _update_options(self, rename: bool = False) -> None:
+        s = self.summary
+        if s is None:
+            return
+        for q, b in self.quant_buttons.items():
+            b.setText(f"{q} · {human_bytes(s.sizes[q].total)} — {QUANTIZE_HELP[q]}")
+        rows = s.memory_table(self.quantize)
+        self.memory_table.setRowCount(len(rows))
+        for r, row in enumerate(rows):
+            label = f"{row.experts_per_layer} of {s.config.num_experts}" if s.config.is_moe else "all (dense)"
+            for col, text in enumerate((label, human_bytes(row.ram_bytes), row.note)):
+                item = QTableWidgetItem(text)
+                item.setTextAlignment((Qt.AlignLeft if col == 2 else Qt.AlignRight) | Qt.AlignVCenter)
+                self.memory_table.setItem(r, col, item)
+        self.memory_note.setText(f"Weights always in memory ({human_bytes(s.sizes[self.quantize].dense)}), the "
+                                 f"experts kept, and the KV cache for a {min(CONTEXT, s.config.max_position_embeddings):,}"
+                                 f"-token context in f16 ({human_bytes(s.kv_bytes())}). Set the expert cache "
+                                 f"size in Settings after loading.")
+        if rename or not self.name_edit.isModified():
+            self.name_edit.setText(default_target(self.models, s, self.quantize).name)
+        self._update_target()
+
+    @property
+    def target(self) -> Path:
+        return self.models / self.name_edit.text().strip()
+
+    def _update_target(self) -> None:
+        name = self.name_edit.text().strip()
+        bad = not name or "/" in name or name in (".", "..")
+        text = "Give the model a name." if bad else f"It will be written to {self.target}."
+        if not bad and self.target.exists():
+            text += " A model with this name is in your library already: converting replaces it."
+        self.target_label.setText(text)
+        self._update_buttons()
+        self.next_button.setEnabled(self.next_button.isEnabled() and not bad)
+
+    # --- converting --------------------------------------------------------------------------
+    def start_conversion(self) -> None:
+        s = self.summary
+        self.state, self.result = "converting", None
+        self.progress_seen = []
+        self.bar.setValue(0)
+        self.convert_title.setText(f"Converting {s.name} ({self.quantize}) into {self.target}")
+        self.tensor_label.setText("Starting…")
+        self.outcome.setText("")
+        self.outcome.setStyleSheet("")
+        self._go(CONVERT)
+        self.worker.arm()  # before the request, so a Cancel pressed at once still counts
+        self.convert_requested.emit(str(s.source), str(self.target), self.quantize,
+                                    not s.config.is_moe or self.split_expert.isChecked())
+
+    def cancel(self) -> None:
+        if self.state == "converting":
+            self.worker.request_cancel()  # a threading.Event: direct, the worker's thread is busy
+            self.tensor_label.setText("Cancelling…")
+
+    def _progress(self, fraction: float, tensor: str) -> None:
+        self.progress_seen.append(fraction)
+        self.bar.setValue(int(fraction * 1000))
+        self.tensor_label.setText(f"{tensor}  ({fraction:.0%})")
+
+    def _converted(self, result) -> None:
+        self.state, self.result = "done", result
+        self.bar.setValue(1000)
+        kinds = ", ".join(f"{k} × {n}" for k, n in sorted(result.tensor_types.items(), key=lambda kv: -kv[1]))
+        self.tensor_label.setText("")
+        self.outcome.setText(f"Done: {human_bytes(result.bytes_written)} written in {result.seconds:.1f} s "
+                             f"({kinds}). The model is in your library.")
+        self._update_buttons()
+        self.open_button.setFocus()
+
+    def _cancelled(self) -> None:
+        self.state = "cancelled"
+        self.tensor_label.setText("")
+        self.outcome.setText("Cancelled: nothing was written. Go back to change the options, or close.")
+        self._update_buttons()
+
+    def _failed(self, what: str, message: str) -> None:
+        self.state = "failed"
+        label = self.outcome if self.pages.currentIndex() == CONVERT else self.source_status
+        label.setText(f"{what} failed: {message}")
+        label.setStyleSheet(f"color: {self.palette().color(self.palette().ColorRole.Text).name()}; "
+                            f"background: #fbe3e2; border: 1px solid #e5a5a2; border-radius: 6px; padding: 6px;")
+        self.tensor_label.setText("")
+        self._update_buttons()
+
+    def open_in_chat(self) -> None:
+        if self.result is not None:
+            self.open_requested.emit(str(self.result.path))
+            self.close()
+
+    # --- closing -----------------------------------------------------------------------------
+    def done(self, code: int) -> None:  # close(), Esc and the window's X all come here
+        self.cancel()
+        self.thread.quit()
+        self.thread.wait()  # a cancelled conversion stops within one slice of one tensor
+        super().done(code)
