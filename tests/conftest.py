@@ -26,6 +26,24 @@ def _qt_binding_guard():
     yield
 
 
+@pytest.fixture(autouse=True)
+def _collect_qt_garbage_on_the_gui_thread(request):
+    """Cycles holding Qt objects from earlier tests must die on the GUI thread: a collection
+    triggered on a worker thread would delete them there (Qt warns: timers from another thread).
+    The app does the same with a GUI-thread collector."""
+    if "qtbot" not in request.fixturenames:
+        yield
+        return
+    import gc
+    gc.collect()
+    gc.disable()  # no collection on a worker thread while the test runs
+    try:
+        yield
+    finally:
+        gc.enable()
+        gc.collect()
+
+
 @pytest.fixture(scope="session")
 def default_gguf() -> Path:
     from engine.default_model import default_gguf_path
