@@ -379,6 +379,7 @@ class Engine:
             self.scheduler.close()
             self.weights.close()
             self.cache.free()
+            self.net.arena.free()
             self.hw.close()  # puts back any power limit and CPU mask we changed
 
     def __enter__(self) -> Engine:

@@ -317,3 +317,42 @@ class MemoryPool:
         with self._locks["small"]:
             returned += self._small.trim()
         return returned
+
+
+class Arena:
+    """Activation buffers of one forward pass, bump-allocated from one pool block.
+
+    `reset()` starts a pass: everything handed out before is reused. A pass that needs more than
+    the block holds gets numpy memory for the excess, and the next reset grows the block to the
+    high-water mark (or shrinks it when a much smaller pass follows a long prompt).
+    """
+
+    def __init__(self, pool: MemoryPool, nbytes: int = 1 << 20):
+        self.pool = pool
+        self.block = pool.alloc(nbytes)
+        self.used = self.high = 0
+
+    def reset(self) -> None:
+        want = (self.high + ALIGN - 1) // ALIGN * ALIGN
+        if want > self.block.size or (self.block.size > 16 << 20 and want * 4 < self.block.size):
+            self.block.free()
+            self.block = self.pool.alloc(max(want, 1 << 20))
+        self.used = self.high = 0
+
+    def empty(self, shape, dtype=np.float32) -> np.ndarray:
+        dtype = np.dtype(dtype)
+        count = int(np.prod(shape))
+        nbytes = (count * dtype.itemsize + ALIGN - 1) // ALIGN * ALIGN
+        start, self.used = self.used, self.used + nbytes
+        self.high = max(self.high, self.used)
+        if self.used > self.block.size:
+            return np.empty(shape, dtype)
+        return np.frombuffer(self.block.buf, dtype, count, self.block.offset + start).reshape(shape)
+
+    def zeros(self, shape, dtype=np.float32) -> np.ndarray:
+        a = self.empty(shape, dtype)
+        a[...] = 0
+        return a
+
+    def free(self) -> None:
+        self.block.free()

@@ -27,9 +27,10 @@ if "NUMBA_CACHE_DIR" not in os.environ:
     base = os.path.join(home, "cache") if home else platformdirs.user_cache_dir("colibri", appauthor=False)
     os.environ["NUMBA_CACHE_DIR"] = os.path.join(base, "numba")
 os.environ.setdefault("NUMBA_THREADING_LAYER", "threadsafe")
-# Idle OpenMP workers sleep instead of spinning: the expert loader, the GUI and other programs
-# need the cores between kernel calls (measured under load: 5.7 against 1.1 tokens/s).
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# OMP_WAIT_POLICY stays libgomp's default (spin briefly, then sleep). Measured on 2 cores: PASSIVE
+# is 2.7x slower decoding the default model on a quiet machine (16 vs 43 tok/s) and 1.4x on an
+# all-resident MoE, while it helps only when other programs compete for the cores (MoE with
+# expert loads: 6.9 vs 3.4 tok/s beside a CPU hog). Set it in the environment to choose.
 
 
 def _without_avx512() -> tuple[str, str] | None:

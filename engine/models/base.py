@@ -18,6 +18,7 @@ import numpy as np
 
 from engine.kernels import cpu
 from engine.kvcache import KVCache
+from engine.mempool import Arena
 from engine.model_dir import ModelConfig
 from engine.weights import ExpertWeights, LayerWeights, Matrix, ModelWeights
 
@@ -30,6 +31,14 @@ PREFETCH_MAX_TOKENS = 4  # prefetch while decoding; a prompt's union of experts 
 # runs forward(), linear() offers each matmul to it first; the runner returns None for the ones the
 # CPU should do. Unset (the default, and always on a CPU-only machine) it costs one lookup.
 _gpu: ContextVar = ContextVar("colibri_gpu", default=None)
+# Activations of the running forward pass come from its Transformer's arena (pool memory).
+_arena: ContextVar = ContextVar("colibri_arena", default=None)
+
+
+def _empty(shape) -> np.ndarray:
+    """A float32 scratch buffer for the current pass (numpy memory outside a forward pass)."""
+    arena = _arena.get()
+    return np.empty(shape, np.float32) if arena is None else arena.empty(shape)
 
 
 def linear(x: np.ndarray, m: Matrix) -> np.ndarray:
@@ -39,7 +48,7 @@ def linear(x: np.ndarray, m: Matrix) -> np.ndarray:
         y = g.linear(x, m)
         if y is not None:
             return y
-    out = np.empty((x.shape[0], m.rows), np.float32)
+    out = _empty((x.shape[0], m.rows))
     cpu.matmul(m.data, m.code, np.ascontiguousarray(x, dtype=np.float32), out)
     return out
 
@@ -47,7 +56,7 @@ def linear(x: np.ndarray, m: Matrix) -> np.ndarray:
 def rmsnorm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     """Over the last axis of x (..., n)."""
     flat = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, x.shape[-1])
-    out = np.empty_like(flat)
+    out = _empty(flat.shape)
     cpu.rmsnorm(flat, weight, np.float32(eps), out)
     return out.reshape(x.shape)
 
@@ -55,7 +64,7 @@ def rmsnorm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
 def expert_mlp(h: np.ndarray, e: ExpertWeights) -> np.ndarray:
     """SwiGLU: down(silu(gate h) * up h)."""
     g, u = linear(h, e.gate), linear(h, e.up)
-    a = np.empty_like(g)
+    a = _empty(g.shape)
     cpu.swiglu(g, u, a)
     return linear(a, e.down)
 
@@ -101,6 +110,7 @@ class Transformer:
             inv = inv / np.float32(cfg.rope_scaling["factor"])
         self.inv_freq = inv.astype(np.float32)
         self.scale = np.float32(1.0 / math.sqrt(hd))
+        self.arena = Arena(weights.pool)  # activation buffers, reused by every pass
 
     # --- per-architecture parts ----------------------------------------------------------------
     def ffn(self, L: int, h: np.ndarray, lw: LayerWeights, step: Step) -> np.ndarray:
@@ -126,7 +136,8 @@ class Transformer:
         if step.dump is not None:
             step.dump[f"blk.{L}.router_logits"] = logits.copy()
             step.dump[f"blk.{L}.expert_ids"] = ids.copy()
-        out = np.zeros_like(h)
+        out = _empty(h.shape)
+        out[...] = 0
         order = cache.order_for_use(L, np.unique(ids))  # resident experts first
         for i, e in enumerate(order):
             if i + 1 < len(order):
@@ -167,10 +178,10 @@ class Transformer:
         cpu.rope(k, step.cos, step.sin)
         step.cache.write(L, step.pos0, k, v)
         keys, values = step.cache.read(L, step.pos0 + T)
-        out = np.empty_like(q)
+        out = _empty(q.shape)
         for a in range(0, T, ATTENTION_BLOCK):  # query blocks bound the scores buffer on long prompts
             b = min(T, a + ATTENTION_BLOCK)
-            scores = np.empty(((b - a) * H, step.pos0 + b), np.float32)
+            scores = _empty(((b - a) * H, step.pos0 + b))
             cpu.attention(q[a:b], keys[:step.pos0 + b], values[:step.pos0 + b], step.pos0 + a,
                           cfg.sliding_window or 0, self.scale, scores, out[a:b])
         if step.dump is not None:
@@ -188,16 +199,22 @@ class Transformer:
 
         Returns logits (T, vocab) if all_logits, else those of the last token (1, vocab).
         """
-        if self.gpu is not None and _gpu.get() is not self.gpu:  # issue 8: offer this pass's matmuls to the GPU
-            token = _gpu.set(self.gpu)
-            try:
-                return self.forward(ids, cache, pos0, all_logits, dump)
-            finally:
-                _gpu.reset(token)
+        gpu = _gpu.set(self.gpu) if self.gpu is not None else None  # issue 8: offer matmuls to the GPU
+        self.arena.reset()
+        arena = _arena.set(self.arena)
+        try:
+            return self._forward(ids, cache, pos0, all_logits, dump).copy()  # results leave the arena
+        finally:
+            _arena.reset(arena)
+            if gpu is not None:
+                _gpu.reset(gpu)
+
+    def _forward(self, ids: np.ndarray, cache: KVCache, pos0: int, all_logits: bool,
+                 dump: dict | None) -> np.ndarray:
         cfg, T = self.cfg, len(ids)
         cos, sin = self.rotary(np.arange(pos0, pos0 + T))
         step = Step(cache, pos0, cos, sin, dump)
-        x = np.empty((T, cfg.hidden_size), np.float32)
+        x = _empty((T, cfg.hidden_size))
         cpu.gather_rows(self.w.token_embd.data, self.w.token_embd.code, np.asarray(ids, np.int64), x)
         if dump is not None:
             dump["token_embd"] = x.copy()
