@@ -80,8 +80,10 @@ def main(argv: list[str] | None = None) -> int:
 
     from ui.theme import RESOURCES
     app.setWindowIcon(QIcon(str(RESOURCES / "colibri.png")))
+    from ui import i18n
     from ui.main_window import MainWindow  # after the QApplication: widgets need it
     settings = app_settings.load()
+    translators = i18n.install(app, settings.language)  # noqa: F841  (before any widget: kept alive here)
     history = History()
     window = MainWindow(settings, history)
     window.show()

@@ -22,6 +22,8 @@ FILENAME = "settings.json"
 APPEARANCE: dict[str, P.Param] = {p.name: p for p in [
     P.Param("theme", str, "light", "colour theme of the window", scope="ui", choices=("light", "dark")),
     P.Param("font_size", int, 11, "text size of the conversation, in points", scope="ui", min=8, max=28),
+    P.Param("language", str, "system", "language of the interface (system: the desktop's, where translated); "
+            "applied at the next start", scope="ui", choices=("system", "en", "zh_CN")),
 ]}
 
 
@@ -50,6 +52,10 @@ class Settings:
     @property
     def font_size(self) -> int:
         return self.ui["font_size"]
+
+    @property
+    def language(self) -> str:
+        return self.ui["language"]
 
     def engine_values(self) -> dict[str, Any]:
         return P.defaults("engine") | self.engine

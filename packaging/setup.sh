@@ -19,6 +19,14 @@ if command -v dpkg >/dev/null 2>&1; then
   for p in "${SYSTEM_PACKAGES[@]}"; do
     dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
   done
+  # Chinese text needs a CJK font (else it shows as boxes): the small WenQuanYi Micro Hei (5 MB), only
+  # when none is there (fc-list comes with fontconfig; without it, look for the usual font packages)
+  if command -v fc-list >/dev/null 2>&1; then
+    [ -n "$(fc-list :lang=zh family 2>/dev/null)" ] || missing+=(fonts-wqy-microhei)
+  elif ! dpkg -s fonts-wqy-microhei >/dev/null 2>&1 && ! dpkg -s fonts-noto-cjk >/dev/null 2>&1 \
+      && ! dpkg -s fonts-wqy-zenhei >/dev/null 2>&1; then
+    missing+=(fonts-wqy-microhei)
+  fi
   # python3-venv is only needed when the venv module is absent (e.g. Python built from source)
   if python3 -c "import ensurepip, venv" >/dev/null 2>&1; then
     missing=("${missing[@]/python3-venv}")

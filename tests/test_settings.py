@@ -52,7 +52,7 @@ def test_the_dialog_is_generated_from_the_table_and_picks_up_new_parameters(qtbo
     qtbot.addWidget(d)
     engine_names = {p.name for p in P.PARAMS.values() if p.scope == "engine"}
     assert set(d.engine_form.editors) == engine_names and "expert_cache_size" in engine_names
-    assert set(d.ui_form.editors) == {"theme", "font_size"}
+    assert set(d.ui_form.editors) == {"theme", "font_size", "language"}
     assert d.engine_form.values() == P.defaults("engine")  # threads None shows as "auto" and comes back None
     d.engine_form.set_value("kv_cache_quantize", "int8")
     d.engine_form.set_value("expert_cache_size", 32)

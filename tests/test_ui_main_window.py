@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import time
 import types
 
@@ -154,7 +155,7 @@ def test_settings_apply_live_and_persist(qtbot, home, tiny):
     w.apply_settings(S.Settings().engine_values() | {"context_length": 128}, {"theme": "dark", "font_size": 14})
     qtbot.waitUntil(lambda: w.snapshot.context_limit == 128 if w.snapshot else False, timeout=30_000)
     saved = json.loads((home / "data" / "settings.json").read_text())
-    assert saved["engine"] == {"context_length": 128} and saved["ui"] == {"theme": "dark", "font_size": 14}
+    assert saved["engine"] == {"context_length": 128} and saved["ui"] == {"theme": "dark", "font_size": 14, "language": "system"}
     assert "#1e1f22" in QApplication.instance().styleSheet() and "font-size: 14pt" in w.view.html()
     w.toggle_theme()
     assert S.load().theme == "light"
@@ -205,3 +206,24 @@ def test_cancelling_the_first_run_conversion_leaves_nothing_behind(qtbot, home):
         qtbot.mouseClick(w.flow.dialog.findChild(QPushButton), Qt.LeftButton)  # the user's Cancel
     assert "cancelled" in w.view.empty_text and not (home / "data" / "models" / "SmolLM2-135M-Instruct").exists()
     assert w.send_button.isEnabled() is False
+
+
+def test_a_corrupt_model_is_an_error_dialog_naming_the_file_and_the_app_stays_usable(qtbot, home, tiny, tmp_path):
+    w = open_window(qtbot, tiny)
+    bad = tmp_path / "corrupt"
+    shutil.copytree(tiny, bad)
+    with open(bad / "attention" / "layer_0.bin", "r+b") as f:  # a copy cut short, as by a full disk
+        f.truncate(100)
+    w.flow.load(str(bad))
+    qtbot.waitUntil(lambda: bool(dialogs("error_dialog")), timeout=30_000)
+    box = dialogs("error_dialog")[0]
+    assert box.text() == "Loading corrupt failed."
+    assert "attention/layer_0.bin" in box.informativeText() and "truncated" in box.informativeText()
+    box.close()
+    qtbot.waitUntil(lambda: w.busy == "", timeout=5_000)
+    assert w.flow.model is None and not w.send_button.isEnabled() and "No model is loaded" in w.view.empty_text
+    assert w.model_picker.isEnabled()  # the user can pick another model at once
+    with qtbot.waitSignal(w.flow.ready, timeout=60_000):
+        w.flow.load(tiny)
+    send(qtbot, w, "Still there?")
+    assert [m.role for m in w.history.messages(w.conv_id)][-2:] == ["user", "assistant"]

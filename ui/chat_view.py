@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import html
 
-from PySide6.QtCore import QTimer, QUrl, Signal
+from PySide6.QtCore import QCoreApplication, QTimer, QUrl, Signal
 from PySide6.QtGui import QDesktopServices, QGuiApplication, QKeyEvent, Qt
 from PySide6.QtWidgets import QPlainTextEdit, QTextBrowser
 
@@ -17,15 +17,20 @@ from ui.markdown import MarkdownRenderer
 RENDER_MS = 50  # re-render a streaming reply at most 20 times a second
 
 
+def _tr(text: str) -> str:
+    return QCoreApplication.translate("ChatView", text)
+
+
 def stats_line(stats: dict) -> str:
     if not stats.get("generated_tokens"):
         return ""
-    parts = [f"{stats['generated_tokens']} tokens", f"{stats.get('decode_tok_s', 0):.1f} tok/s",
-             f"first token {stats.get('ttft_s', 0):.2f} s"]
+    parts = [_tr("{n} tokens").format(n=stats["generated_tokens"]),
+             _tr("{rate:.1f} tok/s").format(rate=stats.get("decode_tok_s", 0)),
+             _tr("first token {ttft:.2f} s").format(ttft=stats.get("ttft_s", 0))]
     if stats.get("finish_reason") == "cancelled":
-        parts.append("stopped")
+        parts.append(_tr("stopped"))
     elif stats.get("finish_reason") == "length":
-        parts.append("hit the token limit")
+        parts.append(_tr("hit the token limit"))
     return " · ".join(parts)
 
 
@@ -38,6 +43,7 @@ class ChatView(QTextBrowser):
         super().__init__()
         self.setOpenLinks(False)
         self.setObjectName("chat")
+        self.setAccessibleName(self.tr("Conversation"))
         self.anchorClicked.connect(self._anchor)
         self.colors, self.font_pt = colors, font_pt
         self.messages: list[Message] = []
@@ -73,7 +79,7 @@ class ChatView(QTextBrowser):
         c = self.colors
         foot = f'<p style="color: {c["muted"]}; margin-top: 6px">{footer}</p>' if footer else ""
         return (f'<table width="100%" cellspacing="0" cellpadding="12" bgcolor="{bg}" style="margin-bottom: 10px">'
-                f'<tr><td><p style="font-weight: 600; color: {c["muted"]}; margin-bottom: 4px">{who}</p>'
+                f'<tr><td><p style="font-weight: bold; color: {c["muted"]}; margin-bottom: 4px">{who}</p>'
                 f'{body}{foot}</td></tr></table>')
 
     def _link(self, href: str, label: str) -> str:
@@ -88,17 +94,19 @@ class ChatView(QTextBrowser):
         for i, m in enumerate(self.messages):
             if m.role == "user":
                 body = "<p>" + html.escape(m.content).replace("\n", "<br>") + "</p>"
-                foot = self._link(f"edit:{m.id}", "Edit and resend") if i == last_user and self.streaming is None else ""
-                parts.append(self._block("You", body, c["user"], foot))
+                foot = self._link(f"edit:{m.id}", self.tr("Edit and resend")) \
+                    if i == last_user and self.streaming is None else ""
+                parts.append(self._block(self.tr("You"), body, c["user"], foot))
             else:
                 foot = stats_line(m.stats)
                 if i == last and self.streaming is None:
-                    links = f'{self._link("regenerate:", "Regenerate")} &nbsp; {self._link(f"copymsg:{m.id}", "Copy")}'
+                    links = (f'{self._link("regenerate:", self.tr("Regenerate"))} &nbsp; '
+                             f'{self._link(f"copymsg:{m.id}", self.tr("Copy"))}')
                     foot = f"{foot} &nbsp; {links}" if foot else links
-                parts.append(self._block("Assistant", md.render(m.content), c["assistant"], foot))
+                parts.append(self._block(self.tr("Assistant"), md.render(m.content), c["assistant"], foot))
         if self.streaming is not None:
             body = md.render(self.streaming) if self.streaming else f'<p style="color: {c["muted"]}">…</p>'
-            parts.append(self._block("Assistant", body, c["assistant"]))
+            parts.append(self._block(self.tr("Assistant"), body, c["assistant"]))
         if not self.messages and self.streaming is None and self.empty_text:
             parts.append(f'<p align="center" style="color: {c["muted"]}; margin-top: 40px">{self.empty_text}</p>')
         self._codes = md.codes
@@ -135,7 +143,8 @@ class MessageInput(QPlainTextEdit):
 
     def __init__(self):
         super().__init__()
-        self.setPlaceholderText("Message Colibri — Enter sends, Shift+Enter adds a line")
+        self.setPlaceholderText(self.tr("Message Colibri — Enter sends, Shift+Enter adds a line"))
+        self.setAccessibleName(self.tr("Message"))
         self.document().contentsChanged.connect(self._fit_height)
         self._fit_height()
 

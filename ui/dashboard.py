@@ -30,6 +30,12 @@ TIERS = ("small", "medium", "large")
 _mb = human_bytes
 
 
+def _no_focus(plot: pg.PlotWidget) -> None:
+    """A plot is a picture, mouse and keys off: Tab passes it by (its figures are in the caption below)."""
+    plot.setFocusPolicy(Qt.NoFocus)
+    plot.viewport().setFocusPolicy(Qt.NoFocus)
+
+
 def _pct(x: float | None) -> str:
     return "—" if x is None else f"{x:.0%}"
 
@@ -43,7 +49,8 @@ class Dashboard(QWidget):
         super().__init__(parent, Qt.Window)
         pyside_refcount.install()
         self.setObjectName("dashboard")
-        self.setWindowTitle("Colibri — performance")
+        self.setWindowTitle(self.tr("Colibri — performance"))
+        self.setAccessibleName(self.tr("Performance dashboard"))
         self.resize(1320, 900)
         self.colors = colors
         self.model_path = model_path
@@ -67,6 +74,7 @@ class Dashboard(QWidget):
         c = self.colors
         p = pg.PlotWidget(background=c["bg"])
         p.setMinimumHeight(150)
+        _no_focus(p)
         for side in ("left", "bottom", "right"):
             ax = p.getAxis(side)
             ax.setPen(pg.mkPen(c["border"]))
@@ -108,6 +116,8 @@ class Dashboard(QWidget):
         lay.setSpacing(4)
         for w in widgets:
             lay.addWidget(w, 1 if isinstance(w, (pg.PlotWidget, QTableWidget, QStackedWidget)) else 0)
+            if isinstance(w, (pg.PlotWidget, QStackedWidget)):
+                w.setAccessibleName(title)
         return box
 
     def _caption(self, name: str) -> QLabel:
@@ -119,7 +129,7 @@ class Dashboard(QWidget):
     def _build(self) -> None:
         c = self.colors
         blue, orange, green, red, purple = c["accent"], "#e8893a", "#3aa757", c["danger"], "#9b6bd6"
-        self.header = QLabel("No model is loaded.", objectName="dash_header", wordWrap=True)
+        self.header = QLabel(self.tr("No model is loaded."), objectName="dash_header", wordWrap=True)
         self.header.setStyleSheet("font-weight: 600;")
         self.advice_label = QLabel(objectName="advice", wordWrap=True)
         self.advice_label.setTextFormat(Qt.RichText)
@@ -140,6 +150,7 @@ class Dashboard(QWidget):
 
         self.heat_plot = pg.PlotWidget(background=c["bg"])
         self.heat_plot.setMinimumHeight(150)
+        _no_focus(self.heat_plot)
         self.heat_plot.setMouseEnabled(x=False, y=False)
         self.heat_plot.hideButtons()
         self.heat_plot.invertY(True)  # layer 0 on top, as in a table
@@ -158,15 +169,20 @@ class Dashboard(QWidget):
         self.heat_text = self._caption("heat_text")
 
         self.pool_table = QTableWidget(4, 4, objectName="pool_table")
-        self.pool_table.setHorizontalHeaderLabels(["used", "free", "blocks", "fragmented"])
-        self.pool_table.setVerticalHeaderLabels([*TIERS, "all"])
+        self.pool_table.setAccessibleName(self.tr("Memory pool"))
+        self.pool_table.setHorizontalHeaderLabels([self.tr("used"), self.tr("free"), self.tr("blocks"),
+                                                   self.tr("fragmented")])
+        self.pool_table.setVerticalHeaderLabels([self.tr("small"), self.tr("medium"), self.tr("large"),
+                                                 self.tr("all")])
         self.pool_table.setEditTriggers(QAbstractItemView.NoEditTriggers)
         self.pool_table.setSelectionMode(QAbstractItemView.NoSelection)
         self.pool_table.horizontalHeader().setSectionResizeMode(QHeaderView.Stretch)
         self.pool_table.verticalHeader().setSectionResizeMode(QHeaderView.Stretch)
         self.pool_text = self._caption("pool_text")
-        self.defrag_button = QPushButton("Defrag", objectName="defrag")
-        self.defrag_button.setToolTip("Compact the memory pool and give its free memory back to the system")
+        self.defrag_button = QPushButton(self.tr("&Defrag"), objectName="defrag")
+        self.defrag_button.setAccessibleName(self.tr("Defragment the memory pool"))
+        self.defrag_button.setToolTip(self.tr("Compact the memory pool and give its free memory back to the system"))
+        self.defrag_button.setAccessibleDescription(self.defrag_button.toolTip())
         self.defrag_button.clicked.connect(self.request_defrag)
         self.defrag_text = self._caption("defrag_text")
         row = QWidget()
@@ -218,15 +234,15 @@ class Dashboard(QWidget):
         grid = QGridLayout()
         grid.setSpacing(8)
         panels = [
-            self._panel("Speed", self.speed_plot, self.speed_text),
-            self._panel("Expert cache: hit rate and prefetch accuracy", self.cache_plot, self.cache_text),
-            self._panel("Expert activations (layer × expert)", self.heat_plot, self.heat_text),
-            self._panel("Memory pool", self.pool_table, self.pool_text, row),
-            self._panel("Memory (RSS)", self.rss_plot, self.rss_text),
-            self._panel("CPU load", self.load_chart, self.load_text),
-            self._panel("CPU temperature and threads", self.temp_chart, self.temp_text),
-            self._panel("Power", self.power_chart, self.power_text),
-            self._panel("GPU", self.gpu_chart, self.gpu_text),
+            self._panel(self.tr("Speed"), self.speed_plot, self.speed_text),
+            self._panel(self.tr("Expert cache: hit rate and prefetch accuracy"), self.cache_plot, self.cache_text),
+            self._panel(self.tr("Expert activations (layer × expert)"), self.heat_plot, self.heat_text),
+            self._panel(self.tr("Memory pool"), self.pool_table, self.pool_text, row),
+            self._panel(self.tr("Memory (RSS)"), self.rss_plot, self.rss_text),
+            self._panel(self.tr("CPU load"), self.load_chart, self.load_text),
+            self._panel(self.tr("CPU temperature and threads"), self.temp_chart, self.temp_text),
+            self._panel(self.tr("Power"), self.power_chart, self.power_text),
+            self._panel(self.tr("GPU"), self.gpu_chart, self.gpu_text),
         ]
         for i, panel in enumerate(panels):
             grid.addWidget(panel, i // 3, i % 3)
@@ -252,7 +268,7 @@ class Dashboard(QWidget):
 
     def request_defrag(self) -> None:
         self.defrag_button.setEnabled(False)
-        self.defrag_text.setText("Defragmenting… (after the reply being written, if any)")
+        self.defrag_text.setText(self.tr("Defragmenting… (after the reply being written, if any)"))
         self.defrag_requested.emit()
 
     def _defrag_done(self, text: str) -> None:
@@ -305,11 +321,11 @@ class Dashboard(QWidget):
         self.advice = lines
         c = self.colors
         if not lines:
-            self.advice_label.setText("No advice: nothing in these figures asks for a change.")
+            self.advice_label.setText(self.tr("No advice: nothing in these figures asks for a change."))
             self.advice_label.setStyleSheet(f"color: {c['muted']}; padding: 4px 2px;")
             return
         items = "".join(f"<li>{line}</li>" for line in lines)
-        self.advice_label.setText(f"<b>Advice</b><ul style='margin: 2px 0 0 -20px;'>{items}</ul>")
+        self.advice_label.setText(f"<b>{self.tr('Advice')}</b><ul style='margin: 2px 0 0 -20px;'>{items}</ul>")
         self.advice_label.setStyleSheet(f"background: {c['user']}; color: {c['text']}; border: 1px solid "
                                         f"{c['border']}; border-radius: 6px; padding: 6px 10px;")
 

@@ -1,6 +1,7 @@
 """The chat window: conversations on the left, the chat in the middle, figures in the status line."""
 from __future__ import annotations
 
+import itertools
 import logging
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from app.settings import Settings
 from ui import theme
 from ui.chat_view import ChatView, MessageInput
 from ui.model_flow import ModelFlow, show_error
-from ui.models import ConversationListModel
+from ui.models import ConversationListModel, shown_title
 from ui.param_form import ConversationDialog, SettingsDialog
 
 log = logging.getLogger("colibri.ui")
@@ -84,9 +85,9 @@ class MainWindow(QMainWindow):
     # --- layout ------------------------------------------------------------------------------
     def _build(self) -> None:
         side = QWidget(objectName="sidebar")
-        self.search = QLineEdit(placeholderText="Search chats", clearButtonEnabled=True, objectName="search")
+        self.search = QLineEdit(placeholderText=self.tr("Search chats"), clearButtonEnabled=True, objectName="search")
         self.search.textChanged.connect(lambda _: self.refresh_conversations())
-        self.new_button = QPushButton("New chat", objectName="new_chat")
+        self.new_button = QPushButton(self.tr("New chat"), objectName="new_chat")
         self.new_button.clicked.connect(self.new_conversation)
         self.model = ConversationListModel()
         self.list = QListView(objectName="conversations")
@@ -109,9 +110,9 @@ class MainWindow(QMainWindow):
         self.model_picker = QComboBox(objectName="model_picker")
         self.model_picker.setMinimumWidth(240)
         self.model_picker.activated.connect(self._pick_model)
-        self.chat_settings_button = QPushButton("Chat settings", objectName="chat_settings")
+        self.chat_settings_button = QPushButton(self.tr("Chat settings"), objectName="chat_settings")
         self.chat_settings_button.clicked.connect(self.edit_conversation_options)
-        settings_button = QPushButton("Settings", objectName="settings")
+        self.settings_button = settings_button = QPushButton(self.tr("Settings"), objectName="settings")
         settings_button.clicked.connect(self.open_settings)
         tl = QHBoxLayout(top)
         tl.setContentsMargins(14, 8, 14, 8)
@@ -123,7 +124,7 @@ class MainWindow(QMainWindow):
         self.view = ChatView(theme.palette(self.settings.theme), self.settings.font_size)
         self.view.edit_requested.connect(self.edit_message)
         self.view.regenerate_requested.connect(self.regenerate)
-        self.view.copy_requested.connect(lambda _: self.statusBar().showMessage("Copied to the clipboard", 2000))
+        self.view.copy_requested.connect(lambda _: self.statusBar().showMessage(self.tr("Copied to the clipboard"), 2000))
 
         composer = QWidget(objectName="composer")
         self.input = MessageInput()
@@ -131,7 +132,7 @@ class MainWindow(QMainWindow):
         self.input.submitted.connect(self.send)
         self.notice = QLabel(objectName="notice")
         self.notice.hide()
-        self.send_button = QPushButton("Send", objectName="primary")
+        self.send_button = QPushButton(self.tr("Send"), objectName="primary")
         self.send_button.setMinimumWidth(84)
         self.send_button.clicked.connect(self._send_or_stop)
         cl = QVBoxLayout(composer)
@@ -163,6 +164,34 @@ class MainWindow(QMainWindow):
         for lab in (self.speed_label, self.context_label, self.memory_label):
             self.statusBar().addPermanentWidget(lab)
         self.refresh_models()
+        self._accessibility()
+
+    def _accessibility(self) -> None:
+        """Names and descriptions for screen readers, and the Tab order: sidebar, top bar, chat, composer."""
+        for w, name, description in [
+            (self.new_button, self.tr("New chat"), self.tr("Start a new conversation (Ctrl+N)")),
+            (self.search, self.tr("Search chats"), self.tr("Show only the chats whose title or messages contain this text")),
+            (self.list, self.tr("Conversations"), self.tr("Your chats, newest first; the context menu renames or deletes one")),
+            (self.title, self.tr("Chat title"), ""),
+            (self.model_picker, self.tr("Model"), self.tr("The model that writes the replies; the last entry imports one")),
+            (self.chat_settings_button, self.tr("Chat settings"), self.tr("System prompt and sampling of this chat")),
+            (self.settings_button, self.tr("Settings"), self.tr("Engine and appearance settings (Ctrl+,)")),
+            (self.view, self.tr("Conversation"), self.tr("The messages of this chat; links edit, regenerate or copy")),
+            (self.input, self.tr("Message"), self.tr("Enter sends, Shift+Enter adds a line, Esc stops a reply")),
+            (self.speed_label, self.tr("Speed"), ""),
+            (self.context_label, self.tr("Context used"), ""),
+            (self.memory_label, self.tr("Memory used"), ""),
+        ]:
+            w.setAccessibleName(name)
+            if description:
+                w.setAccessibleDescription(description)
+                w.setToolTip(w.toolTip() or description)
+        self.input.setTabChangesFocus(True)  # Tab leaves the box; Shift+Enter adds lines
+        self.view.setTabChangesFocus(True)  # the links have shortcuts: Tab is not trapped in the chat
+        chain = [self.new_button, self.search, self.list, self.model_picker, self.chat_settings_button,
+                 self.settings_button, self.view, self.input, self.send_button]
+        for a, b in itertools.pairwise(chain):
+            QWidget.setTabOrder(a, b)
 
     def _menus(self) -> None:
         def act(menu: QMenu, text: str, slot, shortcut: str | None = None) -> QAction:
@@ -171,25 +200,27 @@ class MainWindow(QMainWindow):
             if shortcut:
                 a.setShortcut(QKeySequence(shortcut))
             return a
-        f = self.menuBar().addMenu("&File")
-        act(f, "New chat", self.new_conversation, "Ctrl+N")
-        act(f, "Convert model…", self.import_model, "Ctrl+O")
+        f = self.menuBar().addMenu(self.tr("&File"))
+        act(f, self.tr("&New chat"), self.new_conversation, "Ctrl+N")
+        act(f, self.tr("Convert model…"), self.import_model, "Ctrl+O")
         f.addSeparator()
-        act(f, "Export chat as Markdown…", lambda: self.export_dialog("md"))
-        act(f, "Export chat as JSON…", lambda: self.export_dialog("json"))
+        act(f, self.tr("Export chat as &Markdown…"), lambda: self.export_dialog("md"))
+        act(f, self.tr("Export chat as &JSON…"), lambda: self.export_dialog("json"))
         f.addSeparator()
-        act(f, "Quit", self.close, "Ctrl+Q")
-        c = self.menuBar().addMenu("&Chat")
-        act(c, "Stop", self.stop, "Esc")
-        act(c, "Regenerate", self.regenerate, "Ctrl+R")
-        act(c, "Edit last message", lambda: self.edit_message(None), "Ctrl+E")
-        act(c, "Rename chat…", lambda: self.rename_dialog(self.conv_id), "F2")
-        act(c, "Delete chat", lambda: self.delete_conversation(self.conv_id, confirm=True))
-        act(c, "Chat settings…", self.edit_conversation_options)
-        v = self.menuBar().addMenu("&View")
-        act(v, "Toggle dark theme", self.toggle_theme, "Ctrl+Shift+D")
-        act(v, "Settings…", self.open_settings, "Ctrl+,")
-        act(v, "Performance dashboard", self.open_dashboard, "Ctrl+Shift+P")
+        act(f, self.tr("&Quit"), self.close, "Ctrl+Q")
+        c = self.menuBar().addMenu(self.tr("&Chat"))
+        act(c, self.tr("&Send"), lambda: self.send(self.input.toPlainText()), "Ctrl+Return")
+        act(c, self.tr("S&top"), self.stop, "Esc")
+        act(c, self.tr("&Regenerate"), self.regenerate, "Ctrl+R")
+        act(c, self.tr("&Edit last message"), lambda: self.edit_message(None), "Ctrl+E")
+        act(c, self.tr("Re&name chat…"), lambda: self.rename_dialog(self.conv_id), "F2")
+        act(c, self.tr("&Delete chat"), lambda: self.delete_conversation(self.conv_id, confirm=True))
+        act(c, self.tr("Chat se&ttings…"), self.edit_conversation_options)
+        act(c, self.tr("Go to the &message box"), self.input.setFocus, "Ctrl+L")
+        v = self.menuBar().addMenu(self.tr("&View"))
+        act(v, self.tr("Toggle &dark theme"), self.toggle_theme, "Ctrl+Shift+D")
+        act(v, self.tr("&Settings…"), self.open_settings, "Ctrl+,")
+        act(v, self.tr("Performance dashboard"), self.open_dashboard, "Ctrl+Shift+P")
 
     def sizeHint(self) -> QSize:  # noqa: N802 - Qt's name
         return QSize(1100, 720)
@@ -213,7 +244,7 @@ class MainWindow(QMainWindow):
 
     def render_conversation(self) -> None:
         conv = self.history.conversation(self.conv_id)
-        self.title.set_full_text(conv.title)
+        self.title.set_full_text(shown_title(conv.title))
         streaming = self.view.streaming if self.gen_conv == self.conv_id else None
         self.view.set_messages(self.history.messages(self.conv_id), streaming)
 
@@ -227,12 +258,13 @@ class MainWindow(QMainWindow):
         self.history.rename(cid, title)
         self.refresh_conversations()
         if cid == self.conv_id:
-            self.title.set_full_text(self.history.conversation(cid).title)
+            self.title.set_full_text(shown_title(self.history.conversation(cid).title))
 
     def rename_dialog(self, cid: int | None) -> None:
         if cid is None:
             return
-        title, ok = QInputDialog.getText(self, "Rename chat", "Title:", text=self.history.conversation(cid).title)
+        title, ok = QInputDialog.getText(self, self.tr("Rename chat"), self.tr("Title:"),
+                                         text=self.history.conversation(cid).title)
         if ok:
             self.rename_conversation(cid, title)
 
@@ -240,7 +272,8 @@ class MainWindow(QMainWindow):
         if cid is None or cid == self.gen_conv:
             return
         title = self.history.conversation(cid).title
-        if confirm and QMessageBox.question(self, "Delete chat", f"Delete “{title}” and all its messages?") \
+        if confirm and QMessageBox.question(self, self.tr("Delete chat"),
+                                            self.tr("Delete “{title}” and all its messages?").format(title=title)) \
                 != QMessageBox.Yes:
             return
         self.history.delete(cid)
@@ -256,8 +289,8 @@ class MainWindow(QMainWindow):
             return
         cid = index.data(ConversationListModel.IdRole)
         menu = QMenu(self)
-        menu.addAction("Rename…", lambda: self.rename_dialog(cid))
-        menu.addAction("Delete", lambda: self.delete_conversation(cid, confirm=True))
+        menu.addAction(self.tr("Rename…"), lambda: self.rename_dialog(cid))
+        menu.addAction(self.tr("Delete"), lambda: self.delete_conversation(cid, confirm=True))
         menu.exec(self.list.viewport().mapToGlobal(pos))
 
     def edit_conversation_options(self) -> None:
@@ -312,8 +345,8 @@ class MainWindow(QMainWindow):
                      "finish_reason": s.finish_reason}
             self.history.add_message(cid, "assistant", reply.text, stats)
         if reply.dropped:
-            self.statusBar().showMessage(f"The context was full: the {reply.dropped} oldest messages were left "
-                                         f"out of this reply", 8000)
+            self.statusBar().showMessage(self.tr("The context was full: the {n} oldest messages were left out of "
+                                                 "this reply").format(n=reply.dropped), 8000)
         self._set_busy("")
         if cid == self.conv_id:
             self.render_conversation()
@@ -353,7 +386,7 @@ class MainWindow(QMainWindow):
         self.editing = users[-1].id
         self.input.setPlainText(users[-1].content)
         self.input.setFocus()
-        self.notice.setText("Editing your last message: Enter resends it and replaces the reply · Esc cancels")
+        self.notice.setText(self.tr("Editing your last message: Enter resends it and replaces the reply · Esc cancels"))
         self.notice.show()
 
     # --- models ------------------------------------------------------------------------------
@@ -367,9 +400,9 @@ class MainWindow(QMainWindow):
         for p in paths:
             self.model_picker.addItem(Path(p).name, p)
         if not paths:
-            self.model_picker.addItem("No model", None)
+            self.model_picker.addItem(self.tr("No model"), None)
         self.model_picker.insertSeparator(self.model_picker.count())
-        self.model_picker.addItem("Import…", IMPORT)
+        self.model_picker.addItem(self.tr("Import…"), IMPORT)
         index = self.model_picker.findData(current) if current else 0
         self.model_picker.setCurrentIndex(max(index, 0))
         self.model_picker.blockSignals(False)
@@ -411,7 +444,7 @@ class MainWindow(QMainWindow):
         if getattr(self, "dashboard", None) is not None:
             self.dashboard.set_model_path(self.flow.model)
         self.refresh_models()
-        self.view.empty_text = f"{snapshot.model} is ready. Type a message below."
+        self.view.empty_text = self.tr("{model} is ready. Type a message below.").format(model=snapshot.model)
         self.render_conversation()
         self._update_controls()
         self.input.setFocus()
@@ -419,7 +452,8 @@ class MainWindow(QMainWindow):
     def _on_no_model(self, reason: str) -> None:
         if self.flow.model is not None:
             return
-        self.view.empty_text = f"No model is loaded. {reason} Pick or import one from the model list above."
+        self.view.empty_text = self.tr("No model is loaded. {reason} Pick or import one from the model list "
+                                       "above.").format(reason=reason)
         self.refresh_models()
         self.render_conversation()
 
@@ -439,10 +473,13 @@ class MainWindow(QMainWindow):
             if value != current.get(name):
                 self.settings.engine[name] = value
                 self.flow.set_param_requested.emit(name, value)
+        language = self.settings.language
         for name, value in ui.items():
             self.settings.set_ui(name, value)
         self.settings.save()
         self.apply_appearance()
+        if self.settings.language != language:
+            self.statusBar().showMessage(self.tr("The new language applies when Colibri next starts."), 10000)
 
     def toggle_theme(self) -> None:
         self.settings.set_ui("theme", "light" if self.settings.theme == "dark" else "dark")
@@ -464,12 +501,12 @@ class MainWindow(QMainWindow):
     def export_dialog(self, fmt: str) -> None:
         conv = self.history.conversation(self.conv_id)
         name = "".join(ch if ch.isalnum() or ch in " -_" else "_" for ch in conv.title).strip() or "chat"
-        path, _ = QFileDialog.getSaveFileName(self, "Export chat", str(Path.home() / f"{name}.{fmt}"),
+        path, _ = QFileDialog.getSaveFileName(self, self.tr("Export chat"), str(Path.home() / f"{name}.{fmt}"),
                                               "Markdown (*.md)" if fmt == "md" else "JSON (*.json)")
         if path:
             try:
                 self.export_conversation(conv.id, path, fmt)
-                self.statusBar().showMessage(f"Exported to {path}", 4000)
+                self.statusBar().showMessage(self.tr("Exported to {path}").format(path=path), 4000)
             except OSError as e:
                 show_error(self, "Exporting the chat", f"{path}: {e.strerror or e}")
 
@@ -480,7 +517,10 @@ class MainWindow(QMainWindow):
 
     def _update_controls(self) -> None:
         generating = self.busy == "generating"
-        self.send_button.setText("Stop" if generating else "Send")
+        self.send_button.setText(self.tr("Stop") if generating else self.tr("Send"))
+        self.send_button.setAccessibleName(self.tr("Stop the reply") if generating else self.tr("Send the message"))
+        self.send_button.setToolTip(self.tr("Stop writing the reply (Esc)") if generating
+                                    else self.tr("Send the message (Enter or Ctrl+Return)"))
         self.send_button.setObjectName("danger" if generating else "primary")
         self.send_button.style().unpolish(self.send_button)
         self.send_button.style().polish(self.send_button)
@@ -489,16 +529,16 @@ class MainWindow(QMainWindow):
 
     def _update_status(self) -> None:
         s, snap = self.last_step, self.snapshot
-        if s is not None:
-            self.speed_label.setText(f"{s.decode_tok_s:.1f} tok/s · first token {s.ttft_s:.2f} s")
-            self.context_label.setText(f"context {s.context_used:,} / {s.context_limit:,}")
-        elif snap is not None:
-            self.speed_label.setText(f"{snap.decode_tok_s:.1f} tok/s · first token {snap.ttft_s:.2f} s")
-            self.context_label.setText(f"context {snap.context_used:,} / {snap.context_limit:,}")
+        src = s if s is not None else snap
+        if src is not None:
+            self.speed_label.setText(self.tr("{rate:.1f} tok/s · first token {ttft:.2f} s")
+                                     .format(rate=src.decode_tok_s, ttft=src.ttft_s))
+            self.context_label.setText(self.tr("context {used:,} / {limit:,}")
+                                       .format(used=src.context_used, limit=src.context_limit))
         else:
-            self.speed_label.setText("— tok/s")
-            self.context_label.setText("context —")
-        self.memory_label.setText(f"memory {psutil.Process().memory_info().rss / 2**20:,.0f} MB")
+            self.speed_label.setText(self.tr("— tok/s"))
+            self.context_label.setText(self.tr("context —"))
+        self.memory_label.setText(self.tr("memory {mb:,.0f} MB").format(mb=psutil.Process().memory_info().rss / 2**20))
 
     def closeEvent(self, event) -> None:  # noqa: N802 - Qt's name
         self.status_timer.stop()

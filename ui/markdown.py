@@ -11,6 +11,7 @@ from pygments import highlight
 from pygments.formatters import HtmlFormatter
 from pygments.lexers import TextLexer, get_lexer_by_name
 from pygments.util import ClassNotFound
+from PySide6.QtCore import QCoreApplication
 
 _FORMATTERS: dict[str, HtmlFormatter] = {}
 
@@ -40,7 +41,8 @@ class MarkdownRenderer:
         self.codes.append(code)
         body = highlight(code, lexer, _formatter(self.c["pygments"])).rstrip("\n")
         c = self.c
-        link = f'<a href="copy:{len(self.codes) - 1}" style="color: {c["link"]}; text-decoration: none">Copy</a>'
+        copy = QCoreApplication.translate("ChatView", "Copy")
+        link = f'<a href="copy:{len(self.codes) - 1}" style="color: {c["link"]}; text-decoration: none">{copy}</a>'
         return (f'<table width="100%" cellspacing="0" cellpadding="8" border="0" style="margin-top: 4px; '
                 f'margin-bottom: 6px"><tr><td bgcolor="{c["code_border"]}"><span style="color: {c["muted"]}">'
                 f'{html.escape(lang or "code")}</span> &nbsp;·&nbsp; {link}</td></tr>'

@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from PySide6.QtCore import QObject, Qt, QThread, Signal
+from PySide6.QtCore import QCoreApplication, QObject, Qt, QThread, Signal
 from PySide6.QtWidgets import QMessageBox, QProgressDialog, QWidget
 
 from app import model_library
@@ -21,10 +21,31 @@ from engine.model_dir import open_model_dir
 log = logging.getLogger("colibri.ui")
 
 
+def _tr(text: str) -> str:
+    return QCoreApplication.translate("ModelFlow", text)
+
+
+# what failed, as the worker names it: fixed phrases, and phrases that end with a file or setting name
+_WHAT = ("Generating a reply", "Defragmenting the memory pool", "Reading the engine's figures",
+         "Converting the default model", "Exporting the chat")
+_WHAT_OF = ("Loading", "Converting", "Setting", "Reading")
+
+
+def translate_what(what: str) -> str:
+    if what in _WHAT:
+        return _tr(what)
+    head, _, name = what.partition(" ")
+    return _tr(head + " {name}").format(name=name) if head in _WHAT_OF and name else what
+
+
 def show_error(parent: QWidget, title: str, text: str) -> QMessageBox:
-    """A non-blocking error dialog with the specific message."""
-    box = QMessageBox(QMessageBox.Critical, title, f"{title} failed.", QMessageBox.Ok, parent)
+    """A non-blocking error dialog with the specific message (the engine's, untranslated: it names
+    the file, tensor or key)."""
+    title = translate_what(title)
+    box = QMessageBox(QMessageBox.Critical, title, _tr("{what} failed.").format(what=title), QMessageBox.Ok, parent)
     box.setInformativeText(text)
+    box.setAccessibleName(title)
+    box.setAccessibleDescription(text)
     box.setAttribute(Qt.WA_DeleteOnClose)
     box.setObjectName("error_dialog")
     box.open()
@@ -75,21 +96,23 @@ class ModelFlow(QObject):
         for candidate in (self.settings.model, str(model_library.default_model_dir())):
             if candidate and _valid(candidate):
                 return self.load(candidate)
-        self._progress_dialog(f"Preparing {default_model.NAME}",
-                              f"Converting the default model into your data folder (first run only).\n"
-                              f"{default_model.NAME}: {default_model.NOTE}.", cancel=True)
+        self._progress_dialog(self.tr("Preparing {name}").format(name=default_model.NAME),
+                              self.tr("Converting the default model into your data folder (first run only).")
+                              + f"\n{default_model.NAME}: {default_model.NOTE}.", cancel=True)
         self.busy.emit("converting")
         self.worker.arm()
         self.convert_requested.emit("")
 
     def load(self, path: str, force: bool = False) -> None:
         self.loading = path
-        self._progress_dialog(f"Loading {Path(path).name}", "checking memory", cancel=False)
+        self._progress_dialog(self.tr("Loading {name}").format(name=Path(path).name), self.tr("checking memory"),
+                              cancel=False)
         self.busy.emit("loading")
         self.load_requested.emit(path, self.settings.engine_values(), force)
 
     def import_source(self, source: str) -> None:
-        self._progress_dialog(f"Importing {Path(source).name}", "Converting into your model library…", cancel=True)
+        self._progress_dialog(self.tr("Importing {name}").format(name=Path(source).name),
+                              self.tr("Converting into your model library…"), cancel=True)
         self.busy.emit("converting")
         self.worker.arm()
         self.convert_requested.emit(source)
@@ -109,9 +132,10 @@ class ModelFlow(QObject):
     # --- dialogs -----------------------------------------------------------------------------
     def _progress_dialog(self, title: str, text: str, cancel: bool) -> None:
         self._close_dialog()
-        d = QProgressDialog(text, "Cancel" if cancel else "", 0, 1000 if cancel else 0, self.window)
+        d = QProgressDialog(text, self.tr("Cancel") if cancel else "", 0, 1000 if cancel else 0, self.window)
         d.setObjectName("progress_dialog")
         d.setWindowTitle(title)
+        d.setAccessibleName(title)
         d.setWindowModality(Qt.WindowModal)
         d.setMinimumDuration(0)
         d.setMinimumWidth(440)
@@ -133,12 +157,13 @@ class ModelFlow(QObject):
     # --- worker answers ----------------------------------------------------------------------
     def _stage(self, text: str) -> None:
         if self.dialog is not None:
-            self.dialog.setLabelText(f"{Path(self.loading or '').name}: {text}…")
+            self.dialog.setLabelText(f"{Path(self.loading or '').name}: {self.tr(text)}…")
 
     def _progress(self, fraction: float, tensor: str) -> None:
         if self.dialog is not None:
             self.dialog.setValue(int(fraction * 1000))
-            self.dialog.setLabelText(f"Converting {tensor}  ({fraction:.0%})")
+            self.dialog.setLabelText(self.tr("Converting {tensor}  ({fraction:.0%})").format(tensor=tensor,
+                                                                                            fraction=fraction))
 
     def _converted(self, path: str) -> None:
         self.load(path)
@@ -154,11 +179,12 @@ class ModelFlow(QObject):
     def _wont_fit(self, report: FitReport, path: str) -> None:
         self._close_dialog()
         self.busy.emit("")
-        box = QMessageBox(QMessageBox.Warning, "Not enough memory", f"{report.model} will not fit in memory.",
+        box = QMessageBox(QMessageBox.Warning, self.tr("Not enough memory"),
+                          self.tr("{model} will not fit in memory.").format(model=report.model),
                           QMessageBox.Cancel, self.window)
         box.setObjectName("fit_dialog")
         box.setInformativeText(report.explain())
-        anyway = box.addButton("Load anyway", QMessageBox.AcceptRole)
+        anyway = box.addButton(self.tr("Load anyway"), QMessageBox.AcceptRole)
         box.setAttribute(Qt.WA_DeleteOnClose)
         box.finished.connect(lambda _: self._fit_answer(box.clickedButton() is anyway, path, report))
         box.open()
@@ -181,7 +207,7 @@ class ModelFlow(QObject):
     def _cancelled(self, source: str) -> None:
         self._close_dialog()
         self.busy.emit("")
-        self.no_model.emit("The conversion was cancelled; nothing was written.")
+        self.no_model.emit(self.tr("The conversion was cancelled; nothing was written."))
 
 
 def _valid(path: str) -> bool:

@@ -3,9 +3,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from PySide6.QtCore import QAbstractListModel, QModelIndex, Qt
+from PySide6.QtCore import QAbstractListModel, QCoreApplication, QModelIndex, Qt
 
-from app.history import Conversation
+from app.history import NEW_TITLE, Conversation
+
+
+def shown_title(title: str) -> str:
+    """A conversation's title on screen: the untitled placeholder in the interface's language."""
+    return QCoreApplication.translate("ConversationListModel", "New chat") if title == NEW_TITLE else title
 
 
 class ConversationListModel(QAbstractListModel):
@@ -27,10 +32,8 @@ class ConversationListModel(QAbstractListModel):
         if not index.isValid():
             return None
         conv = self.items[index.row()]
-        if role == Qt.DisplayRole:
-            return conv.title
-        if role == Qt.ToolTipRole:
-            return conv.title
+        if role in (Qt.DisplayRole, Qt.ToolTipRole, Qt.AccessibleTextRole):
+            return shown_title(conv.title)
         if role == self.IdRole:
             return conv.id
         return None

@@ -6,18 +6,47 @@ from __future__ import annotations
 
 from typing import Any
 
+from PySide6.QtCore import QCoreApplication, Qt
 from PySide6.QtWidgets import (QCheckBox, QComboBox, QDialog, QDialogButtonBox, QDoubleSpinBox, QFormLayout,
-                               QLabel, QLineEdit, QPlainTextEdit, QSpinBox, QTabWidget, QVBoxLayout, QWidget)
+                               QLabel, QLineEdit, QPlainTextEdit, QScrollArea, QSpinBox, QTabWidget, QVBoxLayout,
+                               QWidget)
 
 from app import settings as S
 from engine.params import Param
 
 INT_MAX = 2**31 - 1  # QSpinBox holds a C int
+CHOICE_LABELS = {"en": "English", "zh_CN": "简体中文"}  # each language under its own name, in every language
+
+
+def _tr(text: str) -> str:
+    """Parameter names, help and choices are translated in the "Param" context (English if none)."""
+    return QCoreApplication.translate("Param", text)
 
 
 def label(name: str) -> str:
     return name.replace("_", " ").capitalize().replace("Kv ", "KV ").replace("Top k", "Top-k") \
         .replace("Top p", "Top-p").replace("Min p", "Min-p")
+
+
+def choice_label(choice: Any) -> str:
+    return CHOICE_LABELS.get(str(choice)) or _tr(str(choice))
+
+
+def scrolled(form: QWidget) -> QScrollArea:
+    """A form in a scroll area: a long table fits small screens, and wrapped help lines get the
+    height they need (the area sizes its widget by height-for-width)."""
+    area = QScrollArea(widgetResizable=True, frameShape=QScrollArea.NoFrame, focusPolicy=Qt.NoFocus)
+    area.setWidget(form)
+    area.viewport().setAutoFillBackground(False)
+    form.setAutoFillBackground(False)
+    return area
+
+
+def name_buttons(box: QDialogButtonBox) -> QDialogButtonBox:
+    """Standard buttons are named by their (translated) text, mnemonic marks removed."""
+    for b in box.buttons():
+        b.setAccessibleName(b.text().replace("&", ""))
+    return box
 
 
 class ParamForm(QWidget):
@@ -32,18 +61,22 @@ class ParamForm(QWidget):
         for p in params:
             editor = self._editor(p, values.get(p.name, p.default))
             editor.setObjectName(f"param_{p.name}")
-            editor.setToolTip(f"{p.help} ({p.range_text()})")
+            name, help_ = _tr(label(p.name)), _tr(p.help)
+            editor.setToolTip(f"{help_} ({p.range_text()})")
+            editor.setAccessibleName(name)
+            editor.setAccessibleDescription(help_)
             self.editors[p.name] = editor
-            form.addRow(label(p.name), editor)
-            help_text = p.help + (f" — {notes[p.name]}" if notes and p.name in notes else "")
+            form.addRow(name, editor)
+            help_text = help_ + (f" — {_tr(notes[p.name])}" if notes and p.name in notes else "")
             help_label = QLabel(help_text, objectName="help", wordWrap=True)
             form.addRow("", help_label)
 
     def _editor(self, p: Param, value: Any) -> QWidget:
         if p.choices is not None:
             w = QComboBox()
-            w.addItems([str(c) for c in p.choices])
-            w.setCurrentText(str(value))
+            for c in p.choices:
+                w.addItem(choice_label(c), c)
+            w.setCurrentIndex(max(w.findData(value), 0))
         elif p.type is bool:
             w = QCheckBox()
             w.setChecked(bool(value))
@@ -53,7 +86,8 @@ class ParamForm(QWidget):
             hi = min(int(p.max), INT_MAX) if p.max is not None else INT_MAX
             if p.nullable:  # one step below the minimum stands for "not set"
                 lo -= 1
-                w.setSpecialValueText("auto" if p.name == "threads" else "random" if p.name == "seed" else "default")
+                w.setSpecialValueText(_tr("auto") if p.name == "threads" else _tr("random") if p.name == "seed"
+                                      else _tr("default"))
             w.setRange(lo, hi)
             w.setValue(lo if value is None else min(int(value), hi))
         elif p.type is float:
@@ -62,7 +96,7 @@ class ParamForm(QWidget):
             lo = p.min if p.min is not None else -1e9
             if p.nullable:  # one step below the minimum stands for "not set"
                 lo -= 1
-                w.setSpecialValueText("as is")
+                w.setSpecialValueText(_tr("as is"))
             w.setRange(lo, p.max if p.max is not None else 1e9)
             w.setSingleStep(0.05)
             w.setValue(lo if value is None else float(value))
@@ -87,7 +121,7 @@ class ParamForm(QWidget):
     def set_value(self, name: str, value: Any) -> None:
         w, p = self.editors[name], self.params[name]
         if isinstance(w, QComboBox):
-            w.setCurrentText(str(value))
+            w.setCurrentIndex(max(w.findData(value), 0))
         elif isinstance(w, QCheckBox):
             w.setChecked(bool(value))
         elif isinstance(w, QSpinBox):
@@ -106,16 +140,20 @@ class SettingsDialog(QDialog):
 
     def __init__(self, parent: QWidget | None, settings: S.Settings):
         super().__init__(parent)
-        self.setWindowTitle("Settings")
+        self.setWindowTitle(self.tr("Settings"))
         self.setMinimumWidth(520)
-        notes = {p.name: "applies at once; the next reply reads the conversation again"
+        self.resize(640, 680)
+        notes = {p.name: "applies at once; the next reply reads the conversation again"  # translated by ParamForm
                  for p in S.engine_params() if not p.live}
         self.engine_form = ParamForm(S.engine_params(), settings.engine_values(), notes)
         self.ui_form = ParamForm(list(S.APPEARANCE.values()), settings.ui)
-        tabs = QTabWidget()
-        tabs.addTab(self.engine_form, "Engine")
-        tabs.addTab(self.ui_form, "Appearance")
+        tabs = QTabWidget(objectName="settings_tabs")
+        tabs.setAccessibleName(self.tr("Settings sections"))
+        tabs.tabBar().setAccessibleName(self.tr("Settings sections"))
+        tabs.addTab(scrolled(self.engine_form), self.tr("&Engine"))
+        tabs.addTab(scrolled(self.ui_form), self.tr("&Appearance"))
         buttons = QDialogButtonBox(QDialogButtonBox.Ok | QDialogButtonBox.Cancel)
+        name_buttons(buttons)
         buttons.accepted.connect(self.accept)
         buttons.rejected.connect(self.reject)
         lay = QVBoxLayout(self)
@@ -128,20 +166,25 @@ class ConversationDialog(QDialog):
 
     def __init__(self, parent: QWidget | None, system_prompt: str, sampling: dict[str, Any]):
         super().__init__(parent)
-        self.setWindowTitle("Chat settings")
+        self.setWindowTitle(self.tr("Chat settings"))
         self.setMinimumWidth(520)
         self.system = QPlainTextEdit(system_prompt, objectName="system_prompt")
-        self.system.setPlaceholderText("e.g. You are a concise assistant.")
+        self.system.setPlaceholderText(self.tr("e.g. You are a concise assistant."))
+        self.system.setAccessibleName(self.tr("System prompt"))
+        self.system.setTabChangesFocus(True)
         self.system.setFixedHeight(90)
         self.form = ParamForm(S.sampling_params(), sampling)
         buttons = QDialogButtonBox(QDialogButtonBox.Ok | QDialogButtonBox.Cancel | QDialogButtonBox.RestoreDefaults)
+        name_buttons(buttons)
         buttons.accepted.connect(self.accept)
         buttons.rejected.connect(self.reject)
         buttons.button(QDialogButtonBox.RestoreDefaults).clicked.connect(self.restore_defaults)
         lay = QVBoxLayout(self)
-        lay.addWidget(QLabel("System prompt"))
+        prompt_label = QLabel(self.tr("&System prompt"))
+        prompt_label.setBuddy(self.system)
+        lay.addWidget(prompt_label)
         lay.addWidget(self.system)
-        lay.addWidget(QLabel("Sampling"))
+        lay.addWidget(QLabel(self.tr("Sampling")))
         lay.addWidget(self.form)
         lay.addWidget(buttons)
 

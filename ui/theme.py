@@ -29,7 +29,7 @@ def palette(theme: str) -> dict[str, str]:
 def style_sheet(theme: str, font_pt: int) -> str:
     qss = (RESOURCES / "style.qss").read_text()
     values = PALETTES[theme] | {"ui_pt": str(max(9, font_pt - 1)), "small_pt": str(max(8, font_pt - 2)),
-                                "title_pt": str(font_pt + 1)}
+                                "title_pt": str(font_pt + 1), "resources": RESOURCES.as_posix()}
     for name, value in values.items():
         qss = qss.replace("{" + name + "}", value)
     return qss

@@ -37,7 +37,7 @@ class ConvertWizard(QDialog):
         super().__init__(parent)
         pyside_refcount.install()
         self.setObjectName("convert_wizard")
-        self.setWindowTitle("Convert a model")
+        self.setWindowTitle(self.tr("Convert a model"))
         self.resize(780, 700)
         self.models = Path(models)
         self.summary: ModelSummary | None = None
@@ -67,11 +67,11 @@ class ConvertWizard(QDialog):
         self.pages.addWidget(self._options_page())
         self.pages.addWidget(self._convert_page())
         self.step_label = QLabel(objectName="title")
-        self.back_button = QPushButton("Back")
+        self.back_button = QPushButton(self.tr("Back"))
         self.back_button.clicked.connect(lambda: self._go(self.pages.currentIndex() - 1))
-        self.next_button = QPushButton("Next", objectName="primary")
+        self.next_button = QPushButton(self.tr("Next"), objectName="primary")
         self.next_button.clicked.connect(self._next)
-        self.close_button = QPushButton("Close")
+        self.close_button = QPushButton(self.tr("Close"))
         self.close_button.clicked.connect(self.close)
         row = QHBoxLayout()
         row.addStretch(1)
@@ -86,10 +86,14 @@ class ConvertWizard(QDialog):
     def _source_page(self) -> QWidget:
         page = QWidget()
         self.path_edit = QLineEdit(objectName="source_path", readOnly=True,
-                                   placeholderText="a .gguf file, or a folder with config.json and *.safetensors")
-        gguf = QPushButton("GGUF file…")
+                                   placeholderText=self.tr("a .gguf file, or a folder with config.json and "
+                                                           "*.safetensors"))
+        self.path_edit.setAccessibleName(self.tr("Model source"))
+        gguf = QPushButton(self.tr("GGUF file…"))
+        gguf.setAccessibleName(self.tr("Choose a GGUF file"))
         gguf.clicked.connect(self._pick_gguf)
-        folder = QPushButton("Hugging Face folder…")
+        folder = QPushButton(self.tr("Hugging Face folder…"))
+        folder.setAccessibleName(self.tr("Choose a Hugging Face model folder"))
         folder.clicked.connect(self._pick_folder)
         row = QHBoxLayout()
         row.addWidget(self.path_edit, 1)
@@ -100,9 +104,10 @@ class ConvertWizard(QDialog):
         self.facts.setTextInteractionFlags(Qt.TextSelectableByMouse)
         self.facts.setAlignment(Qt.AlignTop | Qt.AlignLeft)
         lay = QVBoxLayout(page)
-        lay.addWidget(_muted("Colibri runs models converted into its own folder format. Pick the model to convert: "
-                             "a GGUF file (as llama.cpp uses) or a Hugging Face folder with its config.json and "
-                             "*.safetensors weights. Nothing is downloaded and the source is never changed."))
+        lay.addWidget(_muted(self.tr("Colibri runs models converted into its own folder format. Pick the model to "
+                                     "convert: a GGUF file (as llama.cpp uses) or a Hugging Face folder with its "
+                                     "config.json and *.safetensors weights. Nothing is downloaded and the source "
+                                     "is never changed.")))
         lay.addLayout(row)
         lay.addWidget(self.source_status)
         lay.addWidget(self.facts, 1)
@@ -110,25 +115,28 @@ class ConvertWizard(QDialog):
 
     def _options_page(self) -> QWidget:
         page = QWidget()
-        qbox = QGroupBox("Quantization: how each weight is stored")
+        qbox = QGroupBox(self.tr("Quantization: how each weight is stored"))
         ql = QVBoxLayout(qbox)
         self.quant_group = QButtonGroup(self)
         self.quant_buttons: dict[str, QRadioButton] = {}
         for q in QUANTIZE:
             b = QRadioButton(objectName=f"quant_{q}")
             self.quant_group.addButton(b)
+            b.setAccessibleName(q)
             self.quant_buttons[q] = b
             b.toggled.connect(lambda on: on and self._update_options())
             ql.addWidget(b)
-        ebox = QGroupBox("Expert files")
+        ebox = QGroupBox(self.tr("Expert files"))
         el = QVBoxLayout(ebox)
-        self.split_expert = QRadioButton("One file per expert: a token reads only the experts it uses (recommended)",
-                                         objectName="split_expert", checked=True)
-        self.split_layer = QRadioButton("One file per layer: fewer, larger files", objectName="split_layer")
+        self.split_expert = QRadioButton(self.tr("One file per expert: a token reads only the experts it uses "
+                                                 "(recommended)"), objectName="split_expert", checked=True)
+        self.split_layer = QRadioButton(self.tr("One file per layer: fewer, larger files"), objectName="split_layer")
         el.addWidget(self.split_expert)
         el.addWidget(self.split_layer)
         self.memory_table = QTableWidget(0, 3, objectName="memory_table")
-        self.memory_table.setHorizontalHeaderLabels(["experts in memory per layer", "memory needed", ""])
+        self.memory_table.setHorizontalHeaderLabels([self.tr("experts in memory per layer"), self.tr("memory needed"),
+                                                     ""])
+        self.memory_table.setAccessibleName(self.tr("Memory by expert cache size"))
         self.memory_table.setEditTriggers(QAbstractItemView.NoEditTriggers)
         self.memory_table.setSelectionMode(QAbstractItemView.NoSelection)
         self.memory_table.verticalHeader().hide()
@@ -137,15 +145,18 @@ class ConvertWizard(QDialog):
         self.memory_table.horizontalHeader().setSectionResizeMode(2, QHeaderView.Stretch)
         self.memory_table.setMinimumHeight(130)
         self.memory_note = _muted(name="memory_note")
-        mbox = QGroupBox("Memory by expert cache size")
+        mbox = QGroupBox(self.tr("Memory by expert cache size"))
         ml = QVBoxLayout(mbox)
         ml.addWidget(self.memory_table)
         ml.addWidget(self.memory_note)
         self.name_edit = QLineEdit(objectName="target_name")
+        self.name_edit.setAccessibleName(self.tr("Save as"))
         self.name_edit.textEdited.connect(lambda _: self._update_target())
         self.target_label = _muted(name="target")
         nrow = QHBoxLayout()
-        nrow.addWidget(QLabel("Save as"))
+        save_as = QLabel(self.tr("&Save as"))
+        save_as.setBuddy(self.name_edit)
+        nrow.addWidget(save_as)
         nrow.addWidget(self.name_edit, 1)
         lay = QVBoxLayout(page)
         lay.addWidget(qbox)
@@ -160,10 +171,11 @@ class ConvertWizard(QDialog):
         self.convert_title = QLabel(objectName="convert_title", wordWrap=True)
         self.bar = QProgressBar(objectName="convert_progress", minimum=0, maximum=1000)
         self.tensor_label = _muted(name="tensor")
-        self.cancel_button = QPushButton("Cancel", objectName="cancel_convert")
+        self.cancel_button = QPushButton(self.tr("Cancel"), objectName="cancel_convert")
+        self.cancel_button.setAccessibleName(self.tr("Cancel the conversion"))
         self.cancel_button.clicked.connect(self.cancel)
         self.outcome = QLabel(objectName="outcome", wordWrap=True)
-        self.open_button = QPushButton("Open in chat", objectName="primary")
+        self.open_button = QPushButton(self.tr("Open in chat"), objectName="primary")
         self.open_button.clicked.connect(self.open_in_chat)
         row = QHBoxLayout()
         row.addWidget(self.cancel_button)
@@ -181,7 +193,7 @@ class ConvertWizard(QDialog):
     # --- navigation --------------------------------------------------------------------------
     def _go(self, page: int) -> None:
         self.pages.setCurrentIndex(page)
-        titles = ["1 · Choose the source", "2 · Choose how to store it", "3 · Convert"]
+        titles = [self.tr("1 · Choose the source"), self.tr("2 · Choose how to store it"), self.tr("3 · Convert")]
         self.step_label.setText(titles[page])
         self._update_buttons()
 
@@ -189,12 +201,14 @@ class ConvertWizard(QDialog):
         page, busy = self.pages.currentIndex(), self.state in ("inspecting", "converting")
         self.back_button.setEnabled(page > SOURCE and not busy)
         self.next_button.setVisible(page < CONVERT)
-        self.next_button.setText("Convert" if page == OPTIONS else "Next")
+        self.next_button.setText(self.tr("Convert") if page == OPTIONS else self.tr("Next"))
         self.next_button.setEnabled(not busy and self.summary is not None
                                     and (page != OPTIONS or bool(self.name_edit.text().strip())))
         self.cancel_button.setVisible(self.state == "converting")
         self.open_button.setVisible(self.state == "done")
-        self.close_button.setText("Cancel" if busy and page == CONVERT else "Close")
+        self.close_button.setText(self.tr("Cancel") if busy and page == CONVERT else self.tr("Close"))
+        for b in (self.back_button, self.next_button, self.close_button, self.open_button):
+            b.setAccessibleName(b.text())
 
     def _next(self) -> None:
         if self.pages.currentIndex() == SOURCE:
@@ -204,12 +218,12 @@ class ConvertWizard(QDialog):
 
     # --- source ------------------------------------------------------------------------------
     def _pick_gguf(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(self, "Choose a GGUF file", str(Path.home()), "GGUF (*.gguf)")
+        path, _ = QFileDialog.getOpenFileName(self, self.tr("Choose a GGUF file"), str(Path.home()), "GGUF (*.gguf)")
         if path:
             self.set_source(path)
 
     def _pick_folder(self) -> None:
-        path = QFileDialog.getExistingDirectory(self, "Choose a Hugging Face model folder", str(Path.home()))
+        path = QFileDialog.getExistingDirectory(self, self.tr("Choose a Hugging Face model folder"), str(Path.home()))
         if path:
             self.set_source(path)
 
@@ -218,7 +232,7 @@ class ConvertWizard(QDialog):
         self.summary, self.state = None, "inspecting"
         self.path_edit.setText(path)
         self.source_status.setStyleSheet("")
-        self.source_status.setText(f"Reading {Path(path).name}…")
+        self.source_status.setText(self.tr("Reading {name}…").format(name=Path(path).name))
         self.facts.clear()
         self._update_buttons()
         self.inspect_requested.emit(path)
@@ -272,9 +286,10 @@ class ConvertWizard(QDialog):
     def _update_target(self) -> None:
         name = self.name_edit.text().strip()
         bad = not name or "/" in name or name in (".", "..")
-        text = "Give the model a name." if bad else f"It will be written to {self.target}."
+        text = self.tr("Give the model a name.") if bad else \
+            self.tr("It will be written to {path}.").format(path=self.target)
         if not bad and self.target.exists():
-            text += " A model with this name is in your library already: converting replaces it."
+            text += " " + self.tr("A model with this name is in your library already: converting replaces it.")
         self.target_label.setText(text)
         self._update_buttons()
         self.next_button.setEnabled(self.next_button.isEnabled() and not bad)
@@ -286,7 +301,7 @@ class ConvertWizard(QDialog):
         self.progress_seen = []
         self.bar.setValue(0)
         self.convert_title.setText(f"Converting {s.name} ({self.quantize}) into {self.target}")
-        self.tensor_label.setText("Starting…")
+        self.tensor_label.setText(self.tr("Starting…"))
         self.outcome.setText("")
         self.outcome.setStyleSheet("")
         self._go(CONVERT)
@@ -297,7 +312,7 @@ class ConvertWizard(QDialog):
     def cancel(self) -> None:
         if self.state == "converting":
             self.worker.request_cancel()  # a threading.Event: direct, the worker's thread is busy
-            self.tensor_label.setText("Cancelling…")
+            self.tensor_label.setText(self.tr("Cancelling…"))
 
     def _progress(self, fraction: float, tensor: str) -> None:
         self.progress_seen.append(fraction)
@@ -317,7 +332,7 @@ class ConvertWizard(QDialog):
     def _cancelled(self) -> None:
         self.state = "cancelled"
         self.tensor_label.setText("")
-        self.outcome.setText("Cancelled: nothing was written. Go back to change the options, or close.")
+        self.outcome.setText(self.tr("Cancelled: nothing was written. Go back to change the options, or close."))
         self._update_buttons()
 
     def _failed(self, what: str, message: str) -> None:

@@ -1,0 +1,946 @@
+<?xml version="1.0" encoding="utf-8"?>
+<!DOCTYPE TS>
+<TS version="2.1" language="zh_CN" sourcelanguage="en">
+<context>
+    <name>MainWindow</name>
+    <message>
+        <source>New chat</source>
+        <translation>新建对话</translation>
+    </message>
+    <message>
+        <source>Start a new conversation (Ctrl+N)</source>
+        <translation>开始一个新对话 (Ctrl+N)</translation>
+    </message>
+    <message>
+        <source>Search chats</source>
+        <translation>搜索对话</translation>
+    </message>
+    <message>
+        <source>Show only the chats whose title or messages contain this text</source>
+        <translation>只显示标题或消息包含此文字的对话</translation>
+    </message>
+    <message>
+        <source>Conversations</source>
+        <translation>对话列表</translation>
+    </message>
+    <message>
+        <source>Your chats, newest first; the context menu renames or deletes one</source>
+        <translation>你的对话，最新的在前；右键菜单可重命名或删除</translation>
+    </message>
+    <message>
+        <source>Chat title</source>
+        <translation>对话标题</translation>
+    </message>
+    <message>
+        <source>Model</source>
+        <translation>模型</translation>
+    </message>
+    <message>
+        <source>The model that writes the replies; the last entry imports one</source>
+        <translation>生成回复的模型；最后一项用于导入模型</translation>
+    </message>
+    <message>
+        <source>Chat settings</source>
+        <translation>对话设置</translation>
+    </message>
+    <message>
+        <source>System prompt and sampling of this chat</source>
+        <translation>此对话的系统提示词和采样参数</translation>
+    </message>
+    <message>
+        <source>Settings</source>
+        <translation>设置</translation>
+    </message>
+    <message>
+        <source>Engine and appearance settings (Ctrl+,)</source>
+        <translation>引擎和外观设置 (Ctrl+,)</translation>
+    </message>
+    <message>
+        <source>Conversation</source>
+        <translation>对话内容</translation>
+    </message>
+    <message>
+        <source>The messages of this chat; links edit, regenerate or copy</source>
+        <translation>此对话的消息；其中的链接可编辑、重新生成或复制</translation>
+    </message>
+    <message>
+        <source>Message</source>
+        <translation>消息</translation>
+    </message>
+    <message>
+        <source>Enter sends, Shift+Enter adds a line, Esc stops a reply</source>
+        <translation>Enter 发送，Shift+Enter 换行，Esc 停止回复</translation>
+    </message>
+    <message>
+        <source>Speed</source>
+        <translation>速度</translation>
+    </message>
+    <message>
+        <source>Context used</source>
+        <translation>已用上下文</translation>
+    </message>
+    <message>
+        <source>Memory used</source>
+        <translation>已用内存</translation>
+    </message>
+    <message>
+        <source>&amp;File</source>
+        <translation>文件(&amp;F)</translation>
+    </message>
+    <message>
+        <source>&amp;New chat</source>
+        <translation>新建对话(&amp;N)</translation>
+    </message>
+    <message>
+        <source>Convert model…</source>
+        <translation>转换模型…</translation>
+    </message>
+    <message>
+        <source>Export chat as &amp;Markdown…</source>
+        <translation>将对话导出为 &amp;Markdown…</translation>
+    </message>
+    <message>
+        <source>Export chat as &amp;JSON…</source>
+        <translation>将对话导出为 &amp;JSON…</translation>
+    </message>
+    <message>
+        <source>&amp;Quit</source>
+        <translation>退出(&amp;Q)</translation>
+    </message>
+    <message>
+        <source>&amp;Chat</source>
+        <translation>对话(&amp;C)</translation>
+    </message>
+    <message>
+        <source>&amp;Send</source>
+        <translation>发送(&amp;S)</translation>
+    </message>
+    <message>
+        <source>S&amp;top</source>
+        <translation>停止(&amp;T)</translation>
+    </message>
+    <message>
+        <source>&amp;Regenerate</source>
+        <translation>重新生成(&amp;R)</translation>
+    </message>
+    <message>
+        <source>&amp;Edit last message</source>
+        <translation>编辑上一条消息(&amp;E)</translation>
+    </message>
+    <message>
+        <source>Re&amp;name chat…</source>
+        <translation>重命名对话(&amp;N)…</translation>
+    </message>
+    <message>
+        <source>&amp;Delete chat</source>
+        <translation>删除对话(&amp;D)</translation>
+    </message>
+    <message>
+        <source>Chat se&amp;ttings…</source>
+        <translation>对话设置(&amp;T)…</translation>
+    </message>
+    <message>
+        <source>Go to the &amp;message box</source>
+        <translation>转到消息输入框(&amp;M)</translation>
+    </message>
+    <message>
+        <source>&amp;View</source>
+        <translation>视图(&amp;V)</translation>
+    </message>
+    <message>
+        <source>Toggle &amp;dark theme</source>
+        <translation>切换深色主题(&amp;D)</translation>
+    </message>
+    <message>
+        <source>&amp;Settings…</source>
+        <translation>设置(&amp;S)…</translation>
+    </message>
+    <message>
+        <source>Performance dashboard</source>
+        <translation>性能仪表盘</translation>
+    </message>
+    <message>
+        <source>Copied to the clipboard</source>
+        <translation>已复制到剪贴板</translation>
+    </message>
+    <message>
+        <source>Send</source>
+        <translation>发送</translation>
+    </message>
+    <message>
+        <source>Rename chat</source>
+        <translation>重命名对话</translation>
+    </message>
+    <message>
+        <source>Title:</source>
+        <translation>标题：</translation>
+    </message>
+    <message>
+        <source>Delete chat</source>
+        <translation>删除对话</translation>
+    </message>
+    <message>
+        <source>Delete “{title}” and all its messages?</source>
+        <translation>删除“{title}”及其全部消息？</translation>
+    </message>
+    <message>
+        <source>Rename…</source>
+        <translation>重命名…</translation>
+    </message>
+    <message>
+        <source>Delete</source>
+        <translation>删除</translation>
+    </message>
+    <message>
+        <source>The context was full: the {n} oldest messages were left out of this reply</source>
+        <translation>上下文已满：最早的 {n} 条消息未纳入这次回复</translation>
+    </message>
+    <message>
+        <source>Editing your last message: Enter resends it and replaces the reply · Esc cancels</source>
+        <translation>正在编辑上一条消息：Enter 重新发送并替换回复 · Esc 取消</translation>
+    </message>
+    <message>
+        <source>No model</source>
+        <translation>没有模型</translation>
+    </message>
+    <message>
+        <source>Import…</source>
+        <translation>导入…</translation>
+    </message>
+    <message>
+        <source>{model} is ready. Type a message below.</source>
+        <translation>{model} 已就绪。请在下方输入消息。</translation>
+    </message>
+    <message>
+        <source>No model is loaded. {reason} Pick or import one from the model list above.</source>
+        <translation>没有加载模型。{reason} 请在上方的模型列表中选择或导入一个。</translation>
+    </message>
+    <message>
+        <source>The new language applies when Colibri next starts.</source>
+        <translation>新的界面语言将在 Colibri 下次启动时生效。</translation>
+    </message>
+    <message>
+        <source>Export chat</source>
+        <translation>导出对话</translation>
+    </message>
+    <message>
+        <source>Exported to {path}</source>
+        <translation>已导出到 {path}</translation>
+    </message>
+    <message>
+        <source>Stop</source>
+        <translation>停止</translation>
+    </message>
+    <message>
+        <source>Stop the reply</source>
+        <translation>停止回复</translation>
+    </message>
+    <message>
+        <source>Send the message</source>
+        <translation>发送消息</translation>
+    </message>
+    <message>
+        <source>Stop writing the reply (Esc)</source>
+        <translation>停止生成回复 (Esc)</translation>
+    </message>
+    <message>
+        <source>Send the message (Enter or Ctrl+Return)</source>
+        <translation>发送消息 (Enter 或 Ctrl+Return)</translation>
+    </message>
+    <message>
+        <source>{rate:.1f} tok/s · first token {ttft:.2f} s</source>
+        <translation>{rate:.1f} 词元/秒 · 首词元 {ttft:.2f} 秒</translation>
+    </message>
+    <message>
+        <source>context {used:,} / {limit:,}</source>
+        <translation>上下文 {used:,} / {limit:,}</translation>
+    </message>
+    <message>
+        <source>— tok/s</source>
+        <translation>— 词元/秒</translation>
+    </message>
+    <message>
+        <source>context —</source>
+        <translation>上下文 —</translation>
+    </message>
+    <message>
+        <source>memory {mb:,.0f} MB</source>
+        <translation>内存 {mb:,.0f} MB</translation>
+    </message>
+</context>
+<context>
+    <name>ChatView</name>
+    <message>
+        <source>Conversation</source>
+        <translation>对话内容</translation>
+    </message>
+    <message>
+        <source>Edit and resend</source>
+        <translation>编辑并重新发送</translation>
+    </message>
+    <message>
+        <source>You</source>
+        <translation>你</translation>
+    </message>
+    <message>
+        <source>Assistant</source>
+        <translation>助手</translation>
+    </message>
+    <message>
+        <source>Copy</source>
+        <translation>复制</translation>
+    </message>
+    <message>
+        <source>Regenerate</source>
+        <translation>重新生成</translation>
+    </message>
+    <message>
+        <source>{n} tokens</source>
+        <translation>{n} 个词元</translation>
+    </message>
+    <message>
+        <source>{rate:.1f} tok/s</source>
+        <translation>{rate:.1f} 词元/秒</translation>
+    </message>
+    <message>
+        <source>first token {ttft:.2f} s</source>
+        <translation>首词元 {ttft:.2f} 秒</translation>
+    </message>
+    <message>
+        <source>stopped</source>
+        <translation>已停止</translation>
+    </message>
+    <message>
+        <source>hit the token limit</source>
+        <translation>达到词元上限</translation>
+    </message>
+</context>
+<context>
+    <name>MessageInput</name>
+    <message>
+        <source>Message Colibri — Enter sends, Shift+Enter adds a line</source>
+        <translation>给 Colibri 发消息 — Enter 发送，Shift+Enter 换行</translation>
+    </message>
+    <message>
+        <source>Message</source>
+        <translation>消息</translation>
+    </message>
+</context>
+<context>
+    <name>ConversationDialog</name>
+    <message>
+        <source>Chat settings</source>
+        <translation>对话设置</translation>
+    </message>
+    <message>
+        <source>e.g. You are a concise assistant.</source>
+        <translation>例如：你是一个简洁的助手。</translation>
+    </message>
+    <message>
+        <source>System prompt</source>
+        <translation>系统提示词</translation>
+    </message>
+    <message>
+        <source>&amp;System prompt</source>
+        <translation>系统提示词(&amp;S)</translation>
+    </message>
+    <message>
+        <source>Sampling</source>
+        <translation>采样</translation>
+    </message>
+</context>
+<context>
+    <name>ConversationListModel</name>
+    <message>
+        <source>New chat</source>
+        <translation>新对话</translation>
+    </message>
+</context>
+<context>
+    <name>SettingsDialog</name>
+    <message>
+        <source>Settings</source>
+        <translation>设置</translation>
+    </message>
+    <message>
+        <source>Settings sections</source>
+        <translation>设置分类</translation>
+    </message>
+    <message>
+        <source>&amp;Engine</source>
+        <translation>引擎(&amp;E)</translation>
+    </message>
+    <message>
+        <source>&amp;Appearance</source>
+        <translation>外观(&amp;A)</translation>
+    </message>
+</context>
+<context>
+    <name>ModelFlow</name>
+    <message>
+        <source>Preparing {name}</source>
+        <translation>正在准备 {name}</translation>
+    </message>
+    <message>
+        <source>Converting the default model into your data folder (first run only).</source>
+        <translation>正在把默认模型转换到你的数据文件夹（仅首次运行）。</translation>
+    </message>
+    <message>
+        <source>Loading {name}</source>
+        <translation>加载 {name}</translation>
+    </message>
+    <message>
+        <source>checking memory</source>
+        <translation>正在检查内存</translation>
+    </message>
+    <message>
+        <source>Importing {name}</source>
+        <translation>正在导入 {name}</translation>
+    </message>
+    <message>
+        <source>Converting into your model library…</source>
+        <translation>正在转换到你的模型库…</translation>
+    </message>
+    <message>
+        <source>Cancel</source>
+        <translation>取消</translation>
+    </message>
+    <message>
+        <source>Converting {tensor}  ({fraction:.0%})</source>
+        <translation>正在转换 {tensor}  ({fraction:.0%})</translation>
+    </message>
+    <message>
+        <source>Not enough memory</source>
+        <translation>内存不足</translation>
+    </message>
+    <message>
+        <source>{model} will not fit in memory.</source>
+        <translation>{model} 无法装入内存。</translation>
+    </message>
+    <message>
+        <source>Load anyway</source>
+        <translation>仍然加载</translation>
+    </message>
+    <message>
+        <source>The conversion was cancelled; nothing was written.</source>
+        <translation>转换已取消；没有写入任何内容。</translation>
+    </message>
+    <message>
+        <source>{what} failed.</source>
+        <translation>{what}失败。</translation>
+    </message>
+    <message>
+        <source>Generating a reply</source>
+        <translation>生成回复</translation>
+    </message>
+    <message>
+        <source>Defragmenting the memory pool</source>
+        <translation>整理内存池</translation>
+    </message>
+    <message>
+        <source>Reading the engine's figures</source>
+        <translation>读取引擎数据</translation>
+    </message>
+    <message>
+        <source>Converting the default model</source>
+        <translation>转换默认模型</translation>
+    </message>
+    <message>
+        <source>Exporting the chat</source>
+        <translation>导出对话</translation>
+    </message>
+    <message>
+        <source>Converting {name}</source>
+        <translation>转换 {name}</translation>
+    </message>
+    <message>
+        <source>Setting {name}</source>
+        <translation>设置 {name}</translation>
+    </message>
+    <message>
+        <source>Reading {name}</source>
+        <translation>读取 {name}</translation>
+    </message>
+</context>
+<context>
+    <name>Dashboard</name>
+    <message>
+        <source>Colibri — performance</source>
+        <translation>Colibri — 性能</translation>
+    </message>
+    <message>
+        <source>Performance dashboard</source>
+        <translation>性能仪表盘</translation>
+    </message>
+    <message>
+        <source>No model is loaded.</source>
+        <translation>没有加载模型。</translation>
+    </message>
+    <message>
+        <source>Memory pool</source>
+        <translation>内存池</translation>
+    </message>
+    <message>
+        <source>used</source>
+        <translation>已用</translation>
+    </message>
+    <message>
+        <source>free</source>
+        <translation>空闲</translation>
+    </message>
+    <message>
+        <source>blocks</source>
+        <translation>块数</translation>
+    </message>
+    <message>
+        <source>fragmented</source>
+        <translation>碎片率</translation>
+    </message>
+    <message>
+        <source>small</source>
+        <translation>小</translation>
+    </message>
+    <message>
+        <source>medium</source>
+        <translation>中</translation>
+    </message>
+    <message>
+        <source>large</source>
+        <translation>大</translation>
+    </message>
+    <message>
+        <source>all</source>
+        <translation>全部</translation>
+    </message>
+    <message>
+        <source>&amp;Defrag</source>
+        <translation>整理(&amp;D)</translation>
+    </message>
+    <message>
+        <source>Defragment the memory pool</source>
+        <translation>整理内存池</translation>
+    </message>
+    <message>
+        <source>Compact the memory pool and give its free memory back to the system</source>
+        <translation>压缩内存池，并把空闲内存还给系统</translation>
+    </message>
+    <message>
+        <source>Speed</source>
+        <translation>速度</translation>
+    </message>
+    <message>
+        <source>Expert cache: hit rate and prefetch accuracy</source>
+        <translation>专家缓存：命中率与预取准确率</translation>
+    </message>
+    <message>
+        <source>Expert activations (layer × expert)</source>
+        <translation>专家激活（层 × 专家）</translation>
+    </message>
+    <message>
+        <source>Memory (RSS)</source>
+        <translation>内存 (RSS)</translation>
+    </message>
+    <message>
+        <source>CPU load</source>
+        <translation>CPU 负载</translation>
+    </message>
+    <message>
+        <source>CPU temperature and threads</source>
+        <translation>CPU 温度与线程</translation>
+    </message>
+    <message>
+        <source>Power</source>
+        <translation>功耗</translation>
+    </message>
+    <message>
+        <source>GPU</source>
+        <translation>GPU</translation>
+    </message>
+    <message>
+        <source>Defragmenting… (after the reply being written, if any)</source>
+        <translation>正在整理…（如有正在生成的回复，会在其结束后进行）</translation>
+    </message>
+    <message>
+        <source>No advice: nothing in these figures asks for a change.</source>
+        <translation>暂无建议：这些数据没有显示需要调整的地方。</translation>
+    </message>
+    <message>
+        <source>Advice</source>
+        <translation>建议</translation>
+    </message>
+</context>
+<context>
+    <name>ConvertWizard</name>
+    <message>
+        <source>Convert a model</source>
+        <translation>转换模型</translation>
+    </message>
+    <message>
+        <source>Back</source>
+        <translation>上一步</translation>
+    </message>
+    <message>
+        <source>Next</source>
+        <translation>下一步</translation>
+    </message>
+    <message>
+        <source>Close</source>
+        <translation>关闭</translation>
+    </message>
+    <message>
+        <source>a .gguf file, or a folder with config.json and *.safetensors</source>
+        <translation>一个 .gguf 文件，或包含 config.json 和 *.safetensors 的文件夹</translation>
+    </message>
+    <message>
+        <source>Model source</source>
+        <translation>模型来源</translation>
+    </message>
+    <message>
+        <source>GGUF file…</source>
+        <translation>GGUF 文件…</translation>
+    </message>
+    <message>
+        <source>Choose a GGUF file</source>
+        <translation>选择 GGUF 文件</translation>
+    </message>
+    <message>
+        <source>Hugging Face folder…</source>
+        <translation>Hugging Face 文件夹…</translation>
+    </message>
+    <message>
+        <source>Choose a Hugging Face model folder</source>
+        <translation>选择 Hugging Face 模型文件夹</translation>
+    </message>
+    <message>
+        <source>Colibri runs models converted into its own folder format. Pick the model to convert: a GGUF file (as llama.cpp uses) or a Hugging Face folder with its config.json and *.safetensors weights. Nothing is downloaded and the source is never changed.</source>
+        <translation>Colibri 运行转换成它自己文件夹格式的模型。请选择要转换的模型：一个 GGUF 文件（llama.cpp 使用的格式），或一个包含 config.json 和 *.safetensors 权重的 Hugging Face 文件夹。不会下载任何内容，也不会改动源文件。</translation>
+    </message>
+    <message>
+        <source>Quantization: how each weight is stored</source>
+        <translation>量化：每个权重的存储方式</translation>
+    </message>
+    <message>
+        <source>Expert files</source>
+        <translation>专家文件</translation>
+    </message>
+    <message>
+        <source>One file per expert: a token reads only the experts it uses (recommended)</source>
+        <translation>每个专家一个文件：每个词元只读取它用到的专家（推荐）</translation>
+    </message>
+    <message>
+        <source>One file per layer: fewer, larger files</source>
+        <translation>每层一个文件：文件更少、更大</translation>
+    </message>
+    <message>
+        <source>experts in memory per layer</source>
+        <translation>每层驻留内存的专家数</translation>
+    </message>
+    <message>
+        <source>memory needed</source>
+        <translation>所需内存</translation>
+    </message>
+    <message>
+        <source>Memory by expert cache size</source>
+        <translation>各专家缓存大小所需内存</translation>
+    </message>
+    <message>
+        <source>Save as</source>
+        <translation>保存为</translation>
+    </message>
+    <message>
+        <source>&amp;Save as</source>
+        <translation>保存为(&amp;S)</translation>
+    </message>
+    <message>
+        <source>Cancel</source>
+        <translation>取消</translation>
+    </message>
+    <message>
+        <source>Cancel the conversion</source>
+        <translation>取消转换</translation>
+    </message>
+    <message>
+        <source>Open in chat</source>
+        <translation>在对话中打开</translation>
+    </message>
+    <message>
+        <source>1 · Choose the source</source>
+        <translation>1 · 选择来源</translation>
+    </message>
+    <message>
+        <source>2 · Choose how to store it</source>
+        <translation>2 · 选择存储方式</translation>
+    </message>
+    <message>
+        <source>3 · Convert</source>
+        <translation>3 · 转换</translation>
+    </message>
+    <message>
+        <source>Convert</source>
+        <translation>转换</translation>
+    </message>
+    <message>
+        <source>Reading {name}…</source>
+        <translation>正在读取 {name}…</translation>
+    </message>
+    <message>
+        <source>Give the model a name.</source>
+        <translation>请给模型起个名字。</translation>
+    </message>
+    <message>
+        <source>It will be written to {path}.</source>
+        <translation>将写入 {path}。</translation>
+    </message>
+    <message>
+        <source>A model with this name is in your library already: converting replaces it.</source>
+        <translation>模型库中已有同名模型：转换会替换它。</translation>
+    </message>
+    <message>
+        <source>Starting…</source>
+        <translation>正在开始…</translation>
+    </message>
+    <message>
+        <source>Cancelling…</source>
+        <translation>正在取消…</translation>
+    </message>
+    <message>
+        <source>Cancelled: nothing was written. Go back to change the options, or close.</source>
+        <translation>已取消：没有写入任何内容。可返回修改选项，或关闭。</translation>
+    </message>
+</context>
+<context>
+    <name>Param</name>
+    <message>
+        <source>Threads</source>
+        <translation>线程数</translation>
+    </message>
+    <message>
+        <source>compute threads (default: the number of physical cores)</source>
+        <translation>计算线程数（默认：物理核心数）</translation>
+    </message>
+    <message>
+        <source>Context length</source>
+        <translation>上下文长度</translation>
+    </message>
+    <message>
+        <source>tokens the KV cache holds (capped by the model's own limit)</source>
+        <translation>KV 缓存可容纳的词元数（不超过模型自身的上限）</translation>
+    </message>
+    <message>
+        <source>KV cache quantize</source>
+        <translation>KV 缓存量化</translation>
+    </message>
+    <message>
+        <source>KV cache storage: f32, f16 (half the memory) or int8 (a quarter)</source>
+        <translation>KV 缓存的存储格式：f32、f16（一半内存）或 int8（四分之一）</translation>
+    </message>
+    <message>
+        <source>Expert cache size</source>
+        <translation>专家缓存大小</translation>
+    </message>
+    <message>
+        <source>experts of each layer kept in memory; auto (default) sizes the cache from free memory, the model and the KV cache</source>
+        <translation>每层保留在内存中的专家数；auto（默认）根据空闲内存、模型和 KV 缓存自动确定</translation>
+    </message>
+    <message>
+        <source>Expert cache bytes</source>
+        <translation>专家缓存字节数</translation>
+    </message>
+    <message>
+        <source>expert cache budget in bytes, instead of a count per layer</source>
+        <translation>以字节计的专家缓存预算，代替每层的专家数</translation>
+    </message>
+    <message>
+        <source>Prefetch window</source>
+        <translation>预取窗口</translation>
+    </message>
+    <message>
+        <source>tokens whose expert choices guide prefetching; 0 = no prefetch (experts load when needed)</source>
+        <translation>用其专家选择来指导预取的词元数；0 = 不预取（需要时再加载专家）</translation>
+    </message>
+    <message>
+        <source>Gpu layers</source>
+        <translation>GPU 层数</translation>
+    </message>
+    <message>
+        <source>layers whose attention runs on the NVIDIA GPU (numba-cuda), first layers first; other matmuls go where the cost model says; 0 = CPU only. No GPU: everything on the CPU</source>
+        <translation>在 NVIDIA GPU 上运行注意力的层数（numba-cuda），从第一层开始；其他矩阵乘法按代价模型分配；0 = 仅 CPU。没有 GPU 时全部在 CPU 上运行</translation>
+    </message>
+    <message>
+        <source>Batch size</source>
+        <translation>批大小</translation>
+    </message>
+    <message>
+        <source>prompt tokens processed per forward step during prefill</source>
+        <translation>预填充时每个前向步骤处理的提示词元数</translation>
+    </message>
+    <message>
+        <source>Simd</source>
+        <translation>SIMD 指令集</translation>
+    </message>
+    <message>
+        <source>instruction set the kernels are compiled for: auto (avx512 on AMD, where it measured faster; avx2 elsewhere, as many Intel CPUs clock down under AVX-512), avx2, or avx512; applied at the next start (COLIBRI_SIMD)</source>
+        <translation>内核编译所用的指令集：auto（AMD 上用 avx512，实测更快；其他用 avx2，因为许多 Intel CPU 在 AVX-512 下会降频）、avx2 或 avx512；下次启动时生效（COLIBRI_SIMD）</translation>
+    </message>
+    <message>
+        <source>Log level</source>
+        <translation>日志级别</translation>
+    </message>
+    <message>
+        <source>log verbosity</source>
+        <translation>日志详细程度</translation>
+    </message>
+    <message>
+        <source>Power limit</source>
+        <translation>功耗上限</translation>
+    </message>
+    <message>
+        <source>CPU package power limit in watts (Linux RAPL, long-term limit; needs root); auto = leave it as is; a limit we set is put back on exit</source>
+        <translation>CPU 封装功耗上限，单位瓦（Linux RAPL 长期上限；需要 root）；auto = 保持不变；退出时恢复原设置</translation>
+    </message>
+    <message>
+        <source>Gpu power limit</source>
+        <translation>GPU 功耗上限</translation>
+    </message>
+    <message>
+        <source>NVIDIA GPU power limit in watts (NVML; needs root; checked against the GPU's own range); auto = leave it as is; put back on exit</source>
+        <translation>NVIDIA GPU 功耗上限，单位瓦（NVML；需要 root；按 GPU 自身范围检查）；auto = 保持不变；退出时恢复</translation>
+    </message>
+    <message>
+        <source>Throttle high c</source>
+        <translation>降频高温阈值 (°C)</translation>
+    </message>
+    <message>
+        <source>CPU temperature (°C) above which the engine drops one thread per step</source>
+        <translation>CPU 温度（°C）高于此值时，引擎每步减少一个线程</translation>
+    </message>
+    <message>
+        <source>Throttle low c</source>
+        <translation>恢复低温阈值 (°C)</translation>
+    </message>
+    <message>
+        <source>CPU temperature (°C) below which dropped threads come back one per step; must be below throttle_high_c</source>
+        <translation>CPU 温度（°C）低于此值时，减少的线程每步恢复一个；必须低于 throttle_high_c</translation>
+    </message>
+    <message>
+        <source>Affinity</source>
+        <translation>CPU 亲和性</translation>
+    </message>
+    <message>
+        <source>pin the engine to one logical CPU per physical core (sched_setaffinity)</source>
+        <translation>把引擎固定到每个物理核心的一个逻辑 CPU 上（sched_setaffinity）</translation>
+    </message>
+    <message>
+        <source>Max tokens</source>
+        <translation>最大词元数</translation>
+    </message>
+    <message>
+        <source>most tokens to generate for one reply</source>
+        <translation>一次回复最多生成的词元数</translation>
+    </message>
+    <message>
+        <source>Temperature</source>
+        <translation>温度</translation>
+    </message>
+    <message>
+        <source>randomness; 0 = always the most likely token (greedy)</source>
+        <translation>随机程度；0 = 总是选最可能的词元（贪心）</translation>
+    </message>
+    <message>
+        <source>Top-k</source>
+        <translation>Top-k</translation>
+    </message>
+    <message>
+        <source>sample among the k most likely tokens; 0 = no limit</source>
+        <translation>在最可能的 k 个词元中采样；0 = 不限制</translation>
+    </message>
+    <message>
+        <source>Top-p</source>
+        <translation>Top-p</translation>
+    </message>
+    <message>
+        <source>sample among the most likely tokens whose probabilities sum to p</source>
+        <translation>在概率之和达到 p 的最可能词元中采样</translation>
+    </message>
+    <message>
+        <source>Min-p</source>
+        <translation>Min-p</translation>
+    </message>
+    <message>
+        <source>drop tokens less likely than min_p × the top token's probability</source>
+        <translation>丢弃概率低于 min_p × 最高词元概率的词元</translation>
+    </message>
+    <message>
+        <source>Repeat penalty</source>
+        <translation>重复惩罚</translation>
+    </message>
+    <message>
+        <source>penalise tokens seen in the last 64 tokens; 1 = off</source>
+        <translation>惩罚最近 64 个词元中出现过的词元；1 = 关闭</translation>
+    </message>
+    <message>
+        <source>Seed</source>
+        <translation>随机种子</translation>
+    </message>
+    <message>
+        <source>random seed; the same seed gives the same text</source>
+        <translation>随机种子；相同的种子生成相同的文字</translation>
+    </message>
+    <message>
+        <source>Theme</source>
+        <translation>主题</translation>
+    </message>
+    <message>
+        <source>colour theme of the window</source>
+        <translation>窗口的配色主题</translation>
+    </message>
+    <message>
+        <source>light</source>
+        <translation>浅色</translation>
+    </message>
+    <message>
+        <source>dark</source>
+        <translation>深色</translation>
+    </message>
+    <message>
+        <source>Font size</source>
+        <translation>字号</translation>
+    </message>
+    <message>
+        <source>text size of the conversation, in points</source>
+        <translation>对话文字的大小，单位为磅</translation>
+    </message>
+    <message>
+        <source>Language</source>
+        <translation>界面语言</translation>
+    </message>
+    <message>
+        <source>language of the interface (system: the desktop's, where translated); applied at the next start</source>
+        <translation>界面语言（system：跟随桌面语言，如有译文）；下次启动时生效</translation>
+    </message>
+    <message>
+        <source>system</source>
+        <translation>跟随系统</translation>
+    </message>
+    <message>
+        <source>auto</source>
+        <translation>自动</translation>
+    </message>
+    <message>
+        <source>random</source>
+        <translation>随机</translation>
+    </message>
+    <message>
+        <source>default</source>
+        <translation>默认</translation>
+    </message>
+    <message>
+        <source>as is</source>
+        <translation>保持不变</translation>
+    </message>
+    <message>
+        <source>applies at once; the next reply reads the conversation again</source>
+        <translation>立即生效；下一次回复会重新读取整个对话</translation>
+    </message>
+</context>
+</TS>
