@@ -125,3 +125,10 @@ def test_file_menu_converts_and_opens_in_chat(qtbot, tmp_path, monkeypatch):
     assert ready.args[0].model == "qwen2_moe-int8" and w.flow.model == target
     assert w.model_picker.currentData() == target
     w.close()
+
+
+def test_eta_text():
+    from ui.wizard import eta_text
+    assert eta_text(10.0, 0.5) == ", about 10 s left"
+    assert eta_text(60.0, 0.25) == ", about 3 min 0 s left"
+    assert eta_text(0.5, 0.5) == "" and eta_text(10.0, 0.01) == "" and eta_text(10.0, 1.0) == ""

@@ -9,6 +9,7 @@ the converter leaves nothing behind.
 from __future__ import annotations
 
 import html
+import time
 from pathlib import Path
 
 from PySide6.QtCore import Qt, QThread, Signal
@@ -26,6 +27,14 @@ SOURCE, OPTIONS, CONVERT = range(3)
 def _muted(text: str = "", name: str = "") -> QLabel:
     lab = QLabel(text, objectName=name or "help", wordWrap=True)
     return lab
+
+
+def eta_text(elapsed: float, fraction: float) -> str:
+    """', about 1 min 20 s left' once there is enough progress to extrapolate from."""
+    if fraction < 0.02 or elapsed < 1.0 or fraction >= 1.0:
+        return ""
+    left = elapsed * (1.0 - fraction) / fraction
+    return f", about {int(left // 60)} min {int(left % 60)} s left" if left >= 60 else f", about {left:.0f} s left"
 
 
 class ConvertWizard(QDialog):
@@ -299,6 +308,7 @@ class ConvertWizard(QDialog):
         s = self.summary
         self.state, self.result = "converting", None
         self.progress_seen = []
+        self._started = time.monotonic()
         self.bar.setValue(0)
         self.convert_title.setText(f"Converting {s.name} ({self.quantize}) into {self.target}")
         self.tensor_label.setText(self.tr("Starting…"))
@@ -317,7 +327,7 @@ class ConvertWizard(QDialog):
     def _progress(self, fraction: float, tensor: str) -> None:
         self.progress_seen.append(fraction)
         self.bar.setValue(int(fraction * 1000))
-        self.tensor_label.setText(f"{tensor}  ({fraction:.0%})")
+        self.tensor_label.setText(f"{tensor}  ({fraction:.0%}{eta_text(time.monotonic() - self._started, fraction)})")
 
     def _converted(self, result) -> None:
         self.state, self.result = "done", result
