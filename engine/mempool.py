@@ -349,6 +349,13 @@ class Arena:
             return np.empty(shape, dtype)
         return np.frombuffer(self.block.buf, dtype, count, self.block.offset + start).reshape(shape)
 
+    def mark(self) -> int:
+        return self.used
+
+    def release(self, mark: int) -> None:
+        """Everything handed out since `mark` is dead; its space is handed out again."""
+        self.used = mark
+
     def zeros(self, shape, dtype=np.float32) -> np.ndarray:
         a = self.empty(shape, dtype)
         a[...] = 0

@@ -218,13 +218,17 @@ class Transformer:
         cpu.gather_rows(self.w.token_embd.data, self.w.token_embd.code, np.asarray(ids, np.int64), x)
         if dump is not None:
             dump["token_embd"] = x.copy()
+        arena = _arena.get()
         for L, lw in enumerate(self.w.layers):
+            mark = arena.mark() if arena is not None else None
             x += self.attention(L, rmsnorm(x, lw.attn_norm, cfg.rms_norm_eps), lw, step)
             f = self.ffn(L, rmsnorm(x, lw.ffn_norm, cfg.rms_norm_eps), lw, step)
             x += f
             if dump is not None:
                 dump[f"blk.{L}.ffn_out"] = f.copy()
                 dump[f"blk.{L}.out"] = x.copy()
+            if mark is not None:
+                arena.release(mark)  # the layer's buffers are dead: the next layer reuses them
         cache.length = pos0 + T
         h = rmsnorm(x if all_logits else x[-1:], self.w.output_norm, cfg.rms_norm_eps)
         logits = linear(h, self.w.output)
