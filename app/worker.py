@@ -22,6 +22,7 @@ from app.model_library import ensure_default_model
 from app.paths import models_dir
 from engine import params as P
 from engine.errors import ColibriError, ConversionCancelled
+from engine.experts import plan_expert_cache
 from engine.model_dir import open_model_dir
 
 log = logging.getLogger("colibri.app")
@@ -29,7 +30,6 @@ log = logging.getLogger("colibri.app")
 FRAME_S = 1 / 60  # tokens are batched: at most one text signal per frame
 PROGRESS_S = 0.05  # conversion progress: at most 20 signals a second
 STATS_MS = 500  # the dashboard's fixed rate: one StatsSnapshot every half second while it watches
-KV_BYTES = {"f32": 4, "f16": 2, "int8": 1}
 
 
 class ModelTooLargeError(ColibriError):
@@ -68,24 +68,12 @@ class FitReport:
 
 
 def check_fit(model_path: str | Path, params: dict[str, Any], available: int | None = None) -> FitReport:
-    """Weights + KV cache + expert cache against the memory that is free now."""
+    """Weights + KV cache + expert cache against the memory that is free now, as the engine will
+    plan them (engine.experts.plan_expert_cache: the same estimate, auto cache size included)."""
     model = open_model_dir(model_path)
-    c = model.config
-    files = {rel: e["size"] for rel, e in model.manifest.get("files", {}).items()}
-    experts = sum(size for rel, size in files.items() if rel.startswith("experts/"))
-    weights = sum(files.values())
-    expert_cache = 0
-    per_layer = params.get("expert_cache_size")  # experts kept per layer, once the table has it
-    budget = params.get("expert_cache_bytes")
-    if (per_layer or budget) and c.num_experts > 1 and experts:
-        weights -= experts  # experts live on disk; only the cache's share is held in memory
-        by_count = int(per_layer) * experts // c.num_experts if per_layer else experts  # per layer × mean size × layers
-        expert_cache = min(experts, by_count, int(budget) if budget else experts)
-    ctx = min(params.get("context_length") or P.PARAMS["context_length"].default, c.max_position_embeddings)
-    kind = params.get("kv_cache_quantize") or P.PARAMS["kv_cache_quantize"].default
-    per_pos = 2 * c.num_layers * c.num_kv_heads * (c.head_dim * KV_BYTES[kind] + (4 if kind == "int8" else 0))
-    free = psutil.virtual_memory().available if available is None else available
-    return FitReport(model.path.name, weights, per_pos * ctx, expert_cache, free)
+    ctx = min(params.get("context_length") or P.PARAMS["context_length"].default, model.config.max_position_embeddings)
+    plan = plan_expert_cache(model, params, ctx, available)
+    return FitReport(model.path.name, plan.resident_bytes, plan.kv_bytes, plan.cache_bytes, plan.available)
 
 
 def open_engine(model_path: str | Path, params: dict[str, Any], force: bool = False,

@@ -393,35 +393,42 @@ class ExpertCache:
 
 @dataclass(frozen=True)
 class CachePlan:
+    """How the model's memory splits: what always stays resident, the expert cache, the KV cache."""
     capacity: int  # experts per layer
-    expert_bytes: int
+    expert_bytes: int  # one routed expert
     reason: str
+    resident_bytes: int  # embeddings, attention, routers, shared experts (all of a dense model)
+    cache_bytes: int  # the routed experts kept: capacity per layer
+    kv_bytes: int  # a full KV cache
+    available: int  # memory free for this process when planned
 
 
-def plan_expert_cache(model: ModelDir, params: dict, context_limit: int) -> CachePlan:
+def plan_expert_cache(model: ModelDir, params: dict, context_limit: int,
+                      available: int | None = None) -> CachePlan:
     """Experts per layer to keep in memory: what the user asked for, or (auto) what fits in the
-    memory still available after the dense weights, the KV cache and a safety margin."""
+    memory still available after the resident weights, the KV cache and a safety margin. The one
+    estimate of a model's memory: the engine sizes its cache from it, the app's fit check shows it."""
+    from engine.kvcache import kv_cache_bytes
     from engine.sysmem import available_memory
     cfg, files = model.config, model.manifest["files"]
     E, L = cfg.num_experts, cfg.num_layers
-    if model.split_experts:
-        one = files.get("experts/layer_0_expert_0.bin", {}).get("size", 0)
-    else:
-        one = files.get("experts/layer_0.bin", {}).get("size", 0) // max(E, 1)
-    if E == 1:
-        return CachePlan(1, one, "dense model: its one MLP per layer stays in memory")
+    routed = lambda rel: rel.startswith("experts/") and not rel.endswith("_shared.bin")  # noqa: E731
+    one = sum(e["size"] for rel, e in files.items() if routed(rel)) // max(1, E * L)
+    kv = kv_cache_bytes(L, context_limit, cfg.num_kv_heads, cfg.head_dim, params.get("kv_cache_quantize") or "f16")
+    avail = available_memory() if available is None else available
+    if E == 1:  # dense: the MLP is resident like everything else
+        resident = sum(e["size"] for rel, e in files.items() if rel.endswith(".bin"))
+        return CachePlan(1, one, "dense model: its one MLP per layer stays in memory", resident, 0, kv, avail)
+    resident = sum(e["size"] for rel, e in files.items() if rel.endswith(".bin") and not routed(rel))
     if params.get("expert_cache_size"):
         cap = min(E, params["expert_cache_size"])
-        return CachePlan(cap, one, f"{cap} of {E} experts per layer (expert_cache_size)")
-    if params.get("expert_cache_bytes"):
+        reason = f"{cap} of {E} experts per layer (expert_cache_size)"
+    elif params.get("expert_cache_bytes"):
         cap = max(1, min(E, params["expert_cache_bytes"] // max(1, one * L)))
-        return CachePlan(cap, one, f"{cap} of {E} experts per layer (expert_cache_bytes)")
-    bytes_per = {"f32": 4, "f16": 2, "int8": 1.1}[params.get("kv_cache_quantize", "f16")]
-    kv = int(context_limit * L * cfg.num_kv_heads * cfg.head_dim * 2 * bytes_per)
-    dense = sum(e["size"] for rel, e in files.items() if rel.endswith(".bin") and not rel.startswith("experts/"))
-    avail = available_memory()
-    margin = max(512 << 20, avail // 7)
-    budget = avail - kv - dense - margin
-    cap = max(cfg.top_k, min(E, budget // max(1, one * L)))
-    return CachePlan(cap, one, f"auto: {cap} of {E} experts per layer ({cap * one * L / 1e6:.0f} MB; "
-                               f"{avail / 1e6:.0f} MB available, KV cache {kv / 1e6:.0f} MB)")
+        reason = f"{cap} of {E} experts per layer (expert_cache_bytes)"
+    else:
+        margin = max(512 << 20, avail // 7)
+        cap = max(cfg.top_k, min(E, (avail - kv - resident - margin) // max(1, one * L)))
+        reason = (f"auto: {cap} of {E} experts per layer ({cap * one * L / 1e6:.0f} MB; "
+                  f"{avail / 1e6:.0f} MB available, KV cache {kv / 1e6:.0f} MB)")
+    return CachePlan(cap, one, reason, resident, cap * one * L, kv, avail)

@@ -11,6 +11,13 @@ import numpy as np
 from engine.mempool import MemoryPool
 
 KINDS = ("f32", "f16", "int8")
+ELEMENT_BYTES = {"f32": 4, "f16": 2, "int8": 1}
+
+
+def kv_cache_bytes(layers: int, capacity: int, kv_heads: int, head_dim: int, kind: str) -> int:
+    """Bytes a full cache of this shape holds (keys and values; int8 adds a scale per head)."""
+    per_head = head_dim * ELEMENT_BYTES[kind] + (4 if kind == "int8" else 0)
+    return 2 * layers * capacity * kv_heads * per_head
 
 
 class KVCache:
