@@ -128,9 +128,9 @@ class ModelWeights:
     def reset_experts(self, capacity: int, prefetch_window: int) -> None:
         """A new, empty expert cache with other settings."""
         from engine.experts import ExpertCache
-        self.experts.close()
-        cfg = self.experts
-        self.experts = ExpertCache(self.store, self.pool, len(cfg.counters), cfg.num_experts, capacity,
+        old = self.experts
+        old.close()
+        self.experts = ExpertCache(self.store, self.pool, len(self.layers), old.num_experts, capacity,
                                    prefetch_window, self.top_k)
 
     def close(self) -> None:
