@@ -13,6 +13,7 @@ from pathlib import Path
 
 from engine.convert.convert import open_source, plan
 from engine.model_dir import ModelConfig
+from engine.kvcache import kv_cache_bytes
 
 QUANTIZE = ("keep", "f16", "int8", "int4")  # the wizard's choices, in its order
 QUANTIZE_HELP = {
@@ -21,7 +22,6 @@ QUANTIZE_HELP = {
     "int8": "8 bits per weight: a quarter of f32, a very small quality loss",
     "int4": "4 bits per weight: an eighth of f32, a noticeable quality loss",
 }
-KV_BYTES = {"f32": 4, "f16": 2, "int8": 1}
 CONTEXT = 4096  # the default context_length the memory estimates assume
 
 
@@ -66,7 +66,7 @@ class ModelSummary:
     def kv_bytes(self, context: int = CONTEXT, kind: str = "f16") -> int:
         c = self.config
         ctx = min(context, c.max_position_embeddings)
-        return 2 * c.num_layers * c.num_kv_heads * (c.head_dim * KV_BYTES[kind] + (4 if kind == "int8" else 0)) * ctx
+        return kv_cache_bytes(c.num_layers, ctx, c.num_kv_heads, c.head_dim, kind)
 
     def memory_table(self, quantize: str, context: int = CONTEXT, kv: str = "f16") -> list[CacheRow]:
         """Expert cache size (experts kept per layer) -> memory the model needs, for `quantize`."""
