@@ -12,8 +12,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from engine.convert.convert import open_source, plan
-from engine.model_dir import ModelConfig
 from engine.kvcache import kv_cache_bytes
+from engine.model_dir import ModelConfig
 
 QUANTIZE = ("keep", "f16", "int8", "int4")  # the wizard's choices, in its order
 QUANTIZE_HELP = {
