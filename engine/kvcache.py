@@ -1,8 +1,8 @@
 """The KV cache of one sequence: keys and values of every layer at every cached position.
 
 Storage: f32, f16 (half the memory) or int8 with one float32 scale per position and KV head
-(about a quarter). Attention reads float32: f16/int8 layers are widened into one scratch
-buffer per read.
+(about a quarter). The attention kernel reads the stored elements and widens each as it goes
+(`views`), so a longer context costs no conversion pass per token.
 """
 from __future__ import annotations
 
@@ -34,9 +34,8 @@ class KVCache:
         if kind == "int8":
             self.k_scale = self._zeros(shape[:3], np.float32)
             self.v_scale = self._zeros(shape[:3], np.float32)
-        if kind != "f32":
-            self._k32 = self._zeros(shape[1:], np.float32)
-            self._v32 = self._zeros(shape[1:], np.float32)
+        else:
+            self.k_scale = self.v_scale = np.ones((layers, 1, 1), np.float32)  # unscaled: never read
 
     def _zeros(self, shape, dtype) -> np.ndarray:
         if self._pool is None:
@@ -53,7 +52,7 @@ class KVCache:
 
     def free(self) -> None:
         """Give the memory back to the pool (the cache is unusable afterwards)."""
-        self.k = self.v = self._k32 = self._v32 = self.k_scale = self.v_scale = None
+        self.k = self.v = self.k_scale = self.v_scale = None
         for b in self._blocks:
             b.free()
         self._blocks = []
@@ -78,18 +77,15 @@ class KVCache:
             self.k[layer, pos0:end] = k
             self.v[layer, pos0:end] = v
 
-    def read(self, layer: int, length: int) -> tuple[np.ndarray, np.ndarray]:
-        """Keys and values of positions 0..length-1 as float32 (length, kv_heads, head_dim)."""
-        if self.kind == "f32":
-            return self.k[layer, :length], self.v[layer, :length]
-        k32, v32 = self._k32[:length], self._v32[:length]
+    def views(self, layer: int, length: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, bool]:
+        """What the attention kernel reads for positions 0..length-1 of `layer`: keys and values
+        (length, kv_heads, head_dim) as stored (f16 as its uint16 bits), their per-head scales
+        (length, kv_heads), and whether the scales apply (int8 only)."""
+        k, v = self.k[layer, :length], self.v[layer, :length]
         if self.kind == "f16":
-            k32[:] = self.k[layer, :length]
-            v32[:] = self.v[layer, :length]
-        else:
-            np.multiply(self.k[layer, :length], self.k_scale[layer, :length, :, None], out=k32)
-            np.multiply(self.v[layer, :length], self.v_scale[layer, :length, :, None], out=v32)
-        return k32, v32
+            k, v = k.view(np.uint16), v.view(np.uint16)
+        scaled = self.kind == "int8"
+        return k, v, self.k_scale[layer, :length if scaled else 1], self.v_scale[layer, :length if scaled else 1], scaled
 
     def truncate(self, length: int) -> None:
         self.length = min(self.length, length)

@@ -11,6 +11,7 @@ owner's `on_move(new_block)` so it can swap its arrays.
 """
 from __future__ import annotations
 
+import math
 import mmap
 import threading
 from dataclasses import dataclass
@@ -341,7 +342,7 @@ class Arena:
 
     def empty(self, shape, dtype=np.float32) -> np.ndarray:
         dtype = np.dtype(dtype)
-        count = int(np.prod(shape))
+        count = math.prod(shape) if isinstance(shape, tuple) else int(shape)  # called per op: no numpy here
         nbytes = (count * dtype.itemsize + ALIGN - 1) // ALIGN * ALIGN
         start, self.used = self.used, self.used + nbytes
         self.high = max(self.high, self.used)

@@ -26,6 +26,8 @@ if "NUMBA_CACHE_DIR" not in os.environ:
     home = os.environ.get("COLIBRI_HOME")
     base = os.path.join(home, "cache") if home else platformdirs.user_cache_dir("colibri", appauthor=False)
     os.environ["NUMBA_CACHE_DIR"] = os.path.join(base, "numba")
+if os.environ.get("COLIBRI_DOT"):  # a forced dot-product path (simd.py) compiles apart from the natural one
+    os.environ["NUMBA_CACHE_DIR"] += "-dot-" + os.environ["COLIBRI_DOT"]
 os.environ.setdefault("NUMBA_THREADING_LAYER", "threadsafe")
 # OMP_WAIT_POLICY stays libgomp's default (spin briefly, then sleep). Measured on 2 cores: PASSIVE
 # is 2.7x slower decoding the default model on a quiet machine (16 vs 43 tok/s) and 1.4x on an

@@ -14,10 +14,12 @@ import numpy as np
 from numba import njit, prange
 
 import engine.kernels  # noqa: F401  (numba settings first)
+from engine.kernels.simd import round_f16, row_dot_q4_0, row_dot_q4_1, row_dot_q8_0, widen
 
 F32, F16, Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K, BF16 = 0, 1, 2, 3, 8, 12, 13, 14, 30
 ROWS_PER_TASK = 16
-DIRECT_MAX_T = 4  # up to this many tokens, q4_0/q4_1/q8_0 rows are dotted straight from their blocks
+INT_CODES = (Q4_0, Q4_1, Q8_0)  # formats with an integer dot product (activations quantized to int8)
+INT_MAX_T = 4  # up to this many tokens, q4_0/q4_1/q8_0 rows are dotted in integers straight from their blocks
 _F16 = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)  # bits -> value
 
 
@@ -107,61 +109,38 @@ def dequantize_row(row, code, out):
                         out[256 * b + e] = scale * np.float32((lo | (hi << 4)) - 32)
 
 
-@njit(inline="always", cache=True)
-def _q4_dot4(w, r0, x, xs, code):
-    """Dots of rows r0..r0+3 of a q4_0/q4_1 matrix with x (n,); xs (n/32,) = x's block sums.
-
-    Per block: d·Σ q x + m·Σ x (q4_1), d·Σ q x - 8d·Σ x (q4_0). Four rows at once so the
-    compiler vectorises over a block's 16 bytes with four independent accumulators.
-    """
-    size, qs = (20, 4) if code == Q4_1 else (18, 2)
-    a0 = a1 = a2 = a3 = np.float32(0.0)
-    for b in range(x.shape[0] // 32):
-        o, xo = size * b + qs, 32 * b
-        s0 = s1 = s2 = s3 = np.float32(0.0)
-        for j in range(16):
-            lo, hi = x[xo + j], x[xo + j + 16]
-            q = w[r0, o + j]
-            s0 += np.float32(q & 15) * lo + np.float32(q >> 4) * hi
-            q = w[r0 + 1, o + j]
-            s1 += np.float32(q & 15) * lo + np.float32(q >> 4) * hi
-            q = w[r0 + 2, o + j]
-            s2 += np.float32(q & 15) * lo + np.float32(q >> 4) * hi
-            q = w[r0 + 3, o + j]
-            s3 += np.float32(q & 15) * lo + np.float32(q >> 4) * hi
-        o -= qs
-        if code == Q4_1:
-            a0 += _h2f(w[r0, o], w[r0, o + 1]) * s0 + _h2f(w[r0, o + 2], w[r0, o + 3]) * xs[b]
-            a1 += _h2f(w[r0 + 1, o], w[r0 + 1, o + 1]) * s1 + _h2f(w[r0 + 1, o + 2], w[r0 + 1, o + 3]) * xs[b]
-            a2 += _h2f(w[r0 + 2, o], w[r0 + 2, o + 1]) * s2 + _h2f(w[r0 + 2, o + 2], w[r0 + 2, o + 3]) * xs[b]
-            a3 += _h2f(w[r0 + 3, o], w[r0 + 3, o + 1]) * s3 + _h2f(w[r0 + 3, o + 2], w[r0 + 3, o + 3]) * xs[b]
-        else:
-            m8 = np.float32(8.0) * xs[b]
-            a0 += _h2f(w[r0, o], w[r0, o + 1]) * (s0 - m8)
-            a1 += _h2f(w[r0 + 1, o], w[r0 + 1, o + 1]) * (s1 - m8)
-            a2 += _h2f(w[r0 + 2, o], w[r0 + 2, o + 1]) * (s2 - m8)
-            a3 += _h2f(w[r0 + 3, o], w[r0 + 3, o + 1]) * (s3 - m8)
-    return a0, a1, a2, a3
+@njit(cache=True, nogil=True)  # no fastmath: the rounding must be exactly the numpy twin's
+def quantize_activations(x, xq, xd, xs, xi):
+    """Each 32-block of x (T, n) -> int8 xq (T, n) with scale xd (T, n/32), as llama.cpp's Q8_1:
+    d = max|x| / 127 stored as a half, q = round-half-even(x · 127 / max|x|); xi = Σ q (int32)
+    and xs = d · Σ q as a half (the Q4_1 minimum's term)."""
+    T, n = x.shape
+    for t in range(T):
+        for b in range(n // 32):
+            amax = np.float32(0.0)
+            for j in range(32 * b, 32 * b + 32):
+                amax = max(amax, abs(x[t, j]))
+            d = amax / np.float32(127.0)
+            inv = np.float32(127.0) / amax if amax > 0 else np.float32(0.0)
+            total = 0
+            for j in range(32 * b, 32 * b + 32):
+                q = np.int8(np.rint(x[t, j] * inv))
+                xq[t, j] = q
+                total += q
+            xd[t, b] = round_f16(d)
+            xs[t, b] = round_f16(d * np.float32(total))
+            xi[t, b] = total
 
 
 @njit(inline="always", cache=True)
-def _q8_dot4(w, r0, x):
-    """Dots of rows r0..r0+3 of a q8_0 matrix (blocks f16 d | int8 q[32]) with x (n,)."""
-    a0 = a1 = a2 = a3 = np.float32(0.0)
-    for b in range(x.shape[0] // 32):
-        o, xo = 34 * b, 32 * b
-        s0 = s1 = s2 = s3 = np.float32(0.0)
-        for j in range(32):
-            xv = x[xo + j]
-            s0 += np.float32(np.int8(w[r0, o + 2 + j])) * xv
-            s1 += np.float32(np.int8(w[r0 + 1, o + 2 + j])) * xv
-            s2 += np.float32(np.int8(w[r0 + 2, o + 2 + j])) * xv
-            s3 += np.float32(np.int8(w[r0 + 3, o + 2 + j])) * xv
-        a0 += _h2f(w[r0, o], w[r0, o + 1]) * s0
-        a1 += _h2f(w[r0 + 1, o], w[r0 + 1, o + 1]) * s1
-        a2 += _h2f(w[r0 + 2, o], w[r0 + 2, o + 1]) * s2
-        a3 += _h2f(w[r0 + 3, o], w[r0 + 3, o + 1]) * s3
-    return a0, a1, a2, a3
+def _int_dot(w, r, code, xq, xd, xs, xi):
+    """Row r of a q4_0/q4_1/q8_0 matrix · int8 activations xq (n,), block by block:
+    d_w·d_x·Σ q_w q_x, plus m_w·s_x (q4_1) or minus 8·d_w·d_x·Σ q_x (q4_0) (simd.py)."""
+    if code == Q4_1:
+        return row_dot_q4_1(w, r, xq, xd, xs, xi)
+    if code == Q4_0:
+        return row_dot_q4_0(w, r, xq, xd, xs, xi)
+    return row_dot_q8_0(w, r, xq, xd, xs, xi)
 
 
 @njit(inline="always", cache=True)
@@ -179,37 +158,77 @@ def _f32_dot4(buf, x):
 
 @njit(parallel=True, fastmath=True, cache=True, nogil=True)
 def matmul(w, code, x, out):
-    """out (T, rows) = x (T, n) @ W.T; W (rows, row_bytes) stored, read in groups of 4 rows.
+    """out (T, rows) = x (T, n) @ W.T; W (rows, row_bytes) stored.
 
-    Decode (T <= DIRECT_MAX_T) on q4_0/q4_1/q8_0 dots straight from the blocks; otherwise each
-    group of 4 rows is dequantized once into a (4, n) buffer and dotted with every token (so
-    prefill pays the dequantization once per 128 tokens).
+    q4_0/q4_1/q8_0 with T <= INT_MAX_T (decode): x is quantized to int8 blocks once and each row
+    is dotted in integers straight from its blocks (llama.cpp's scheme: byte dot products, one
+    float multiply per 32 weights). Otherwise each group of 4 rows is dequantized once into a
+    (4, n) float buffer and dotted with every token (prefill pays the dequantization once per
+    batch, and keeps float activations).
     """
     rows, T, n = w.shape[0], x.shape[0], x.shape[1]
-    direct = T <= DIRECT_MAX_T and (code == Q4_0 or code == Q4_1 or code == Q8_0)
-    xs = np.zeros((T, n // 32), np.float32)  # block sums of x: the q4 minimum's term
-    if direct:
-        for t in range(T):
-            for j in range(n):
-                xs[t, j // 32] += x[t, j]
+    if T <= INT_MAX_T and (code == Q4_0 or code == Q4_1 or code == Q8_0):
+        nb = n // 32
+        xq = np.empty((T, n), np.int8)
+        xd, xs, xi = np.empty((T, nb), np.float32), np.empty((T, nb), np.float32), np.empty((T, nb), np.int32)
+        quantize_activations(x, xq, xd, xs, xi)
+        for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+            for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
+                for t in range(T):
+                    out[t, r] = _int_dot(w, r, code, xq[t], xd[t], xs[t], xi[t])
+        return
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         buf = np.zeros((4, n), np.float32)
         for r0 in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK), 4):
             k = min(4, rows - r0)
-            if direct and k == 4:
-                for t in range(T):
-                    if code == Q8_0:
-                        a = _q8_dot4(w, r0, x[t])
-                    else:
-                        a = _q4_dot4(w, r0, x[t], xs[t], code)
-                    out[t, r0], out[t, r0 + 1], out[t, r0 + 2], out[t, r0 + 3] = a
-                continue
             for i in range(k):
                 dequantize_row(w[r0 + i], code, buf[i])
             for t in range(T):
                 a = _f32_dot4(buf, x[t])
                 for i in range(k):
                     out[t, r0 + i] = a[i]
+
+
+@njit(parallel=True, fastmath=True, cache=True, nogil=True)
+def matmul_int(ws, codes, x, outs):
+    """outs[i] (T, rows_i) = x (T, n) @ W_i.T for several q4_0/q4_1/q8_0 matrices that read the
+    same x (attention's q, k and v): x is quantized once, and one parallel loop covers every
+    matrix's rows. T <= INT_MAX_T."""
+    T, n = x.shape
+    nb = n // 32
+    xq = np.empty((T, n), np.int8)
+    xd, xs, xi = np.empty((T, nb), np.float32), np.empty((T, nb), np.float32), np.empty((T, nb), np.int32)
+    quantize_activations(x, xq, xd, xs, xi)
+    first = np.zeros(len(ws) + 1, np.int64)  # first task of each matrix
+    for i in range(len(ws)):
+        first[i + 1] = first[i] + (ws[i].shape[0] + ROWS_PER_TASK - 1) // ROWS_PER_TASK
+    for task in prange(first[-1]):
+        i = 0
+        while task >= first[i + 1]:
+            i += 1
+        w, code, out = ws[i], codes[i], outs[i]
+        r0 = (task - first[i]) * ROWS_PER_TASK
+        for r in range(r0, min(w.shape[0], r0 + ROWS_PER_TASK)):
+            for t in range(T):
+                out[t, r] = _int_dot(w, r, code, xq[t], xd[t], xs[t], xi[t])
+
+
+@njit(parallel=True, fastmath=True, cache=True, nogil=True)
+def swiglu_int(wg, cg, wu, cu, x, out):
+    """out (T, rows) = silu(x @ Wg.T) * (x @ Wu.T) for q4_0/q4_1/q8_0 gate and up matrices: the
+    SwiGLU feed-forward's first half in one pass, x quantized once. T <= INT_MAX_T."""
+    T, n = x.shape
+    nb = n // 32
+    xq = np.empty((T, n), np.int8)
+    xd, xs, xi = np.empty((T, nb), np.float32), np.empty((T, nb), np.float32), np.empty((T, nb), np.int32)
+    quantize_activations(x, xq, xd, xs, xi)
+    rows = wg.shape[0]
+    for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+        for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
+            for t in range(T):
+                g = _int_dot(wg, r, cg, xq[t], xd[t], xs[t], xi[t])
+                u = _int_dot(wu, r, cu, xq[t], xd[t], xs[t], xi[t])
+                out[t, r] = g / (np.float32(1.0) + np.float32(math.exp(-g))) * u
 
 
 @njit(parallel=True, cache=True, nogil=True)
@@ -246,12 +265,13 @@ def rope(x, cos, sin):
 
 
 @njit(parallel=True, fastmath=True, cache=True, nogil=True)
-def attention(q, k, v, pos0, window, scale, scores, out):
+def attention(q, k, v, ks, vs, scaled, pos0, window, scale, scores, out):
     """Causal grouped-query attention of new tokens over the cache.
 
-    q (T, H, hd) for positions pos0..pos0+T-1; k, v (S, KV, hd) with S >= pos0 + T; query head h
-    reads KV head h // (H / KV). window > 0 limits each token to its last `window` positions.
-    scores (T*H, S) is scratch; out (T, H, hd).
+    q (T, H, hd) for positions pos0..pos0+T-1; k, v (S, KV, hd) with S >= pos0 + T, as the cache
+    stores them (float32, f16 bits as uint16, or int8 times the scales ks, vs (S, KV) if
+    `scaled`); query head h reads KV head h // (H / KV). window > 0 limits each token to its
+    last `window` positions. scores (T*H, S) is scratch; out (T, H, hd).
     """
     T, H, hd = q.shape
     group = H // k.shape[1]
@@ -264,8 +284,8 @@ def attention(q, k, v, pos0, window, scale, scores, out):
         for s in range(first, last + 1):
             acc = np.float32(0.0)
             for d in range(hd):
-                acc += q[t, h, d] * k[s, kh, d]
-            acc *= scale
+                acc += q[t, h, d] * widen(k[s, kh, d])
+            acc *= scale * ks[s, kh] if scaled else scale
             scores[th, s] = acc
             top = max(top, acc)
         total = np.float32(0.0)
@@ -277,8 +297,10 @@ def attention(q, k, v, pos0, window, scale, scores, out):
             out[t, h, d] = 0.0
         for s in range(first, last + 1):
             p = scores[th, s] / total
+            if scaled:
+                p *= vs[s, kh]
             for d in range(hd):
-                out[t, h, d] += p * v[s, kh, d]
+                out[t, h, d] += p * widen(v[s, kh, d])
 
 
 @njit(parallel=True, fastmath=True, cache=True, nogil=True)

@@ -38,3 +38,40 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, pos0: int, window: in
 
 def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     return gate / (1.0 + np.exp(-gate)) * up
+
+
+def quantize_activations(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """x (T, n) -> int8 blocks of 32 as llama.cpp's Q8_1: (q, d as a half, d·Σq as a half, Σq)."""
+    T, n = x.shape
+    g = x.reshape(T, n // 32, 32).astype(np.float32)
+    amax = np.abs(g).max(axis=-1)
+    d = amax / np.float32(127)
+    inv = np.where(amax > 0, np.float32(127) / np.where(amax > 0, amax, 1), 0).astype(np.float32)
+    q = np.rint(g * inv[..., None]).astype(np.int8)
+    total = q.sum(axis=-1, dtype=np.int32)
+    half = lambda v: v.astype(np.float16).astype(np.float32)  # noqa: E731
+    return q.reshape(T, n), half(d), half(d * total.astype(np.float32)), total
+
+
+def matmul_int(w: np.ndarray, qtype: str, x: np.ndarray) -> np.ndarray:
+    """x @ W.T the way the integer kernels compute it: x quantized (quantize_activations), then per
+    block d_w·d_x·Σ q_w q_x (+ m_w·s_x for q4_1, - 8·d_w·d_x·Σ q_x for q4_0). q4_0, q4_1, q8_0."""
+    xq, xd, xs, xi = quantize_activations(x)
+    T, nb = xd.shape
+    t = quant.get(qtype)
+    blocks = w.reshape(w.shape[0], nb, t.type_size)
+    f16 = lambda a: a.copy().view(np.float16)[..., 0].astype(np.float64)  # noqa: E731
+    d = f16(blocks[..., 0:2])
+    if qtype == "q8_0":
+        q = blocks[..., 2:].view(np.int8)
+    else:
+        nib = blocks[..., 4 if qtype == "q4_1" else 2:]
+        q = np.concatenate([nib & 15, nib >> 4], axis=-1)
+    isum = np.einsum("rbj,tbj->trb", q.astype(np.int64), xq.reshape(T, nb, 32).astype(np.int64))
+    scale = d[None] * xd.astype(np.float64)[:, None, :]
+    out = (scale * isum).sum(axis=-1)
+    if qtype == "q4_0":
+        out -= (8 * scale * xi[:, None, :]).sum(axis=-1)
+    elif qtype == "q4_1":
+        out += (f16(blocks[..., 2:4])[None] * xs.astype(np.float64)[:, None, :]).sum(axis=-1)
+    return out.astype(np.float32)

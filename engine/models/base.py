@@ -53,6 +53,23 @@ def linear(x: np.ndarray, m: Matrix) -> np.ndarray:
     return out
 
 
+def _integer_path(x: np.ndarray, ms: tuple[Matrix, ...]) -> bool:
+    """Whether the fused integer kernels take these matmuls: decode-sized x, formats with an
+    integer dot, contiguous matrices, and no GPU runner to offer them to."""
+    return x.shape[0] <= cpu.INT_MAX_T and _gpu.get() is None and \
+        all(m.code in cpu.INT_CODES and m.data.flags.c_contiguous for m in ms)
+
+
+def linears(x: np.ndarray, ms: tuple[Matrix, ...]) -> tuple[np.ndarray, ...]:
+    """x @ m.T for each m of ms (one kernel call on the integer path)."""
+    if not _integer_path(x, ms):
+        return tuple(linear(x, m) for m in ms)
+    outs = tuple(_empty((x.shape[0], m.rows)) for m in ms)
+    cpu.matmul_int(tuple(m.data for m in ms), tuple(m.code for m in ms), np.ascontiguousarray(x, dtype=np.float32),
+                   outs)
+    return outs
+
+
 def rmsnorm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     """Over the last axis of x (..., n)."""
     flat = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, x.shape[-1])
@@ -63,6 +80,10 @@ def rmsnorm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
 
 def expert_mlp(h: np.ndarray, e: ExpertWeights) -> np.ndarray:
     """SwiGLU: down(silu(gate h) * up h)."""
+    if _integer_path(h, (e.gate, e.up)):
+        a = _empty((h.shape[0], e.gate.rows))
+        cpu.swiglu_int(e.gate.data, e.gate.code, e.up.data, e.up.code, np.ascontiguousarray(h, dtype=np.float32), a)
+        return linear(a, e.down)
     g, u = linear(h, e.gate), linear(h, e.up)
     a = _empty(g.shape)
     cpu.swiglu(g, u, a)
@@ -161,7 +182,7 @@ class Transformer:
     def attention(self, L: int, h: np.ndarray, lw: LayerWeights, step: Step) -> np.ndarray:
         cfg, T = self.cfg, h.shape[0]
         H, KV, hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        q, k, v = linear(h, lw.q), linear(h, lw.k), linear(h, lw.v)
+        q, k, v = linears(h, (lw.q, lw.k, lw.v))
         if lw.q_bias is not None:
             q += lw.q_bias
             k += lw.k_bias
@@ -177,13 +198,13 @@ class Transformer:
         cpu.rope(q, step.cos, step.sin)
         cpu.rope(k, step.cos, step.sin)
         step.cache.write(L, step.pos0, k, v)
-        keys, values = step.cache.read(L, step.pos0 + T)
+        keys, values, ks, vs, scaled = step.cache.views(L, step.pos0 + T)
         out = _empty(q.shape)
         for a in range(0, T, ATTENTION_BLOCK):  # query blocks bound the scores buffer on long prompts
             b = min(T, a + ATTENTION_BLOCK)
             scores = _empty(((b - a) * H, step.pos0 + b))
-            cpu.attention(q[a:b], keys[:step.pos0 + b], values[:step.pos0 + b], step.pos0 + a,
-                          cfg.sliding_window or 0, self.scale, scores, out[a:b])
+            cpu.attention(q[a:b], keys, values, ks, vs, scaled, step.pos0 + a, cfg.sliding_window or 0,
+                          self.scale, scores, out[a:b])
         if step.dump is not None:
             step.dump |= {f"blk.{L}.q": q.copy(), f"blk.{L}.k": k.copy(), f"blk.{L}.v": v.copy(),
                           f"blk.{L}.attn_out": out.reshape(T, -1).copy()}

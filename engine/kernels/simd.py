@@ -1,0 +1,186 @@
+"""Integer dot products of a weight row with int8 activations, written as LLVM vector code
+(numba intrinsics).
+
+Numba widens every small-integer product to int64, so plain loops over int8 never reach the
+CPU's byte dot-product instructions. These intrinsics emit the vector IR directly, in the way
+llama.cpp's hand-written kernels do: per block, 32 weights (nibbles split into bytes, or int8)
+times 32 int8 activations summed in int32 lanes, then scaled into a float vector accumulator.
+
+Which instructions, chosen once per process from the CPU numba compiles for (the `simd` setting
+and NUMBA_CPU_FEATURES count):
+  vnni    — vpdpbusd (AVX512-VNNI with AVX512-VL, or AVX-VNNI): unsigned × signed bytes, 4 per lane
+  avx2    — vpmaddubsw then vpmaddwd (AVX2)
+  generic — widen to int16, multiply, add pairs: any LLVM target (NEON on ARM, SSE elsewhere)
+
+Layout: `w` is a uint8 matrix (rows, row_bytes) of blocks (engine.quant), row r at
+r * w.strides[0]; `xq` holds a token's int8 activations, `xd` their per-block scales, `xs` the
+scale times the block's sum and `xi` the integer block sum (cpu.quantize_activations).
+"""
+from __future__ import annotations
+
+import os
+
+import llvmlite.binding as llvm
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+import engine.kernels  # noqa: F401  (numba's target first)
+
+I8, I16, I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
+_ZERO = ir.Constant(ir.IntType(64), 0)
+
+
+def _vec(t: ir.Type, n: int) -> ir.VectorType:
+    return ir.VectorType(t, n)
+
+
+def _features() -> dict[str, bool]:
+    """The features numba compiles for: the host's, with NUMBA_CPU_FEATURES (if set) in their place."""
+    if os.environ.get("NUMBA_CPU_FEATURES"):
+        return {f[1:]: f[0] == "+" for f in os.environ["NUMBA_CPU_FEATURES"].split(",") if f[:1] in "+-"}
+    return dict(llvm.get_host_cpu_features())
+
+
+def _mode(feats: dict[str, bool]) -> str:
+    if os.environ.get("COLIBRI_DOT", "") in ("vnni", "avx2", "generic"):  # for tests and benchmarks
+        return os.environ["COLIBRI_DOT"]
+    if (feats.get("avx512vnni") and feats.get("avx512vl")) or feats.get("avxvnni"):
+        return "vnni"
+    return "avx2" if feats.get("avx2") else "generic"
+
+
+DOT = _mode(_features())  # the instruction path of this process
+
+
+def _byte_ptr(context, builder, aryty, ary, row, off):
+    """Address of byte `off` of row `row` (row 0 for 1-D arrays)."""
+    a = context.make_array(aryty)(context, builder, ary)
+    data = builder.bitcast(a.data, I8.as_pointer())
+    strides = cgutils.unpack_tuple(builder, a.strides, aryty.ndim)
+    start = builder.add(builder.mul(row, strides[0]), off) if aryty.ndim > 1 else off
+    return builder.gep(data, [start])
+
+
+def _load(builder, ptr, ty):
+    return builder.load(builder.bitcast(ptr, ty.as_pointer()), align=1)
+
+
+def _dot_u8s8(builder, u, s):
+    """<32 x i8> unsigned u · <32 x i8> signed s -> <8 x i32> sums of 4 neighbouring products."""
+    mod = builder.module
+    if DOT == "vnni":
+        fn = cgutils.get_or_insert_function(mod, ir.FunctionType(_vec(I32, 8), [_vec(I32, 8)] * 3),
+                                            "llvm.x86.avx512.vpdpbusd.256")
+        return builder.call(fn, [ir.Constant(_vec(I32, 8), None), builder.bitcast(u, _vec(I32, 8)),
+                                 builder.bitcast(s, _vec(I32, 8))])
+    if DOT == "avx2":  # pair sums saturate at int16: callers' bytes keep them within 2 · 128 · 127
+        f1 = cgutils.get_or_insert_function(mod, ir.FunctionType(_vec(I16, 16), [_vec(I8, 32)] * 2),
+                                            "llvm.x86.avx2.pmadd.ub.sw")
+        f2 = cgutils.get_or_insert_function(mod, ir.FunctionType(_vec(I32, 8), [_vec(I16, 16)] * 2),
+                                            "llvm.x86.avx2.pmadd.wd")
+        return builder.call(f2, [builder.call(f1, [u, s]), ir.Constant(_vec(I16, 16), [1] * 16)])
+    m = builder.mul(builder.zext(u, _vec(I16, 32)), builder.sext(s, _vec(I16, 32)))
+    for n in (16, 8):
+        even = builder.shuffle_vector(m, m, ir.Constant(_vec(I32, n), list(range(0, 2 * n, 2))))
+        odd = builder.shuffle_vector(m, m, ir.Constant(_vec(I32, n), list(range(1, 2 * n, 2))))
+        if n == 16:
+            even, odd = builder.sext(even, _vec(I32, 16)), builder.sext(odd, _vec(I32, 16))
+        m = builder.add(even, odd)
+    return m
+
+
+@intrinsic
+def round_f16(typingctx, v):
+    """v rounded to the nearest IEEE half (as llama.cpp stores a block's scale), back as float32."""
+    def codegen(context, builder, sig, args):
+        return builder.fpext(builder.fptrunc(args[0], ir.HalfType()), ir.FloatType())
+    return types.float32(types.float32), codegen
+
+
+@intrinsic
+def widen(typingctx, v):
+    """A stored KV element as float32: float32 as is, uint16 as the bits of an IEEE half (how the
+    f16 cache is viewed), int8 as its integer value (the int8 cache; the caller scales it)."""
+    if v == types.float32:
+        return types.float32(v), lambda context, builder, sig, args: args[0]
+    if v == types.uint16:
+        def half(context, builder, sig, args):
+            return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
+        return types.float32(v), half
+    if v == types.int8:
+        return types.float32(v), lambda context, builder, sig, args: builder.sitofp(args[0], ir.FloatType())
+    return None
+
+
+F32 = ir.FloatType()
+_FAST = ("fast",)
+# format -> (block bytes, offset of the quants, has a minimum (q4_1), nibbles (q4) or bytes (q8))
+_ROW_FORMATS = {"q4_0": (18, 2, False, True), "q4_1": (20, 4, True, True), "q8_0": (34, 2, False, False)}
+
+
+def _data_ptr(context, builder, aryty, ary, elem: ir.Type):
+    return builder.bitcast(context.make_array(aryty)(context, builder, ary).data, elem.as_pointer())
+
+
+def _row_dot(fmt: str):
+    """An intrinsic dotting one row of a `fmt` matrix with quantized activations, in vectors:
+    per block, the byte dot product (<8 x i32>) is converted and accumulated into <8 x float>
+    scaled by d_w·d_x; the horizontal sum happens once per row, not once per block."""
+    size, qoff, has_min, nibbles = _ROW_FORMATS[fmt]
+
+    @intrinsic
+    def row_dot(typingctx, w, r, xq, xd, xs, xi):
+        def codegen(context, builder, sig, args):
+            wty, _, qty, dty, sty, ity = sig.args
+            w, r, xq, xd, xs, xi = args
+            nb = cgutils.unpack_tuple(builder, context.make_array(dty)(context, builder, xd).shape, 1)[0]
+            row = _byte_ptr(context, builder, wty, w, r, _ZERO)
+            qp = _data_ptr(context, builder, qty, xq, I8)
+            dp, sp = _data_ptr(context, builder, dty, xd, F32), _data_ptr(context, builder, sty, xs, F32)
+            ip = _data_ptr(context, builder, ity, xi, I32)
+            vf = _vec(F32, 8)
+            acc = cgutils.alloca_once_value(builder, ir.Constant(vf, None))
+            extra = cgutils.alloca_once_value(builder, ir.Constant(F32, 0.0))
+            with cgutils.for_range(builder, nb) as loop:
+                b = loop.index
+                blk = builder.gep(row, [builder.mul(b, ir.Constant(b.type, size))])
+                scale = builder.fmul(builder.fpext(_load(builder, blk, ir.HalfType()), F32),
+                                     builder.load(builder.gep(dp, [b])), flags=_FAST)
+                s = _load(builder, builder.gep(qp, [builder.mul(b, ir.Constant(b.type, 32))]), _vec(I8, 32))
+                quants = builder.gep(blk, [ir.Constant(b.type, qoff)])
+                if nibbles:
+                    v = _load(builder, quants, _vec(I8, 16))
+                    lo = builder.and_(v, ir.Constant(_vec(I8, 16), [15] * 16))
+                    hi = builder.lshr(v, ir.Constant(_vec(I8, 16), [4] * 16))
+                    dot = _dot_u8s8(builder, builder.shuffle_vector(lo, hi, ir.Constant(_vec(I32, 32), list(range(32)))), s)
+                else:
+                    wv = _load(builder, quants, _vec(I8, 32))
+                    absf = cgutils.get_or_insert_function(
+                        builder.module, ir.FunctionType(_vec(I8, 32), [_vec(I8, 32), ir.IntType(1)]), "llvm.abs.v32i8")
+                    zero = ir.Constant(_vec(I8, 32), None)
+                    signed = builder.select(builder.icmp_signed("<", wv, zero), builder.sub(zero, s), s)
+                    dot = _dot_u8s8(builder, builder.call(absf, [wv, ir.Constant(ir.IntType(1), 0)]), signed)
+                splat = builder.shuffle_vector(builder.insert_element(ir.Constant(vf, None), scale, ir.Constant(I32, 0)),
+                                               ir.Constant(vf, None), ir.Constant(_vec(I32, 8), [0] * 8))
+                term = builder.fmul(builder.sitofp(dot, vf), splat, flags=_FAST)
+                builder.store(builder.fadd(builder.load(acc), term, flags=_FAST), acc)
+                if has_min:  # + m_w · d_x Σ q_x
+                    m = builder.fpext(_load(builder, builder.gep(blk, [ir.Constant(b.type, 2)]), ir.HalfType()), F32)
+                    e = builder.fmul(m, builder.load(builder.gep(sp, [b])), flags=_FAST)
+                    builder.store(builder.fadd(builder.load(extra), e, flags=_FAST), extra)
+                elif nibbles:  # q4_0's offset: - 8 · d_w d_x Σ q_x
+                    qsum = builder.sitofp(builder.load(builder.gep(ip, [b])), F32)
+                    e = builder.fmul(builder.fmul(scale, qsum, flags=_FAST), ir.Constant(F32, -8.0), flags=_FAST)
+                    builder.store(builder.fadd(builder.load(extra), e, flags=_FAST), extra)
+            v = builder.load(acc)
+            total = builder.load(extra)
+            for i in range(8):
+                total = builder.fadd(total, builder.extract_element(v, ir.Constant(I32, i)), flags=_FAST)
+            return total
+        return types.float32(w, types.intp, xq, xd, xs, xi), codegen
+    return row_dot
+
+
+row_dot_q4_0, row_dot_q4_1, row_dot_q8_0 = (_row_dot(f) for f in ("q4_0", "q4_1", "q8_0"))
