@@ -39,17 +39,30 @@ FIGURES = ("decode_tok_s", "prefill_tok_s", "ttft_s", "load_s", "first_token_s",
 
 # --- the physical limit ----------------------------------------------------------------------
 
-def measure_bandwidth(mb: int = 512, reps: int = 7) -> float:
-    """Memory read bandwidth in bytes/s: the median time of numpy summing an array of `mb` MB
-    (one thread, streaming; far larger than any cache)."""
-    a = np.ones(mb * (1 << 20) // 8)
-    a.sum()
+def measure_bandwidth(threads: int = 1, mb: int = 512, reps: int = 7) -> float:
+    """Memory read bandwidth in bytes/s: `threads` threads each summing its share of `mb` MB with
+    numpy (which lets go of the GIL), streaming, far beyond any cache; the median of `reps`."""
+    import threading
+    parts = [np.ones(mb * (1 << 20) // 8 // threads) for _ in range(threads)]
+    for a in parts:
+        a.sum()
     times = []
     for _ in range(reps):
+        workers = [threading.Thread(target=a.sum) for a in parts]
         t0 = time.perf_counter()
-        a.sum()
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
         times.append(time.perf_counter() - t0)
-    return a.nbytes / statistics.median(times)
+    return sum(a.nbytes for a in parts) / statistics.median(times)
+
+
+def bandwidth_limit(max_threads: int) -> tuple[float, dict[int, float]]:
+    """The machine's read bandwidth: the best of 1..max_threads streaming threads (one core alone
+    rarely saturates the memory controller), and each thread count's figure."""
+    each = {t: measure_bandwidth(t) for t in range(1, max(1, max_threads) + 1)}
+    return max(each.values()), each
 
 
 def weight_bytes_per_token(model_dir: Path) -> int:
@@ -79,7 +92,10 @@ def _peak_rss_mb() -> float:
 
 def _colibri(model: str, threads: int, prompt: list[int], gen: int, t_start: float) -> dict:
     from engine.api import Engine
-    eng = Engine(model, threads=threads, context_length=len(prompt) + gen + 8)
+    from engine.model_dir import open_model_dir
+    cfg = open_model_dir(model).config  # every expert resident: this measures kernels, not the cache
+    eng = Engine(model, threads=threads, context_length=len(prompt) + gen + 8,
+                 **({"expert_cache_size": cfg.num_experts} if cfg.is_moe else {}))
     eng.warmup()  # loads the compiled kernels (numba cache): part of a real start
     load = time.perf_counter() - t_start
     t0 = time.perf_counter()
@@ -210,6 +226,11 @@ def find_python(engine: str, given: str | None) -> tuple[str | None, str]:
     return None, f"no interpreter with `{MODULES[engine]}` (tried {', '.join(c for c in candidates if c)})"
 
 
+NAMED = {"default": "the default model's GGUF (SmolLM2-135M-Instruct Q4_1)",
+         "moe-q8_0": "the Mixtral-style benchmark model (colibri-bench memory) in int8 = Q8_0",
+         "moe-q4_0": "the same model re-rounded to Q4_0 (embeddings and output head Q8_0)"}
+
+
 def prepare(model: Path, workdir: Path) -> dict[str, tuple[str | None, str]]:
     """engine -> (the path it loads, or None and why it is skipped)."""
     from engine.model_dir import open_model_dir
@@ -219,13 +240,39 @@ def prepare(model: Path, workdir: Path) -> dict[str, tuple[str | None, str]]:
         return {"colibri": (str(model), ""), "llama.cpp": (None, "a Colibri directory: give the GGUF/HF source"),
                 "transformers": (None, "a Colibri directory: give the GGUF/HF source")}
     from engine.convert.convert import convert
-    out = workdir / "colibri-model"
+    out = workdir / f"colibri-{model.stem}"
     if not (out / "manifest.json").exists():
         print(f"converting {model.name} for Colibri into {out} ...", flush=True)
         convert(model, out, force=True)
     return {"colibri": (str(out), ""),
             "llama.cpp": (str(model), "") if is_gguf else (None, "llama.cpp needs a GGUF file"),
             "transformers": (str(model), "")}
+
+
+def prepare_named(name: str, workdir: Path, moe_dir: Path) -> dict[str, tuple[str | None, str]]:
+    """The paths of a named benchmark model (NAMED), built on first use. The MoE models are
+    built in `moe_dir` and kept (shared with `colibri-bench memory`); every engine reads the same
+    blocks, and transformers the float checkpoint they were rounded from."""
+    if name == "default":
+        from engine.default_model import default_gguf_path
+        return prepare(default_gguf_path(), workdir)
+    from app.bench_memory import prepare as prepare_moe
+    from engine.convert.convert import convert
+    from engine.convert.gguf_export import export_gguf
+    moe_dir.mkdir(parents=True, exist_ok=True)
+    int8_dir, q8_gguf, _ = prepare_moe(moe_dir)
+    hf = str(moe_dir / "mixtral-hf")
+    if name == "moe-q8_0":
+        return {"colibri": (str(int8_dir), ""), "llama.cpp": (str(q8_gguf), ""), "transformers": (hf, "")}
+    q4_gguf, q4_dir = moe_dir / "mixtral-q4_0.gguf", moe_dir / "mixtral-q4_0"
+    if not q4_gguf.exists():
+        print(f"re-rounding the benchmark model to Q4_0: {q4_gguf} ...", flush=True)
+        part = q4_gguf.with_suffix(".part")
+        export_gguf(int8_dir, part, requantize="q4_0")
+        part.rename(q4_gguf)
+    if not (q4_dir / "manifest.json").exists():
+        convert(q4_gguf, q4_dir, None, force=True)  # the GGUF's Q4_0 blocks, kept as they are
+    return {"colibri": (str(q4_dir), ""), "llama.cpp": (str(q4_gguf), ""), "transformers": (hf, "")}
 
 
 def run_once(py: str, engine: str, model: str, threads: int, prompt_file: Path, gen: int,
@@ -243,18 +290,45 @@ def _label(engine: str, simd: str) -> str:
     return engine if engine != "colibri" or simd == "auto" else f"colibri[{simd}]"
 
 
-def run_speed(model: Path, engines: list[str], threads: list[int], runs: int, prompt_tokens: int, gen: int,
-              simds: list[str], workdir: Path, pythons: dict[str, str | None],
+def run_speed(models: list[str], engines: list[str], threads: list[int], runs: int, prompt_tokens: int, gen: int,
+              simds: list[str], workdir: Path, pythons: dict[str, str | None], moe_dir: Path | None = None,
               log=print) -> dict:
+    """Every model in turn (a NAMED one or a path); per model, the engines alternate run by run."""
     workdir.mkdir(parents=True, exist_ok=True)
-    paths = prepare(model, workdir)
+    moe_dir = moe_dir or Path.home() / ".cache" / "colibri" / "bench"
+    log("measuring memory bandwidth ...")
+    import psutil
+    bw, bw_each = bandwidth_limit(psutil.cpu_count(logical=False) or 1)
+    log("bandwidth " + ", ".join(f"{t} thread(s) {b / 1e9:.1f} GB/s" for t, b in bw_each.items()))
+    report = {"machine": machine(), "bandwidth_gb_s": bw / 1e9,
+              "bandwidth_by_threads_gb_s": {str(t): b / 1e9 for t, b in bw_each.items()},
+              "prompt_tokens": prompt_tokens, "decode_tokens": gen, "models": [], "results": [], "skipped": {}}
+    done: dict[tuple[str, str, int], list[dict]] = {}  # (engine, path, threads) -> samples, across models
+    for spec in models:
+        paths = prepare_named(spec, workdir, moe_dir) if spec in NAMED else prepare(Path(spec).expanduser(), workdir)
+        name = spec if spec in NAMED else Path(spec).name
+        entry = _run_model(name, paths, engines, threads, runs, prompt_tokens, gen, simds, workdir, pythons, bw,
+                           done, log)
+        report["models"].append(entry["model"])
+        report["results"] += entry["results"]
+        report["skipped"] |= {f"{name}: {e}": why for e, why in entry["skipped"].items()}
+    if len(models) == 1:  # the single-model layout of earlier reports
+        report |= {"model": report["models"][0]["name"],
+                   "weight_bytes_per_token": report["models"][0]["weight_bytes_per_token"],
+                   "skipped": {k.split(": ", 1)[1]: v for k, v in report["skipped"].items()}}
+    return report
+
+
+def _run_model(name: str, paths: dict, engines: list[str], threads: list[int], runs: int, prompt_tokens: int,
+               gen: int, simds: list[str], workdir: Path, pythons: dict, bw: float,
+               done: dict, log) -> dict:
     plan, skipped = [], {}
     for engine in engines:
         path, why = paths[engine]
         py, why_py = find_python(engine, pythons.get(engine)) if path else (None, why)
         if py is None:
             skipped[engine] = why_py
-            log(f"skipping {engine}: {why_py}")
+            log(f"{name}: skipping {engine}: {why_py}")
             continue
         for simd in (simds if engine == "colibri" else ["auto"]):
             plan.append((_label(engine, simd), engine, py, path, {"COLIBRI_SIMD": simd}))
@@ -266,38 +340,40 @@ def run_speed(model: Path, engines: list[str], threads: list[int], runs: int, pr
     prompt_file.write_text(json.dumps(prompt))
     qbytes = weight_bytes_per_token(Path(paths["colibri"][0]))
     fbytes = 4 * _weights_per_token(Path(paths["colibri"][0]))
-    log("measuring memory bandwidth ...")
-    bw = measure_bandwidth()
-    log(f"bandwidth {bw / 1e9:.1f} GB/s; weights read per decoded token: {qbytes / 1e6:.1f} MB "
-        f"(as stored), {fbytes / 1e6:.1f} MB (float32, transformers)")
-    for label, engine, py, path, env in plan:  # untimed: compiles kernels, warms the page cache
+    log(f"{name}: weights read per decoded token: {qbytes / 1e6:.1f} MB (as stored), {fbytes / 1e6:.1f} MB "
+        f"(float32, transformers)")
+    todo = [p for p in plan if not all((p[0], p[3], t) in done for t in threads)]
+    for label, engine, py, path, env in todo:  # untimed: compiles kernels, warms the page cache
         run_once(py, engine, path, threads[0], prompt_file, 4, env)
-    samples: dict[tuple[str, int], list[dict]] = {}
     for r in range(runs):
         for t in threads:
-            for label, engine, py, path, env in plan:
+            for label, engine, py, path, env in todo:
                 res = run_once(py, engine, path, t, prompt_file, gen, env)
-                samples.setdefault((label, t), []).append(res)
-                log(f"run {r + 1}/{runs} {label:>18} {t} thread(s): decode {res['decode_tok_s']:6.1f} tok/s, "
+                done.setdefault((label, path, t), []).append(res)
+                log(f"{name} run {r + 1}/{runs} {label:>18} {t} thread(s): decode {res['decode_tok_s']:6.1f} tok/s, "
                     f"prefill {res['prefill_tok_s']:6.1f} tok/s, load {res['load_s']:.2f} s")
     results = []
-    for (label, t), rs in samples.items():
-        med = {k: statistics.median(x[k] for x in rs) for k in FIGURES}
-        per_token = fbytes if label == "transformers" else qbytes
-        med["bandwidth_fraction"] = med["decode_tok_s"] * per_token / bw
-        results.append({"engine": label, "model": model.name, "threads": t, "runs": len(rs), **med})
+    for label, engine, py, path, env in plan:
+        for t in threads:
+            rs = done[(label, path, t)]
+            med = {k: statistics.median(x[k] for x in rs) for k in FIGURES}
+            per_token = fbytes if engine == "transformers" else qbytes
+            med["bandwidth_fraction"] = med["decode_tok_s"] * per_token / bw
+            results.append({"engine": label, "model": name, "threads": t, "runs": len(rs), **med})
     for row in results:
-        peer = next((x for x in results if x["engine"] == "llama.cpp" and x["threads"] == row["threads"]), None)
-        if peer:
-            row["vs_llama_cpp"] = {"decode": row["decode_tok_s"] / peer["decode_tok_s"],
-                                   "prefill": row["prefill_tok_s"] / peer["prefill_tok_s"]}
-        hf = next((x for x in results if x["engine"] == "transformers" and x["threads"] == row["threads"]), None)
-        if hf:
-            row["vs_transformers"] = {"decode": row["decode_tok_s"] / hf["decode_tok_s"],
-                                      "prefill": row["prefill_tok_s"] / hf["prefill_tok_s"]}
-    return {"model": str(model), "machine": machine(), "bandwidth_gb_s": bw / 1e9,
-            "weight_bytes_per_token": qbytes, "prompt_tokens": prompt_tokens, "decode_tokens": gen,
-            "skipped": skipped, "results": results}
+        for peer, key in (("llama.cpp", "vs_llama_cpp"), ("transformers", "vs_transformers")):
+            other = next((x for x in results if x["engine"] == peer and x["threads"] == row["threads"]), None)
+            if other:
+                row[key] = {"decode": row["decode_tok_s"] / other["decode_tok_s"],
+                            "prefill": row["prefill_tok_s"] / other["prefill_tok_s"]}
+    scaling = {}
+    for label in dict.fromkeys(r["engine"] for r in results):
+        by_t = {r["threads"]: r["decode_tok_s"] for r in results if r["engine"] == label}
+        if 1 in by_t and len(by_t) > 1:
+            scaling[label] = {str(t): v / by_t[1] for t, v in by_t.items()}
+    model = {"name": name, "colibri_path": paths["colibri"][0], "weight_bytes_per_token": qbytes,
+             "float_bytes_per_token": fbytes, "decode_scaling_vs_1_thread": scaling}
+    return {"model": model, "results": results, "skipped": skipped}
 
 
 def _weights_per_token(model_dir: Path) -> int:
@@ -329,38 +405,45 @@ def machine() -> dict:
             "memory_gb": psutil.virtual_memory().total / 1e9, "system": platform.platform()}
 
 
-def table(report: dict) -> str:
-    head = "| engine | threads | decode tok/s | prefill tok/s | TTFT s | load s | start→1st token s | peak RSS MB | decode/bandwidth limit | decode vs llama.cpp | prefill vs llama.cpp |"
+def table(report: dict, model: str | None = None) -> str:
+    head = ("| engine | threads | decode tok/s | prefill tok/s | TTFT s | load s | start→1st token s | peak RSS MB "
+            "| decode/bandwidth limit | decode vs llama.cpp | prefill vs llama.cpp | decode vs transformers |")
     lines = [head, "|" + "---|" * head.count(" | ") + "---|"]
-    for r in sorted(report["results"], key=lambda r: (r["threads"], r["engine"])):
-        vs = r.get("vs_llama_cpp")
+    rows = [r for r in report["results"] if model is None or r["model"] == model]
+    for r in sorted(rows, key=lambda r: (r["threads"], r["engine"])):
+        vs, hf = r.get("vs_llama_cpp"), r.get("vs_transformers")
         lines.append(f"| {r['engine']} | {r['threads']} | {r['decode_tok_s']:.1f} | {r['prefill_tok_s']:.0f} | "
                      f"{r['ttft_s']:.2f} | {r['load_s']:.2f} | {r['first_token_s']:.2f} | {r['peak_rss_mb']:.0f} | "
                      f"{100 * r['bandwidth_fraction']:.0f}% | "
-                     + (f"{vs['decode']:.2f}× | {vs['prefill']:.2f}× |" if vs else "– | – |"))
+                     + (f"{vs['decode']:.2f}× | {vs['prefill']:.2f}× | " if vs else "– | – | ")
+                     + (f"{hf['decode']:.2f}× |" if hf else "– |"))
     return "\n".join(lines)
 
 
 def cmd_speed(args: argparse.Namespace) -> int:
-    if args.model:
-        model = Path(args.model).expanduser()
-    else:
-        from engine.default_model import default_gguf_path
-        model = default_gguf_path()
-    if not model.exists():
-        raise SystemExit(f"--model {model}: no such file or folder")
+    models = [m.strip() for m in (args.model or "default").split(",") if m.strip()]
+    for m in models:
+        if m not in NAMED and not Path(m).expanduser().exists():
+            raise SystemExit(f"--model {m}: no such file or folder (or one of: {', '.join(NAMED)})")
     workdir = Path(args.workdir) if args.workdir else None
+    moe_dir = Path(args.moe_dir).expanduser() if args.moe_dir else None
     with tempfile.TemporaryDirectory(prefix="colibri-speed-") as tmp:
-        report = run_speed(model, [e.strip() for e in args.engines.split(",")],
+        report = run_speed(models, [e.strip() for e in args.engines.split(",")],
                            [int(t) for t in args.threads.split(",")], args.runs, args.prompt_tokens,
                            args.gen_tokens, [s.strip() for s in args.simd.split(",")], workdir or Path(tmp),
-                           {"llama.cpp": args.llamacpp_python, "transformers": args.transformers_python})
+                           {"llama.cpp": args.llamacpp_python, "transformers": args.transformers_python}, moe_dir)
     m = report["machine"]
-    print(f"\n{m['cpu']}, {m['physical_cores']} cores, read bandwidth {report['bandwidth_gb_s']:.1f} GB/s; "
-          f"{report['prompt_tokens']}-token prompt, {report['decode_tokens']} greedy tokens, medians\n")
-    print(table(report))
-    for engine, why in report["skipped"].items():
-        print(f"\n{engine}: skipped ({why})")
+    by_t = ", ".join(f"{t} thread(s) {b:.1f}" for t, b in report["bandwidth_by_threads_gb_s"].items())
+    print(f"\n{m['cpu']}, {m['physical_cores']} cores, read bandwidth {report['bandwidth_gb_s']:.1f} GB/s ({by_t}); "
+          f"{report['prompt_tokens']}-token prompt, {report['decode_tokens']} greedy tokens, medians")
+    for info in report["models"]:
+        scaling = "; ".join(f"{e} ×{s[max(s, key=int)]:.2f}" for e, s in info["decode_scaling_vs_1_thread"].items())
+        print(f"\n{info['name']} ({info['weight_bytes_per_token'] / 1e6:.1f} MB of weights per token)"
+              + (f" — decode scaling 1 → {max(int(k) for s in info['decode_scaling_vs_1_thread'].values() for k in s)}"
+                 f" threads: {scaling}" if scaling else "") + "\n")
+        print(table(report, info["name"]))
+    for what, why in report["skipped"].items():
+        print(f"\n{what}: skipped ({why})")
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
     return 0
@@ -368,8 +451,9 @@ def cmd_speed(args: argparse.Namespace) -> int:
 
 def add_parser(sub) -> None:
     s = sub.add_parser("speed", help="decode/prefill speed beside llama.cpp and transformers")
-    s.add_argument("--model", help="a GGUF file, a Hugging Face folder or a Colibri directory "
-                                   "(default: the default model's GGUF)")
+    s.add_argument("--model", help="comma-separated: GGUF files, Hugging Face folders, Colibri directories or "
+                                   "named models (" + "; ".join(f"{k}: {v}" for k, v in NAMED.items())
+                                   + "); default: default")
     s.add_argument("--engines", default=",".join(ENGINES), help="comma-separated, of: " + ", ".join(ENGINES))
     s.add_argument("--threads", default="1,2", help="comma-separated thread counts")
     s.add_argument("--runs", type=int, default=3, help="runs per engine and thread count (medians)")
@@ -379,6 +463,8 @@ def add_parser(sub) -> None:
     s.add_argument("--llamacpp_python", help="interpreter with llama_cpp (default: this one or .venv-bench)")
     s.add_argument("--transformers_python", help="interpreter with torch+transformers (default: .venv-fixtures)")
     s.add_argument("--workdir", help="keep the converted model here (reused next time)")
+    s.add_argument("--moe_dir", help="where the MoE benchmark models are built and kept (default "
+                                     "~/.cache/colibri/bench, shared with colibri-bench memory)")
     s.add_argument("--json", help="also write the figures to this file")
     s.set_defaults(func=cmd_speed)
 

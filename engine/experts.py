@@ -208,6 +208,14 @@ class ExpertCache:
         if load:
             self._queue.put((layer, expert, slot))
 
+    def holds_all(self) -> bool:
+        """Whether every expert of every layer is loaded (the cache has room for all and they have
+        all been used): prefetching is then pointless."""
+        if self.capacity < self.num_experts:
+            return False
+        with self._lock:
+            return all(len(lru) == self.num_experts for lru in self._lru)
+
     def record(self, layer: int, experts: np.ndarray) -> None:
         """Note the experts a token picked (for the sliding-window prefetch and the heatmap)."""
         with self._lock:
@@ -228,6 +236,9 @@ class ExpertCache:
             with self._lock:
                 window = [e for e, _ in Counter(self._recent[layer]).most_common(self.spare)]
             wanted = list(dict.fromkeys(wanted + window))[:self.spare]
+        with self._lock:  # already there or on its way: don't wake the loader for it
+            lru = self._lru[layer]
+            wanted = [e for e in wanted if e not in lru]
         for e in wanted:
             self._queue.put((layer, e, None))
 

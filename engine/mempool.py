@@ -21,6 +21,7 @@ import numpy as np
 
 ALIGN = 64
 PAGE = mmap.PAGESIZE
+HUGE_PAGE = 2 << 20
 SMALL_MAX = 4096
 MEDIUM_MAX = 1 << 20
 SLAB_PAGE = 64 << 10
@@ -213,6 +214,21 @@ class _MediumTier:
         return returned
 
 
+def _map_large(size: int) -> tuple[mmap.mmap, int]:
+    """Fresh anonymous pages for a large block, and the block's offset in them. Blocks of 2 MB and
+    more start on a 2 MB boundary and ask for transparent huge pages: the kernels stream through
+    expert weights, and with 4 KB pages the TLB misses cost a third of a matmul's speed from RAM
+    (measured: 16 -> 25 GB/s on 2 threads)."""
+    if size < HUGE_PAGE or not hasattr(mmap, "MADV_HUGEPAGE"):
+        return mmap.mmap(-1, size), 0
+    buf = mmap.mmap(-1, size + HUGE_PAGE)  # the unaligned head is never touched, so never paid for
+    probe = np.frombuffer(buf, np.uint8, 1)
+    off = -probe.ctypes.data % HUGE_PAGE
+    del probe  # (a live view would keep the mapping from closing)
+    buf.madvise(mmap.MADV_HUGEPAGE, off, size)
+    return buf, off
+
+
 def _try_close(buf: mmap.mmap) -> bool:
     try:
         buf.close()
@@ -247,7 +263,7 @@ class MemoryPool:
                 buf, off, got, key = self._medium.alloc(size)
         else:
             tier, got = "large", (size + PAGE - 1) // PAGE * PAGE
-            buf, off, key = mmap.mmap(-1, got), 0, None
+            (buf, off), key = _map_large(got), None
         block = Block(self, tier, buf, off, got, nbytes, key, on_move)
         with self._count_lock:
             self._live.add(block)

@@ -1,7 +1,9 @@
 """Export a converted Llama-family or Mixtral model back to GGUF, block for block.
 
 Used to give llama.cpp exactly our weights in benchmarks: int8 is GGUF's Q8_0 and int4 its
-Q4_1, so nothing is re-rounded. Rows of attn_q/attn_k go back into llama.cpp's rotary order,
+Q4_1, so nothing is re-rounded. `requantize` ("q4_0", ...) re-rounds the matrices instead
+(embeddings, the output head and routers keep theirs, as llama.cpp's own low-bit presets do), to make a
+GGUF in a format our converter does not write, which Colibri then imports block for block. Rows of attn_q/attn_k go back into llama.cpp's rotary order,
 and experts are stacked into `ffn_*_exps`. Written tensor by tensor (one layer's experts at a
 time in memory).
 """
@@ -12,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from engine import quant
 from engine.convert.gguf_file import unpermute_order
 from engine.errors import ConversionError
 from engine.model_dir import open_model_dir
@@ -43,7 +46,7 @@ def _tokenizer_kv(w, tokenizer_json: Path, meta: dict) -> None:
     w.add_add_bos_token(bool(meta.get("add_bos_token")))
 
 
-def export_gguf(model_path: str | Path, out_path: str | Path) -> Path:
+def export_gguf(model_path: str | Path, out_path: str | Path, requantize: str | None = None) -> Path:
     import gguf
     model = open_model_dir(model_path)
     cfg = model.config
@@ -88,6 +91,10 @@ def export_gguf(model_path: str | Path, out_path: str | Path) -> Path:
                 name = f"blk.{L}.ffn_{part}.0.weight"
                 plan.append((f"blk.{L}.ffn_{part}.weight", _reader(tf, name, cfg), tf.infos[name].shape,
                              tf.infos[name].qtype))
+    if requantize:
+        keep = ("token_embd.weight", "output.weight", "ffn_gate_inp.weight")  # as llama-quantize keeps them
+        plan = [_requantized(p, quant.get(requantize)) if not p[0].endswith(keep) and len(p[2]) >= 2 else p
+                for p in plan]
     for name, _, shape, qt in plan:
         w.add_tensor_info(name, list(shape), np.dtype(np.float32), qt.nbytes(tuple(shape)),
                           raw_dtype=gguf.GGMLQuantizationType(qt.type_id))
@@ -98,6 +105,16 @@ def export_gguf(model_path: str | Path, out_path: str | Path) -> Path:
         w.write_tensor_data(np.ascontiguousarray(read()).view(np.uint8))
     w.close()
     return out_path
+
+
+def _requantized(item, target):
+    name, read, shape, qt = item
+
+    def again():
+        data = read()
+        return np.stack([quant.quantize(quant.dequantize(d, qt), target) for d in data.reshape(-1, *data.shape[-2:])]) \
+            .reshape(*data.shape[:-1], -1)
+    return name, again, shape, target
 
 
 def _reader(tf, name: str, cfg):

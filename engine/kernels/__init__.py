@@ -22,10 +22,29 @@ import platformdirs
 
 SIMD_CHOICES = ("auto", "avx2", "avx512")
 
+def _sources_digest() -> str:
+    """A digest of every kernel source file. Numba checks only the timestamp of the file that
+    defines a cached function, not of what it calls (simd.py's intrinsics are compiled into
+    cpu.py's kernels): a folder per digest keeps an edited or upgraded kernel from loading a
+    stale machine-code cache."""
+    import hashlib
+    h = hashlib.sha256()
+    folder = os.path.dirname(os.path.abspath(__file__))
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError:  # no source folder to read (an unusual frozen build): one shared cache
+        return "unversioned"
+    for name in names:
+        if name.endswith(".py"):
+            with open(os.path.join(folder, name), "rb") as f:
+                h.update(name.encode() + b"\0" + f.read())
+    return h.hexdigest()[:12]
+
+
 if "NUMBA_CACHE_DIR" not in os.environ:
     home = os.environ.get("COLIBRI_HOME")
     base = os.path.join(home, "cache") if home else platformdirs.user_cache_dir("colibri", appauthor=False)
-    os.environ["NUMBA_CACHE_DIR"] = os.path.join(base, "numba")
+    os.environ["NUMBA_CACHE_DIR"] = os.path.join(base, "numba", _sources_digest())
 if os.environ.get("COLIBRI_DOT"):  # a forced dot-product path (simd.py) compiles apart from the natural one
     os.environ["NUMBA_CACHE_DIR"] += "-dot-" + os.environ["COLIBRI_DOT"]
 os.environ.setdefault("NUMBA_THREADING_LAYER", "threadsafe")

@@ -159,10 +159,16 @@ class Transformer:
             step.dump[f"blk.{L}.expert_ids"] = ids.copy()
         out = _empty(h.shape)
         out[...] = 0
-        order = cache.order_for_use(L, np.unique(ids))  # resident experts first
+        one = h.shape[0] == 1  # decode: no grouping needed, each pick is one expert
+        order = cache.order_for_use(L, ids[0] if one else np.unique(ids))  # resident experts first
         for i, e in enumerate(order):
             if i + 1 < len(order):
                 cache.load_ahead(L, order[i + 1])  # the next one loads while this one computes
+            if one:
+                with cache.use(L, e) as ew:
+                    y = expert_mlp(h, ew)
+                out += weights[0, int(np.flatnonzero(ids[0] == e)[0])] * y
+                continue
             rows, slot = np.nonzero(ids == e)
             with cache.use(L, e) as ew:
                 y = expert_mlp(h[rows], ew)
@@ -173,6 +179,8 @@ class Transformer:
         """Queue the experts the next layer's router picks from this layer's hidden state, and
         this layer's runners-up (ranked just after the top-k) for the next token."""
         cache, k = self.w.experts, self.cfg.top_k
+        if cache.holds_all():  # nothing could be brought in
+            return
         if L + 1 < len(self.w.layers) and self.w.layers[L + 1].router is not None:
             nxt = np.argsort(-linear(h, self.w.layers[L + 1].router), axis=-1)[:, :k]
             cache.prefetch(L + 1, np.unique(nxt))
