@@ -92,7 +92,7 @@ class _SmallTier:
         for page in self.pages[cls]:
             if page["free"]:
                 return page["buf"], page["free"].pop(), cls, page
-        page = {"buf": mmap.mmap(-1, SLAB_PAGE), "free": list(range(SLAB_PAGE - cls, -1, -cls)), "cls": cls}
+        page = {"buf": _anonymous(SLAB_PAGE), "free": list(range(SLAB_PAGE - cls, -1, -cls)), "cls": cls}
         self.pages[cls].append(page)
         return page["buf"], page["free"].pop(), cls, page
 
@@ -129,7 +129,7 @@ class _SmallTier:
 
 class _Arena:
     def __init__(self):
-        self.buf = mmap.mmap(-1, ARENA)
+        self.buf = _anonymous(ARENA)
         self.free: dict[int, set[int]] = {o: set() for o in range(MIN_ORDER, MAX_ORDER + 1)}
         self.free[MAX_ORDER].add(0)
         self.used: dict[int, int] = {}  # offset -> order
@@ -214,14 +214,22 @@ class _MediumTier:
         return returned
 
 
+def _anonymous(size: int) -> mmap.mmap:
+    """Private anonymous pages (Python's default is shared: shmem, which never gets huge pages and
+    keeps its pages after MADV_DONTNEED)."""
+    if hasattr(mmap, "MAP_PRIVATE"):
+        return mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    return mmap.mmap(-1, size)  # Windows: no flags; private already
+
+
 def _map_large(size: int) -> tuple[mmap.mmap, int]:
     """Fresh anonymous pages for a large block, and the block's offset in them. Blocks of 2 MB and
     more start on a 2 MB boundary and ask for transparent huge pages: the kernels stream through
     expert weights, and with 4 KB pages the TLB misses cost a third of a matmul's speed from RAM
     (measured: 16 -> 25 GB/s on 2 threads)."""
     if size < HUGE_PAGE or not hasattr(mmap, "MADV_HUGEPAGE"):
-        return mmap.mmap(-1, size), 0
-    buf = mmap.mmap(-1, size + HUGE_PAGE)  # the unaligned head is never touched, so never paid for
+        return _anonymous(size), 0
+    buf = _anonymous(size + HUGE_PAGE)  # the unaligned head is never touched, so never paid for
     probe = np.frombuffer(buf, np.uint8, 1)
     off = -probe.ctypes.data % HUGE_PAGE
     del probe  # (a live view would keep the mapping from closing)

@@ -29,3 +29,24 @@ def test_speed_command_writes_every_figure(tmp_path, capsys):
 def test_missing_interpreter_is_reported_not_fatal(tmp_path):
     py, why = bench_speed.find_python("llama.cpp", str(tmp_path / "no-python"))
     assert py is None and "llama_cpp" in why
+
+
+def test_several_models_in_one_run(tmp_path, capsys):
+    out = tmp_path / "speed.json"
+    models = f"{HF_FIXTURES / 'llama'},{HF_FIXTURES / 'mixtral'}"
+    code = main(["speed", "--model", models, "--engines", "colibri", "--threads", "1,2", "--runs", "1",
+                 "--prompt_tokens", "8", "--gen_tokens", "4", "--workdir", str(tmp_path / "w"), "--json", str(out)])
+    assert code == 0
+    report = json.loads(out.read_text())
+    assert [m["name"] for m in report["models"]] == ["llama", "mixtral"]
+    assert {(r["model"], r["threads"]) for r in report["results"]} == {(m, t) for m in ("llama", "mixtral") for t in (1, 2)}
+    assert set(report["bandwidth_by_threads_gb_s"]) >= {"1"} and report["bandwidth_gb_s"] > 0
+    assert all("colibri" in m["decode_scaling_vs_1_thread"] for m in report["models"])
+    text = capsys.readouterr().out
+    assert text.count("| colibri | 2 |") == 2 and "decode scaling 1 → 2 threads" in text
+
+
+def test_unknown_model_name_is_refused(tmp_path):
+    import pytest
+    with pytest.raises(SystemExit, match="moe-q8_0"):
+        main(["speed", "--model", "no-such-model", "--workdir", str(tmp_path)])

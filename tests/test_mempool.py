@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import gc
+import os
 import random
 import threading
+from pathlib import Path
 
 import numpy as np
 import psutil
@@ -102,3 +104,36 @@ def test_threads_share_a_pool(global_lock):
     [t.start() for t in ts]
     [t.join() for t in ts]
     assert pool.stats().allocated == 0
+
+
+def _smaps_entry(address: int) -> dict[str, int]:
+    """The /proc/self/smaps fields (kB) of the mapping that holds `address`."""
+    fields, inside = {}, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()
+            if "-" in head[0] and len(head) >= 5 and ":" not in head[0]:
+                lo, hi = (int(v, 16) for v in head[0].split("-"))
+                inside = lo <= address < hi
+            elif inside and line.rstrip().endswith("kB"):
+                fields[head[0].rstrip(":")] = int(head[1])
+    return fields
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="Linux only")
+def test_large_blocks_are_private_and_ask_for_huge_pages():
+    """Expert slots stream through the kernels: 2 MB-aligned private pages that can be huge
+    (shared anonymous memory is shmem: never huge, and DONTNEED does not free it)."""
+    pool = MemoryPool()
+    block = pool.alloc(8 << 20)
+    a = block.array(np.uint8, (block.size,))
+    a[:] = 1
+    address = a.ctypes.data
+    assert address % (2 << 20) == 0
+    entry = _smaps_entry(address)
+    assert entry.get("Shared_Clean", 0) + entry.get("Shared_Dirty", 0) == 0 and entry["Anonymous"] >= 8 << 10
+    thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    if thp.exists() and "[never]" not in thp.read_text():
+        assert entry.get("AnonHugePages", 0) > 0, entry
+    del a
+    block.free()
