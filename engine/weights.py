@@ -113,7 +113,7 @@ class ModelWeights:
         """An always-used expert (Qwen2-MoE's shared one), loaded once outside the LRU cache."""
         block = self.pool.alloc(self.store.span(layer, expert).nbytes)
         self._shared_blocks.append(block)
-        return self.store.read_into(layer, expert, block.array(np.uint8, (block.size,)))
+        return self.store.read_into(layer, expert, block.array(np.uint8, (block.size,)), repack=True)
 
     def dense_bytes(self) -> int:
         """Bytes of everything but the routed experts (always resident once touched)."""

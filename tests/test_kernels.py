@@ -95,6 +95,12 @@ for name in ("q4_0", "q4_1", "q8_0"):
     cpu.matmul(w, quant.get(name).type_id, x, out)
     want = ref.matmul_int(w, name, x)
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    w8 = stored_matrix(name, 16, 128, seed=3)
+    want = ref.matmul_int(w8, name, x)
+    cpu.repack_x8(w8, quant.get(name).type_id)
+    out = np.empty((1, 16), np.float32)
+    cpu.matmul(w8, quant.get(name).type_id + cpu.PACKED, x, out)
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
 print("ok")
 """
 
@@ -229,3 +235,34 @@ def test_decode_and_prefill_paths_agree(name):
     one = np.empty((1, rows), np.float32)
     cpu.matmul(w, quant.get(name).type_id, x[:1], one)
     assert np.abs(one[0] - many[0]).max() / np.abs(many[0]).max() < 1e-2
+
+
+@pytest.mark.parametrize("name", INT_FORMATS)
+def test_repacked_matrices_give_the_same_products(name):
+    """8-row groups (cpu.repack_x8): decode's group dot products, prefill's dequantized rows and
+    the fused SwiGLU against the numpy twin of the original layout."""
+    n, rows = 256, 48
+    w = stored_matrix(name, rows, n, seed=12)
+    code = quant.get(name).type_id
+    packed = w.copy()
+    cpu.repack_x8(packed, code)
+    assert not np.array_equal(packed, w) and packed.shape == w.shape
+    got = np.empty(n, np.float32)
+    for r in (0, 7, 8, 45):
+        cpu.dequantize_x8_row(packed, r, code + cpu.PACKED, got)
+        np.testing.assert_array_equal(got, quant.dequantize(w[r:r + 1], name)[0])
+    rng = np.random.default_rng(13)
+    for T in (1, 3, cpu.INT_MAX_T + 2):
+        x = rng.standard_normal((T, n)).astype(np.float32)
+        out = np.empty((T, rows), np.float32)
+        cpu.matmul(packed, code + cpu.PACKED, x, out)
+        want = ref.matmul_int(w, name, x) if T <= cpu.INT_MAX_T else ref.matmul(w, name, n, x)
+        np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    up = stored_matrix(name, rows, n, seed=14)
+    up_packed = up.copy()
+    cpu.repack_x8(up_packed, code)
+    x = rng.standard_normal((1, n)).astype(np.float32)
+    out = np.empty((1, rows), np.float32)
+    cpu.swiglu_int(packed, code + cpu.PACKED, up_packed, code + cpu.PACKED, x, out)
+    want = ref.swiglu(ref.matmul_int(w, name, x).astype(np.float64), ref.matmul_int(up, name, x))
+    np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-5 * np.abs(want).max())

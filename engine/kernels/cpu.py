@@ -14,11 +14,14 @@ import numpy as np
 from numba import njit, prange
 
 import engine.kernels  # noqa: F401  (numba settings first)
-from engine.kernels.simd import round_f16, row_dot_q4_0, row_dot_q4_1, row_dot_q8_0, widen
+from engine.kernels.simd import group_dot_q4_0x8, group_dot_q4_1x8, group_dot_q8_0x8, round_f16, row_dot_q4_0, row_dot_q4_1, row_dot_q8_0, widen
 
 F32, F16, Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K, BF16 = 0, 1, 2, 3, 8, 12, 13, 14, 30
 ROWS_PER_TASK = 16
-INT_CODES = (Q4_0, Q4_1, Q8_0)  # formats with an integer dot product (activations quantized to int8)
+PACKED = 1000  # + a GGML id: that format repacked in groups of 8 rows at load (repack_x8); never in a file
+Q4_0X8, Q4_1X8, Q8_0X8 = PACKED + Q4_0, PACKED + Q4_1, PACKED + Q8_0
+PACKABLE = (Q4_0, Q4_1)  # q8_0 measured no faster packed (its twice as many bytes bound it), so it stays
+INT_CODES = (Q4_0, Q4_1, Q8_0, Q4_0X8, Q4_1X8, Q8_0X8)  # formats dotted in integers (int8 activations)
 INT_MAX_T = 4  # up to this many tokens, q4_0/q4_1/q8_0 rows are dotted in integers straight from their blocks
 _F16 = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)  # bits -> value
 
@@ -132,6 +135,65 @@ def quantize_activations(x, xq, xd, xs, xi):
             xi[t, b] = total
 
 
+@njit(cache=True, nogil=True)
+def repack_x8(w, code):
+    """In place, a q4_0/q4_1/q8_0 matrix (rows, row_bytes), rows a multiple of 8 -> groups of 8
+    rows stored block by block: the 8 rows' head halves (d; d then m for q4_1: 16 bytes each),
+    then the 8 rows' quant bytes (the same size in all). Layout of simd's group dot products."""
+    size, halves = (18, 1) if code == Q4_0 else (20, 2) if code == Q4_1 else (34, 1)
+    qbytes = size - 2 * halves
+    gsize = 16 * halves + 8 * qbytes
+    rows, rb = w.shape
+    flat = w.reshape(-1)
+    tmp = np.empty(8 * rb, np.uint8)
+    for g in range(rows // 8):
+        for b in range(rb // size):
+            o = gsize * b
+            for i in range(8):
+                src = (8 * g + i) * rb + size * b
+                for h in range(halves):
+                    tmp[o + 16 * h + 2 * i] = flat[src + 2 * h]
+                    tmp[o + 16 * h + 2 * i + 1] = flat[src + 2 * h + 1]
+                for j in range(qbytes):
+                    tmp[o + 16 * halves + qbytes * i + j] = flat[src + 2 * halves + j]
+        flat[8 * g * rb:8 * (g + 1) * rb] = tmp
+
+
+@njit(cache=True, nogil=True)
+def dequantize_x8_row(w, r, code, out):
+    """Row r of a matrix repacked by repack_x8 (code: the packed id) -> float32 weights (n,)."""
+    base_code = code - PACKED
+    size, halves = (18, 1) if base_code == Q4_0 else (20, 2) if base_code == Q4_1 else (34, 1)
+    qbytes = size - 2 * halves
+    gsize = 16 * halves + 8 * qbytes
+    flat = w.reshape(-1)
+    i = r % 8
+    base = (r - i) * w.shape[1]
+    for b in range(out.shape[0] // 32):
+        o = base + gsize * b
+        d = _h2f(flat[o + 2 * i], flat[o + 2 * i + 1])
+        q0 = o + 16 * halves + qbytes * i
+        if base_code == Q8_0:
+            for j in range(32):
+                out[32 * b + j] = d * np.float32(_i8(flat[q0 + j]))
+            continue
+        m = _h2f(flat[o + 16 + 2 * i], flat[o + 17 + 2 * i]) if base_code == Q4_1 else -8 * d
+        for j in range(16):
+            q = np.int32(flat[q0 + j])
+            out[32 * b + j] = d * np.float32(q & 15) + m
+            out[32 * b + j + 16] = d * np.float32(q >> 4) + m
+
+
+@njit(inline="always", cache=True)
+def _group_dot(w, g, code, xq, xd, xs, xi):
+    """Rows 8g..8g+7 of a repacked matrix · one token's int8 activations (simd.py)."""
+    if code == Q4_0X8:
+        return group_dot_q4_0x8(w, g, xq, xd, xs, xi)
+    if code == Q4_1X8:
+        return group_dot_q4_1x8(w, g, xq, xd, xs, xi)
+    return group_dot_q8_0x8(w, g, xq, xd, xs, xi)
+
+
 @njit(inline="always", cache=True)
 def _int_dot(w, r, code, xq, xd, xs, xi):
     """Row r of a q4_0/q4_1/q8_0 matrix · int8 activations xq (n,), block by block:
@@ -167,6 +229,17 @@ def matmul(w, code, x, out):
     batch, and keeps float activations).
     """
     rows, T, n = w.shape[0], x.shape[0], x.shape[1]
+    if T <= INT_MAX_T and code > PACKED:
+        nb = n // 32
+        xq = np.empty((T, n), np.int8)
+        xd, xs, xi = np.empty((T, nb), np.float32), np.empty((T, nb), np.float32), np.empty((T, nb), np.int32)
+        quantize_activations(x, xq, xd, xs, xi)
+        for g in prange(rows // 8):
+            for t in range(T):
+                a = _group_dot(w, g, code, xq[t], xd[t], xs[t], xi[t])
+                for i in range(8):
+                    out[t, 8 * g + i] = a[i]
+        return
     if T <= INT_MAX_T and (code == Q4_0 or code == Q4_1 or code == Q8_0):
         nb = n // 32
         xq = np.empty((T, n), np.int8)
@@ -182,7 +255,10 @@ def matmul(w, code, x, out):
         for r0 in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK), 4):
             k = min(4, rows - r0)
             for i in range(k):
-                dequantize_row(w[r0 + i], code, buf[i])
+                if code > PACKED:
+                    dequantize_x8_row(w, r0 + i, code, buf[i])
+                else:
+                    dequantize_row(w[r0 + i], code, buf[i])
             for t in range(T):
                 a = _f32_dot4(buf, x[t])
                 for i in range(k):
@@ -223,6 +299,15 @@ def swiglu_int(wg, cg, wu, cu, x, out):
     xd, xs, xi = np.empty((T, nb), np.float32), np.empty((T, nb), np.float32), np.empty((T, nb), np.int32)
     quantize_activations(x, xq, xd, xs, xi)
     rows = wg.shape[0]
+    if cg > PACKED and cu > PACKED:
+        for grp in prange(rows // 8):
+            for t in range(T):
+                g8 = _group_dot(wg, grp, cg, xq[t], xd[t], xs[t], xi[t])
+                u8 = _group_dot(wu, grp, cu, xq[t], xd[t], xs[t], xi[t])
+                for i in range(8):
+                    g = g8[i]
+                    out[t, 8 * grp + i] = g / (np.float32(1.0) + np.float32(math.exp(-g))) * u8[i]
+        return
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
             for t in range(T):

@@ -194,3 +194,94 @@ def _row_dot(fmt: str):
 
 
 row_dot_q4_0, row_dot_q4_1, row_dot_q8_0 = (_row_dot(f) for f in ("q4_0", "q4_1", "q8_0"))
+
+
+def _pair_sums(builder, a, b):
+    """<8 x i32> a, b -> <8 x i32>: lanes 0-3 the sums of a's neighbouring pairs, 4-7 b's."""
+    even = builder.shuffle_vector(a, b, ir.Constant(_vec(I32, 8), [0, 2, 4, 6, 8, 10, 12, 14]))
+    odd = builder.shuffle_vector(a, b, ir.Constant(_vec(I32, 8), [1, 3, 5, 7, 9, 11, 13, 15]))
+    return builder.add(even, odd)
+
+
+# format -> (block bytes, halves at its head (d; d and m for q4_1), quant bytes, nibbles)
+GROUP_FORMATS = {"q4_0": (18, 1, 16, True), "q4_1": (20, 2, 16, True), "q8_0": (34, 1, 32, False)}
+
+
+def group_bytes(fmt: str) -> int:
+    """Bytes of one block of an 8-row group: the 8 rows' head halves, then their quants."""
+    _, halves, qbytes, _ = GROUP_FORMATS[fmt]
+    return 16 * halves + 8 * qbytes
+
+
+def _group_dot(fmt: str):
+    """An intrinsic dotting rows 8g..8g+7 of a matrix repacked in groups of 8 (cpu.repack_x8)
+    with one token's int8 activations: the 8 byte dot products of a block are summed down to
+    one lane per row, so each block's scaling is one vector multiply-add for all 8 rows (their
+    8 scales are consecutive halves, converted in one instruction), as llama.cpp's repacked
+    kernels do. Returns a tuple of 8 float32."""
+    _, halves, qbytes, nibbles = GROUP_FORMATS[fmt]
+    gsize = group_bytes(fmt)
+
+    @intrinsic
+    def group_dot(typingctx, w, g, xq, xd, xs, xi):
+        def codegen(context, builder, sig, args):
+            wty, _, qty, dty, sty, ity = sig.args
+            w, g, xq, xd, xs, xi = args
+            nb = cgutils.unpack_tuple(builder, context.make_array(dty)(context, builder, xd).shape, 1)[0]
+            base = _byte_ptr(context, builder, wty, w, builder.mul(g, ir.Constant(g.type, 8)), _ZERO)
+            qp = _data_ptr(context, builder, qty, xq, I8)
+            dp, sp = _data_ptr(context, builder, dty, xd, F32), _data_ptr(context, builder, sty, xs, F32)
+            ip = _data_ptr(context, builder, ity, xi, I32)
+            vf = _vec(F32, 8)
+            acc = cgutils.alloca_once_value(builder, ir.Constant(vf, None))
+            extra = cgutils.alloca_once_value(builder, ir.Constant(vf, None))
+
+            def splat(v):
+                return builder.shuffle_vector(builder.insert_element(ir.Constant(vf, None), v, ir.Constant(I32, 0)),
+                                              ir.Constant(vf, None), ir.Constant(_vec(I32, 8), [0] * 8))
+            with cgutils.for_range(builder, nb) as loop:
+                b = loop.index
+                blk = builder.gep(base, [builder.mul(b, ir.Constant(b.type, gsize))])
+                d8 = builder.fpext(_load(builder, blk, _vec(ir.HalfType(), 8)), vf)
+                xscale = builder.load(builder.gep(dp, [b]))
+                s = _load(builder, builder.gep(qp, [builder.mul(b, ir.Constant(b.type, 32))]), _vec(I8, 32))
+                dots = []
+                for i in range(8):
+                    quants = builder.gep(blk, [ir.Constant(b.type, 16 * halves + qbytes * i)])
+                    if nibbles:
+                        v = _load(builder, quants, _vec(I8, 16))
+                        lo = builder.and_(v, ir.Constant(_vec(I8, 16), [15] * 16))
+                        hi = builder.lshr(v, ir.Constant(_vec(I8, 16), [4] * 16))
+                        u = builder.shuffle_vector(lo, hi, ir.Constant(_vec(I32, 32), list(range(32))))
+                        dots.append(_dot_u8s8(builder, u, s))
+                    else:
+                        wv = _load(builder, quants, _vec(I8, 32))
+                        absf = cgutils.get_or_insert_function(
+                            builder.module, ir.FunctionType(_vec(I8, 32), [_vec(I8, 32), ir.IntType(1)]),
+                            "llvm.abs.v32i8")
+                        zero = ir.Constant(_vec(I8, 32), None)
+                        signed = builder.select(builder.icmp_signed("<", wv, zero), builder.sub(zero, s), s)
+                        dots.append(_dot_u8s8(builder, builder.call(absf, [wv, ir.Constant(ir.IntType(1), 0)]), signed))
+                while len(dots) > 1:  # 8 vectors of 8 partial sums -> one lane per row, in row order
+                    dots = [_pair_sums(builder, dots[k], dots[k + 1]) for k in range(0, len(dots), 2)]
+                term = builder.fmul(builder.sitofp(dots[0], vf), builder.fmul(d8, splat(xscale), flags=_FAST),
+                                    flags=_FAST)
+                builder.store(builder.fadd(builder.load(acc), term, flags=_FAST), acc)
+                if halves == 2:  # q4_1: + m_w · d_x Σ q_x
+                    m8 = builder.fpext(_load(builder, builder.gep(blk, [ir.Constant(b.type, 16)]),
+                                             _vec(ir.HalfType(), 8)), vf)
+                    e = builder.fmul(m8, splat(builder.load(builder.gep(sp, [b]))), flags=_FAST)
+                elif nibbles:  # q4_0: - 8 · d_w d_x Σ q_x
+                    off = builder.fmul(builder.fmul(xscale, builder.sitofp(builder.load(builder.gep(ip, [b])), F32),
+                                                    flags=_FAST), ir.Constant(F32, -8.0), flags=_FAST)
+                    e = builder.fmul(d8, splat(off), flags=_FAST)
+                if nibbles:
+                    builder.store(builder.fadd(builder.load(extra), e, flags=_FAST), extra)
+            total = builder.fadd(builder.load(acc), builder.load(extra), flags=_FAST)
+            return context.make_tuple(builder, sig.return_type,
+                                      [builder.extract_element(total, ir.Constant(I32, i)) for i in range(8)])
+        return types.UniTuple(types.float32, 8)(w, types.intp, xq, xd, xs, xi), codegen
+    return group_dot
+
+
+group_dot_q4_0x8, group_dot_q4_1x8, group_dot_q8_0x8 = (_group_dot(f) for f in ("q4_0", "q4_1", "q8_0"))

@@ -56,13 +56,14 @@ def linear(x: np.ndarray, m: Matrix) -> np.ndarray:
 def _integer_path(x: np.ndarray, ms: tuple[Matrix, ...]) -> bool:
     """Whether the fused integer kernels take these matmuls: decode-sized x, formats with an
     integer dot, contiguous matrices, and no GPU runner to offer them to."""
-    return x.shape[0] <= cpu.INT_MAX_T and _gpu.get() is None and \
+    packed = sum(m.code > cpu.PACKED for m in ms)
+    return x.shape[0] <= cpu.INT_MAX_T and _gpu.get() is None and packed in (0, len(ms)) and \
         all(m.code in cpu.INT_CODES and m.data.flags.c_contiguous for m in ms)
 
 
 def linears(x: np.ndarray, ms: tuple[Matrix, ...]) -> tuple[np.ndarray, ...]:
     """x @ m.T for each m of ms (one kernel call on the integer path)."""
-    if not _integer_path(x, ms):
+    if not _integer_path(x, ms) or ms[0].code > cpu.PACKED:  # (repacked matrices: one call each)
         return tuple(linear(x, m) for m in ms)
     outs = tuple(_empty((x.shape[0], m.rows)) for m in ms)
     cpu.matmul_int(tuple(m.data for m in ms), tuple(m.code for m in ms), np.ascontiguousarray(x, dtype=np.float32),
