@@ -117,6 +117,7 @@ class Engine:
         self.cache_plan = plan_expert_cache(self.model, self.params, self.context_limit)
         self.weights = ModelWeights(self.model, self.pool, self.cache_plan.capacity, self.params["prefetch_window"])
         self.net = model_class(self.cfg.architecture)(self.cfg, self.weights)
+        self.net.exact = not self.params["int8_activations"]
         self.scheduler = attach(self)  # gpu_layers > 0 and a GPU: matmuls are offered to it
         self._lock = threading.Lock()  # one computation at a time
         self._cancel = threading.Event()
@@ -178,6 +179,8 @@ class Engine:
                 self.scheduler = attach(self)
             if name == "threads":
                 self.hw.governor.configure(self.configured_threads)
+            if name == "int8_activations":
+                self.net.exact = not v
             if name in ("power_limit", "gpu_power_limit"):
                 self.hw.apply_limits(self.params)
             if name == "affinity" or (name == "threads" and self.params["affinity"]):

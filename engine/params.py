@@ -74,6 +74,9 @@ PARAMS: dict[str, Param] = {p.name: p for p in [
     Param("gpu_layers", int, 0, "layers whose attention runs on the NVIDIA GPU (numba-cuda), first layers "
           "first; other matmuls go where the cost model says; 0 = CPU only. No GPU: everything on the CPU",
           min=0, max=4096, live=False),
+    Param("int8_activations", bool, True, "multiply q4_0/q4_1/q8_0 weights with activations rounded to 8-bit "
+          "blocks, in integers, as llama.cpp does (2-3x faster; logits within about 1%); off = float "
+          "activations everywhere (bit-for-bit the float reference, slower)"),
     Param("batch_size", int, 128, "prompt tokens processed per forward step during prefill", min=1, max=8192),
     Param("simd", str, "auto", "instruction set the kernels are compiled for: auto (avx512 on AMD, where it "
           "measured faster; avx2 elsewhere, as many Intel CPUs clock down under AVX-512), avx2, or avx512; "

@@ -154,3 +154,19 @@ def test_warmup_and_token_checks(tiny):
     with pytest.raises(ValueError, match="token ids out of range"):
         eng.logits([0, 10_000_000])
     assert eng.detokenize(eng.tokenize("round trip 123")) == "round trip 123"
+
+
+def test_int8_activations_switch_live(smol):
+    """int8_activations (default on) against float activations on the real Q4_1 model: close,
+    not identical, switched on a running engine."""
+    ids = smol.tokenize("The capital of France is")
+    fast = smol.logits(ids)
+    smol.set_param("int8_activations", False)
+    try:
+        exact = smol.logits(ids)
+    finally:
+        smol.set_param("int8_activations", True)
+    assert not np.array_equal(fast, exact)
+    assert np.abs(fast - exact).max() < 0.05 * np.abs(exact).max()
+    assert (fast[-1].argmax() == exact[-1].argmax())
+    np.testing.assert_array_equal(smol.logits(ids), fast)

@@ -41,6 +41,7 @@ def test_requantized_export_rounds_the_matrices_and_keeps_the_rest(tmp_path):
     path = export_gguf(ours, tmp_path / "q4.gguf", requantize="q4_0")
     types = {t.name: gguf.GGMLQuantizationType(t.tensor_type).name for t in gguf.GGUFReader(path).tensors}
     assert types["blk.0.attn_q.weight"] == types["blk.1.ffn_down_exps.weight"] == "Q4_0"
+    assert types["blk.0.attn_output.weight"] == "Q4_0" and types["output.weight"] == "Q8_0"
     assert types["token_embd.weight"] == "Q8_0" and types["blk.0.ffn_gate_inp.weight"] == "F32"
     assert types["blk.0.attn_norm.weight"] == "F32"
     model = convert(path, tmp_path / "b").path

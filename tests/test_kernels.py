@@ -29,9 +29,12 @@ def test_matmul_matches_numpy(name, tokens):
     x = np.random.default_rng(9).standard_normal((tokens, n)).astype(np.float32)
     out = np.empty((tokens, rows), np.float32)
     cpu.matmul(w, quant.get(name).type_id, x, out)
-    integer = name in INT_FORMATS and tokens <= cpu.INT_MAX_T
-    want = ref.matmul_int(w, name, x) if integer else ref.matmul(w, name, n, x)
+    want = ref.matmul_int(w, name, x) if name in INT_FORMATS else ref.matmul(w, name, n, x)
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    exact = np.empty_like(out)  # int8_activations off: float activations, the float reference
+    cpu.matmul(w, quant.get(name).type_id, x, exact, True)
+    want = ref.matmul(w, name, n, x)
+    np.testing.assert_allclose(exact, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
 
 
 def test_activation_quantization_is_the_numpy_twin_bit_for_bit():
@@ -225,16 +228,17 @@ def test_simd_setting_reaches_numba_before_it_compiles():
 
 @pytest.mark.parametrize("name", INT_FORMATS)
 def test_decode_and_prefill_paths_agree(name):
-    """Decode (<= INT_MAX_T tokens, integer dots) and prefill (dequantized rows, float
-    activations) give one token the same result up to the activations' int8 rounding."""
+    """A token's products are the same whether it comes alone (decode: a row or an 8-row group
+    at a time) or among many (prefill: TOKENS tokens per loaded block, and a tail)."""
     n, rows = 256, 64
     w = stored_matrix(name, rows, n, seed=3)
-    x = np.random.default_rng(5).standard_normal((cpu.INT_MAX_T + 1, n)).astype(np.float32)
+    x = np.random.default_rng(5).standard_normal((2 * cpu.TOKENS + 1, n)).astype(np.float32)
     many = np.empty((x.shape[0], rows), np.float32)
     cpu.matmul(w, quant.get(name).type_id, x, many)
-    one = np.empty((1, rows), np.float32)
-    cpu.matmul(w, quant.get(name).type_id, x[:1], one)
-    assert np.abs(one[0] - many[0]).max() / np.abs(many[0]).max() < 1e-2
+    for t in (0, cpu.TOKENS, x.shape[0] - 1):
+        one = np.empty((1, rows), np.float32)
+        cpu.matmul(w, quant.get(name).type_id, x[t:t + 1], one)
+        np.testing.assert_allclose(one[0], many[t], rtol=1e-5, atol=1e-6 * np.abs(many).max())
 
 
 @pytest.mark.parametrize("name", INT_FORMATS)
@@ -252,11 +256,14 @@ def test_repacked_matrices_give_the_same_products(name):
         cpu.dequantize_x8_row(packed, r, code + cpu.PACKED, got)
         np.testing.assert_array_equal(got, quant.dequantize(w[r:r + 1], name)[0])
     rng = np.random.default_rng(13)
-    for T in (1, 3, cpu.INT_MAX_T + 2):
+    for T in (1, 3, cpu.TOKENS, cpu.TOKENS + 2):
         x = rng.standard_normal((T, n)).astype(np.float32)
         out = np.empty((T, rows), np.float32)
         cpu.matmul(packed, code + cpu.PACKED, x, out)
-        want = ref.matmul_int(w, name, x) if T <= cpu.INT_MAX_T else ref.matmul(w, name, n, x)
+        want = ref.matmul_int(w, name, x)
+        np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+        cpu.matmul(packed, code + cpu.PACKED, x, out, True)
+        want = ref.matmul(w, name, n, x)
         np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
     up = stored_matrix(name, rows, n, seed=14)
     up_packed = up.copy()

@@ -92,9 +92,9 @@ def export_gguf(model_path: str | Path, out_path: str | Path, requantize: str | 
                 plan.append((f"blk.{L}.ffn_{part}.weight", _reader(tf, name, cfg), tf.infos[name].shape,
                              tf.infos[name].qtype))
     if requantize:
-        keep = ("token_embd.weight", "output.weight", "ffn_gate_inp.weight")  # as llama-quantize keeps them
-        plan = [_requantized(p, quant.get(requantize)) if not p[0].endswith(keep) and len(p[2]) >= 2 else p
-                for p in plan]
+        def kept(name: str) -> bool:  # as llama-quantize keeps them
+            return name in ("token_embd.weight", "output.weight") or name.endswith(".ffn_gate_inp.weight")
+        plan = [_requantized(p, quant.get(requantize)) if not kept(p[0]) and len(p[2]) >= 2 else p for p in plan]
     for name, _, shape, qt in plan:
         w.add_tensor_info(name, list(shape), np.dtype(np.float32), qt.nbytes(tuple(shape)),
                           raw_dtype=gguf.GGMLQuantizationType(qt.type_id))

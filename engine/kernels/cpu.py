@@ -14,7 +14,9 @@ import numpy as np
 from numba import njit, prange
 
 import engine.kernels  # noqa: F401  (numba settings first)
-from engine.kernels.simd import group_dot_q4_0x8, group_dot_q4_1x8, group_dot_q8_0x8, round_f16, row_dot_q4_0, row_dot_q4_1, row_dot_q8_0, widen
+from engine.kernels.simd import (TOKENS, group_dot_q4_0x8, group_dot_q4_1x8, group_dot_q8_0x8, round_f16, row_dot_q4_0,
+                                 row_dot_q4_1, row_dot_q8_0, tokens_q4_0, tokens_q4_0x8, tokens_q4_1, tokens_q4_1x8,
+                                 tokens_q8_0, tokens_q8_0x8, widen)
 
 F32, F16, Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K, BF16 = 0, 1, 2, 3, 8, 12, 13, 14, 30
 ROWS_PER_TASK = 16
@@ -22,7 +24,7 @@ PACKED = 1000  # + a GGML id: that format repacked in groups of 8 rows at load (
 Q4_0X8, Q4_1X8, Q8_0X8 = PACKED + Q4_0, PACKED + Q4_1, PACKED + Q8_0
 PACKABLE = (Q4_0, Q4_1)  # q8_0 measured no faster packed (its twice as many bytes bound it), so it stays
 INT_CODES = (Q4_0, Q4_1, Q8_0, Q4_0X8, Q4_1X8, Q8_0X8)  # formats dotted in integers (int8 activations)
-INT_MAX_T = 4  # up to this many tokens, q4_0/q4_1/q8_0 rows are dotted in integers straight from their blocks
+INT_MAX_T = TOKENS - 1  # up to this many tokens (decode), the fused kernels (matmul_int, swiglu_int) apply
 _F16 = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)  # bits -> value
 
 
@@ -185,6 +187,22 @@ def dequantize_x8_row(w, r, code, out):
 
 
 @njit(inline="always", cache=True)
+def _tokens_dot(w, r, code, xq, xd, xs, xi, t0):
+    """Row r · tokens t0..t0+TOKENS-1 of the quantized activations (prefill; simd.py)."""
+    if code == Q4_1:
+        return tokens_q4_1(w, r, xq, xd, xs, xi, t0)
+    if code == Q4_0:
+        return tokens_q4_0(w, r, xq, xd, xs, xi, t0)
+    if code == Q8_0:
+        return tokens_q8_0(w, r, xq, xd, xs, xi, t0)
+    if code == Q4_1X8:
+        return tokens_q4_1x8(w, r, xq, xd, xs, xi, t0)
+    if code == Q4_0X8:
+        return tokens_q4_0x8(w, r, xq, xd, xs, xi, t0)
+    return tokens_q8_0x8(w, r, xq, xd, xs, xi, t0)
+
+
+@njit(inline="always", cache=True)
 def _group_dot(w, g, code, xq, xd, xs, xi):
     """Rows 8g..8g+7 of a repacked matrix · one token's int8 activations (simd.py)."""
     if code == Q4_0X8:
@@ -219,36 +237,42 @@ def _f32_dot4(buf, x):
 
 
 @njit(parallel=True, fastmath=True, cache=True, nogil=True)
-def matmul(w, code, x, out):
+def matmul(w, code, x, out, exact=False):
     """out (T, rows) = x (T, n) @ W.T; W (rows, row_bytes) stored.
 
-    q4_0/q4_1/q8_0 with T <= INT_MAX_T (decode): x is quantized to int8 blocks once and each row
-    is dotted in integers straight from its blocks (llama.cpp's scheme: byte dot products, one
-    float multiply per 32 weights). Otherwise each group of 4 rows is dequantized once into a
-    (4, n) float buffer and dotted with every token (prefill pays the dequantization once per
-    batch, and keeps float activations).
+    q4_0/q4_1/q8_0 (plain or repacked) unless `exact`: x is quantized to int8 blocks once and
+    rows are dotted in integers straight from their blocks (llama.cpp's scheme: byte dot
+    products, one float multiply per 32 weights) — for a few tokens a row (or an 8-row group)
+    at a time, for more TOKENS tokens per loaded block. Otherwise (other formats, or `exact`)
+    each group of 4 rows is dequantized once into a (4, n) float buffer and dotted with every
+    token in float.
     """
     rows, T, n = w.shape[0], x.shape[0], x.shape[1]
-    if T <= INT_MAX_T and code > PACKED:
+    if not exact and (code == Q4_0 or code == Q4_1 or code == Q8_0 or code > PACKED):
         nb = n // 32
         xq = np.empty((T, n), np.int8)
         xd, xs, xi = np.empty((T, nb), np.float32), np.empty((T, nb), np.float32), np.empty((T, nb), np.int32)
         quantize_activations(x, xq, xd, xs, xi)
-        for g in prange(rows // 8):
-            for t in range(T):
-                a = _group_dot(w, g, code, xq[t], xd[t], xs[t], xi[t])
-                for i in range(8):
-                    out[t, 8 * g + i] = a[i]
-        return
-    if T <= INT_MAX_T and (code == Q4_0 or code == Q4_1 or code == Q8_0):
-        nb = n // 32
-        xq = np.empty((T, n), np.int8)
-        xd, xs, xi = np.empty((T, nb), np.float32), np.empty((T, nb), np.float32), np.empty((T, nb), np.int32)
-        quantize_activations(x, xq, xd, xs, xi)
+        if code > PACKED and T < TOKENS:
+            for g in prange(rows // 8):
+                for t in range(T):
+                    a = _group_dot(w, g, code, xq[t], xd[t], xs[t], xi[t])
+                    for i in range(8):
+                        out[t, 8 * g + i] = a[i]
+            return
         for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
             for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
-                for t in range(T):
-                    out[t, r] = _int_dot(w, r, code, xq[t], xd[t], xs[t], xi[t])
+                t = 0
+                while t < T:
+                    if T - t >= TOKENS or (code > PACKED and T >= TOKENS):
+                        t0 = min(t, T - TOKENS)  # a short tail re-does some tokens: same values
+                        a4 = _tokens_dot(w, r, code, xq, xd, xs, xi, t0)
+                        for k in range(TOKENS):
+                            out[t0 + k, r] = a4[k]
+                        t = t0 + TOKENS
+                    else:
+                        out[t, r] = _int_dot(w, r, code, xq[t], xd[t], xs[t], xi[t])
+                        t += 1
         return
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         buf = np.zeros((4, n), np.float32)

@@ -285,3 +285,93 @@ def _group_dot(fmt: str):
 
 
 group_dot_q4_0x8, group_dot_q4_1x8, group_dot_q8_0x8 = (_group_dot(f) for f in ("q4_0", "q4_1", "q8_0"))
+
+
+TOKENS = 4  # tokens per call of the prefill row kernels
+
+
+def _row_dot_tokens(fmt: str, packed: bool):
+    """An intrinsic dotting one row with TOKENS tokens' int8 activations (prefill): each block's
+    weights are loaded and unpacked once and dotted with every token, each token with its own
+    accumulator. `packed`: the matrix is in repack_x8's 8-row groups (the row's scale and quants
+    sit at its place in each group block). Returns a tuple of TOKENS float32."""
+    size, qoff, has_min, nibbles = _ROW_FORMATS[fmt]
+    _, halves, qbytes, _ = GROUP_FORMATS[fmt]
+    gsize = group_bytes(fmt)
+
+    @intrinsic
+    def row_dot_tokens(typingctx, w, r, xq, xd, xs, xi, t0):
+        def codegen(context, builder, sig, args):
+            wty, _, qty, dty, sty, ity, _ = sig.args
+            w, r, xq, xd, xs, xi, t0 = args
+            nb = cgutils.unpack_tuple(builder, context.make_array(dty)(context, builder, xd).shape, 2)[1]
+            if packed:
+                lane = builder.srem(r, ir.Constant(r.type, 8))
+                start = _byte_ptr(context, builder, wty, w, builder.sub(r, lane), _ZERO)
+                d_at = builder.mul(lane, ir.Constant(r.type, 2))
+                m_at = builder.add(d_at, ir.Constant(r.type, 16))
+                q_at = builder.add(builder.mul(lane, ir.Constant(r.type, qbytes)), ir.Constant(r.type, 16 * halves))
+                stride = gsize
+            else:
+                start = _byte_ptr(context, builder, wty, w, r, _ZERO)
+                d_at, m_at, q_at = ir.Constant(r.type, 0), ir.Constant(r.type, 2), ir.Constant(r.type, qoff)
+                stride = size
+            toks = [builder.add(t0, ir.Constant(t0.type, k)) for k in range(TOKENS)]
+            qps = [_byte_ptr(context, builder, qty, xq, t, _ZERO) for t in toks]
+            fptr = lambda ty, a, t: builder.bitcast(_byte_ptr(context, builder, ty, a, t, _ZERO), F32.as_pointer())  # noqa: E731
+            dps = [fptr(dty, xd, t) for t in toks]
+            sps = [fptr(sty, xs, t) for t in toks]
+            ips = [builder.bitcast(_byte_ptr(context, builder, ity, xi, t, _ZERO), I32.as_pointer()) for t in toks]
+            vf = _vec(F32, 8)
+            accs = [cgutils.alloca_once_value(builder, ir.Constant(vf, None)) for _ in range(TOKENS)]
+            extras = [cgutils.alloca_once_value(builder, ir.Constant(F32, 0.0)) for _ in range(TOKENS)]
+            absf = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(_vec(I8, 32), [_vec(I8, 32), ir.IntType(1)]), "llvm.abs.v32i8")
+            with cgutils.for_range(builder, nb) as loop:
+                b = loop.index
+                blk = builder.gep(start, [builder.mul(b, ir.Constant(b.type, stride))])
+                dw = builder.fpext(_load(builder, builder.gep(blk, [d_at]), ir.HalfType()), F32)
+                m = builder.fpext(_load(builder, builder.gep(blk, [m_at]), ir.HalfType()), F32) if has_min else None
+                quants = builder.gep(blk, [q_at])
+                if nibbles:
+                    v = _load(builder, quants, _vec(I8, 16))
+                    lo = builder.and_(v, ir.Constant(_vec(I8, 16), [15] * 16))
+                    hi = builder.lshr(v, ir.Constant(_vec(I8, 16), [4] * 16))
+                    u = builder.shuffle_vector(lo, hi, ir.Constant(_vec(I32, 32), list(range(32))))
+                else:
+                    wv = _load(builder, quants, _vec(I8, 32))
+                    u = builder.call(absf, [wv, ir.Constant(ir.IntType(1), 0)])
+                    negative = builder.icmp_signed("<", wv, ir.Constant(_vec(I8, 32), None))
+                for k in range(TOKENS):
+                    s = _load(builder, builder.gep(qps[k], [builder.mul(b, ir.Constant(b.type, 32))]), _vec(I8, 32))
+                    if not nibbles:
+                        s = builder.select(negative, builder.sub(ir.Constant(_vec(I8, 32), None), s), s)
+                    dot = _dot_u8s8(builder, u, s)
+                    xscale = builder.load(builder.gep(dps[k], [b]))
+                    scale = builder.fmul(dw, xscale, flags=_FAST)
+                    splat = builder.shuffle_vector(
+                        builder.insert_element(ir.Constant(vf, None), scale, ir.Constant(I32, 0)),
+                        ir.Constant(vf, None), ir.Constant(_vec(I32, 8), [0] * 8))
+                    term = builder.fmul(builder.sitofp(dot, vf), splat, flags=_FAST)
+                    builder.store(builder.fadd(builder.load(accs[k]), term, flags=_FAST), accs[k])
+                    if has_min:
+                        e = builder.fmul(m, builder.load(builder.gep(sps[k], [b])), flags=_FAST)
+                    elif nibbles:
+                        qsum = builder.sitofp(builder.load(builder.gep(ips[k], [b])), F32)
+                        e = builder.fmul(builder.fmul(scale, qsum, flags=_FAST), ir.Constant(F32, -8.0), flags=_FAST)
+                    if nibbles:
+                        builder.store(builder.fadd(builder.load(extras[k]), e, flags=_FAST), extras[k])
+            totals = []
+            for k in range(TOKENS):
+                v = builder.load(accs[k])
+                total = builder.load(extras[k])
+                for i in range(8):
+                    total = builder.fadd(total, builder.extract_element(v, ir.Constant(I32, i)), flags=_FAST)
+                totals.append(total)
+            return context.make_tuple(builder, sig.return_type, totals)
+        return types.UniTuple(types.float32, TOKENS)(w, types.intp, xq, xd, xs, xi, types.intp), codegen
+    return row_dot_tokens
+
+
+(tokens_q4_0, tokens_q4_1, tokens_q8_0, tokens_q4_0x8, tokens_q4_1x8, tokens_q8_0x8) = (
+    _row_dot_tokens(f, p) for p in (False, True) for f in ("q4_0", "q4_1", "q8_0"))

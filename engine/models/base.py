@@ -33,6 +33,8 @@ PREFETCH_MAX_TOKENS = 4  # prefetch while decoding; a prompt's union of experts 
 _gpu: ContextVar = ContextVar("colibri_gpu", default=None)
 # Activations of the running forward pass come from its Transformer's arena (pool memory).
 _arena: ContextVar = ContextVar("colibri_arena", default=None)
+# True while a Transformer with int8_activations off runs: every matmul in float activations.
+_exact: ContextVar = ContextVar("colibri_exact", default=False)
 
 
 def _empty(shape) -> np.ndarray:
@@ -49,16 +51,17 @@ def linear(x: np.ndarray, m: Matrix) -> np.ndarray:
         if y is not None:
             return y
     out = _empty((x.shape[0], m.rows))
-    cpu.matmul(m.data, m.code, np.ascontiguousarray(x, dtype=np.float32), out)
+    cpu.matmul(m.data, m.code, np.ascontiguousarray(x, dtype=np.float32), out, _exact.get())
     return out
 
 
 def _integer_path(x: np.ndarray, ms: tuple[Matrix, ...]) -> bool:
     """Whether the fused integer kernels take these matmuls: decode-sized x, formats with an
     integer dot, contiguous matrices, and no GPU runner to offer them to."""
+    if x.shape[0] > cpu.INT_MAX_T or _gpu.get() is not None or _exact.get():
+        return False
     packed = sum(m.code > cpu.PACKED for m in ms)
-    return x.shape[0] <= cpu.INT_MAX_T and _gpu.get() is None and packed in (0, len(ms)) and \
-        all(m.code in cpu.INT_CODES and m.data.flags.c_contiguous for m in ms)
+    return packed in (0, len(ms)) and all(m.code in cpu.INT_CODES and m.data.flags.c_contiguous for m in ms)
 
 
 def linears(x: np.ndarray, ms: tuple[Matrix, ...]) -> tuple[np.ndarray, ...]:
@@ -118,6 +121,7 @@ class Step:
 class Transformer:
     """The decoder loop: x += attention(norm x); x += ffn(norm x); then the output head."""
     gpu = None  # issue 8: the GPU runner (engine.scheduler.Scheduler.runner); None = CPU only
+    exact = False  # int8_activations off: float activations in every matmul
 
     def __init__(self, cfg: ModelConfig, weights: ModelWeights):
         self.cfg, self.w = cfg, weights
@@ -231,10 +235,11 @@ class Transformer:
         """
         gpu = _gpu.set(self.gpu) if self.gpu is not None else None  # issue 8: offer matmuls to the GPU
         self.arena.reset()
-        arena = _arena.set(self.arena)
+        arena, exact = _arena.set(self.arena), _exact.set(self.exact)
         try:
             return self._forward(ids, cache, pos0, all_logits, dump).copy()  # results leave the arena
         finally:
+            _exact.reset(exact)
             _arena.reset(arena)
             if gpu is not None:
                 _gpu.reset(gpu)
