@@ -14,7 +14,7 @@ import numpy as np
 from numba import njit, prange
 
 import engine.kernels  # noqa: F401  (numba settings first)
-from engine.kernels.simd import (TOKENS, group_dot_q4_0x8, group_dot_q4_1x8, group_dot_q8_0x8, round_f16, row_dot_q4_0,
+from engine.kernels.simd import (TOKENS, copy16, group_dot_q4_0x8, group_dot_q4_1x8, group_dot_q8_0x8, round_f16, row_dot_q4_0,
                                  row_dot_q4_1, row_dot_q8_0, tokens_q4_0, tokens_q4_0x8, tokens_q4_1, tokens_q4_1x8,
                                  tokens_q8_0, tokens_q8_0x8, widen)
 
@@ -149,15 +149,15 @@ def repack_x8(w, code):
     flat = w.reshape(-1)
     tmp = np.empty(8 * rb, np.uint8)
     for g in range(rows // 8):
-        for b in range(rb // size):
-            o = gsize * b
-            for i in range(8):
-                src = (8 * g + i) * rb + size * b
+        for i in range(8):
+            src0 = (8 * g + i) * rb
+            for b in range(rb // size):
+                o, src = gsize * b, src0 + size * b
                 for h in range(halves):
                     tmp[o + 16 * h + 2 * i] = flat[src + 2 * h]
                     tmp[o + 16 * h + 2 * i + 1] = flat[src + 2 * h + 1]
-                for j in range(qbytes):
-                    tmp[o + 16 * halves + qbytes * i + j] = flat[src + 2 * halves + j]
+                for j in range(0, qbytes, 16):
+                    copy16(tmp, o + 16 * halves + qbytes * i + j, flat, src + 2 * halves + j)
         flat[8 * g * rb:8 * (g + 1) * rb] = tmp
 
 
