@@ -273,3 +273,15 @@ def test_repacked_matrices_give_the_same_products(name):
     cpu.swiglu_int(packed, code + cpu.PACKED, up_packed, code + cpu.PACKED, x, out)
     want = ref.swiglu(ref.matmul_int(w, name, x).astype(np.float64), ref.matmul_int(up, name, x))
     np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-5 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("renormalise", [True, False])
+def test_softmax_top_k_matches_numpy(renormalise):
+    logits = np.random.default_rng(6).standard_normal((5, 8)).astype(np.float32)
+    logits[2, 3] = logits[2, 6] = logits[2].max() + 1  # a tie: the lower expert id first, as a stable sort
+    w, ids = np.empty((5, 2), np.float32), np.empty((5, 2), np.int64)
+    cpu.softmax_top_k(logits, 2, renormalise, w, ids)
+    want_w, want_ids = ref.softmax_top_k(logits, 2, renormalise)
+    np.testing.assert_array_equal(ids, want_ids)
+    assert ids[2].tolist() == [3, 6]
+    np.testing.assert_allclose(w, want_w, rtol=1e-6)

@@ -412,6 +412,38 @@ def attention(q, k, v, ks, vs, scaled, pos0, window, scale, scores, out):
                 out[t, h, d] += p * widen(v[s, kh, d])
 
 
+@njit(cache=True, nogil=True)
+def softmax_top_k(logits, k, renormalise, weights, ids):
+    """Per row of router logits (T, E): the k largest softmax probabilities, largest first (ties:
+    the lower expert id first, as a stable sort), renormalised to sum to 1 if asked; into
+    weights (T, k) float32 and ids (T, k) int64. One call instead of a handful of numpy ones
+    per layer and token."""
+    T, E = logits.shape
+    p = np.empty(E, np.float32)
+    for t in range(T):
+        top = logits[t, 0]
+        for e in range(1, E):
+            top = max(top, logits[t, e])
+        total = np.float32(0.0)
+        for e in range(E):
+            p[e] = np.float32(math.exp(logits[t, e] - top))
+            total += p[e]
+        for e in range(E):
+            p[e] /= total
+        chosen = np.float32(0.0)
+        for j in range(k):
+            best = -1
+            for e in range(E):
+                if p[e] >= 0 and (best < 0 or p[e] > p[best]):
+                    best = e
+            ids[t, j], weights[t, j] = best, p[best]
+            chosen += p[best]
+            p[best] = -1.0
+        if renormalise:
+            for j in range(k):
+                weights[t, j] /= chosen
+
+
 @njit(parallel=True, fastmath=True, cache=True, nogil=True)
 def swiglu(gate, up, out):
     """out = silu(gate) * up, elementwise over (T, n)."""

@@ -75,3 +75,13 @@ def matmul_int(w: np.ndarray, qtype: str, x: np.ndarray) -> np.ndarray:
     elif qtype == "q4_1":
         out += (f16(blocks[..., 2:4])[None] * xs.astype(np.float64)[:, None, :]).sum(axis=-1)
     return out.astype(np.float32)
+
+
+def softmax_top_k(logits: np.ndarray, k: int, renormalise: bool) -> tuple[np.ndarray, np.ndarray]:
+    e = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    probs = e / e.sum(axis=-1, keepdims=True)
+    ids = np.argsort(-probs, axis=-1, kind="stable")[:, :k]
+    w = np.take_along_axis(probs, ids, axis=-1)
+    if renormalise:
+        w = w / w.sum(axis=-1, keepdims=True)
+    return w.astype(np.float32), ids

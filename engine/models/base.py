@@ -94,18 +94,13 @@ def expert_mlp(h: np.ndarray, e: ExpertWeights) -> np.ndarray:
     return linear(a, e.down)
 
 
-def softmax(x: np.ndarray) -> np.ndarray:
-    e = np.exp(x - x.max(axis=-1, keepdims=True))
-    return e / e.sum(axis=-1, keepdims=True)
-
-
-def top_k(probs: np.ndarray, k: int, renormalise: bool) -> tuple[np.ndarray, np.ndarray]:
-    """(T, E) probabilities -> weights (T, k) and expert ids (T, k), most likely first."""
-    ids = np.argsort(-probs, axis=-1, kind="stable")[:, :k]
-    w = np.take_along_axis(probs, ids, axis=-1)
-    if renormalise:
-        w = w / w.sum(axis=-1, keepdims=True)
-    return w.astype(np.float32), ids
+def softmax_top_k(logits: np.ndarray, k: int, renormalise: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(T, E) router logits -> the top-k softmax weights (T, k) and expert ids (T, k), most likely
+    first, renormalised to sum to 1 if asked."""
+    T = logits.shape[0]
+    weights, ids = np.empty((T, k), np.float32), np.empty((T, k), np.int64)
+    cpu.softmax_top_k(np.ascontiguousarray(logits, dtype=np.float32), k, renormalise, weights, ids)
+    return weights, ids
 
 
 @dataclass
@@ -165,6 +160,7 @@ class Transformer:
         out = _empty(h.shape)
         out[...] = 0
         one = h.shape[0] == 1  # decode: no grouping needed, each pick is one expert
+        pick = dict(zip(ids[0].tolist(), weights[0].tolist())) if one else None
         order = cache.order_for_use(L, ids[0] if one else np.unique(ids))  # resident experts first
         for i, e in enumerate(order):
             if i + 1 < len(order):
@@ -172,7 +168,8 @@ class Transformer:
             if one:
                 with cache.use(L, e) as ew:
                     y = expert_mlp(h, ew)
-                out += weights[0, int(np.flatnonzero(ids[0] == e)[0])] * y
+                y *= pick[e]
+                out += y
                 continue
             rows, slot = np.nonzero(ids == e)
             with cache.use(L, e) as ew:

@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.models.base import Step, Transformer, softmax, top_k
+from engine.models.base import Step, Transformer, softmax_top_k
 from engine.weights import LayerWeights
 
 
 class Mixtral(Transformer):
     def route(self, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        return top_k(softmax(logits), self.cfg.top_k, renormalise=True)
+        return softmax_top_k(logits, self.cfg.top_k, renormalise=True)
 
     def ffn(self, L: int, h: np.ndarray, lw: LayerWeights, step: Step) -> np.ndarray:
         return self.sparse_moe(L, h, lw, step)

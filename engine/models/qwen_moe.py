@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.models.base import Step, Transformer, expert_mlp, softmax, top_k
+from engine.models.base import Step, Transformer, expert_mlp, softmax_top_k
 from engine.weights import LayerWeights
 
 
 class QwenMoe(Transformer):
     def route(self, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        return top_k(softmax(logits), self.cfg.top_k, renormalise=self.cfg.norm_topk_prob)
+        return softmax_top_k(logits, self.cfg.top_k, renormalise=self.cfg.norm_topk_prob)
 
     def ffn(self, L: int, h: np.ndarray, lw: LayerWeights, step: Step) -> np.ndarray:
         out = self.sparse_moe(L, h, lw, step)
