@@ -115,7 +115,8 @@ class Engine:
         self.codec = TextCodec.from_model(self.model)
         self.pool = MemoryPool()
         self.cache_plan = plan_expert_cache(self.model, self.params, self.context_limit)
-        self.weights = ModelWeights(self.model, self.pool, self.cache_plan.capacity, self.params["prefetch_window"])
+        self.weights = ModelWeights(self.model, self.pool, self.cache_plan.capacity, self.params["prefetch_window"],
+                                    repack=self.params["gpu_layers"] == 0)  # a GPU reads the stored layout
         self.net = model_class(self.cfg.architecture)(self.cfg, self.weights)
         self.net.exact = not self.params["int8_activations"]
         self.scheduler = attach(self)  # gpu_layers > 0 and a GPU: matmuls are offered to it

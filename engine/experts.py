@@ -158,8 +158,10 @@ class ExpertCache:
     """At most `capacity` experts per layer in memory; least recently used goes first."""
 
     def __init__(self, store: ExpertStore, pool: MemoryPool, num_layers: int, num_experts: int,
-                 capacity: int, prefetch_window: int = 16, top_k: int = 1):
+                 capacity: int, prefetch_window: int = 16, top_k: int = 1, repack: bool = True):
         self.store, self.pool = store, pool
+        # experts that stay (room for all of them) are repacked for the CPU kernels once
+        self.repack = repack and capacity >= num_experts
         self.capacity = max(1, capacity)
         self.spare = max(0, self.capacity - top_k)  # slots beyond what one token needs
         self.num_experts = num_experts
@@ -333,8 +335,7 @@ class ExpertCache:
         try:
             nbytes = self.store.span(layer, expert).nbytes
             block = self._take_block(nbytes)
-            slot.weights = self.store.read_into(layer, expert, block.array(np.uint8, (block.size,)),
-                                                repack=self.capacity >= self.num_experts)  # loaded once
+            slot.weights = self.store.read_into(layer, expert, block.array(np.uint8, (block.size,)), self.repack)
             slot.block = block
         except Exception as e:  # kept on the slot: the waiting compute thread re-raises it
             slot.error = e

@@ -66,7 +66,9 @@ class LayerWeights:
 
 
 class ModelWeights:
-    def __init__(self, model: ModelDir, pool, capacity: int, prefetch_window: int):
+    def __init__(self, model: ModelDir, pool, capacity: int, prefetch_window: int, repack: bool = True):
+        """`repack`: resident q4 experts go into the CPU kernels' 8-row groups (engine.experts);
+        off when a GPU may take expert matmuls (its kernels read the stored layout)."""
         from engine.experts import ExpertCache, ExpertStore
         cfg = model.config
         self.files: list[TensorFile] = []
@@ -74,8 +76,9 @@ class ModelWeights:
         self.store = ExpertStore(model)
         self._shared_blocks = []
         self.top_k = cfg.top_k
+        self.repack = repack
         self.experts = ExpertCache(self.store, pool, cfg.num_layers, cfg.num_experts, capacity, prefetch_window,
-                                   cfg.top_k)
+                                   cfg.top_k, repack)
         emb = self._open(model.path / "embeddings.bin")
         self.token_embd = load_matrix(emb, "token_embd.weight")
         self.output = self.token_embd if cfg.tie_word_embeddings else load_matrix(emb, "output.weight")
@@ -113,7 +116,7 @@ class ModelWeights:
         """An always-used expert (Qwen2-MoE's shared one), loaded once outside the LRU cache."""
         block = self.pool.alloc(self.store.span(layer, expert).nbytes)
         self._shared_blocks.append(block)
-        return self.store.read_into(layer, expert, block.array(np.uint8, (block.size,)), repack=True)
+        return self.store.read_into(layer, expert, block.array(np.uint8, (block.size,)), self.repack)
 
     def dense_bytes(self) -> int:
         """Bytes of everything but the routed experts (always resident once touched)."""
@@ -131,7 +134,7 @@ class ModelWeights:
         old = self.experts
         old.close()
         self.experts = ExpertCache(self.store, self.pool, len(self.layers), old.num_experts, capacity,
-                                   prefetch_window, self.top_k)
+                                   prefetch_window, self.top_k, self.repack)
 
     def close(self) -> None:
         self.experts.close()

@@ -25,9 +25,9 @@ def home(tmp_path_factory):
 
 
 def test_default_model_first_run_then_cached(home):
-    r = run("--prompt", "What is the capital of France?", "--temperature", "0", "--max_tokens", "20", home=home)
+    r = run("--prompt", "What is the capital of Japan?", "--temperature", "0", "--max_tokens", "20", home=home)
     assert r.returncode == 0, r.stderr
-    assert "Paris" in r.stdout
+    assert "Tokyo" in r.stdout
     assert "converting the default model" in r.stderr and "135M-parameter demo" in r.stderr
     assert "decode" in r.stderr and "tok/s" in r.stderr
     assert (home / "data" / "models" / "SmolLM2-135M-Instruct" / "manifest.json").exists()

@@ -32,9 +32,10 @@ def model(tmp_path_factory):
 
 def test_attention_of_gpu_layers_matches_cpu(model):
     ids = [1, 5]
-    with Engine(model, threads=1) as eng:
+    # the GPU kernels multiply float activations: the CPU reference and CPU parts do too
+    with Engine(model, threads=1, int8_activations=False) as eng:
         want = eng.logits(ids)
-    with Engine(model, threads=1, gpu_layers=1) as eng:
+    with Engine(model, threads=1, gpu_layers=1, int8_activations=False) as eng:
         sched = Scheduler.create(eng.cfg, eng.weights, 1, profile=SLOW_GPU, allow_simulator=True)
         eng.net.gpu = sched.runner
         got = eng.logits(ids)
@@ -53,16 +54,20 @@ def test_attention_of_gpu_layers_matches_cpu(model):
 def test_expert_on_gpu_matches_cpu(model):
     """The shared expert: int4 gate/up and f16 down rows of 48, placed on the GPU by the cost model."""
     rng = np.random.default_rng(0)
-    with Engine(model, threads=1, gpu_layers=1) as eng:
+    with Engine(model, threads=1, gpu_layers=1, int8_activations=False) as eng:
         sched = Scheduler.create(eng.cfg, eng.weights, 1, profile=FAST_GPU, allow_simulator=True)
         h = rng.standard_normal((2, eng.cfg.hidden_size)).astype(np.float32)
         ew = eng.weights.layers[0].shared
-        want = base.expert_mlp(h, ew)
-        token = base._gpu.set(sched.runner)
+        exact = base._exact.set(True)  # float activations, as the GPU kernels use
         try:
-            got = base.expert_mlp(h, ew)
+            want = base.expert_mlp(h, ew)
+            token = base._gpu.set(sched.runner)
+            try:
+                got = base.expert_mlp(h, ew)
+            finally:
+                base._gpu.reset(token)
         finally:
-            base._gpu.reset(token)
+            base._exact.reset(exact)
         snap = sched.snapshot()
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
     assert snap.layers[0].ffn == "gpu" and snap.layers[0].gpu_matmuls == 3, snap.layers[0]
