@@ -1,13 +1,15 @@
 """colibri-bench: measurements that are printed, never asserted.
 
     colibri-bench convert [--model_path SRC | --synthetic_mb 1000] [--quantize int8] [--json FILE]
-    colibri-bench speed [--model GGUF_OR_FOLDER] [--threads 1,2] [--runs 3] [--json FILE]
+    colibri-bench speed [--model default,moe-q8_0,moe-q4_0] [--threads 1,2] [--runs 3] [--json FILE]
+    colibri-bench profile [--model default] [--threads 2] [--json FILE]
 
 `convert` times a conversion in a child process and reports its throughput and peak resident
 memory beside the streaming bound (3 × the largest tensor + 300 MB). `speed` runs Colibri,
 llama.cpp and transformers on the same model, alternating, and reports decode/prefill speed,
 time to first token, load time, peak memory and decode as a share of the memory-bandwidth
-limit (app/bench_speed.py).
+limit (app/bench_speed.py). `profile` splits a decoded token's time by kernel and tensor
+(app/bench_profile.py).
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from app import bench_speed
+from app import bench_profile, bench_speed
 from app.bench_models import shape_for_size, write_checkpoint
 
 
@@ -113,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--json", help="also write the figures to this file")
     c.set_defaults(func=cmd_convert)
     bench_speed.add_parser(sub)
+    bench_profile.add_parser(sub)
     m = sub.add_parser("memory", help="expert cache vs llama.cpp on a Mixtral-style model (peak RSS, tok/s)")
     m.add_argument("--workdir", help="where the benchmark model is built and kept (default ~/.cache/colibri/bench)")
     m.add_argument("--caches", default="8,4,2", help="Colibri expert_cache_size values to run (auto allowed)")

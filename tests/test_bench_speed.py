@@ -50,3 +50,21 @@ def test_unknown_model_name_is_refused(tmp_path):
     import pytest
     with pytest.raises(SystemExit, match="moe-q8_0"):
         main(["speed", "--model", "no-such-model", "--workdir", str(tmp_path)])
+
+
+def test_profile_splits_a_token_by_tensor(tmp_path, capsys):
+    """colibri-bench profile on a tiny MoE: each tensor group and kernel has a row, and the rows
+    add up to the timed token."""
+    out = tmp_path / "profile.json"
+    code = main(["profile", "--model", str(HF_FIXTURES / "mixtral"), "--threads", "1", "--prompt_tokens", "4",
+                 "--tokens", "3", "--workdir", str(tmp_path / "w"), "--json", str(out)])
+    assert code == 0
+    report = json.loads(out.read_text())
+    rows = report["rows"]
+    for part in ("attn_qkv", "attn_output", "ffn_gate+up", "ffn_down", "ffn_gate_inp (router)", "output", "attention",
+                 "python and the rest"):
+        assert part in rows, part
+    assert rows["ffn_gate+up"]["calls_per_token"] == 2 * 2  # 2 layers, top-2 experts
+    total = sum(r["ms_per_token"] for r in rows.values())
+    assert abs(total - report["timed_ms_per_token"]) < 1e-6 and report["untimed_ms_per_token"] > 0
+    assert "| ffn_down |" in capsys.readouterr().out

@@ -291,9 +291,9 @@ def matmul(w, code, x, out, exact=False):
 
 @njit(parallel=True, fastmath=True, cache=True, nogil=True)
 def matmul_int(ws, codes, x, outs):
-    """outs[i] (T, rows_i) = x (T, n) @ W_i.T for several q4_0/q4_1/q8_0 matrices that read the
-    same x (attention's q, k and v): x is quantized once, and one parallel loop covers every
-    matrix's rows. T <= INT_MAX_T."""
+    """outs[i] (T, rows_i) = x (T, n) @ W_i.T for several q4_0/q4_1/q8_0 matrices (plain or
+    repacked) that read the same x (attention's q, k and v): x is quantized once, and one
+    parallel loop covers every matrix's rows. T <= INT_MAX_T."""
     T, n = x.shape
     nb = n // 32
     xq = np.empty((T, n), np.int8)
@@ -308,6 +308,13 @@ def matmul_int(ws, codes, x, outs):
             i += 1
         w, code, out = ws[i], codes[i], outs[i]
         r0 = (task - first[i]) * ROWS_PER_TASK
+        if code > PACKED:  # 8-row groups (ROWS_PER_TASK is a multiple of 8, and so are the rows)
+            for g in range(r0 // 8, min(w.shape[0], r0 + ROWS_PER_TASK) // 8):
+                for t in range(T):
+                    a = _group_dot(w, g, code, xq[t], xd[t], xs[t], xi[t])
+                    for j in range(8):
+                        out[t, 8 * g + j] = a[j]
+            continue
         for r in range(r0, min(w.shape[0], r0 + ROWS_PER_TASK)):
             for t in range(T):
                 out[t, r] = _int_dot(w, r, code, xq[t], xd[t], xs[t], xi[t])

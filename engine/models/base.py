@@ -55,18 +55,20 @@ def linear(x: np.ndarray, m: Matrix) -> np.ndarray:
     return out
 
 
-def _integer_path(x: np.ndarray, ms: tuple[Matrix, ...]) -> bool:
+def _integer_path(x: np.ndarray, ms: tuple[Matrix, ...], mixed: bool = True) -> bool:
     """Whether the fused integer kernels take these matmuls: decode-sized x, formats with an
-    integer dot, contiguous matrices, and no GPU runner to offer them to."""
+    integer dot, contiguous matrices, no GPU runner to offer them to, float activations not
+    asked for; `mixed` False: all repacked or none (swiglu_int)."""
     if x.shape[0] > cpu.INT_MAX_T or _gpu.get() is not None or _exact.get():
         return False
     packed = sum(m.code > cpu.PACKED for m in ms)
-    return packed in (0, len(ms)) and all(m.code in cpu.INT_CODES and m.data.flags.c_contiguous for m in ms)
+    return (mixed or packed in (0, len(ms))) and \
+        all(m.code in cpu.INT_CODES and m.data.flags.c_contiguous for m in ms)
 
 
 def linears(x: np.ndarray, ms: tuple[Matrix, ...]) -> tuple[np.ndarray, ...]:
     """x @ m.T for each m of ms (one kernel call on the integer path)."""
-    if not _integer_path(x, ms) or ms[0].code > cpu.PACKED:  # (repacked matrices: one call each)
+    if not _integer_path(x, ms):
         return tuple(linear(x, m) for m in ms)
     outs = tuple(_empty((x.shape[0], m.rows)) for m in ms)
     cpu.matmul_int(tuple(m.data for m in ms), tuple(m.code for m in ms), np.ascontiguousarray(x, dtype=np.float32),
@@ -84,7 +86,7 @@ def rmsnorm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
 
 def expert_mlp(h: np.ndarray, e: ExpertWeights) -> np.ndarray:
     """SwiGLU: down(silu(gate h) * up h)."""
-    if _integer_path(h, (e.gate, e.up)):
+    if _integer_path(h, (e.gate, e.up), mixed=False):
         a = _empty((h.shape[0], e.gate.rows))
         cpu.swiglu_int(e.gate.data, e.gate.code, e.up.data, e.up.code, np.ascontiguousarray(h, dtype=np.float32), a)
         return linear(a, e.down)

@@ -1,0 +1,129 @@
+"""colibri-bench profile: where a decoded token's time goes, by kernel and by tensor.
+
+One process, one model: a prompt, a few untimed tokens, then `--tokens` decode steps with every
+kernel call timed (a perf_counter pair around each, about a microsecond). Matmuls are grouped by
+the tensor they read (`attn_qkv`, `attn_output`, `ffn_gate+up`, `ffn_down`, `ffn_gate_inp`,
+`output`); whatever the kernels do not account for is the Python around them (routing, the
+expert cache, buffers, the KV cache writes). The untimed decode speed is printed beside it, so
+the timing's own cost shows.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+KERNELS = ("rmsnorm", "rope", "attention", "swiglu", "gather_rows", "softmax_top_k")
+
+
+def _group(name: str) -> str:
+    """A matrix name (`blk.3.ffn_down.5.weight`, `output.weight`) -> its row in the profile."""
+    for key, group in (("attn_q", "attn_qkv"), ("attn_k", "attn_qkv"), ("attn_v", "attn_qkv"),
+                       ("attn_output", "attn_output"), ("ffn_gate_inp", "ffn_gate_inp (router)"),
+                       ("ffn_gate", "ffn_gate+up"), ("ffn_up", "ffn_gate+up"), ("ffn_down", "ffn_down"),
+                       ("output", "output"), ("token_embd", "output")):
+        if f".{key}" in f".{name}":
+            return group
+    return name
+
+
+def profile(model: str, threads: int, prompt_tokens: int, tokens: int) -> dict:
+    from engine.api import Engine
+    from engine.kernels import cpu
+    from engine.model_dir import open_model_dir
+    from engine.models import base
+    cfg = open_model_dir(model).config
+    eng = Engine(model, threads=threads, context_length=prompt_tokens + 2 * tokens + 16,
+                 **({"expert_cache_size": cfg.num_experts} if cfg.is_moe else {}))
+    eng.warmup()
+    prompt = [int(i) for i in np.random.default_rng(0).integers(cfg.vocab_size // 4, cfg.vocab_size // 2, prompt_tokens)]
+    nxt = eng.forward(prompt)
+    for _ in range(4):
+        nxt = eng.forward([nxt])
+    t0 = time.perf_counter()
+    for _ in range(tokens):
+        nxt = eng.forward([nxt])
+    untimed = (time.perf_counter() - t0) / tokens
+
+    spent: dict[str, float] = defaultdict(float)
+    calls: dict[str, int] = defaultdict(int)
+    originals = {name: getattr(cpu, name) for name in KERNELS}
+    patched = {"linear": base.linear, "linears": base.linears, "expert_mlp": base.expert_mlp}
+
+    inner: list[float] = []  # time spent in timed calls nested in the running one (exclusive times)
+
+    def timed(label, fn, *args):
+        start = time.perf_counter()
+        inner.append(0.0)
+        try:
+            return fn(*args)
+        finally:
+            elapsed, nested = time.perf_counter() - start, inner.pop()
+            spent[label] += elapsed - nested
+            calls[label] += 1
+            if inner:
+                inner[-1] += elapsed
+
+    def linear(x, m):
+        return timed(_group(m.name), patched["linear"], x, m)
+
+    def linears(x, ms):
+        return timed(_group(ms[0].name), patched["linears"], x, ms)
+
+    def expert_mlp(h, e):  # the fused gate+up kernel; down is its own (nested) linear
+        return timed("ffn_gate+up", patched["expert_mlp"], h, e)
+
+    for name, fn in originals.items():
+        setattr(cpu, name, lambda *a, _n=name, _f=fn: timed(_n, _f, *a))
+    base.linear, base.linears, base.expert_mlp = linear, linears, expert_mlp
+    try:
+        t0 = time.perf_counter()
+        for _ in range(tokens):
+            nxt = eng.forward([nxt])
+        total = (time.perf_counter() - t0) / tokens
+    finally:
+        for name, fn in originals.items():
+            setattr(cpu, name, fn)
+        base.linear, base.linears, base.expert_mlp = patched["linear"], patched["linears"], patched["expert_mlp"]
+        eng.close()
+    rows = {k: {"ms_per_token": 1e3 * v / tokens, "calls_per_token": calls[k] / tokens}
+            for k, v in sorted(spent.items(), key=lambda kv: -kv[1]) if calls[k]}
+    rows["python and the rest"] = {"ms_per_token": 1e3 * (total - sum(spent.values()) / tokens),
+                                   "calls_per_token": 0}
+    return {"model": model, "threads": threads, "untimed_ms_per_token": 1e3 * untimed,
+            "timed_ms_per_token": 1e3 * total, "rows": rows}
+
+
+def main(args: argparse.Namespace) -> int:
+    from app.bench_speed import NAMED, prepare, prepare_named
+    work = Path(args.workdir).expanduser() if args.workdir else Path.home() / ".cache" / "colibri" / "bench"
+    spec = args.model
+    paths = prepare_named(spec, work, Path(args.moe_dir).expanduser() if args.moe_dir else work) \
+        if spec in NAMED else prepare(Path(spec).expanduser(), work)
+    report = profile(paths["colibri"][0], args.threads, args.prompt_tokens, args.tokens)
+    print(f"{spec}: {report['untimed_ms_per_token']:.2f} ms per token untimed, "
+          f"{report['timed_ms_per_token']:.2f} ms timed ({args.threads} threads)\n")
+    print("| part | ms per token | share | calls per token |\n|---|---|---|---|")
+    for name, r in report["rows"].items():
+        share = 100 * r["ms_per_token"] / report["timed_ms_per_token"]
+        print(f"| {name} | {r['ms_per_token']:.2f} | {share:.0f}% | {r['calls_per_token']:.0f} |")
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
+    return 0
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("profile", help="where a decoded token's time goes, by kernel and tensor")
+    p.add_argument("--model", default="default", help="a GGUF, HF folder, Colibri directory or named model "
+                                                      "(default, moe-q8_0, moe-q4_0)")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--prompt_tokens", type=int, default=64)
+    p.add_argument("--tokens", type=int, default=32, help="decode steps timed")
+    p.add_argument("--workdir", help="where a converted copy is kept (default ~/.cache/colibri/bench)")
+    p.add_argument("--moe_dir", help="where the MoE benchmark models are (default: the workdir)")
+    p.add_argument("--json", help="also write the figures to this file")
+    p.set_defaults(func=main)
