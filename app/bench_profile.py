@@ -101,6 +101,7 @@ def profile(model: str, threads: int, prompt_tokens: int, tokens: int) -> dict:
 def main(args: argparse.Namespace) -> int:
     from app.bench_speed import NAMED, prepare, prepare_named
     work = Path(args.workdir).expanduser() if args.workdir else Path.home() / ".cache" / "colibri" / "bench"
+    work.mkdir(parents=True, exist_ok=True)
     spec = args.model
     paths = prepare_named(spec, work, Path(args.moe_dir).expanduser() if args.moe_dir else work) \
         if spec in NAMED else prepare(Path(spec).expanduser(), work)
