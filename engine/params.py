@@ -141,7 +141,8 @@ def add_arguments(parser: argparse.ArgumentParser, scopes: tuple[str, ...] = ("e
         extra = {"choices": p.choices} if p.choices else {}
         default = "physical cores" if p.name == "threads" else "auto" if p.nullable and p.default is None \
             and p.name != "seed" else p.default
-        parser.add_argument(f"--{p.name}", type=kind, default=None, help=f"{p.help} [default: {default}]", **extra)
+        text = f"{p.help} [default: {default}]".replace("%", "%%")  # argparse formats help with %
+        parser.add_argument(f"--{p.name}", type=kind, default=None, help=text, **extra)
 
 
 def from_args(args: argparse.Namespace, scope: str) -> dict[str, Any]:

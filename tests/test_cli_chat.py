@@ -68,3 +68,10 @@ def test_errors_are_one_line(home, tmp_path):
 def test_raw_continuation(home):
     r = run("--raw", "--prompt", "def fibonacci(n):", "--temperature", "0", "--max_tokens", "12", home=home)
     assert r.returncode == 0 and r.stdout.strip()
+
+
+def test_help_lists_every_parameter():
+    from engine.params import PARAMS
+    r = run("--help")
+    assert r.returncode == 0, r.stderr
+    assert all(f"--{name}" in r.stdout for name in PARAMS)
