@@ -40,7 +40,8 @@ def profile(model: str, threads: int, prompt_tokens: int, tokens: int) -> dict:
     eng = Engine(model, threads=threads, context_length=prompt_tokens + 2 * tokens + 16,
                  **({"expert_cache_size": cfg.num_experts} if cfg.is_moe else {}))
     eng.warmup()
-    prompt = [int(i) for i in np.random.default_rng(0).integers(cfg.vocab_size // 4, cfg.vocab_size // 2, prompt_tokens)]
+    rng = np.random.default_rng(0)
+    prompt = [int(i) for i in rng.integers(cfg.vocab_size // 4, cfg.vocab_size // 2, prompt_tokens)]
     nxt = eng.forward(prompt)
     for _ in range(4):
         nxt = eng.forward([nxt])

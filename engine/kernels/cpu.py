@@ -14,9 +14,9 @@ import numpy as np
 from numba import njit, prange
 
 import engine.kernels  # noqa: F401  (numba settings first)
-from engine.kernels.simd import (TOKENS, copy16, group_dot_q4_0x8, group_dot_q4_1x8, group_dot_q8_0x8, round_f16, row_dot_q4_0,
-                                 row_dot_q4_1, row_dot_q8_0, tokens_q4_0, tokens_q4_0x8, tokens_q4_1, tokens_q4_1x8,
-                                 tokens_q8_0, tokens_q8_0x8, widen)
+from engine.kernels.simd import (TOKENS, copy16, group_dot_q4_0x8, group_dot_q4_1x8, group_dot_q8_0x8, round_f16,
+                                 row_dot_q4_0, row_dot_q4_1, row_dot_q8_0, tokens_q4_0, tokens_q4_0x8, tokens_q4_1,
+                                 tokens_q4_1x8, tokens_q8_0, tokens_q8_0x8, widen)
 
 F32, F16, Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K, BF16 = 0, 1, 2, 3, 8, 12, 13, 14, 30
 ROWS_PER_TASK = 16

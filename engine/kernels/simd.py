@@ -91,6 +91,45 @@ def _dot_u8s8(builder, u, s):
     return m
 
 
+def _weights(builder, quants, nibbles: bool):
+    """A block's 32 weights at `quants` as unsigned bytes for the dot product, and for int8
+    weights (q8_0) their signs (None for nibbles, which are unsigned already)."""
+    if nibbles:  # low nibbles are weights 0-15, high nibbles 16-31 (Q4_0/Q4_1 order)
+        v = _load(builder, quants, _vec(I8, 16))
+        lo = builder.and_(v, ir.Constant(_vec(I8, 16), [15] * 16))
+        hi = builder.lshr(v, ir.Constant(_vec(I8, 16), [4] * 16))
+        return builder.shuffle_vector(lo, hi, ir.Constant(_vec(I32, 32), list(range(32)))), None
+    wv = _load(builder, quants, _vec(I8, 32))
+    absf = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_vec(I8, 32), [_vec(I8, 32), ir.IntType(1)]),
+                                          "llvm.abs.v32i8")
+    negative = builder.icmp_signed("<", wv, ir.Constant(_vec(I8, 32), None))
+    return builder.call(absf, [wv, ir.Constant(ir.IntType(1), 0)]), negative
+
+
+def _block_dot(builder, u, negative, s):
+    """<8 x i32> partial sums of a block's weights (from _weights) · activations s <32 x i8>.
+    Signed × signed goes through the unsigned × signed instructions as |w| · (s with w's sign),
+    as llama.cpp does; s stays within ±127, so negating it never overflows."""
+    if negative is not None:
+        s = builder.select(negative, builder.sub(ir.Constant(_vec(I8, 32), None), s), s)
+    return _dot_u8s8(builder, u, s)
+
+
+def _splat(builder, v):
+    """A float in all 8 lanes of a vector."""
+    vf = _vec(F32, 8)
+    return builder.shuffle_vector(builder.insert_element(ir.Constant(vf, None), v, ir.Constant(I32, 0)),
+                                  ir.Constant(vf, None), ir.Constant(_vec(I32, 8), [0] * 8))
+
+
+def _activations(context, builder, sig, args, dims: int):
+    """Pointers to a call's activations xq, xd, xs, xi (arguments 2-5) and the block count."""
+    _, _, qty, dty, sty, ity = sig.args[:6]
+    nb = cgutils.unpack_tuple(builder, context.make_array(dty)(context, builder, args[3]).shape, dims)[-1]
+    return (nb, _data_ptr(context, builder, qty, args[2], I8), _data_ptr(context, builder, dty, args[3], F32),
+            _data_ptr(context, builder, sty, args[4], F32), _data_ptr(context, builder, ity, args[5], I32))
+
+
 @intrinsic
 def round_f16(typingctx, v):
     """v rounded to the nearest IEEE half (as llama.cpp stores a block's scale), back as float32."""
@@ -135,13 +174,8 @@ def _row_dot(fmt: str):
     @intrinsic
     def row_dot(typingctx, w, r, xq, xd, xs, xi):
         def codegen(context, builder, sig, args):
-            wty, _, qty, dty, sty, ity = sig.args
-            w, r, xq, xd, xs, xi = args
-            nb = cgutils.unpack_tuple(builder, context.make_array(dty)(context, builder, xd).shape, 1)[0]
-            row = _byte_ptr(context, builder, wty, w, r, _ZERO)
-            qp = _data_ptr(context, builder, qty, xq, I8)
-            dp, sp = _data_ptr(context, builder, dty, xd, F32), _data_ptr(context, builder, sty, xs, F32)
-            ip = _data_ptr(context, builder, ity, xi, I32)
+            nb, qp, dp, sp, ip = _activations(context, builder, sig, args, 1)
+            row = _byte_ptr(context, builder, sig.args[0], args[0], args[1], _ZERO)
             vf = _vec(F32, 8)
             accs = [cgutils.alloca_once_value(builder, ir.Constant(vf, None)) for _ in range(2)]
             extras = [cgutils.alloca_once_value(builder, ir.Constant(F32, 0.0)) for _ in range(2)]
@@ -151,22 +185,9 @@ def _row_dot(fmt: str):
                 scale = builder.fmul(builder.fpext(_load(builder, blk, ir.HalfType()), F32),
                                      builder.load(builder.gep(dp, [b])), flags=_FAST)
                 s = _load(builder, builder.gep(qp, [builder.mul(b, ir.Constant(b.type, 32))]), _vec(I8, 32))
-                quants = builder.gep(blk, [ir.Constant(b.type, qoff)])
-                if nibbles:
-                    v = _load(builder, quants, _vec(I8, 16))
-                    lo = builder.and_(v, ir.Constant(_vec(I8, 16), [15] * 16))
-                    hi = builder.lshr(v, ir.Constant(_vec(I8, 16), [4] * 16))
-                    dot = _dot_u8s8(builder, builder.shuffle_vector(lo, hi, ir.Constant(_vec(I32, 32), list(range(32)))), s)
-                else:
-                    wv = _load(builder, quants, _vec(I8, 32))
-                    absf = cgutils.get_or_insert_function(
-                        builder.module, ir.FunctionType(_vec(I8, 32), [_vec(I8, 32), ir.IntType(1)]), "llvm.abs.v32i8")
-                    zero = ir.Constant(_vec(I8, 32), None)
-                    signed = builder.select(builder.icmp_signed("<", wv, zero), builder.sub(zero, s), s)
-                    dot = _dot_u8s8(builder, builder.call(absf, [wv, ir.Constant(ir.IntType(1), 0)]), signed)
-                splat = builder.shuffle_vector(builder.insert_element(ir.Constant(vf, None), scale, ir.Constant(I32, 0)),
-                                               ir.Constant(vf, None), ir.Constant(_vec(I32, 8), [0] * 8))
-                term = builder.fmul(builder.sitofp(dot, vf), splat, flags=_FAST)
+                u, negative = _weights(builder, builder.gep(blk, [ir.Constant(b.type, qoff)]), nibbles)
+                dot = _block_dot(builder, u, negative, s)
+                term = builder.fmul(builder.sitofp(dot, vf), _splat(builder, scale), flags=_FAST)
                 builder.store(builder.fadd(builder.load(acc), term, flags=_FAST), acc)
                 if has_min:  # + m_w · d_x Σ q_x
                     m = builder.fpext(_load(builder, builder.gep(blk, [ir.Constant(b.type, 2)]), ir.HalfType()), F32)
@@ -225,56 +246,33 @@ def _group_dot(fmt: str):
     @intrinsic
     def group_dot(typingctx, w, g, xq, xd, xs, xi):
         def codegen(context, builder, sig, args):
-            wty, _, qty, dty, sty, ity = sig.args
-            w, g, xq, xd, xs, xi = args
-            nb = cgutils.unpack_tuple(builder, context.make_array(dty)(context, builder, xd).shape, 1)[0]
-            base = _byte_ptr(context, builder, wty, w, builder.mul(g, ir.Constant(g.type, 8)), _ZERO)
-            qp = _data_ptr(context, builder, qty, xq, I8)
-            dp, sp = _data_ptr(context, builder, dty, xd, F32), _data_ptr(context, builder, sty, xs, F32)
-            ip = _data_ptr(context, builder, ity, xi, I32)
+            nb, qp, dp, sp, ip = _activations(context, builder, sig, args, 1)
+            g = args[1]
+            base = _byte_ptr(context, builder, sig.args[0], args[0], builder.mul(g, ir.Constant(g.type, 8)), _ZERO)
             vf = _vec(F32, 8)
             acc = cgutils.alloca_once_value(builder, ir.Constant(vf, None))
             extra = cgutils.alloca_once_value(builder, ir.Constant(vf, None))
-
-            def splat(v):
-                return builder.shuffle_vector(builder.insert_element(ir.Constant(vf, None), v, ir.Constant(I32, 0)),
-                                              ir.Constant(vf, None), ir.Constant(_vec(I32, 8), [0] * 8))
             with cgutils.for_range(builder, nb) as loop:
                 b = loop.index
                 blk = builder.gep(base, [builder.mul(b, ir.Constant(b.type, gsize))])
                 d8 = builder.fpext(_load(builder, blk, _vec(ir.HalfType(), 8)), vf)
                 xscale = builder.load(builder.gep(dp, [b]))
                 s = _load(builder, builder.gep(qp, [builder.mul(b, ir.Constant(b.type, 32))]), _vec(I8, 32))
-                dots = []
-                for i in range(8):
-                    quants = builder.gep(blk, [ir.Constant(b.type, 16 * halves + qbytes * i)])
-                    if nibbles:
-                        v = _load(builder, quants, _vec(I8, 16))
-                        lo = builder.and_(v, ir.Constant(_vec(I8, 16), [15] * 16))
-                        hi = builder.lshr(v, ir.Constant(_vec(I8, 16), [4] * 16))
-                        u = builder.shuffle_vector(lo, hi, ir.Constant(_vec(I32, 32), list(range(32))))
-                        dots.append(_dot_u8s8(builder, u, s))
-                    else:
-                        wv = _load(builder, quants, _vec(I8, 32))
-                        absf = cgutils.get_or_insert_function(
-                            builder.module, ir.FunctionType(_vec(I8, 32), [_vec(I8, 32), ir.IntType(1)]),
-                            "llvm.abs.v32i8")
-                        zero = ir.Constant(_vec(I8, 32), None)
-                        signed = builder.select(builder.icmp_signed("<", wv, zero), builder.sub(zero, s), s)
-                        dots.append(_dot_u8s8(builder, builder.call(absf, [wv, ir.Constant(ir.IntType(1), 0)]), signed))
+                quants = [builder.gep(blk, [ir.Constant(b.type, 16 * halves + qbytes * i)]) for i in range(8)]
+                dots = [_block_dot(builder, *_weights(builder, q, nibbles), s) for q in quants]
                 while len(dots) > 1:  # 8 vectors of 8 partial sums -> one lane per row, in row order
                     dots = [_pair_sums(builder, dots[k], dots[k + 1]) for k in range(0, len(dots), 2)]
-                term = builder.fmul(builder.sitofp(dots[0], vf), builder.fmul(d8, splat(xscale), flags=_FAST),
+                term = builder.fmul(builder.sitofp(dots[0], vf), builder.fmul(d8, _splat(builder, xscale), flags=_FAST),
                                     flags=_FAST)
                 builder.store(builder.fadd(builder.load(acc), term, flags=_FAST), acc)
                 if halves == 2:  # q4_1: + m_w · d_x Σ q_x
                     m8 = builder.fpext(_load(builder, builder.gep(blk, [ir.Constant(b.type, 16)]),
                                              _vec(ir.HalfType(), 8)), vf)
-                    e = builder.fmul(m8, splat(builder.load(builder.gep(sp, [b]))), flags=_FAST)
+                    e = builder.fmul(m8, _splat(builder, builder.load(builder.gep(sp, [b]))), flags=_FAST)
                 elif nibbles:  # q4_0: - 8 · d_w d_x Σ q_x
                     off = builder.fmul(builder.fmul(xscale, builder.sitofp(builder.load(builder.gep(ip, [b])), F32),
                                                     flags=_FAST), ir.Constant(F32, -8.0), flags=_FAST)
-                    e = builder.fmul(d8, splat(off), flags=_FAST)
+                    e = builder.fmul(d8, _splat(builder, off), flags=_FAST)
                 if nibbles:
                     builder.store(builder.fadd(builder.load(extra), e, flags=_FAST), extra)
             total = builder.fadd(builder.load(acc), builder.load(extra), flags=_FAST)
@@ -304,7 +302,7 @@ def _row_dot_tokens(fmt: str, packed: bool):
         def codegen(context, builder, sig, args):
             wty, _, qty, dty, sty, ity, _ = sig.args
             w, r, xq, xd, xs, xi, t0 = args
-            nb = cgutils.unpack_tuple(builder, context.make_array(dty)(context, builder, xd).shape, 2)[1]
+            nb = _activations(context, builder, sig, args, 2)[0]
             if packed:
                 lane = builder.srem(r, ir.Constant(r.type, 8))
                 start = _byte_ptr(context, builder, wty, w, builder.sub(r, lane), _ZERO)
@@ -325,34 +323,18 @@ def _row_dot_tokens(fmt: str, packed: bool):
             vf = _vec(F32, 8)
             accs = [cgutils.alloca_once_value(builder, ir.Constant(vf, None)) for _ in range(TOKENS)]
             extras = [cgutils.alloca_once_value(builder, ir.Constant(F32, 0.0)) for _ in range(TOKENS)]
-            absf = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(_vec(I8, 32), [_vec(I8, 32), ir.IntType(1)]), "llvm.abs.v32i8")
             with cgutils.for_range(builder, nb) as loop:
                 b = loop.index
                 blk = builder.gep(start, [builder.mul(b, ir.Constant(b.type, stride))])
                 dw = builder.fpext(_load(builder, builder.gep(blk, [d_at]), ir.HalfType()), F32)
                 m = builder.fpext(_load(builder, builder.gep(blk, [m_at]), ir.HalfType()), F32) if has_min else None
-                quants = builder.gep(blk, [q_at])
-                if nibbles:
-                    v = _load(builder, quants, _vec(I8, 16))
-                    lo = builder.and_(v, ir.Constant(_vec(I8, 16), [15] * 16))
-                    hi = builder.lshr(v, ir.Constant(_vec(I8, 16), [4] * 16))
-                    u = builder.shuffle_vector(lo, hi, ir.Constant(_vec(I32, 32), list(range(32))))
-                else:
-                    wv = _load(builder, quants, _vec(I8, 32))
-                    u = builder.call(absf, [wv, ir.Constant(ir.IntType(1), 0)])
-                    negative = builder.icmp_signed("<", wv, ir.Constant(_vec(I8, 32), None))
+                u, negative = _weights(builder, builder.gep(blk, [q_at]), nibbles)  # once for all tokens
                 for k in range(TOKENS):
                     s = _load(builder, builder.gep(qps[k], [builder.mul(b, ir.Constant(b.type, 32))]), _vec(I8, 32))
-                    if not nibbles:
-                        s = builder.select(negative, builder.sub(ir.Constant(_vec(I8, 32), None), s), s)
-                    dot = _dot_u8s8(builder, u, s)
+                    dot = _block_dot(builder, u, negative, s)
                     xscale = builder.load(builder.gep(dps[k], [b]))
                     scale = builder.fmul(dw, xscale, flags=_FAST)
-                    splat = builder.shuffle_vector(
-                        builder.insert_element(ir.Constant(vf, None), scale, ir.Constant(I32, 0)),
-                        ir.Constant(vf, None), ir.Constant(_vec(I32, 8), [0] * 8))
-                    term = builder.fmul(builder.sitofp(dot, vf), splat, flags=_FAST)
+                    term = builder.fmul(builder.sitofp(dot, vf), _splat(builder, scale), flags=_FAST)
                     builder.store(builder.fadd(builder.load(accs[k]), term, flags=_FAST), accs[k])
                     if has_min:
                         e = builder.fmul(m, builder.load(builder.gep(sps[k], [b])), flags=_FAST)
