@@ -38,7 +38,14 @@ PROFILE_VERSION = 1
 MEMORY_RESERVE = 256 << 20  # device bytes kept free for activations, scratch and the CUDA context
 MEMORY_SHARE = 0.9  # of the free device memory the weights may take
 GPU_CODES = (1, 2, 3, 8)  # f16, q4_0, q4_1, q8_0: formats with a CUDA kernel (engine.kernels.cuda.CODES)
+PACKED = 1000  # codes above: repacked for the CPU kernels (engine.kernels.cpu.PACKED), which stay there
 _FORMAT = {0: "f32", 1: "f16", 2: "q4_0", 3: "q4_1", 8: "q8_0", 12: "q4_K", 13: "q5_K", 14: "q6_K", 30: "bf16"}
+
+
+def _format_name(code: int) -> str:
+    if code > PACKED:  # loaded with gpu_layers 0: the CUDA kernels read the stored layout
+        return f"{_FORMAT.get(code - PACKED, str(code - PACKED))} repacked for the CPU at load"
+    return _FORMAT.get(code, str(code))
 
 
 @dataclass(frozen=True)
@@ -334,7 +341,7 @@ class Scheduler:
             if L >= self.gpu_layers:
                 lay.attention_reason = f"beyond gpu_layers = {self.gpu_layers}"
                 continue
-            bad = [_FORMAT.get(c, str(c)) for c in codes[L] if c not in GPU_CODES]
+            bad = [_format_name(c) for c in codes[L] if c not in GPU_CODES]
             if bad:
                 lay.attention_reason = f"{bad[0]} has no GPU kernel"
                 continue

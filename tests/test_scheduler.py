@@ -141,3 +141,25 @@ def test_cli_accepts_gpu_layers_without_gpu(model):
                         "--prompt", "hi", "--max_tokens", "3", "--temperature", "0", "--threads", "1"],
                        capture_output=True, text=True, timeout=180)
     assert r.returncode == 0, r.stderr[-3000:]
+
+
+
+def test_repacked_matrices_stay_on_the_cpu(model):
+    """A GPU runner attached to an engine loaded for the CPU alone (gpu_layers 0: q4 matrices
+    repacked into the CPU kernels' layout) hands those back instead of uploading them: the CUDA
+    kernels read the stored layout."""
+    from engine.kernels import cpu as kernels
+    from engine.scheduler import PACKED
+    assert PACKED == kernels.PACKED
+    with Engine(model, threads=1) as eng:
+        want = eng.logits([1, 5])
+        assert eng.weights.layers[0].q.code > PACKED
+        backend = FakeBackend()
+        sched = Scheduler.create(eng.cfg, eng.weights, 2, profile=DESKTOP, backend=backend, device="fake")
+        eng.net.gpu = sched.runner
+        got = eng.logits([1, 5])
+        snap = sched.snapshot()
+    np.testing.assert_array_equal(got, want)
+    assert backend.uploads == 0
+    assert [p.attention for p in snap.layers] == ["cpu", "cpu"]
+    assert "q4_1 repacked for the CPU at load has no GPU kernel" in snap.layers[0].attention_reason
