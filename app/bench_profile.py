@@ -3,7 +3,7 @@
 One process, one model: a prompt, a few untimed tokens, then `--tokens` decode steps with every
 kernel call timed (a perf_counter pair around each, about a microsecond). Matmuls are grouped by
 the tensor they read (`attn_qkv`, `attn_output`, `ffn_gate+up`, `ffn_down`, `ffn_gate_inp`,
-`output`); whatever the kernels do not account for is the Python around them (routing, the
+`output`; a MoE token's experts take one fused call per layer); whatever the kernels do not account for is the Python around them (routing, the
 expert cache, buffers, the KV cache writes). The untimed decode speed is printed beside it, so
 the timing's own cost shows.
 """
@@ -17,7 +17,9 @@ from pathlib import Path
 
 import numpy as np
 
-KERNELS = ("rmsnorm", "rope", "attention", "swiglu", "gather_rows", "softmax_top_k")
+KERNELS = {"rmsnorm": "rmsnorm", "rope": "rope", "attention": "attention", "swiglu": "swiglu",
+           "gather_rows": "gather_rows", "softmax_top_k": "softmax_top_k",
+           "moe_int": "experts (gate, up, down: one call per layer)"}
 
 
 def _group(name: str) -> str:
@@ -79,7 +81,7 @@ def profile(model: str, threads: int, prompt_tokens: int, tokens: int) -> dict:
         return timed("ffn_gate+up", patched["expert_mlp"], h, e)
 
     for name, fn in originals.items():
-        setattr(cpu, name, lambda *a, _n=name, _f=fn: timed(_n, _f, *a))
+        setattr(cpu, name, lambda *a, _n=KERNELS[name], _f=fn: timed(_n, _f, *a))
     base.linear, base.linears, base.expert_mlp = linear, linears, expert_mlp
     try:
         t0 = time.perf_counter()

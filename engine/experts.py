@@ -203,6 +203,12 @@ class ExpertCache:
                     self._drop(layer, expert, slot)
                 self._make_room(layer, keep=self.capacity)  # back within budget once released
 
+    def all_ready(self, layer: int, experts) -> bool:
+        """Whether every one of these experts is loaded (one kernel call may then take them all)."""
+        with self._lock:
+            lru = self._lru[layer]
+            return all(e in lru and lru[e].ready.is_set() for e in experts)
+
     def order_for_use(self, layer: int, experts) -> list[int]:
         """The experts of a step with the resident ones first, so loads overlap compute."""
         experts = [int(e) for e in experts]

@@ -285,3 +285,30 @@ def test_softmax_top_k_matches_numpy(renormalise):
     np.testing.assert_array_equal(ids, want_ids)
     assert ids[2].tolist() == [3, 6]
     np.testing.assert_allclose(w, want_w, rtol=1e-6)
+
+
+@pytest.mark.parametrize("name,repack", [("q4_0", True), ("q4_1", False), ("q8_0", False)])
+def test_moe_experts_in_one_call_match_numpy(name, repack):
+    """cpu.moe_int: one token through k experts (SwiGLU each, weighted sum) against the numpy
+    twins composed expert by expert."""
+    n, ff, k = 64, 96, 3
+    code = quant.get(name).type_id
+    mats = [[stored_matrix(name, rows, cols, seed=10 * e + i) for i, (rows, cols) in enumerate([(ff, n), (ff, n), (n, ff)])]
+            for e in range(k)]
+    x = np.random.default_rng(30).standard_normal((1, n)).astype(np.float32)
+    mix = np.array([0.5, 0.3, 0.2], np.float32)
+    want = np.zeros((1, n))
+    for (g, u, d), m in zip(mats, mix):
+        act = ref.swiglu(ref.matmul_int(g, name, x).astype(np.float64), ref.matmul_int(u, name, x)).astype(np.float32)
+        want += m * ref.matmul_int(d, name, act)
+    used = code
+    if repack:
+        mats = [[w.copy() for w in ws] for ws in mats]
+        for ws in mats:
+            for w in ws:
+                cpu.repack_x8(w, code)
+        used = code + cpu.PACKED
+    out, act = np.empty((1, n), np.float32), np.empty((k, ff), np.float32)
+    cpu.moe_int(tuple(ws[0] for ws in mats), tuple(ws[1] for ws in mats), tuple(ws[2] for ws in mats), used, used, used,
+                mix, x, act, out)
+    np.testing.assert_allclose(out, want, rtol=1e-3, atol=2e-3 * np.abs(want).max())

@@ -347,6 +347,53 @@ def swiglu_int(wg, cg, wu, cu, x, out):
                 out[t, r] = g / (np.float32(1.0) + np.float32(math.exp(-g))) * u
 
 
+@njit(parallel=True, fastmath=True, cache=True, nogil=True)
+def moe_int(gates, ups, downs, cg, cu, cd, mix, x, act, out):
+    """out (1, n) = Σ_e mix[e] · down_e(silu(gate_e x) · up_e x) over one token's k experts
+    (decode), in two parallel loops: every expert's gate and up rows, then the down rows, each
+    output row summing its experts. gates, ups, downs: tuples of k matrices in the formats cg,
+    cu, cd (q4_0/q4_1/q8_0, plain or repacked; gate and up both repacked or neither); x (1, n);
+    act (k, ff) scratch. One call per MoE layer instead of two per expert."""
+    n, k, ff = x.shape[1], len(gates), gates[0].shape[0]
+    xq = np.empty((1, n), np.int8)
+    xd, xs, xi = np.empty((1, n // 32), np.float32), np.empty((1, n // 32), np.float32), np.empty((1, n // 32), np.int32)
+    quantize_activations(x, xq, xd, xs, xi)
+    span = 8 if cg > PACKED else ROWS_PER_TASK
+    tasks = (ff + span - 1) // span
+    for task in prange(k * tasks):
+        e, r0 = task // tasks, (task % tasks) * span
+        if cg > PACKED:
+            g8 = _group_dot(gates[e], r0 // 8, cg, xq[0], xd[0], xs[0], xi[0])
+            u8 = _group_dot(ups[e], r0 // 8, cu, xq[0], xd[0], xs[0], xi[0])
+            for i in range(8):
+                act[e, r0 + i] = g8[i] / (np.float32(1.0) + np.float32(math.exp(-g8[i]))) * u8[i]
+        else:
+            for r in range(r0, min(ff, r0 + span)):
+                g = _int_dot(gates[e], r, cg, xq[0], xd[0], xs[0], xi[0])
+                u = _int_dot(ups[e], r, cu, xq[0], xd[0], xs[0], xi[0])
+                act[e, r] = g / (np.float32(1.0) + np.float32(math.exp(-g))) * u
+    aq = np.empty((k, ff), np.int8)
+    ad, as_, ai = np.empty((k, ff // 32), np.float32), np.empty((k, ff // 32), np.float32), np.empty((k, ff // 32), np.int32)
+    quantize_activations(act, aq, ad, as_, ai)
+    span = 8 if cd > PACKED else ROWS_PER_TASK
+    for task in prange((n + span - 1) // span):
+        r0 = task * span
+        if cd > PACKED:
+            acc = np.zeros(8, np.float32)
+            for e in range(k):
+                d8 = _group_dot(downs[e], r0 // 8, cd, aq[e], ad[e], as_[e], ai[e])
+                for i in range(8):
+                    acc[i] += mix[e] * d8[i]
+            for i in range(8):
+                out[0, r0 + i] = acc[i]
+        else:
+            for r in range(r0, min(n, r0 + span)):
+                total = np.float32(0.0)
+                for e in range(k):
+                    total += mix[e] * _int_dot(downs[e], r, cd, aq[e], ad[e], as_[e], ai[e])
+                out[0, r] = total
+
+
 @njit(parallel=True, cache=True, nogil=True)
 def gather_rows(w, code, ids, out):
     """out (T, n) = dequantized rows ids of W (the embedding lookup)."""

@@ -11,6 +11,7 @@ layer by layer.
 from __future__ import annotations
 
 import math
+from contextlib import ExitStack
 from contextvars import ContextVar
 from dataclasses import dataclass
 
@@ -159,9 +160,11 @@ class Transformer:
         if step.dump is not None:
             step.dump[f"blk.{L}.router_logits"] = logits.copy()
             step.dump[f"blk.{L}.expert_ids"] = ids.copy()
+        one = h.shape[0] == 1  # decode: no grouping needed, each pick is one expert
+        if one and self._fusable(L, ids[0].tolist()) and _integer_path(h, ()) and cache.all_ready(L, ids[0].tolist()):
+            return self._experts_in_one_call(L, h, ids[0].tolist(), weights[0])
         out = _empty(h.shape)
         out[...] = 0
-        one = h.shape[0] == 1  # decode: no grouping needed, each pick is one expert
         pick = dict(zip(ids[0].tolist(), weights[0].tolist())) if one else None
         order = cache.order_for_use(L, ids[0] if one else np.unique(ids))  # resident experts first
         for i, e in enumerate(order):
@@ -178,6 +181,23 @@ class Transformer:
                 y = expert_mlp(h[rows], ew)
             out[rows] += weights[rows, slot, None] * y
         return out
+
+    def _fusable(self, L: int, experts: list[int]) -> bool:
+        """Whether these experts are stored in one integer-dot format per matrix (gate, up, down),
+        so that cpu.moe_int can take them together."""
+        codes = {tuple(p[3] for p in self.w.store.span(L, e).parts) for e in experts}
+        return len(codes) == 1 and all(c in cpu.PACKABLE or c == cpu.Q8_0 for c in next(iter(codes)))
+
+    def _experts_in_one_call(self, L: int, h: np.ndarray, experts: list[int], mix: np.ndarray) -> np.ndarray:
+        """A token's loaded experts in one kernel call (cpu.moe_int), pinned meanwhile."""
+        with ExitStack() as pins:
+            ews = [pins.enter_context(self.w.experts.use(L, e)) for e in experts]
+            out = _empty(h.shape)
+            act = _empty((len(ews), ews[0].gate.rows))
+            cpu.moe_int(tuple(ew.gate.data for ew in ews), tuple(ew.up.data for ew in ews),
+                        tuple(ew.down.data for ew in ews), ews[0].gate.code, ews[0].up.code, ews[0].down.code,
+                        np.ascontiguousarray(mix, np.float32), np.ascontiguousarray(h, np.float32), act, out)
+            return out
 
     def prefetch(self, L: int, h: np.ndarray, logits: np.ndarray) -> None:
         """Queue the experts the next layer's router picks from this layer's hidden state, and
