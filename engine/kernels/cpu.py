@@ -14,16 +14,16 @@ import numpy as np
 from numba import njit, prange
 
 import engine.kernels  # noqa: F401  (numba settings first)
-from engine.kernels.simd import (TOKENS, copy16, group_dot_q4_0x8, group_dot_q4_1x8, group_dot_q8_0x8, round_f16,
-                                 row_dot_q4_0, row_dot_q4_1, row_dot_q8_0, tokens_q4_0, tokens_q4_0x8, tokens_q4_1,
-                                 tokens_q4_1x8, tokens_q8_0, tokens_q8_0x8, widen)
+from engine.kernels.simd import (TOKENS, copy16, group_dot_q4_0x8, group_dot_q4_1x8, round_f16, row_dot_q4_0,
+                                 row_dot_q4_1, row_dot_q8_0, tokens_q4_0, tokens_q4_0x8, tokens_q4_1, tokens_q4_1x8,
+                                 tokens_q8_0, widen)
 
 F32, F16, Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K, BF16 = 0, 1, 2, 3, 8, 12, 13, 14, 30
 ROWS_PER_TASK = 16
 PACKED = 1000  # + a GGML id: that format repacked in groups of 8 rows at load (repack_x8); never in a file
-Q4_0X8, Q4_1X8, Q8_0X8 = PACKED + Q4_0, PACKED + Q4_1, PACKED + Q8_0
+Q4_0X8, Q4_1X8 = PACKED + Q4_0, PACKED + Q4_1
 PACKABLE = (Q4_0, Q4_1)  # q8_0 measured no faster packed (its twice as many bytes bound it), so it stays
-INT_CODES = (Q4_0, Q4_1, Q8_0, Q4_0X8, Q4_1X8, Q8_0X8)  # formats dotted in integers (int8 activations)
+INT_CODES = (Q4_0, Q4_1, Q8_0, Q4_0X8, Q4_1X8)  # formats dotted in integers (int8 activations)
 INT_MAX_T = TOKENS - 1  # up to this many tokens (decode), the fused kernels (matmul_int, swiglu_int) apply
 _F16 = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)  # bits -> value
 
@@ -138,11 +138,21 @@ def quantize_activations(x, xq, xd, xs, xi):
 
 
 @njit(cache=True, nogil=True)
+def quantized(x):
+    """x (T, n) as quantize_activations leaves it: (int8 blocks, scales, scaled sums, sums)."""
+    T, n = x.shape
+    xq, xd = np.empty((T, n), np.int8), np.empty((T, n // 32), np.float32)
+    xs, xi = np.empty((T, n // 32), np.float32), np.empty((T, n // 32), np.int32)
+    quantize_activations(x, xq, xd, xs, xi)
+    return xq, xd, xs, xi
+
+
+@njit(cache=True, nogil=True)
 def repack_x8(w, code):
-    """In place, a q4_0/q4_1/q8_0 matrix (rows, row_bytes), rows a multiple of 8 -> groups of 8
-    rows stored block by block: the 8 rows' head halves (d; d then m for q4_1: 16 bytes each),
-    then the 8 rows' quant bytes (the same size in all). Layout of simd's group dot products."""
-    size, halves = (18, 1) if code == Q4_0 else (20, 2) if code == Q4_1 else (34, 1)
+    """In place, a q4_0/q4_1 matrix (rows, row_bytes), rows a multiple of 8 -> groups of 8 rows
+    stored block by block: the 8 rows' head halves (d; d then m for q4_1: 16 bytes each), then
+    the 8 rows' 16 quant bytes (the same size in all). Layout of simd's group dot products."""
+    size, halves = (18, 1) if code == Q4_0 else (20, 2)
     qbytes = size - 2 * halves
     gsize = 16 * halves + 8 * qbytes
     rows, rb = w.shape
@@ -156,8 +166,7 @@ def repack_x8(w, code):
                 for h in range(halves):
                     tmp[o + 16 * h + 2 * i] = flat[src + 2 * h]
                     tmp[o + 16 * h + 2 * i + 1] = flat[src + 2 * h + 1]
-                for j in range(0, qbytes, 16):
-                    copy16(tmp, o + 16 * halves + qbytes * i + j, flat, src + 2 * halves + j)
+                copy16(tmp, o + 16 * halves + qbytes * i, flat, src + 2 * halves)
         flat[8 * g * rb:8 * (g + 1) * rb] = tmp
 
 
@@ -165,7 +174,7 @@ def repack_x8(w, code):
 def dequantize_x8_row(w, r, code, out):
     """Row r of a matrix repacked by repack_x8 (code: the packed id) -> float32 weights (n,)."""
     base_code = code - PACKED
-    size, halves = (18, 1) if base_code == Q4_0 else (20, 2) if base_code == Q4_1 else (34, 1)
+    size, halves = (18, 1) if base_code == Q4_0 else (20, 2)
     qbytes = size - 2 * halves
     gsize = 16 * halves + 8 * qbytes
     flat = w.reshape(-1)
@@ -175,10 +184,6 @@ def dequantize_x8_row(w, r, code, out):
         o = base + gsize * b
         d = _h2f(flat[o + 2 * i], flat[o + 2 * i + 1])
         q0 = o + 16 * halves + qbytes * i
-        if base_code == Q8_0:
-            for j in range(32):
-                out[32 * b + j] = d * np.float32(_i8(flat[q0 + j]))
-            continue
         m = _h2f(flat[o + 16 + 2 * i], flat[o + 17 + 2 * i]) if base_code == Q4_1 else -8 * d
         for j in range(16):
             q = np.int32(flat[q0 + j])
@@ -197,19 +202,15 @@ def _tokens_dot(w, r, code, xq, xd, xs, xi, t0):
         return tokens_q8_0(w, r, xq, xd, xs, xi, t0)
     if code == Q4_1X8:
         return tokens_q4_1x8(w, r, xq, xd, xs, xi, t0)
-    if code == Q4_0X8:
-        return tokens_q4_0x8(w, r, xq, xd, xs, xi, t0)
-    return tokens_q8_0x8(w, r, xq, xd, xs, xi, t0)
+    return tokens_q4_0x8(w, r, xq, xd, xs, xi, t0)
 
 
 @njit(inline="always", cache=True)
 def _group_dot(w, g, code, xq, xd, xs, xi):
     """Rows 8g..8g+7 of a repacked matrix · one token's int8 activations (simd.py)."""
-    if code == Q4_0X8:
-        return group_dot_q4_0x8(w, g, xq, xd, xs, xi)
     if code == Q4_1X8:
         return group_dot_q4_1x8(w, g, xq, xd, xs, xi)
-    return group_dot_q8_0x8(w, g, xq, xd, xs, xi)
+    return group_dot_q4_0x8(w, g, xq, xd, xs, xi)
 
 
 @njit(inline="always", cache=True)
@@ -249,10 +250,7 @@ def matmul(w, code, x, out, exact=False):
     """
     rows, T, n = w.shape[0], x.shape[0], x.shape[1]
     if not exact and (code == Q4_0 or code == Q4_1 or code == Q8_0 or code > PACKED):
-        nb = n // 32
-        xq = np.empty((T, n), np.int8)
-        xd, xs, xi = np.empty((T, nb), np.float32), np.empty((T, nb), np.float32), np.empty((T, nb), np.int32)
-        quantize_activations(x, xq, xd, xs, xi)
+        xq, xd, xs, xi = quantized(x)
         if code > PACKED and T < TOKENS:
             for g in prange(rows // 8):
                 for t in range(T):
@@ -295,10 +293,7 @@ def matmul_int(ws, codes, x, outs):
     repacked) that read the same x (attention's q, k and v): x is quantized once, and one
     parallel loop covers every matrix's rows. T <= INT_MAX_T."""
     T, n = x.shape
-    nb = n // 32
-    xq = np.empty((T, n), np.int8)
-    xd, xs, xi = np.empty((T, nb), np.float32), np.empty((T, nb), np.float32), np.empty((T, nb), np.int32)
-    quantize_activations(x, xq, xd, xs, xi)
+    xq, xd, xs, xi = quantized(x)
     first = np.zeros(len(ws) + 1, np.int64)  # first task of each matrix
     for i in range(len(ws)):
         first[i + 1] = first[i] + (ws[i].shape[0] + ROWS_PER_TASK - 1) // ROWS_PER_TASK
@@ -325,10 +320,7 @@ def swiglu_int(wg, cg, wu, cu, x, out):
     """out (T, rows) = silu(x @ Wg.T) * (x @ Wu.T) for q4_0/q4_1/q8_0 gate and up matrices: the
     SwiGLU feed-forward's first half in one pass, x quantized once. T <= INT_MAX_T."""
     T, n = x.shape
-    nb = n // 32
-    xq = np.empty((T, n), np.int8)
-    xd, xs, xi = np.empty((T, nb), np.float32), np.empty((T, nb), np.float32), np.empty((T, nb), np.int32)
-    quantize_activations(x, xq, xd, xs, xi)
+    xq, xd, xs, xi = quantized(x)
     rows = wg.shape[0]
     if cg > PACKED and cu > PACKED:
         for grp in prange(rows // 8):
@@ -355,9 +347,7 @@ def moe_int(gates, ups, downs, cg, cu, cd, mix, x, act, out):
     cu, cd (q4_0/q4_1/q8_0, plain or repacked; gate and up both repacked or neither); x (1, n);
     act (k, ff) scratch. One call per MoE layer instead of two per expert."""
     n, k, ff = x.shape[1], len(gates), gates[0].shape[0]
-    xq = np.empty((1, n), np.int8)
-    xd, xs, xi = np.empty((1, n // 32), np.float32), np.empty((1, n // 32), np.float32), np.empty((1, n // 32), np.int32)
-    quantize_activations(x, xq, xd, xs, xi)
+    xq, xd, xs, xi = quantized(x)
     span = 8 if cg > PACKED else ROWS_PER_TASK
     tasks = (ff + span - 1) // span
     for task in prange(k * tasks):
@@ -372,9 +362,7 @@ def moe_int(gates, ups, downs, cg, cu, cd, mix, x, act, out):
                 g = _int_dot(gates[e], r, cg, xq[0], xd[0], xs[0], xi[0])
                 u = _int_dot(ups[e], r, cu, xq[0], xd[0], xs[0], xi[0])
                 act[e, r] = g / (np.float32(1.0) + np.float32(math.exp(-g))) * u
-    aq = np.empty((k, ff), np.int8)
-    ad, as_, ai = np.empty((k, ff // 32), np.float32), np.empty((k, ff // 32), np.float32), np.empty((k, ff // 32), np.int32)
-    quantize_activations(act, aq, ad, as_, ai)
+    aq, ad, as_, ai = quantized(act)
     span = 8 if cd > PACKED else ROWS_PER_TASK
     for task in prange((n + span - 1) // span):
         r0 = task * span
