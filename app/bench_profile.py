@@ -3,8 +3,9 @@
 One process, one model: a prompt, a few untimed tokens, then `--tokens` decode steps with every
 kernel call timed (a perf_counter pair around each, about a microsecond). Matmuls are grouped by
 the tensor they read (`attn_qkv`, `attn_output`, `ffn_gate+up`, `ffn_down`, `ffn_gate_inp`,
-`output`; a MoE token's experts take one fused call per layer); whatever the kernels do not account for is the Python around them (routing, the
-expert cache, buffers, the KV cache writes). The untimed decode speed is printed beside it, so
+`output`; a MoE token's experts take one fused call per layer). Whatever the kernels do not
+account for is the Python around them (routing, the expert cache, buffers, the KV cache
+writes). The untimed decode speed is printed beside it, so
 the timing's own cost shows.
 """
 from __future__ import annotations
@@ -102,12 +103,11 @@ def profile(model: str, threads: int, prompt_tokens: int, tokens: int) -> dict:
 
 
 def main(args: argparse.Namespace) -> int:
-    from app.bench_speed import NAMED, prepare, prepare_named
-    work = Path(args.workdir).expanduser() if args.workdir else Path.home() / ".cache" / "colibri" / "bench"
+    from app.bench_speed import MOE_DIR, model_paths
+    work = Path(args.workdir).expanduser() if args.workdir else MOE_DIR
     work.mkdir(parents=True, exist_ok=True)
     spec = args.model
-    paths = prepare_named(spec, work, Path(args.moe_dir).expanduser() if args.moe_dir else work) \
-        if spec in NAMED else prepare(Path(spec).expanduser(), work)
+    paths = model_paths(spec, work, Path(args.moe_dir).expanduser() if args.moe_dir else None)
     report = profile(paths["colibri"][0], args.threads, args.prompt_tokens, args.tokens)
     print(f"{spec}: {report['untimed_ms_per_token']:.2f} ms per token untimed, "
           f"{report['timed_ms_per_token']:.2f} ms timed ({args.threads} threads)\n")
@@ -128,6 +128,6 @@ def add_parser(sub) -> None:
     p.add_argument("--prompt_tokens", type=int, default=64)
     p.add_argument("--tokens", type=int, default=32, help="decode steps timed")
     p.add_argument("--workdir", help="where a converted copy is kept (default ~/.cache/colibri/bench)")
-    p.add_argument("--moe_dir", help="where the MoE benchmark models are (default: the workdir)")
+    p.add_argument("--moe_dir", help="where the MoE benchmark models are (default ~/.cache/colibri/bench)")
     p.add_argument("--json", help="also write the figures to this file")
     p.set_defaults(func=main)

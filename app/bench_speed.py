@@ -249,6 +249,16 @@ def prepare(model: Path, workdir: Path) -> dict[str, tuple[str | None, str]]:
             "transformers": (str(model), "")}
 
 
+MOE_DIR = Path.home() / ".cache" / "colibri" / "bench"  # shared with colibri-bench memory
+
+
+def model_paths(spec: str, workdir: Path, moe_dir: Path | None = None) -> dict[str, tuple[str | None, str]]:
+    """engine -> path for a NAMED model or a path the user gave (prepared on first use)."""
+    if spec in NAMED:
+        return prepare_named(spec, workdir, moe_dir or MOE_DIR)
+    return prepare(Path(spec).expanduser(), workdir)
+
+
 def prepare_named(name: str, workdir: Path, moe_dir: Path) -> dict[str, tuple[str | None, str]]:
     """The paths of a named benchmark model (NAMED), built on first use. The MoE models are
     built in `moe_dir` and kept (shared with `colibri-bench memory`); every engine reads the same
@@ -295,7 +305,6 @@ def run_speed(models: list[str], engines: list[str], threads: list[int], runs: i
               log=print) -> dict:
     """Every model in turn (a NAMED one or a path); per model, the engines alternate run by run."""
     workdir.mkdir(parents=True, exist_ok=True)
-    moe_dir = moe_dir or Path.home() / ".cache" / "colibri" / "bench"
     log("measuring memory bandwidth ...")
     import psutil
     bw, bw_each = bandwidth_limit(psutil.cpu_count(logical=False) or 1)
@@ -305,7 +314,7 @@ def run_speed(models: list[str], engines: list[str], threads: list[int], runs: i
               "prompt_tokens": prompt_tokens, "decode_tokens": gen, "models": [], "results": [], "skipped": {}}
     done: dict[tuple[str, str, int], list[dict]] = {}  # (engine, path, threads) -> samples, across models
     for spec in models:
-        paths = prepare_named(spec, workdir, moe_dir) if spec in NAMED else prepare(Path(spec).expanduser(), workdir)
+        paths = model_paths(spec, workdir, moe_dir)
         name = spec if spec in NAMED else Path(spec).name
         entry = _run_model(name, paths, engines, threads, runs, prompt_tokens, gen, simds, workdir, pythons, bw,
                            done, log)
