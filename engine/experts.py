@@ -162,6 +162,7 @@ class ExpertCache:
         self.store, self.pool = store, pool
         # experts that stay (room for all of them) are repacked for the CPU kernels once
         self.repack = repack and capacity >= num_experts
+        self._holds_all = False  # holds_all(), remembered once true
         self.capacity = max(1, capacity)
         self.spare = max(0, self.capacity - top_k)  # slots beyond what one token needs
         self.num_experts = num_experts
@@ -229,10 +230,11 @@ class ExpertCache:
     def holds_all(self) -> bool:
         """Whether every expert of every layer is loaded (the cache has room for all and they have
         all been used): prefetching is then pointless."""
-        if self.capacity < self.num_experts:
-            return False
-        with self._lock:
-            return all(len(lru) == self.num_experts for lru in self._lru)
+        if self._holds_all or self.capacity < self.num_experts:
+            return self._holds_all
+        with self._lock:  # once true it stays true: with room for every expert nothing is evicted
+            self._holds_all = all(len(lru) == self.num_experts for lru in self._lru)
+        return self._holds_all
 
     def record(self, layer: int, experts: np.ndarray) -> None:
         """Note the experts a token picked (for the sliding-window prefetch and the heatmap)."""
@@ -335,6 +337,7 @@ class ExpertCache:
         if self._lru[layer].get(expert) is slot and slot.pins == 0:
             self._lru[layer].pop(expert)
             self._release(slot)
+            self._holds_all = False
 
     def _load(self, layer: int, expert: int, slot: _Slot) -> None:
         t0 = time.perf_counter()
