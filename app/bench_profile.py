@@ -1,12 +1,14 @@
 """colibri-bench profile: where a decoded token's time goes, by kernel and by tensor.
 
-One process, one model: a prompt, a few untimed tokens, then `--tokens` decode steps with every
-kernel call timed (a perf_counter pair around each, about a microsecond). Matmuls are grouped by
-the tensor they read (`attn_qkv`, `attn_output`, `ffn_gate+up`, `ffn_down`, `ffn_gate_inp`,
-`output`; a MoE token's experts take one fused call per layer). Whatever the kernels do not
-account for is the Python around them (routing, the expert cache, buffers, the KV cache
-writes). The untimed decode speed is printed beside it, so
-the timing's own cost shows.
+One process, one model: a prompt, a few untimed tokens, then `--tokens` decode steps as a user
+gets them (with the fused kernel that runs every layer of a token in one call, where it applies:
+engine.models.fused), the time inside that kernel, and the same steps on the layer-by-layer
+path. Kernels cannot be timed inside the fused call, so the breakdown comes from the
+layer-by-layer path, which does the same arithmetic: every kernel call timed (a perf_counter
+pair around each, about a microsecond), matmuls grouped by the tensor they read (`attn_qkv`,
+`attn_output`, `ffn_gate+up`, `ffn_down`, `ffn_gate_inp`, `output`; a MoE token's experts take
+one call per layer). Whatever the kernels do not account for is the Python around them
+(routing, the expert cache, buffers, the KV cache writes) — what the fused kernel removes.
 """
 from __future__ import annotations
 
@@ -39,6 +41,7 @@ def profile(model: str, threads: int, prompt_tokens: int, tokens: int) -> dict:
     from engine.kernels import cpu
     from engine.model_dir import open_model_dir
     from engine.models import base
+    from engine.models import fused as fused_module
     cfg = open_model_dir(model).config
     eng = Engine(model, threads=threads, context_length=prompt_tokens + 2 * tokens + 16,
                  **({"expert_cache_size": cfg.num_experts} if cfg.is_moe else {}))
@@ -48,10 +51,36 @@ def profile(model: str, threads: int, prompt_tokens: int, tokens: int) -> dict:
     nxt = eng.forward(prompt)
     for _ in range(4):
         nxt = eng.forward([nxt])
-    t0 = time.perf_counter()
-    for _ in range(tokens):
-        nxt = eng.forward([nxt])
-    untimed = (time.perf_counter() - t0) / tokens
+    if eng.net.fused is not None:  # room for every expert: wait until the rest are loaded
+        deadline = time.monotonic() + 120
+        while not eng.net.fused.ready() and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    def decode() -> float:
+        nonlocal nxt
+        t0 = time.perf_counter()
+        for _ in range(tokens):
+            nxt = eng.forward([nxt])
+        return (time.perf_counter() - t0) / tokens
+
+    in_kernel = [0.0, 0]
+    real_kernel = fused_module.decode_layers
+
+    def kernel(*args):
+        start = time.perf_counter()
+        try:
+            return real_kernel(*args)
+        finally:
+            in_kernel[0] += time.perf_counter() - start
+            in_kernel[1] += 1
+    untimed = decode()
+    fused_module.decode_layers = kernel
+    try:
+        decode()
+    finally:
+        fused_module.decode_layers = real_kernel
+    eng.net.fused_decode = False
+    layered = decode()
 
     spent: dict[str, float] = defaultdict(float)
     calls: dict[str, int] = defaultdict(int)
@@ -98,8 +127,10 @@ def profile(model: str, threads: int, prompt_tokens: int, tokens: int) -> dict:
             for k, v in sorted(spent.items(), key=lambda kv: -kv[1]) if calls[k]}
     rows["python and the rest"] = {"ms_per_token": 1e3 * (total - sum(spent.values()) / tokens),
                                    "calls_per_token": 0}
+    fused = in_kernel[1] == tokens  # every step took the fused kernel
     return {"model": model, "threads": threads, "untimed_ms_per_token": 1e3 * untimed,
-            "timed_ms_per_token": 1e3 * total, "rows": rows}
+            "fused_kernel_ms_per_token": 1e3 * in_kernel[0] / tokens if fused else None,
+            "layered_ms_per_token": 1e3 * layered, "timed_ms_per_token": 1e3 * total, "rows": rows}
 
 
 def main(args: argparse.Namespace) -> int:
@@ -109,8 +140,11 @@ def main(args: argparse.Namespace) -> int:
     spec = args.model
     paths = model_paths(spec, work, Path(args.moe_dir).expanduser() if args.moe_dir else None)
     report = profile(paths["colibri"][0], args.threads, args.prompt_tokens, args.tokens)
-    print(f"{spec}: {report['untimed_ms_per_token']:.2f} ms per token untimed, "
-          f"{report['timed_ms_per_token']:.2f} ms timed ({args.threads} threads)\n")
+    fused = report["fused_kernel_ms_per_token"]
+    how = f"one kernel call per token, {fused:.2f} ms in it" if fused is not None else "layer by layer"
+    print(f"{spec}: {report['untimed_ms_per_token']:.2f} ms per token ({how}; {args.threads} threads)\n"
+          f"layer by layer: {report['layered_ms_per_token']:.2f} ms untimed, "
+          f"{report['timed_ms_per_token']:.2f} ms with every kernel timed:\n")
     print("| part | ms per token | share | calls per token |\n|---|---|---|---|")
     for name, r in report["rows"].items():
         share = 100 * r["ms_per_token"] / report["timed_ms_per_token"]

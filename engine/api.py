@@ -345,6 +345,8 @@ class Engine:
         t0 = time.perf_counter()
         probe = [self.codec.bos_id or 0, 1 % self.cfg.vocab_size]
         self.logits(probe)
+        if self.net.fused is not None:  # an MoE takes it once every expert is in: compile it now
+            self.net.fused.compile(self.params["kv_cache_quantize"])
         with self._lock:
             c = self.cfg
             cache = KVCache(c.num_layers, 3, c.num_kv_heads, c.head_dim, self.params["kv_cache_quantize"])

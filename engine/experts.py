@@ -163,6 +163,8 @@ class ExpertCache:
         # experts that stay (room for all of them) are repacked for the CPU kernels once
         self.repack = repack and capacity >= num_experts
         self._holds_all = False  # holds_all(), remembered once true
+        self.generation = 0  # counts loads and evictions: what a table of expert addresses checks
+        self._filling = False
         self.capacity = max(1, capacity)
         self.spare = max(0, self.capacity - top_k)  # slots beyond what one token needs
         self.num_experts = num_experts
@@ -235,6 +237,48 @@ class ExpertCache:
         with self._lock:  # once true it stays true: with room for every expert nothing is evicted
             self._holds_all = all(len(lru) == self.num_experts for lru in self._lru)
         return self._holds_all
+
+    def resident(self) -> list[list[ExpertWeights]] | None:
+        """Every expert of every layer, when the cache has room for all and all are loaded: they
+        then stay where they are (nothing is ever evicted), so a kernel may reach them by address
+        without pins (engine.models.fused). None otherwise."""
+        if self.capacity < self.num_experts:
+            return None
+        with self._lock:
+            out = []
+            for lru in self._lru:
+                slots = [lru.get(e) for e in range(self.num_experts)]
+                if any(s is None or not s.ready.is_set() or s.weights is None for s in slots):
+                    return None
+                out.append([s.weights for s in slots])
+            return out
+
+    def fill(self) -> None:
+        """With room for every expert, queue the ones never loaded (once per cache): a small MoE
+        then decodes without misses, as a mapped file would (no-op with prefetch off)."""
+        if self._filling or self._loader is None or self.capacity < self.num_experts:
+            return
+        self._filling = True
+        for layer in range(len(self._lru)):
+            self.prefetch(layer, range(self.num_experts))
+
+    def count_uses(self, picks: np.ndarray, routed: bool = True) -> None:
+        """Count a fused decode step's picks (layers, k) as use() and record() count them: hits on
+        resident experts, and (routed) the heatmap and the prefetch window."""
+        with self._lock:
+            for layer, row in enumerate(picks.tolist()):
+                c, lru = self.counters[layer], self._lru[layer]
+                for e in row:
+                    slot = lru[e]
+                    lru.move_to_end(e)
+                    c.hits += 1
+                    c.ready_hits += 1
+                    if slot.prefetched and not slot.used:
+                        c.prefetch_used += 1
+                    slot.used = True
+                    if routed:
+                        self.activations[layer, e] += 1
+                        self._recent[layer].append(e)
 
     def record(self, layer: int, experts: np.ndarray) -> None:
         """Note the experts a token picked (for the sliding-window prefetch and the heatmap)."""
@@ -319,6 +363,7 @@ class ExpertCache:
         """Called with the lock held. An evicted slot's memory is kept for the next load (its
         pages are already faulted in, and unmapping is not free), up to SPARE_SLOTS of them."""
         slot.weights = None  # drop the views before the memory is reused
+        self.generation += 1
         if slot.block is not None:
             if len(self._spare) < SPARE_SLOTS:
                 self._spare.append(slot.block)
@@ -353,6 +398,7 @@ class ExpertCache:
                 c = self.counters[layer]
                 if slot.error is None:
                     c.bytes_loaded += nbytes
+                self.generation += 1
                 if not slot.prefetched and not slot.early:
                     c.wait_s += time.perf_counter() - t0
             slot.ready.set()

@@ -392,27 +392,58 @@ def gather_rows(w, code, ids, out):
 @njit(parallel=True, fastmath=True, cache=True, nogil=True)
 def rmsnorm(x, weight, eps, out):
     """out (R, n) = x / sqrt(mean(x²) + eps) * weight, per row of x (R, n)."""
-    R, n = x.shape
-    for r in prange(R):
-        ss = np.float32(0.0)
-        for j in range(n):
-            ss += x[r, j] * x[r, j]
-        inv = np.float32(1.0) / np.float32(math.sqrt(ss / n + eps))
-        for j in range(n):
-            out[r, j] = weight[j] * (x[r, j] * inv)
+    for r in prange(x.shape[0]):
+        rmsnorm_row(x[r], weight, eps, out[r])
+
+
+@njit(cache=True, nogil=True)  # no fastmath, not inlined: the same sums wherever it is called from
+def rmsnorm_row(x, weight, eps, out):
+    """One row (n,) of rmsnorm: also engine.kernels.decode's, with identical results (under
+    fastmath LLVM may vectorise a sum differently in each caller)."""
+    n = x.shape[0]
+    ss = _sum_of_products(x, x)
+    inv = np.float32(1.0) / np.float32(math.sqrt(ss / n + eps))
+    for j in range(n):
+        out[j] = weight[j] * (x[j] * inv)
+
+
+@njit(inline="always", cache=True)
+def _sum_of_products(a, b):
+    """Σ a·widen(b) over (n,) in eight interleaved partial sums added in a fixed order: vector
+    speed without fastmath's freedom to reorder (so every caller gets the same float)."""
+    n = a.shape[0]
+    s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = np.float32(0.0)
+    for j in range(0, n - n % 8, 8):
+        s0 += a[j] * widen(b[j])
+        s1 += a[j + 1] * widen(b[j + 1])
+        s2 += a[j + 2] * widen(b[j + 2])
+        s3 += a[j + 3] * widen(b[j + 3])
+        s4 += a[j + 4] * widen(b[j + 4])
+        s5 += a[j + 5] * widen(b[j + 5])
+        s6 += a[j + 6] * widen(b[j + 6])
+        s7 += a[j + 7] * widen(b[j + 7])
+    for j in range(n - n % 8, n):
+        s0 += a[j] * widen(b[j])
+    return ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))
 
 
 @njit(parallel=True, fastmath=True, cache=True, nogil=True)
 def rope(x, cos, sin):
     """In place on x (T, heads, hd): rotate pairs (i, i + hd/2) by angle t·f_i (cos/sin (T, hd/2))."""
-    T, H, hd = x.shape
-    half = hd // 2
+    T, H = x.shape[0], x.shape[1]
     for th in prange(T * H):
         t, h = th // H, th % H
-        for i in range(half):
-            a, b = x[t, h, i], x[t, h, i + half]
-            x[t, h, i] = a * cos[t, i] - b * sin[t, i]
-            x[t, h, i + half] = b * cos[t, i] + a * sin[t, i]
+        rope_head(x[t, h], cos[t], sin[t])
+
+
+@njit(cache=True, nogil=True)  # no fastmath: no fused multiply-adds in one caller and not another
+def rope_head(x, cos, sin):
+    """One head (hd,) of rope, in place (also engine.kernels.decode's)."""
+    half = x.shape[0] // 2
+    for i in range(half):
+        a, b = x[i], x[i + half]
+        x[i] = a * cos[i] - b * sin[i]
+        x[i + half] = b * cos[i] + a * sin[i]
 
 
 @njit(parallel=True, fastmath=True, cache=True, nogil=True)
@@ -424,34 +455,39 @@ def attention(q, k, v, ks, vs, scaled, pos0, window, scale, scores, out):
     `scaled`); query head h reads KV head h // (H / KV). window > 0 limits each token to its
     last `window` positions. scores (T*H, S) is scratch; out (T, H, hd).
     """
-    T, H, hd = q.shape
+    T, H = q.shape[0], q.shape[1]
     group = H // k.shape[1]
     for th in prange(T * H):
         t, h = th // H, th % H
-        kh = h // group
         last = pos0 + t
         first = max(0, last - window + 1) if window > 0 else 0
-        top = np.float32(-np.inf)
-        for s in range(first, last + 1):
-            acc = np.float32(0.0)
-            for d in range(hd):
-                acc += q[t, h, d] * widen(k[s, kh, d])
-            acc *= scale * ks[s, kh] if scaled else scale
-            scores[th, s] = acc
-            top = max(top, acc)
-        total = np.float32(0.0)
-        for s in range(first, last + 1):
-            e = np.float32(math.exp(scores[th, s] - top))
-            scores[th, s] = e
-            total += e
+        attend(q[t, h], k, v, ks, vs, scaled, h // group, first, last, scale, scores[th], out[t, h])
+
+
+@njit(cache=True, nogil=True)  # no fastmath: the same floats from cpu.attention and decode
+def attend(q, k, v, ks, vs, scaled, kh, first, last, scale, scores, out):
+    """One query head q (hd,) over KV head kh at positions first..last -> out (hd,); scores (S,)
+    scratch (also engine.kernels.decode's)."""
+    hd = q.shape[0]
+    top = np.float32(-np.inf)
+    for s in range(first, last + 1):
+        acc = _sum_of_products(q, k[s, kh])
+        acc *= scale * ks[s, kh] if scaled else scale
+        scores[s] = acc
+        top = max(top, acc)
+    total = np.float32(0.0)
+    for s in range(first, last + 1):
+        e = np.float32(math.exp(scores[s] - top))
+        scores[s] = e
+        total += e
+    for d in range(hd):
+        out[d] = 0.0
+    for s in range(first, last + 1):
+        p = scores[s] / total
+        if scaled:
+            p *= vs[s, kh]
         for d in range(hd):
-            out[t, h, d] = 0.0
-        for s in range(first, last + 1):
-            p = scores[th, s] / total
-            if scaled:
-                p *= vs[s, kh]
-            for d in range(hd):
-                out[t, h, d] += p * widen(v[s, kh, d])
+            out[d] += p * widen(v[s, kh, d])
 
 
 @njit(cache=True, nogil=True)

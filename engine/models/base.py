@@ -21,6 +21,7 @@ from engine.kernels import cpu
 from engine.kvcache import KVCache
 from engine.mempool import Arena
 from engine.model_dir import ModelConfig
+from engine.models.fused import FusedDecode
 from engine.weights import ExpertWeights, LayerWeights, Matrix, ModelWeights
 
 ATTENTION_BLOCK = 256  # query tokens per attention call
@@ -120,6 +121,7 @@ class Transformer:
     """The decoder loop: x += attention(norm x); x += ffn(norm x); then the output head."""
     gpu = None  # issue 8: the GPU runner (engine.scheduler.Scheduler.runner); None = CPU only
     exact = False  # int8_activations off: float activations in every matmul
+    fused_decode = True  # a decoded token in one kernel call where engine.models.fused applies
 
     def __init__(self, cfg: ModelConfig, weights: ModelWeights):
         self.cfg, self.w = cfg, weights
@@ -135,6 +137,8 @@ class Transformer:
         self.inv_freq = inv.astype(np.float32)
         self.scale = np.float32(1.0 / math.sqrt(hd))
         self.arena = Arena(weights.pool)  # activation buffers, reused by every pass
+        routing = self.decode_routing()
+        self.fused = FusedDecode(self, routing) if FusedDecode.applies(self, routing) else None
 
     # --- per-architecture parts ----------------------------------------------------------------
     def ffn(self, L: int, h: np.ndarray, lw: LayerWeights, step: Step) -> np.ndarray:
@@ -142,6 +146,11 @@ class Transformer:
 
     def route(self, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         raise NotImplementedError
+
+    def decode_routing(self) -> tuple[int, bool] | None:
+        """(top_k, renormalise) if route() is softmax_top_k and ffn() nothing but sparse_moe, so
+        the fused decode kernel may route; None for a dense model (or one it cannot route)."""
+        return None
 
     # --- shared blocks -------------------------------------------------------------------------
     def dense_ffn(self, L: int, h: np.ndarray) -> np.ndarray:
@@ -273,7 +282,9 @@ class Transformer:
         if dump is not None:
             dump["token_embd"] = x.copy()
         arena = _arena.get()
-        for L, lw in enumerate(self.w.layers):
+        fused = T == 1 and dump is None and self.fused is not None and self.fused_decode and \
+            _gpu.get() is None and not _exact.get() and self.fused.run(x, cache, pos0, cos, sin)
+        for L, lw in enumerate(self.w.layers if not fused else ()):
             mark = arena.mark() if arena is not None else None
             x += self.attention(L, rmsnorm(x, lw.attn_norm, cfg.rms_norm_eps), lw, step)
             f = self.ffn(L, rmsnorm(x, lw.ffn_norm, cfg.rms_norm_eps), lw, step)

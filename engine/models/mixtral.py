@@ -11,5 +11,8 @@ class Mixtral(Transformer):
     def route(self, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return softmax_top_k(logits, self.cfg.top_k, renormalise=True)
 
+    def decode_routing(self) -> tuple[int, bool] | None:
+        return self.cfg.top_k, True
+
     def ffn(self, L: int, h: np.ndarray, lw: LayerWeights, step: Step) -> np.ndarray:
         return self.sparse_moe(L, h, lw, step)

@@ -12,5 +12,8 @@ class Olmoe(Transformer):
     def route(self, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return softmax_top_k(logits, self.cfg.top_k, renormalise=self.cfg.norm_topk_prob)
 
+    def decode_routing(self) -> tuple[int, bool] | None:
+        return self.cfg.top_k, self.cfg.norm_topk_prob
+
     def ffn(self, L: int, h: np.ndarray, lw: LayerWeights, step: Step) -> np.ndarray:
         return self.sparse_moe(L, h, lw, step)

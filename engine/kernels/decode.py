@@ -1,0 +1,203 @@
+"""One numba call per decoded token: every decoder layer of a dense Llama-style or a softmax
+top-k MoE model, on the integer path (int8 activations).
+
+Why: layer by layer, a decoded token costs ten kernel calls per layer and the Python between
+them — about 100 µs per layer, 1.6 ms of a 12.5 ms token on the MoE benchmark model, the gap to
+llama.cpp. Here the layer loop, the router's choice and the expert lookup all run compiled,
+with five parallel loops per layer (q/k/v, attention heads, output projection, the experts'
+gate/up rows, their down rows) instead of ten.
+
+The arithmetic is the layered path's own (engine.models.base with cpu.py's kernels): the same
+integer dot products over the same quantized activations, the same KV rounding, the same
+routing, so the two agree to float rounding and the tests hold them to it.
+
+Layout: weight matrices are reached through address tables, int64 rows (address, rows,
+row_bytes, code) of uint8 (rows, row_bytes) matrices as cpu.py reads them; the caller keeps
+every one alive and in place for the call (engine.models.fused: the expert cache then holds
+every expert, and nothing is evicted). attn (layers, 4, 4): q, k, v, o; router (layers, 4), no
+rows for a dense model; experts (layers, E, 3, 4): gate, up, down. norms (layers, 2, hidden):
+attention and feed-forward RMSNorm weights. The KV cache (layers, capacity, kv_heads, head_dim)
+as KVCache stores it: float32, f16 bits as uint16, or int8 with scales (layers, capacity,
+kv_heads).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from llvmlite import ir
+from numba import carray, njit, prange, types
+from numba.extending import intrinsic
+
+import engine.kernels  # noqa: F401  (numba settings first)
+from engine.kernels.cpu import (PACKED, Q4_0, Q4_1, Q8_0, _f32_dot4, _group_dot, _int_dot, attend, dequantize_row,
+                                quantized, rmsnorm_row, rope_head, softmax_top_k)
+
+ADDRESS, ROWS, ROW_BYTES, CODE = range(4)  # columns of a matrix table row
+SPAN = 8  # rows per parallel task: one 8-row group of a repacked matrix
+
+
+@intrinsic
+def _bytes_at(typingctx, address):
+    """An int64 address as a uint8 pointer (for numba.carray)."""
+    def codegen(context, builder, sig, args):
+        return builder.inttoptr(args[0], context.get_value_type(types.CPointer(types.uint8)))
+    return types.CPointer(types.uint8)(types.int64), codegen
+
+
+@intrinsic
+def _narrow(typingctx, v, like):
+    """float32 v as an element of an array like `like`'s: float32 as is, uint16 as the bits of
+    the nearest IEEE half (round half to even, as numpy's astype), int8 truncated (v is already
+    a rounded integer)."""
+    if like == types.float32:
+        return types.float32(v, like), lambda context, builder, sig, args: args[0]
+    if like == types.uint16:
+        def half(context, builder, sig, args):
+            return builder.bitcast(builder.fptrunc(args[0], ir.HalfType()), ir.IntType(16))
+        return types.uint16(v, like), half
+    if like == types.int8:
+        return types.int8(v, like), lambda context, builder, sig, args: builder.fptosi(args[0], ir.IntType(8))
+    return None
+
+
+@njit(inline="always", cache=True)
+def _matrix(row):
+    """A table row (address, rows, row_bytes, code) as the uint8 matrix it describes."""
+    return carray(_bytes_at(row[ADDRESS]), (row[ROWS], row[ROW_BYTES]))
+
+
+@njit(fastmath=True, cache=True, nogil=True)  # one compiled copy for every call site
+def _rows(m, code, r0, r1, xq, xd, xs, xi, scale, out, off):
+    """out[off + r] += scale · (row r of m · the token's int8 activations) for r in r0..r1-1
+    (r0 a multiple of 8; an 8-row group at a time when m is repacked)."""
+    if code > PACKED:
+        for g in range(r0 // 8, r1 // 8):
+            a = _group_dot(m, g, code, xq, xd, xs, xi)
+            for i in range(8):
+                out[off + 8 * g + i] += scale * a[i]
+    else:
+        for r in range(r0, r1):
+            out[off + r] += scale * _int_dot(m, r, code, xq, xd, xs, xi)
+
+
+@njit(cache=True, nogil=True)  # no fastmath: the rounding must be KVCache.write's numpy
+def _store_kv(src, dst, scales, pos, scaled):
+    """One token's keys or values src (kv_heads, hd) into dst (kv_heads, hd) as stored; int8
+    (`scaled`): q = clip(rint(x / s), ±127) with s = max|x| / 127 per head, into scales[pos].
+    KVCache.write is the numpy twin."""
+    heads, hd = dst.shape
+    for h in range(heads):
+        s = np.float32(1.0)
+        if scaled:
+            top = np.float32(0.0)
+            for d in range(hd):
+                top = max(top, abs(src[h, d]))
+            s = top / np.float32(127.0)
+            scales[pos, h] = s
+            if s == 0:
+                s = np.float32(1.0)
+        for d in range(hd):
+            v = src[h, d]
+            if scaled:  # numpy divides in float64 there (np.where made the divisor a double)
+                v = np.float32(min(max(np.rint(np.float64(v) / np.float64(s)), -127.0), 127.0))
+            dst[h, d] = _narrow(v, dst[h, d])
+
+
+@njit(inline="always", cache=True)
+def _router_logits(m, code, h, xq, xd, xs, xi):
+    """(1, E) router logits as cpu.matmul computes them for one token: integer dots for
+    q4_0/q4_1/q8_0, else each group of 4 rows dequantized and dotted in float."""
+    E = m.shape[0]
+    logits = np.empty((1, E), np.float32)
+    if code == Q4_0 or code == Q4_1 or code == Q8_0:
+        for e in range(E):
+            logits[0, e] = _int_dot(m, e, code, xq, xd, xs, xi)
+        return logits
+    buf = np.zeros((4, h.shape[1]), np.float32)
+    for r0 in range(0, E, 4):
+        k = min(4, E - r0)
+        for i in range(k):
+            dequantize_row(m[r0 + i], code, buf[i])
+        a = _f32_dot4(buf, h[0])
+        for i in range(k):
+            logits[0, r0 + i] = a[i]
+    return logits
+
+
+@njit(parallel=True, fastmath=True, cache=True, nogil=True)
+def decode_layers(x, norms, attn, router, experts, top_k, renormalise, eps, scale, window, cos, sin, pos,
+                  k_cache, v_cache, k_scale, v_scale, scaled, heads, kv_heads, head_dim, picks):
+    """Run one token x (1, hidden), in place, through every layer at position `pos`, writing its
+    keys and values into the cache; picks (layers, top_k) receives each layer's experts (for the
+    expert cache's counters). cos, sin (head_dim/2,): the position's rotary angles."""
+    n_layers, hidden = norms.shape[0], x.shape[1]
+    hd, kvd = head_dim, kv_heads * head_dim
+    qd = heads * hd
+    group = heads // kv_heads
+    first = max(0, pos - window + 1) if window > 0 else 0
+    for L in range(n_layers):
+        # --- attention: q, k, v in one parallel loop over all three matrices' rows ---
+        h = np.empty((1, hidden), np.float32)
+        rmsnorm_row(x[0], norms[L, 0], eps, h[0])
+        xq, xd, xs, xi = quantized(h)
+        q, k, v = np.zeros((heads, hd), np.float32), np.zeros((kv_heads, hd), np.float32), \
+            np.zeros((kv_heads, hd), np.float32)
+        qf, kf, vf = q.reshape(qd), k.reshape(kvd), v.reshape(kvd)
+        tq, tk = qd // SPAN, kvd // SPAN
+        for task in prange(tq + 2 * tk):
+            i = 0 if task < tq else (1 if task < tq + tk else 2)
+            r0 = SPAN * (task - (0 if i == 0 else tq + (i - 1) * tk))
+            out = qf if i == 0 else (kf if i == 1 else vf)
+            _rows(_matrix(attn[L, i]), attn[L, i, CODE], r0, r0 + SPAN, xq[0], xd[0], xs[0], xi[0],
+                  np.float32(1.0), out, 0)
+        for hh in range(heads):
+            rope_head(q[hh], cos, sin)
+        for hh in range(kv_heads):
+            rope_head(k[hh], cos, sin)
+        _store_kv(k, k_cache[L, pos], k_scale[L], pos, scaled)
+        _store_kv(v, v_cache[L, pos], v_scale[L], pos, scaled)
+        keys, values, ks, vs = k_cache[L], v_cache[L], k_scale[L], v_scale[L]
+        att = np.empty((heads, hd), np.float32)  # rows of 2-D arrays, as cpu.attention's: the same code
+        scores = np.empty((heads, pos + 1), np.float32)
+        for hh in prange(heads):
+            attend(q[hh], keys, values, ks, vs, scaled, hh // group, first, pos, scale, scores[hh], att[hh])
+        aq, ad, as_, ai = quantized(att.reshape((1, qd)))
+        o = np.zeros(hidden, np.float32)
+        for task in prange(hidden // SPAN):
+            _rows(_matrix(attn[L, 3]), attn[L, 3, CODE], SPAN * task, SPAN * task + SPAN, aq[0], ad[0], as_[0],
+                  ai[0], np.float32(1.0), o, 0)
+        for j in range(hidden):
+            x[0, j] += o[j]
+        # --- feed-forward: route, then the chosen experts' gate/up rows, then their down rows ---
+        h = np.empty((1, hidden), np.float32)
+        rmsnorm_row(x[0], norms[L, 1], eps, h[0])
+        xq, xd, xs, xi = quantized(h)
+        mix = np.ones((1, top_k), np.float32)
+        ids = np.zeros((1, top_k), np.int64)
+        if router[L, ROWS] > 0:
+            logits = _router_logits(_matrix(router[L]), router[L, CODE], h, xq[0], xd[0], xs[0], xi[0])
+            softmax_top_k(logits, top_k, renormalise, mix, ids)
+        picks[L] = ids[0]
+        ff = experts[L, 0, 0, ROWS]
+        tasks = ff // SPAN
+        act = np.zeros((top_k, ff), np.float32)
+        gu = np.zeros((top_k, 2 * ff), np.float32)
+        for task in prange(top_k * tasks):
+            j, r0 = task // tasks, SPAN * (task % tasks)
+            e = ids[0, j]
+            gate, up = experts[L, e, 0], experts[L, e, 1]
+            _rows(_matrix(gate), gate[CODE], r0, r0 + SPAN, xq[0], xd[0], xs[0], xi[0], np.float32(1.0), gu[j], 0)
+            _rows(_matrix(up), up[CODE], r0, r0 + SPAN, xq[0], xd[0], xs[0], xi[0], np.float32(1.0), gu[j], ff)
+            for r in range(r0, r0 + SPAN):
+                g = gu[j, r]
+                act[j, r] = g / (np.float32(1.0) + np.float32(math.exp(-g))) * gu[j, ff + r]
+        fq, fd, fs, fi = quantized(act)
+        out = np.zeros(hidden, np.float32)
+        for task in prange(hidden // SPAN):
+            r0 = SPAN * task
+            for j in range(top_k):
+                down = experts[L, ids[0, j], 2]
+                _rows(_matrix(down), down[CODE], r0, r0 + SPAN, fq[j], fd[j], fs[j], fi[j], mix[0, j], out, 0)
+        for j in range(hidden):
+            x[0, j] += out[j]

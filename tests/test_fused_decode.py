@@ -1,0 +1,217 @@
+"""The fused decode kernel (engine.kernels.decode: every layer of a decoded token in one call)
+against the layer-by-layer path it stands in for, which is itself held to transformers
+(test_forward) and to the kernels' numpy twins (test_kernels): the same logits bit for bit, the
+same KV cache bytes, the same expert counters — on converted tiny models of each architecture
+it takes, random shapes beside the committed fixtures, every KV cache format, and the real
+default model. And where it must not run, that it does not."""
+from __future__ import annotations
+
+import json
+import shutil
+import time
+
+import numpy as np
+import pytest
+from conftest import HF_FIXTURES
+from gguf_fixtures import make_random_hf
+
+import engine.models.fused as fused_module
+from engine.api import Engine
+from engine.convert.convert import convert
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("fused")
+    cache = {}
+
+    def get(name: str, quantize: str, **shape):
+        key = (name, quantize, tuple(sorted(shape.items())))
+        if key not in cache:
+            src = HF_FIXTURES / name
+            if shape:  # a random model of another shape than the committed fixtures
+                src = make_random_hf(root / f"hf-{len(cache)}", name, **shape)
+            cache[key] = convert(src, root / f"{name}-{quantize}-{len(cache)}", quantize).path
+        return cache[key]
+    return get
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """How many times the fused kernel ran (the real one: this only counts)."""
+    count = [0]
+    real = fused_module.decode_layers
+
+    def counting(*args):
+        count[0] += 1
+        return real(*args)
+    monkeypatch.setattr(fused_module, "decode_layers", counting)
+    return count
+
+
+def resident(eng: Engine, prompt: list[int]) -> Engine:
+    """The engine after a prompt, once every expert has been loaded (fill() queues them)."""
+    if prompt:
+        eng.forward(prompt)
+    deadline = time.monotonic() + 20
+    while not eng.net.fused.ready():
+        assert time.monotonic() < deadline, "the experts were never all loaded"
+        time.sleep(0.01)
+    return eng
+
+
+def decode(eng: Engine, tokens: list[int], fused: bool, start: int) -> dict:
+    """Logits, KV cache bytes and expert counters of decoding `tokens` one by one from `start`."""
+    eng.net.fused_decode = fused
+    eng.cache.truncate(start)
+    cache, experts = eng.cache, eng.weights.experts
+    before = experts.stats()
+    logits = np.concatenate([eng.net.forward(np.array([t]), cache, cache.length) for t in tokens])
+    after = experts.stats()
+    end = start + len(tokens)
+    kv = [a[:, start:end].copy() for a in (cache.k, cache.v)]
+    if cache.kind == "int8":
+        kv += [a[:, start:end].copy() for a in (cache.k_scale, cache.v_scale)]
+    return {"logits": logits, "kv": kv, "hits": after.hits - before.hits,
+            "activations": np.array(after.activations) - np.array(before.activations)}
+
+
+def assert_same(a: dict, b: dict) -> None:
+    np.testing.assert_array_equal(a["logits"], b["logits"])
+    for x, y in zip(a["kv"], b["kv"]):
+        np.testing.assert_array_equal(x, y)
+    assert a["hits"] == b["hits"]
+    np.testing.assert_array_equal(a["activations"], b["activations"])
+
+
+CASES = [  # (architecture, quantize, KV cache, shape of a random model or {} for the fixture)
+    ("mixtral", "int4", "f16", {}),
+    ("mixtral", "int8", "int8", {}),
+    ("llama", "int4", "f32", {}),
+    ("llama", "int8", "f16", {}),
+    ("mixtral", "int4", "int8", {"hidden": 128, "n_layer": 3, "n_head": 8, "n_head_kv": 2, "n_expert": 6, "n_expert_used": 1,
+                                     "moe_intermediate": 64, "seed": 3}),
+    ("llama", "int4", "f16", {"hidden": 96, "intermediate": 160, "n_layer": 2, "n_head": 3, "n_head_kv": 1, "head_dim": 32,
+                                  "seed": 5, "tie_embeddings": True}),
+]
+
+
+@pytest.mark.parametrize("arch,quantize,kv,shape", CASES)
+def test_fused_decode_is_the_layered_path_bit_for_bit(models, calls, arch, quantize, kv, shape):
+    eng = resident(Engine(models(arch, quantize, **shape), kv_cache_quantize=kv), [1, 5, 9, 14, 3, 7])
+    start, tokens = eng.cache.length, [11, 2, 30, 4, 17, 8, 21]
+    calls[0] = 0
+    layered = decode(eng, tokens, False, start)
+    assert calls[0] == 0
+    fused = decode(eng, tokens, True, start)
+    assert calls[0] == len(tokens)
+    assert_same(fused, layered)
+    assert fused["hits"] == len(tokens) * eng.cfg.num_layers * eng.cfg.top_k
+
+
+def test_sliding_window(tmp_path, calls):
+    """A Mistral-style window shorter than the context: the fused kernel drops the same keys."""
+    hf = tmp_path / "hf"
+    shutil.copytree(HF_FIXTURES / "mistral", hf)
+    cfg = json.loads((hf / "config.json").read_text())
+    (hf / "config.json").write_text(json.dumps({**cfg, "sliding_window": 4}))
+    eng = resident(Engine(convert(hf, tmp_path / "model", "int8").path), [1, 2, 3, 4, 5, 6, 7])
+    assert eng.cfg.sliding_window == 4
+    tokens = [9, 8, 7, 6, 5]
+    assert_same(decode(eng, tokens, True, 7), decode(eng, tokens, False, 7))
+    assert calls[0] == len(tokens)
+
+
+def test_the_real_default_model(default_converted, calls):
+    """SmolLM2's Q4_1 weights, repacked: greedy tokens and logits as the layered path gives them."""
+    eng = Engine(default_converted, context_length=256)
+    eng.warmup()
+    ids = eng.prompt_ids("The capital of Japan is")
+    eng = resident(eng, ids)
+    start, tokens = eng.cache.length, [578, 4081, 28, 314, 11, 2013]
+    assert_same(decode(eng, tokens, True, start), decode(eng, tokens, False, start))
+    eng.cache.truncate(start)
+    eng.net.fused_decode = True
+    eng.tokens = ids
+    got = [eng.forward([tokens[0]])]
+    for _ in range(4):
+        got.append(eng.forward([got[-1]]))
+    eng.net.fused_decode = False
+    eng.cache.truncate(start)
+    eng.tokens = ids
+    want = [eng.forward([tokens[0]])]
+    for _ in range(4):
+        want.append(eng.forward([want[-1]]))
+    assert got == want
+    assert calls[0] >= 5
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3", "qwen2_moe", "olmoe"])
+def test_not_taken_by_what_it_does_not_compute(models, arch):
+    """Biases, q/k norms, a shared expert: these stay on the layered path."""
+    assert Engine(models(arch, "int8")).net.fused is None
+
+
+def test_not_taken_without_integer_weights_or_with_float_activations(models, calls):
+    assert Engine(models("llama", "keep")).net.fused is None  # f32 weights: no integer dot
+    eng = Engine(models("llama", "int8"), int8_activations=False)
+    eng.forward([1, 2, 3])
+    eng.forward([4])
+    assert calls[0] == 0
+    eng.set_param("int8_activations", True)
+    eng.forward([5])
+    assert calls[0] == 1
+
+
+def test_a_small_expert_cache_keeps_the_layered_path(models, calls):
+    """With room for 3 of 8 experts per layer, experts are evicted: no addresses may be kept."""
+    eng = Engine(models("mixtral", "int4"), expert_cache_size=3)
+    eng.forward([1, 2, 3])
+    for t in (4, 5, 6, 7):
+        eng.forward([t])
+    assert calls[0] == 0 and not eng.net.fused.ready()
+    assert eng.weights.experts.stats().resident <= 3 * eng.cfg.num_layers
+
+
+def test_room_for_every_expert_loads_the_rest_in_the_background(models):
+    eng = Engine(models("mixtral", "int8"))
+    eng.forward([1, 2])
+    eng.forward([3])  # the first decoded token asks for the experts no token has picked yet
+    resident(eng, [])
+    st = eng.weights.experts.stats()
+    assert st.resident == eng.cfg.num_layers * eng.cfg.num_experts and st.evictions == 0
+    quiet = Engine(models("mixtral", "int8"), prefetch_window=0)  # no loader thread: nothing extra
+    quiet.forward([1, 2])
+    quiet.forward([3])
+    assert not quiet.net.fused.ready()
+    assert quiet.weights.experts.stats().resident < quiet.cfg.num_layers * quiet.cfg.num_experts
+
+
+def test_a_full_kv_cache_is_left_to_the_layered_path(models, calls):
+    """The kernel writes the cache without bounds checks: a position past its end never reaches it."""
+    eng = resident(Engine(models("llama", "int8")), [1, 2, 3])
+    cache = eng.cache
+    assert not eng.net.fused.run(np.zeros((1, eng.cfg.hidden_size), np.float32), cache, cache.capacity,
+                                 *eng.net.rotary(np.array([cache.capacity])))
+    assert calls[0] == 0
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")  # 1e5 has no half
+@pytest.mark.parametrize("kind", ["f32", "f16", "int8"])
+def test_the_kernels_kv_store_is_kvcache_write(kind):
+    """decode._store_kv against its numpy twin, KVCache.write, including values a half cannot
+    hold (overflow, subnormals), ties and an all-zero head."""
+    from engine.kernels.decode import _store_kv
+    from engine.kvcache import KVCache
+    rng = np.random.default_rng(7)
+    for scale in (1e-6, 1e-3, 1.0, 300.0, 1e5):
+        k = (rng.standard_normal((1, 3, 32)) * scale).astype(np.float32)
+        k[0, 1] = 0.0
+        k[0, 2, :4] = [0.5, 1.5, 65520.0, -1e-7]
+        want = KVCache(1, 4, 3, 32, kind)
+        want.write(0, 2, k, k)
+        got = KVCache(1, 4, 3, 32, kind)
+        stored = got.k.view(np.uint16) if kind == "f16" else got.k
+        _store_kv(k[0], stored[0, 2], got.k_scale[0], 2, kind == "int8")
+        np.testing.assert_array_equal(got.k, want.k)
+        np.testing.assert_array_equal(got.k_scale, want.k_scale)
