@@ -122,19 +122,26 @@ def quantize_activations(x, xq, xd, xs, xi):
     T, n = x.shape
     for t in range(T):
         for b in range(n // 32):
-            amax = np.float32(0.0)
-            for j in range(32 * b, 32 * b + 32):
-                amax = max(amax, abs(x[t, j]))
-            d = amax / np.float32(127.0)
-            inv = np.float32(127.0) / amax if amax > 0 else np.float32(0.0)
-            total = 0
-            for j in range(32 * b, 32 * b + 32):
-                q = np.int8(np.rint(x[t, j] * inv))
-                xq[t, j] = q
-                total += q
-            xd[t, b] = round_f16(d)
-            xs[t, b] = round_f16(d * np.float32(total))
-            xi[t, b] = total
+            quantize_block(x[t], xq[t], xd[t], xs[t], xi[t], b)
+
+
+@njit(cache=True, nogil=True)  # no fastmath, not inlined: the same rounding from every caller
+def quantize_block(x, xq, xd, xs, xi, b):
+    """Block b (values 32b..32b+31) of one token's x (n,) into xq, xd[b], xs[b], xi[b]
+    (quantize_activations; engine.kernels.decode quantizes blocks as soon as they are done)."""
+    amax = np.float32(0.0)
+    for j in range(32 * b, 32 * b + 32):
+        amax = max(amax, abs(x[j]))
+    d = amax / np.float32(127.0)
+    inv = np.float32(127.0) / amax if amax > 0 else np.float32(0.0)
+    total = 0
+    for j in range(32 * b, 32 * b + 32):
+        q = np.int8(np.rint(x[j] * inv))
+        xq[j] = q
+        total += q
+    xd[b] = round_f16(d)
+    xs[b] = round_f16(d * np.float32(total))
+    xi[b] = total
 
 
 @njit(cache=True, nogil=True)

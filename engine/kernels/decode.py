@@ -31,7 +31,8 @@ from numba.extending import intrinsic
 
 import engine.kernels  # noqa: F401  (numba settings first)
 from engine.kernels.cpu import (PACKED, Q4_0, Q4_1, Q8_0, _f32_dot4, _group_dot, _int_dot, attend, dequantize_row,
-                                quantized, rmsnorm_row, rope_head, softmax_top_k)
+                                quantize_activations, quantize_block, quantized, rmsnorm_row, rope_head,
+                                softmax_top_k)
 
 ADDRESS, ROWS, ROW_BYTES, CODE = range(4)  # columns of a matrix table row
 SPAN = 8  # rows per parallel task: one 8-row group of a repacked matrix
@@ -61,6 +62,21 @@ def _narrow(typingctx, v, like):
     return None
 
 
+@intrinsic
+def _divide(typingctx, a, b):
+    """a / b as IEEE division even inside a fastmath kernel (KVCache.write's numpy rounding):
+    numba's fastmath pass flags only float instructions that carry no flags, and this one
+    carries `nsz` (the sign of a zero quotient, irrelevant here), which does not let LLVM turn
+    it into a multiply by the reciprocal."""
+    if a != b or a not in (types.float32, types.float64):
+        return None
+    def codegen(context, builder, sig, args):
+        quotient = builder.fdiv(args[0], args[1])
+        quotient.flags.append("nsz")
+        return quotient
+    return a(a, b), codegen
+
+
 @njit(inline="always", cache=True)
 def _matrix(row):
     """A table row (address, rows, row_bytes, code) as the uint8 matrix it describes."""
@@ -81,7 +97,7 @@ def _rows(m, code, r0, r1, xq, xd, xs, xi, scale, out, off):
             out[off + r] += scale * _int_dot(m, r, code, xq, xd, xs, xi)
 
 
-@njit(cache=True, nogil=True)  # no fastmath: the rounding must be KVCache.write's numpy
+@njit(cache=True, nogil=True)  # no fastmath (but decode_layers lends it its own: see _divide)
 def _store_kv(src, dst, scales, pos, scaled):
     """One token's keys or values src (kv_heads, hd) into dst (kv_heads, hd) as stored; int8
     (`scaled`): q = clip(rint(x / s), ±127) with s = max|x| / 127 per head, into scales[pos].
@@ -93,14 +109,14 @@ def _store_kv(src, dst, scales, pos, scaled):
             top = np.float32(0.0)
             for d in range(hd):
                 top = max(top, abs(src[h, d]))
-            s = top / np.float32(127.0)
+            s = _divide(top, np.float32(127.0))
             scales[pos, h] = s
             if s == 0:
                 s = np.float32(1.0)
         for d in range(hd):
             v = src[h, d]
             if scaled:  # numpy divides in float64 there (np.where made the divisor a double)
-                v = np.float32(min(max(np.rint(np.float64(v) / np.float64(s)), -127.0), 127.0))
+                v = np.float32(min(max(np.rint(_divide(np.float64(v), np.float64(s))), -127.0), 127.0))
             dst[h, d] = _narrow(v, dst[h, d])
 
 
@@ -160,9 +176,17 @@ def decode_layers(x, norms, attn, router, experts, top_k, renormalise, eps, scal
         keys, values, ks, vs = k_cache[L], v_cache[L], k_scale[L], v_scale[L]
         att = np.empty((heads, hd), np.float32)  # rows of 2-D arrays, as cpu.attention's: the same code
         scores = np.empty((heads, pos + 1), np.float32)
+        aq, ad = np.empty((1, qd), np.int8), np.empty((1, qd // 32), np.float32)
+        as_, ai = np.empty((1, qd // 32), np.float32), np.empty((1, qd // 32), np.int32)
+        flat = att.reshape(qd)
+        whole = hd % 32 == 0  # each head's output is whole blocks: quantized as soon as it is done
         for hh in prange(heads):
             attend(q[hh], keys, values, ks, vs, scaled, hh // group, first, pos, scale, scores[hh], att[hh])
-        aq, ad, as_, ai = quantized(att.reshape((1, qd)))
+            if whole:
+                for b in range(hh * hd // 32, (hh + 1) * hd // 32):
+                    quantize_block(flat, aq[0], ad[0], as_[0], ai[0], b)
+        if not whole:
+            quantize_activations(att.reshape((1, qd)), aq, ad, as_, ai)
         o = np.zeros(hidden, np.float32)
         for task in prange(hidden // SPAN):
             _rows(_matrix(attn[L, 3]), attn[L, 3, CODE], SPAN * task, SPAN * task + SPAN, aq[0], ad[0], as_[0],
@@ -179,20 +203,22 @@ def decode_layers(x, norms, attn, router, experts, top_k, renormalise, eps, scal
             logits = _router_logits(_matrix(router[L]), router[L, CODE], h, xq[0], xd[0], xs[0], xi[0])
             softmax_top_k(logits, top_k, renormalise, mix, ids)
         picks[L] = ids[0]
-        ff = experts[L, 0, 0, ROWS]
-        tasks = ff // SPAN
+        ff = experts[L, 0, 0, ROWS]  # a multiple of 32: the down matrices' blocks span it
+        tasks = ff // 32
         act = np.zeros((top_k, ff), np.float32)
         gu = np.zeros((top_k, 2 * ff), np.float32)
-        for task in prange(top_k * tasks):
-            j, r0 = task // tasks, SPAN * (task % tasks)
+        fq, fd = np.empty((top_k, ff), np.int8), np.empty((top_k, tasks), np.float32)
+        fs, fi = np.empty((top_k, tasks), np.float32), np.empty((top_k, tasks), np.int32)
+        for task in prange(top_k * tasks):  # 32 rows each: one activation block, quantized here
+            j, r0 = task // tasks, 32 * (task % tasks)
             e = ids[0, j]
             gate, up = experts[L, e, 0], experts[L, e, 1]
-            _rows(_matrix(gate), gate[CODE], r0, r0 + SPAN, xq[0], xd[0], xs[0], xi[0], np.float32(1.0), gu[j], 0)
-            _rows(_matrix(up), up[CODE], r0, r0 + SPAN, xq[0], xd[0], xs[0], xi[0], np.float32(1.0), gu[j], ff)
-            for r in range(r0, r0 + SPAN):
+            _rows(_matrix(gate), gate[CODE], r0, r0 + 32, xq[0], xd[0], xs[0], xi[0], np.float32(1.0), gu[j], 0)
+            _rows(_matrix(up), up[CODE], r0, r0 + 32, xq[0], xd[0], xs[0], xi[0], np.float32(1.0), gu[j], ff)
+            for r in range(r0, r0 + 32):
                 g = gu[j, r]
                 act[j, r] = g / (np.float32(1.0) + np.float32(math.exp(-g))) * gu[j, ff + r]
-        fq, fd, fs, fi = quantized(act)
+            quantize_block(act[j], fq[j], fd[j], fs[j], fi[j], task % tasks)
         out = np.zeros(hidden, np.float32)
         for task in prange(hidden // SPAN):
             r0 = SPAN * task
