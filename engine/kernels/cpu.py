@@ -14,9 +14,10 @@ import numpy as np
 from numba import njit, prange
 
 import engine.kernels  # noqa: F401  (numba settings first)
+from engine.kernels.rows import attend, rmsnorm_row, rope_head, silu
 from engine.kernels.simd import (TOKENS, copy16, group_dot_q4_0x8, group_dot_q4_1x8, round_f16, row_dot_q4_0,
                                  row_dot_q4_1, row_dot_q8_0, tokens_q4_0, tokens_q4_0x8, tokens_q4_1, tokens_q4_1x8,
-                                 tokens_q8_0, widen)
+                                 tokens_q8_0)
 
 F32, F16, Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K, BF16 = 0, 1, 2, 3, 8, 12, 13, 14, 30
 ROWS_PER_TASK = 16
@@ -336,14 +337,14 @@ def swiglu_int(wg, cg, wu, cu, x, out):
                 u8 = _group_dot(wu, grp, cu, xq[t], xd[t], xs[t], xi[t])
                 for i in range(8):
                     g = g8[i]
-                    out[t, 8 * grp + i] = g / (np.float32(1.0) + np.float32(math.exp(-g))) * u8[i]
+                    out[t, 8 * grp + i] = silu(g) * u8[i]
         return
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
             for t in range(T):
                 g = _int_dot(wg, r, cg, xq[t], xd[t], xs[t], xi[t])
                 u = _int_dot(wu, r, cu, xq[t], xd[t], xs[t], xi[t])
-                out[t, r] = g / (np.float32(1.0) + np.float32(math.exp(-g))) * u
+                out[t, r] = silu(g) * u
 
 
 @njit(parallel=True, fastmath=True, cache=True, nogil=True)
@@ -363,12 +364,12 @@ def moe_int(gates, ups, downs, cg, cu, cd, mix, x, act, out):
             g8 = _group_dot(gates[e], r0 // 8, cg, xq[0], xd[0], xs[0], xi[0])
             u8 = _group_dot(ups[e], r0 // 8, cu, xq[0], xd[0], xs[0], xi[0])
             for i in range(8):
-                act[e, r0 + i] = g8[i] / (np.float32(1.0) + np.float32(math.exp(-g8[i]))) * u8[i]
+                act[e, r0 + i] = silu(g8[i]) * u8[i]
         else:
             for r in range(r0, min(ff, r0 + span)):
                 g = _int_dot(gates[e], r, cg, xq[0], xd[0], xs[0], xi[0])
                 u = _int_dot(ups[e], r, cu, xq[0], xd[0], xs[0], xi[0])
-                act[e, r] = g / (np.float32(1.0) + np.float32(math.exp(-g))) * u
+                act[e, r] = silu(g) * u
     aq, ad, as_, ai = quantized(act)
     span = 8 if cd > PACKED else ROWS_PER_TASK
     for task in prange((n + span - 1) // span):
@@ -403,37 +404,6 @@ def rmsnorm(x, weight, eps, out):
         rmsnorm_row(x[r], weight, eps, out[r])
 
 
-@njit(cache=True, nogil=True)  # no fastmath, not inlined: the same sums wherever it is called from
-def rmsnorm_row(x, weight, eps, out):
-    """One row (n,) of rmsnorm: also engine.kernels.decode's, with identical results (under
-    fastmath LLVM may vectorise a sum differently in each caller)."""
-    n = x.shape[0]
-    ss = _sum_of_products(x, x)
-    inv = np.float32(1.0) / np.float32(math.sqrt(ss / n + eps))
-    for j in range(n):
-        out[j] = weight[j] * (x[j] * inv)
-
-
-@njit(inline="always", cache=True)
-def _sum_of_products(a, b):
-    """Σ a·widen(b) over (n,) in eight interleaved partial sums added in a fixed order: vector
-    speed without fastmath's freedom to reorder (so every caller gets the same float)."""
-    n = a.shape[0]
-    s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = np.float32(0.0)
-    for j in range(0, n - n % 8, 8):
-        s0 += a[j] * widen(b[j])
-        s1 += a[j + 1] * widen(b[j + 1])
-        s2 += a[j + 2] * widen(b[j + 2])
-        s3 += a[j + 3] * widen(b[j + 3])
-        s4 += a[j + 4] * widen(b[j + 4])
-        s5 += a[j + 5] * widen(b[j + 5])
-        s6 += a[j + 6] * widen(b[j + 6])
-        s7 += a[j + 7] * widen(b[j + 7])
-    for j in range(n - n % 8, n):
-        s0 += a[j] * widen(b[j])
-    return ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))
-
-
 @njit(parallel=True, fastmath=True, cache=True, nogil=True)
 def rope(x, cos, sin):
     """In place on x (T, heads, hd): rotate pairs (i, i + hd/2) by angle t·f_i (cos/sin (T, hd/2))."""
@@ -441,16 +411,6 @@ def rope(x, cos, sin):
     for th in prange(T * H):
         t, h = th // H, th % H
         rope_head(x[t, h], cos[t], sin[t])
-
-
-@njit(cache=True, nogil=True)  # no fastmath: no fused multiply-adds in one caller and not another
-def rope_head(x, cos, sin):
-    """One head (hd,) of rope, in place (also engine.kernels.decode's)."""
-    half = x.shape[0] // 2
-    for i in range(half):
-        a, b = x[i], x[i + half]
-        x[i] = a * cos[i] - b * sin[i]
-        x[i + half] = b * cos[i] + a * sin[i]
 
 
 @njit(parallel=True, fastmath=True, cache=True, nogil=True)
@@ -469,32 +429,6 @@ def attention(q, k, v, ks, vs, scaled, pos0, window, scale, scores, out):
         last = pos0 + t
         first = max(0, last - window + 1) if window > 0 else 0
         attend(q[t, h], k, v, ks, vs, scaled, h // group, first, last, scale, scores[th], out[t, h])
-
-
-@njit(cache=True, nogil=True)  # no fastmath: the same floats from cpu.attention and decode
-def attend(q, k, v, ks, vs, scaled, kh, first, last, scale, scores, out):
-    """One query head q (hd,) over KV head kh at positions first..last -> out (hd,); scores (S,)
-    scratch (also engine.kernels.decode's)."""
-    hd = q.shape[0]
-    top = np.float32(-np.inf)
-    for s in range(first, last + 1):
-        acc = _sum_of_products(q, k[s, kh])
-        acc *= scale * ks[s, kh] if scaled else scale
-        scores[s] = acc
-        top = max(top, acc)
-    total = np.float32(0.0)
-    for s in range(first, last + 1):
-        e = np.float32(math.exp(scores[s] - top))
-        scores[s] = e
-        total += e
-    for d in range(hd):
-        out[d] = 0.0
-    for s in range(first, last + 1):
-        p = scores[s] / total
-        if scaled:
-            p *= vs[s, kh]
-        for d in range(hd):
-            out[d] += p * widen(v[s, kh, d])
 
 
 @njit(cache=True, nogil=True)
@@ -536,4 +470,4 @@ def swiglu(gate, up, out):
     for t in prange(T):
         for j in range(n):
             g = gate[t, j]
-            out[t, j] = g / (np.float32(1.0) + np.float32(math.exp(-g))) * up[t, j]
+            out[t, j] = silu(g) * up[t, j]

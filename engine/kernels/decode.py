@@ -22,17 +22,15 @@ kv_heads).
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
 from llvmlite import ir
 from numba import carray, njit, prange, types
 from numba.extending import intrinsic
 
 import engine.kernels  # noqa: F401  (numba settings first)
-from engine.kernels.cpu import (PACKED, Q4_0, Q4_1, Q8_0, _f32_dot4, _group_dot, _int_dot, attend, dequantize_row,
-                                quantize_activations, quantize_block, quantized, rmsnorm_row, rope_head,
-                                softmax_top_k)
+from engine.kernels.cpu import (PACKED, Q4_0, Q4_1, Q8_0, _f32_dot4, _group_dot, _int_dot, dequantize_row,
+                                quantize_activations, quantize_block, quantized, softmax_top_k)
+from engine.kernels.rows import attend, rmsnorm_row, rope_head, silu
 
 ADDRESS, ROWS, ROW_BYTES, CODE = range(4)  # columns of a matrix table row
 SPAN = 8  # rows per parallel task: one 8-row group of a repacked matrix
@@ -217,7 +215,7 @@ def decode_layers(x, norms, attn, router, experts, top_k, renormalise, eps, scal
             _rows(_matrix(up), up[CODE], r0, r0 + 32, xq[0], xd[0], xs[0], xi[0], np.float32(1.0), gu[j], ff)
             for r in range(r0, r0 + 32):
                 g = gu[j, r]
-                act[j, r] = g / (np.float32(1.0) + np.float32(math.exp(-g))) * gu[j, ff + r]
+                act[j, r] = silu(g) * gu[j, ff + r]
             quantize_block(act[j], fq[j], fd[j], fs[j], fi[j], task % tasks)
         out = np.zeros(hidden, np.float32)
         for task in prange(hidden // SPAN):

@@ -1,0 +1,100 @@
+"""One-row building blocks shared by cpu.py's kernels and the fused decode kernel (decode.py):
+the same compiled code in both, so a decoded token comes out bit for bit the same either way.
+
+They are separate functions, not inlined: numba compiles each once. Called from a parallel
+fastmath kernel they take on its fastmath (numba lends it to what such a kernel calls), so
+their sums go through simd.dot, whose order is fixed, rather than a loop LLVM may vectorise
+differently in each caller.
+
+Layout: rows are float32 (n,) arrays; the KV cache (S, kv_heads, hd) as KVCache stores it,
+each element widened as it is read (simd.dot, simd.add_scaled).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, types
+from numba.extending import intrinsic
+
+import engine.kernels  # noqa: F401  (numba settings first)
+from engine.kernels.simd import add_scaled, dot
+
+
+@intrinsic
+def _times_power_of_two(typingctx, p, n):
+    """p · 2^n for a float32 p near 1 and an integral float32 n in [-126, 127]: n is added to
+    p's exponent bits (one integer add, vectorisable, where ldexp is a libm call)."""
+    def codegen(context, builder, sig, args):
+        i32 = ir.IntType(32)
+        bits = builder.bitcast(args[0], i32)
+        shift = builder.shl(builder.fptosi(args[1], i32), ir.Constant(i32, 23))
+        return builder.bitcast(builder.add(bits, shift), ir.FloatType())
+    return types.float32(types.float32, types.float32), codegen
+
+
+@njit(inline="always", cache=True)
+def exp32(x):
+    """e^x in float32 to about 4e-7 relative (3 ulp), clamped to [e^-87.3, e^88.3]: x = n ln 2 + r
+    with |r| <= ln 2 / 2, e^r by its degree-6 Taylor polynomial, times 2^n. Without a vector math
+    library numba calls libm's expf once per value (~4 ns); this vectorises (~0.2 ns), which
+    matters for softmax over a long context and SwiGLU's sigmoid over every row."""
+    x = min(max(x, np.float32(-87.3)), np.float32(88.3))
+    n = np.float32(np.rint(x * np.float32(1.4426950408889634)))
+    r = x - n * np.float32(0.693145751953125)  # ln 2 in two parts: r stays exact
+    r = r - n * np.float32(1.428606765330187e-06)
+    p = np.float32(1.0) + r * (np.float32(1.0) + r * (np.float32(0.5) + r * (
+        np.float32(1.0 / 6) + r * (np.float32(1.0 / 24) + r * (np.float32(1.0 / 120) + r * np.float32(1.0 / 720))))))
+    return _times_power_of_two(p, n)
+
+
+@njit(inline="always", cache=True)
+def silu(g):
+    """g · sigmoid(g), SwiGLU's gate."""
+    return g / (np.float32(1.0) + exp32(-g))
+
+
+@njit(cache=True, nogil=True)
+def rmsnorm_row(x, weight, eps, out):
+    """One row (n,) of rmsnorm."""
+    n = x.shape[0]
+    ss = dot(x, x)
+    inv = np.float32(1.0) / np.float32(math.sqrt(ss / n + eps))
+    for j in range(n):
+        out[j] = weight[j] * (x[j] * inv)
+
+
+@njit(cache=True, nogil=True)
+def rope_head(x, cos, sin):
+    """One head (hd,) of rope, in place (also engine.kernels.decode's)."""
+    half = x.shape[0] // 2
+    for i in range(half):
+        a, b = x[i], x[i + half]
+        x[i] = a * cos[i] - b * sin[i]
+        x[i + half] = b * cos[i] + a * sin[i]
+
+
+@njit(cache=True, nogil=True)
+def attend(q, k, v, ks, vs, scaled, kh, first, last, scale, scores, out):
+    """One query head q (hd,) over KV head kh at positions first..last -> out (hd,); scores (S,)
+    scratch (also engine.kernels.decode's)."""
+    hd = q.shape[0]
+    top = np.float32(-np.inf)
+    for s in range(first, last + 1):
+        acc = dot(q, k[s, kh])
+        acc *= scale * ks[s, kh] if scaled else scale
+        scores[s] = acc
+        top = max(top, acc)
+    total = np.float32(0.0)
+    for s in range(first, last + 1):  # a loop of its own: exp32 vectorises
+        e = exp32(scores[s] - top)
+        scores[s] = e
+        total += e
+    for d in range(hd):
+        out[d] = 0.0
+    for s in range(first, last + 1):
+        p = scores[s] / total
+        if scaled:
+            p *= vs[s, kh]
+        add_scaled(out, p, v[s, kh])
