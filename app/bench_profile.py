@@ -43,7 +43,7 @@ def profile(model: str, threads: int, prompt_tokens: int, tokens: int) -> dict:
     from engine.models import base
     from engine.models import fused as fused_module
     cfg = open_model_dir(model).config
-    eng = Engine(model, threads=threads, context_length=prompt_tokens + 2 * tokens + 16,
+    eng = Engine(model, threads=threads, context_length=prompt_tokens + 4 * tokens + 16,
                  **({"expert_cache_size": cfg.num_experts} if cfg.is_moe else {}))
     eng.warmup()
     rng = np.random.default_rng(0)
@@ -73,7 +73,7 @@ def profile(model: str, threads: int, prompt_tokens: int, tokens: int) -> dict:
         finally:
             in_kernel[0] += time.perf_counter() - start
             in_kernel[1] += 1
-    untimed = decode()
+    untimed = decode()  # four passes of `tokens` below: the context is sized for them
     fused_module.decode_layers = kernel
     try:
         decode()
