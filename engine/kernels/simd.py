@@ -169,6 +169,15 @@ def _widen_vector(builder, v, dtype):
     return v
 
 
+def _widened(builder, ptr, i, dtype, lanes: int):
+    """`lanes` stored elements from ptr[i] (float32, f16 bits as uint16, int8) as float32 lanes."""
+    return _widen_vector(builder, _load(builder, builder.gep(ptr, [i]), _vec(_ELEMENTS[dtype], lanes)), dtype)
+
+
+def _lane0(builder, v):
+    return builder.extract_element(v, ir.Constant(I32, 0))
+
+
 @intrinsic
 def dot(typingctx, a, b):
     """Σ a[i]·widen(b[i]) over float32 a (n,) and a row b (n,) as stored (float32, f16 bits as
@@ -184,28 +193,24 @@ def dot(typingctx, a, b):
         arr_a = context.make_array(sig.args[0])(context, builder, args[0])
         n = cgutils.unpack_tuple(builder, arr_a.shape, 1)[0]
         pa = builder.bitcast(arr_a.data, F32.as_pointer())
-        elem = _ELEMENTS[sig.args[1].dtype]
-        pb = _data_ptr(context, builder, sig.args[1], args[1], elem)
+        dtype = sig.args[1].dtype
+        pb = _data_ptr(context, builder, sig.args[1], args[1], _ELEMENTS[dtype])
         v16 = _vec(F32, 16)
         acc = cgutils.alloca_once_value(builder, ir.Constant(v16, [0.0] * 16))
         sixteen = ir.Constant(n.type, 16)
         with cgutils.for_range(builder, builder.sdiv(n, sixteen)) as loop:
             off = builder.mul(loop.index, sixteen)
-            va = _load(builder, builder.gep(pa, [off]), v16)
-            vb = _widen_vector(builder, _load(builder, builder.gep(pb, [off]), _vec(elem, 16)), sig.args[1].dtype)
+            va, vb = _load(builder, builder.gep(pa, [off]), v16), _widened(builder, pb, off, dtype, 16)
             builder.store(builder.fadd(builder.load(acc), builder.fmul(va, vb, flags=_CONTRACT), flags=_CONTRACT), acc)
         v = builder.load(acc)
         for width in (8, 4, 2, 1):  # halves added pairwise: a fixed tree
             lo = builder.shuffle_vector(v, v, ir.Constant(_vec(I32, width), list(range(width))))
             hi = builder.shuffle_vector(v, v, ir.Constant(_vec(I32, width), list(range(width, 2 * width))))
             v = builder.fadd(lo, hi, flags=_CONTRACT)
-        total = cgutils.alloca_once_value(builder, builder.extract_element(v, ir.Constant(I32, 0)))
+        total = cgutils.alloca_once_value(builder, _lane0(builder, v))
         tail = builder.mul(builder.sdiv(n, sixteen), sixteen)
         with cgutils.for_range_slice(builder, tail, n, ir.Constant(n.type, 1)) as (i, _):
-            x = builder.load(builder.gep(pa, [i]))
-            one = builder.insert_element(ir.Constant(_vec(elem, 1), None), builder.load(builder.gep(pb, [i])),
-                                         ir.Constant(I32, 0))  # a one-lane vector, widened as the others
-            y = builder.extract_element(_widen_vector(builder, one, sig.args[1].dtype), ir.Constant(I32, 0))
+            x, y = builder.load(builder.gep(pa, [i])), _lane0(builder, _widened(builder, pb, i, dtype, 1))
             builder.store(builder.fadd(builder.load(total), builder.fmul(x, y, flags=_CONTRACT), flags=_CONTRACT),
                           total)
         return builder.load(total)
@@ -225,8 +230,8 @@ def add_scaled(typingctx, out, p, b):
         arr = context.make_array(sig.args[0])(context, builder, args[0])
         n = cgutils.unpack_tuple(builder, arr.shape, 1)[0]
         po = builder.bitcast(arr.data, F32.as_pointer())
-        elem = _ELEMENTS[sig.args[2].dtype]
-        pb = _data_ptr(context, builder, sig.args[2], args[2], elem)
+        dtype = sig.args[2].dtype
+        pb = _data_ptr(context, builder, sig.args[2], args[2], _ELEMENTS[dtype])
         sixteen = ir.Constant(n.type, 16)
         v16 = _vec(F32, 16)
         scale = builder.shuffle_vector(builder.insert_element(ir.Constant(v16, None), args[1], ir.Constant(I32, 0)),
@@ -234,19 +239,18 @@ def add_scaled(typingctx, out, p, b):
         with cgutils.for_range(builder, builder.sdiv(n, sixteen)) as loop:
             off = builder.mul(loop.index, sixteen)
             dst = builder.bitcast(builder.gep(po, [off]), v16.as_pointer())
-            vb = _widen_vector(builder, _load(builder, builder.gep(pb, [off]), _vec(elem, 16)), sig.args[2].dtype)
+            vb = _widened(builder, pb, off, dtype, 16)
             total = builder.fadd(builder.load(dst, align=4), builder.fmul(scale, vb, flags=_CONTRACT), flags=_CONTRACT)
             builder.store(total, dst, align=4)
         tail = builder.mul(builder.sdiv(n, sixteen), sixteen)
         with cgutils.for_range_slice(builder, tail, n, ir.Constant(n.type, 1)) as (i, _):
-            one = builder.insert_element(ir.Constant(_vec(elem, 1), None), builder.load(builder.gep(pb, [i])),
-                                         ir.Constant(I32, 0))
-            y = builder.extract_element(_widen_vector(builder, one, sig.args[2].dtype), ir.Constant(I32, 0))
-            dst = builder.gep(po, [i])
+            y, dst = _lane0(builder, _widened(builder, pb, i, dtype, 1)), builder.gep(po, [i])
             builder.store(builder.fadd(builder.load(dst), builder.fmul(args[1], y, flags=_CONTRACT), flags=_CONTRACT),
                           dst)
         return context.get_dummy_value()
     return types.none(out, p, b), codegen
+
+
 # format -> (block bytes, offset of the quants, has a minimum (q4_1), nibbles (q4) or bytes (q8))
 _ROW_FORMATS = {"q4_0": (18, 2, False, True), "q4_1": (20, 4, True, True), "q8_0": (34, 2, False, False)}
 
