@@ -178,6 +178,21 @@ def _lane0(builder, v):
     return builder.extract_element(v, ir.Constant(I32, 0))
 
 
+def _float_and_stored_rows(a, b) -> bool:
+    """Typing check of dot/add_scaled: a float32 row a and a row b as a cache stores it."""
+    ok = all(isinstance(t, types.Array) and t.ndim == 1 and t.layout == "C" for t in (a, b))
+    return ok and a.dtype == types.float32 and b.dtype in _ELEMENTS
+
+
+def _row_pointers(context, builder, sig, args, fa: int, fb: int):
+    """(n, float32* of argument fa, element* of argument fb, fb's dtype) for dot/add_scaled."""
+    arr = context.make_array(sig.args[fa])(context, builder, args[fa])
+    n = cgutils.unpack_tuple(builder, arr.shape, 1)[0]
+    dtype = sig.args[fb].dtype
+    return (n, builder.bitcast(arr.data, F32.as_pointer()),
+            _data_ptr(context, builder, sig.args[fb], args[fb], _ELEMENTS[dtype]), dtype)
+
+
 @intrinsic
 def dot(typingctx, a, b):
     """Σ a[i]·widen(b[i]) over float32 a (n,) and a row b (n,) as stored (float32, f16 bits as
@@ -185,16 +200,11 @@ def dot(typingctx, a, b):
     loop would be vectorised however each calling kernel's fastmath context allows — a different
     float in cpu.attention than in the fused decode kernel; this is the same in both, and 3-4×
     faster than eight scalar partial sums."""
-    ok = all(isinstance(t, types.Array) and t.ndim == 1 and t.layout == "C" for t in (a, b))
-    if not ok or a.dtype != types.float32 or b.dtype not in _ELEMENTS:
+    if not _float_and_stored_rows(a, b):
         return None
 
     def codegen(context, builder, sig, args):
-        arr_a = context.make_array(sig.args[0])(context, builder, args[0])
-        n = cgutils.unpack_tuple(builder, arr_a.shape, 1)[0]
-        pa = builder.bitcast(arr_a.data, F32.as_pointer())
-        dtype = sig.args[1].dtype
-        pb = _data_ptr(context, builder, sig.args[1], args[1], _ELEMENTS[dtype])
+        n, pa, pb, dtype = _row_pointers(context, builder, sig, args, 0, 1)
         v16 = _vec(F32, 16)
         acc = cgutils.alloca_once_value(builder, ir.Constant(v16, [0.0] * 16))
         sixteen = ir.Constant(n.type, 16)
@@ -222,16 +232,11 @@ def add_scaled(typingctx, out, p, b):
     """out[i] += p · widen(b[i]) over float32 out (n,) and a stored row b (n,) (as `dot` reads
     it), 16 lanes at a time: attention's weighted sum of value rows, vectorised the same way in
     every kernel that calls it."""
-    ok = all(isinstance(t, types.Array) and t.ndim == 1 and t.layout == "C" for t in (out, b))
-    if not ok or out.dtype != types.float32 or p != types.float32 or b.dtype not in _ELEMENTS:
+    if not _float_and_stored_rows(out, b) or p != types.float32:
         return None
 
     def codegen(context, builder, sig, args):
-        arr = context.make_array(sig.args[0])(context, builder, args[0])
-        n = cgutils.unpack_tuple(builder, arr.shape, 1)[0]
-        po = builder.bitcast(arr.data, F32.as_pointer())
-        dtype = sig.args[2].dtype
-        pb = _data_ptr(context, builder, sig.args[2], args[2], _ELEMENTS[dtype])
+        n, po, pb, dtype = _row_pointers(context, builder, sig, args, 0, 2)
         sixteen = ir.Constant(n.type, 16)
         v16 = _vec(F32, 16)
         scale = builder.shuffle_vector(builder.insert_element(ir.Constant(v16, None), args[1], ir.Constant(I32, 0)),

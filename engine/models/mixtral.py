@@ -9,7 +9,7 @@ from engine.weights import LayerWeights
 
 class Mixtral(Transformer):
     def route(self, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        return softmax_top_k(logits, self.cfg.top_k, renormalise=True)
+        return softmax_top_k(logits, *self.decode_routing())
 
     def decode_routing(self) -> tuple[int, bool] | None:
         return self.cfg.top_k, True
