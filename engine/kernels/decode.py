@@ -95,6 +95,25 @@ def _rows(m, code, r0, r1, xq, xd, xs, xi, scale, out, off):
             out[off + r] += scale * _int_dot(m, r, code, xq, xd, xs, xi)
 
 
+@njit(fastmath=True, cache=True, nogil=True)
+def _swiglu_rows(gate, cg, up, cu, r0, xq, xd, xs, xi, act):
+    """act[r] = silu(gate row r · x) · (up row r · x) for the 32 rows r0..r0+31: with both
+    matrices repacked, 8-row groups straight from the dot products (as cpu.moe_int), else
+    through a small buffer."""
+    if cg > PACKED and cu > PACKED:
+        for g in range(r0 // 8, r0 // 8 + 4):
+            g8 = _group_dot(gate, g, cg, xq, xd, xs, xi)
+            u8 = _group_dot(up, g, cu, xq, xd, xs, xi)
+            for i in range(8):
+                act[8 * g + i] = silu(g8[i]) * u8[i]
+        return
+    buf = np.zeros(64, np.float32)
+    _rows(gate, cg, r0, r0 + 32, xq, xd, xs, xi, np.float32(1.0), buf, -r0)
+    _rows(up, cu, r0, r0 + 32, xq, xd, xs, xi, np.float32(1.0), buf, 32 - r0)
+    for i in range(32):
+        act[r0 + i] = silu(buf[i]) * buf[32 + i]
+
+
 @njit(cache=True, nogil=True)  # no fastmath (but decode_layers lends it its own: see _divide)
 def _store_kv(src, dst, scales, pos, scaled):
     """One token's keys or values src (kv_heads, hd) into dst (kv_heads, hd) as stored; int8
@@ -203,19 +222,14 @@ def decode_layers(x, norms, attn, router, experts, top_k, renormalise, eps, scal
         picks[L] = ids[0]
         ff = experts[L, 0, 0, ROWS]  # a multiple of 32: the down matrices' blocks span it
         tasks = ff // 32
-        act = np.zeros((top_k, ff), np.float32)
-        gu = np.zeros((top_k, 2 * ff), np.float32)
+        act = np.empty((top_k, ff), np.float32)
         fq, fd = np.empty((top_k, ff), np.int8), np.empty((top_k, tasks), np.float32)
         fs, fi = np.empty((top_k, tasks), np.float32), np.empty((top_k, tasks), np.int32)
         for task in prange(top_k * tasks):  # 32 rows each: one activation block, quantized here
             j, r0 = task // tasks, 32 * (task % tasks)
             e = ids[0, j]
             gate, up = experts[L, e, 0], experts[L, e, 1]
-            _rows(_matrix(gate), gate[CODE], r0, r0 + 32, xq[0], xd[0], xs[0], xi[0], np.float32(1.0), gu[j], 0)
-            _rows(_matrix(up), up[CODE], r0, r0 + 32, xq[0], xd[0], xs[0], xi[0], np.float32(1.0), gu[j], ff)
-            for r in range(r0, r0 + 32):
-                g = gu[j, r]
-                act[j, r] = silu(g) * gu[j, ff + r]
+            _swiglu_rows(_matrix(gate), gate[CODE], _matrix(up), up[CODE], r0, xq[0], xd[0], xs[0], xi[0], act[j])
             quantize_block(act[j], fq[j], fd[j], fs[j], fi[j], task % tasks)
         out = np.zeros(hidden, np.float32)
         for task in prange(hidden // SPAN):
