@@ -215,6 +215,21 @@ def test_attention_reads_the_stored_cache(kind):
     np.testing.assert_allclose(out, ref.attention(q, kw, vw, S - 1, 0, 0.25), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("hd", [8, 17, 40, 96, 136])
+def test_attention_head_sizes_past_the_vector_widths(hd):
+    """Head sizes that leave every part of simd.dot_rows / add_weighted_rows a share: 64-wide
+    column blocks, 16-wide ones and single columns (the usual 64 and 128 take only the first)."""
+    rng = np.random.default_rng(hd)
+    H, KV, S = 4, 2, 37
+    q = rng.standard_normal((2, H, hd)).astype(np.float32)
+    k = rng.standard_normal((S, KV, hd)).astype(np.float32)
+    v = rng.standard_normal((S, KV, hd)).astype(np.float32)
+    out = np.empty_like(q)
+    one = np.ones((1, 1), np.float32)
+    cpu.attention(q, k, v, one, one, False, S - 2, 0, np.float32(0.3), np.empty((2 * H, S), np.float32), out)
+    np.testing.assert_allclose(out, ref.attention(q, k, v, S - 2, 0, 0.3), rtol=1e-5, atol=1e-5)
+
+
 def test_simd_setting_reaches_numba_before_it_compiles():
     import numba
 

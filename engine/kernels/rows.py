@@ -7,7 +7,7 @@ their sums go through simd.dot, whose order is fixed, rather than a loop LLVM ma
 differently in each caller.
 
 Layout: rows are float32 (n,) arrays; the KV cache (S, kv_heads, hd) as KVCache stores it,
-each element widened as it is read (simd.dot, simd.add_scaled).
+each element widened as it is read (simd.dot_rows, simd.add_weighted_rows).
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from numba import njit, types
 from numba.extending import intrinsic
 
 import engine.kernels  # noqa: F401  (numba settings first)
-from engine.kernels.simd import add_scaled, dot
+from engine.kernels.simd import add_weighted_rows, dot, dot_rows
 
 
 @intrinsic
@@ -79,11 +79,10 @@ def rope_head(x, cos, sin):
 def attend(q, k, v, ks, vs, scaled, kh, first, last, scale, scores, out):
     """One query head q (hd,) over KV head kh at positions first..last -> out (hd,); scores (S,)
     scratch (also engine.kernels.decode's)."""
-    hd = q.shape[0]
     top = np.float32(-np.inf)
+    dot_rows(q, k, kh, first, last, scores)
     for s in range(first, last + 1):
-        acc = dot(q, k[s, kh])
-        acc *= scale * ks[s, kh] if scaled else scale
+        acc = scores[s] * (scale * ks[s, kh] if scaled else scale)
         scores[s] = acc
         top = max(top, acc)
     total = np.float32(0.0)
@@ -91,10 +90,10 @@ def attend(q, k, v, ks, vs, scaled, kh, first, last, scale, scores, out):
         e = exp32(scores[s] - top)
         scores[s] = e
         total += e
-    for d in range(hd):
-        out[d] = 0.0
     for s in range(first, last + 1):
         p = scores[s] / total
         if scaled:
             p *= vs[s, kh]
-        add_scaled(out, p, v[s, kh])
+        scores[s] = p
+    out[:] = 0.0
+    add_weighted_rows(out, scores, v, kh, first, last)

@@ -179,18 +179,65 @@ def _lane0(builder, v):
 
 
 def _float_and_stored_rows(a, b) -> bool:
-    """Typing check of dot/add_scaled: a float32 row a and a row b as a cache stores it."""
+    """Typing check of dot: a float32 row a and a row b as a cache stores it."""
     ok = all(isinstance(t, types.Array) and t.ndim == 1 and t.layout == "C" for t in (a, b))
     return ok and a.dtype == types.float32 and b.dtype in _ELEMENTS
 
 
+def _float_row_and_cache(a, cache, ints) -> bool:
+    """Typing check of dot_rows/add_weighted_rows: a float32 row, a KV cache (S, kv_heads, hd) as
+    stored, and integer arguments."""
+    ok = isinstance(a, types.Array) and a.ndim == 1 and a.layout == "C" and a.dtype == types.float32
+    ok = ok and isinstance(cache, types.Array) and cache.ndim == 3 and cache.layout == "C"
+    return ok and cache.dtype in _ELEMENTS and all(isinstance(t, types.Integer) for t in ints)
+
+
 def _row_pointers(context, builder, sig, args, fa: int, fb: int):
-    """(n, float32* of argument fa, element* of argument fb, fb's dtype) for dot/add_scaled."""
+    """(n, float32* of argument fa, element* of argument fb, fb's dtype) for dot."""
     arr = context.make_array(sig.args[fa])(context, builder, args[fa])
     n = cgutils.unpack_tuple(builder, arr.shape, 1)[0]
     dtype = sig.args[fb].dtype
     return (n, builder.bitcast(arr.data, F32.as_pointer()),
             _data_ptr(context, builder, sig.args[fb], args[fb], _ELEMENTS[dtype]), dtype)
+
+
+def _widest(builder, v, ty):
+    """An integer argument as `ty` (a pointer-sized index)."""
+    if v.type.width < ty.width:
+        return builder.sext(v, ty)
+    return builder.trunc(v, ty) if v.type.width > ty.width else v
+
+
+def _cache_row(context, builder, sig, args, fc: int, kh):
+    """(element* of KV head kh of position 0 in the cache argument fc, elements from one position
+    to the next)."""
+    cache = context.make_array(sig.args[fc])(context, builder, args[fc])
+    _, heads, hd = cgutils.unpack_tuple(builder, cache.shape, 3)
+    base = _data_ptr(context, builder, sig.args[fc], args[fc], _ELEMENTS[sig.args[fc].dtype])
+    return builder.gep(base, [builder.mul(_widest(builder, kh, hd.type), hd)]), builder.mul(heads, hd)
+
+
+def _dot_code(builder, n, pa, pb, dtype, acc, total):
+    """The fixed-order dot product (see `dot`) of n floats at pa with n stored elements at pb;
+    acc (<16 x float>) and total (float) are the caller's slots."""
+    v16 = _vec(F32, 16)
+    builder.store(ir.Constant(v16, [0.0] * 16), acc)
+    sixteen = ir.Constant(n.type, 16)
+    with cgutils.for_range(builder, builder.sdiv(n, sixteen)) as loop:
+        off = builder.mul(loop.index, sixteen)
+        va, vb = _load(builder, builder.gep(pa, [off]), v16), _widened(builder, pb, off, dtype, 16)
+        builder.store(builder.fadd(builder.load(acc), builder.fmul(va, vb, flags=_CONTRACT), flags=_CONTRACT), acc)
+    v = builder.load(acc)
+    for width in (8, 4, 2, 1):  # halves added pairwise: a fixed tree
+        lo = builder.shuffle_vector(v, v, ir.Constant(_vec(I32, width), list(range(width))))
+        hi = builder.shuffle_vector(v, v, ir.Constant(_vec(I32, width), list(range(width, 2 * width))))
+        v = builder.fadd(lo, hi, flags=_CONTRACT)
+    builder.store(_lane0(builder, v), total)
+    tail = builder.mul(builder.sdiv(n, sixteen), sixteen)
+    with cgutils.for_range_slice(builder, tail, n, ir.Constant(n.type, 1)) as (i, _):
+        x, y = builder.load(builder.gep(pa, [i])), _lane0(builder, _widened(builder, pb, i, dtype, 1))
+        builder.store(builder.fadd(builder.load(total), builder.fmul(x, y, flags=_CONTRACT), flags=_CONTRACT), total)
+    return builder.load(total)
 
 
 @intrinsic
@@ -205,55 +252,89 @@ def dot(typingctx, a, b):
 
     def codegen(context, builder, sig, args):
         n, pa, pb, dtype = _row_pointers(context, builder, sig, args, 0, 1)
-        v16 = _vec(F32, 16)
-        acc = cgutils.alloca_once_value(builder, ir.Constant(v16, [0.0] * 16))
-        sixteen = ir.Constant(n.type, 16)
-        with cgutils.for_range(builder, builder.sdiv(n, sixteen)) as loop:
-            off = builder.mul(loop.index, sixteen)
-            va, vb = _load(builder, builder.gep(pa, [off]), v16), _widened(builder, pb, off, dtype, 16)
-            builder.store(builder.fadd(builder.load(acc), builder.fmul(va, vb, flags=_CONTRACT), flags=_CONTRACT), acc)
-        v = builder.load(acc)
-        for width in (8, 4, 2, 1):  # halves added pairwise: a fixed tree
-            lo = builder.shuffle_vector(v, v, ir.Constant(_vec(I32, width), list(range(width))))
-            hi = builder.shuffle_vector(v, v, ir.Constant(_vec(I32, width), list(range(width, 2 * width))))
-            v = builder.fadd(lo, hi, flags=_CONTRACT)
-        total = cgutils.alloca_once_value(builder, _lane0(builder, v))
-        tail = builder.mul(builder.sdiv(n, sixteen), sixteen)
-        with cgutils.for_range_slice(builder, tail, n, ir.Constant(n.type, 1)) as (i, _):
-            x, y = builder.load(builder.gep(pa, [i])), _lane0(builder, _widened(builder, pb, i, dtype, 1))
-            builder.store(builder.fadd(builder.load(total), builder.fmul(x, y, flags=_CONTRACT), flags=_CONTRACT),
-                          total)
-        return builder.load(total)
+        acc, total = cgutils.alloca_once(builder, _vec(F32, 16)), cgutils.alloca_once(builder, F32)
+        return _dot_code(builder, n, pa, pb, dtype, acc, total)
     return types.float32(a, b), codegen
 
 
 @intrinsic
-def add_scaled(typingctx, out, p, b):
-    """out[i] += p · widen(b[i]) over float32 out (n,) and a stored row b (n,) (as `dot` reads
-    it), 16 lanes at a time: attention's weighted sum of value rows, vectorised the same way in
-    every kernel that calls it."""
-    if not _float_and_stored_rows(out, b) or p != types.float32:
+def dot_rows(typingctx, q, k, kh, first, last, out):
+    """out[s] = dot(q, k[s, kh]) for s in first..last: one query head q (hd,) against a KV cache's
+    keys k (S, kv_heads, hd) as stored, each product exactly as `dot` sums it, in one compiled
+    loop (no row views built per position)."""
+    if not _float_row_and_cache(q, k, (kh, first, last)) or not _float_and_stored_rows(out, out):
         return None
 
     def codegen(context, builder, sig, args):
-        n, po, pb, dtype = _row_pointers(context, builder, sig, args, 0, 2)
-        sixteen = ir.Constant(n.type, 16)
-        v16 = _vec(F32, 16)
-        scale = builder.shuffle_vector(builder.insert_element(ir.Constant(v16, None), args[1], ir.Constant(I32, 0)),
-                                       ir.Constant(v16, None), ir.Constant(_vec(I32, 16), [0] * 16))
-        with cgutils.for_range(builder, builder.sdiv(n, sixteen)) as loop:
-            off = builder.mul(loop.index, sixteen)
-            dst = builder.bitcast(builder.gep(po, [off]), v16.as_pointer())
-            vb = _widened(builder, pb, off, dtype, 16)
-            total = builder.fadd(builder.load(dst, align=4), builder.fmul(scale, vb, flags=_CONTRACT), flags=_CONTRACT)
-            builder.store(total, dst, align=4)
-        tail = builder.mul(builder.sdiv(n, sixteen), sixteen)
-        with cgutils.for_range_slice(builder, tail, n, ir.Constant(n.type, 1)) as (i, _):
-            y, dst = _lane0(builder, _widened(builder, pb, i, dtype, 1)), builder.gep(po, [i])
-            builder.store(builder.fadd(builder.load(dst), builder.fmul(args[1], y, flags=_CONTRACT), flags=_CONTRACT),
-                          dst)
+        q_arr = context.make_array(sig.args[0])(context, builder, args[0])
+        n = cgutils.unpack_tuple(builder, q_arr.shape, 1)[0]
+        pq = builder.bitcast(q_arr.data, F32.as_pointer())
+        head0, stride = _cache_row(context, builder, sig, args, 1, args[2])
+        po = _data_ptr(context, builder, sig.args[5], args[5], F32)
+        acc, total = cgutils.alloca_once(builder, _vec(F32, 16)), cgutils.alloca_once(builder, F32)
+        first, last = (_widest(builder, a, n.type) for a in args[3:5])
+        with cgutils.for_range_slice(builder, first, builder.add(last, ir.Constant(n.type, 1)),
+                                     ir.Constant(n.type, 1)) as (s, _):
+            row = builder.gep(head0, [builder.mul(s, stride)])
+            builder.store(_dot_code(builder, n, pq, row, sig.args[1].dtype, acc, total), builder.gep(po, [s]))
         return context.get_dummy_value()
-    return types.none(out, p, b), codegen
+    return types.none(q, k, kh, first, last, out), codegen
+
+
+@intrinsic
+def add_weighted_rows(typingctx, out, p, v, kh, first, last):
+    """out[i] += Σ_s p[s]·widen(v[s, kh, i]) for s = first..last in order: attention's weighted
+    sum of value rows, v (S, kv_heads, hd) as a KV cache stores it, out (hd,). Each element's
+    sum runs in a register (64 of them at a time) rather than through memory once per position,
+    one multiply-add per step as a plain `out += p · v` would round it."""
+    if not _float_row_and_cache(out, v, (kh, first, last)) or not _float_and_stored_rows(p, p):
+        return None
+
+    def codegen(context, builder, sig, args):
+        o_arr = context.make_array(sig.args[0])(context, builder, args[0])
+        n = cgutils.unpack_tuple(builder, o_arr.shape, 1)[0]
+        po = builder.bitcast(o_arr.data, F32.as_pointer())
+        pp = _data_ptr(context, builder, sig.args[1], args[1], F32)
+        head0, stride = _cache_row(context, builder, sig, args, 2, args[3])
+        dtype = sig.args[2].dtype
+        first, last = (_widest(builder, a, n.type) for a in args[4:6])
+        end, one = builder.add(last, ir.Constant(n.type, 1)), ir.Constant(n.type, 1)
+
+        def columns(start, lanes: int, count: int):
+            """Elements start..start + lanes·count of out, summed over the positions."""
+            ty = _vec(F32, lanes) if lanes > 1 else F32
+            slots = [cgutils.alloca_once(builder, ty) for _ in range(count)]
+            for c, slot in enumerate(slots):
+                at = builder.gep(po, [builder.add(start, ir.Constant(n.type, lanes * c))])
+                builder.store(builder.load(builder.bitcast(at, ty.as_pointer()), align=4), slot)
+            with cgutils.for_range_slice(builder, first, end, one) as (s, _):
+                weight = builder.load(builder.gep(pp, [s]))
+                if lanes > 1:
+                    weight = builder.shuffle_vector(builder.insert_element(ir.Constant(ty, None), weight,
+                                                                           ir.Constant(I32, 0)),
+                                                    ir.Constant(ty, None), ir.Constant(_vec(I32, lanes), [0] * lanes))
+                row = builder.gep(head0, [builder.add(builder.mul(s, stride), start)])
+                for c, slot in enumerate(slots):
+                    x = _widened(builder, row, ir.Constant(n.type, lanes * c), dtype, lanes)
+                    if lanes == 1:
+                        x = _lane0(builder, x)
+                    product = builder.fmul(weight, x, flags=_CONTRACT)
+                    builder.store(builder.fadd(builder.load(slot), product, flags=_CONTRACT), slot)
+            for c, slot in enumerate(slots):
+                at = builder.gep(po, [builder.add(start, ir.Constant(n.type, lanes * c))])
+                builder.store(builder.load(slot), builder.bitcast(at, ty.as_pointer()), align=4)
+
+        sixty_four, sixteen = ir.Constant(n.type, 64), ir.Constant(n.type, 16)
+        wide = builder.mul(builder.sdiv(n, sixty_four), sixty_four)
+        with cgutils.for_range_slice(builder, ir.Constant(n.type, 0), wide, sixty_four) as (c, _):
+            columns(c, 16, 4)
+        narrow = builder.mul(builder.sdiv(n, sixteen), sixteen)
+        with cgutils.for_range_slice(builder, wide, narrow, sixteen) as (c, _):
+            columns(c, 16, 1)
+        with cgutils.for_range_slice(builder, narrow, n, one) as (c, _):
+            columns(c, 1, 1)
+        return context.get_dummy_value()
+    return types.none(out, p, v, kh, first, last), codegen
 
 
 # format -> (block bytes, offset of the quants, has a minimum (q4_1), nibbles (q4) or bytes (q8))
