@@ -15,7 +15,7 @@ from numba import njit, prange
 
 import engine.kernels  # noqa: F401  (numba settings first)
 from engine.kernels.rows import attend, rmsnorm_row, rope_head, silu
-from engine.kernels.simd import (TOKENS, copy16, group_dot_q4_0x8, group_dot_q4_1x8, round_f16, row_dot_q4_0,
+from engine.kernels.simd import (TOKENS, copy16, quantize32, group_dot_q4_0x8, group_dot_q4_1x8, round_f16, row_dot_q4_0,
                                  row_dot_q4_1, row_dot_q8_0, tokens_q4_0, tokens_q4_0x8, tokens_q4_1, tokens_q4_1x8,
                                  tokens_q8_0)
 
@@ -126,23 +126,11 @@ def quantize_activations(x, xq, xd, xs, xi):
             quantize_block(x[t], xq[t], xd[t], xs[t], xi[t], b)
 
 
-@njit(cache=True, nogil=True)  # no fastmath, not inlined: the same rounding from every caller
+@njit(cache=True, nogil=True)
 def quantize_block(x, xq, xd, xs, xi, b):
     """Block b (values 32b..32b+31) of one token's x (n,) into xq, xd[b], xs[b], xi[b]
     (quantize_activations; engine.kernels.decode quantizes blocks as soon as they are done)."""
-    amax = np.float32(0.0)
-    for j in range(32 * b, 32 * b + 32):
-        amax = max(amax, abs(x[j]))
-    d = amax / np.float32(127.0)
-    inv = np.float32(127.0) / amax if amax > 0 else np.float32(0.0)
-    total = 0
-    for j in range(32 * b, 32 * b + 32):
-        q = np.int8(np.rint(x[j] * inv))
-        xq[j] = q
-        total += q
-    xd[b] = round_f16(d)
-    xs[b] = round_f16(d * np.float32(total))
-    xi[b] = total
+    quantize32(x, xq, xd, xs, xi, b)
 
 
 @njit(cache=True, nogil=True)

@@ -553,3 +553,70 @@ def copy16(typingctx, dst, doff, src, soff):
         builder.store(v, builder.bitcast(p, _vec(I8, 16).as_pointer()), align=1)
         return context.get_dummy_value()
     return types.none(dst, types.intp, src, types.intp), codegen
+
+
+def _ieee_divide(builder, a, b):
+    """a / b rounded as IEEE division even inside a fastmath kernel: numba's fastmath pass adds
+    its flags only to float instructions without any, and `nsz` (the sign of a zero quotient)
+    does not let LLVM turn the division into a multiply by the reciprocal."""
+    quotient = builder.fdiv(a, b)
+    quotient.flags.append("nsz")
+    return quotient
+
+
+@intrinsic
+def quantize32(typingctx, x, xq, xd, xs, xi, b):
+    """Block b (values 32b..32b+31) of one token's float32 x (n,) into int8 xq, and its half
+    scale xd[b] = max|x| / 127, half scaled sum xs[b] = xd·Σq and integer sum xi[b] = Σq
+    (cpu.quantize_block; llama.cpp's Q8_1). In 32-lane vectors: every step is exact or rounds
+    each value alone (the maximum, the integer sum), so this is the scalar loop's result bit
+    for bit, about ten times faster (the decode kernel quantizes every expert's 32-row block as
+    soon as it is done)."""
+    arrays = (x, xq, xd, xs, xi)
+    if not all(isinstance(t, types.Array) and t.ndim == 1 and t.layout == "C" for t in arrays):
+        return None
+    if (x.dtype, xq.dtype, xd.dtype, xs.dtype, xi.dtype) != (types.float32, types.int8, types.float32,
+                                                            types.float32, types.int32):
+        return None
+    if not isinstance(b, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        px, pq, pd, ps, pi = (_data_ptr(context, builder, t, a, e) for t, a, e in
+                              zip(sig.args[:5], args[:5], (F32, I8, F32, F32, I32)))
+        b = _widest(builder, args[5], ir.IntType(64))
+        start = builder.mul(b, ir.Constant(b.type, 32))
+        v32 = _vec(F32, 32)
+        v = _load(builder, builder.gep(px, [start]), v32)
+        mod = builder.module
+        fabs = cgutils.get_or_insert_function(mod, ir.FunctionType(v32, [v32]), "llvm.fabs.v32f32")
+        a = builder.call(fabs, [v])
+        for width in (16, 8, 4, 2, 1):  # the maximum, halves at a time (exact in any order)
+            lo = builder.shuffle_vector(a, a, ir.Constant(_vec(I32, width), list(range(width))))
+            hi = builder.shuffle_vector(a, a, ir.Constant(_vec(I32, width), list(range(width, 2 * width))))
+            a = builder.select(builder.fcmp_ordered(">", hi, lo), hi, lo)
+        amax = _lane0(builder, a)
+        d = _ieee_divide(builder, amax, ir.Constant(F32, 127.0))
+        positive = builder.fcmp_ordered(">", amax, ir.Constant(F32, 0.0))
+        inv = builder.select(positive, _ieee_divide(builder, ir.Constant(F32, 127.0), amax), ir.Constant(F32, 0.0))
+        splat = builder.shuffle_vector(builder.insert_element(ir.Constant(v32, None), inv, ir.Constant(I32, 0)),
+                                       ir.Constant(v32, None), ir.Constant(_vec(I32, 32), [0] * 32))
+        product = builder.fmul(v, splat)
+        product.flags.append("nsz")  # (flagged, so the fastmath pass leaves it as it is)
+        rint = cgutils.get_or_insert_function(mod, ir.FunctionType(v32, [v32]), "llvm.rint.v32f32")
+        q = builder.fptosi(builder.call(rint, [product]), _vec(I32, 32))
+        builder.store(builder.trunc(q, _vec(I8, 32)), builder.bitcast(builder.gep(pq, [start]), _vec(I8, 32).as_pointer()),
+                      align=1)
+        for width in (16, 8, 4, 2, 1):
+            lo = builder.shuffle_vector(q, q, ir.Constant(_vec(I32, width), list(range(width))))
+            hi = builder.shuffle_vector(q, q, ir.Constant(_vec(I32, width), list(range(width, 2 * width))))
+            q = builder.add(lo, hi)
+        total = _lane0(builder, q)
+        half = lambda f: builder.fpext(builder.fptrunc(f, ir.HalfType()), F32)  # noqa: E731
+        scaled_sum = builder.fmul(d, builder.sitofp(total, F32))
+        scaled_sum.flags.append("nsz")
+        builder.store(half(d), builder.gep(pd, [b]))
+        builder.store(half(scaled_sum), builder.gep(ps, [b]))
+        builder.store(total, builder.gep(pi, [b]))
+        return context.get_dummy_value()
+    return types.none(x, xq, xd, xs, xi, b), codegen
