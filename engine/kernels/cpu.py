@@ -15,7 +15,7 @@ from numba import njit, prange
 
 import engine.kernels  # noqa: F401  (numba settings first)
 from engine.kernels.rows import attend, rmsnorm_row, rope_head, silu
-from engine.kernels.simd import (TOKENS, copy16, quantize32, group_dot_q4_0x8, group_dot_q4_1x8, round_f16, row_dot_q4_0,
+from engine.kernels.simd import (TOKENS, copy4, quantize32, group_dot_q4_0x8, group_dot_q4_1x8, round_f16, row_dot_q4_0,
                                  row_dot_q4_1, row_dot_q8_0, tokens_q4_0, tokens_q4_0x8, tokens_q4_1, tokens_q4_1x8,
                                  tokens_q8_0)
 
@@ -147,7 +147,9 @@ def quantized(x):
 def repack_x8(w, code):
     """In place, a q4_0/q4_1 matrix (rows, row_bytes), rows a multiple of 8 -> groups of 8 rows
     stored block by block: the 8 rows' head halves (d; d then m for q4_1: 16 bytes each), then
-    the 8 rows' 16 quant bytes (the same size in all). Layout of simd's group dot products."""
+    their quants in 4 chunks of 32 bytes, chunk c holding bytes 4c..4c+3 of row 0, then of row
+    1, ... (the same size in all). Layout of simd's group dot products: one 4-byte vector lane
+    per row."""
     size, halves = (18, 1) if code == Q4_0 else (20, 2)
     qbytes = size - 2 * halves
     gsize = 16 * halves + 8 * qbytes
@@ -162,7 +164,8 @@ def repack_x8(w, code):
                 for h in range(halves):
                     tmp[o + 16 * h + 2 * i] = flat[src + 2 * h]
                     tmp[o + 16 * h + 2 * i + 1] = flat[src + 2 * h + 1]
-                copy16(tmp, o + 16 * halves + qbytes * i, flat, src + 2 * halves)
+                for c in range(qbytes // 4):
+                    copy4(tmp, o + 16 * halves + 32 * c + 4 * i, flat, src + 2 * halves + 4 * c)
         flat[8 * g * rb:8 * (g + 1) * rb] = tmp
 
 
@@ -179,10 +182,10 @@ def dequantize_x8_row(w, r, code, out):
     for b in range(out.shape[0] // 32):
         o = base + gsize * b
         d = _h2f(flat[o + 2 * i], flat[o + 2 * i + 1])
-        q0 = o + 16 * halves + qbytes * i
+        q0 = o + 16 * halves + 4 * i
         m = _h2f(flat[o + 16 + 2 * i], flat[o + 17 + 2 * i]) if base_code == Q4_1 else -8 * d
         for j in range(16):
-            q = np.int32(flat[q0 + j])
+            q = np.int32(flat[q0 + 32 * (j // 4) + j % 4])
             out[32 * b + j] = d * np.float32(q & 15) + m
             out[32 * b + j + 16] = d * np.float32(q >> 4) + m
 

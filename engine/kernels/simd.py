@@ -94,16 +94,32 @@ def _dot_u8s8(builder, u, s):
 def _weights(builder, quants, nibbles: bool):
     """A block's 32 weights at `quants` as unsigned bytes for the dot product, and for int8
     weights (q8_0) their signs (None for nibbles, which are unsigned already)."""
-    if nibbles:  # low nibbles are weights 0-15, high nibbles 16-31 (Q4_0/Q4_1 order)
-        v = _load(builder, quants, _vec(I8, 16))
-        lo = builder.and_(v, ir.Constant(_vec(I8, 16), [15] * 16))
-        hi = builder.lshr(v, ir.Constant(_vec(I8, 16), [4] * 16))
-        return builder.shuffle_vector(lo, hi, ir.Constant(_vec(I32, 32), list(range(32)))), None
+    if nibbles:
+        return _nibbles(builder, _load(builder, quants, _vec(I8, 16))), None
     wv = _load(builder, quants, _vec(I8, 32))
     absf = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_vec(I8, 32), [_vec(I8, 32), ir.IntType(1)]),
                                           "llvm.abs.v32i8")
     negative = builder.icmp_signed("<", wv, ir.Constant(_vec(I8, 32), None))
     return builder.call(absf, [wv, ir.Constant(ir.IntType(1), 0)]), negative
+
+
+def _nibbles(builder, v):
+    """A q4 block's 16 quant bytes (<16 x i8>) as its 32 weights in order: the low nibbles are
+    weights 0-15, the high nibbles 16-31 (Q4_0/Q4_1 order)."""
+    lo = builder.and_(v, ir.Constant(_vec(I8, 16), [15] * 16))
+    hi = builder.lshr(v, ir.Constant(_vec(I8, 16), [4] * 16))
+    return builder.shuffle_vector(lo, hi, ir.Constant(_vec(I32, 32), list(range(32))))
+
+
+def _packed_row_quants(builder, at):
+    """The 16 quant bytes of one row of a repacked group block (repack_x8: 4 bytes of the row in
+    each of 4 chunks of 32, `at` its first), gathered in their stored order."""
+    v = ir.Constant(_vec(I32, 4), None)
+    for c in range(4):
+        word = builder.load(builder.bitcast(builder.gep(at, [ir.Constant(ir.IntType(64), 32 * c)]), I32.as_pointer()),
+                            align=1)
+        v = builder.insert_element(v, word, ir.Constant(I32, c))
+    return builder.bitcast(v, _vec(I8, 16))
 
 
 def _block_dot(builder, u, negative, s):
@@ -399,13 +415,6 @@ def _row_dot(fmt: str):
 row_dot_q4_0, row_dot_q4_1, row_dot_q8_0 = (_row_dot(f) for f in ("q4_0", "q4_1", "q8_0"))
 
 
-def _pair_sums(builder, a, b):
-    """<8 x i32> a, b -> <8 x i32>: lanes 0-3 the sums of a's neighbouring pairs, 4-7 b's."""
-    even = builder.shuffle_vector(a, b, ir.Constant(_vec(I32, 8), [0, 2, 4, 6, 8, 10, 12, 14]))
-    odd = builder.shuffle_vector(a, b, ir.Constant(_vec(I32, 8), [1, 3, 5, 7, 9, 11, 13, 15]))
-    return builder.add(even, odd)
-
-
 # format -> (block bytes, halves at its head (d; d and m for q4_1), quant bytes, nibbles); q8_0 is
 # not repacked: measured no faster (its twice as many bytes bound it)
 GROUP_FORMATS = {"q4_0": (18, 1, 16, True), "q4_1": (20, 2, 16, True)}
@@ -417,12 +426,25 @@ def group_bytes(fmt: str) -> int:
     return 16 * halves + 8 * qbytes
 
 
+def _dot_accumulate(builder, acc, u, s):
+    """acc (<8 x i32>) plus, per lane, the sum of 4 neighbouring products of unsigned bytes u and
+    signed bytes s (<32 x i8>): one vpdpbusd where there is VNNI."""
+    if DOT == "vnni":
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_vec(I32, 8), [_vec(I32, 8)] * 3),
+                                            "llvm.x86.avx512.vpdpbusd.256")
+        return builder.call(fn, [acc, builder.bitcast(u, _vec(I32, 8)), builder.bitcast(s, _vec(I32, 8))])
+    return builder.add(acc, _dot_u8s8(builder, u, s))
+
+
 def _group_dot(fmt: str):
     """An intrinsic dotting rows 8g..8g+7 of a matrix repacked in groups of 8 (cpu.repack_x8)
-    with one token's int8 activations: the 8 byte dot products of a block are summed down to
-    one lane per row, so each block's scaling is one vector multiply-add for all 8 rows (their
-    8 scales are consecutive halves, converted in one instruction), as llama.cpp's repacked
-    kernels do. Returns a tuple of 8 float32."""
+    with one token's int8 activations. A block's quants are 4 chunks of 32 bytes, 4 bytes of
+    each row in turn, so one 4-byte lane of a vector is one row: its low nibbles times 4
+    activations broadcast to every lane, then its high nibbles times 4 more, summed straight
+    into that row's lane (8 vpdpbusd a block, no sums across lanes; llama.cpp interleaves its
+    repacked rows for the same reason). Each block's scaling is then one vector multiply-add
+    for all 8 rows (their 8 scales are consecutive halves). The integer block sums are exact,
+    so this is the row-by-row result bit for bit. Returns a tuple of 8 float32."""
     _, halves, qbytes, nibbles = GROUP_FORMATS[fmt]
     gsize = group_bytes(fmt)
 
@@ -432,32 +454,36 @@ def _group_dot(fmt: str):
             nb, qp, dp, sp, ip = _activations(context, builder, sig, args, 1)
             g = args[1]
             base = _byte_ptr(context, builder, sig.args[0], args[0], builder.mul(g, ir.Constant(g.type, 8)), _ZERO)
-            vf = _vec(F32, 8)
+            vf, vi = _vec(F32, 8), _vec(I32, 8)
             acc = cgutils.alloca_once_value(builder, ir.Constant(vf, None))
             extra = cgutils.alloca_once_value(builder, ir.Constant(vf, None))
+            low, four = ir.Constant(_vec(I8, 32), [15] * 32), ir.Constant(_vec(I8, 32), [4] * 32)
             with cgutils.for_range(builder, nb) as loop:
                 b = loop.index
                 blk = builder.gep(base, [builder.mul(b, ir.Constant(b.type, gsize))])
                 d8 = builder.fpext(_load(builder, blk, _vec(ir.HalfType(), 8)), vf)
                 xscale = builder.load(builder.gep(dp, [b]))
-                s = _load(builder, builder.gep(qp, [builder.mul(b, ir.Constant(b.type, 32))]), _vec(I8, 32))
-                quants = [builder.gep(blk, [ir.Constant(b.type, 16 * halves + qbytes * i)]) for i in range(8)]
-                dots = [_block_dot(builder, *_weights(builder, q, nibbles), s) for q in quants]
-                while len(dots) > 1:  # 8 vectors of 8 partial sums -> one lane per row, in row order
-                    dots = [_pair_sums(builder, dots[k], dots[k + 1]) for k in range(0, len(dots), 2)]
-                term = builder.fmul(builder.sitofp(dots[0], vf), builder.fmul(d8, _splat(builder, xscale), flags=_FAST),
+                x4 = builder.bitcast(builder.gep(qp, [builder.mul(b, ir.Constant(b.type, 32))]), I32.as_pointer())
+                dots = ir.Constant(vi, None)
+                for c in range(4):  # chunk c: weights 4c..4c+3 (low nibbles) and 16+4c..19+4c (high) of each row
+                    v = _load(builder, builder.gep(blk, [ir.Constant(b.type, 16 * halves + 32 * c)]), _vec(I8, 32))
+                    for u, at in ((builder.and_(v, low), c), (builder.lshr(v, four), c + 4)):
+                        word = builder.load(builder.gep(x4, [ir.Constant(b.type, at)]), align=1)
+                        s = builder.shuffle_vector(builder.insert_element(ir.Constant(vi, None), word, ir.Constant(I32, 0)),
+                                                   ir.Constant(vi, None), ir.Constant(vi, [0] * 8))
+                        dots = _dot_accumulate(builder, dots, u, builder.bitcast(s, _vec(I8, 32)))
+                term = builder.fmul(builder.sitofp(dots, vf), builder.fmul(d8, _splat(builder, xscale), flags=_FAST),
                                     flags=_FAST)
                 builder.store(builder.fadd(builder.load(acc), term, flags=_FAST), acc)
                 if halves == 2:  # q4_1: + m_w · d_x Σ q_x
                     m8 = builder.fpext(_load(builder, builder.gep(blk, [ir.Constant(b.type, 16)]),
                                              _vec(ir.HalfType(), 8)), vf)
                     e = builder.fmul(m8, _splat(builder, builder.load(builder.gep(sp, [b]))), flags=_FAST)
-                elif nibbles:  # q4_0: - 8 · d_w d_x Σ q_x
+                else:  # q4_0: - 8 · d_w d_x Σ q_x
                     off = builder.fmul(builder.fmul(xscale, builder.sitofp(builder.load(builder.gep(ip, [b])), F32),
                                                     flags=_FAST), ir.Constant(F32, -8.0), flags=_FAST)
                     e = builder.fmul(d8, _splat(builder, off), flags=_FAST)
-                if nibbles:
-                    builder.store(builder.fadd(builder.load(extra), e, flags=_FAST), extra)
+                builder.store(builder.fadd(builder.load(extra), e, flags=_FAST), extra)
             total = builder.fadd(builder.load(acc), builder.load(extra), flags=_FAST)
             return context.make_tuple(builder, sig.return_type,
                                       [builder.extract_element(total, ir.Constant(I32, i)) for i in range(8)])
@@ -474,8 +500,9 @@ TOKENS = 4  # tokens per call of the prefill row kernels
 def _row_dot_tokens(fmt: str, packed: bool):
     """An intrinsic dotting one row with TOKENS tokens' int8 activations (prefill): each block's
     weights are loaded and unpacked once and dotted with every token, each token with its own
-    accumulator. `packed`: the matrix is in repack_x8's 8-row groups (the row's scale and quants
-    sit at its place in each group block). Returns a tuple of TOKENS float32."""
+    accumulator. `packed`: the matrix is in repack_x8's 8-row groups (the row's scale sits at its
+    place in each group block, its quants 4 bytes in each of the block's 4 chunks). Returns a
+    tuple of TOKENS float32."""
     size, qoff, has_min, nibbles = _ROW_FORMATS[fmt]
     if packed:
         _, halves, qbytes, _ = GROUP_FORMATS[fmt]
@@ -492,7 +519,7 @@ def _row_dot_tokens(fmt: str, packed: bool):
                 start = _byte_ptr(context, builder, wty, w, builder.sub(r, lane), _ZERO)
                 d_at = builder.mul(lane, ir.Constant(r.type, 2))
                 m_at = builder.add(d_at, ir.Constant(r.type, 16))
-                q_at = builder.add(builder.mul(lane, ir.Constant(r.type, qbytes)), ir.Constant(r.type, 16 * halves))
+                q_at = builder.add(builder.mul(lane, ir.Constant(r.type, 4)), ir.Constant(r.type, 16 * halves))
                 stride = gsize
             else:
                 start = _byte_ptr(context, builder, wty, w, r, _ZERO)
@@ -512,7 +539,10 @@ def _row_dot_tokens(fmt: str, packed: bool):
                 blk = builder.gep(start, [builder.mul(b, ir.Constant(b.type, stride))])
                 dw = builder.fpext(_load(builder, builder.gep(blk, [d_at]), ir.HalfType()), F32)
                 m = builder.fpext(_load(builder, builder.gep(blk, [m_at]), ir.HalfType()), F32) if has_min else None
-                u, negative = _weights(builder, builder.gep(blk, [q_at]), nibbles)  # once for all tokens
+                if packed:  # the row's 4 bytes in each of the block's 4 chunks
+                    u, negative = _nibbles(builder, _packed_row_quants(builder, builder.gep(blk, [q_at]))), None
+                else:
+                    u, negative = _weights(builder, builder.gep(blk, [q_at]), nibbles)  # once for all tokens
                 for k in range(TOKENS):
                     s = _load(builder, builder.gep(qps[k], [builder.mul(b, ir.Constant(b.type, 32))]), _vec(I8, 32))
                     dot = _block_dot(builder, u, negative, s)
@@ -543,16 +573,23 @@ tokens_q4_0, tokens_q4_1, tokens_q8_0 = (_row_dot_tokens(f, False) for f in ("q4
 tokens_q4_0x8, tokens_q4_1x8 = (_row_dot_tokens(f, True) for f in ("q4_0", "q4_1"))
 
 
-@intrinsic
-def copy16(typingctx, dst, doff, src, soff):
-    """dst[doff:doff+16] = src[soff:soff+16] for uint8 arrays: one unaligned vector move (the
-    repacking loops move 16-byte quant runs; numba's byte loops ran at 1 GB/s)."""
-    def codegen(context, builder, sig, args):
-        v = _load(builder, _byte_ptr(context, builder, sig.args[2], args[2], _ZERO, args[3]), _vec(I8, 16))
-        p = _byte_ptr(context, builder, sig.args[0], args[0], _ZERO, args[1])
-        builder.store(v, builder.bitcast(p, _vec(I8, 16).as_pointer()), align=1)
-        return context.get_dummy_value()
-    return types.none(dst, types.intp, src, types.intp), codegen
+def _copy(n: int):
+    """An intrinsic dst[doff:doff+n] = src[soff:soff+n] for uint8 arrays: one unaligned move of
+    n bytes (repack_x8 moves 4-byte runs; numba's byte loops ran at 1 GB/s)."""
+    ty = _vec(I8, n)
+
+    @intrinsic
+    def copy(typingctx, dst, doff, src, soff):
+        def codegen(context, builder, sig, args):
+            v = _load(builder, _byte_ptr(context, builder, sig.args[2], args[2], _ZERO, args[3]), ty)
+            p = _byte_ptr(context, builder, sig.args[0], args[0], _ZERO, args[1])
+            builder.store(v, builder.bitcast(p, ty.as_pointer()), align=1)
+            return context.get_dummy_value()
+        return types.none(dst, types.intp, src, types.intp), codegen
+    return copy
+
+
+copy4 = _copy(4)
 
 
 def _ieee_divide(builder, a, b):
