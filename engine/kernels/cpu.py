@@ -15,9 +15,9 @@ from numba import njit, prange
 
 import engine.kernels  # noqa: F401  (numba settings first)
 from engine.kernels.rows import attend, rmsnorm_row, rope_head, silu
-from engine.kernels.simd import (TOKENS, copy4, quantize32, group_dot_q4_0x8, group_dot_q4_1x8, round_f16, row_dot_q4_0,
-                                 row_dot_q4_1, row_dot_q8_0, tokens_q4_0, tokens_q4_0x8, tokens_q4_1, tokens_q4_1x8,
-                                 tokens_q8_0)
+from engine.kernels.simd import (TOKENS, copy4, group_dot_q4_0x8, group_dot_q4_1x8, group_tokens_q4_0x8,
+                                 group_tokens_q4_1x8, quantize32, round_f16, row_dot_q4_0, row_dot_q4_1, row_dot_q8_0,
+                                 tokens_q4_0, tokens_q4_1, tokens_q8_0)
 
 F32, F16, Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K, BF16 = 0, 1, 2, 3, 8, 12, 13, 14, 30
 ROWS_PER_TASK = 16
@@ -192,16 +192,22 @@ def dequantize_x8_row(w, r, code, out):
 
 @njit(inline="always", cache=True)
 def _tokens_dot(w, r, code, xq, xd, xs, xi, t0):
-    """Row r · tokens t0..t0+TOKENS-1 of the quantized activations (prefill; simd.py)."""
+    """Row r · tokens t0..t0+TOKENS-1 of the quantized activations (prefill, rows as stored;
+    simd.py)."""
     if code == Q4_1:
         return tokens_q4_1(w, r, xq, xd, xs, xi, t0)
     if code == Q4_0:
         return tokens_q4_0(w, r, xq, xd, xs, xi, t0)
-    if code == Q8_0:
-        return tokens_q8_0(w, r, xq, xd, xs, xi, t0)
+    return tokens_q8_0(w, r, xq, xd, xs, xi, t0)
+
+
+@njit(inline="always", cache=True)
+def _group_tokens(w, g, code, xq, xd, xs, xi, t0):
+    """Rows 8g..8g+7 of a repacked matrix · tokens t0..t0+TOKENS-1 (prefill; simd.py): 8 rows
+    of token t0, then of t0+1, ..."""
     if code == Q4_1X8:
-        return tokens_q4_1x8(w, r, xq, xd, xs, xi, t0)
-    return tokens_q4_0x8(w, r, xq, xd, xs, xi, t0)
+        return group_tokens_q4_1x8(w, g, xq, xd, xs, xi, t0)
+    return group_tokens_q4_0x8(w, g, xq, xd, xs, xi, t0)
 
 
 @njit(inline="always", cache=True)
@@ -257,11 +263,22 @@ def matmul(w, code, x, out, exact=False):
                     for i in range(8):
                         out[t, 8 * g + i] = a[i]
             return
+        if code > PACKED:  # each block unpacked once for TOKENS tokens, all 8 rows of a group at once
+            for g in prange(rows // 8):
+                t = 0
+                while t < T:
+                    t0 = min(t, T - TOKENS)  # a short tail re-does some tokens: same values
+                    a = _group_tokens(w, g, code, xq, xd, xs, xi, t0)
+                    for k in range(TOKENS):
+                        for i in range(8):
+                            out[t0 + k, 8 * g + i] = a[8 * k + i]
+                    t = t0 + TOKENS
+            return
         for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
             for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
                 t = 0
                 while t < T:
-                    if T - t >= TOKENS or (code > PACKED and T >= TOKENS):
+                    if T - t >= TOKENS:
                         t0 = min(t, T - TOKENS)  # a short tail re-does some tokens: same values
                         a4 = _tokens_dot(w, r, code, xq, xd, xs, xi, t0)
                         for k in range(TOKENS):

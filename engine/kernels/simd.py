@@ -94,32 +94,16 @@ def _dot_u8s8(builder, u, s):
 def _weights(builder, quants, nibbles: bool):
     """A block's 32 weights at `quants` as unsigned bytes for the dot product, and for int8
     weights (q8_0) their signs (None for nibbles, which are unsigned already)."""
-    if nibbles:
-        return _nibbles(builder, _load(builder, quants, _vec(I8, 16))), None
+    if nibbles:  # low nibbles are weights 0-15, high nibbles 16-31 (Q4_0/Q4_1 order)
+        v = _load(builder, quants, _vec(I8, 16))
+        lo = builder.and_(v, ir.Constant(_vec(I8, 16), [15] * 16))
+        hi = builder.lshr(v, ir.Constant(_vec(I8, 16), [4] * 16))
+        return builder.shuffle_vector(lo, hi, ir.Constant(_vec(I32, 32), list(range(32)))), None
     wv = _load(builder, quants, _vec(I8, 32))
     absf = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_vec(I8, 32), [_vec(I8, 32), ir.IntType(1)]),
                                           "llvm.abs.v32i8")
     negative = builder.icmp_signed("<", wv, ir.Constant(_vec(I8, 32), None))
     return builder.call(absf, [wv, ir.Constant(ir.IntType(1), 0)]), negative
-
-
-def _nibbles(builder, v):
-    """A q4 block's 16 quant bytes (<16 x i8>) as its 32 weights in order: the low nibbles are
-    weights 0-15, the high nibbles 16-31 (Q4_0/Q4_1 order)."""
-    lo = builder.and_(v, ir.Constant(_vec(I8, 16), [15] * 16))
-    hi = builder.lshr(v, ir.Constant(_vec(I8, 16), [4] * 16))
-    return builder.shuffle_vector(lo, hi, ir.Constant(_vec(I32, 32), list(range(32))))
-
-
-def _packed_row_quants(builder, at):
-    """The 16 quant bytes of one row of a repacked group block (repack_x8: 4 bytes of the row in
-    each of 4 chunks of 32, `at` its first), gathered in their stored order."""
-    v = ir.Constant(_vec(I32, 4), None)
-    for c in range(4):
-        word = builder.load(builder.bitcast(builder.gep(at, [ir.Constant(ir.IntType(64), 32 * c)]), I32.as_pointer()),
-                            align=1)
-        v = builder.insert_element(v, word, ir.Constant(I32, c))
-    return builder.bitcast(v, _vec(I8, 16))
 
 
 def _block_dot(builder, u, negative, s):
@@ -436,77 +420,101 @@ def _dot_accumulate(builder, acc, u, s):
     return builder.add(acc, _dot_u8s8(builder, u, s))
 
 
-def _group_dot(fmt: str):
+TOKENS = 4  # tokens per call of the prefill row kernels
+
+
+def _group_dot(fmt: str, tokens: int):
     """An intrinsic dotting rows 8g..8g+7 of a matrix repacked in groups of 8 (cpu.repack_x8)
-    with one token's int8 activations. A block's quants are 4 chunks of 32 bytes, 4 bytes of
-    each row in turn, so one 4-byte lane of a vector is one row: its low nibbles times 4
-    activations broadcast to every lane, then its high nibbles times 4 more, summed straight
-    into that row's lane (8 vpdpbusd a block, no sums across lanes; llama.cpp interleaves its
-    repacked rows for the same reason). Each block's scaling is then one vector multiply-add
-    for all 8 rows (their 8 scales are consecutive halves). The integer block sums are exact,
-    so this is the row-by-row result bit for bit. Returns a tuple of 8 float32."""
+    with int8 activations: one token's (tokens=1: xq (n,) ...), or TOKENS tokens' from t0 on
+    (prefill: xq (T, n) ..., each block unpacked once for all of them). A block's quants are 4
+    chunks of 32 bytes, 4 bytes of each row in turn, so one 4-byte lane of a vector is one row:
+    its low nibbles times 4 activations broadcast to every lane, then its high nibbles times 4
+    more, summed straight into that row's lane (8 vpdpbusd a block, no sums across lanes;
+    llama.cpp interleaves its repacked rows for the same reason). Each block's scaling is then
+    one vector multiply-add for all 8 rows (their 8 scales are consecutive halves). The integer
+    block sums are exact, so this is the row-by-row result bit for bit, and a token's products
+    are the same for either `tokens`. Returns a tuple of 8 float32 per token, token by token."""
     _, halves, qbytes, nibbles = GROUP_FORMATS[fmt]
     gsize = group_bytes(fmt)
 
-    @intrinsic
-    def group_dot(typingctx, w, g, xq, xd, xs, xi):
+    def typer(w, g, xq, xd, xs, xi, *t0):
         def codegen(context, builder, sig, args):
-            nb, qp, dp, sp, ip = _activations(context, builder, sig, args, 1)
+            dims = 1 if tokens == 1 else 2
+            nb = _activations(context, builder, sig, args, dims)[0]
+            if tokens == 1:
+                per_token = [_activations(context, builder, sig, args, 1)[1:]]
+            else:
+                first = args[6]
+                per_token = []
+                for k in range(tokens):
+                    t = builder.add(first, ir.Constant(first.type, k))
+                    per_token.append(tuple(builder.bitcast(_byte_ptr(context, builder, ty, a, t, _ZERO), elem.as_pointer())
+                                           for ty, a, elem in zip(sig.args[2:6], args[2:6], (I8, F32, F32, I32))))
             g = args[1]
             base = _byte_ptr(context, builder, sig.args[0], args[0], builder.mul(g, ir.Constant(g.type, 8)), _ZERO)
             vf, vi = _vec(F32, 8), _vec(I32, 8)
-            acc = cgutils.alloca_once_value(builder, ir.Constant(vf, None))
-            extra = cgutils.alloca_once_value(builder, ir.Constant(vf, None))
+            accs = [cgutils.alloca_once_value(builder, ir.Constant(vf, None)) for _ in range(tokens)]
+            extras = [cgutils.alloca_once_value(builder, ir.Constant(vf, None)) for _ in range(tokens)]
             low, four = ir.Constant(_vec(I8, 32), [15] * 32), ir.Constant(_vec(I8, 32), [4] * 32)
             with cgutils.for_range(builder, nb) as loop:
                 b = loop.index
                 blk = builder.gep(base, [builder.mul(b, ir.Constant(b.type, gsize))])
                 d8 = builder.fpext(_load(builder, blk, _vec(ir.HalfType(), 8)), vf)
-                xscale = builder.load(builder.gep(dp, [b]))
-                x4 = builder.bitcast(builder.gep(qp, [builder.mul(b, ir.Constant(b.type, 32))]), I32.as_pointer())
-                dots = ir.Constant(vi, None)
-                for c in range(4):  # chunk c: weights 4c..4c+3 (low nibbles) and 16+4c..19+4c (high) of each row
+                m8 = builder.fpext(_load(builder, builder.gep(blk, [ir.Constant(b.type, 16)]),
+                                         _vec(ir.HalfType(), 8)), vf) if halves == 2 else None
+                parts = []  # (unsigned weight bytes, which 4 activations): chunk c holds weights
+                for c in range(4):  # 4c..4c+3 (low nibbles) and 16+4c..19+4c (high) of each row
                     v = _load(builder, builder.gep(blk, [ir.Constant(b.type, 16 * halves + 32 * c)]), _vec(I8, 32))
-                    for u, at in ((builder.and_(v, low), c), (builder.lshr(v, four), c + 4)):
+                    parts += [(builder.and_(v, low), c), (builder.lshr(v, four), c + 4)]
+                for (qp, dp, sp, ip), acc, extra in zip(per_token, accs, extras):
+                    x4 = builder.bitcast(builder.gep(qp, [builder.mul(b, ir.Constant(b.type, 32))]), I32.as_pointer())
+                    dots = ir.Constant(vi, None)
+                    for u, at in parts:
                         word = builder.load(builder.gep(x4, [ir.Constant(b.type, at)]), align=1)
                         s = builder.shuffle_vector(builder.insert_element(ir.Constant(vi, None), word, ir.Constant(I32, 0)),
                                                    ir.Constant(vi, None), ir.Constant(vi, [0] * 8))
                         dots = _dot_accumulate(builder, dots, u, builder.bitcast(s, _vec(I8, 32)))
-                term = builder.fmul(builder.sitofp(dots, vf), builder.fmul(d8, _splat(builder, xscale), flags=_FAST),
-                                    flags=_FAST)
-                builder.store(builder.fadd(builder.load(acc), term, flags=_FAST), acc)
-                if halves == 2:  # q4_1: + m_w · d_x Σ q_x
-                    m8 = builder.fpext(_load(builder, builder.gep(blk, [ir.Constant(b.type, 16)]),
-                                             _vec(ir.HalfType(), 8)), vf)
-                    e = builder.fmul(m8, _splat(builder, builder.load(builder.gep(sp, [b]))), flags=_FAST)
-                else:  # q4_0: - 8 · d_w d_x Σ q_x
-                    off = builder.fmul(builder.fmul(xscale, builder.sitofp(builder.load(builder.gep(ip, [b])), F32),
-                                                    flags=_FAST), ir.Constant(F32, -8.0), flags=_FAST)
-                    e = builder.fmul(d8, _splat(builder, off), flags=_FAST)
-                builder.store(builder.fadd(builder.load(extra), e, flags=_FAST), extra)
-            total = builder.fadd(builder.load(acc), builder.load(extra), flags=_FAST)
-            return context.make_tuple(builder, sig.return_type,
-                                      [builder.extract_element(total, ir.Constant(I32, i)) for i in range(8)])
-        return types.UniTuple(types.float32, 8)(w, types.intp, xq, xd, xs, xi), codegen
-    return group_dot
+                    xscale = builder.load(builder.gep(dp, [b]))
+                    term = builder.fmul(builder.sitofp(dots, vf), builder.fmul(d8, _splat(builder, xscale), flags=_FAST),
+                                        flags=_FAST)
+                    builder.store(builder.fadd(builder.load(acc), term, flags=_FAST), acc)
+                    if halves == 2:  # q4_1: + m_w · d_x Σ q_x
+                        e = builder.fmul(m8, _splat(builder, builder.load(builder.gep(sp, [b]))), flags=_FAST)
+                    else:  # q4_0: - 8 · d_w d_x Σ q_x
+                        off = builder.fmul(builder.fmul(xscale, builder.sitofp(builder.load(builder.gep(ip, [b])), F32),
+                                                        flags=_FAST), ir.Constant(F32, -8.0), flags=_FAST)
+                        e = builder.fmul(d8, _splat(builder, off), flags=_FAST)
+                    builder.store(builder.fadd(builder.load(extra), e, flags=_FAST), extra)
+            values = []
+            for acc, extra in zip(accs, extras):
+                total = builder.fadd(builder.load(acc), builder.load(extra), flags=_FAST)
+                values += [builder.extract_element(total, ir.Constant(I32, i)) for i in range(8)]
+            return context.make_tuple(builder, sig.return_type, values)
+        return types.UniTuple(types.float32, 8 * tokens)(w, types.intp, xq, xd, xs, xi, *t0), codegen
+
+    if tokens == 1:
+        @intrinsic
+        def group_dot(typingctx, w, g, xq, xd, xs, xi):
+            return typer(w, g, xq, xd, xs, xi)
+        return group_dot
+
+    @intrinsic
+    def group_dot_tokens(typingctx, w, g, xq, xd, xs, xi, t0):
+        return typer(w, g, xq, xd, xs, xi, types.intp)
+    return group_dot_tokens
 
 
-group_dot_q4_0x8, group_dot_q4_1x8 = (_group_dot(f) for f in ("q4_0", "q4_1"))
+group_dot_q4_0x8, group_dot_q4_1x8 = (_group_dot(f, 1) for f in ("q4_0", "q4_1"))
+group_tokens_q4_0x8, group_tokens_q4_1x8 = (_group_dot(f, TOKENS) for f in ("q4_0", "q4_1"))
 
 
-TOKENS = 4  # tokens per call of the prefill row kernels
 
-
-def _row_dot_tokens(fmt: str, packed: bool):
+def _row_dot_tokens(fmt: str):
     """An intrinsic dotting one row with TOKENS tokens' int8 activations (prefill): each block's
     weights are loaded and unpacked once and dotted with every token, each token with its own
-    accumulator. `packed`: the matrix is in repack_x8's 8-row groups (the row's scale sits at its
-    place in each group block, its quants 4 bytes in each of the block's 4 chunks). Returns a
-    tuple of TOKENS float32."""
+    accumulator (rows as stored: repacked matrices take the group kernels). Returns a tuple of
+    TOKENS float32."""
     size, qoff, has_min, nibbles = _ROW_FORMATS[fmt]
-    if packed:
-        _, halves, qbytes, _ = GROUP_FORMATS[fmt]
-        gsize = group_bytes(fmt)
 
     @intrinsic
     def row_dot_tokens(typingctx, w, r, xq, xd, xs, xi, t0):
@@ -514,17 +522,9 @@ def _row_dot_tokens(fmt: str, packed: bool):
             wty, _, qty, dty, sty, ity, _ = sig.args
             w, r, xq, xd, xs, xi, t0 = args
             nb = _activations(context, builder, sig, args, 2)[0]
-            if packed:
-                lane = builder.srem(r, ir.Constant(r.type, 8))
-                start = _byte_ptr(context, builder, wty, w, builder.sub(r, lane), _ZERO)
-                d_at = builder.mul(lane, ir.Constant(r.type, 2))
-                m_at = builder.add(d_at, ir.Constant(r.type, 16))
-                q_at = builder.add(builder.mul(lane, ir.Constant(r.type, 4)), ir.Constant(r.type, 16 * halves))
-                stride = gsize
-            else:
-                start = _byte_ptr(context, builder, wty, w, r, _ZERO)
-                d_at, m_at, q_at = ir.Constant(r.type, 0), ir.Constant(r.type, 2), ir.Constant(r.type, qoff)
-                stride = size
+            start = _byte_ptr(context, builder, wty, w, r, _ZERO)
+            d_at, m_at, q_at = ir.Constant(r.type, 0), ir.Constant(r.type, 2), ir.Constant(r.type, qoff)
+            stride = size
             toks = [builder.add(t0, ir.Constant(t0.type, k)) for k in range(TOKENS)]
             qps = [_byte_ptr(context, builder, qty, xq, t, _ZERO) for t in toks]
             fptr = lambda ty, a, t: builder.bitcast(_byte_ptr(context, builder, ty, a, t, _ZERO), F32.as_pointer())  # noqa: E731
@@ -539,10 +539,7 @@ def _row_dot_tokens(fmt: str, packed: bool):
                 blk = builder.gep(start, [builder.mul(b, ir.Constant(b.type, stride))])
                 dw = builder.fpext(_load(builder, builder.gep(blk, [d_at]), ir.HalfType()), F32)
                 m = builder.fpext(_load(builder, builder.gep(blk, [m_at]), ir.HalfType()), F32) if has_min else None
-                if packed:  # the row's 4 bytes in each of the block's 4 chunks
-                    u, negative = _nibbles(builder, _packed_row_quants(builder, builder.gep(blk, [q_at]))), None
-                else:
-                    u, negative = _weights(builder, builder.gep(blk, [q_at]), nibbles)  # once for all tokens
+                u, negative = _weights(builder, builder.gep(blk, [q_at]), nibbles)  # once for all tokens
                 for k in range(TOKENS):
                     s = _load(builder, builder.gep(qps[k], [builder.mul(b, ir.Constant(b.type, 32))]), _vec(I8, 32))
                     dot = _block_dot(builder, u, negative, s)
@@ -569,8 +566,7 @@ def _row_dot_tokens(fmt: str, packed: bool):
     return row_dot_tokens
 
 
-tokens_q4_0, tokens_q4_1, tokens_q8_0 = (_row_dot_tokens(f, False) for f in ("q4_0", "q4_1", "q8_0"))
-tokens_q4_0x8, tokens_q4_1x8 = (_row_dot_tokens(f, True) for f in ("q4_0", "q4_1"))
+tokens_q4_0, tokens_q4_1, tokens_q8_0 = (_row_dot_tokens(f) for f in ("q4_0", "q4_1", "q8_0"))
 
 
 def _copy(n: int):
