@@ -4,8 +4,9 @@ Each measurement is a fresh process (so load time and peak RSS are honest), and 
 alternate run by run, so machine noise (other jobs on a shared box) spreads over all of them;
 figures are medians of `--runs` runs. Each run: load, a 256-token prompt (prefill and time to
 first token), then 128 greedy tokens (decode). The memory read bandwidth is measured in the
-same run, and decode is also given as a fraction of its limit (bandwidth / weight bytes read
-per token).
+same run, before the first model and after each (the best probe is the limit: on a shared
+machine one probe may land in a busy minute), and decode is also given as a fraction of that
+limit (bandwidth / weight bytes read per token).
 
 Peers need their own packages: llama.cpp from `llama-cpp-python` (the `bench` extra),
 transformers from `torch` + `transformers` (the `fixtures` extra). If the running interpreter
@@ -305,22 +306,37 @@ def run_speed(models: list[str], engines: list[str], threads: list[int], runs: i
               log=print) -> dict:
     """Every model in turn (a NAMED one or a path); per model, the engines alternate run by run."""
     workdir.mkdir(parents=True, exist_ok=True)
-    log("measuring memory bandwidth ...")
     import psutil
-    bw, bw_each = bandwidth_limit(psutil.cpu_count(logical=False) or 1)
-    log("bandwidth " + ", ".join(f"{t} thread(s) {b / 1e9:.1f} GB/s" for t, b in bw_each.items()))
-    report = {"machine": machine(), "bandwidth_gb_s": bw / 1e9,
-              "bandwidth_by_threads_gb_s": {str(t): b / 1e9 for t, b in bw_each.items()},
-              "prompt_tokens": prompt_tokens, "decode_tokens": gen, "models": [], "results": [], "skipped": {}}
+    cores = psutil.cpu_count(logical=False) or 1
+    probes: list[dict[int, float]] = []
+
+    def probe() -> None:  # a shared machine's bandwidth varies over a run: the best probe is the limit
+        log("measuring memory bandwidth ...")
+        probes.append(bandwidth_limit(cores)[1])
+        log("bandwidth " + ", ".join(f"{t} thread(s) {b / 1e9:.1f} GB/s" for t, b in probes[-1].items()))
+
+    probe()
+    report = {"machine": machine(), "prompt_tokens": prompt_tokens, "decode_tokens": gen, "models": [],
+              "results": [], "skipped": {}}
     done: dict[tuple[str, str, int], list[dict]] = {}  # (engine, path, threads) -> samples, across models
     for spec in models:
         paths = model_paths(spec, workdir, moe_dir)
         name = spec if spec in NAMED else Path(spec).name
-        entry = _run_model(name, paths, engines, threads, runs, prompt_tokens, gen, simds, workdir, pythons, bw,
+        entry = _run_model(name, paths, engines, threads, runs, prompt_tokens, gen, simds, workdir, pythons,
                            done, log)
         report["models"].append(entry["model"])
         report["results"] += entry["results"]
         report["skipped"] |= {f"{name}: {e}": why for e, why in entry["skipped"].items()}
+        probe()
+    each = {t: max(p[t] for p in probes) for t in probes[0]}
+    bw = max(each.values())
+    report |= {"bandwidth_gb_s": bw / 1e9, "bandwidth_by_threads_gb_s": {str(t): b / 1e9 for t, b in each.items()},
+               "bandwidth_probes_gb_s": [max(p.values()) / 1e9 for p in probes]}
+    per_token = {(m["name"], e): m["float_bytes_per_token" if e == "transformers" else "weight_bytes_per_token"]
+                 for m in report["models"] for e in ("transformers", "other")}
+    for row in report["results"]:
+        kind = "transformers" if row["engine"] == "transformers" else "other"
+        row["bandwidth_fraction"] = row["decode_tok_s"] * per_token[(row["model"], kind)] / bw
     if len(models) == 1:  # the single-model layout of earlier reports
         report |= {"model": report["models"][0]["name"],
                    "weight_bytes_per_token": report["models"][0]["weight_bytes_per_token"],
@@ -329,8 +345,7 @@ def run_speed(models: list[str], engines: list[str], threads: list[int], runs: i
 
 
 def _run_model(name: str, paths: dict, engines: list[str], threads: list[int], runs: int, prompt_tokens: int,
-               gen: int, simds: list[str], workdir: Path, pythons: dict, bw: float,
-               done: dict, log) -> dict:
+               gen: int, simds: list[str], workdir: Path, pythons: dict, done: dict, log) -> dict:
     plan, skipped = [], {}
     for engine in engines:
         path, why = paths[engine]
@@ -365,9 +380,7 @@ def _run_model(name: str, paths: dict, engines: list[str], threads: list[int], r
     for label, engine, py, path, env in plan:
         for t in threads:
             rs = done[(label, path, t)]
-            med = {k: statistics.median(x[k] for x in rs) for k in FIGURES}
-            per_token = fbytes if engine == "transformers" else qbytes
-            med["bandwidth_fraction"] = med["decode_tok_s"] * per_token / bw
+            med = {k: statistics.median(x[k] for x in rs) for k in FIGURES}  # (+ bandwidth_fraction: run_speed)
             results.append({"engine": label, "model": name, "threads": t, "runs": len(rs), **med})
     for row in results:
         for peer, key in (("llama.cpp", "vs_llama_cpp"), ("transformers", "vs_transformers")):
@@ -443,7 +456,9 @@ def cmd_speed(args: argparse.Namespace) -> int:
                            {"llama.cpp": args.llamacpp_python, "transformers": args.transformers_python}, moe_dir)
     m = report["machine"]
     by_t = ", ".join(f"{t} thread(s) {b:.1f}" for t, b in report["bandwidth_by_threads_gb_s"].items())
-    print(f"\n{m['cpu']}, {m['physical_cores']} cores, read bandwidth {report['bandwidth_gb_s']:.1f} GB/s ({by_t}); "
+    probes = ", ".join(f"{b:.1f}" for b in report["bandwidth_probes_gb_s"])
+    print(f"\n{m['cpu']}, {m['physical_cores']} cores, read bandwidth {report['bandwidth_gb_s']:.1f} GB/s ({by_t}; "
+          f"best of the probes {probes}); "
           f"{report['prompt_tokens']}-token prompt, {report['decode_tokens']} greedy tokens, medians")
     for info in report["models"]:
         scaling = "; ".join(f"{e} ×{s[max(s, key=int)]:.2f}" for e, s in info["decode_scaling_vs_1_thread"].items())

@@ -41,6 +41,11 @@ def test_several_models_in_one_run(tmp_path, capsys):
     assert [m["name"] for m in report["models"]] == ["llama", "mixtral"]
     assert {(r["model"], r["threads"]) for r in report["results"]} == {(m, t) for m in ("llama", "mixtral") for t in (1, 2)}
     assert set(report["bandwidth_by_threads_gb_s"]) >= {"1"} and report["bandwidth_gb_s"] > 0
+    probes = report["bandwidth_probes_gb_s"]  # before the first model and after each: the best is the limit
+    assert len(probes) == 3 and report["bandwidth_gb_s"] == max(probes)
+    for r in report["results"]:
+        m = next(m for m in report["models"] if m["name"] == r["model"])
+        assert abs(r["bandwidth_fraction"] - r["decode_tok_s"] * m["weight_bytes_per_token"] / max(probes) / 1e9) < 1e-9
     assert all("colibri" in m["decode_scaling_vs_1_thread"] for m in report["models"])
     text = capsys.readouterr().out
     assert text.count("| colibri | 2 |") == 2 and "decode scaling 1 → 2 threads" in text

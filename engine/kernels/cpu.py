@@ -16,7 +16,7 @@ from numba import njit, prange
 import engine.kernels  # noqa: F401  (numba settings first)
 from engine.kernels.rows import attend, rmsnorm_row, rope_head, silu
 from engine.kernels.simd import (TOKENS, copy4, group_dot_q4_0x8, group_dot_q4_1x8, group_tokens_q4_0x8,
-                                 group_tokens_q4_1x8, quantize32, round_f16, row_dot_q4_0, row_dot_q4_1, row_dot_q8_0,
+                                 group_tokens_q4_1x8, quantize32, row_dot_q4_0, row_dot_q4_1, row_dot_q8_0,
                                  tokens_q4_0, tokens_q4_1, tokens_q8_0)
 
 F32, F16, Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K, BF16 = 0, 1, 2, 3, 8, 12, 13, 14, 30

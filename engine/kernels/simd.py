@@ -434,7 +434,7 @@ def _group_dot(fmt: str, tokens: int):
     one vector multiply-add for all 8 rows (their 8 scales are consecutive halves). The integer
     block sums are exact, so this is the row-by-row result bit for bit, and a token's products
     are the same for either `tokens`. Returns a tuple of 8 float32 per token, token by token."""
-    _, halves, qbytes, nibbles = GROUP_FORMATS[fmt]
+    halves = GROUP_FORMATS[fmt][1]
     gsize = group_bytes(fmt)
 
     def typer(w, g, xq, xd, xs, xi, *t0):
