@@ -82,7 +82,9 @@ class ModelWeights:
                                    cfg.top_k, repack)
         emb = self._open(model.path / "embeddings.bin")
         self.token_embd = load_matrix(emb, "token_embd.weight")
-        self.output = self.token_embd if cfg.tie_word_embeddings else load_matrix(emb, "output.weight")
+        # a separate output head is a matrix like any other (a tied one is also the embedding
+        # table, whose rows are looked up as stored)
+        self.output = self.token_embd if cfg.tie_word_embeddings else self._repacked(load_matrix(emb, "output.weight"))
         self.output_norm = load_vector(emb, "output_norm.weight")
         self.rope_freqs = load_vector(emb, "rope_freqs.weight") if cfg.rope_freq_factors else None
         self.layers = [self._layer(model, L) for L in range(cfg.num_layers)]
@@ -115,9 +117,9 @@ class ModelWeights:
             router=router, shared_gate=shared_gate, shared=shared)
 
     def _repacked(self, m: Matrix) -> Matrix:
-        """A q4 attention matrix copied out of its mapped file into pool memory in the kernels'
-        8-row groups (as resident experts are): the same resident bytes (the file's pages are
-        then only page cache), about a third faster to decode. Others stay mapped."""
+        """A q4/q8_0 attention or output matrix copied out of its mapped file into pool memory
+        in the kernels' 8-row groups (as resident experts are): the same resident bytes (the
+        file's pages are then only page cache), faster to decode. Others stay mapped."""
         from engine.kernels import cpu
         if not self.repack or m.code not in cpu.PACKABLE or m.rows % 8:
             return m

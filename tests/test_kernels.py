@@ -11,7 +11,7 @@ from engine.kernels import reference as ref
 
 FORMATS = ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q4_k", "q5_k", "q6_k"]
 INT_FORMATS = ["q4_0", "q4_1", "q8_0"]  # decoded with int8 activations (llama.cpp's scheme)
-PACK_FORMATS = ["q4_0", "q4_1"]  # repacked into 8-row groups when resident
+PACK_FORMATS = ["q4_0", "q4_1", "q8_0"]  # repacked into 8-row groups when resident
 
 
 def stored_matrix(name: str, rows: int, n: int, seed: int) -> np.ndarray:
@@ -304,7 +304,7 @@ def test_softmax_top_k_matches_numpy(renormalise):
     np.testing.assert_allclose(w, want_w, rtol=1e-6)
 
 
-@pytest.mark.parametrize("name,repack", [("q4_0", True), ("q4_1", False), ("q8_0", False)])
+@pytest.mark.parametrize("name,repack", [("q4_0", True), ("q4_1", False), ("q8_0", False), ("q8_0", True)])
 def test_moe_experts_in_one_call_match_numpy(name, repack):
     """cpu.moe_int: one token through k experts (SwiGLU each, weighted sum) against the numpy
     twins composed expert by expert."""

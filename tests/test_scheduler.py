@@ -80,7 +80,10 @@ def test_gpu_layers_place_attention_and_match_cpu(model):
         eng.net.gpu = sched.runner
         got = eng.logits(ids)
         snap = sched.snapshot()
-    np.testing.assert_array_equal(got, want)
+    # the CPU-only engine repacks its resident q4/q8_0 matrices (the output head among them) into
+    # the kernels' 8-row groups; one that may offload keeps the stored layout a GPU reads: the
+    # same integer products, summed in another order
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
     assert [(p.attention, p.attention_reason) for p in snap.layers] == [
         ("gpu", "gpu_layers = 1"), ("cpu", "beyond gpu_layers = 1")]
     assert snap.layers[0].ffn == "cpu" and "est. cpu" in snap.layers[0].ffn_reason  # tiny experts
@@ -108,7 +111,7 @@ def test_out_of_memory_on_upload_falls_back_without_crash(model, caplog):
         eng.net.gpu = sched.runner
         got = eng.logits(ids)
         snap = sched.snapshot()
-    np.testing.assert_array_equal(got, want)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())  # (layouts: as above)
     assert snap.fallbacks and all("out of GPU memory" in e.reason for e in snap.fallbacks)
     assert [p.attention for p in snap.layers] == ["cpu", "cpu"]
     assert snap.layers[0].attention_reason.startswith("fallback: out of GPU memory")

@@ -15,16 +15,16 @@ from numba import njit, prange
 
 import engine.kernels  # noqa: F401  (numba settings first)
 from engine.kernels.rows import attend, rmsnorm_row, rope_head, silu
-from engine.kernels.simd import (TOKENS, copy4, group_dot_q4_0x8, group_dot_q4_1x8, group_tokens_q4_0x8,
-                                 group_tokens_q4_1x8, quantize32, row_dot_q4_0, row_dot_q4_1, row_dot_q8_0,
-                                 tokens_q4_0, tokens_q4_1, tokens_q8_0)
+from engine.kernels.simd import (TOKENS, copy4, group_dot_q4_0x8, group_dot_q4_1x8, group_dot_q8_0x8,
+                                 group_tokens_q4_0x8, group_tokens_q4_1x8, group_tokens_q8_0x8, quantize32,
+                                 row_dot_q4_0, row_dot_q4_1, row_dot_q8_0, tokens_q4_0, tokens_q4_1, tokens_q8_0)
 
 F32, F16, Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K, BF16 = 0, 1, 2, 3, 8, 12, 13, 14, 30
 ROWS_PER_TASK = 16
 PACKED = 1000  # + a GGML id: that format repacked in groups of 8 rows at load (repack_x8); never in a file
-Q4_0X8, Q4_1X8 = PACKED + Q4_0, PACKED + Q4_1
-PACKABLE = (Q4_0, Q4_1)  # q8_0 measured no faster packed (its twice as many bytes bound it), so it stays
-INT_CODES = (Q4_0, Q4_1, Q8_0, Q4_0X8, Q4_1X8)  # formats dotted in integers (int8 activations)
+Q4_0X8, Q4_1X8, Q8_0X8 = PACKED + Q4_0, PACKED + Q4_1, PACKED + Q8_0
+PACKABLE = (Q4_0, Q4_1, Q8_0)
+INT_CODES = (Q4_0, Q4_1, Q8_0, Q4_0X8, Q4_1X8, Q8_0X8)  # formats dotted in integers (int8 activations)
 INT_MAX_T = TOKENS - 1  # up to this many tokens (decode), the fused kernels (matmul_int, swiglu_int) apply
 _F16 = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)  # bits -> value
 
@@ -143,14 +143,22 @@ def quantized(x):
     return xq, xd, xs, xi
 
 
+@njit(inline="always", cache=True)
+def _group_block(code):
+    """(block bytes, halves at its head) of a repackable format."""
+    if code == Q4_0:
+        return 18, 1
+    return (20, 2) if code == Q4_1 else (34, 1)
+
+
 @njit(cache=True, nogil=True)
 def repack_x8(w, code):
-    """In place, a q4_0/q4_1 matrix (rows, row_bytes), rows a multiple of 8 -> groups of 8 rows
-    stored block by block: the 8 rows' head halves (d; d then m for q4_1: 16 bytes each), then
-    their quants in 4 chunks of 32 bytes, chunk c holding bytes 4c..4c+3 of row 0, then of row
-    1, ... (the same size in all). Layout of simd's group dot products: one 4-byte vector lane
-    per row."""
-    size, halves = (18, 1) if code == Q4_0 else (20, 2)
+    """In place, a q4_0/q4_1/q8_0 matrix (rows, row_bytes), rows a multiple of 8 -> groups of 8
+    rows stored block by block: the 8 rows' head halves (d; d then m for q4_1: 16 bytes each),
+    then their quants in chunks of 32 bytes (4 for q4, 8 for q8_0), chunk c holding bytes
+    4c..4c+3 of row 0, then of row 1, ... (the same size in all). Layout of simd's group dot
+    products: one 4-byte vector lane per row."""
+    size, halves = _group_block(code)
     qbytes = size - 2 * halves
     gsize = 16 * halves + 8 * qbytes
     rows, rb = w.shape
@@ -173,7 +181,7 @@ def repack_x8(w, code):
 def dequantize_x8_row(w, r, code, out):
     """Row r of a matrix repacked by repack_x8 (code: the packed id) -> float32 weights (n,)."""
     base_code = code - PACKED
-    size, halves = (18, 1) if base_code == Q4_0 else (20, 2)
+    size, halves = _group_block(base_code)
     qbytes = size - 2 * halves
     gsize = 16 * halves + 8 * qbytes
     flat = w.reshape(-1)
@@ -183,6 +191,10 @@ def dequantize_x8_row(w, r, code, out):
         o = base + gsize * b
         d = _h2f(flat[o + 2 * i], flat[o + 2 * i + 1])
         q0 = o + 16 * halves + 4 * i
+        if base_code == Q8_0:
+            for j in range(32):
+                out[32 * b + j] = d * np.float32(_i8(flat[q0 + 32 * (j // 4) + j % 4]))
+            continue
         m = _h2f(flat[o + 16 + 2 * i], flat[o + 17 + 2 * i]) if base_code == Q4_1 else -8 * d
         for j in range(16):
             q = np.int32(flat[q0 + 32 * (j // 4) + j % 4])
@@ -207,6 +219,8 @@ def _group_tokens(w, g, code, xq, xd, xs, xi, t0):
     of token t0, then of t0+1, ..."""
     if code == Q4_1X8:
         return group_tokens_q4_1x8(w, g, xq, xd, xs, xi, t0)
+    if code == Q8_0X8:
+        return group_tokens_q8_0x8(w, g, xq, xd, xs, xi, t0)
     return group_tokens_q4_0x8(w, g, xq, xd, xs, xi, t0)
 
 
@@ -215,6 +229,8 @@ def _group_dot(w, g, code, xq, xd, xs, xi):
     """Rows 8g..8g+7 of a repacked matrix · one token's int8 activations (simd.py)."""
     if code == Q4_1X8:
         return group_dot_q4_1x8(w, g, xq, xd, xs, xi)
+    if code == Q8_0X8:
+        return group_dot_q8_0x8(w, g, xq, xd, xs, xi)
     return group_dot_q4_0x8(w, g, xq, xd, xs, xi)
 
 

@@ -99,11 +99,14 @@ def _weights(builder, quants, nibbles: bool):
         lo = builder.and_(v, ir.Constant(_vec(I8, 16), [15] * 16))
         hi = builder.lshr(v, ir.Constant(_vec(I8, 16), [4] * 16))
         return builder.shuffle_vector(lo, hi, ir.Constant(_vec(I32, 32), list(range(32)))), None
-    wv = _load(builder, quants, _vec(I8, 32))
+    return _weights_of(builder, _load(builder, quants, _vec(I8, 32)))
+
+
+def _weights_of(builder, wv):
+    """Loaded int8 weights (<32 x i8>) as |w| (unsigned bytes for the dot product) and w < 0."""
     absf = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_vec(I8, 32), [_vec(I8, 32), ir.IntType(1)]),
                                           "llvm.abs.v32i8")
-    negative = builder.icmp_signed("<", wv, ir.Constant(_vec(I8, 32), None))
-    return builder.call(absf, [wv, ir.Constant(ir.IntType(1), 0)]), negative
+    return builder.call(absf, [wv, ir.Constant(ir.IntType(1), 0)]), builder.icmp_signed("<", wv, ir.Constant(_vec(I8, 32), None))
 
 
 def _block_dot(builder, u, negative, s):
@@ -399,9 +402,8 @@ def _row_dot(fmt: str):
 row_dot_q4_0, row_dot_q4_1, row_dot_q8_0 = (_row_dot(f) for f in ("q4_0", "q4_1", "q8_0"))
 
 
-# format -> (block bytes, halves at its head (d; d and m for q4_1), quant bytes, nibbles); q8_0 is
-# not repacked: measured no faster (its twice as many bytes bound it)
-GROUP_FORMATS = {"q4_0": (18, 1, 16, True), "q4_1": (20, 2, 16, True)}
+# format -> (block bytes, halves at its head (d; d and m for q4_1), quant bytes, nibbles)
+GROUP_FORMATS = {"q4_0": (18, 1, 16, True), "q4_1": (20, 2, 16, True), "q8_0": (34, 1, 32, False)}
 
 
 def group_bytes(fmt: str) -> int:
@@ -434,7 +436,7 @@ def _group_dot(fmt: str, tokens: int):
     one vector multiply-add for all 8 rows (their 8 scales are consecutive halves). The integer
     block sums are exact, so this is the row-by-row result bit for bit, and a token's products
     are the same for either `tokens`. Returns a tuple of 8 float32 per token, token by token."""
-    halves = GROUP_FORMATS[fmt][1]
+    _, halves, qbytes, nibbles = GROUP_FORMATS[fmt]
     gsize = group_bytes(fmt)
 
     def typer(w, g, xq, xd, xs, xi, *t0):
@@ -462,29 +464,44 @@ def _group_dot(fmt: str, tokens: int):
                 d8 = builder.fpext(_load(builder, blk, _vec(ir.HalfType(), 8)), vf)
                 m8 = builder.fpext(_load(builder, builder.gep(blk, [ir.Constant(b.type, 16)]),
                                          _vec(ir.HalfType(), 8)), vf) if halves == 2 else None
-                parts = []  # (unsigned weight bytes, which 4 activations): chunk c holds weights
-                for c in range(4):  # 4c..4c+3 (low nibbles) and 16+4c..19+4c (high) of each row
+                parts = []  # (unsigned weight bytes, which 4 activations, signs or None): chunk c holds
+                for c in range(qbytes // 4):  # weights 4c..4c+3 of each row (q4: low nibbles; high: 16+4c..)
                     v = _load(builder, builder.gep(blk, [ir.Constant(b.type, 16 * halves + 32 * c)]), _vec(I8, 32))
-                    parts += [(builder.and_(v, low), c), (builder.lshr(v, four), c + 4)]
+                    if nibbles:
+                        parts += [(builder.and_(v, low), c, None), (builder.lshr(v, four), c + 4, None)]
+                    elif DOT == "vnni":  # int8 as unsigned w + 128; the accumulator starts at -128 Σx
+                        parts.append((builder.xor(v, ir.Constant(_vec(I8, 32), [-128] * 32)), c, None))
+                    else:  # |w| times x with w's sign (the pair sums of avx2 stay within int16)
+                        magnitude, negative = _weights_of(builder, v)
+                        parts.append((magnitude, c, negative))
                 for (qp, dp, sp, ip), acc, extra in zip(per_token, accs, extras):
                     x4 = builder.bitcast(builder.gep(qp, [builder.mul(b, ir.Constant(b.type, 32))]), I32.as_pointer())
                     dots = ir.Constant(vi, None)
-                    for u, at in parts:
+                    if not nibbles and DOT == "vnni":
+                        bias = builder.mul(builder.load(builder.gep(ip, [b])), ir.Constant(I32, -128))
+                        dots = builder.shuffle_vector(builder.insert_element(ir.Constant(vi, None), bias,
+                                                                             ir.Constant(I32, 0)),
+                                                      ir.Constant(vi, None), ir.Constant(vi, [0] * 8))
+                    for u, at, negative in parts:
                         word = builder.load(builder.gep(x4, [ir.Constant(b.type, at)]), align=1)
                         s = builder.shuffle_vector(builder.insert_element(ir.Constant(vi, None), word, ir.Constant(I32, 0)),
                                                    ir.Constant(vi, None), ir.Constant(vi, [0] * 8))
-                        dots = _dot_accumulate(builder, dots, u, builder.bitcast(s, _vec(I8, 32)))
+                        s = builder.bitcast(s, _vec(I8, 32))
+                        if negative is not None:
+                            s = builder.select(negative, builder.sub(ir.Constant(_vec(I8, 32), None), s), s)
+                        dots = _dot_accumulate(builder, dots, u, s)
                     xscale = builder.load(builder.gep(dp, [b]))
                     term = builder.fmul(builder.sitofp(dots, vf), builder.fmul(d8, _splat(builder, xscale), flags=_FAST),
                                         flags=_FAST)
                     builder.store(builder.fadd(builder.load(acc), term, flags=_FAST), acc)
                     if halves == 2:  # q4_1: + m_w · d_x Σ q_x
                         e = builder.fmul(m8, _splat(builder, builder.load(builder.gep(sp, [b]))), flags=_FAST)
-                    else:  # q4_0: - 8 · d_w d_x Σ q_x
+                    elif nibbles:  # q4_0: - 8 · d_w d_x Σ q_x
                         off = builder.fmul(builder.fmul(xscale, builder.sitofp(builder.load(builder.gep(ip, [b])), F32),
                                                         flags=_FAST), ir.Constant(F32, -8.0), flags=_FAST)
                         e = builder.fmul(d8, _splat(builder, off), flags=_FAST)
-                    builder.store(builder.fadd(builder.load(extra), e, flags=_FAST), extra)
+                    if nibbles:
+                        builder.store(builder.fadd(builder.load(extra), e, flags=_FAST), extra)
             values = []
             for acc, extra in zip(accs, extras):
                 total = builder.fadd(builder.load(acc), builder.load(extra), flags=_FAST)
@@ -504,8 +521,8 @@ def _group_dot(fmt: str, tokens: int):
     return group_dot_tokens
 
 
-group_dot_q4_0x8, group_dot_q4_1x8 = (_group_dot(f, 1) for f in ("q4_0", "q4_1"))
-group_tokens_q4_0x8, group_tokens_q4_1x8 = (_group_dot(f, TOKENS) for f in ("q4_0", "q4_1"))
+group_dot_q4_0x8, group_dot_q4_1x8, group_dot_q8_0x8 = (_group_dot(f, 1) for f in ("q4_0", "q4_1", "q8_0"))
+group_tokens_q4_0x8, group_tokens_q4_1x8, group_tokens_q8_0x8 = (_group_dot(f, TOKENS) for f in ("q4_0", "q4_1", "q8_0"))
 
 
 
