@@ -81,10 +81,11 @@ class ModelWeights:
         self.experts = ExpertCache(self.store, pool, cfg.num_layers, cfg.num_experts, capacity, prefetch_window,
                                    cfg.top_k, repack)
         emb = self._open(model.path / "embeddings.bin")
-        self.token_embd = load_matrix(emb, "token_embd.weight")
-        # a separate output head is a matrix like any other (a tied one is also the embedding
-        # table, whose rows are looked up as stored)
-        self.output = self.token_embd if cfg.tie_word_embeddings else self._repacked(load_matrix(emb, "output.weight"))
+        self.token_embd = load_matrix(emb, "token_embd.weight")  # a few rows a token: stays mapped
+        if cfg.tie_word_embeddings:  # also the output head, read whole every token: repacked
+            self.token_embd = self.output = self._repacked(self.token_embd)  # (lookups read the groups)
+        else:
+            self.output = self._repacked(load_matrix(emb, "output.weight"))
         self.output_norm = load_vector(emb, "output_norm.weight")
         self.rope_freqs = load_vector(emb, "rope_freqs.weight") if cfg.rope_freq_factors else None
         self.layers = [self._layer(model, L) for L in range(cfg.num_layers)]
@@ -117,9 +118,10 @@ class ModelWeights:
             router=router, shared_gate=shared_gate, shared=shared)
 
     def _repacked(self, m: Matrix) -> Matrix:
-        """A q4/q8_0 attention or output matrix copied out of its mapped file into pool memory
-        in the kernels' 8-row groups (as resident experts are): the same resident bytes (the
-        file's pages are then only page cache), faster to decode. Others stay mapped."""
+        """A q4/q8_0 attention or output matrix (a tied embedding table too) copied out of its
+        mapped file into pool memory in the kernels' 8-row groups (as resident experts are):
+        the same resident bytes (the file's pages are then only page cache), faster to decode.
+        Others stay mapped."""
         from engine.kernels import cpu
         if not self.repack or m.code not in cpu.PACKABLE or m.rows % 8:
             return m

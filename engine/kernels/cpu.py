@@ -416,9 +416,13 @@ def moe_int(gates, ups, downs, cg, cu, cd, mix, x, act, out):
 
 @njit(parallel=True, cache=True, nogil=True)
 def gather_rows(w, code, ids, out):
-    """out (T, n) = dequantized rows ids of W (the embedding lookup)."""
+    """out (T, n) = dequantized rows ids of W (the embedding lookup; a tied table is repacked,
+    as the output head)."""
     for t in prange(ids.shape[0]):
-        dequantize_row(w[ids[t]], code, out[t])
+        if code > PACKED:
+            dequantize_x8_row(w, ids[t], code, out[t])
+        else:
+            dequantize_row(w[ids[t]], code, out[t])
 
 
 @njit(parallel=True, fastmath=True, cache=True, nogil=True)

@@ -195,7 +195,7 @@ class Transformer:
         """Whether these experts are stored in one integer-dot format per matrix (gate, up, down),
         so that cpu.moe_int can take them together."""
         codes = {tuple(p[3] for p in self.w.store.span(L, e).parts) for e in experts}
-        return len(codes) == 1 and all(c in cpu.PACKABLE or c == cpu.Q8_0 for c in next(iter(codes)))
+        return len(codes) == 1 and all(c in cpu.PACKABLE for c in next(iter(codes)))
 
     def _experts_in_one_call(self, L: int, h: np.ndarray, experts: list[int], mix: np.ndarray) -> np.ndarray:
         """A token's loaded experts in one kernel call (cpu.moe_int), pinned meanwhile."""
