@@ -239,6 +239,16 @@ class TensorFile:
         count = i.nbytes // i.qtype.storage.itemsize
         return np.frombuffer(self._mmap, i.qtype.storage, count, i.offset).reshape(shape)
 
+    def release(self, name: str) -> None:
+        """Unmap this process's pages of a tensor whose bytes were copied elsewhere (a repacked
+        matrix): they leave the resident set and stay in the page cache, and a later read of the
+        mapped view faults them back in. Only whole pages inside the tensor."""
+        i = self.infos[name]
+        page = mmap.PAGESIZE
+        start, end = -(-i.offset // page) * page, (i.offset + i.nbytes) // page * page
+        if end > start and hasattr(mmap, "MADV_DONTNEED"):
+            self._mmap.madvise(mmap.MADV_DONTNEED, start, end - start)
+
     def dequantize(self, name: str) -> np.ndarray:
         return quant.dequantize(self.tensor(name), self.infos[name].qtype)
 

@@ -83,9 +83,9 @@ class ModelWeights:
         emb = self._open(model.path / "embeddings.bin")
         self.token_embd = load_matrix(emb, "token_embd.weight")  # a few rows a token: stays mapped
         if cfg.tie_word_embeddings:  # also the output head, read whole every token: repacked
-            self.token_embd = self.output = self._repacked(self.token_embd)  # (lookups read the groups)
+            self.token_embd = self.output = self._repacked(self.token_embd, emb)  # (lookups read the groups)
         else:
-            self.output = self._repacked(load_matrix(emb, "output.weight"))
+            self.output = self._repacked(load_matrix(emb, "output.weight"), emb)
         self.output_norm = load_vector(emb, "output_norm.weight")
         self.rope_freqs = load_vector(emb, "rope_freqs.weight") if cfg.rope_freq_factors else None
         self.layers = [self._layer(model, L) for L in range(cfg.num_layers)]
@@ -108,7 +108,7 @@ class ModelWeights:
             if cfg.shared_expert_intermediate_size:
                 shared_gate = load_vector(rt, b + "ffn_gate_inp_shexp.weight")
                 shared = self._resident(L, "shared")
-        mat = lambda n: self._repacked(load_matrix(at, b + n))  # noqa: E731
+        mat = lambda n: self._repacked(load_matrix(at, b + n), at)  # noqa: E731
         return LayerWeights(
             attn_norm=load_vector(at, b + "attn_norm.weight"), q=mat("attn_q.weight"),
             k=mat("attn_k.weight"), v=mat("attn_v.weight"),
@@ -117,10 +117,10 @@ class ModelWeights:
             q_norm=opt("attn_q_norm.weight"), k_norm=opt("attn_k_norm.weight"),
             router=router, shared_gate=shared_gate, shared=shared)
 
-    def _repacked(self, m: Matrix) -> Matrix:
+    def _repacked(self, m: Matrix, source: TensorFile) -> Matrix:
         """A q4/q8_0 attention or output matrix (a tied embedding table too) copied out of its
         mapped file into pool memory in the kernels' 8-row groups (as resident experts are):
-        the same resident bytes (the file's pages are then only page cache), faster to decode.
+        the same resident bytes (the file's pages are released to the page cache), faster to decode.
         Others stay mapped."""
         from engine.kernels import cpu
         if not self.repack or m.code not in cpu.PACKABLE or m.rows % 8:
@@ -129,6 +129,7 @@ class ModelWeights:
         self._packed_blocks.append(block)
         data = block.array(np.uint8, m.data.shape)
         data[...] = m.data
+        source.release(m.name)  # the mapped pages the copy read leave the resident set
         cpu.repack_x8(data, m.code)
         return Matrix(m.name, data, m.code + cpu.PACKED, m.rows, m.cols)
 
