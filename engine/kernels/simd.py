@@ -211,6 +211,12 @@ def _widest(builder, v, ty):
     return builder.trunc(v, ty) if v.type.width > ty.width else v
 
 
+def _float_row(context, builder, sig, args, i: int):
+    """(length, float32 pointer) of the 1-D float32 array argument i."""
+    arr = context.make_array(sig.args[i])(context, builder, args[i])
+    return cgutils.unpack_tuple(builder, arr.shape, 1)[0], builder.bitcast(arr.data, F32.as_pointer())
+
+
 def _cache_row(context, builder, sig, args, fc: int, kh):
     """(element* of KV head kh of position 0 in the cache argument fc, elements from one position
     to the next)."""
@@ -269,9 +275,7 @@ def dot_rows(typingctx, q, k, kh, first, last, out):
         return None
 
     def codegen(context, builder, sig, args):
-        q_arr = context.make_array(sig.args[0])(context, builder, args[0])
-        n = cgutils.unpack_tuple(builder, q_arr.shape, 1)[0]
-        pq = builder.bitcast(q_arr.data, F32.as_pointer())
+        n, pq = _float_row(context, builder, sig, args, 0)
         head0, stride = _cache_row(context, builder, sig, args, 1, args[2])
         po = _data_ptr(context, builder, sig.args[5], args[5], F32)
         acc, total = cgutils.alloca_once(builder, _vec(F32, 16)), cgutils.alloca_once(builder, F32)
@@ -294,9 +298,7 @@ def add_weighted_rows(typingctx, out, p, v, kh, first, last):
         return None
 
     def codegen(context, builder, sig, args):
-        o_arr = context.make_array(sig.args[0])(context, builder, args[0])
-        n = cgutils.unpack_tuple(builder, o_arr.shape, 1)[0]
-        po = builder.bitcast(o_arr.data, F32.as_pointer())
+        n, po = _float_row(context, builder, sig, args, 0)
         pp = _data_ptr(context, builder, sig.args[1], args[1], F32)
         head0, stride = _cache_row(context, builder, sig, args, 2, args[3])
         dtype = sig.args[2].dtype
