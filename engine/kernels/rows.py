@@ -3,11 +3,11 @@ the same compiled code in both, so a decoded token comes out bit for bit the sam
 
 They are separate functions, not inlined: numba compiles each once. Called from a parallel
 fastmath kernel they take on its fastmath (numba lends it to what such a kernel calls), so
-their sums go through simd.dot, whose order is fixed, rather than a loop LLVM may vectorise
+their sums go through float_rows.dot, whose order is fixed, rather than a loop LLVM may vectorise
 differently in each caller.
 
 Layout: rows are float32 (n,) arrays; the KV cache (S, kv_heads, hd) as KVCache stores it,
-each element widened as it is read (simd.dot_rows, simd.add_weighted_rows).
+each element widened as it is read (float_rows.dot_rows, float_rows.add_weighted_rows).
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from numba import njit, types
 from numba.extending import intrinsic
 
 import engine.kernels  # noqa: F401  (numba settings first)
-from engine.kernels.simd import add_weighted_rows, dot, dot_rows
+from engine.kernels.float_rows import add_weighted_rows, dot, dot_rows
 
 
 @intrinsic

@@ -1,0 +1,193 @@
+"""Float vector intrinsics over rows as a KV cache stores them (float32, f16 bits as uint16, int8
+widened to float32 as they are read): fixed-order dot products and weighted sums for attention
+and RMSNorm (engine.kernels.rows).
+
+Why intrinsics: numba lends a parallel fastmath kernel's fastmath to every function it calls,
+and LLVM then vectorises a plain sum differently in each caller. These emit the vector IR
+themselves, 16 lanes at a time with `contract` flags only (multiply-adds may fuse, nothing is
+reordered), so the layered kernels (cpu.py) and the fused decode kernel (decode.py) round
+every sum the same way.
+
+Layout: a row is a contiguous 1-D array; a KV cache (S, kv_heads, hd), C order.
+"""
+from __future__ import annotations
+
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+import engine.kernels  # noqa: F401  (numba's target first)
+from engine.kernels.simd import F32, I8, I16, I32, _data_ptr, _lane0, _load, _vec, _widest
+
+_CONTRACT = ("contract",)  # multiply-adds may fuse, nothing is reordered: the same sum wherever it runs
+_ELEMENTS = {types.float32: F32, types.uint16: I16, types.int8: I8}
+
+
+def _widen_vector(builder, v, dtype):
+    """A vector of stored elements (float32, f16 bits as uint16, int8) as float32 lanes."""
+    n = v.type.count
+    if dtype == types.uint16:
+        return builder.fpext(builder.bitcast(v, _vec(ir.HalfType(), n)), _vec(F32, n))
+    if dtype == types.int8:
+        return builder.sitofp(v, _vec(F32, n))
+    return v
+
+
+def _widened(builder, ptr, i, dtype, lanes: int):
+    """`lanes` stored elements from ptr[i] (float32, f16 bits as uint16, int8) as float32 lanes."""
+    return _widen_vector(builder, _load(builder, builder.gep(ptr, [i]), _vec(_ELEMENTS[dtype], lanes)), dtype)
+
+
+def _float_and_stored_rows(a, b) -> bool:
+    """Typing check of dot: a float32 row a and a row b as a cache stores it."""
+    ok = all(isinstance(t, types.Array) and t.ndim == 1 and t.layout == "C" for t in (a, b))
+    return ok and a.dtype == types.float32 and b.dtype in _ELEMENTS
+
+
+def _float_row_and_cache(a, cache, ints) -> bool:
+    """Typing check of dot_rows/add_weighted_rows: a float32 row, a KV cache (S, kv_heads, hd) as
+    stored, and integer arguments."""
+    ok = isinstance(a, types.Array) and a.ndim == 1 and a.layout == "C" and a.dtype == types.float32
+    ok = ok and isinstance(cache, types.Array) and cache.ndim == 3 and cache.layout == "C"
+    return ok and cache.dtype in _ELEMENTS and all(isinstance(t, types.Integer) for t in ints)
+
+
+def _row_pointers(context, builder, sig, args, fa: int, fb: int):
+    """(n, float32* of argument fa, element* of argument fb, fb's dtype) for dot."""
+    arr = context.make_array(sig.args[fa])(context, builder, args[fa])
+    n = cgutils.unpack_tuple(builder, arr.shape, 1)[0]
+    dtype = sig.args[fb].dtype
+    return (n, builder.bitcast(arr.data, F32.as_pointer()),
+            _data_ptr(context, builder, sig.args[fb], args[fb], _ELEMENTS[dtype]), dtype)
+
+
+def _float_row(context, builder, sig, args, i: int):
+    """(length, float32 pointer) of the 1-D float32 array argument i."""
+    arr = context.make_array(sig.args[i])(context, builder, args[i])
+    return cgutils.unpack_tuple(builder, arr.shape, 1)[0], builder.bitcast(arr.data, F32.as_pointer())
+
+
+def _cache_row(context, builder, sig, args, fc: int, kh):
+    """(element* of KV head kh of position 0 in the cache argument fc, elements from one position
+    to the next)."""
+    cache = context.make_array(sig.args[fc])(context, builder, args[fc])
+    _, heads, hd = cgutils.unpack_tuple(builder, cache.shape, 3)
+    base = _data_ptr(context, builder, sig.args[fc], args[fc], _ELEMENTS[sig.args[fc].dtype])
+    return builder.gep(base, [builder.mul(_widest(builder, kh, hd.type), hd)]), builder.mul(heads, hd)
+
+
+def _dot_code(builder, n, pa, pb, dtype, acc, total):
+    """The fixed-order dot product (see `dot`) of n floats at pa with n stored elements at pb;
+    acc (<16 x float>) and total (float) are the caller's slots."""
+    v16 = _vec(F32, 16)
+    builder.store(ir.Constant(v16, [0.0] * 16), acc)
+    sixteen = ir.Constant(n.type, 16)
+    with cgutils.for_range(builder, builder.sdiv(n, sixteen)) as loop:
+        off = builder.mul(loop.index, sixteen)
+        va, vb = _load(builder, builder.gep(pa, [off]), v16), _widened(builder, pb, off, dtype, 16)
+        builder.store(builder.fadd(builder.load(acc), builder.fmul(va, vb, flags=_CONTRACT), flags=_CONTRACT), acc)
+    v = builder.load(acc)
+    for width in (8, 4, 2, 1):  # halves added pairwise: a fixed tree
+        lo = builder.shuffle_vector(v, v, ir.Constant(_vec(I32, width), list(range(width))))
+        hi = builder.shuffle_vector(v, v, ir.Constant(_vec(I32, width), list(range(width, 2 * width))))
+        v = builder.fadd(lo, hi, flags=_CONTRACT)
+    builder.store(_lane0(builder, v), total)
+    tail = builder.mul(builder.sdiv(n, sixteen), sixteen)
+    with cgutils.for_range_slice(builder, tail, n, ir.Constant(n.type, 1)) as (i, _):
+        x, y = builder.load(builder.gep(pa, [i])), _lane0(builder, _widened(builder, pb, i, dtype, 1))
+        builder.store(builder.fadd(builder.load(total), builder.fmul(x, y, flags=_CONTRACT), flags=_CONTRACT), total)
+    return builder.load(total)
+
+
+@intrinsic
+def dot(typingctx, a, b):
+    """Σ a[i]·widen(b[i]) over float32 a (n,) and a row b (n,) as stored (float32, f16 bits as
+    uint16, int8; contiguous): 16 lanes at a time, then summed across in a fixed order. A plain
+    loop would be vectorised however each calling kernel's fastmath context allows — a different
+    float in cpu.attention than in the fused decode kernel; this is the same in both, and 3-4×
+    faster than eight scalar partial sums."""
+    if not _float_and_stored_rows(a, b):
+        return None
+
+    def codegen(context, builder, sig, args):
+        n, pa, pb, dtype = _row_pointers(context, builder, sig, args, 0, 1)
+        acc, total = cgutils.alloca_once(builder, _vec(F32, 16)), cgutils.alloca_once(builder, F32)
+        return _dot_code(builder, n, pa, pb, dtype, acc, total)
+    return types.float32(a, b), codegen
+
+
+@intrinsic
+def dot_rows(typingctx, q, k, kh, first, last, out):
+    """out[s] = dot(q, k[s, kh]) for s in first..last: one query head q (hd,) against a KV cache's
+    keys k (S, kv_heads, hd) as stored, each product exactly as `dot` sums it, in one compiled
+    loop (no row views built per position)."""
+    if not _float_row_and_cache(q, k, (kh, first, last)) or not _float_and_stored_rows(out, out):
+        return None
+
+    def codegen(context, builder, sig, args):
+        n, pq = _float_row(context, builder, sig, args, 0)
+        head0, stride = _cache_row(context, builder, sig, args, 1, args[2])
+        po = _data_ptr(context, builder, sig.args[5], args[5], F32)
+        acc, total = cgutils.alloca_once(builder, _vec(F32, 16)), cgutils.alloca_once(builder, F32)
+        first, last = (_widest(builder, a, n.type) for a in args[3:5])
+        with cgutils.for_range_slice(builder, first, builder.add(last, ir.Constant(n.type, 1)),
+                                     ir.Constant(n.type, 1)) as (s, _):
+            row = builder.gep(head0, [builder.mul(s, stride)])
+            builder.store(_dot_code(builder, n, pq, row, sig.args[1].dtype, acc, total), builder.gep(po, [s]))
+        return context.get_dummy_value()
+    return types.none(q, k, kh, first, last, out), codegen
+
+
+@intrinsic
+def add_weighted_rows(typingctx, out, p, v, kh, first, last):
+    """out[i] += Σ_s p[s]·widen(v[s, kh, i]) for s = first..last in order: attention's weighted
+    sum of value rows, v (S, kv_heads, hd) as a KV cache stores it, out (hd,). Each element's
+    sum runs in a register (64 of them at a time) rather than through memory once per position,
+    one multiply-add per step as a plain `out += p · v` would round it."""
+    if not _float_row_and_cache(out, v, (kh, first, last)) or not _float_and_stored_rows(p, p):
+        return None
+
+    def codegen(context, builder, sig, args):
+        n, po = _float_row(context, builder, sig, args, 0)
+        pp = _data_ptr(context, builder, sig.args[1], args[1], F32)
+        head0, stride = _cache_row(context, builder, sig, args, 2, args[3])
+        dtype = sig.args[2].dtype
+        first, last = (_widest(builder, a, n.type) for a in args[4:6])
+        end, one = builder.add(last, ir.Constant(n.type, 1)), ir.Constant(n.type, 1)
+
+        def columns(start, lanes: int, count: int):
+            """Elements start..start + lanes·count of out, summed over the positions."""
+            ty = _vec(F32, lanes) if lanes > 1 else F32
+            slots = [cgutils.alloca_once(builder, ty) for _ in range(count)]
+            for c, slot in enumerate(slots):
+                at = builder.gep(po, [builder.add(start, ir.Constant(n.type, lanes * c))])
+                builder.store(builder.load(builder.bitcast(at, ty.as_pointer()), align=4), slot)
+            with cgutils.for_range_slice(builder, first, end, one) as (s, _):
+                weight = builder.load(builder.gep(pp, [s]))
+                if lanes > 1:
+                    weight = builder.shuffle_vector(builder.insert_element(ir.Constant(ty, None), weight,
+                                                                           ir.Constant(I32, 0)),
+                                                    ir.Constant(ty, None), ir.Constant(_vec(I32, lanes), [0] * lanes))
+                row = builder.gep(head0, [builder.add(builder.mul(s, stride), start)])
+                for c, slot in enumerate(slots):
+                    x = _widened(builder, row, ir.Constant(n.type, lanes * c), dtype, lanes)
+                    if lanes == 1:
+                        x = _lane0(builder, x)
+                    product = builder.fmul(weight, x, flags=_CONTRACT)
+                    builder.store(builder.fadd(builder.load(slot), product, flags=_CONTRACT), slot)
+            for c, slot in enumerate(slots):
+                at = builder.gep(po, [builder.add(start, ir.Constant(n.type, lanes * c))])
+                builder.store(builder.load(slot), builder.bitcast(at, ty.as_pointer()), align=4)
+
+        sixty_four, sixteen = ir.Constant(n.type, 64), ir.Constant(n.type, 16)
+        wide = builder.mul(builder.sdiv(n, sixty_four), sixty_four)
+        with cgutils.for_range_slice(builder, ir.Constant(n.type, 0), wide, sixty_four) as (c, _):
+            columns(c, 16, 4)
+        narrow = builder.mul(builder.sdiv(n, sixteen), sixteen)
+        with cgutils.for_range_slice(builder, wide, narrow, sixteen) as (c, _):
+            columns(c, 16, 1)
+        with cgutils.for_range_slice(builder, narrow, n, one) as (c, _):
+            columns(c, 1, 1)
+        return context.get_dummy_value()
+    return types.none(out, p, v, kh, first, last), codegen
