@@ -31,6 +31,7 @@ import engine.kernels  # noqa: F401  (numba settings first)
 from engine.kernels.cpu import (PACKED, Q4_0, Q4_1, Q8_0, _f32_dot4, _group_dot, _int_dot, dequantize_row,
                                 quantize_activations, quantize_block, quantized, softmax_top_k)
 from engine.kernels.rows import attend, rmsnorm_row, rope_head, silu
+from engine.kernels.simd import _ieee_divide
 
 ADDRESS, ROWS, ROW_BYTES, CODE = range(4)  # columns of a matrix table row
 SPAN = 8  # rows per parallel task: one 8-row group of a repacked matrix
@@ -62,17 +63,11 @@ def _narrow(typingctx, v, like):
 
 @intrinsic
 def _divide(typingctx, a, b):
-    """a / b as IEEE division even inside a fastmath kernel (KVCache.write's numpy rounding):
-    numba's fastmath pass flags only float instructions that carry no flags, and this one
-    carries `nsz` (the sign of a zero quotient, irrelevant here), which does not let LLVM turn
-    it into a multiply by the reciprocal."""
+    """a / b as IEEE division even inside a fastmath kernel (KVCache.write's numpy rounding;
+    simd._ieee_divide says how)."""
     if a != b or a not in (types.float32, types.float64):
         return None
-    def codegen(context, builder, sig, args):
-        quotient = builder.fdiv(args[0], args[1])
-        quotient.flags.append("nsz")
-        return quotient
-    return a(a, b), codegen
+    return a(a, b), lambda context, builder, sig, args: _ieee_divide(builder, *args)
 
 
 @njit(inline="always", cache=True)
