@@ -367,7 +367,7 @@ def _run_model(name: str, paths: dict, engines: list[str], threads: list[int], r
     log(f"{name}: weights read per decoded token: {qbytes / 1e6:.1f} MB (as stored), {fbytes / 1e6:.1f} MB "
         f"(float32, transformers)")
     todo = [p for p in plan if not all((p[0], p[3], t) in done for t in threads)]
-    for label, engine, py, path, env in todo:  # untimed: compiles kernels, warms the page cache
+    for _name, engine, py, path, env in todo:  # untimed: compiles kernels, warms the page cache
         run_once(py, engine, path, threads[0], prompt_file, 4, env)
     for r in range(runs):
         for t in threads:
@@ -377,7 +377,7 @@ def _run_model(name: str, paths: dict, engines: list[str], threads: list[int], r
                 log(f"{name} run {r + 1}/{runs} {label:>18} {t} thread(s): decode {res['decode_tok_s']:6.1f} tok/s, "
                     f"prefill {res['prefill_tok_s']:6.1f} tok/s, load {res['load_s']:.2f} s")
     results = []
-    for label, engine, py, path, env in plan:
+    for label, _engine, _py, path, _env in plan:
         for t in threads:
             rs = done[(label, path, t)]
             med = {k: statistics.median(x[k] for x in rs) for k in FIGURES}  # (+ bandwidth_fraction: run_speed)
