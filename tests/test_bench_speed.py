@@ -12,23 +12,60 @@ from app.bench.cli import main
 def test_speed_command_writes_every_figure(tmp_path, capsys):
     out = tmp_path / "speed.json"
     # an HF folder: llama.cpp (GGUF only) is skipped with its reason; transformers is left out for time
-    code = main(["speed", "--model", str(HF_FIXTURES / "llama"), "--engines", "colibri,llama.cpp", "--threads", "1",
-                 "--runs", "1", "--prompt_tokens", "8", "--gen_tokens", "4", "--workdir", str(tmp_path / "w"),
-                 "--json", str(out)])
+    code = main(["speed", "--model", str(HF_FIXTURES / "llama"), "--engines", "colibri,colibri-chat,llama.cpp",
+                 "--threads", "1", "--runs", "1", "--prompt_tokens", "8", "--gen_tokens", "4",
+                 "--workdir", str(tmp_path / "w"), "--json", str(out)])
     assert code == 0
     report = json.loads(out.read_text())
     assert report["bandwidth_gb_s"] > 0 and report["weight_bytes_per_token"] > 0
+    assert report["models"][0]["kv_bytes_per_token"] > 0
     assert "llama.cpp" in report["skipped"] and "GGUF" in report["skipped"]["llama.cpp"]
-    (row,) = report["results"]
-    assert row["engine"] == "colibri" and row["threads"] == 1
-    for key in ("decode_tok_s", "prefill_tok_s", "ttft_s", "load_s", "peak_rss_mb", "bandwidth_fraction"):
-        assert row[key] > 0, key
-    assert "| colibri | 1 |" in capsys.readouterr().out
+    rows = {r["engine"]: r for r in report["results"]}
+    assert set(rows) == {"colibri", "colibri-chat"}  # greedy forward() and the chat path (generate, sampling)
+    for row in rows.values():
+        assert row["threads"] == 1
+        for key in ("decode_tok_s", "prefill_tok_s", "ttft_s", "load_s", "peak_rss_mb", "bandwidth_fraction"):
+            assert row[key] > 0, key
+    assert report["machine"]["cpu"] and isinstance(report["machine"]["flags"], list)
+    text = capsys.readouterr().out
+    assert "| colibri | 1 |" in text and "| colibri-chat | 1 |" in text and "Machine: " in text
 
 
 def test_missing_interpreter_is_reported_not_fatal(tmp_path):
     py, why = bench_speed.find_python("llama.cpp", str(tmp_path / "no-python"))
     assert py is None and "llama_cpp" in why
+    binary, why = bench_speed.find_python("llama-bench", str(tmp_path / "no-llama-bench"))
+    assert binary is None and "cmake" in why  # says how to build it
+
+
+def test_cpu_flags_name_what_the_kernels_depend_on(tmp_path):
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nmodel name\t: AMD EPYC 7B13\nflags\t\t: fpu sse4_2 avx fma avx2 f16c bmi2\n\n"
+                    "processor\t: 1\nmodel name\t: AMD EPYC 7B13\nflags\t\t: fpu sse4_2 avx fma avx2 f16c bmi2\n")
+    name, flags = bench_speed.cpu_info(str(info))
+    assert name == "AMD EPYC 7B13" and flags == ["sse4_2", "avx", "f16c", "fma", "avx2"]
+
+
+def test_readme_block_is_regenerated_from_the_json(tmp_path):
+    report = {"machine": {"cpu": "Test CPU", "flags": ["avx2", "fma"], "physical_cores": 2, "memory_gb": 24.0},
+              "prompt_tokens": 512, "decode_tokens": 128, "bandwidth_gb_s": 40.0,
+              "bandwidth_by_threads_gb_s": {"1": 30.0, "2": 40.0}, "bandwidth_probes_gb_s": [40.0, 38.0],
+              "models": [{"name": "m", "weight_bytes_per_token": 1e8, "kv_bytes_per_token": 1e6,
+                          "decode_scaling_vs_1_thread": {}, "reference": "llama-bench"}],
+              "results": [{"engine": e, "model": "m", "threads": 2, "runs": 3, "decode_tok_s": d, "prefill_tok_s": 900.0,
+                           "ttft_s": 0.5, "load_s": None, "first_token_s": None, "peak_rss_mb": 100.0,
+                           "bandwidth_fraction": 0.25, **({"vs_llama_cpp": {"decode": d / 80, "prefill": 1.0}})}
+                          for e, d in (("colibri", 100.0), ("llama-bench", 80.0))],
+              "skipped": {}}
+    (tmp_path / "r.json").write_text(json.dumps(report))
+    readme = tmp_path / "README.md"
+    readme.write_text("# X\n\nbefore\n\n" + bench_speed.BEGIN.format(json="old") + "\nstale figures\n"
+                      + bench_speed.END + "\n\nafter\n")
+    assert main(["readme", "--json", str(tmp_path / "r.json"), "--readme", str(readme)]) == 0
+    text = readme.read_text()
+    assert "stale figures" not in text and text.startswith("# X\n\nbefore") and text.endswith("after\n")
+    assert "Test CPU" in text and "avx2 fma" in text and "| colibri | 2 | 100.0 |" in text and "1.25×" in text
+    assert "decode vs llama-bench" in text
 
 
 def test_several_models_in_one_run(tmp_path, capsys):
@@ -45,7 +82,8 @@ def test_several_models_in_one_run(tmp_path, capsys):
     assert len(probes) == 3 and report["bandwidth_gb_s"] == max(probes)
     for r in report["results"]:
         m = next(m for m in report["models"] if m["name"] == r["model"])
-        assert abs(r["bandwidth_fraction"] - r["decode_tok_s"] * m["weight_bytes_per_token"] / max(probes) / 1e9) < 1e-9
+        read = m["weight_bytes_per_token"] + m["kv_bytes_per_token"]
+        assert abs(r["bandwidth_fraction"] - r["decode_tok_s"] * read / max(probes) / 1e9) < 1e-9
     assert all("colibri" in m["decode_scaling_vs_1_thread"] for m in report["models"])
     text = capsys.readouterr().out
     assert text.count("| colibri | 2 |") == 2 and "decode scaling 1 → 2 threads" in text

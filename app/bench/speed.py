@@ -2,11 +2,16 @@
 
 Each measurement is a fresh process (so load time and peak RSS are honest), and the engines
 alternate run by run, so machine noise (other jobs on a shared box) spreads over all of them;
-figures are medians of `--runs` runs. Each run: load, a 256-token prompt (prefill and time to
-first token), then 128 greedy tokens (decode). The memory read bandwidth is measured in the
-same run, before the first model and after each (the best probe is the limit: on a shared
-machine one probe may land in a busy minute), and decode is also given as a fraction of that
-limit (bandwidth / weight bytes read per token).
+figures are medians of `--runs` runs. Each run follows llama-bench's conventions: load, a
+512-token prompt from an empty context (pp512: prefill and time to first token), then 128
+tokens generated from an empty context (tg128: decode). Colibri runs twice: `colibri` through
+greedy `forward()`, `colibri-chat` through `generate()` with the chat window's default sampling
+(the path users run). llama.cpp runs twice too: `llama-bench` (its C++ tool, the reference:
+ratios are taken against it) and `llama.cpp` (the llama-cpp-python binding). Every engine gets
+one untimed warm-up run per model first. The memory read bandwidth is measured in the same run by
+a parallel numba read kernel, before the first model and after each (the best probe is the
+limit: on a shared machine one probe may land in a busy minute), and decode is also given as a
+fraction of that limit: tok/s × (weight bytes + mean KV-cache bytes read per token) ÷ bandwidth.
 
 Peers need their own packages: llama.cpp from `llama-cpp-python` (the `bench` extra),
 transformers from `torch` + `transformers` (the `fixtures` extra). If the running interpreter
@@ -32,31 +37,63 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
-ENGINES = ("colibri", "llama.cpp", "transformers")
-MODULES = {"colibri": "numba", "llama.cpp": "llama_cpp", "transformers": "transformers"}
+ENGINES = ("colibri", "colibri-chat", "llama-bench", "llama.cpp", "transformers")
+REFERENCE = "llama-bench"  # ratios are against llama.cpp's own C++ benchmark
+MODULES = {"colibri": "numba", "colibri-chat": "numba", "llama.cpp": "llama_cpp", "transformers": "transformers"}
 VENVS = {"llama.cpp": ".venv-bench", "transformers": ".venv-fixtures"}
 FIGURES = ("decode_tok_s", "prefill_tok_s", "ttft_s", "load_s", "first_token_s", "peak_rss_mb")
 
 
 # --- the physical limit ----------------------------------------------------------------------
 
+_READ_KERNEL = None
+
+
+def _read_kernel():
+    """A parallel streaming read compiled by numba: each thread sums its own contiguous slice of
+    float32 values in 16 independent lanes (vectorised loads, no dependency chain), the way the
+    engine's kernels read weights. Compiled on first use (not at import: peers' interpreters
+    import this module without numba)."""
+    global _READ_KERNEL
+    if _READ_KERNEL is None:
+        from numba import njit, prange
+
+        @njit(parallel=True, fastmath=True, nogil=True)
+        def read(a, parts, out):  # a: float32 (n,), n divisible by parts * 16
+            step = a.shape[0] // parts
+            for p in prange(parts):
+                acc = np.zeros(16, np.float32)
+                base = p * step
+                for i in range(0, step, 16):
+                    for j in range(16):
+                        acc[j] += a[base + i + j]
+                out[p] = acc.sum()
+        _READ_KERNEL = read
+    return _READ_KERNEL
+
+
 def measure_bandwidth(threads: int = 1, mb: int = 512, reps: int = 7) -> float:
-    """Memory read bandwidth in bytes/s: `threads` threads each summing its share of `mb` MB with
-    numpy (which lets go of the GIL), streaming, far beyond any cache; the median of `reps`."""
-    import threading
-    parts = [np.ones(mb * (1 << 20) // 8 // threads) for _ in range(threads)]
-    for a in parts:
-        a.sum()
-    times = []
-    for _ in range(reps):
-        workers = [threading.Thread(target=a.sum) for a in parts]
-        t0 = time.perf_counter()
-        for w in workers:
-            w.start()
-        for w in workers:
-            w.join()
-        times.append(time.perf_counter() - t0)
-    return sum(a.nbytes for a in parts) / statistics.median(times)
+    """Memory read bandwidth in bytes/s: `threads` numba threads each streaming its share of `mb`
+    MB (far beyond any cache) through a parallel read kernel; the median of `reps`."""
+    import numba
+    read = _read_kernel()
+    parts = threads * 8  # several slices per thread: a slow core does not hold the others up
+    n = mb * (1 << 20) // 4 // (parts * 16) * (parts * 16)
+    a, out = np.ones(n, np.float32), np.zeros(parts, np.float32)
+    before = numba.get_num_threads()
+    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+    try:
+        read(a, parts, out)  # compile, and fault the pages in
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            read(a, parts, out)
+            times.append(time.perf_counter() - t0)
+    finally:
+        numba.set_num_threads(before)
+    if abs(float(out.sum()) - n) > 1e-3 * n:  # the kernel really read every value
+        raise RuntimeError(f"bandwidth probe read {float(out.sum())} of {n} values")
+    return a.nbytes / statistics.median(times)
 
 
 def bandwidth_limit(max_threads: int) -> tuple[float, dict[int, float]]:
@@ -84,6 +121,18 @@ def weight_bytes_per_token(model_dir: Path) -> int:
     return total
 
 
+KV_BYTES = {"f32": 4.0, "f16": 2.0, "int8": 1.0 + 4.0 / 32}  # per element (int8: a float scale per 32)
+
+
+def kv_bytes_per_token(model_dir: Path, gen: int, kv: str = "f16") -> int:
+    """Mean KV-cache bytes a decode step reads over tg`gen` from an empty context: keys and values
+    of every earlier position, every layer (position p reads p + 1 rows; the mean is (gen + 1) / 2)."""
+    from engine.model_dir import open_model_dir
+    cfg = open_model_dir(model_dir).config
+    row = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * KV_BYTES[kv]
+    return int(row * (gen + 1) / 2)
+
+
 # --- workers: one measurement each, in a fresh process ---------------------------------------
 
 def _peak_rss_mb() -> float:
@@ -100,12 +149,38 @@ def _colibri(model: str, threads: int, prompt: list[int], gen: int, t_start: flo
     eng.warmup()  # loads the compiled kernels (numba cache): part of a real start
     load = time.perf_counter() - t_start
     t0 = time.perf_counter()
-    nxt = eng.forward(prompt)
+    eng.forward(prompt)
     ttft = time.perf_counter() - t0
+    eng.reset()  # tg from an empty context, as llama-bench
+    nxt = prompt[0]
     t0 = time.perf_counter()
     for _ in range(gen):
         nxt = eng.forward([nxt])
     return {"load_s": load, "ttft_s": ttft, "decode_s": time.perf_counter() - t0}
+
+
+def _colibri_chat(model: str, threads: int, prompt: list[int], gen: int, t_start: float) -> dict:
+    """The chat window's path: generate() on text, the engine's default sampling, streamed Steps."""
+    from engine.api import Engine
+    from engine.model_dir import open_model_dir
+    cfg = open_model_dir(model).config
+    eng = Engine(model, threads=threads, context_length=len(prompt) + gen + 64,
+                 **({"expert_cache_size": cfg.num_experts} if cfg.is_moe else {}))
+    eng.warmup()
+    load = time.perf_counter() - t_start
+    eng.codec.stop_ids = frozenset()  # benchmark only: EOS must not end tg early (llama-bench ignores it too)
+    text = eng.detokenize(prompt)
+    t0 = time.perf_counter()
+    first = next(iter(eng.generate(text, max_tokens=1)))
+    ttft = time.perf_counter() - t0
+    eng.reset()
+    times = []
+    for _step in eng.generate(eng.detokenize(prompt[:1]), max_tokens=gen):
+        times.append(time.perf_counter())
+    if len(times) < gen:
+        raise RuntimeError(f"generate() stopped after {len(times)} of {gen} tokens")
+    per_token = (times[-1] - times[0]) / (len(times) - 1)
+    return {"load_s": load, "ttft_s": ttft, "decode_s": per_token * gen, "prompt_tokens": first.prompt_tokens}
 
 
 def _llamacpp(model: str, threads: int, prompt: list[int], gen: int, t_start: float) -> dict:
@@ -116,8 +191,9 @@ def _llamacpp(model: str, threads: int, prompt: list[int], gen: int, t_start: fl
     load = time.perf_counter() - t_start
     t0 = time.perf_counter()
     llm.eval(prompt)
-    nxt = int(np.argmax(llm.scores[llm.n_tokens - 1]))
     ttft = time.perf_counter() - t0
+    llm.reset()  # tg from an empty context, as llama-bench
+    nxt = prompt[0]
     t0 = time.perf_counter()
     for _ in range(gen):
         llm.eval([nxt])
@@ -184,10 +260,9 @@ def _transformers(model: str, threads: int, prompt: list[int], gen: int, t_start
     load = time.perf_counter() - t_start
     with torch.inference_mode():
         t0 = time.perf_counter()
-        out = net(torch.tensor([prompt]), use_cache=True)
-        nxt = int(out.logits[0, -1].argmax())
+        net(torch.tensor([prompt]), use_cache=True)
         ttft = time.perf_counter() - t0
-        past = out.past_key_values
+        past, nxt = None, prompt[0]  # tg from an empty context, as llama-bench
         t0 = time.perf_counter()
         for _ in range(gen):
             out = net(torch.tensor([[nxt]]), past_key_values=past, use_cache=True)
@@ -195,7 +270,8 @@ def _transformers(model: str, threads: int, prompt: list[int], gen: int, t_start
     return {"load_s": load, "ttft_s": ttft, "decode_s": time.perf_counter() - t0}
 
 
-WORKERS = {"colibri": _colibri, "llama.cpp": _llamacpp, "transformers": _transformers}
+WORKERS = {"colibri": _colibri, "colibri-chat": _colibri_chat, "llama.cpp": _llamacpp,
+           "transformers": _transformers}
 
 
 def worker_main(argv: list[str]) -> int:
@@ -209,7 +285,7 @@ def worker_main(argv: list[str]) -> int:
     a = ap.parse_args(argv)
     prompt = json.loads(Path(a.prompt_file).read_text())
     r = WORKERS[a.worker](a.model, a.threads, prompt, a.gen, t_start)
-    r |= {"prefill_tok_s": len(prompt) / r["ttft_s"], "decode_tok_s": a.gen / r["decode_s"],
+    r |= {"prefill_tok_s": r.pop("prompt_tokens", len(prompt)) / r["ttft_s"], "decode_tok_s": a.gen / r["decode_s"],
           "first_token_s": r["load_s"] + r["ttft_s"], "peak_rss_mb": _peak_rss_mb()}
     print("BENCH_RESULT " + json.dumps(r), flush=True)
     return 0
@@ -217,8 +293,46 @@ def worker_main(argv: list[str]) -> int:
 
 # --- the parent: prepare, alternate, summarise -----------------------------------------------
 
+LLAMA_BENCH_HELP = ("build it from the llama-cpp-python sdist's vendored llama.cpp (README, Performance): "
+                    "cmake -S vendor/llama.cpp -B build -DLLAMA_CURL=OFF && cmake --build build --target llama-bench")
+
+
+def find_llama_bench(given: str | None) -> tuple[str | None, str]:
+    """llama.cpp's C++ llama-bench: --llama_bench, $COLIBRI_LLAMA_BENCH, PATH, or .llama.cpp/build/bin."""
+    import shutil
+    candidates = [given] if given else [os.environ.get("COLIBRI_LLAMA_BENCH"), shutil.which("llama-bench"),
+                                        str(ROOT / ".llama.cpp" / "build" / "bin" / "llama-bench")]
+    for c in candidates:
+        if c and Path(c).is_file() and os.access(c, os.X_OK):
+            return c, ""
+    return None, f"no llama-bench found ({LLAMA_BENCH_HELP})"
+
+
+def run_llama_bench(binary: str, model: str, threads: int, prompt_tokens: int, gen: int) -> dict:
+    """One llama-bench run (pp`prompt_tokens` and tg`gen`, one repetition, its own warm-up) in a
+    child whose peak RSS is read from wait4()."""
+    cmd = [binary, "-m", model, "-t", str(threads), "-p", str(prompt_tokens), "-n", str(gen), "-r", "1",
+           "-o", "json"]
+    with tempfile.TemporaryFile("w+") as err:
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True)
+        out = p.stdout.read()
+        _, status, usage = os.wait4(p.pid, 0)  # this child's own peak RSS (KiB on Linux)
+        p.returncode = os.waitstatus_to_exitcode(status)
+        if p.returncode:
+            err.seek(0)
+            raise RuntimeError(f"llama-bench failed (exit {p.returncode}):\n{err.read()[-3000:]}")
+    rss_mb = usage.ru_maxrss / 1024
+    rows = json.loads(out)
+    pp = next(r for r in rows if r["n_prompt"] == prompt_tokens and r["n_gen"] == 0)["avg_ts"]
+    tg = next(r for r in rows if r["n_gen"] == gen and r["n_prompt"] == 0)["avg_ts"]
+    return {"prefill_tok_s": pp, "decode_tok_s": tg, "ttft_s": prompt_tokens / pp, "load_s": None,
+            "first_token_s": None, "peak_rss_mb": rss_mb}
+
+
 def find_python(engine: str, given: str | None) -> tuple[str | None, str]:
     """An interpreter that can import the engine's package, or None and why not."""
+    if engine == "llama-bench":
+        return find_llama_bench(given)
     candidates = [given] if given else [sys.executable, str(ROOT / VENVS.get(engine, ".venv") / "bin" / "python")]
     for py in candidates:
         if py and Path(py).exists() and subprocess.run([py, "-c", f"import {MODULES[engine]}, numpy"],
@@ -255,9 +369,9 @@ MOE_DIR = Path.home() / ".cache" / "colibri" / "bench"  # shared with colibri-be
 
 def model_paths(spec: str, workdir: Path, moe_dir: Path | None = None) -> dict[str, tuple[str | None, str]]:
     """engine -> path for a NAMED model or a path the user gave (prepared on first use)."""
-    if spec in NAMED:
-        return prepare_named(spec, workdir, moe_dir or MOE_DIR)
-    return prepare(Path(spec).expanduser(), workdir)
+    paths = (prepare_named(spec, workdir, moe_dir or MOE_DIR) if spec in NAMED
+             else prepare(Path(spec).expanduser(), workdir))
+    return paths | {"colibri-chat": paths["colibri"], "llama-bench": paths["llama.cpp"]}  # the same files
 
 
 def prepare_named(name: str, workdir: Path, moe_dir: Path) -> dict[str, tuple[str | None, str]]:
@@ -288,6 +402,8 @@ def prepare_named(name: str, workdir: Path, moe_dir: Path) -> dict[str, tuple[st
 
 def run_once(py: str, engine: str, model: str, threads: int, prompt_file: Path, gen: int,
              env: dict[str, str]) -> dict:
+    if engine == "llama-bench":
+        return run_llama_bench(py, model, threads, len(json.loads(prompt_file.read_text())), gen)
     cmd = [py, "-m", "app.bench.speed", "--worker", engine, "--model", model, "--threads", str(threads),
            "--prompt_file", str(prompt_file), "--gen", str(gen)]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=os.environ | env, timeout=1800)
@@ -332,8 +448,8 @@ def run_speed(models: list[str], engines: list[str], threads: list[int], runs: i
     bw = max(each.values())
     report |= {"bandwidth_gb_s": bw / 1e9, "bandwidth_by_threads_gb_s": {str(t): b / 1e9 for t, b in each.items()},
                "bandwidth_probes_gb_s": [max(p.values()) / 1e9 for p in probes]}
-    per_token = {(m["name"], e): m["float_bytes_per_token" if e == "transformers" else "weight_bytes_per_token"]
-                 for m in report["models"] for e in ("transformers", "other")}
+    per_token = {(m["name"], e): (m["float_bytes_per_token"] if e == "transformers" else m["weight_bytes_per_token"])
+                 + m["kv_bytes_per_token"] for m in report["models"] for e in ("transformers", "other")}
     for row in report["results"]:
         kind = "transformers" if row["engine"] == "transformers" else "other"
         row["bandwidth_fraction"] = row["decode_tok_s"] * per_token[(row["model"], kind)] / bw
@@ -380,10 +496,12 @@ def _run_model(name: str, paths: dict, engines: list[str], threads: list[int], r
     for label, _engine, _py, path, _env in plan:
         for t in threads:
             rs = done[(label, path, t)]
-            med = {k: statistics.median(x[k] for x in rs) for k in FIGURES}  # (+ bandwidth_fraction: run_speed)
+            med = {k: (statistics.median(x[k] for x in rs) if rs[0].get(k) is not None else None)
+                   for k in FIGURES}  # (+ bandwidth_fraction: run_speed)
             results.append({"engine": label, "model": name, "threads": t, "runs": len(rs), **med})
+    reference = REFERENCE if any(r["engine"] == REFERENCE for r in results) else "llama.cpp"
     for row in results:
-        for peer, key in (("llama.cpp", "vs_llama_cpp"), ("transformers", "vs_transformers")):
+        for peer, key in ((reference, "vs_llama_cpp"), ("transformers", "vs_transformers")):
             other = next((x for x in results if x["engine"] == peer and x["threads"] == row["threads"]), None)
             if other:
                 row[key] = {"decode": row["decode_tok_s"] / other["decode_tok_s"],
@@ -393,8 +511,9 @@ def _run_model(name: str, paths: dict, engines: list[str], threads: list[int], r
         by_t = {r["threads"]: r["decode_tok_s"] for r in results if r["engine"] == label}
         if 1 in by_t and len(by_t) > 1:
             scaling[label] = {str(t): v / by_t[1] for t, v in by_t.items()}
-    model = {"name": name, "colibri_path": paths["colibri"][0], "weight_bytes_per_token": qbytes,
-             "float_bytes_per_token": fbytes, "decode_scaling_vs_1_thread": scaling}
+    model = {"name": name, "colibri_path": paths["colibri"][0], "gguf": paths["llama.cpp"][0],
+             "weight_bytes_per_token": qbytes, "kv_bytes_per_token": kv_bytes_per_token(Path(paths["colibri"][0]), gen),
+             "float_bytes_per_token": fbytes, "decode_scaling_vs_1_thread": scaling, "reference": reference}
     return {"model": model, "results": results, "skipped": skipped}
 
 
@@ -415,31 +534,104 @@ def _weights_per_token(model_dir: Path) -> int:
     return total + int(np.prod(infos["output.weight" if "output.weight" in infos else "token_embd.weight"].shape))
 
 
+# The instruction-set flags that decide which kernels run (ours and llama.cpp's), as /proc/cpuinfo names them
+KERNEL_FLAGS = ("sse4_2", "avx", "f16c", "fma", "avx2", "avx_vnni", "avx512f", "avx512bw", "avx512vl",
+                "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_int8", "amx_bf16")
+
+
+def cpu_info(cpuinfo: str = "/proc/cpuinfo") -> tuple[str, list[str]]:
+    """The CPU's model name and which of KERNEL_FLAGS it has."""
+    name, flags = "unknown", set()
+    try:
+        with open(cpuinfo) as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name" and name == "unknown":
+                    name = value.strip()
+                elif key.strip() == "flags" and not flags:
+                    flags = set(value.split())
+    except OSError:
+        pass
+    return name, [f for f in KERNEL_FLAGS if f in flags]
+
+
 def machine() -> dict:
     import platform
-    cpu = "unknown"
-    try:
-        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
+
     import psutil
-    return {"cpu": cpu, "physical_cores": psutil.cpu_count(logical=False), "logical_cpus": psutil.cpu_count(),
-            "memory_gb": psutil.virtual_memory().total / 1e9, "system": platform.platform()}
+    cpu, flags = cpu_info()
+    info = {"cpu": cpu, "flags": flags, "physical_cores": psutil.cpu_count(logical=False),
+            "logical_cpus": psutil.cpu_count(), "memory_gb": psutil.virtual_memory().total / 1e9,
+            "system": platform.platform()}
+    try:
+        from engine.kernels import simd
+        info["colibri_dot_path"] = simd.DOT  # the integer-dot instruction path Colibri's kernels run
+    except ImportError:
+        pass
+    return info
+
+
+def describe_machine(m: dict) -> str:
+    """One line naming the CPU and the flags every figure depends on."""
+    return (f"{m['cpu']}, {m['physical_cores']} cores, {m['memory_gb']:.0f} GB; flags: {' '.join(m.get('flags', []))}"
+            + (f"; Colibri's dot path: {m['colibri_dot_path']}" if m.get("colibri_dot_path") else ""))
+
+
+def _f(v: float | None, fmt: str) -> str:
+    return "–" if v is None else format(v, fmt)
 
 
 def table(report: dict, model: str | None = None) -> str:
-    head = ("| engine | threads | decode tok/s | prefill tok/s | TTFT s | load s | start→1st token s | peak RSS MB "
-            "| decode/bandwidth limit | decode vs llama.cpp | prefill vs llama.cpp | decode vs transformers |")
-    lines = [head, "|" + "---|" * head.count(" | ") + "---|"]
     rows = [r for r in report["results"] if model is None or r["model"] == model]
-    for r in sorted(rows, key=lambda r: (r["threads"], r["engine"])):
+    ref = next((m.get("reference", "llama.cpp") for m in report["models"] if model in (None, m["name"])), "llama.cpp")
+    head = ("| engine | threads | decode tok/s | prefill tok/s | TTFT s | load s | start→1st token s | peak RSS MB "
+            f"| decode/bandwidth limit | decode vs {ref} | prefill vs {ref} | decode vs transformers |")
+    lines = [head, "|" + "---|" * head.count(" | ") + "---|"]
+    order = {e: i for i, e in enumerate(ENGINES)}
+    for r in sorted(rows, key=lambda r: (r["threads"], order.get(r["engine"].split("[")[0], 99), r["engine"])):
         vs, hf = r.get("vs_llama_cpp"), r.get("vs_transformers")
         lines.append(f"| {r['engine']} | {r['threads']} | {r['decode_tok_s']:.1f} | {r['prefill_tok_s']:.0f} | "
-                     f"{r['ttft_s']:.2f} | {r['load_s']:.2f} | {r['first_token_s']:.2f} | {r['peak_rss_mb']:.0f} | "
-                     f"{100 * r['bandwidth_fraction']:.0f}% | "
+                     f"{_f(r['ttft_s'], '.2f')} | {_f(r['load_s'], '.2f')} | {_f(r['first_token_s'], '.2f')} | "
+                     f"{_f(r['peak_rss_mb'], '.0f')} | {100 * r['bandwidth_fraction']:.0f}% | "
                      + (f"{vs['decode']:.2f}× | {vs['prefill']:.2f}× | " if vs else "– | – | ")
                      + (f"{hf['decode']:.2f}× |" if hf else "– |"))
     return "\n".join(lines)
+
+
+def markdown(report: dict) -> str:
+    """The whole report as Markdown: the machine (CPU, flags), the bandwidth, one table per model."""
+    m = report["machine"]
+    by_t = ", ".join(f"{t} thread(s) {b:.1f}" for t, b in report["bandwidth_by_threads_gb_s"].items())
+    probes = ", ".join(f"{b:.1f}" for b in report["bandwidth_probes_gb_s"])
+    out = [f"Machine: {describe_machine(m)}.", "",
+           f"Read bandwidth {report['bandwidth_gb_s']:.1f} GB/s ({by_t}; the best of the probes {probes}). "
+           f"pp{report['prompt_tokens']} / tg{report['decode_tokens']}, medians of "
+           f"{max((r['runs'] for r in report['results']), default=0)} runs, engines alternating"
+           + (f"; run {report['date']}" if report.get("date") else "") + "."]
+    for info in report["models"]:
+        s = info["decode_scaling_vs_1_thread"]
+        scaling = "; ".join(f"{e} ×{v[max(v, key=int)]:.2f}" for e, v in s.items())
+        top = max((int(k) for v in s.values() for k in v), default=0)
+        out += ["", f"**{info['name']}** ({info['weight_bytes_per_token'] / 1e6:.1f} MB of weights and "
+                f"{info.get('kv_bytes_per_token', 0) / 1e6:.1f} MB of KV cache read per token)"
+                + (f" — decode scaling 1 → {top} threads: {scaling}" if scaling else ""), "", table(report, info["name"])]
+    for what, why in report["skipped"].items():
+        out += ["", f"{what}: skipped ({why})"]
+    return "\n".join(out)
+
+
+BEGIN, END = "<!-- colibri-bench speed: begin (generated from {json}; do not edit) -->", "<!-- colibri-bench speed: end -->"
+
+
+def write_readme(report: dict, readme: Path, source: str) -> None:
+    """Replace the generated block of `readme` (between the markers) with this report's tables."""
+    text = readme.read_text()
+    start = next((i for i in range(len(text)) if text.startswith(BEGIN.split("{")[0], i)), -1)
+    end = text.find(END)
+    if start < 0 or end < start:
+        raise SystemExit(f"{readme}: no generated block (a line starting {BEGIN.split('{')[0]!r} ... {END!r})")
+    block = BEGIN.format(json=source) + "\n\n" + markdown(report) + "\n\n" + END
+    readme.write_text(text[:start] + block + text[end + len(END):])
 
 
 def cmd_speed(args: argparse.Namespace) -> int:
@@ -453,23 +645,21 @@ def cmd_speed(args: argparse.Namespace) -> int:
         report = run_speed(models, [e.strip() for e in args.engines.split(",")],
                            [int(t) for t in args.threads.split(",")], args.runs, args.prompt_tokens,
                            args.gen_tokens, [s.strip() for s in args.simd.split(",")], workdir or Path(tmp),
-                           {"llama.cpp": args.llamacpp_python, "transformers": args.transformers_python}, moe_dir)
-    m = report["machine"]
-    by_t = ", ".join(f"{t} thread(s) {b:.1f}" for t, b in report["bandwidth_by_threads_gb_s"].items())
-    probes = ", ".join(f"{b:.1f}" for b in report["bandwidth_probes_gb_s"])
-    print(f"\n{m['cpu']}, {m['physical_cores']} cores, read bandwidth {report['bandwidth_gb_s']:.1f} GB/s ({by_t}; "
-          f"best of the probes {probes}); "
-          f"{report['prompt_tokens']}-token prompt, {report['decode_tokens']} greedy tokens, medians")
-    for info in report["models"]:
-        scaling = "; ".join(f"{e} ×{s[max(s, key=int)]:.2f}" for e, s in info["decode_scaling_vs_1_thread"].items())
-        print(f"\n{info['name']} ({info['weight_bytes_per_token'] / 1e6:.1f} MB of weights per token)"
-              + (f" — decode scaling 1 → {max(int(k) for s in info['decode_scaling_vs_1_thread'].values() for k in s)}"
-                 f" threads: {scaling}" if scaling else "") + "\n")
-        print(table(report, info["name"]))
-    for what, why in report["skipped"].items():
-        print(f"\n{what}: skipped ({why})")
+                           {"llama.cpp": args.llamacpp_python, "transformers": args.transformers_python,
+                            "llama-bench": args.llama_bench}, moe_dir)
+    report["date"] = time.strftime("%Y-%m-%d")
+    print("\n" + markdown(report))
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
+    if args.readme:
+        write_readme(report, Path(args.readme), args.json or "this run")
+    return 0
+
+
+def cmd_readme(args: argparse.Namespace) -> int:
+    """Regenerate the README's Performance tables from a saved `speed --json` report."""
+    write_readme(json.loads(Path(args.json).read_text()), Path(args.readme), args.json)
+    print(f"{args.readme}: Performance tables regenerated from {args.json}")
     return 0
 
 
@@ -481,16 +671,23 @@ def add_parser(sub) -> None:
     s.add_argument("--engines", default=",".join(ENGINES), help="comma-separated, of: " + ", ".join(ENGINES))
     s.add_argument("--threads", default="1,2", help="comma-separated thread counts")
     s.add_argument("--runs", type=int, default=3, help="runs per engine and thread count (medians)")
-    s.add_argument("--prompt_tokens", type=int, default=256)
-    s.add_argument("--gen_tokens", type=int, default=128)
+    s.add_argument("--prompt_tokens", type=int, default=512, help="pp: prompt tokens (llama-bench's pp512)")
+    s.add_argument("--gen_tokens", type=int, default=128, help="tg: tokens generated (llama-bench's tg128)")
     s.add_argument("--simd", default="auto", help="Colibri's instruction sets to compare, e.g. auto,avx512")
     s.add_argument("--llamacpp_python", help="interpreter with llama_cpp (default: this one or .venv-bench)")
     s.add_argument("--transformers_python", help="interpreter with torch+transformers (default: .venv-fixtures)")
     s.add_argument("--workdir", help="keep the converted model here (reused next time)")
     s.add_argument("--moe_dir", help="where the MoE benchmark models are built and kept (default "
                                      "~/.cache/colibri/bench, shared with colibri-bench memory)")
+    s.add_argument("--llama_bench", help="llama.cpp's C++ llama-bench (default: $COLIBRI_LLAMA_BENCH, PATH, "
+                                         ".llama.cpp/build/bin)")
     s.add_argument("--json", help="also write the figures to this file")
+    s.add_argument("--readme", help="also regenerate this README's generated Performance block")
     s.set_defaults(func=cmd_speed)
+    r = sub.add_parser("readme", help="regenerate the README's Performance tables from a speed --json report")
+    r.add_argument("--json", required=True)
+    r.add_argument("--readme", default=str(ROOT / "README.md"))
+    r.set_defaults(func=cmd_readme)
 
 
 if __name__ == "__main__":
