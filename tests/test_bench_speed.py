@@ -115,3 +115,12 @@ def test_profile_splits_a_token_by_tensor(tmp_path, capsys):
     assert 0 < report["fused_kernel_ms_per_token"] < report["untimed_ms_per_token"]
     assert report["layered_ms_per_token"] > 0
     assert "| attn_output |" in capsys.readouterr().out
+
+
+def test_preset_specs_name_llama_cpp_quantizations(tmp_path):
+    assert bench_speed.split_preset("default:Q4_K_M") == ("default", "Q4_K_M")
+    assert bench_speed.split_preset("moe:IQ4_XS") == ("moe", "IQ4_XS")
+    assert bench_speed.split_preset("/models/smollm2:Q5_K_M") == ("/models/smollm2", "Q5_K_M")
+    assert bench_speed.split_preset("default") is None and bench_speed.split_preset("/a/b.gguf") is None
+    tools, why = bench_speed.find_llama_cpp(str(tmp_path))  # not a llama.cpp tree: the reason says what is needed
+    assert tools is None and "llama-quantize" in why

@@ -365,6 +365,79 @@ def prepare(model: Path, workdir: Path) -> dict[str, tuple[str | None, str]]:
 MOE_DIR = Path.home() / ".cache" / "colibri" / "bench"  # shared with colibri-bench memory
 
 
+LLAMA_CPP_HELP = ("a llama.cpp source tree with build/bin/llama-quantize (--llama_cpp, $COLIBRI_LLAMA_CPP or "
+                  ".llama.cpp): the llama-cpp-python sdist's vendor/llama.cpp, built as the README says")
+
+
+def find_llama_cpp(given: str | None = None) -> tuple[Path | None, str]:
+    """llama.cpp's own tools: convert_hf_to_gguf.py (with its gguf-py) and build/bin/llama-quantize."""
+    for c in ([given] if given else [os.environ.get("COLIBRI_LLAMA_CPP"), str(ROOT / ".llama.cpp")]):
+        if c and (Path(c) / "convert_hf_to_gguf.py").is_file() and (Path(c) / "build/bin/llama-quantize").is_file():
+            return Path(c), ""
+    return None, f"no llama.cpp tools found ({LLAMA_CPP_HELP})"
+
+
+def llama_cpp_gguf(source: Path, preset: str, out_dir: Path, llama_cpp: Path, log=print) -> Path:
+    """`source` (a Hugging Face folder, or a GGUF) quantized by llama.cpp itself to `preset` (Q4_K_M, Q4_0,
+    Q8_0, IQ4_XS, ...): convert_hf_to_gguf.py to f16 first for a folder, then llama-quantize (a GGUF that is
+    already quantized is requantized, as a user with only that file would). Built once, reused."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = source.stem if source.is_file() else source.name
+    out = out_dir / f"{stem}-{preset}.gguf"
+    if out.exists():
+        return out
+    src, requant = source, ["--allow-requantize"]
+    if source.is_dir():
+        src, requant = out_dir / f"{stem}-f16.gguf", []
+        if not src.exists():
+            log(f"llama.cpp convert_hf_to_gguf.py: {source} -> {src} ...")
+            env = os.environ | {"PYTHONPATH": str(llama_cpp / "gguf-py")}  # the converter's own gguf
+            proc = subprocess.run([sys.executable, str(llama_cpp / "convert_hf_to_gguf.py"), str(source),
+                                   "--outtype", "f16", "--outfile", str(src.with_suffix(".part"))],
+                                  capture_output=True, text=True, env=env)
+            if proc.returncode:
+                raise RuntimeError(f"convert_hf_to_gguf.py failed:\n{proc.stderr[-3000:]}")
+            src.with_suffix(".part").rename(src)
+    log(f"llama.cpp llama-quantize {preset}: {src.name} -> {out.name} ...")
+    part = out.with_suffix(".part")
+    proc = subprocess.run([str(llama_cpp / "build/bin/llama-quantize"), *requant, str(src), str(part), preset],
+                          capture_output=True, text=True)
+    if proc.returncode:
+        raise RuntimeError(f"llama-quantize {preset} failed:\n{proc.stderr[-3000:]}")
+    part.rename(out)
+    return out
+
+
+def split_preset(spec: str) -> tuple[str, str] | None:
+    """`default:Q4_K_M` -> ("default", "Q4_K_M"); None for a spec without a llama.cpp preset."""
+    base, _, preset = spec.rpartition(":")
+    if not base or not preset[:1].isalpha() or "/" in preset:
+        return None
+    return base, preset
+
+
+def resolve_spec(spec: str, moe_dir: Path, llama_cpp: str | None = None, log=print) -> str:
+    """`NAME:PRESET` / `PATH:PRESET` -> the GGUF llama.cpp's own tools make of it (`default:Q4_K_M`,
+    `moe:Q4_K_M`); anything else is returned as it is."""
+    if split_preset(spec) is None:
+        return spec
+    base, preset = split_preset(spec)
+    tools, why = find_llama_cpp(llama_cpp)
+    if tools is None:
+        raise SystemExit(f"--model {spec}: {why}")
+    if base == "default":
+        from engine.default_model import default_gguf_path
+        source = Path(default_gguf_path())
+    elif base == "moe":
+        from app.bench.memory import prepare as prepare_moe
+        moe_dir.mkdir(parents=True, exist_ok=True)
+        prepare_moe(moe_dir)
+        source = moe_dir / "mixtral-hf"
+    else:
+        source = Path(base).expanduser()
+    return str(llama_cpp_gguf(source, preset, moe_dir / "llama.cpp", tools, log))
+
+
 def model_paths(spec: str, workdir: Path, moe_dir: Path | None = None) -> dict[str, tuple[str | None, str]]:
     """engine -> path for a NAMED model or a path the user gave (prepared on first use)."""
     paths = (prepare_named(spec, workdir, moe_dir or MOE_DIR) if spec in NAMED
@@ -417,7 +490,7 @@ def _label(engine: str, simd: str) -> str:
 
 def run_speed(models: list[str], engines: list[str], threads: list[int], runs: int, prompt_tokens: int, gen: int,
               simds: list[str], workdir: Path, pythons: dict[str, str | None], moe_dir: Path | None = None,
-              log=print) -> dict:
+              log=print, llama_cpp: str | None = None) -> dict:
     """Every model in turn (a NAMED one or a path); per model, the engines alternate run by run."""
     workdir.mkdir(parents=True, exist_ok=True)
     import psutil
@@ -434,8 +507,9 @@ def run_speed(models: list[str], engines: list[str], threads: list[int], runs: i
               "results": [], "skipped": {}}
     done: dict[tuple[str, str, int], list[dict]] = {}  # (engine, path, threads) -> samples, across models
     for spec in models:
-        paths = model_paths(spec, workdir, moe_dir)
-        name = spec if spec in NAMED else Path(spec).name
+        path = resolve_spec(spec, moe_dir or MOE_DIR, llama_cpp, log)
+        paths = model_paths(path, workdir, moe_dir)
+        name = spec if spec in NAMED or path != spec else Path(spec).name
         entry = _run_model(name, paths, engines, threads, runs, prompt_tokens, gen, simds, workdir, pythons,
                            done, log)
         report["models"].append(entry["model"])
@@ -635,7 +709,7 @@ def write_readme(report: dict, readme: Path, source: str) -> None:
 def cmd_speed(args: argparse.Namespace) -> int:
     models = [m.strip() for m in (args.model or "default").split(",") if m.strip()]
     for m in models:
-        if m not in NAMED and not Path(m).expanduser().exists():
+        if m not in NAMED and split_preset(m) is None and not Path(m).expanduser().exists():
             raise SystemExit(f"--model {m}: no such file or folder (or one of: {', '.join(NAMED)})")
     workdir = Path(args.workdir) if args.workdir else None
     moe_dir = Path(args.moe_dir).expanduser() if args.moe_dir else None
@@ -644,7 +718,7 @@ def cmd_speed(args: argparse.Namespace) -> int:
                            [int(t) for t in args.threads.split(",")], args.runs, args.prompt_tokens,
                            args.gen_tokens, [s.strip() for s in args.simd.split(",")], workdir or Path(tmp),
                            {"llama.cpp": args.llamacpp_python, "transformers": args.transformers_python,
-                            "llama-bench": args.llama_bench}, moe_dir)
+                            "llama-bench": args.llama_bench}, moe_dir, llama_cpp=args.llama_cpp)
     report["date"] = time.strftime("%Y-%m-%d")
     print("\n" + markdown(report))
     if args.json:
@@ -665,7 +739,8 @@ def add_parser(sub) -> None:
     s = sub.add_parser("speed", help="decode/prefill speed beside llama.cpp and transformers")
     s.add_argument("--model", help="comma-separated: GGUF files, Hugging Face folders, Colibri directories or "
                                    "named models (" + "; ".join(f"{k}: {v}" for k, v in NAMED.items())
-                                   + "); default: default")
+                                   + "); NAME:PRESET or PATH:PRESET is that model as llama.cpp's own tools quantize "
+                                     "it (default:Q4_K_M, moe:Q4_0, moe:IQ4_XS, a HF folder:Q5_K_M); default: default")
     s.add_argument("--engines", default=",".join(ENGINES), help="comma-separated, of: " + ", ".join(ENGINES))
     s.add_argument("--threads", default="1,2", help="comma-separated thread counts")
     s.add_argument("--runs", type=int, default=3, help="runs per engine and thread count (medians)")
@@ -677,6 +752,8 @@ def add_parser(sub) -> None:
     s.add_argument("--workdir", help="keep the converted model here (reused next time)")
     s.add_argument("--moe_dir", help="where the MoE benchmark models are built and kept (default "
                                      "~/.cache/colibri/bench, shared with colibri-bench memory)")
+    s.add_argument("--llama_cpp", help="llama.cpp source tree with build/bin/llama-quantize, for NAME:PRESET "
+                                       "models (default: $COLIBRI_LLAMA_CPP or .llama.cpp)")
     s.add_argument("--llama_bench", help="llama.cpp's C++ llama-bench (default: $COLIBRI_LLAMA_BENCH, PATH, "
                                          ".llama.cpp/build/bin)")
     s.add_argument("--json", help="also write the figures to this file")
