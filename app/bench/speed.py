@@ -138,33 +138,40 @@ def _peak_rss_mb() -> float:
         return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 1024
 
 
-def _colibri(model: str, threads: int, prompt: list[int], gen: int, t_start: float) -> dict:
-    from engine.api import Engine
-    from engine.model_dir import open_model_dir
-    cfg = open_model_dir(model).config  # every expert resident: this measures kernels, not the cache
-    eng = Engine(model, threads=threads, context_length=len(prompt) + gen + 8,
-                 **({"expert_cache_size": cfg.num_experts} if cfg.is_moe else {}))
-    eng.warmup()  # loads the compiled kernels (numba cache): part of a real start
-    load = time.perf_counter() - t_start
+def _pp_then_tg(prefill, reset, step, prompt: list[int], gen: int) -> tuple[float, float]:
+    """(seconds for the prompt from an empty context, seconds for `gen` tokens generated from an empty
+    context): llama-bench's pp and tg."""
     t0 = time.perf_counter()
-    eng.forward(prompt)
+    prefill(prompt)
     ttft = time.perf_counter() - t0
-    eng.reset()  # tg from an empty context, as llama-bench
+    reset()
     nxt = prompt[0]
     t0 = time.perf_counter()
     for _ in range(gen):
-        nxt = eng.forward([nxt])
-    return {"load_s": load, "ttft_s": ttft, "decode_s": time.perf_counter() - t0}
+        nxt = step(nxt)
+    return ttft, time.perf_counter() - t0
+
+
+def _open_colibri(model: str, threads: int, context: int):
+    from engine.api import Engine
+    from engine.model_dir import open_model_dir
+    cfg = open_model_dir(model).config  # every expert resident: this measures kernels, not the cache
+    eng = Engine(model, threads=threads, context_length=context,
+                 **({"expert_cache_size": cfg.num_experts} if cfg.is_moe else {}))
+    eng.warmup()  # loads the compiled kernels (numba cache): part of a real start
+    return eng
+
+
+def _colibri(model: str, threads: int, prompt: list[int], gen: int, t_start: float) -> dict:
+    eng = _open_colibri(model, threads, len(prompt) + gen + 8)
+    load = time.perf_counter() - t_start
+    ttft, decode = _pp_then_tg(eng.forward, eng.reset, lambda t: eng.forward([t]), prompt, gen)
+    return {"load_s": load, "ttft_s": ttft, "decode_s": decode}
 
 
 def _colibri_chat(model: str, threads: int, prompt: list[int], gen: int, t_start: float) -> dict:
     """The chat window's path: generate() on text, the engine's default sampling, streamed Steps."""
-    from engine.api import Engine
-    from engine.model_dir import open_model_dir
-    cfg = open_model_dir(model).config
-    eng = Engine(model, threads=threads, context_length=len(prompt) + gen + 64,
-                 **({"expert_cache_size": cfg.num_experts} if cfg.is_moe else {}))
-    eng.warmup()
+    eng = _open_colibri(model, threads, len(prompt) + gen + 64)
     load = time.perf_counter() - t_start
     eng.codec.stop_ids = frozenset()  # benchmark only: EOS must not end tg early (llama-bench ignores it too)
     text = eng.detokenize(prompt)
@@ -187,16 +194,12 @@ def _llamacpp(model: str, threads: int, prompt: list[int], gen: int, t_start: fl
     llm = Llama(model_path=model, n_ctx=n_ctx, n_batch=n_ctx, n_threads=threads,
                 n_threads_batch=threads, verbose=False)
     load = time.perf_counter() - t_start
-    t0 = time.perf_counter()
-    llm.eval(prompt)
-    ttft = time.perf_counter() - t0
-    llm.reset()  # tg from an empty context, as llama-bench
-    nxt = prompt[0]
-    t0 = time.perf_counter()
-    for _ in range(gen):
-        llm.eval([nxt])
-        nxt = int(np.argmax(llm.scores[llm.n_tokens - 1]))
-    return {"load_s": load, "ttft_s": ttft, "decode_s": time.perf_counter() - t0}
+
+    def step(tok: int) -> int:
+        llm.eval([tok])
+        return int(np.argmax(llm.scores[llm.n_tokens - 1]))
+    ttft, decode = _pp_then_tg(llm.eval, llm.reset, step, prompt, gen)
+    return {"load_s": load, "ttft_s": ttft, "decode_s": decode}
 
 
 # GGUF tensor (inside blk.N.) -> Hugging Face name (inside model.layers.N.), Llama family
