@@ -395,7 +395,10 @@ def llama_cpp_gguf(source: Path, preset: str, out_dir: Path, llama_cpp: Path, lo
         if not src.exists():
             log(f"llama.cpp convert_hf_to_gguf.py: {source} -> {src} ...")
             env = os.environ | {"PYTHONPATH": str(llama_cpp / "gguf-py")}  # the converter's own gguf
-            proc = subprocess.run([sys.executable, str(llama_cpp / "convert_hf_to_gguf.py"), str(source),
+            py, why = find_python("transformers", os.environ.get("COLIBRI_CONVERT_PYTHON"))  # it imports torch
+            if py is None:
+                raise SystemExit(f"convert_hf_to_gguf.py needs torch: {why} (or set COLIBRI_CONVERT_PYTHON)")
+            proc = subprocess.run([py, str(llama_cpp / "convert_hf_to_gguf.py"), str(source),
                                    "--outtype", "f16", "--outfile", str(src.with_suffix(".part"))],
                                   capture_output=True, text=True, env=env)
             if proc.returncode:
