@@ -61,10 +61,11 @@ class GGUFModel:
     def _tensor(self, t) -> SourceTensor:
         try:
             qtype = quant.get(int(t.tensor_type))
-        except quant.QuantError:
+        except quant.QuantError:  # raised while the file is opened: before any conversion work
             supported = ", ".join(q.upper() for q in quant.BY_NAME)
             raise SourceFormatError(f"{self.path}: tensor {t.name!r} has GGML type {t.tensor_type.name}, "
-                                    f"which Colibri does not import (supported: {supported})") from None
+                                    f"which Colibri does not import; {quant.PRESETS_ADVICE} "
+                                    f"(supported types: {supported})") from None
         shape = tuple(int(d) for d in reversed(t.shape))
         if qtype.is_block and shape[-1] % qtype.block_size:
             raise SourceFormatError(f"{self.path}: tensor {t.name!r} row length {shape[-1]} is not a "
