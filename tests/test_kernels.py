@@ -9,7 +9,8 @@ from engine import quant
 from engine.kernels import cpu
 from engine.kernels import reference as ref
 
-FORMATS = ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q4_k", "q5_k", "q6_k"]
+FORMATS = ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k",
+           "iq4_nl", "iq4_xs", "mxfp4"]
 INT_FORMATS = ["q4_0", "q4_1", "q8_0"]  # decoded with int8 activations (llama.cpp's scheme)
 PACK_FORMATS = ["q4_0", "q4_1", "q8_0"]  # repacked into 8-row groups when resident
 
@@ -139,7 +140,7 @@ def test_dequantize_row_matches_the_format_definition(name):
     got = np.empty(n, np.float32)
     for r in range(3):
         cpu.dequantize_row(w[r], t.type_id, got)
-        np.testing.assert_allclose(got, want[r], rtol=1e-6, atol=1e-7)
+        assert np.array_equal(got.view(np.uint32), want[r].view(np.uint32)), name  # bit for bit
 
 
 def test_gather_rows_is_an_embedding_lookup():
