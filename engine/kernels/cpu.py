@@ -15,6 +15,7 @@ from numba import njit, prange
 
 import engine.kernels  # noqa: F401  (numba settings first)
 from engine import quant
+from engine.kernels import blocks32
 from engine.kernels.rows import attend, rmsnorm_row, rope_head, silu
 from engine.kernels.simd import (TOKENS, copy4, group_dot_q4_0x8, group_dot_q4_1x8, group_dot_q8_0x8,
                                  group_tokens_q4_0x8, group_tokens_q4_1x8, group_tokens_q8_0x8, quantize32,
@@ -268,6 +269,8 @@ def dequantize_x8_row(w, r, code, out):
 def _tokens_dot(w, r, code, xq, xd, xs, xi, t0):
     """Row r · tokens t0..t0+TOKENS-1 of the quantized activations (prefill, rows as stored;
     simd.py)."""
+    if blocks32.fused(code):
+        return blocks32.tokens_dot(w, r, code, xq, xd, xs, xi, t0)
     if code == Q4_1:
         return tokens_q4_1(w, r, xq, xd, xs, xi, t0)
     if code == Q4_0:
@@ -300,6 +303,8 @@ def _group_dot(w, g, code, xq, xd, xs, xi):
 def _int_dot(w, r, code, xq, xd, xs, xi):
     """Row r of a q4_0/q4_1/q8_0 matrix · int8 activations xq (n,), block by block:
     d_w·d_x·Σ q_w q_x, plus m_w·s_x (q4_1) or minus 8·d_w·d_x·Σ q_x (q4_0) (simd.py)."""
+    if blocks32.fused(code):
+        return blocks32.row_dot(w, r, code, xq, xd, xs, xi)
     if code == Q4_1:
         return row_dot_q4_1(w, r, xq, xd, xs, xi)
     if code == Q4_0:
@@ -324,7 +329,7 @@ def _f32_dot4(buf, x):
 def matmul(w, code, x, out, exact=False):
     """out (T, rows) = x (T, n) @ W.T; W (rows, row_bytes) stored.
 
-    q4_0/q4_1/q8_0 (plain or repacked) unless `exact`: x is quantized to int8 blocks once and
+    q4_0/q4_1/q8_0 (plain or repacked) and q5_0/q5_1/iq4_nl/mxfp4 (blocks32.py) unless `exact`: x is quantized to int8 blocks once and
     rows are dotted in integers straight from their blocks (llama.cpp's scheme: byte dot
     products, one float multiply per 32 weights) — for a few tokens a row (or an 8-row group)
     at a time, for more TOKENS tokens per loaded block. Otherwise (other formats, or `exact`)
@@ -332,7 +337,7 @@ def matmul(w, code, x, out, exact=False):
     token in float.
     """
     rows, T, n = w.shape[0], x.shape[0], x.shape[1]
-    if not exact and (code == Q4_0 or code == Q4_1 or code == Q8_0 or code > PACKED):
+    if not exact and (code == Q4_0 or code == Q4_1 or code == Q8_0 or code > PACKED or blocks32.fused(code)):
         xq, xd, xs, xi = quantized(x)
         if code > PACKED and T < TOKENS:
             for g in prange(rows // 8):
