@@ -49,12 +49,13 @@ def _nibbles(builder, ptr):
 
 
 def _fifth_bits(builder, ptr):
-    """The little-endian uint32 qh at ptr -> <32 x i8>, 16 in lane j where bit j is set."""
-    qh = _load(builder, ptr, I32)
-    v = builder.shuffle_vector(builder.insert_element(ir.Constant(_vec(I32, 32), None), qh, ir.Constant(I32, 0)),
-                               ir.Constant(_vec(I32, 32), None), ir.Constant(_vec(I32, 32), [0] * 32))
-    bits = builder.and_(builder.lshr(v, ir.Constant(_vec(I32, 32), list(range(32)))), ir.Constant(_vec(I32, 32), [1] * 32))
-    return builder.shl(builder.trunc(bits, _vec(I8, 32)), ir.Constant(_vec(I8, 32), [4] * 32))
+    """The 4 bytes of qh at ptr (little-endian uint32) -> <32 x i8>, 16 in lane j where bit j is
+    set: byte j // 8 in lane j, masked with 1 << j % 8 (byte lanes only: no 32-bit shifts)."""
+    qh = _load(builder, ptr, _vec(I8, 4))
+    spread = builder.shuffle_vector(qh, qh, ir.Constant(_vec(I32, 32), [j // 8 for j in range(32)]))
+    hit = builder.and_(spread, ir.Constant(_vec(I8, 32), [1 << (j % 8) for j in range(32)]))
+    on = builder.icmp_unsigned("!=", hit, ir.Constant(_vec(I8, 32), None))
+    return builder.select(on, ir.Constant(_vec(I8, 32), [16] * 32), ir.Constant(_vec(I8, 32), None))
 
 
 def _lookup(builder, idx, grid):
