@@ -96,3 +96,13 @@ def test_greedy_tokens_equal_llama_cpp(converted, preset):
         eng.close()
     assert compared >= 150
     assert agreed / compared >= 0.98, f"{agreed}/{compared}"
+
+
+@pytest.mark.parametrize("preset", ["Q4_K_M", "IQ4_XS", "Q2_K", "MXFP4_MOE"])
+def test_wizard_sizes_know_every_type(preset):
+    """The conversion wizard's plan (app.model_info) sizes a kept model as the GGUF's own tensor
+    bytes: the table knows each type's block size."""
+    from app.model_info import inspect
+    path = FIXTURES / REF["presets"][preset]["file"]
+    s = inspect(path).sizes["keep"]
+    assert s.dense + s.experts == sum(int(t.n_bytes) for t in gguf.GGUFReader(path).tensors)
