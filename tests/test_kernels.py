@@ -6,7 +6,7 @@ import pytest
 from test_quant import random_blocks
 
 from engine import quant
-from engine.kernels import cpu
+from engine.kernels import blocks32, cpu
 from engine.kernels import reference as ref
 
 FORMATS = ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k",
@@ -31,7 +31,8 @@ def test_matmul_matches_numpy(name, tokens):
     x = np.random.default_rng(9).standard_normal((tokens, n)).astype(np.float32)
     out = np.empty((tokens, rows), np.float32)
     cpu.matmul(w, quant.get(name).type_id, x, out)
-    want = ref.matmul_int(w, name, x) if name in INT_FORMATS else ref.matmul(w, name, n, x)
+    want = ref.matmul_int(w, name, x) if name in INT_FORMATS else \
+        blocks32.matmul_reference(w, name, x) if name in blocks32.FORMATS else ref.matmul(w, name, n, x)
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
     exact = np.empty_like(out)  # int8_activations off: float activations, the float reference
     cpu.matmul(w, quant.get(name).type_id, x, exact, True)
