@@ -10,7 +10,8 @@ MemoryError counted as a crash, not a machine swapping, and a crash cannot end t
 
 Mutations, seeded (--seed) and mostly aimed at the header (counts, lengths, offsets, dims,
 types, the safetensors JSON): random bit flips, a 4- or 8-byte word set to an extreme value
-(0, 1, 2^31, 2^32 - 1, 2^40, 2^63, 2^64 - 1), a run of random bytes, a cut at a random point.
+(0, 1, 2^31, 2^32 - 1, 2^40, 2^63, 2^64 - 1), a run of random bytes, a cut at a random point;
+for a Hugging Face folder, a quarter of the cases set a number of its config.json instead.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import argparse
 import json
 import os
 import random
+import re
 import resource
 import shutil
 import signal
@@ -130,9 +132,31 @@ def _mutation(rng: random.Random, size: int, header: int) -> tuple[str, list[tup
     return f"{n} random bytes at {at}", [(min(at, size - n), bytes(rng.randrange(256) for _ in range(n)))]
 
 
+def _apply(mutation: tuple[str, list[tuple[int, bytes]] | int], original: bytes) -> tuple[str, bytes]:
+    what, change = mutation
+    if isinstance(change, int):
+        return what, original[:change]
+    data = bytearray(original)
+    for at, b in change:
+        if what.startswith("flip"):
+            data[at] ^= b[0]
+        else:
+            data[at:at + len(b)] = b
+    return what, bytes(data)
+
+
+def _config_mutation(rng: random.Random, original: bytes) -> tuple[str, bytes]:
+    """config.json with one of its numbers made extreme (or negative)."""
+    spans = [m.span() for m in re.finditer(rb"-?\d+(?:\.\d+)?", original)]
+    a, b = rng.choice(spans)
+    value = str(rng.choice((*EXTREMES, -1, 2 ** 31 - 1))).encode()
+    return f"config.json {original[a:b].decode()} -> {value.decode()}", original[:a] + value + original[b:]
+
+
 def fuzz(sources: list[Path], seconds: float, seed: int, timeout: float, memory_cap: int,
          log=print) -> Report:
     """Mutate each source in turn (a copy of it) until `seconds` have passed."""
+    import engine.convert.convert  # noqa: F401  (imported once here: every forked case inherits it)
     rng = random.Random(seed)
     report = Report()
     work = Path(tempfile.mkdtemp(prefix="colibri-fuzz-"))
@@ -146,17 +170,13 @@ def fuzz(sources: list[Path], seconds: float, seed: int, timeout: float, memory_
         end = time.monotonic() + seconds
         while time.monotonic() < end:
             dst, target, original, header = copies[report.cases % len(copies)]
-            what, change = _mutation(rng, len(original), header)
-            if isinstance(change, int):
-                target.write_bytes(original[:change])
+            if dst.is_dir() and rng.random() < 0.25:  # an HF folder: its config.json instead
+                target = dst / "config.json"
+                original = target.read_bytes()
+                what, mutant = _config_mutation(rng, original)
             else:
-                data = bytearray(original)
-                for at, b in change:
-                    if what.startswith("flip"):
-                        data[at] ^= b[0]
-                    else:
-                        data[at:at + len(b)] = b
-                target.write_bytes(data)
+                what, mutant = _apply(_mutation(rng, len(original), header), original)
+            target.write_bytes(mutant)
             outcome, detail = run_case(dst, timeout, memory_cap)
             report.cases += 1
             if outcome == "opened":

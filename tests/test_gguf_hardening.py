@@ -79,3 +79,18 @@ def test_corrupt_layout_is_named_before_any_allocation(tmp_path, what, patch, ma
     with pytest.raises(errors.SourceFormatError, match=match):  # (2^40 items: no walk over them)
         convert(path, tmp_path / "out")
     assert not (tmp_path / "out").exists(), what
+
+
+@pytest.mark.parametrize("key,value", [("num_hidden_layers", 2 ** 31), ("num_attention_heads", 0),
+                                       ("vocab_size", 2 ** 40), ("hidden_size", "64"), ("intermediate_size", -1)])
+def test_absurd_hf_config_values_name_the_key(tmp_path, key, value):
+    """The same for a Hugging Face folder's config.json."""
+    import json
+    import shutil
+    folder = tmp_path / "hf"
+    shutil.copytree(HF_FIXTURES / "llama", folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg[key] = value
+    (folder / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(errors.ConfigError, match=rf"config.json '{key}' = {value!r} is out of range"):
+        convert(folder, tmp_path / "out")
