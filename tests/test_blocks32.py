@@ -2,10 +2,6 @@
 every instruction path."""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 from test_quant import random_blocks
@@ -17,7 +13,7 @@ from engine.kernels import reference as ref
 FORMATS = list(blocks32.FORMATS)
 
 
-def _check(name: str, rows: int, n: int, tokens: int, seed: int) -> None:
+def check_fused(name: str, rows: int, n: int, tokens: int, seed: int) -> None:
     w = random_blocks(name, rows, n // 32, seed)
     x = np.random.default_rng(seed + 1).standard_normal((tokens, n)).astype(np.float32)
     out = np.empty((tokens, rows), np.float32)
@@ -29,7 +25,7 @@ def _check(name: str, rows: int, n: int, tokens: int, seed: int) -> None:
 @pytest.mark.parametrize("name", FORMATS)
 @pytest.mark.parametrize("tokens", [1, 2, cpu.TOKENS + 3])  # decode, decode of a few, prefill with a tail
 def test_fused_kernels_match_the_numpy_twin(name, tokens):
-    _check(name, 37, 32 * 11, tokens, seed=tokens)  # an odd block count: the decode loop's tail
+    check_fused(name, 37, 32 * 11, tokens, seed=tokens)  # an odd block count: the decode loop's tail
 
 
 @pytest.mark.parametrize("name", FORMATS)
@@ -45,33 +41,5 @@ def test_twin_is_the_dequantized_product_up_to_activation_rounding(name):
     cpu.matmul(w, quant.get(name).type_id, x, exact, True)
     np.testing.assert_allclose(exact, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
 
-
-PATH_CHECK = """
-import sys
-sys.path.insert(0, "tests")
-from engine.kernels import simd
-from test_blocks32 import FORMATS, _check
-assert simd.DOT == sys.argv[1], simd.DOT
-for name in FORMATS:
-    for tokens in (1, 6):
-        _check(name, 19, 160, tokens, seed=5)
-print("ok")
-"""
-
-
-@pytest.mark.parametrize("path", ["vnni", "avx2", "generic"])
-def test_every_instruction_path(path):
-    """The paths this host does not pick by itself, forced one at a time in a fresh process
-    (numba compiles for one path per process; simd.py)."""
-    from engine.kernels import simd
-    if path != "generic" and not simd._features().get("avx2"):
-        pytest.skip("this CPU has no AVX2")
-    if path == "vnni" and simd._mode(simd._features()) != "vnni":
-        pytest.skip("this CPU has no VNNI")
-    if path == simd.DOT:
-        pytest.skip("the natural path here: the other tests cover it")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, COLIBRI_DOT=path, PYTHONPATH=root)
-    r = subprocess.run([sys.executable, "-c", PATH_CHECK, path], cwd=root, env=env, capture_output=True, text=True,
-                       timeout=600, check=False)
-    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
+# The instruction paths this host does not pick by itself (avx2, generic) run check_fused in
+# test_kernels.py's subprocess (test_every_dot_product_path_computes_the_same_products).

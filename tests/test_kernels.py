@@ -108,6 +108,10 @@ for name in ("q4_0", "q4_1", "q8_0"):
         out = np.empty((1, 16), np.float32)
         cpu.matmul(w8, quant.get(name).type_id + cpu.PACKED, x, out)
         np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+from test_blocks32 import FORMATS, check_fused  # q5_0, q5_1, iq4_nl, mxfp4 (engine/kernels/blocks32.py)
+for name in FORMATS:
+    for tokens in (1, 6):
+        check_fused(name, 19, 160, tokens, seed=5)
 print("ok")
 """
 
