@@ -4,6 +4,10 @@ Type ids are GGML's numbers, so they are never renumbered and a GGUF block is co
 files byte for byte (lossless import, no second rounding). Our own `int8` is the Q8_0 block and
 our own `int4` the Q4_1 block (scale and minimum per 32 weights, two weights per byte).
 
+Imported (GGUF, every type llama.cpp's presets write): f32, f16, bf16, q4_0, q4_1, q5_0, q5_1,
+q8_0, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl, iq4_xs, mxfp4. Produced: the float types, q4_0,
+q4_1 and q8_0.
+
 Layout: blocks run along a matrix row (the input dimension). A row of `n` weights is
 `n // block_size` blocks of `type_size` bytes; a stored quantized matrix is a uint8 array
 (..., rows, row_bytes). Float types are stored as plain element arrays (bf16 as uint16).
@@ -183,7 +187,53 @@ def _q4_1_deq(raw: np.ndarray) -> np.ndarray:
     return _unshape(_f16(b[:, :2]) * q + _f16(b[:, 2:4]), lead)
 
 
-# --- K-quants (import only): 256 weights in 8 sub-blocks of 32 (Q6_K: 16 of 16) -------------
+# --- Q5_0 / Q5_1: f16 d, (f16 m,) u32 qh, nibbles; bit j of qh is bit 4 of weight j ----------
+
+def _fifth_bits(qh: np.ndarray) -> np.ndarray:
+    """(n, 4) bytes of a little-endian uint32 -> (n, 32) bits, weight j's from bit j."""
+    return (qh.reshape(-1, 4, 1) >> np.arange(8, dtype=np.uint8).reshape(1, 1, 8)).reshape(-1, 32) & np.uint8(1)
+
+
+def _q5_0_deq(raw: np.ndarray) -> np.ndarray:
+    # w = d * (q5 - 16)
+    b, lead = _blocks(raw, 22)
+    q = _unpack_nibbles(b[:, 6:]) | (_fifth_bits(b[:, 2:6]) << np.uint8(4))
+    return _unshape(_f16(b[:, :2]) * (q.astype(np.int8) - np.int8(16)).astype(np.float32), lead)
+
+
+def _q5_1_deq(raw: np.ndarray) -> np.ndarray:
+    # w = d * q5 + m
+    b, lead = _blocks(raw, 24)
+    q = _unpack_nibbles(b[:, 8:]) | (_fifth_bits(b[:, 4:8]) << np.uint8(4))
+    return _unshape(_f16(b[:, :2]) * q.astype(np.float32) + _f16(b[:, 2:4]), lead)
+
+
+# --- IQ4_NL: f16 d, nibbles (Q4_0 order) indexing a 16-value non-linear grid; w = d * grid[q] ---
+IQ4_GRID = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int8)
+# --- MXFP4 (gpt-oss): e8m0 exponent e, nibbles (Q4_0 order) indexing e2m1 values doubled;
+# w = 2^(e - 128) * grid[q] (the exponent is halved because the grid is doubled)
+MXFP4_GRID = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], np.int8)
+
+
+def _iq4_nl_deq(raw: np.ndarray) -> np.ndarray:
+    b, lead = _blocks(raw, 18)
+    return _unshape(_f16(b[:, :2]) * IQ4_GRID[_unpack_nibbles(b[:, 2:])].astype(np.float32), lead)
+
+
+def e8m0_half(e: np.ndarray) -> np.ndarray:
+    """e8m0 exponent bytes -> float32 2^(e - 128), exactly (e < 2 are subnormals), as ggml's
+    GGML_E8M0_TO_FP32_HALF."""
+    e = np.asarray(e, dtype=np.uint32)
+    bits = np.where(e < 2, np.uint32(0x00200000) << e, (e - np.uint32(1)) << np.uint32(23))
+    return bits.astype(np.uint32).view(np.float32)
+
+
+def _mxfp4_deq(raw: np.ndarray) -> np.ndarray:
+    b, lead = _blocks(raw, 17)
+    return _unshape(e8m0_half(b[:, :1]) * MXFP4_GRID[_unpack_nibbles(b[:, 1:])].astype(np.float32), lead)
+
+
+# --- K-quants (import only): 256 weights in 8 sub-blocks of 32 (Q2_K, Q3_K, Q6_K: 16 of 16) --
 
 def _k_scales(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """12 bytes -> 8 six-bit scales and 8 six-bit minimums.
@@ -196,6 +246,36 @@ def _k_scales(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     sc = np.concatenate([lo_s & 63, (mix & 15) | ((lo_s >> 6) << 4)], axis=1)
     mn = np.concatenate([lo_m & 63, (mix >> 4) | ((lo_m >> 6) << 4)], axis=1)
     return sc.astype(np.float32), mn.astype(np.float32)
+
+
+def _q2_k_deq(raw: np.ndarray) -> np.ndarray:
+    # scales[16] (low nibble: scale, high: minimum of 16 weights) | qs[64] | d f16 | dmin f16;
+    # w = d * sc * q2 - dmin * m; weight 128c + 32s + i is bits 2s..2s+1 of qs[32c + i]
+    b, lead = _blocks(raw, 84)
+    sc = b[:, :16]
+    dl = (_f16(b[:, 80:82]) * (sc & np.uint8(15)).astype(np.float32))[:, :, None]
+    ml = (_f16(b[:, 82:84]) * (sc >> np.uint8(4)).astype(np.float32))[:, :, None]
+    q = (b[:, 16:80].reshape(-1, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 4, 1)) & np.uint8(3)
+    return _unshape(dl * q.reshape(-1, 16, 16).astype(np.float32) - ml, lead)
+
+
+def _q3_k_scales(s: np.ndarray) -> np.ndarray:
+    """12 bytes -> 16 six-bit scales minus 32: low 4 bits from bytes 0-7 (low nibbles, then high
+    ones), top 2 bits from bytes 8-11 (bits 2k..2k+1 of byte 8 + j % 4 for scale 4k + j)."""
+    lo = (s[:, :8].reshape(-1, 1, 8) >> np.array([0, 4], np.uint8).reshape(1, 2, 1)).reshape(-1, 16)
+    hi = (s[:, 8:12].reshape(-1, 1, 4) >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 4, 1)).reshape(-1, 16)
+    return (((lo & np.uint8(15)) | ((hi & np.uint8(3)) << np.uint8(4))).astype(np.int8) - np.int8(32)).astype(np.float32)
+
+
+def _q3_k_deq(raw: np.ndarray) -> np.ndarray:
+    # hmask[32] | qs[64] | scales[12] | d f16; w = d * scale * (q2 - 4 * !h), 16 sub-blocks of 16;
+    # weight 128c + 32s + i: bits 2s..2s+1 of qs[32c + i], h = bit 4c + s of hmask[i]
+    b, lead = _blocks(raw, 110)
+    dl = (_f16(b[:, 108:110]) * _q3_k_scales(b[:, 96:108]))[:, :, None]
+    ql = (b[:, 32:96].reshape(-1, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 4, 1)) & np.uint8(3)
+    h = (b[:, :32].reshape(-1, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 8, 1)) & np.uint8(1)
+    q = ql.reshape(-1, 16, 16).astype(np.int8) - ((h ^ np.uint8(1)) << np.uint8(2)).reshape(-1, 16, 16).astype(np.int8)
+    return _unshape(dl * q.astype(np.float32), lead)
 
 
 def _q4_k_deq(raw: np.ndarray) -> np.ndarray:
@@ -234,6 +314,20 @@ def _q6_k_deq(raw: np.ndarray) -> np.ndarray:
     return _unshape(d * q, lead)
 
 
+def _iq4_xs_deq(raw: np.ndarray) -> np.ndarray:
+    # d f16 | scales_h u16 | scales_l[4] | qs[128]; 8 sub-blocks of 32, w = d * (s6 - 32) * grid[q],
+    # s6 of sub-block j = nibble j of scales_l | bits 2j..2j+1 of scales_h << 4; sub-block j's
+    # weights are qs[16j:16j+16] in Q4_0 order
+    b, lead = _blocks(raw, 136)
+    lo = (b[:, 4:8].reshape(-1, 4, 1) >> np.array([0, 4], np.uint8).reshape(1, 1, 2)).reshape(-1, 8) & np.uint8(15)
+    sh = np.ascontiguousarray(b[:, 2:4]).view(np.uint16)
+    hi = ((sh >> np.arange(0, 16, 2, dtype=np.uint16).reshape(1, 8)).astype(np.uint8) & np.uint8(3))
+    scale = ((lo | (hi << np.uint8(4))).astype(np.int8) - np.int8(32)).astype(np.float32)
+    dl = (_f16(b[:, :2]) * scale)[:, :, None]
+    q = IQ4_GRID[_unpack_nibbles(b[:, 8:])].astype(np.float32).reshape(-1, 8, 32)
+    return _unshape(dl * q, lead)
+
+
 # --- the table -------------------------------------------------------------------------------
 
 _TYPES = [
@@ -241,11 +335,18 @@ _TYPES = [
     QuantType("f16", 1, 1, 2, np.dtype(np.float16), _f16_deq, _f16_q, 4e-4),
     QuantType("q4_0", 2, QK, 18, np.dtype(np.uint8), _q4_0_deq, _q4_0_q, 0.11),
     QuantType("q4_1", 3, QK, 20, np.dtype(np.uint8), _q4_1_deq, _q4_1_q, 0.09),
+    QuantType("q5_0", 6, QK, 22, np.dtype(np.uint8), _q5_0_deq, None, None),
+    QuantType("q5_1", 7, QK, 24, np.dtype(np.uint8), _q5_1_deq, None, None),
     QuantType("q8_0", 8, QK, 34, np.dtype(np.uint8), _q8_0_deq, _q8_0_q, 0.006),
+    QuantType("q2_k", 10, QK_K, 84, np.dtype(np.uint8), _q2_k_deq, None, None),
+    QuantType("q3_k", 11, QK_K, 110, np.dtype(np.uint8), _q3_k_deq, None, None),
     QuantType("q4_k", 12, QK_K, 144, np.dtype(np.uint8), _q4_k_deq, None, None),
     QuantType("q5_k", 13, QK_K, 176, np.dtype(np.uint8), _q5_k_deq, None, None),
     QuantType("q6_k", 14, QK_K, 210, np.dtype(np.uint8), _q6_k_deq, None, None),
+    QuantType("iq4_nl", 20, QK, 18, np.dtype(np.uint8), _iq4_nl_deq, None, None),
+    QuantType("iq4_xs", 23, QK_K, 136, np.dtype(np.uint8), _iq4_xs_deq, None, None),
     QuantType("bf16", 30, 1, 2, np.dtype(np.uint16), _bf16_deq, _bf16_q, 2.5e-3),
+    QuantType("mxfp4", 39, QK, 17, np.dtype(np.uint8), _mxfp4_deq, None, None),
 ]
 BY_NAME: dict[str, QuantType] = {t.name: t for t in _TYPES}
 BY_ID: dict[int, QuantType] = {t.type_id: t for t in _TYPES}
@@ -257,8 +358,11 @@ FAMILY: dict[str, frozenset[str]] = {
     "f32": frozenset({"f32"}),
     "f16": frozenset({"f16"}),
     "int8": frozenset({"q8_0"}),
-    "int4": frozenset({"q4_0", "q4_1", "q4_k"}),
+    "int4": frozenset({"q4_0", "q4_1", "q4_k", "iq4_nl", "iq4_xs", "mxfp4", "q3_k", "q2_k"}),
 }
+# What to tell someone whose GGUF holds a type this table lacks (IQ1_*, IQ2_*, IQ3_*, TQ*_0, ...).
+PRESETS_ADVICE = ("re-quantize it with a preset Colibri imports: Q4_K_M, Q5_K_M, Q6_K, Q8_0 or IQ4_XS "
+                  "(also Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K_M, IQ4_NL)")
 
 
 def get(name_or_id: str | int) -> QuantType:

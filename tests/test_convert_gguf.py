@@ -44,7 +44,7 @@ def test_f32_gguf_equals_the_hf_checkpoint(tmp_path, hf_kept, arch):
 
 
 @pytest.mark.parametrize("arch", ["llama", "mixtral", "qwen2_moe", "olmoe"])
-@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_0, Q.Q4_1])
+@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.MXFP4])
 def test_quantized_gguf_is_imported_losslessly(tmp_path, arch, qtype):
     path = write_gguf(HF_FIXTURES / arch, tmp_path / "m.gguf", qtypes=qtype)
     reader = gguf.GGUFReader(path)
@@ -138,13 +138,18 @@ def test_unknown_gguf_architecture(tmp_path):
         convert(p, tmp_path / "out")
 
 
-def test_unsupported_gguf_tensor_type(tmp_path):
-    from gguf_fixtures import convert_hf
-    plan = convert_hf(HF_FIXTURES / "llama", qtypes={"blk.0.attn_v.weight": Q.Q5_0})
-    plan.write(tmp_path / "q5.gguf")
-    with pytest.raises(errors.SourceFormatError, match="'blk.0.attn_v.weight' has GGML type Q5_0, which Colibri "
-                                                       "does not import"):
-        convert(tmp_path / "q5.gguf", tmp_path / "out")
+@pytest.mark.parametrize("qtype", [Q.IQ2_XXS, Q.IQ3_S, Q.IQ1_M, Q.TQ1_0])
+def test_unsupported_gguf_tensor_type(tmp_path, qtype):
+    """Types no preset of Colibri's list writes are refused on opening, naming the tensor, the
+    type and the presets to use instead."""
+    block, size = gguf.GGML_QUANT_SIZES[qtype]
+    raw = np.zeros((4, 256 // block * size), np.uint8)
+    p = write_raw_gguf(tmp_path / "iq.gguf", "llama", {"blk.0.attn_v.weight": (raw, qtype)})
+    with pytest.raises(errors.SourceFormatError, match=rf"'blk.0.attn_v.weight' has GGML type {qtype.name}, which "
+                                                       r"Colibri does not import; re-quantize it with a preset "
+                                                       r"Colibri imports: Q4_K_M, Q5_K_M, Q6_K, Q8_0 or IQ4_XS"):
+        convert(p, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
 
 
 def test_gguf_missing_and_extra_tensors(tmp_path):

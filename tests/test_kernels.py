@@ -6,10 +6,11 @@ import pytest
 from test_quant import random_blocks
 
 from engine import quant
-from engine.kernels import cpu
+from engine.kernels import blocks32, cpu
 from engine.kernels import reference as ref
 
-FORMATS = ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q4_k", "q5_k", "q6_k"]
+FORMATS = ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k",
+           "iq4_nl", "iq4_xs", "mxfp4"]
 INT_FORMATS = ["q4_0", "q4_1", "q8_0"]  # decoded with int8 activations (llama.cpp's scheme)
 PACK_FORMATS = ["q4_0", "q4_1", "q8_0"]  # repacked into 8-row groups when resident
 
@@ -30,7 +31,8 @@ def test_matmul_matches_numpy(name, tokens):
     x = np.random.default_rng(9).standard_normal((tokens, n)).astype(np.float32)
     out = np.empty((tokens, rows), np.float32)
     cpu.matmul(w, quant.get(name).type_id, x, out)
-    want = ref.matmul_int(w, name, x) if name in INT_FORMATS else ref.matmul(w, name, n, x)
+    want = ref.matmul_int(w, name, x) if name in INT_FORMATS else \
+        blocks32.matmul_reference(w, name, x) if name in blocks32.FORMATS else ref.matmul(w, name, n, x)
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
     exact = np.empty_like(out)  # int8_activations off: float activations, the float reference
     cpu.matmul(w, quant.get(name).type_id, x, exact, True)
@@ -106,6 +108,10 @@ for name in ("q4_0", "q4_1", "q8_0"):
         out = np.empty((1, 16), np.float32)
         cpu.matmul(w8, quant.get(name).type_id + cpu.PACKED, x, out)
         np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+from test_blocks32 import FORMATS, check_fused  # q5_0, q5_1, iq4_nl, mxfp4 (engine/kernels/blocks32.py)
+for name in FORMATS:
+    for tokens in (1, 6):
+        check_fused(name, 19, 160, tokens, seed=5)
 print("ok")
 """
 
@@ -139,7 +145,7 @@ def test_dequantize_row_matches_the_format_definition(name):
     got = np.empty(n, np.float32)
     for r in range(3):
         cpu.dequantize_row(w[r], t.type_id, got)
-        np.testing.assert_allclose(got, want[r], rtol=1e-6, atol=1e-7)
+        assert np.array_equal(got.view(np.uint32), want[r].view(np.uint32)), name  # bit for bit
 
 
 def test_gather_rows_is_an_embedding_lookup():

@@ -6,9 +6,13 @@ from gguf import GGMLQuantizationType as G
 
 from engine import quant
 
-BLOCK_TYPES = {"q8_0": G.Q8_0, "q4_0": G.Q4_0, "q4_1": G.Q4_1, "q4_k": G.Q4_K, "q5_k": G.Q5_K, "q6_k": G.Q6_K}
+BLOCK_TYPES = {"q8_0": G.Q8_0, "q4_0": G.Q4_0, "q4_1": G.Q4_1, "q5_0": G.Q5_0, "q5_1": G.Q5_1,
+               "q2_k": G.Q2_K, "q3_k": G.Q3_K, "q4_k": G.Q4_K, "q5_k": G.Q5_K, "q6_k": G.Q6_K,
+               "iq4_nl": G.IQ4_NL, "iq4_xs": G.IQ4_XS, "mxfp4": G.MXFP4}
 # byte offsets of the f16 scale fields inside each block (kept finite in random blocks)
-SCALE_OFFSETS = {"q8_0": [0], "q4_0": [0], "q4_1": [0, 2], "q4_k": [0, 2], "q5_k": [0, 2], "q6_k": [208]}
+SCALE_OFFSETS = {"q8_0": [0], "q4_0": [0], "q4_1": [0, 2], "q5_0": [0], "q5_1": [0, 2], "q2_k": [80, 82],
+                 "q3_k": [108], "q4_k": [0, 2], "q5_k": [0, 2], "q6_k": [208], "iq4_nl": [0], "iq4_xs": [0],
+                 "mxfp4": []}
 
 
 def random_blocks(name: str, rows: int, blocks_per_row: int, seed: int) -> np.ndarray:
@@ -18,6 +22,8 @@ def random_blocks(name: str, rows: int, blocks_per_row: int, seed: int) -> np.nd
     for off in SCALE_OFFSETS[name]:
         scales = rng.normal(0, 0.05, size=(rows, blocks_per_row)).astype(np.float16)
         raw[:, :, off:off + 2] = scales.view(np.uint8).reshape(rows, blocks_per_row, 2)
+    if name == "mxfp4":  # the e8m0 exponent: weights around 2^-5 .. 2^0
+        raw[:, :, 0] = rng.integers(121, 128, size=(rows, blocks_per_row), dtype=np.uint8)
     return raw.reshape(rows, -1)
 
 
@@ -37,6 +43,16 @@ def test_dequantize_is_bit_exact_with_gguf(name, seed):
     ours = quant.dequantize(raw, name)
     ref = gguf.quants.dequantize(raw, BLOCK_TYPES[name]).astype(np.float32)
     assert ours.dtype == np.float32 and ours.shape == ref.shape
+    assert np.array_equal(ours.view(np.uint32), ref.view(np.uint32))
+
+
+def test_every_mxfp4_exponent_and_ggml_type_size():
+    """All 256 e8m0 exponents (subnormal 0 and 1, 2^127 at 254, 255) decode as gguf's do."""
+    raw = np.random.default_rng(5).integers(0, 256, size=(256, 17), dtype=np.uint8)
+    raw[:, 0] = np.arange(256)
+    with np.errstate(over="ignore", invalid="ignore"):
+        ref = gguf.quants.dequantize(raw, G.MXFP4).astype(np.float32)
+        ours = quant.dequantize(raw, "mxfp4")
     assert np.array_equal(ours.view(np.uint32), ref.view(np.uint32))
 
 

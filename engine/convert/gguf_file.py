@@ -7,6 +7,8 @@ every architecture uses the Hugging Face row order.
 """
 from __future__ import annotations
 
+import mmap
+import struct
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +23,14 @@ from engine.model_dir import ModelConfig
 GGUF_ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen2moe": "qwen2_moe",
                       "qwen3moe": "qwen3_moe", "olmoe": "olmoe"}
 NORM_TOPK = {"mixtral": True, "qwen2_moe": False, "qwen3_moe": True, "olmoe": False}
-PERMUTED_QK = {"llama"}  # GGUF archs whose q/k rows llama.cpp's converter permuted
+PERMUTED_QK = {"llama"}
+# Bounds of the integer hyper-parameters (arch.KEY): far beyond any real model, far below what
+# would make an allocation fail or a loop run for hours.
+LIMITS = {"block_count": (1, 4096), "embedding_length": (1, 1 << 20), "attention.head_count": (1, 4096),
+          "attention.head_count_kv": (1, 4096), "attention.key_length": (1, 1 << 16),
+          "feed_forward_length": (1, 1 << 22), "expert_feed_forward_length": (1, 1 << 22),
+          "expert_shared_feed_forward_length": (0, 1 << 22), "expert_count": (0, 1 << 16),
+          "expert_used_count": (1, 1 << 16), "vocab_size": (1, 1 << 24), "context_length": (1, 1 << 24)}  # GGUF archs whose q/k rows llama.cpp's converter permuted
 
 
 def unpermute_order(n_head: int, rows: int) -> np.ndarray:
@@ -32,6 +41,113 @@ def unpermute_order(n_head: int, rows: int) -> np.ndarray:
     return np.arange(rows).reshape(n_head, rows // n_head // 2, 2).swapaxes(1, 2).reshape(-1)
 
 
+# --- the layout, checked before the gguf package reads anything ---------------------------------
+# The package walks every array item in Python and trusts every count and offset: a corrupt
+# count of 2^40 would hang it, a dimension past the file would allocate. One pass over the
+# header checks each count against the bytes that remain, so those are errors naming the key
+# or tensor, raised before any allocation.
+_SCALAR = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}  # GGUF value type -> bytes
+_STRING, _ARRAY = 8, 9
+MAX_DIMS = 4  # GGML_MAX_DIMS
+
+
+class _Cursor:
+    def __init__(self, path: Path, buf) -> None:
+        self.path, self.buf, self.at = path, buf, 0
+
+    def take(self, n: int, what: str) -> int:
+        if n < 0 or self.at + n > len(self.buf):
+            raise SourceFormatError(f"{self.path}: GGUF {what} needs {n} bytes at byte {self.at} but the file has "
+                                    f"{len(self.buf)} (truncated or corrupt)")
+        at, self.at = self.at, self.at + n
+        return at
+
+    def u32(self, what: str) -> int:
+        return struct.unpack_from("<I", self.buf, self.take(4, what))[0]
+
+    def u64(self, what: str) -> int:
+        return struct.unpack_from("<Q", self.buf, self.take(8, what))[0]
+
+    def string(self, what: str) -> bytes:
+        n = self.u64(what)
+        at = self.take(n, what)
+        return bytes(self.buf[at:at + n])
+
+    def value(self, vtype: int, what: str, depth: int = 0) -> None:
+        if vtype in _SCALAR:
+            self.take(_SCALAR[vtype], what)
+        elif vtype == _STRING:
+            self.string(what)
+        elif vtype == _ARRAY and depth < 2:
+            item, count = self.u32(what), self.u64(what)
+            least = _SCALAR.get(item, 8)  # a string or an array takes at least its 8-byte count
+            if count * least > len(self.buf) - self.at:
+                raise SourceFormatError(f"{self.path}: GGUF {what} claims {count} items, more than the "
+                                        f"{len(self.buf) - self.at} bytes left in the file hold")
+            if item in _SCALAR:
+                self.take(count * least, what)
+            else:
+                for _ in range(count):
+                    self.value(item, what, depth + 1)
+        else:
+            raise SourceFormatError(f"{self.path}: GGUF {what} has value type {vtype}, which GGUF does not define")
+
+
+def check_layout(path: Path) -> None:
+    """Walk the header: every count, string, array, dimension and tensor extent must fit the file."""
+    import gguf
+    with open(path, "rb") as f:
+        size = f.seek(0, 2)
+        if size < 24:
+            raise SourceFormatError(f"{path}: GGUF file of {size} bytes is truncated")
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+            c = _Cursor(path, buf)
+            c.take(4, "magic")
+            version = c.u32("version")
+            if version not in (2, 3):
+                raise SourceFormatError(f"{path}: GGUF version {version} is not supported (2 or 3)")
+            n_tensors, n_kv = c.u64("tensor count"), c.u64("metadata count")
+            if n_kv * 13 > size or n_tensors * 24 > size:  # the least one entry can take
+                raise SourceFormatError(f"{path}: GGUF header claims {n_kv} metadata keys and {n_tensors} tensors, "
+                                        f"more than {size} bytes can hold")
+            alignment = 32
+            for _ in range(n_kv):
+                key = c.string("metadata key").decode("utf-8", "replace")
+                vtype = c.u32(f"metadata {key!r}")
+                at = c.at
+                c.value(vtype, f"metadata {key!r}")
+                if key == "general.alignment" and vtype == 4:
+                    alignment = struct.unpack_from("<I", buf, at)[0]
+                    if alignment == 0 or alignment & (alignment - 1):
+                        raise SourceFormatError(f"{path}: GGUF metadata 'general.alignment' = {alignment} is not "
+                                                f"a power of two")
+            extents = []
+            for _ in range(n_tensors):
+                name = c.string("tensor name").decode("utf-8", "replace")
+                n_dims = c.u32(f"tensor {name!r}")
+                if not 1 <= n_dims <= MAX_DIMS:
+                    raise SourceFormatError(f"{path}: tensor {name!r} has {n_dims} dimensions (GGUF: 1 to {MAX_DIMS})")
+                dims = [c.u64(f"tensor {name!r}") for _ in range(n_dims)]
+                ttype, offset = c.u32(f"tensor {name!r}"), c.u64(f"tensor {name!r}")
+                try:
+                    block, type_size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(ttype)]
+                except (ValueError, KeyError):
+                    raise SourceFormatError(f"{path}: tensor {name!r} has GGML type id {ttype}, which GGML does "
+                                            f"not define") from None
+                elements = 1
+                for d in dims:
+                    elements *= d
+                if 0 in dims or dims[0] % block:
+                    raise SourceFormatError(f"{path}: tensor {name!r} has dimensions {dims} (each must be "
+                                            f"positive, the first a multiple of {block})")
+                extents.append((name, offset, elements // block * type_size))
+            data = -(-c.at // alignment) * alignment
+            for name, offset, nbytes in extents:
+                if data + offset + nbytes > size:
+                    raise SourceFormatError(f"{path}: tensor {name!r} ends at byte {data + offset + nbytes} but the "
+                                            f"file has {size} bytes (truncated?)")
+
+
 class GGUFModel:
     def __init__(self, path: Path):
         import gguf  # imported here: it is only needed while converting
@@ -40,6 +156,7 @@ class GGUFModel:
             magic = f.read(4)
         if magic != b"GGUF":
             raise SourceFormatError(f"{path}: not a GGUF file (magic {magic!r})")
+        check_layout(path)
         try:
             self.reader = gguf.GGUFReader(path)
         except Exception as e:  # the package raises ValueError, IndexError, ... on bad files
@@ -61,10 +178,11 @@ class GGUFModel:
     def _tensor(self, t) -> SourceTensor:
         try:
             qtype = quant.get(int(t.tensor_type))
-        except quant.QuantError:
+        except quant.QuantError:  # raised while the file is opened: before any conversion work
             supported = ", ".join(q.upper() for q in quant.BY_NAME)
             raise SourceFormatError(f"{self.path}: tensor {t.name!r} has GGML type {t.tensor_type.name}, "
-                                    f"which Colibri does not import (supported: {supported})") from None
+                                    f"which Colibri does not import; {quant.PRESETS_ADVICE} "
+                                    f"(supported types: {supported})") from None
         shape = tuple(int(d) for d in reversed(t.shape))
         if qtype.is_block and shape[-1] % qtype.block_size:
             raise SourceFormatError(f"{self.path}: tensor {t.name!r} row length {shape[-1]} is not a "
@@ -83,16 +201,39 @@ class GGUFModel:
             raise ConfigError(f"{self.path}: GGUF metadata has no {arch}.{key}")
         return value
 
+    def _int(self, key: str, default=None, required: bool = False, high: int | None = None) -> int:
+        """An integer hyper-parameter within LIMITS (absurd values are errors naming the key)."""
+        value = self._get(key, default, required)
+        lo, hi = LIMITS[key]
+        hi = hi if high is None else high
+        what = f"{self.path}: GGUF metadata {self.fields.get('general.architecture')}.{key}"
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            raise ConfigError(f"{what} = {value!r} is not an integer")
+        if not lo <= int(value) <= hi:
+            raise ConfigError(f"{what} = {value} is out of range (expected {lo} to {hi})")
+        return int(value)
+
+    def _positive(self, key: str, default: float) -> float:
+        value = self._get(key, default)
+        if isinstance(value, bool) or not isinstance(value, (int, float, np.number)) or not 0 < value < 1e30:
+            raise ConfigError(f"{self.path}: GGUF metadata {self.fields.get('general.architecture')}.{key} = "
+                              f"{value!r} is not a positive number")
+        return float(value)
+
     def config(self) -> ModelConfig:
         garch = self.fields.get("general.architecture")
         if garch not in GGUF_ARCHITECTURES:
             raise UnsupportedArchitectureError(
                 f"{self.path}: GGUF architecture {garch!r} is not supported; supported: "
                 f"{', '.join(GGUF_ARCHITECTURES)}")
-        experts = int(self._get("expert_count", 0) or 0)
+        experts = self._int("expert_count", 0)
         arch = "mixtral" if garch == "llama" and experts > 1 else GGUF_ARCHITECTURES[garch]
-        hidden = int(self._get("embedding_length", required=True))
-        heads = int(self._get("attention.head_count", required=True))
+        hidden = self._int("embedding_length", required=True)
+        heads = self._int("attention.head_count", required=True)
+        kv_heads = self._int("attention.head_count_kv", heads)
+        if heads % kv_heads:
+            raise ConfigError(f"{self.path}: GGUF metadata {garch}.attention.head_count = {heads} is not a multiple "
+                              f"of {garch}.attention.head_count_kv = {kv_heads}")
         moe = experts > 1
         # experts' width: its own key where the arch has one (Qwen MoE), else the FFN width
         ff_key = "expert_feed_forward_length" if moe and self._get("expert_feed_forward_length") else \
@@ -107,23 +248,23 @@ class GGUFModel:
                        "original_max_position_embeddings": self._get("rope.scaling.original_context_length")}
         return ModelConfig(
             architecture=arch,
-            vocab_size=int(self._get("vocab_size", len(tokens)) or len(tokens)),
+            vocab_size=self._int("vocab_size", len(tokens)) or len(tokens),
             hidden_size=hidden,
-            num_layers=int(self._get("block_count", required=True)),
+            num_layers=self._int("block_count", required=True),
             num_heads=heads,
-            num_kv_heads=int(self._get("attention.head_count_kv", heads)),
-            head_dim=int(self._get("attention.key_length", hidden // heads)),
-            intermediate_size=int(self._get(ff_key, required=True)),
+            num_kv_heads=kv_heads,
+            head_dim=self._int("attention.key_length", hidden // heads),
+            intermediate_size=self._int(ff_key, required=True),
             num_experts=experts if moe else 1,
-            top_k=int(self._get("expert_used_count", required=moe)) if moe else 1,
+            top_k=self._int("expert_used_count", required=moe, high=experts) if moe else 1,
             norm_topk_prob=bool(self._get("expert_weights_norm", NORM_TOPK.get(arch, False))),
-            shared_expert_intermediate_size=int(self._get("expert_shared_feed_forward_length", 0) or 0)
+            shared_expert_intermediate_size=self._int("expert_shared_feed_forward_length", 0)
             if arch == "qwen2_moe" else 0,
-            rms_norm_eps=float(self._get("attention.layer_norm_rms_epsilon", 1e-6)),
-            rope_theta=float(self._get("rope.freq_base", 10000.0)),
+            rms_norm_eps=self._positive("attention.layer_norm_rms_epsilon", 1e-6),
+            rope_theta=self._positive("rope.freq_base", 10000.0),
             rope_scaling=scaling,
             rope_freq_factors="rope_freqs.weight" in self.tensors,
-            max_position_embeddings=int(self._get("context_length", 4096)),
+            max_position_embeddings=self._int("context_length", 4096),
             tie_word_embeddings="output.weight" not in self.tensors,
             attention_bias="blk.0.attn_q.bias" in self.tensors,
             qk_norm={"qwen3": "head", "qwen3_moe": "head", "olmoe": "full"}.get(arch, "none"),

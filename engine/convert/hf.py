@@ -141,6 +141,15 @@ def _rope(cfg: dict, path: Path) -> tuple[float, dict | None]:
     return float(theta), scaling
 
 
+# Bounds of the integer hyper-parameters: far beyond any real model, far below what would make
+# an allocation fail or a loop over layers run for hours.
+HF_LIMITS = {"num_hidden_layers": (1, 4096), "hidden_size": (1, 1 << 20), "num_attention_heads": (1, 4096),
+             "num_key_value_heads": (1, 4096), "head_dim": (1, 1 << 16), "intermediate_size": (1, 1 << 22),
+             "moe_intermediate_size": (1, 1 << 22), "vocab_size": (1, 1 << 24), "num_experts": (1, 1 << 16),
+             "num_local_experts": (1, 1 << 16), "num_experts_per_tok": (1, 1 << 16),
+             "max_position_embeddings": (1, 1 << 24)}
+
+
 def config_from_hf(folder: Path) -> ModelConfig:
     path = folder / "config.json"
     if not path.is_file():
@@ -155,6 +164,11 @@ def config_from_hf(folder: Path) -> ModelConfig:
         raise UnsupportedArchitectureError(
             f"{path}: architecture {classes or cfg.get('model_type')!r} is not supported; supported: "
             f"{', '.join(HF_ARCHITECTURES)}")
+    for key, (lo, hi) in HF_LIMITS.items():  # before anything is sized from them
+        v = cfg.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi):
+            raise ConfigError(f"{path}: config.json {key!r} = {v!r} is out of range (expected an integer from "
+                              f"{lo} to {hi})")
     heads = int(_need(cfg, "num_attention_heads", path))
     hidden = int(_need(cfg, "hidden_size", path))
     family = HF_FAMILY[arch]

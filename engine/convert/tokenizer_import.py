@@ -102,9 +102,16 @@ def from_gguf_fields(f: dict, where: str) -> TokenizerBundle:
     if not tokens or merges is None:
         raise SourceFormatError(f"{where}: GGUF has no tokenizer vocabulary or merges")
     types = f.get("tokenizer.ggml.token_type") or [1] * len(tokens)
+    if not all(isinstance(t, str) for t in tokens) or not all(isinstance(m, str) and " " in m for m in merges) \
+            or len(types) != len(tokens):
+        raise SourceFormatError(f"{where}: GGUF tokenizer.ggml.tokens / merges / token_type are malformed (tokens and "
+                                f"merges must be strings, merges 'a b', one type per token)")
     vocab = {t: i for i, t in enumerate(tokens)}
     pairs = [tuple(m.split(" ", 1)) for m in merges]
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False, byte_fallback=False))
+    try:
+        tok = Tokenizer(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False, byte_fallback=False))
+    except Exception as e:  # tokenizers raises a bare Exception (a merge of tokens not in the vocabulary)
+        raise SourceFormatError(f"{where}: GGUF tokenizer.ggml.merges do not fit tokenizer.ggml.tokens: {e}") from None
     tok.pre_tokenizer = pre_tokenizers.Sequence(
         [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in PRE_TOKENIZERS[pre]]
         + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
@@ -116,7 +123,8 @@ def from_gguf_fields(f: dict, where: str) -> TokenizerBundle:
 
     def token(key: str) -> tuple[str | None, int | None]:
         i = f.get(key)
-        return (tokens[i], int(i)) if i is not None and 0 <= i < len(tokens) else (None, None)
+        ok = isinstance(i, int) and not isinstance(i, bool) and 0 <= i < len(tokens)
+        return (tokens[i], int(i)) if ok else (None, None)
 
     bos, bos_id = token("tokenizer.ggml.bos_token_id")
     eos, eos_id = token("tokenizer.ggml.eos_token_id")

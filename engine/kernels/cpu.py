@@ -14,12 +14,15 @@ import numpy as np
 from numba import njit, prange
 
 import engine.kernels  # noqa: F401  (numba settings first)
+from engine import quant
+from engine.kernels import blocks32
 from engine.kernels.rows import attend, rmsnorm_row, rope_head, silu
 from engine.kernels.simd import (TOKENS, copy4, group_dot_q4_0x8, group_dot_q4_1x8, group_dot_q8_0x8,
                                  group_tokens_q4_0x8, group_tokens_q4_1x8, group_tokens_q8_0x8, quantize32,
                                  row_dot_q4_0, row_dot_q4_1, row_dot_q8_0, tokens_q4_0, tokens_q4_1, tokens_q8_0)
 
 F32, F16, Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K, BF16 = 0, 1, 2, 3, 8, 12, 13, 14, 30
+Q5_0, Q5_1, Q2_K, Q3_K, IQ4_NL, IQ4_XS, MXFP4 = 6, 7, 10, 11, 20, 23, 39
 ROWS_PER_TASK = 16
 PACKED = 1000  # + a GGML id: that format repacked in groups of 8 rows at load (repack_x8); never in a file
 Q4_0X8, Q4_1X8, Q8_0X8 = PACKED + Q4_0, PACKED + Q4_1, PACKED + Q8_0
@@ -27,6 +30,8 @@ PACKABLE = (Q4_0, Q4_1, Q8_0)
 INT_CODES = (Q4_0, Q4_1, Q8_0, Q4_0X8, Q4_1X8, Q8_0X8)  # formats dotted in integers (int8 activations)
 INT_MAX_T = TOKENS - 1  # up to this many tokens (decode), the fused kernels (matmul_int, swiglu_int) apply
 _F16 = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)  # bits -> value
+_E8M0 = quant.e8m0_half(np.arange(256))  # MXFP4 exponent byte -> its scale
+_IQ4, _MXFP4 = quant.IQ4_GRID.astype(np.float32), quant.MXFP4_GRID.astype(np.float32)  # nibble -> value
 
 
 @njit(inline="always", cache=True)
@@ -113,6 +118,64 @@ def dequantize_row(row, code, out):
                         hi = (np.int32(row[o + 128 + 32 * h + i]) >> (2 * s)) & 3
                         scale = d * np.float32(_i8(row[o + 192 + e // 16]))
                         out[256 * b + e] = scale * np.float32((lo | (hi << 4)) - 32)
+    elif code == Q5_0 or code == Q5_1:  # f16 d | (f16 m) | u32 qh | nibbles as Q4_0; bit j of qh: bit 4 of weight j
+        size = 22 if code == Q5_0 else 24
+        for b in range(n // 32):
+            o = size * b
+            d = _h2f(row[o], row[o + 1])
+            m = _h2f(row[o + 2], row[o + 3]) if code == Q5_1 else np.float32(0.0)
+            qs = o + size - 16
+            qh = np.int64(row[qs - 4]) | (np.int64(row[qs - 3]) << 8) | (np.int64(row[qs - 2]) << 16) | \
+                (np.int64(row[qs - 1]) << 24)
+            for j in range(16):
+                q = np.int64(row[qs + j])
+                lo, hi = (q & 15) | (((qh >> j) & 1) << 4), (q >> 4) | (((qh >> (j + 16)) & 1) << 4)
+                if code == Q5_0:
+                    out[32 * b + j], out[32 * b + j + 16] = d * np.float32(lo - 16), d * np.float32(hi - 16)
+                else:
+                    out[32 * b + j], out[32 * b + j + 16] = d * np.float32(lo) + m, d * np.float32(hi) + m
+    elif code == IQ4_NL or code == MXFP4:  # f16 d (MXFP4: e8m0 e) | nibbles as Q4_0, through a 16-value grid
+        size, qs = (18, 2) if code == IQ4_NL else (17, 1)
+        grid = _IQ4 if code == IQ4_NL else _MXFP4
+        for b in range(n // 32):
+            o = size * b
+            d = _h2f(row[o], row[o + 1]) if code == IQ4_NL else _E8M0[row[o]]
+            for j in range(16):
+                q = np.int32(row[o + qs + j])
+                out[32 * b + j], out[32 * b + j + 16] = d * grid[q & 15], d * grid[q >> 4]
+    elif code == Q2_K:  # scales[16] (scale | min << 4) | qs[64] | f16 d | f16 dmin; weight e = 128 c + 32 s + i
+        for b in range(n // 256):
+            o = 84 * b
+            d, dmin = _h2f(row[o + 80], row[o + 81]), _h2f(row[o + 82], row[o + 83])
+            for e in range(256):
+                c, s, i = e // 128, (e % 128) // 32, e % 32
+                q = (np.int32(row[o + 16 + 32 * c + i]) >> (2 * s)) & 3
+                sc = np.int32(row[o + e // 16])
+                out[256 * b + e] = d * np.float32(sc & 15) * np.float32(q) - dmin * np.float32(sc >> 4)
+    elif code == Q3_K:  # hmask[32] | qs[64] | scales[12] | f16 d; weight e = 128 c + 32 s + i
+        for b in range(n // 256):
+            o = 110 * b
+            d = _h2f(row[o + 108], row[o + 109])
+            for e in range(256):
+                k, c, s, i = e // 16, e // 128, (e % 128) // 32, e % 32
+                lo = (np.int32(row[o + 96 + k % 8]) >> (4 * (k // 8))) & 15
+                hi = (np.int32(row[o + 104 + k % 4]) >> (2 * (k // 4))) & 3
+                q = (np.int32(row[o + 32 + 32 * c + i]) >> (2 * s)) & 3
+                h = (np.int32(row[o + i]) >> (e // 32)) & 1
+                out[256 * b + e] = d * np.float32((lo | (hi << 4)) - 32) * np.float32(q - 4 * (1 - h))
+    elif code == IQ4_XS:  # f16 d | u16 scales_h | scales_l[4] | qs[128]: 8 sub-blocks of 32 as IQ4_NL's
+        for b in range(n // 256):
+            o = 136 * b
+            d = _h2f(row[o], row[o + 1])
+            sh = np.int32(row[o + 2]) | (np.int32(row[o + 3]) << 8)
+            for j in range(8):
+                sc = ((np.int32(row[o + 4 + j // 2]) >> (4 * (j % 2))) & 15) | (((sh >> (2 * j)) & 3) << 4)
+                dl = d * np.float32(sc - 32)
+                for i in range(16):
+                    q = np.int32(row[o + 8 + 16 * j + i])
+                    out[256 * b + 32 * j + i], out[256 * b + 32 * j + i + 16] = dl * _IQ4[q & 15], dl * _IQ4[q >> 4]
+    else:
+        raise ValueError("dequantize_row: a format code engine.quant does not declare")
 
 
 @njit(cache=True, nogil=True)  # no fastmath: the rounding must be exactly the numpy twin's
@@ -206,6 +269,8 @@ def dequantize_x8_row(w, r, code, out):
 def _tokens_dot(w, r, code, xq, xd, xs, xi, t0):
     """Row r · tokens t0..t0+TOKENS-1 of the quantized activations (prefill, rows as stored;
     simd.py)."""
+    if blocks32.fused(code):
+        return blocks32.tokens_dot(w, r, code, xq, xd, xs, xi, t0)
     if code == Q4_1:
         return tokens_q4_1(w, r, xq, xd, xs, xi, t0)
     if code == Q4_0:
@@ -238,6 +303,8 @@ def _group_dot(w, g, code, xq, xd, xs, xi):
 def _int_dot(w, r, code, xq, xd, xs, xi):
     """Row r of a q4_0/q4_1/q8_0 matrix · int8 activations xq (n,), block by block:
     d_w·d_x·Σ q_w q_x, plus m_w·s_x (q4_1) or minus 8·d_w·d_x·Σ q_x (q4_0) (simd.py)."""
+    if blocks32.fused(code):
+        return blocks32.row_dot(w, r, code, xq, xd, xs, xi)
     if code == Q4_1:
         return row_dot_q4_1(w, r, xq, xd, xs, xi)
     if code == Q4_0:
@@ -262,7 +329,7 @@ def _f32_dot4(buf, x):
 def matmul(w, code, x, out, exact=False):
     """out (T, rows) = x (T, n) @ W.T; W (rows, row_bytes) stored.
 
-    q4_0/q4_1/q8_0 (plain or repacked) unless `exact`: x is quantized to int8 blocks once and
+    q4_0/q4_1/q8_0 (plain or repacked) and q5_0/q5_1/iq4_nl/mxfp4 (blocks32.py) unless `exact`: x is quantized to int8 blocks once and
     rows are dotted in integers straight from their blocks (llama.cpp's scheme: byte dot
     products, one float multiply per 32 weights) — for a few tokens a row (or an 8-row group)
     at a time, for more TOKENS tokens per loaded block. Otherwise (other formats, or `exact`)
@@ -270,7 +337,7 @@ def matmul(w, code, x, out, exact=False):
     token in float.
     """
     rows, T, n = w.shape[0], x.shape[0], x.shape[1]
-    if not exact and (code == Q4_0 or code == Q4_1 or code == Q8_0 or code > PACKED):
+    if not exact and (code == Q4_0 or code == Q4_1 or code == Q8_0 or code > PACKED or blocks32.fused(code)):
         xq, xd, xs, xi = quantized(x)
         if code > PACKED and T < TOKENS:
             for g in prange(rows // 8):
