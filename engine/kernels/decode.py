@@ -28,7 +28,7 @@ from numba import carray, njit, prange, types
 from numba.extending import intrinsic
 
 import engine.kernels  # noqa: F401  (numba settings first)
-from engine.kernels.cpu import (PACKED, _f32_dot4, _group_dot, _int_dot, dequantize_row, is_int_code,
+from engine.kernels.cpu import (PACKED, Q4_0, Q4_1, Q8_0, _f32_dot4, _group_dot, _int_dot, dequantize_row,
                                 quantize_activations, quantize_block, quantized, softmax_top_k)
 from engine.kernels.rows import attend, rmsnorm_row, rope_head, silu
 from engine.kernels.simd import _ieee_divide
@@ -135,11 +135,10 @@ def _store_kv(src, dst, scales, pos, scaled):
 @njit(inline="always", cache=True)
 def _router_logits(m, code, h, xq, xd, xs, xi):
     """(1, E) router logits as cpu.matmul computes them for one token: integer dots for
-    the integer formats as stored (cpu.INT_CODES), else each group of 4 rows dequantized and
-    dotted in float."""
+    q4_0/q4_1/q8_0, else each group of 4 rows dequantized and dotted in float."""
     E = m.shape[0]
     logits = np.empty((1, E), np.float32)
-    if is_int_code(code) and code < PACKED:
+    if code == Q4_0 or code == Q4_1 or code == Q8_0:
         for e in range(E):
             logits[0, e] = _int_dot(m, e, code, xq, xd, xs, xi)
         return logits

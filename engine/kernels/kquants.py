@@ -160,24 +160,31 @@ def _q45k_parts(builder, blk, qs_at, qh_at, q):
     return low, high
 
 
-def _q6k_parts(builder, blk, h):
-    """Weights of half h (weights 128h..128h+127) of an 8-row Q6_K group as unsigned bytes
-    (0..63): per s in 0..3, [(vector, activation offset)] for sub-blocks 8h+2s (chunks 0-3)
-    and 8h+2s+1 (chunks 4-7). ql chunk 16h+c / 16h+8+c and qh chunk 8h+c hold bytes 4c..4c+3
-    of each row's ql[64h..], ql[64h+32..] and qh[32h..]."""
-    out = []
-    for s in range(4):
-        out.append(([], []))
-    for c in range(8):
-        a = _load(builder, _at(builder, blk, 32 * (16 * h + c)), _vec(I8, 32))
-        b = _load(builder, _at(builder, blk, 32 * (16 * h + 8 + c)), _vec(I8, 32))
+def _q6k_weights(builder, a, b, hb):
+    """Q6_K's four weight vectors (s = 0..3, unsigned 0..63) of ql bytes a (s 0, 2), b (s 1, 3)
+    and their qh bytes hb (bits 2s, 2s+1): the high bits are moved to bits 4-5 and masked
+    (x86 shifts bytes as 16-bit words: one shift and one mask each)."""
+    top = _c8(0x30)
+    hi = (builder.and_(builder.shl(hb, _c8(4)), top), builder.and_(builder.shl(hb, _c8(2)), top),
+          builder.and_(hb, top), builder.and_(builder.lshr(hb, _c8(2)), top))
+    lo = (builder.and_(a, _c8(15)), builder.and_(b, _c8(15)), builder.lshr(a, _c8(4)), builder.lshr(b, _c8(4)))
+    return [builder.or_(x, y) for x, y in zip(lo, hi)]
+
+
+def _q6k_parts(builder, blk, h, odd, part):
+    """Weights of an 8-row Q6_K group (unsigned, 0..63) for s = odd and s = odd + 2 of half h
+    (weights 128h + 32s + i), i in 4·(4 part)..: [(vector, activation offset)] each, for sub-blocks
+    8h+2s+part. ql chunk 16h+c (s 0, 2) / 16h+8+c (s 1, 3) and qh chunk 8h+c hold bytes
+    4c..4c+3 of each row's ql[64h..], ql[64h+32..] and qh[32h..]. Built a sub-block pair at a
+    time: the vectors of a whole half spill out of the 16 AVX2 registers."""
+    lo, hi = [], []
+    for c in range(4 * part, 4 * part + 4):
+        q = _load(builder, _at(builder, blk, 32 * (16 * h + 8 * odd + c)), _vec(I8, 32))
         hb = _load(builder, _at(builder, blk, 1024 + 32 * (8 * h + c)), _vec(I8, 32))
-        two = lambda k: builder.shl(builder.and_(builder.lshr(hb, _c8(2 * k)), _c8(3)), _c8(4))  # noqa: E731
-        ws = (builder.or_(builder.and_(a, _c8(15)), two(0)), builder.or_(builder.and_(b, _c8(15)), two(1)),
-              builder.or_(builder.lshr(a, _c8(4)), two(2)), builder.or_(builder.lshr(b, _c8(4)), two(3)))
-        for s in range(4):
-            out[s][c // 4].append((ws[s], 128 * h + 32 * s + 4 * c))
-    return out
+        ws = _q6k_weights(builder, q, q, hb)
+        lo.append((ws[odd], 128 * h + 32 * odd + 4 * c))
+        hi.append((ws[odd + 2], 128 * h + 32 * (odd + 2) + 4 * c))
+    return lo, hi
 
 
 GROUP_FORMATS = {"q4_k": (Q4_K, 8 * 144), "q5_k": (Q5_K, 8 * 176), "q6_k": (Q6_K, 8 * 210)}
@@ -216,13 +223,13 @@ def _group_k(fmt: str, tokens: int):
                 sums = [ir.Constant(vf, None)] * tokens  # Σ_j scale_j · d_x · (integer sums): the d terms
                 mins = [ir.Constant(vf, None)] * tokens  # Σ_j m_j · d_x · Σq_x: the dmin terms
 
-                def sub_block(parts, scale, j, minimum=None, offset_at=None):
-                    """Adds one sub-block (activation block j of the super-block) to sums/mins."""
+                def sub_block(parts, scale, j, minimum=None, sxs=None):
+                    """Adds one sub-block (activation block j of the super-block) to sums/mins;
+                    sxs: Q6_K's Σ x of the sub-block, per token."""
                     for k, (qp, dp, ip) in enumerate(xps):
                         dots = ir.Constant(_vec(I32, 8), None)
-                        if offset_at is not None:  # Q6_K: Σ (q - 32) x = Σ q x - 32 Σ x
-                            sx = _sum16(builder, qp, offset_at)
-                            dots = _splat_i32(builder, builder.mul(sx, ir.Constant(I32, -32)))
+                        if sxs is not None:  # Q6_K: Σ (q - 32) x = Σ q x - 32 Σ x
+                            dots = _splat_i32(builder, builder.mul(sxs[k], ir.Constant(I32, -32)))
                         for u, at in parts:
                             dots = _dot_accumulate(builder, dots, u, _broadcast_word(builder, qp, at))
                         dx = builder.load(_at(builder, dp, j))
@@ -236,12 +243,19 @@ def _group_k(fmt: str, tokens: int):
 
                 if code == Q6_K:
                     for h in range(2):
-                        halves = _q6k_parts(builder, blk, h)
-                        for s in range(4):
+                        for odd in range(2):
+                            sums16 = {}  # activation block j -> Σ x of its two halves, per token
+                            for s in (odd, odd + 2):
+                                j = 4 * h + s
+                                first = [_sum16(builder, qp, 32 * j) for qp, _, _ in xps]
+                                sums16[s] = (first, [builder.sub(builder.load(_at(builder, ip, j)), f)
+                                                     for f, (_, _, ip) in zip(first, xps)])
                             for part in range(2):
-                                sub = 8 * h + 2 * s + part
-                                sc = builder.sitofp(_load(builder, _at(builder, blk, 1536 + 8 * sub), _vec(I8, 8)), vf)
-                                sub_block(halves[s][part], sc, 4 * h + s, offset_at=16 * sub)
+                                for s, parts in zip((odd, odd + 2), _q6k_parts(builder, blk, h, odd, part)):
+                                    j = 4 * h + s  # sub-blocks 2j (the block's first 16 weights), 2j+1
+                                    sc = builder.sitofp(_load(builder, _at(builder, blk, 1536 + 8 * (2 * j + part)),
+                                                              _vec(I8, 8)), vf)
+                                    sub_block(parts, sc, j, sxs=sums16[s][part])
                     d8 = builder.fpext(_load(builder, _at(builder, blk, 1664), _vec(ir.HalfType(), 8)), vf)
                     dmin8 = None
                 else:
@@ -308,9 +322,7 @@ def _row_k(code: int):
                         a = _load(builder, _at(builder, blk, 64 * h), _vec(I8, 32))
                         b = _load(builder, _at(builder, blk, 64 * h + 32), _vec(I8, 32))
                         hb = _load(builder, _at(builder, blk, 128 + 32 * h), _vec(I8, 32))
-                        two = lambda k: builder.shl(builder.and_(builder.lshr(hb, _c8(2 * k)), _c8(3)), _c8(4))  # noqa: E731
-                        ws = (builder.or_(builder.and_(a, _c8(15)), two(0)), builder.or_(builder.and_(b, _c8(15)), two(1)),
-                              builder.or_(builder.lshr(a, _c8(4)), two(2)), builder.or_(builder.lshr(b, _c8(4)), two(3)))
+                        ws = _q6k_weights(builder, a, b, hb)
                         for s in range(4):
                             j = 4 * h + s  # activation block; sub-blocks 2j, 2j+1 in lanes 0-3, 4-7
                             x = _load(builder, _at(builder, xq0, 32 * j), _vec(I8, 32))
