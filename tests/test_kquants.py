@@ -159,3 +159,30 @@ def test_every_dot_product_path_computes_the_same_products(path):
     r = subprocess.run([sys.executable, "-c", DOT_CHECK, path], cwd=root, env=env, capture_output=True, text=True,
                        timeout=600)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
+
+
+def test_a_k_quant_model_decodes_fused_as_layered_and_near_the_float_forward(tmp_path):
+    """A Q4_K_M-like GGUF (Q4_K feed-forward and head, Q6_K attention, Q5_K down): the fused
+    decode kernel gives the layered path's logits bit for bit (both on the K-quant kernels),
+    and the logits stay within the int8-activation budget of the float forward pass of the
+    same GGUF (gguf_fixtures.reference_forward)."""
+    from gguf import GGMLQuantizationType as Q
+    from gguf_fixtures import make_wide_gguf, reference_forward
+    from test_fused_decode import assert_same, decode, resident
+
+    from engine.api import Engine
+    from engine.convert.convert import convert
+    path = make_wide_gguf(tmp_path / "k.gguf", qtypes={"blk.*.ffn_down*": Q.Q5_K, "blk.*.ffn_*": Q.Q4_K,
+                                                       "blk.*.attn_*": Q.Q6_K, "output*": Q.Q6_K, "*": Q.Q4_K})
+    eng = Engine(convert(path, tmp_path / "out").path, context_length=64)
+    codes = {m.code for m in (eng.weights.output, eng.weights.layers[0].q, eng.weights.layers[0].o)}
+    assert codes == {cpu.Q6_KX8}, codes  # repacked at load
+    prompt, tokens = [1, 5, 9, 14], [11, 2, 30, 4]
+    eng = resident(eng, prompt)
+    assert eng.net.fused is not None
+    start = eng.cache.length
+    assert_same(decode(eng, tokens, True, start), decode(eng, tokens, False, start))
+    eng.reset()
+    logits = eng.net.forward(np.array(prompt + tokens), eng.cache, 0, all_logits=True)
+    want = reference_forward(path, prompt + tokens)
+    assert np.abs(logits - want).max() / np.abs(want).max() < 2e-2
