@@ -11,7 +11,7 @@ from engine.kernels import reference as ref
 
 FORMATS = ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k",
            "iq4_nl", "iq4_xs", "mxfp4"]
-INT_FORMATS = ["q4_0", "q4_1", "q8_0"]  # decoded with int8 activations (llama.cpp's scheme)
+INT_FORMATS = ["q4_0", "q4_1", "q8_0", "q4_k", "q5_k", "q6_k"]  # decoded with int8 activations (llama.cpp's scheme)
 PACK_FORMATS = ["q4_0", "q4_1", "q8_0"]  # repacked into 8-row groups when resident
 
 

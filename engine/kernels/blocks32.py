@@ -216,7 +216,9 @@ def matmul_reference(w: np.ndarray, qtype: str, x: np.ndarray) -> np.ndarray:
     T, nb = xd.shape
     size = FORMATS[qtype][0]
     blocks = w.reshape(w.shape[0], nb, size)
-    f16 = lambda a: np.ascontiguousarray(a).view(np.float16)[..., 0].astype(np.float64)
+    def f16(a):
+        return np.ascontiguousarray(a).view(np.float16)[..., 0].astype(np.float64)
+
     _, kind, qh_at, q_at, m_at, grid = FORMATS[qtype]
     nib = blocks[..., q_at:q_at + 16]
     q = np.concatenate([nib & 15, nib >> 4], axis=-1).astype(np.int64)

@@ -15,7 +15,7 @@ from numba import njit, prange
 
 import engine.kernels  # noqa: F401  (numba settings first)
 from engine import quant
-from engine.kernels import blocks32
+from engine.kernels import blocks32, kquants
 from engine.kernels.rows import attend, rmsnorm_row, rope_head, silu
 from engine.kernels.simd import (TOKENS, copy4, group_dot_q4_0x8, group_dot_q4_1x8, group_dot_q8_0x8,
                                  group_tokens_q4_0x8, group_tokens_q4_1x8, group_tokens_q8_0x8, quantize32,
@@ -26,8 +26,9 @@ Q5_0, Q5_1, Q2_K, Q3_K, IQ4_NL, IQ4_XS, MXFP4 = 6, 7, 10, 11, 20, 23, 39
 ROWS_PER_TASK = 16
 PACKED = 1000  # + a GGML id: that format repacked in groups of 8 rows at load (repack_x8); never in a file
 Q4_0X8, Q4_1X8, Q8_0X8 = PACKED + Q4_0, PACKED + Q4_1, PACKED + Q8_0
-PACKABLE = (Q4_0, Q4_1, Q8_0)
-INT_CODES = (Q4_0, Q4_1, Q8_0, Q4_0X8, Q4_1X8, Q8_0X8)  # formats dotted in integers (int8 activations)
+Q4_KX8, Q5_KX8, Q6_KX8 = PACKED + Q4_K, PACKED + Q5_K, PACKED + Q6_K
+PACKABLE = (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K)
+INT_CODES = PACKABLE + tuple(PACKED + c for c in PACKABLE)  # formats dotted in integers (int8 activations)
 INT_MAX_T = TOKENS - 1  # up to this many tokens (decode), the fused kernels (matmul_int, swiglu_int) apply
 _F16 = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)  # bits -> value
 _E8M0 = quant.e8m0_half(np.arange(256))  # MXFP4 exponent byte -> its scale
@@ -44,6 +45,20 @@ def _h2f(lo, hi):
 def _i8(b):
     v = np.int32(b)
     return v - 256 if v > 127 else v
+
+
+@njit(inline="always", cache=True)
+def is_int_code(code):
+    """Whether `code` (a GGML id, or PACKED + one) has an integer dot product (INT_CODES)."""
+    c = code - PACKED if code > PACKED else code
+    return c == Q4_0 or c == Q4_1 or c == Q8_0 or c == Q4_K or c == Q5_K or c == Q6_K
+
+
+@njit(inline="always", cache=True)
+def _is_k(code):
+    """A K-quant, stored or repacked (engine.kernels.kquants)."""
+    c = code - PACKED if code > PACKED else code
+    return c == Q4_K or c == Q5_K or c == Q6_K
 
 
 @njit(inline="always", cache=True)
@@ -220,7 +235,10 @@ def repack_x8(w, code):
     rows stored block by block: the 8 rows' head halves (d; d then m for q4_1: 16 bytes each),
     then their quants in chunks of 32 bytes (4 for q4, 8 for q8_0), chunk c holding bytes
     4c..4c+3 of row 0, then of row 1, ... (the same size in all). Layout of simd's group dot
-    products: one 4-byte vector lane per row."""
+    products: one 4-byte vector lane per row. K-quants: kquants.repack_k8 (their own regions)."""
+    if _is_k(code):
+        kquants.repack_k8(w, code)
+        return
     size, halves = _group_block(code)
     qbytes = size - 2 * halves
     gsize = 16 * halves + 8 * qbytes
@@ -244,6 +262,11 @@ def repack_x8(w, code):
 def dequantize_x8_row(w, r, code, out):
     """Row r of a matrix repacked by repack_x8 (code: the packed id) -> float32 weights (n,)."""
     base_code = code - PACKED
+    if _is_k(base_code):
+        row = np.empty(w.shape[1], np.uint8)
+        kquants.unpack_k8_row(w, r, base_code, row)
+        dequantize_row(row, base_code, out)
+        return
     size, halves = _group_block(base_code)
     qbytes = size - 2 * halves
     gsize = 16 * halves + 8 * qbytes
@@ -268,9 +291,14 @@ def dequantize_x8_row(w, r, code, out):
 @njit(inline="always", cache=True)
 def _tokens_dot(w, r, code, xq, xd, xs, xi, t0):
     """Row r · tokens t0..t0+TOKENS-1 of the quantized activations (prefill, rows as stored;
-    simd.py)."""
+    simd.py; K-quants a token at a time)."""
     if blocks32.fused(code):
         return blocks32.tokens_dot(w, r, code, xq, xd, xs, xi, t0)
+    if _is_k(code):
+        return (kquants.row_dot(w, r, code, xq[t0], xd[t0], xs[t0], xi[t0]),
+                kquants.row_dot(w, r, code, xq[t0 + 1], xd[t0 + 1], xs[t0 + 1], xi[t0 + 1]),
+                kquants.row_dot(w, r, code, xq[t0 + 2], xd[t0 + 2], xs[t0 + 2], xi[t0 + 2]),
+                kquants.row_dot(w, r, code, xq[t0 + 3], xd[t0 + 3], xs[t0 + 3], xi[t0 + 3]))
     if code == Q4_1:
         return tokens_q4_1(w, r, xq, xd, xs, xi, t0)
     if code == Q4_0:
@@ -282,6 +310,8 @@ def _tokens_dot(w, r, code, xq, xd, xs, xi, t0):
 def _group_tokens(w, g, code, xq, xd, xs, xi, t0):
     """Rows 8g..8g+7 of a repacked matrix · tokens t0..t0+TOKENS-1 (prefill; simd.py): 8 rows
     of token t0, then of t0+1, ..."""
+    if code > Q8_0X8:
+        return kquants.group_tokens(w, g, code - PACKED, xq, xd, xs, xi, t0)
     if code == Q4_1X8:
         return group_tokens_q4_1x8(w, g, xq, xd, xs, xi, t0)
     if code == Q8_0X8:
@@ -291,7 +321,9 @@ def _group_tokens(w, g, code, xq, xd, xs, xi, t0):
 
 @njit(inline="always", cache=True)
 def _group_dot(w, g, code, xq, xd, xs, xi):
-    """Rows 8g..8g+7 of a repacked matrix · one token's int8 activations (simd.py)."""
+    """Rows 8g..8g+7 of a repacked matrix · one token's int8 activations (simd.py, kquants.py)."""
+    if code > Q8_0X8:
+        return kquants.group_dot(w, g, code - PACKED, xq, xd, xs, xi)
     if code == Q4_1X8:
         return group_dot_q4_1x8(w, g, xq, xd, xs, xi)
     if code == Q8_0X8:
@@ -302,9 +334,12 @@ def _group_dot(w, g, code, xq, xd, xs, xi):
 @njit(inline="always", cache=True)
 def _int_dot(w, r, code, xq, xd, xs, xi):
     """Row r of a q4_0/q4_1/q8_0 matrix · int8 activations xq (n,), block by block:
-    d_w·d_x·Σ q_w q_x, plus m_w·s_x (q4_1) or minus 8·d_w·d_x·Σ q_x (q4_0) (simd.py)."""
+    d_w·d_x·Σ q_w q_x, plus m_w·s_x (q4_1) or minus 8·d_w·d_x·Σ q_x (q4_0) (simd.py; Q5_x, IQ4_NL, MXFP4:
+    blocks32.py; K-quants: kquants.py)."""
     if blocks32.fused(code):
         return blocks32.row_dot(w, r, code, xq, xd, xs, xi)
+    if _is_k(code):
+        return kquants.row_dot(w, r, code, xq, xd, xs, xi)
     if code == Q4_1:
         return row_dot_q4_1(w, r, xq, xd, xs, xi)
     if code == Q4_0:
@@ -337,7 +372,7 @@ def matmul(w, code, x, out, exact=False):
     token in float.
     """
     rows, T, n = w.shape[0], x.shape[0], x.shape[1]
-    if not exact and (code == Q4_0 or code == Q4_1 or code == Q8_0 or code > PACKED or blocks32.fused(code)):
+    if not exact and (is_int_code(code) or blocks32.fused(code)):
         xq, xd, xs, xi = quantized(x)
         if code > PACKED and T < TOKENS:
             for g in prange(rows // 8):

@@ -55,7 +55,10 @@ def quantize_activations(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndar
 
 def matmul_int(w: np.ndarray, qtype: str, x: np.ndarray) -> np.ndarray:
     """x @ W.T the way the integer kernels compute it: x quantized (quantize_activations), then per
-    block d_w·d_x·Σ q_w q_x (+ m_w·s_x for q4_1, - 8·d_w·d_x·Σ q_x for q4_0). q4_0, q4_1, q8_0."""
+    block d_w·d_x·Σ q_w q_x (+ m_w·s_x for q4_1, - 8·d_w·d_x·Σ q_x for q4_0). q4_0, q4_1, q8_0
+    (K-quants: matmul_int_k)."""
+    if qtype in ("q4_k", "q5_k", "q6_k"):
+        return matmul_int_k(w, qtype, x)
     xq, xd, xs, xi = quantize_activations(x)
     T, nb = xd.shape
     t = quant.get(qtype)
@@ -85,3 +88,49 @@ def softmax_top_k(logits: np.ndarray, k: int, renormalise: bool) -> tuple[np.nda
     if renormalise:
         w = w / w.sum(axis=-1, keepdims=True)
     return w.astype(np.float32), ids
+
+
+def _k_integers(w: np.ndarray, qtype: str) -> tuple[np.ndarray, ...]:
+    """A K-quant matrix (rows, row_bytes) -> its integers per sub-block: Q4_K/Q5_K (d, dmin (R, S),
+    sc, m (R, S, 8), q (R, S, 8, 32) in 0..15 / 0..31); Q6_K (d (R, S), sc (R, S, 16), q - 32
+    (R, S, 16, 16)). S super-blocks of 256 a row."""
+    t = quant.get(qtype)
+    b = w.reshape(w.shape[0], -1, t.type_size)
+    f16 = lambda a: a.copy().view(np.float16)[..., 0].astype(np.float64)  # noqa: E731
+    if qtype == "q6_k":
+        ql = b[..., :128].reshape(*b.shape[:2], 2, 1, 64) >> np.array([0, 4], np.uint8).reshape(2, 1)
+        ql = (ql & 15).reshape(*b.shape[:2], 2, 4, 32)  # (h, s, i): ql[64h + 32(s % 2) + i] >> 4(s // 2)
+        qh = b[..., 128:192].reshape(*b.shape[:2], 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(4, 1)
+        q = (ql | ((qh & 3) << 4)).astype(np.int64).reshape(*b.shape[:2], 16, 16) - 32
+        return f16(b[..., 208:210]), b[..., 192:208].view(np.int8).astype(np.int64), q
+    s = b[..., 4:16].astype(np.int64)
+    lo_s, lo_m, mix = s[..., 0:4], s[..., 4:8], s[..., 8:12]
+    sc = np.concatenate([lo_s & 63, (mix & 15) | ((lo_s >> 6) << 4)], axis=-1)
+    m = np.concatenate([lo_m & 63, (mix >> 4) | ((lo_m >> 6) << 4)], axis=-1)
+    qs = b[..., 48 if qtype == "q5_k" else 16:].reshape(*b.shape[:2], 4, 1, 32) >> np.array([0, 4], np.uint8).reshape(2, 1)
+    q = (qs & 15).astype(np.int64).reshape(*b.shape[:2], 8, 32)  # sub-block 2c: low nibbles of qs[32c..], 2c+1: high
+    if qtype == "q5_k":  # bit j of qh[i]: bit 4 of sub-block j's weight i
+        q |= ((b[..., None, 16:48].astype(np.int64) >> np.arange(8).reshape(8, 1)) & 1) << 4
+    return f16(b[..., 0:2]), f16(b[..., 2:4]), sc, m, q
+
+
+def matmul_int_k(w: np.ndarray, qtype: str, x: np.ndarray) -> np.ndarray:
+    """x @ W.T for a Q4_K/Q5_K/Q6_K matrix the way the kernels compute it (engine.kernels.kquants):
+    x quantized per 32 (quantize_activations), per sub-block the exact integer sum Σ q_w q_x
+    times d·sc_j·d_x, minus dmin·m_j·d_x·Σq_x (Q4_K, Q5_K); Q6_K: d·sc_k·d_x·Σ (q_w - 32) q_x per
+    16. In float64: the kernels differ from it by float32 rounding only."""
+    xq, xd, _, xi = quantize_activations(x)
+    T = x.shape[0]
+    parts = _k_integers(w, qtype)
+    S = parts[-1].shape[1]
+    dx = xd.astype(np.float64).reshape(T, S, 8)
+    if qtype == "q6_k":
+        d, sc, q = parts
+        isum = np.einsum("rsjk,tsjk->trsj", q, xq.reshape(T, S, 16, 16).astype(np.int64))
+        return (d[None, :, :, None] * sc[None] * np.repeat(dx, 2, axis=-1)[:, None] * isum).sum(axis=(2, 3)) \
+            .astype(np.float32)
+    d, dmin, sc, m, q = parts
+    isum = np.einsum("rsjk,tsjk->trsj", q, xq.reshape(T, S, 8, 32).astype(np.int64))
+    out = (d[None, :, :, None] * sc[None] * dx[:, None] * isum).sum(axis=(2, 3))
+    out -= (dmin[None, :, :, None] * m[None] * (dx * xi.reshape(T, S, 8))[:, None]).sum(axis=(2, 3))
+    return out.astype(np.float32)

@@ -1,0 +1,413 @@
+"""Fused integer dot products for the K-quants (Q4_K, Q5_K, Q6_K): weight rows straight from
+their 256-weight super-blocks times int8 activations, in LLVM vector code (the instruction
+paths of simd.py: vnni, avx2, generic).
+
+The activations are the ones every other integer kernel reads (cpu.quantize_activations:
+int8 per 32 with a half scale, llama.cpp's Q8_1), so q/k/v, gate/up and the experts of a
+mixed Q4_K_M model (Q4_K and Q6_K matrices) share one quantization. Per 32 weights (a Q4_K /
+Q5_K sub-block, or two Q6_K sub-blocks of 16) the byte dot product is summed in int32 lanes;
+the six-bit (Q4_K, Q5_K) or int8 (Q6_K) sub-block scale and the activation scale then scale it
+in a float vector, the super-block's d once per 256 weights; Q4_K/Q5_K's minimum is
+dmin·m_j·d_x·Σq_x per sub-block, Q6_K's offset of 32 is taken off the integer sums.
+
+Two layouts:
+- rows as stored (row_dot_*: one row and one token; rows that are not repacked, such as
+  experts streamed through a small cache);
+- 8-row groups (repack_k8 at load, group_dot_* / group_tokens_*): each super-block of 8 rows
+  is stored region by region (halves, scale bytes, quants), each region interleaved so that one
+  4-byte vector lane is one row: the 8 rows' sums build up in 8 lanes with no sums across lanes
+  (llama.cpp interleaves its repacked rows for the same reason), and the sub-block scales of the
+  8 rows are one <8 x i8> load. The same bytes as the stored matrix, so it is repacked in place.
+"""
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+import engine.kernels  # noqa: F401  (numba settings first)
+from engine.kernels.simd import (_FAST, _ZERO, F32, I8, I32, TOKENS, _activations, _byte_ptr, _dot_accumulate,
+                                 _load, _splat, _vec, copy4)
+
+Q4_K, Q5_K, Q6_K = 12, 13, 14
+# GGML id -> block bytes, and per row of a block the regions (offset, bytes, unit) that
+# repack_k8 interleaves over 8 rows: unit k of row i goes to 8·offset + 8·unit·k + unit·i
+BLOCK = {Q4_K: 144, Q5_K: 176, Q6_K: 210}
+_REGIONS = np.zeros((15, 4, 3), np.int64)
+_REGIONS[:] = (0, 0, 1)  # (no region)
+_REGIONS[Q4_K, :3] = [(0, 4, 2), (4, 12, 1), (16, 128, 4)]  # d, dmin | scales[12] | qs[128]
+_REGIONS[Q5_K] = [(0, 4, 2), (4, 12, 1), (16, 32, 4), (48, 128, 4)]  # ... | qh[32] | qs[128]
+_REGIONS[Q6_K] = [(0, 128, 4), (128, 64, 4), (192, 16, 1), (208, 2, 2)]  # ql | qh | int8 scales[16] | d
+_BLOCK = np.zeros(15, np.int64)
+for _c, _b in BLOCK.items():
+    _BLOCK[_c] = _b
+
+
+@njit(cache=True, nogil=True)
+def repack_k8(w, code):
+    """In place, a Q4_K/Q5_K/Q6_K matrix (rows, row_bytes), rows a multiple of 8 -> groups of
+    8 rows stored super-block by super-block, each region of the block (_REGIONS) interleaved
+    over the 8 rows in units of 2 (halves), 1 (scale bytes) or 4 (quant bytes) bytes."""
+    size = _BLOCK[code]
+    rows, rb = w.shape
+    flat = w.reshape(-1)
+    tmp = np.empty(8 * rb, np.uint8)
+    for g in range(rows // 8):
+        for i in range(8):
+            src0 = (8 * g + i) * rb
+            for b in range(rb // size):
+                src, dst = src0 + size * b, 8 * size * b
+                for k in range(4):
+                    off, length, unit = _REGIONS[code, k, 0], _REGIONS[code, k, 1], _REGIONS[code, k, 2]
+                    for c in range(length // unit):
+                        at = dst + 8 * off + 8 * unit * c + unit * i
+                        if unit == 4:
+                            copy4(tmp, at, flat, src + off + 4 * c)
+                        else:
+                            for u in range(unit):
+                                tmp[at + u] = flat[src + off + unit * c + u]
+        flat[8 * g * rb:8 * (g + 1) * rb] = tmp
+
+
+@njit(cache=True, nogil=True)
+def unpack_k8_row(w, r, code, row):
+    """Row r of a matrix repacked by repack_k8 (code: the GGML id) -> its stored bytes row (row_bytes,)."""
+    size = _BLOCK[code]
+    rb = w.shape[1]
+    flat = w.reshape(-1)
+    i = r % 8
+    base = (r - i) * rb
+    for b in range(rb // size):
+        src = base + 8 * size * b
+        for k in range(4):
+            off, length, unit = _REGIONS[code, k, 0], _REGIONS[code, k, 1], _REGIONS[code, k, 2]
+            for c in range(length // unit):
+                for u in range(unit):
+                    row[size * b + off + unit * c + u] = flat[src + 8 * off + 8 * unit * c + unit * i + u]
+
+
+# --- IR helpers ----------------------------------------------------------------------------
+
+def _c8(v, n=32):
+    return ir.Constant(_vec(I8, n), [v] * n)
+
+
+def _at(builder, p, off):
+    return builder.gep(p, [ir.Constant(ir.IntType(64), off)]) if isinstance(off, int) else builder.gep(p, [off])
+
+
+def _broadcast_word(builder, qp, off):
+    """4 activation bytes at qp + off in every 4-byte lane of a <32 x i8>."""
+    vi = _vec(I32, 8)
+    word = builder.load(builder.bitcast(_at(builder, qp, off), I32.as_pointer()), align=1)
+    s = builder.shuffle_vector(builder.insert_element(ir.Constant(vi, None), word, ir.Constant(I32, 0)),
+                               ir.Constant(vi, None), ir.Constant(vi, [0] * 8))
+    return builder.bitcast(s, _vec(I8, 32))
+
+
+def _splat_i32(builder, v):
+    vi = _vec(I32, 8)
+    return builder.shuffle_vector(builder.insert_element(ir.Constant(vi, None), v, ir.Constant(I32, 0)),
+                                  ir.Constant(vi, None), ir.Constant(vi, [0] * 8))
+
+
+def _sum16(builder, qp, off):
+    """Σ of the 16 int8 activations at qp + off (Q6_K's offset of 32 per sub-block)."""
+    v = builder.sext(_load(builder, _at(builder, qp, off), _vec(I8, 16)), _vec(I32, 16))
+    for width in (8, 4, 2, 1):
+        lo = builder.shuffle_vector(v, v, ir.Constant(_vec(I32, width), list(range(width))))
+        hi = builder.shuffle_vector(v, v, ir.Constant(_vec(I32, width), list(range(width, 2 * width))))
+        v = builder.add(lo, hi)
+    return builder.extract_element(v, ir.Constant(I32, 0))
+
+
+def _k_scales8(builder, blk, at):
+    """The 8 rows' six-bit scales and minimums of sub-blocks 0..7 as <8 x float> each, from the
+    12 interleaved scale bytes at blk + at (byte k of row i at at + 8k + i; cpu._k_scale_min)."""
+    s = [_load(builder, _at(builder, blk, at + 8 * k), _vec(I8, 8)) for k in range(12)]
+    c = lambda v: ir.Constant(_vec(I8, 8), [v] * 8)  # noqa: E731
+    vf = _vec(F32, 8)
+    scales, mins = [], []
+    for j in range(8):
+        if j < 4:
+            sc, mn = builder.and_(s[j], c(63)), builder.and_(s[j + 4], c(63))
+        else:
+            top = lambda v: builder.shl(builder.lshr(v, c(6)), c(4))  # noqa: E731
+            sc = builder.or_(builder.and_(s[j + 4], c(15)), top(s[j - 4]))
+            mn = builder.or_(builder.lshr(s[j + 4], c(4)), top(s[j]))
+        scales.append(builder.uitofp(sc, vf))
+        mins.append(builder.uitofp(mn, vf))
+    return scales, mins
+
+
+def _q45k_parts(builder, blk, qs_at, qh_at, q):
+    """Weights of sub-blocks 2q and 2q+1 of an 8-row group as unsigned bytes (0..15, or 0..31
+    with Q5_K's fifth bits from the qh chunks at qh_at): [(vector, activation offset in the
+    super-block)] each. qs chunk 8q+c holds bytes 4c..4c+3 of each row's 32-byte run q: low
+    nibbles are sub-block 2q's weights 4c..4c+3, high nibbles sub-block 2q+1's."""
+    low, high = [], []
+    for c in range(8):
+        v = _load(builder, _at(builder, blk, qs_at + 32 * (8 * q + c)), _vec(I8, 32))
+        lo, hi = builder.and_(v, _c8(15)), builder.lshr(v, _c8(4))
+        if qh_at is not None:
+            h = _load(builder, _at(builder, blk, qh_at + 32 * c), _vec(I8, 32))
+            bit = lambda j, h=h: builder.shl(builder.and_(builder.lshr(h, _c8(j)), _c8(1)), _c8(4))  # noqa: E731
+            lo, hi = builder.or_(lo, bit(2 * q)), builder.or_(hi, bit(2 * q + 1))
+        low.append((lo, 32 * (2 * q) + 4 * c))
+        high.append((hi, 32 * (2 * q + 1) + 4 * c))
+    return low, high
+
+
+def _q6k_weights(builder, a, b, hb):
+    """Q6_K's four weight vectors (s = 0..3, unsigned 0..63) of ql bytes a (s 0, 2), b (s 1, 3)
+    and their qh bytes hb (bits 2s, 2s+1): the high bits are moved to bits 4-5 and masked
+    (x86 shifts bytes as 16-bit words: one shift and one mask each)."""
+    top = _c8(0x30)
+    hi = (builder.and_(builder.shl(hb, _c8(4)), top), builder.and_(builder.shl(hb, _c8(2)), top),
+          builder.and_(hb, top), builder.and_(builder.lshr(hb, _c8(2)), top))
+    lo = (builder.and_(a, _c8(15)), builder.and_(b, _c8(15)), builder.lshr(a, _c8(4)), builder.lshr(b, _c8(4)))
+    return [builder.or_(x, y) for x, y in zip(lo, hi)]
+
+
+def _q6k_parts(builder, blk, h, odd, part):
+    """Weights of an 8-row Q6_K group (unsigned, 0..63) for s = odd and s = odd + 2 of half h
+    (weights 128h + 32s + i), i in 4·(4 part)..: [(vector, activation offset)] each, for sub-blocks
+    8h+2s+part. ql chunk 16h+c (s 0, 2) / 16h+8+c (s 1, 3) and qh chunk 8h+c hold bytes
+    4c..4c+3 of each row's ql[64h..], ql[64h+32..] and qh[32h..]. Built a sub-block pair at a
+    time: the vectors of a whole half spill out of the 16 AVX2 registers."""
+    lo, hi = [], []
+    for c in range(4 * part, 4 * part + 4):
+        q = _load(builder, _at(builder, blk, 32 * (16 * h + 8 * odd + c)), _vec(I8, 32))
+        hb = _load(builder, _at(builder, blk, 1024 + 32 * (8 * h + c)), _vec(I8, 32))
+        ws = _q6k_weights(builder, q, q, hb)
+        lo.append((ws[odd], 128 * h + 32 * odd + 4 * c))
+        hi.append((ws[odd + 2], 128 * h + 32 * (odd + 2) + 4 * c))
+    return lo, hi
+
+
+GROUP_FORMATS = {"q4_k": (Q4_K, 8 * 144), "q5_k": (Q5_K, 8 * 176), "q6_k": (Q6_K, 8 * 210)}
+
+
+def _group_k(fmt: str, tokens: int):
+    """An intrinsic dotting rows 8g..8g+7 of a K-quant matrix repacked by repack_k8 with int8
+    activations: one token's (tokens=1: xq (n,) ...) or TOKENS tokens' from t0 on (xq (T, n) ...),
+    each super-block's weights unpacked once for all of them. Returns a tuple of 8 float32 per
+    token, token by token. Per sub-block and token: the 8 rows' integer sums in 8 lanes, scaled
+    by (sub-block scales · d_x) in a float vector; per super-block · d (and - dmin · Σ m_j d_x Σq_x)."""
+    code, gsize = GROUP_FORMATS[fmt]
+
+    def typer(w, g, xq, xd, xs, xi, *t0):
+        def codegen(context, builder, sig, args):
+            dims = 1 if tokens == 1 else 2
+            nb = _activations(context, builder, sig, args, dims)[0]
+            if tokens == 1:
+                per_token = [_activations(context, builder, sig, args, 1)[1:]]
+            else:
+                per_token = []
+                for k in range(tokens):
+                    t = builder.add(args[6], ir.Constant(args[6].type, k))
+                    per_token.append(tuple(builder.bitcast(_byte_ptr(context, builder, ty, a, t, _ZERO), e.as_pointer())
+                                           for ty, a, e in zip(sig.args[2:6], args[2:6], (I8, F32, F32, I32))))
+            g = args[1]
+            base = _byte_ptr(context, builder, sig.args[0], args[0], builder.mul(g, ir.Constant(g.type, 8)), _ZERO)
+            vf = _vec(F32, 8)
+            accs = [cgutils.alloca_once_value(builder, ir.Constant(vf, None)) for _ in range(tokens)]
+            with cgutils.for_range(builder, builder.sdiv(nb, ir.Constant(nb.type, 8))) as loop:
+                sb = loop.index
+                blk = builder.gep(base, [builder.mul(sb, ir.Constant(sb.type, gsize))])
+                b0 = builder.mul(sb, ir.Constant(sb.type, 8))  # first activation block of the super-block
+                x0 = builder.mul(sb, ir.Constant(sb.type, 256))
+                xps = [(builder.gep(qp, [x0]), builder.gep(dp, [b0]), builder.gep(ip, [b0])) for qp, dp, _, ip in per_token]
+                sums = [ir.Constant(vf, None)] * tokens  # Σ_j scale_j · d_x · (integer sums): the d terms
+                mins = [ir.Constant(vf, None)] * tokens  # Σ_j m_j · d_x · Σq_x: the dmin terms
+
+                def sub_block(parts, scale, j, minimum=None, sxs=None):
+                    """Adds one sub-block (activation block j of the super-block) to sums/mins;
+                    sxs: Q6_K's Σ x of the sub-block, per token."""
+                    for k, (qp, dp, ip) in enumerate(xps):
+                        dots = ir.Constant(_vec(I32, 8), None)
+                        if sxs is not None:  # Q6_K: Σ (q - 32) x = Σ q x - 32 Σ x
+                            dots = _splat_i32(builder, builder.mul(sxs[k], ir.Constant(I32, -32)))
+                        for u, at in parts:
+                            dots = _dot_accumulate(builder, dots, u, _broadcast_word(builder, qp, at))
+                        dx = builder.load(_at(builder, dp, j))
+                        f = builder.fmul(scale, _splat(builder, dx), flags=_FAST)
+                        sums[k] = builder.fadd(sums[k], builder.fmul(builder.sitofp(dots, vf), f, flags=_FAST),
+                                               flags=_FAST)
+                        if minimum is not None:
+                            qsum = builder.sitofp(builder.load(_at(builder, ip, j)), F32)
+                            e = builder.fmul(minimum, _splat(builder, builder.fmul(dx, qsum, flags=_FAST)), flags=_FAST)
+                            mins[k] = builder.fadd(mins[k], e, flags=_FAST)
+
+                if code == Q6_K:
+                    for h in range(2):
+                        for odd in range(2):
+                            sums16 = {}  # activation block j -> Σ x of its two halves, per token
+                            for s in (odd, odd + 2):
+                                j = 4 * h + s
+                                first = [_sum16(builder, qp, 32 * j) for qp, _, _ in xps]
+                                sums16[s] = (first, [builder.sub(builder.load(_at(builder, ip, j)), f)
+                                                     for f, (_, _, ip) in zip(first, xps)])
+                            for part in range(2):
+                                for s, parts in zip((odd, odd + 2), _q6k_parts(builder, blk, h, odd, part)):
+                                    j = 4 * h + s  # sub-blocks 2j (the block's first 16 weights), 2j+1
+                                    sc = builder.sitofp(_load(builder, _at(builder, blk, 1536 + 8 * (2 * j + part)),
+                                                              _vec(I8, 8)), vf)
+                                    sub_block(parts, sc, j, sxs=sums16[s][part])
+                    d8 = builder.fpext(_load(builder, _at(builder, blk, 1664), _vec(ir.HalfType(), 8)), vf)
+                    dmin8 = None
+                else:
+                    scales, ms = _k_scales8(builder, blk, 32)
+                    qh_at, qs_at = (128, 384) if code == Q5_K else (None, 128)
+                    for q in range(4):
+                        low, high = _q45k_parts(builder, blk, qs_at, qh_at, q)
+                        sub_block(low, scales[2 * q], 2 * q, ms[2 * q])
+                        sub_block(high, scales[2 * q + 1], 2 * q + 1, ms[2 * q + 1])
+                    d8 = builder.fpext(_load(builder, blk, _vec(ir.HalfType(), 8)), vf)
+                    dmin8 = builder.fpext(_load(builder, _at(builder, blk, 16), _vec(ir.HalfType(), 8)), vf)
+                for k in range(tokens):
+                    total = builder.fmul(d8, sums[k], flags=_FAST)
+                    if dmin8 is not None:
+                        total = builder.fsub(total, builder.fmul(dmin8, mins[k], flags=_FAST), flags=_FAST)
+                    builder.store(builder.fadd(builder.load(accs[k]), total, flags=_FAST), accs[k])
+            values = []
+            for acc in accs:
+                v = builder.load(acc)
+                values += [builder.extract_element(v, ir.Constant(I32, i)) for i in range(8)]
+            return context.make_tuple(builder, sig.return_type, values)
+        return types.UniTuple(types.float32, 8 * tokens)(w, types.intp, xq, xd, xs, xi, *t0), codegen
+
+    if tokens == 1:
+        @intrinsic
+        def group_dot(typingctx, w, g, xq, xd, xs, xi):
+            return typer(w, g, xq, xd, xs, xi)
+        return group_dot
+
+    @intrinsic
+    def group_tokens(typingctx, w, g, xq, xd, xs, xi, t0):
+        return typer(w, g, xq, xd, xs, xi, types.intp)
+    return group_tokens
+
+
+_group_q4_k, _group_q5_k, _group_q6_k = (_group_k(f, 1) for f in ("q4_k", "q5_k", "q6_k"))
+_tokens_q4_k, _tokens_q5_k, _tokens_q6_k = (_group_k(f, TOKENS) for f in ("q4_k", "q5_k", "q6_k"))
+
+
+def _row_k(code: int):
+    """An intrinsic dotting one stored row of a K-quant matrix (rows as in the file) with one
+    token's int8 activations: per 32 weights a <32 x i8> of unsigned weights times the 32
+    activations (8 lanes of 4 products), scaled into a float vector; one horizontal sum a row."""
+    size = BLOCK[code]
+
+    @intrinsic
+    def row_dot(typingctx, w, r, xq, xd, xs, xi):
+        def codegen(context, builder, sig, args):
+            nb, qp, dp, sp, ip = _activations(context, builder, sig, args, 1)
+            row = _byte_ptr(context, builder, sig.args[0], args[0], args[1], _ZERO)
+            vf = _vec(F32, 8)
+            acc = cgutils.alloca_once_value(builder, ir.Constant(vf, None))
+            extra = cgutils.alloca_once_value(builder, ir.Constant(F32, 0.0))
+            with cgutils.for_range(builder, builder.sdiv(nb, ir.Constant(nb.type, 8))) as loop:
+                sb = loop.index
+                blk = builder.gep(row, [builder.mul(sb, ir.Constant(sb.type, size))])
+                b0 = builder.mul(sb, ir.Constant(sb.type, 8))
+                xq0 = builder.gep(qp, [builder.mul(sb, ir.Constant(sb.type, 256))])
+                dx = [builder.load(builder.gep(dp, [builder.add(b0, ir.Constant(b0.type, j))])) for j in range(8)]
+                v = builder.load(acc)
+                if code == Q6_K:
+                    d = builder.fpext(_load(builder, _at(builder, blk, 208), ir.HalfType()), F32)
+                    for h in range(2):
+                        a = _load(builder, _at(builder, blk, 64 * h), _vec(I8, 32))
+                        b = _load(builder, _at(builder, blk, 64 * h + 32), _vec(I8, 32))
+                        hb = _load(builder, _at(builder, blk, 128 + 32 * h), _vec(I8, 32))
+                        ws = _q6k_weights(builder, a, b, hb)
+                        for s in range(4):
+                            j = 4 * h + s  # activation block; sub-blocks 2j, 2j+1 in lanes 0-3, 4-7
+                            x = _load(builder, _at(builder, xq0, 32 * j), _vec(I8, 32))
+                            dots = _dot_accumulate(builder, ir.Constant(_vec(I32, 8), None), ws[s], x)
+                            dots = builder.sub(dots, _dot_accumulate(builder, ir.Constant(_vec(I32, 8), None),
+                                                                     _c8(32), x))
+                            sc = [builder.sitofp(_load(builder, _at(builder, blk, 192 + 2 * j + p), I8), F32)
+                                  for p in range(2)]
+                            f = builder.fmul(d, dx[j], flags=_FAST)
+                            lanes = ir.Constant(vf, None)
+                            for i in range(8):
+                                lanes = builder.insert_element(lanes, builder.fmul(f, sc[i // 4], flags=_FAST),
+                                                               ir.Constant(I32, i))
+                            v = builder.fadd(v, builder.fmul(builder.sitofp(dots, vf), lanes, flags=_FAST), flags=_FAST)
+                else:
+                    d = builder.fpext(_load(builder, blk, ir.HalfType()), F32)
+                    dmin = builder.fpext(_load(builder, _at(builder, blk, 2), ir.HalfType()), F32)
+                    s = [builder.zext(_load(builder, _at(builder, blk, 4 + k), I8), I32) for k in range(12)]
+                    c = lambda n: ir.Constant(I32, n)  # noqa: E731
+                    qs_at = 48 if code == Q5_K else 16
+                    hb = _load(builder, _at(builder, blk, 16), _vec(I8, 32)) if code == Q5_K else None
+                    e = builder.load(extra)
+                    for j in range(8):
+                        if j < 4:
+                            sc, mn = builder.and_(s[j], c(63)), builder.and_(s[j + 4], c(63))
+                        else:
+                            top = lambda t: builder.shl(builder.lshr(t, c(6)), c(4))  # noqa: E731
+                            sc = builder.or_(builder.and_(s[j + 4], c(15)), top(s[j - 4]))
+                            mn = builder.or_(builder.lshr(s[j + 4], c(4)), top(s[j]))
+                        qv = _load(builder, _at(builder, blk, qs_at + 32 * (j // 2)), _vec(I8, 32))
+                        u = builder.and_(qv, _c8(15)) if j % 2 == 0 else builder.lshr(qv, _c8(4))
+                        if hb is not None:
+                            u = builder.or_(u, builder.shl(builder.and_(builder.lshr(hb, _c8(j)), _c8(1)), _c8(4)))
+                        x = _load(builder, _at(builder, xq0, 32 * j), _vec(I8, 32))
+                        dots = _dot_accumulate(builder, ir.Constant(_vec(I32, 8), None), u, x)
+                        f = builder.fmul(builder.fmul(d, builder.sitofp(sc, F32), flags=_FAST), dx[j], flags=_FAST)
+                        v = builder.fadd(v, builder.fmul(builder.sitofp(dots, vf), _splat(builder, f), flags=_FAST),
+                                         flags=_FAST)
+                        qsum = builder.sitofp(builder.load(builder.gep(ip, [builder.add(b0, ir.Constant(b0.type, j))])),
+                                              F32)
+                        m = builder.fmul(builder.fmul(dmin, builder.sitofp(mn, F32), flags=_FAST),
+                                         builder.fmul(dx[j], qsum, flags=_FAST), flags=_FAST)
+                        e = builder.fadd(e, m, flags=_FAST)
+                    builder.store(e, extra)
+                builder.store(v, acc)
+            v = builder.load(acc)
+            total = builder.fsub(ir.Constant(F32, 0.0), builder.load(extra), flags=_FAST)
+            for i in range(8):
+                total = builder.fadd(total, builder.extract_element(v, ir.Constant(I32, i)), flags=_FAST)
+            return total
+        return types.float32(w, types.intp, xq, xd, xs, xi), codegen
+    return row_dot
+
+
+_row_q4_k, _row_q5_k, _row_q6_k = (_row_k(c) for c in (Q4_K, Q5_K, Q6_K))
+
+
+# --- what cpu.py calls: one compiled copy each, however many kernels call it --------------------
+
+@njit(cache=True, nogil=True)
+def row_dot(w, r, code, xq, xd, xs, xi):
+    """Row r of a stored Q4_K/Q5_K/Q6_K matrix · one token's int8 activations (n,)."""
+    if code == Q4_K:
+        return _row_q4_k(w, r, xq, xd, xs, xi)
+    if code == Q5_K:
+        return _row_q5_k(w, r, xq, xd, xs, xi)
+    return _row_q6_k(w, r, xq, xd, xs, xi)
+
+
+@njit(cache=True, nogil=True)
+def group_dot(w, g, code, xq, xd, xs, xi):
+    """Rows 8g..8g+7 of a matrix repacked by repack_k8 (code: the GGML id) · one token (n,)."""
+    if code == Q4_K:
+        return _group_q4_k(w, g, xq, xd, xs, xi)
+    if code == Q5_K:
+        return _group_q5_k(w, g, xq, xd, xs, xi)
+    return _group_q6_k(w, g, xq, xd, xs, xi)
+
+
+@njit(cache=True, nogil=True)
+def group_tokens(w, g, code, xq, xd, xs, xi, t0):
+    """Rows 8g..8g+7 of a repacked matrix · tokens t0..t0+TOKENS-1 of (T, n) activations: 8
+    rows of token t0, then of t0+1, ..."""
+    if code == Q4_K:
+        return _tokens_q4_k(w, g, xq, xd, xs, xi, t0)
+    if code == Q5_K:
+        return _tokens_q5_k(w, g, xq, xd, xs, xi, t0)
+    return _tokens_q6_k(w, g, xq, xd, xs, xi, t0)
