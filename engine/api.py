@@ -319,6 +319,8 @@ class Engine:
         return self.codec.decode(list(ids), skip_special)
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        """The template's text, for display: tokenizing it would read special-token strings in
+        the messages as tokens; prompt_ids(messages) does not."""
         return self.codec.render(messages, add_generation_prompt)
 
     # --- compute ---------------------------------------------------------------------------
@@ -377,10 +379,12 @@ class Engine:
         self._cancel.set()
 
     def prompt_ids(self, prompt: str | list[dict]) -> list[int]:
-        """Raw text as it is; messages through the chat template (whose BOS, if any, is kept)."""
+        """Raw text as it is (special-token strings in it become tokens: the caller writes the
+        structure); messages through the chat template, their text always plain text, so only
+        the template yields control tokens (TextCodec.encode_chat)."""
         if isinstance(prompt, str):
             return self.codec.encode(prompt)
-        return self.codec.encode(self.codec.render(prompt))
+        return self.codec.encode_chat(prompt)
 
     def generate(self, prompt: str | list[dict], stop: Sequence[str] = (), *, prompt_progress: bool = False,
                  cancel: threading.Event | None = None, **sampling: Any) -> Iterator[Step]:
