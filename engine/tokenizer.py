@@ -144,11 +144,11 @@ class _BudgetEnvironment(ImmutableSandboxedEnvironment):
             if len(w) > 12 or int(w) > self.meter.chars:
                 self.meter.size(int(w[:13]), "a format width")
 
-    def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 (jinja's own signature)
-        m = __self.meter
+    def call(self, context, obj, /, *args, **kwargs):
+        m = self.meter
         if m is not None:
             m.clock()
-            owner, name = getattr(__obj, "__self__", None), getattr(__obj, "__name__", "")
+            owner, name = getattr(obj, "self__", None), getattr(obj, "__name__", "")
             if isinstance(owner, str):
                 if name in _SIZE_ARGS and args and isinstance(args[0], int):
                     m.size(args[0], f"str.{name} width")
@@ -158,7 +158,7 @@ class _BudgetEnvironment(ImmutableSandboxedEnvironment):
                 elif name == "join":
                     args = (list(args[0]),) if args else args
                     m.size(sum(map(_length, args[0])) + len(owner) * len(args[0]) if args else 0, "str.join result")
-        return super().call(__context, __obj, *args, **kwargs)
+        return super().call(context, obj, *args, **kwargs)
 
     def wrap_str_format(self, value: Any):
         """str.format and format_map, as the sandbox wraps them, with their widths checked."""

@@ -56,16 +56,16 @@ def test_distribution_is_the_definition(penalty, ties):
 def test_distribution_on_a_real_vocabulary_size():
     logits = random_logits(49152)
     history = RNG.integers(0, 49152, 200).tolist()
-    for settings in [dict(temperature=0.7, top_k=40, top_p=0.95, min_p=0.05),
-                     dict(temperature=0.7, top_k=0, top_p=0.9, min_p=0.0, repeat_penalty=1.1),
-                     dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, frequency_penalty=1.0)]:
+    for settings in [{"temperature": 0.7, "top_k": 40, "top_p": 0.95, "min_p": 0.05},
+                     {"temperature": 0.7, "top_k": 0, "top_p": 0.9, "min_p": 0.0, "repeat_penalty": 1.1},
+                     {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "frequency_penalty": 1.0}]:
         want = reference_distribution(logits, history, **settings)
         np.testing.assert_allclose(dense(Sampler(**settings), logits, history), want, atol=1e-12)
 
 
-@pytest.mark.parametrize("settings", [dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0),
-                                      dict(temperature=0.7, top_k=3, top_p=0.95, min_p=0.05),
-                                      dict(temperature=1.3, top_k=0, top_p=0.8, min_p=0.0, repeat_penalty=1.5)])
+@pytest.mark.parametrize("settings", [{"temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0},
+                                      {"temperature": 0.7, "top_k": 3, "top_p": 0.95, "min_p": 0.05},
+                                      {"temperature": 1.3, "top_k": 0, "top_p": 0.8, "min_p": 0.0, "repeat_penalty": 1.5}])
 def test_draws_follow_the_definition(settings):
     logits = np.log(np.array([0.05, 0.3, 0.1, 0.25, 0.2, 0.1], np.float32))
     history = [1, 3, 3]
@@ -95,7 +95,7 @@ def test_edge_settings():
 
 @pytest.mark.parametrize("bad,fragment", [(np.nan, "token 3 is nan"), (np.inf, "token 3 is inf")])
 @pytest.mark.parametrize("penalty", [1.0, 1.2])
-@pytest.mark.parametrize("settings", [dict(temperature=0.0), dict(), dict(top_k=0), dict(top_k=0, top_p=1.0, min_p=0.0)])
+@pytest.mark.parametrize("settings", [{"temperature": 0.0}, {}, {"top_k": 0}, {"top_k": 0, "top_p": 1.0, "min_p": 0.0}])
 def test_non_finite_logits_are_a_clear_error(bad, fragment, settings, penalty):
     logits = random_logits(50)
     logits[[3, 30]] = bad
@@ -103,7 +103,7 @@ def test_non_finite_logits_are_a_clear_error(bad, fragment, settings, penalty):
         Sampler(**settings, repeat_penalty=penalty).sample(logits, [3, 4])
 
 
-@pytest.mark.parametrize("settings", [dict(temperature=0.0), dict(), dict(top_k=0)])
+@pytest.mark.parametrize("settings", [{"temperature": 0.0}, {}, {"top_k": 0}])
 def test_all_minus_inf_is_a_clear_error(settings):
     with pytest.raises(SamplingError, match="every logit is -inf"):
         Sampler(**settings).sample(np.full(10, -np.inf, np.float32), [])
