@@ -148,7 +148,7 @@ class _BudgetEnvironment(ImmutableSandboxedEnvironment):
         m = self.meter
         if m is not None:
             m.clock()
-            owner, name = getattr(obj, "self__", None), getattr(obj, "__name__", "")
+            owner, name = getattr(obj, "__self__", None), getattr(obj, "__name__", "")
             if isinstance(owner, str):
                 if name in _SIZE_ARGS and args and isinstance(args[0], int):
                     m.size(args[0], f"str.{name} width")
