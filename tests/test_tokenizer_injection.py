@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import HF_ARCHS, HF_FIXTURES
+from conftest import HF_ARCHS, HF_FIXTURES, TESTS
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
 from engine.convert.tokenizer_import import from_hf_folder
@@ -141,3 +141,14 @@ def test_a_long_conversation_is_within_budget(default_converted):
     msgs = [{"role": "user" if i % 2 == 0 else "assistant", "content": "word " * 2000} for i in range(200)]
     assert len(codec.render(msgs)) > 2_000_000  # more than the fixed part: the budget grows with the input
     assert json.dumps(codec.encode_chat(msgs[:4]))
+
+
+def test_chat_prompts_equal_llama_cpp(default_converted):
+    """encode_chat on llama.cpp's recorded chat prompts (tests/make_llamacpp_reference.py): the
+    same ids its own template and tokenizer produced."""
+    ref = json.loads((TESTS / "fixtures" / "llamacpp" / "smollm2_q4_1.json").read_text())
+    codec = TextCodec.from_model(open_model_dir(default_converted))
+    chats = [p for p in ref["prompts"] if p["kind"] == "chat"]
+    assert chats
+    for p in chats:
+        assert codec.encode_chat(p["messages"]) == p["prompt_ids"], p["name"]
