@@ -30,6 +30,7 @@ from engine.kvcache import KVCache
 from engine.mempool import MemoryPool, PoolStats
 from engine.model_dir import open_model_dir
 from engine.models import model_class
+from engine.models.base import before_layer
 from engine.sampling import Sampler
 from engine.throttle import ThrottleEvent
 from engine.tokenizer import StopMatcher, StreamDecoder, TextCodec
@@ -46,9 +47,115 @@ class ContextOverflowError(ColibriError, ValueError):
     """The prompt does not fit in the context; raised before any work is done."""
 
 
+class _Interrupted(Exception):
+    """Raised between prefill layers when a reply is stopped (never leaves engine.api)."""
+
+
+class _Run:
+    """One generate() call's state and timings. It takes the engine's lock for each computation
+    only, and owns the conversation cache until another call uses it (`engine._turn`)."""
+
+    def __init__(self, engine: Engine, ids: list[int], cancel: threading.Event | None):
+        self.e, self.ids, self.cancel = engine, ids, cancel
+        self.generated, self.reuse, self.done = 0, 0, 0
+        self.prefill_tok_s = self.decode_tok_s = self.ttft = 0.0
+        self.t0 = self.t_first = time.perf_counter()
+        self.meter = None
+        self.finished = False
+
+    def _owner(self) -> bool:
+        return self.e._turn is self
+
+    def prefill(self, progress: bool):
+        """Generator: the prompt into the cache in chunks (Step(kind="prompt") after each when
+        `progress`); returns the last logits, or None when stopped or superseded."""
+        e = self.e
+        with e._lock:
+            e._cancel.clear()
+            e._turn = self
+            self.meter = e.hw.energy_meter()
+            self.meter.start()
+            reuse = 0
+            for a, b in zip(e.tokens, self.ids):
+                if a != b:
+                    break
+                reuse += 1
+            self.reuse = self.done = min(reuse, len(self.ids) - 1)  # one token must run to get logits
+            e.cache.truncate(self.reuse)
+            e.tokens = self.ids[:self.reuse]
+        bs = len(self.ids) if e.cfg.is_moe else e.params["batch_size"]  # MoE: one pass, see _prefill
+        logits = None
+        while self.done < len(self.ids):
+            with e._lock:
+                if not self._owner() or e._cancelled(self.cancel):
+                    return None
+                chunk = self.ids[self.done:self.done + bs]
+                token = before_layer.set(self._check_stop)
+                try:
+                    logits = e._prefill(chunk, e.cache, self.done, all_logits=False)[-1]
+                except _Interrupted:
+                    return None
+                finally:
+                    before_layer.reset(token)
+                self.done += len(chunk)
+                e.tokens = self.ids[:self.done]
+            if progress and self.done < len(self.ids):
+                yield self.step("", None, kind="prompt")
+        t = time.perf_counter()
+        self.prefill_tok_s = (len(self.ids) - self.reuse) / max(t - self.t0, 1e-9)
+        e._totals["prefilled"] += len(self.ids) - self.reuse
+        e._totals["reused"] += self.reuse
+        return logits
+
+    def _check_stop(self, layer: int) -> None:
+        if self.e._cancelled(self.cancel):
+            raise _Interrupted
+
+    def first_token(self) -> None:
+        self.t_first = time.perf_counter()
+        self.ttft = self.t_first - self.t0
+
+    def decode(self, tok: int) -> np.ndarray | None:
+        """Logits after `tok`; None when another call owns the conversation cache now."""
+        e = self.e
+        with e._lock:
+            if not self._owner():
+                return None
+            logits = e._prefill([tok], e.cache, len(e.tokens), all_logits=False)[-1]
+            e.tokens.append(tok)
+        return logits
+
+    def step(self, piece: str, tok: int | None, finish: str | None = None, kind: str = "token") -> Step:
+        if self.generated > 1:
+            self.decode_tok_s = (self.generated - 1) / max(time.perf_counter() - self.t_first, 1e-9)
+        if finish is not None:
+            self.close()
+        return Step(piece, tok, self.generated, len(self.ids), self.reuse, self.prefill_tok_s, self.decode_tok_s,
+                    self.ttft, len(self.e.tokens), self.e.context_limit, finish, kind, self.done)
+
+    def close(self) -> None:
+        """Account for the reply once: at its last step, or when the caller drops the generator."""
+        if self.finished or self.meter is None:
+            return
+        self.finished = True
+        e = self.e
+        e._last = {"prefill_tok_s": self.prefill_tok_s, "decode_tok_s": self.decode_tok_s, "ttft_s": self.ttft}
+        e._totals["generated"] += self.generated
+        e._energy = self.meter.stop(self.generated)
+        if self._owner():
+            e.weights.experts.check_prefetch()
+
+
 @dataclass(frozen=True)
 class Step:
-    """One streamed piece of a reply. The last step has `finish_reason` set."""
+    """One streamed piece of a reply. The last step has `finish_reason` set.
+
+    finish_reason: "stop" (the model's end token or a stop string), "length" (max_tokens),
+    "context" (the context filled up mid-reply; OpenAI calls both "length": see
+    `length_limited`), "cancelled" (Engine.stop() or the `cancel` event, during the prompt too).
+    kind "prompt" (only with generate(prompt_progress=True)): no text yet, `prompt_done` of
+    `prompt_tokens` are in the cache.
+    """
     text: str
     token_id: int | None
     generated_tokens: int
@@ -59,7 +166,14 @@ class Step:
     ttft_s: float
     context_used: int
     context_limit: int
-    finish_reason: str | None = None  # "stop", "length", "cancelled"
+    finish_reason: str | None = None  # "stop", "length", "context", "cancelled"
+    kind: str = "token"  # "token" (a piece of the reply) or "prompt" (prefill progress)
+    prompt_done: int = 0  # prompt tokens in the cache so far (== prompt_tokens once decoding)
+
+    @property
+    def length_limited(self) -> bool:
+        """Cut short by a limit: max_tokens or a full context (OpenAI's "length")."""
+        return self.finish_reason in ("length", "context")
 
 
 @dataclass(frozen=True)
@@ -120,7 +234,8 @@ class Engine:
         self.net = model_class(self.cfg.architecture)(self.cfg, self.weights)
         self.net.exact = not self.params["int8_activations"]
         self.scheduler = attach(self)  # gpu_layers > 0 and a GPU: matmuls are offered to it
-        self._lock = threading.Lock()  # one computation at a time
+        self._lock = threading.Lock()  # one computation at a time; never held across a yield
+        self._turn: object | None = None  # the generate() run that owns the conversation cache
         self._cancel = threading.Event()
         self.tokens: list[int] = []  # the conversation held in the KV cache
         self._totals = {"prefilled": 0, "generated": 0, "reused": 0}
@@ -161,6 +276,7 @@ class Engine:
         self.cache = KVCache(c.num_layers, self.context_limit, c.num_kv_heads, c.head_dim,
                              self.params["kv_cache_quantize"], self.pool)
         self.tokens = []
+        self._turn = None  # a suspended generate() finds its cache gone and ends
 
     def set_param(self, name: str, value: Any) -> None:
         """Change one parameter; engine settings that size the cache rebuild it (the conversation
@@ -203,6 +319,8 @@ class Engine:
         return self.codec.decode(list(ids), skip_special)
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        """The template's text, for display: tokenizing it would read special-token strings in
+        the messages as tokens; prompt_ids(messages) does not."""
         return self.codec.render(messages, add_generation_prompt)
 
     # --- compute ---------------------------------------------------------------------------
@@ -243,6 +361,7 @@ class Engine:
             if self.cache.length + len(ids) > self.context_limit:
                 raise ContextOverflowError(f"{self.cache.length} + {len(ids)} tokens exceed the context of "
                                            f"{self.context_limit}")
+            self._turn = None  # the conversation moves on without any suspended generate()
             last = self._prefill(ids, self.cache, self.cache.length, all_logits=False)
             self.tokens += ids
         return int(np.argmax(last[-1]))
@@ -250,23 +369,33 @@ class Engine:
     def reset(self) -> None:
         """Forget the conversation held in the cache."""
         with self._lock:
+            self._turn = None
             self.cache.truncate(0)
             self.tokens = []
 
     def stop(self) -> None:
-        """Ask a running generate() to finish after the current token (from any thread)."""
+        """Ask a running generate() to finish after the current token, or the current prefill
+        chunk or layer while it reads the prompt (from any thread)."""
         self._cancel.set()
 
     def prompt_ids(self, prompt: str | list[dict]) -> list[int]:
-        """Raw text as it is; messages through the chat template (whose BOS, if any, is kept)."""
+        """Raw text as it is (special-token strings in it become tokens: the caller writes the
+        structure); messages through the chat template, their text always plain text, so only
+        the template yields control tokens (TextCodec.encode_chat)."""
         if isinstance(prompt, str):
             return self.codec.encode(prompt)
-        return self.codec.encode(self.codec.render(prompt))
+        return self.codec.encode_chat(prompt)
 
-    def generate(self, prompt: str | list[dict], stop: Sequence[str] = (), **sampling: Any) -> Iterator[Step]:
+    def generate(self, prompt: str | list[dict], stop: Sequence[str] = (), *, prompt_progress: bool = False,
+                 cancel: threading.Event | None = None, **sampling: Any) -> Iterator[Step]:
         """Stream a reply: a raw text continuation (str) or a chat reply (a list of messages).
 
-        The prompt's longest prefix already in the cache is not prefilled again.
+        The prompt's longest prefix already in the cache is not prefilled again. With
+        `prompt_progress`, a Step(kind="prompt") follows each prefill chunk (batch_size tokens;
+        an MoE prompt goes through the layers in one chunk). `cancel` (set from any thread) ends
+        the reply like stop(), checked between tokens, prefill chunks and MoE layers. The
+        engine is locked only while it computes: a generator left unfinished blocks nothing,
+        and ends ("cancelled") if resumed after another call has used the conversation cache.
         """
         sampler = Sampler(**(self.sampling | sampling))
         max_tokens = P.check("max_tokens", sampling.get("max_tokens", self.sampling["max_tokens"]))
@@ -277,67 +406,55 @@ class Engine:
             raise ContextOverflowError(f"the prompt is {len(ids)} tokens but the context holds {limit} "
                                        f"(room is needed for the reply): shorten the conversation or raise "
                                        f"context_length")
-        return self._generate(ids, sampler, max_tokens, tuple(stop))
+        return self._generate(ids, sampler, max_tokens, tuple(stop), prompt_progress, cancel)
 
-    def _generate(self, ids: list[int], sampler: Sampler, max_tokens: int, stop: tuple[str, ...]) -> Iterator[Step]:
-        with self._lock:
-            self._cancel.clear()
-            t0 = time.perf_counter()
-            meter = self.hw.energy_meter()
-            meter.start()
-            reuse = 0
-            for a, b in zip(self.tokens, ids):
-                if a != b:
-                    break
-                reuse += 1
-            reuse = min(reuse, len(ids) - 1)  # at least one token must run to get logits
-            self.cache.truncate(reuse)
-            self.tokens = self.tokens[:reuse]
-            logits = self._prefill(ids[reuse:], self.cache, reuse, all_logits=False)[-1]
-            self.tokens = list(ids)
-            t_prefill = time.perf_counter()
-            prefill_tok_s = (len(ids) - reuse) / max(t_prefill - t0, 1e-9)
-            self._totals["prefilled"] += len(ids) - reuse
-            self._totals["reused"] += reuse
-            decoder, stops, history, generated = StreamDecoder(self.codec), StopMatcher(stop), list(ids), 0
-            ttft = decode_tok_s = 0.0
-            finish = None
+    def _cancelled(self, cancel: threading.Event | None) -> bool:
+        return self._cancel.is_set() or (cancel is not None and cancel.is_set())
+
+    def _generate(self, ids: list[int], sampler: Sampler, max_tokens: int, stop: tuple[str, ...],
+                  prompt_progress: bool = False, cancel: threading.Event | None = None) -> Iterator[Step]:
+        run = _Run(self, ids, cancel)
+        try:
+            logits = yield from run.prefill(prompt_progress)
+            if logits is None:  # stopped, or superseded, before the prompt was in
+                yield run.step("", None, "cancelled")
+                return
+            decoder, stops, history = StreamDecoder(self.codec), StopMatcher(stop), list(ids)
+            stop_ids, capacity = self.codec.stop_ids, self.cache.capacity
             while True:
                 tok = sampler.sample(logits, history)
-                if generated == 0:
-                    ttft = time.perf_counter() - t0
-                    t_first = time.perf_counter()
-                if tok in self.codec.stop_ids:
+                if run.generated == 0:
+                    run.first_token()
+                finish = None
+                if tok in stop_ids:
                     finish = "stop"
                     piece, _ = stops.push(decoder.flush())
                     piece += stops.flush()
                 else:
-                    generated += 1
+                    run.generated += 1
                     history.append(tok)
                     piece, hit = stops.push(decoder.feed(tok))
                     if hit:
                         finish = "stop"
-                    elif generated >= max_tokens or len(self.tokens) + 1 >= self.cache.capacity:
+                    elif run.generated >= max_tokens:
                         finish = "length"
-                    elif self._cancel.is_set():
+                    elif len(self.tokens) + 1 >= capacity:
+                        finish = "context"
+                    elif self._cancelled(cancel):
                         finish = "cancelled"
-                    if finish in ("length", "cancelled"):
+                    if finish not in (None, "stop"):
                         more, _ = stops.push(decoder.flush())
                         piece += more + stops.flush()
-                if generated > 1:
-                    decode_tok_s = (generated - 1) / max(time.perf_counter() - t_first, 1e-9)
                 if finish is not None:
-                    self._last = {"prefill_tok_s": prefill_tok_s, "decode_tok_s": decode_tok_s, "ttft_s": ttft}
-                    self.weights.experts.check_prefetch()
-                    self._totals["generated"] += generated
-                    self._energy = meter.stop(generated)
-                    yield Step(piece, None if tok in self.codec.stop_ids else tok, generated, len(ids), reuse,
-                               prefill_tok_s, decode_tok_s, ttft, len(self.tokens), self.context_limit, finish)
+                    yield run.step(piece, None if tok in stop_ids else tok, finish)
                     return
-                yield Step(piece, tok, generated, len(ids), reuse, prefill_tok_s, decode_tok_s, ttft,
-                           len(self.tokens), self.context_limit)
-                logits = self._prefill([tok], self.cache, len(self.tokens), all_logits=False)[-1]
-                self.tokens.append(tok)
+                yield run.step(piece, tok)
+                logits = run.decode(tok)
+                if logits is None:  # another call took the conversation cache meanwhile
+                    yield run.step("", None, "cancelled")
+                    return
+        finally:
+            run.close()
 
     # --- lifecycle -------------------------------------------------------------------------
     def warmup(self) -> float:
@@ -382,6 +499,7 @@ class Engine:
 
     def close(self) -> None:
         with self._lock:
+            self._turn = None
             self.scheduler.close()
             self.weights.close()
             self.cache.free()

@@ -105,6 +105,10 @@ PARAMS: dict[str, Param] = {p.name: p for p in [
           scope="sampling", min=0.0, max=1.0),
     Param("repeat_penalty", float, 1.0, "penalise tokens seen in the last 64 tokens; 1 = off",
           scope="sampling", min=0.0, max=10.0),
+    Param("frequency_penalty", float, 0.0, "subtract this × how often a token occurs in the last 64 tokens "
+          "from its logit (OpenAI's frequency_penalty); 0 = off", scope="sampling", min=-2.0, max=2.0),
+    Param("presence_penalty", float, 0.0, "subtract this from the logit of every token seen in the last 64 "
+          "tokens (OpenAI's presence_penalty); 0 = off", scope="sampling", min=-2.0, max=2.0),
     Param("seed", int, None, "random seed; the same seed gives the same text", scope="sampling", min=0,
           max=2**63 - 1, nullable=True),
 ]}

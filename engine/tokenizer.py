@@ -2,14 +2,29 @@
 
 A model's chat template is untrusted input: it is rendered in Jinja2's immutable sandbox, and
 anything the sandbox blocks (private attributes, mutation, huge ranges) is reported as a
-TemplateError naming what went wrong, never executed.
+TemplateError naming what went wrong, never executed. Rendering also has a budget of time and
+size (`RenderBudget`): a template that loops or grows strings without bound is stopped with an
+error naming the budget.
+
+Messages are text, never structure: `encode_chat` turns special-token strings written in a
+message (`<|im_end|>`, `<|eot_id|>`, `</s>` ...) into plain text, so only the template itself
+yields control tokens.
 """
 from __future__ import annotations
 
 import datetime
+import json
+import math
+import re
+import sys
+import threading
+import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import jinja2
+from jinja2 import filters as jinja_filters
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
@@ -29,6 +44,216 @@ def _raise(message: str):
     raise TemplateError(f"chat template raised: {message}")
 
 
+# --- the render budget -------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RenderBudget:
+    """What one render may spend: seconds, and characters in any one value or in the output
+    (`chars` plus `per_input` × the characters of the messages, which the output quotes)."""
+    seconds: float = 2.0
+    chars: int = 1 << 20
+    per_input: int = 8
+    int_bits: int = 1 << 16  # integers the template computes (2 ** 10 ** 9 never finishes)
+
+
+class TemplateBudgetError(TemplateError):
+    """The chat template went over its render budget (time or size)."""
+
+
+class _Meter:
+    """The running render's budget: checked by the sandbox hooks below and by a line tracer."""
+
+    def __init__(self, budget: RenderBudget, input_chars: int):
+        self.budget, self.chars = budget, budget.chars + budget.per_input * input_chars
+        self.deadline = time.perf_counter() + budget.seconds
+        self.lines = 0
+
+    def size(self, n: int, what: str) -> None:
+        if n > self.chars:
+            raise TemplateBudgetError(f"chat template went over its size budget of {self.chars:,} characters "
+                                      f"({what} of {n:,})")
+
+    def clock(self) -> None:
+        if time.perf_counter() > self.deadline:
+            raise TemplateBudgetError(f"chat template went over its time budget of {self.budget.seconds:g} s "
+                                      f"(a loop that does not end?)")
+
+    def tracer(self, frame, event, arg):
+        """sys.settrace hook: only the template's own frames are traced, every 256th line timed."""
+        if event == "call" and frame.f_code.co_filename == "<template>":
+            return self._line
+        return None
+
+    def _line(self, frame, event, arg):
+        self.lines += 1
+        if not self.lines & 255:
+            self.clock()
+        return self._line
+
+
+_SIZE_ARGS = {"center", "ljust", "rjust", "zfill", "expandtabs"}  # str methods whose int argument is a width
+_WIDTHS = re.compile(r"\d+")
+
+
+def _length(v: Any) -> int:
+    return len(v) if isinstance(v, (str, list, tuple)) else 0
+
+
+class _BudgetEnvironment(ImmutableSandboxedEnvironment):
+    """The immutable sandbox with its operators and calls held to the running render's budget
+    (one per thread: two threads may render with the same codec)."""
+    intercepted_binops = frozenset({"*", "**", "+", "%"})
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._local = threading.local()
+
+    @property
+    def meter(self) -> _Meter | None:
+        return getattr(self._local, "meter", None)
+
+    @meter.setter
+    def meter(self, value: _Meter | None) -> None:
+        self._local.meter = value
+
+    def call_binop(self, context, operator, left, right):
+        m = self.meter
+        if m is not None:
+            if operator == "*":
+                if isinstance(left, int) and isinstance(right, (str, list, tuple)):
+                    left, right = right, left
+                if isinstance(left, (str, list, tuple)) and isinstance(right, int):
+                    m.size(len(left) * right, "a repeated value")
+                elif isinstance(left, int) and isinstance(right, int):
+                    self._bits(left.bit_length() + right.bit_length())
+            elif operator == "**" and isinstance(left, int) and isinstance(right, int) and abs(left) > 1:
+                self._bits(right * math.log2(abs(left)))
+            elif operator == "+":
+                m.size(_length(left) + _length(right), "a joined value")
+            elif operator == "%" and isinstance(left, str):
+                self._widths(left)
+        return super().call_binop(context, operator, left, right)
+
+    def _bits(self, bits: float) -> None:
+        if self.meter is not None and bits > self.meter.budget.int_bits:
+            raise TemplateBudgetError(f"chat template went over its integer budget of "
+                                      f"{self.meter.budget.int_bits:,} bits")
+
+    def _widths(self, fmt: str) -> None:
+        """A format string's field widths ("{:>99999999}", "%99999999s") within the size budget."""
+        for w in _WIDTHS.findall(str(fmt)):
+            if len(w) > 12 or int(w) > self.meter.chars:
+                self.meter.size(int(w[:13]), "a format width")
+
+    def call(self, context, obj, /, *args, **kwargs):
+        m = self.meter
+        if m is not None:
+            m.clock()
+            owner, name = getattr(obj, "__self__", None), getattr(obj, "__name__", "")
+            if isinstance(owner, str):
+                if name in _SIZE_ARGS and args and isinstance(args[0], int):
+                    m.size(args[0], f"str.{name} width")
+                elif name == "replace" and len(args) >= 2 and isinstance(args[0], str) and isinstance(args[1], str):
+                    hits = owner.count(args[0]) if args[0] else len(owner) + 1
+                    m.size(len(owner) + hits * len(args[1]), "str.replace result")
+                elif name == "join":
+                    args = (list(args[0]),) if args else args
+                    m.size(sum(map(_length, args[0])) + len(owner) * len(args[0]) if args else 0, "str.join result")
+        return super().call(context, obj, *args, **kwargs)
+
+    def wrap_str_format(self, value: Any):
+        """str.format and format_map, as the sandbox wraps them, with their widths checked."""
+        wrapped = super().wrap_str_format(value)
+        if wrapped is None:
+            return None
+
+        def checked(*args: Any, **kwargs: Any) -> str:
+            if self.meter is not None:
+                self._widths(value.__self__)
+            return wrapped(*args, **kwargs)
+        return checked
+
+    def checked_join(self, seq) -> str:
+        """The template's `~` operator (jinja's str_join), sized before it joins."""
+        seq = [str(v) for v in seq]
+        if self.meter is not None:
+            self.meter.size(sum(map(len, seq)), "a joined value")
+        return "".join(seq)
+
+
+def _checked_filters(env: _BudgetEnvironment) -> None:
+    """Filters that can multiply a size get it checked first (center/indent/wordwrap widths,
+    replace and join results, format widths); lipsum is dropped (no template needs it)."""
+    def meter() -> _Meter | None:
+        return env.meter
+
+    def center(value, width=80):
+        if meter() is not None and isinstance(width, int):
+            meter().size(width, "center width")
+        return jinja_filters.do_center(value, width)
+
+    def indent(s, width=4, first=False, blank=False):
+        if meter() is not None:
+            pad = width if isinstance(width, int) else len(str(width))
+            meter().size(len(str(s)) + pad * (str(s).count("\n") + 1), "indent result")
+        return jinja_filters.do_indent(s, width, first, blank)
+
+    @jinja2.pass_eval_context
+    def replace(eval_ctx, s, old, new, count=None):
+        if meter() is not None and isinstance(s, str) and isinstance(old, str) and isinstance(new, str):
+            meter().size(len(s) + (s.count(old) if old else len(s) + 1) * len(new), "replace result")
+        return jinja_filters.do_replace(eval_ctx, s, old, new, count)
+
+    @jinja2.pass_eval_context
+    def join(eval_ctx, value, d="", attribute=None):
+        items = list(value)
+        if meter() is not None:
+            meter().size(sum(len(str(v)) for v in items) + len(str(d)) * len(items), "join result")
+        return jinja_filters.do_join(eval_ctx, items, d, attribute)
+
+    def format_(value, *args, **kwargs):
+        if meter() is not None and isinstance(value, str):
+            env._widths(value)
+        return jinja_filters.do_format(value, *args, **kwargs)
+
+    def wordwrap(environment, s, width=79, break_long_words=True, wrapstring=None, break_on_hyphens=True):
+        if meter() is not None:
+            meter().size(len(str(s)) * (1 + len(wrapstring or "\n")), "wordwrap result")
+        return jinja_filters.do_wordwrap(environment, s, width, break_long_words, wrapstring, break_on_hyphens)
+
+    env.filters.update(center=center, indent=indent, replace=replace, join=join, format=format_,
+                       wordwrap=jinja2.pass_environment(wordwrap))
+    env.globals.pop("lipsum", None)
+
+
+# --- messages as text ----------------------------------------------------------------------------
+_BREAK = "\ufdd0"  # a Unicode noncharacter: breaks a special-token string written inside a message
+
+
+def _special_patterns(tok: Tokenizer) -> tuple[re.Pattern | None, re.Pattern | None, dict[str, int]]:
+    """Regexes matching the tokenizer's special (control) tokens: as `tokenizers` splits on them
+    (lstrip/rstrip tokens take the whitespace beside them), and their bare strings; their ids."""
+    added = {t.content: t for t in tok.get_added_tokens_decoder().values() if t.special and len(t.content) > 1}
+    if not added:
+        return None, None, {}
+    order = sorted(added, key=len, reverse=True)
+    split = [(r"\s*" if added[c].lstrip else "") + re.escape(c) + (r"\s*" if added[c].rstrip else "") for c in order]
+    return (re.compile("|".join(split)), re.compile("|".join(map(re.escape, order))),
+            {c: tok.token_to_id(c) for c in order})
+
+
+def _never_prepend(spec: Any) -> Any:
+    """A tokenizer.json pre_tokenizer with Metaspace's prepend_scheme "first" made "never": how
+    `tokenizers` treats every piece after a special token, which we encode on its own."""
+    if isinstance(spec, dict):
+        out = {k: _never_prepend(v) for k, v in spec.items()}
+        if out.get("type") == "Metaspace" and out.get("prepend_scheme") == "first":
+            out["prepend_scheme"] = "never"
+        return out
+    if isinstance(spec, list):
+        return [_never_prepend(v) for v in spec]
+    return spec
+
+
 class TextCodec:
     """Tokenizer, chat template and special tokens of one model."""
 
@@ -37,14 +262,28 @@ class TextCodec:
         self.meta = meta
         self.template_source = template if template is not None else FALLBACK_TEMPLATE
         self.has_template = template is not None
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                            extensions=["jinja2.ext.loopcontrols"])
+        env = _BudgetEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
         env.globals["raise_exception"] = _raise
         env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
+        _checked_filters(env)
+        self.env, self.budget = env, RenderBudget()
+        env.meter = _Meter(self.budget, 0)  # constant folding at compile time runs filters: budget it too
         try:
             self.template = env.from_string(self.template_source)
         except jinja2.TemplateSyntaxError as e:
             raise TemplateError(f"chat template does not parse: {e.message} (line {e.lineno})") from None
+        finally:
+            env.meter = None
+        # `~` compiles to the template module's str_join: the sized one instead
+        self.template.root_render_func.__globals__["str_join"] = env.checked_join
+        self.template.root_render_func.__globals__["markup_join"] = env.checked_join
+        self._special_re, self._bare_re, self.special_ids = _special_patterns(self.tok)
+        self._plain = Tokenizer.from_str(self.tok.to_str())  # special-token strings are plain text here
+        self._plain.encode_special_tokens = True
+        spec = json.loads(self.tok.to_str())
+        rest = _never_prepend(spec)
+        self._plain_rest = self._plain if rest == spec else Tokenizer.from_str(json.dumps(rest))
+        self._plain_rest.encode_special_tokens = True
         self.bos_token, self.eos_token = meta.get("bos_token"), meta.get("eos_token")
         self.bos_id = meta.get("bos_token_id")
         self.add_bos = bool(meta.get("add_bos_token")) and self.bos_id is not None
@@ -69,19 +308,88 @@ class TextCodec:
         return self.tok.decode(list(ids), skip_special_tokens=skip_special)
 
     def render(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        """The chat template applied, within the render budget."""
         for i, m in enumerate(messages):
             if not isinstance(m, dict) or "role" not in m or "content" not in m:
                 raise ValueError(f"message {i} must be a dict with 'role' and 'content', got {m!r}")
+        meter = _Meter(self.budget, sum(_text_size(m) for m in messages))
+        old_trace = sys.gettrace()
+        self.env.meter = meter
+        sys.settrace(meter.tracer)
         try:
-            return self.template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                        bos_token=self.bos_token or "", eos_token=self.eos_token or "")
+            out, size = [], 0
+            for piece in self.template.generate(messages=messages, add_generation_prompt=add_generation_prompt,
+                                                bos_token=self.bos_token or "", eos_token=self.eos_token or ""):
+                size += len(piece)
+                meter.size(size, "output")
+                out.append(piece)
+            meter.clock()
+            return "".join(out)
         except TemplateError:
             raise
         except jinja2.exceptions.SecurityError as e:
             raise TemplateError(f"chat template tried something unsafe and was stopped: {e}") from None
+        except MemoryError:
+            raise TemplateBudgetError("chat template ran out of memory while rendering") from None
         except (jinja2.TemplateError, TypeError, ValueError, AttributeError, KeyError, IndexError,
                 OverflowError, RecursionError) as e:
             raise TemplateError(f"chat template failed: {type(e).__name__}: {e}") from None
+        finally:
+            sys.settrace(old_trace)
+            self.env.meter = None
+
+    def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+        """Token ids of a conversation: the template's structure with its special tokens, every
+        message's text as plain text (a `<|im_end|>` a user types is the characters, not the
+        token). Special-token strings inside messages are broken with a noncharacter before
+        rendering, so the rendered text holds only the template's own; the pieces between those
+        are encoded with special tokens off, as `tokenizers` itself splits on them."""
+        if self._special_re is None:
+            return self.encode(self.render(messages, add_generation_prompt))
+        text = self.render([_break_specials(m, self._bare_re) for m in messages], add_generation_prompt)
+        ids, at = [], 0
+        for m in self._special_re.finditer(text):
+            if m.start() > at:
+                ids += self._plain_piece(text[at:m.start()], at == 0)
+            ids.append(self.special_ids[m.group().strip()] if m.group() not in self.special_ids
+                       else self.special_ids[m.group()])
+            at = m.end()
+        if at < len(text):
+            ids += self._plain_piece(text[at:], at == 0)
+        if self.add_bos and self.bos_id is not None and ids[:1] != [self.bos_id]:
+            ids = [self.bos_id] + ids
+        return ids
+
+    def _plain_piece(self, text: str, first: bool) -> list[int]:
+        text = re.sub(_BREAK + "(" + _BREAK + ")?", lambda m: m.group(1) or "", text)  # unbreak
+        return (self._plain if first else self._plain_rest).encode(text, add_special_tokens=False).ids
+
+
+def _text_size(v: Any) -> int:
+    if isinstance(v, str):
+        return len(v)
+    if isinstance(v, dict):
+        return sum(_text_size(x) for x in v.values())
+    if isinstance(v, (list, tuple)):
+        return sum(_text_size(x) for x in v)
+    return 0
+
+
+def _break_specials(v: Any, pattern: re.Pattern) -> Any:
+    """Every string in a message with special-token strings broken (a noncharacter after their
+    first character; a noncharacter already there is doubled, so unbreaking restores the text)."""
+    if isinstance(v, str):
+        v = v.replace(_BREAK, _BREAK + _BREAK)
+        while True:  # again until none is left: a match can hide another that overlaps it
+            broken = pattern.sub(lambda m: m.group()[0] + _BREAK + m.group()[1:], v)
+            if broken == v:
+                return v
+            v = broken
+    if isinstance(v, dict):
+        return {k: _break_specials(x, pattern) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_break_specials(x, pattern) for x in v]
+    return v
 
 
 class StreamDecoder:

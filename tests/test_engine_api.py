@@ -85,7 +85,7 @@ def test_finish_reasons(tiny):
     _, steps = reply(eng, "x " * 8, temperature=0, max_tokens=3)
     assert steps[-1].finish_reason == "length" and steps[-1].generated_tokens == 3
     _, steps = reply(eng, "x " * 8, temperature=0, max_tokens=500)
-    assert steps[-1].finish_reason == "length" and steps[-1].context_used <= 24
+    assert steps[-1].finish_reason == "context" and steps[-1].context_used <= 24 and steps[-1].length_limited
     with pytest.raises(ContextOverflowError, match=r"the prompt is \d+ tokens but the context holds 24"):
         eng.generate("x " * 40)
     assert eng.cache.length <= 24

@@ -37,6 +37,9 @@ _gpu: ContextVar = ContextVar("colibri_gpu", default=None)
 _arena: ContextVar = ContextVar("colibri_arena", default=None)
 # True while a Transformer with int8_activations off runs: every matmul in float activations.
 _exact: ContextVar = ContextVar("colibri_exact", default=False)
+# Called with the layer index before each layer of a multi-token pass (engine.api: Stop during a
+# long prompt raises from it; the KV cache keeps its old length, so nothing half-done is kept).
+before_layer: ContextVar = ContextVar("colibri_before_layer", default=None)
 
 
 def _empty(shape) -> np.ndarray:
@@ -281,10 +284,12 @@ class Transformer:
         cpu.gather_rows(self.w.token_embd.data, self.w.token_embd.code, np.asarray(ids, np.int64), x)
         if dump is not None:
             dump["token_embd"] = x.copy()
-        arena = _arena.get()
+        arena, hook = _arena.get(), before_layer.get() if T > 1 else None
         fused = T == 1 and dump is None and self.fused is not None and self.fused_decode and \
             _gpu.get() is None and not _exact.get() and self.fused.run(x, cache, pos0, cos, sin)
         for L, lw in enumerate(self.w.layers if not fused else ()):
+            if hook is not None:
+                hook(L)
             mark = arena.mark() if arena is not None else None
             x += self.attention(L, rmsnorm(x, lw.attn_norm, cfg.rms_norm_eps), lw, step)
             f = self.ffn(L, rmsnorm(x, lw.ffn_norm, cfg.rms_norm_eps), lw, step)
