@@ -24,7 +24,7 @@ import psutil
 from engine import params as P
 from engine.errors import ColibriError, ModelFormatError
 from engine.scheduler import ScheduleSnapshot, attach
-from engine.experts import CacheStats, plan_expert_cache
+from engine.experts import CacheStats, plan_expert_cache, replan
 from engine.hardware import EnergyReading, HardwareMonitor, HardwareSnapshot
 from engine.kvcache import KVCache
 from engine.mempool import MemoryPool, PoolStats
@@ -32,6 +32,7 @@ from engine.model_dir import open_model_dir
 from engine.models import model_class
 from engine.models.base import before_layer
 from engine.sampling import Sampler
+from engine.sysmem import MemoryBudget
 from engine.throttle import ThrottleEvent
 from engine.tokenizer import StopMatcher, StreamDecoder, TextCodec
 from engine.weights import ModelWeights
@@ -209,6 +210,8 @@ class StatsSnapshot:
     joules_per_token: float | None  # the last reply: CPU package + GPU joules / generated tokens
     schedule: ScheduleSnapshot  # per layer: CPU or GPU and why; GPU fallbacks
     params: dict[str, Any] = field(default_factory=dict)
+    memory_budget: MemoryBudget | None = None  # auto sizing: the room measured and how it was split
+    memory_warning: str | None = None  # plain words when the expert budget is below one token's experts
 
 
 class Engine:
@@ -228,8 +231,9 @@ class Engine:
         self.cfg = self.model.config
         self.codec = TextCodec.from_model(self.model)
         self.pool = MemoryPool()
-        self.cache_plan = plan_expert_cache(self.model, self.params, self.context_limit)
-        self.weights = ModelWeights(self.model, self.pool, self.cache_plan.capacity, self.params["prefetch_window"],
+        self.cache_plan = plan_expert_cache(self.model, self.params, self.context_limit)  # may refuse the model
+        self._planned_at = time.monotonic()
+        self.weights = ModelWeights(self.model, self.pool, self.cache_plan, self.params["prefetch_window"],
                                     repack=self.params["gpu_layers"] == 0)  # a GPU reads the stored layout
         self.net = model_class(self.cfg.architecture)(self.cfg, self.weights)
         self.net.exact = not self.params["int8_activations"]
@@ -252,6 +256,8 @@ class Engine:
         log.info("loaded %s: %s, %d layers, %d expert(s), context %d, kv %s, %d threads; expert cache: %s",
                  path.name, self.cfg.architecture, self.cfg.num_layers, self.cfg.num_experts, self.context_limit,
                  self.params["kv_cache_quantize"], self.threads, self.cache_plan.reason)
+        if self.cache_plan.warning:
+            log.warning("%s", self.cache_plan.warning)
 
     # --- parameters ------------------------------------------------------------------------
     @property
@@ -304,7 +310,7 @@ class Engine:
                 self.hw.apply_affinity(self.params["affinity"])
             if name in ("expert_cache_size", "expert_cache_bytes", "prefetch_window"):
                 self.cache_plan = plan_expert_cache(self.model, self.params, self.context_limit)
-                self.weights.reset_experts(self.cache_plan.capacity, self.params["prefetch_window"])
+                self.weights.reset_experts(self.cache_plan, self.params["prefetch_window"])
             elif not p.live:
                 self._new_cache()
             if name == "log_level":
@@ -324,8 +330,28 @@ class Engine:
         return self.codec.render(messages, add_generation_prompt)
 
     # --- compute ---------------------------------------------------------------------------
+    def _check_budget(self) -> None:
+        """Auto sizing: measure the room again (at most once a second) and move the expert cache's
+        budget when memory pressure moved it by more than one expert."""
+        plan = self.cache_plan
+        if not plan.auto or time.monotonic() - self._planned_at < 1.0:
+            return
+        self._planned_at = time.monotonic()
+        ec = self.weights.experts
+        new = replan(plan, self.cfg.num_experts, self.cfg.num_layers, ec.stats().resident_bytes,
+                     self.cache.nbytes_used)
+        if abs(new.cache_bytes - plan.cache_bytes) < plan.expert_bytes:
+            return
+        self.cache_plan = new
+        ec.set_budget(new.cache_bytes)
+        log.info("memory pressure changed: expert cache %.0f -> %.0f MB (%s)", plan.cache_bytes / 1e6,
+                 new.cache_bytes / 1e6, new.reason)
+        if new.warning and not plan.warning:
+            log.warning("%s", new.warning)
+
     def _prefill(self, ids: Sequence[int], cache: KVCache, pos0: int, all_logits: bool) -> np.ndarray:
         numba.set_num_threads(self.hw.governor.update())  # per calling thread; fewer while too hot
+        self._check_budget()
         # MoE: the whole prompt goes through each layer at once, so every expert is loaded at
         # most once per layer per prompt (attention works in query blocks inside the layer)
         out, bs = [], max(len(ids), 1) if self.cfg.is_moe else self.params["batch_size"]
@@ -458,17 +484,19 @@ class Engine:
 
     # --- lifecycle -------------------------------------------------------------------------
     def warmup(self) -> float:
-        """Compile (or load) every kernel and touch the hot path; returns the seconds it took."""
+        """Compile (or load) every kernel and touch the hot path; returns the seconds it took.
+        Its expert lookups are not counted (stats() describes real requests)."""
         t0 = time.perf_counter()
         probe = [self.codec.bos_id or 0, 1 % self.cfg.vocab_size]
-        self.logits(probe)
-        if self.net.fused is not None:  # an MoE takes it once every expert is in: compile it now
-            self.net.fused.compile(self.params["kv_cache_quantize"])
-        with self._lock:
-            c = self.cfg
-            cache = KVCache(c.num_layers, 3, c.num_kv_heads, c.head_dim, self.params["kv_cache_quantize"])
-            self._prefill(probe, cache, 0, all_logits=False)
-            self._prefill(probe[:1], cache, 2, all_logits=False)
+        with self.weights.experts.quiet():
+            self.logits(probe)
+            if self.net.fused is not None:  # an MoE takes it once every expert is in: compile it now
+                self.net.fused.compile(self.params["kv_cache_quantize"])
+            with self._lock:
+                c = self.cfg
+                cache = KVCache(c.num_layers, 3, c.num_kv_heads, c.head_dim, self.params["kv_cache_quantize"])
+                self._prefill(probe, cache, 0, all_logits=False)
+                self._prefill(probe[:1], cache, 2, all_logits=False)
         seconds = time.perf_counter() - t0
         log.info("warmup took %.2f s", seconds)
         return seconds
@@ -487,13 +515,16 @@ class Engine:
             configured_threads=self.configured_threads, hardware=self.hw.snapshot(),
             throttle_events=self.hw.governor.events, energy=self._energy,
             joules_per_token=None if self._energy is None else self._energy.joules_per_token,
-            params={**self.params, **self.sampling}, **self._last)
+            params={**self.params, **self.sampling}, memory_budget=self.cache_plan.budget,
+            memory_warning=self.cache_plan.warning, **self._last)
 
     def mem_pool_defrag(self) -> int:
-        """Compact the memory pool and return its free pages to the OS; bytes given back."""
+        """Free the expert cache's spare slots and return the pool's free pages to the OS (nothing
+        is moved: no engine allocation is movable). Returns the bytes of resident memory actually
+        given back, counted page by page (mincore) before each release."""
         with self._lock:
-            self.weights.experts.drop_spares()
-            returned = self.pool.defrag()
+            returned = self.pool.release(self.weights.experts.drop_spares())
+            returned += self.pool.defrag()
         log.info("mem_pool_defrag returned %.1f MB", returned / 1e6)
         return returned
 

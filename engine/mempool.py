@@ -5,17 +5,20 @@
     large   > 1 MiB      one anonymous mmap per block, unmapped on free
 
 All memory is anonymous mmap, so pages cost nothing until touched and `defrag()` can hand free
-ranges back to the OS (madvise DONTNEED, or unmapping an arena that became empty). Blocks
-allocated as movable may be relocated by `defrag()`: the pool copies the bytes and calls the
-owner's `on_move(new_block)` so it can swap its arrays.
+ranges back to the OS: madvise DONTNEED on free buddy ranges, unmapping slab pages and arenas
+that became empty. Nothing is ever moved (the engine's arrays hold raw addresses: kernels,
+the fused decode's address tables), so defrag cannot lower fragmentation inside an arena, only
+the memory that free ranges occupy. It returns the bytes that were resident and went back to
+the OS, counted page by page with mincore before each release, so the number matches the RSS
+drop (freshly mapped or already-returned ranges count zero).
 """
 from __future__ import annotations
 
+import ctypes
 import math
 import mmap
 import threading
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
@@ -34,14 +37,10 @@ class Block:
     """A piece of pool memory. Use `array()` for numpy views; `free()` gives it back."""
 
     def __init__(self, pool: MemoryPool, tier: str, buf: mmap.mmap, offset: int, size: int, requested: int,
-                 key: object, on_move: Callable[[Block], None] | None):
+                 key: object):
         self.pool, self.tier, self.buf, self.offset = pool, tier, buf, offset
-        self.size, self.requested, self.key, self.on_move = size, requested, key, on_move
+        self.size, self.requested, self.key = size, requested, key
         self.freed = False
-
-    @property
-    def movable(self) -> bool:
-        return self.on_move is not None
 
     def array(self, dtype, shape) -> np.ndarray:
         dtype = np.dtype(dtype)
@@ -114,13 +113,14 @@ class _SmallTier:
         return TierStats(used, free, blocks, partial_free / free if free else 0.0)
 
     def trim(self) -> int:
-        """Unmap pages with no block in use."""
+        """Unmap pages with no block in use; the resident bytes that went."""
         returned = 0
         for cls, pages in self.pages.items():
             keep = []
             for p in pages:
+                held = resident_bytes(p["buf"], 0, SLAB_PAGE) if len(p["free"]) == SLAB_PAGE // cls else 0
                 if len(p["free"]) == SLAB_PAGE // cls and _try_close(p["buf"]):
-                    returned += SLAB_PAGE
+                    returned += held
                 else:
                     keep.append(p)
             self.pages[cls] = keep
@@ -198,18 +198,20 @@ class _MediumTier:
         return TierStats(used, free, blocks, 1.0 - largest / free if free else 0.0)
 
     def trim(self) -> int:
+        """Unmap empty arenas, DONTNEED free ranges; the resident bytes that went."""
         returned, keep = 0, []
         for a in self.arenas:
+            held = resident_bytes(a.buf, 0, ARENA) if not a.used else 0
             if not a.used and _try_close(a.buf):
-                returned += ARENA
+                returned += held
                 continue
             keep.append(a)
             for order, offsets in a.free.items():  # give free ranges' pages back, keep the mapping
                 for off in offsets:
                     if (off, order) not in a.returned:
+                        returned += resident_bytes(a.buf, off, 1 << order)
                         a.buf.madvise(mmap.MADV_DONTNEED, off, 1 << order)
                         a.returned.add((off, order))
-                        returned += 1 << order
         self.arenas = keep
         return returned
 
@@ -237,6 +239,28 @@ def _map_large(size: int) -> tuple[mmap.mmap, int]:
     return buf, off
 
 
+_libc = None
+
+
+def resident_bytes(buf: mmap.mmap, offset: int, length: int) -> int:
+    """Bytes of buf[offset:offset + length] backed by memory now (mincore; page-aligned offset).
+    0 where mincore is unavailable (not Linux/macOS), so nothing is over-reported."""
+    global _libc
+    if length <= 0 or buf.closed:
+        return 0
+    try:
+        _libc = _libc or ctypes.CDLL(None, use_errno=True)
+        view = np.frombuffer(buf, np.uint8, length, offset)
+    except (OSError, AttributeError, ValueError):
+        return 0
+    pages = -(-length // PAGE)
+    vec = np.zeros(pages, np.uint8)
+    ok = _libc.mincore(ctypes.c_void_p(view.ctypes.data), ctypes.c_size_t(length),
+                       vec.ctypes.data_as(ctypes.c_void_p)) == 0
+    del view
+    return int((vec & 1).sum()) * PAGE if ok else 0
+
+
 def _try_close(buf: mmap.mmap) -> bool:
     try:
         buf.close()
@@ -257,8 +281,19 @@ class MemoryPool:
         self._live: set[Block] = set()
         self.allocated = self.peak = 0
 
-    def alloc(self, nbytes: int, on_move: Callable[[Block], None] | None = None) -> Block:
-        """A block of at least `nbytes`, 64-byte aligned, zero-filled if never used before."""
+    @staticmethod
+    def block_size(nbytes: int) -> int:
+        """The size of the block alloc(nbytes) hands out (what it costs in memory)."""
+        size = (max(1, int(nbytes)) + ALIGN - 1) // ALIGN * ALIGN
+        if size < SMALL_MAX:
+            return next(c for c in SMALL_CLASSES if c >= size)
+        if size <= MEDIUM_MAX:
+            return 1 << _MediumTier.order(size)
+        return (size + PAGE - 1) // PAGE * PAGE
+
+    def alloc(self, nbytes: int) -> Block:
+        """A block of at least `nbytes`, 64-byte aligned (page-aligned from 4 KiB on), zero-filled
+        if never used before."""
         nbytes = max(1, int(nbytes))
         size = (nbytes + ALIGN - 1) // ALIGN * ALIGN
         if size < SMALL_MAX:
@@ -272,7 +307,7 @@ class MemoryPool:
         else:
             tier, got = "large", (size + PAGE - 1) // PAGE * PAGE
             (buf, off), key = _map_large(got), None
-        block = Block(self, tier, buf, off, got, nbytes, key, on_move)
+        block = Block(self, tier, buf, off, got, nbytes, key)
         with self._count_lock:
             self._live.add(block)
             if tier == "large":
@@ -309,35 +344,20 @@ class MemoryPool:
         reserved = small.used + small.free + medium.used + medium.free + large_used
         return PoolStats(allocated, peak, reserved, small, medium, large)
 
+    def release(self, blocks: list[Block]) -> int:
+        """Free these blocks now; the resident bytes that went back to the OS (large blocks are
+        unmapped at once; smaller ones go back to their tier, for defrag to return)."""
+        returned = 0
+        for b in blocks:
+            held = resident_bytes(b.buf, b.offset, b.size) if b.tier == "large" and not b.freed else 0
+            b.free()
+            returned += held if b.buf.closed else 0  # a live view keeps the mapping until it goes
+        return returned
+
     def defrag(self) -> int:
-        """Move movable medium blocks into the densest arenas, then return free memory to the OS.
-        Returns the number of bytes given back."""
+        """Return free memory to the OS: unmap empty slab pages and arenas, DONTNEED free buddy
+        ranges. Nothing moves. Returns the bytes that were resident and went back."""
         with self._locks["medium"]:
-            movable = [b for b in self._live if b.tier == "medium" and b.movable]
-            # emptiest arenas first: their blocks move out so the arena can be unmapped
-            movable.sort(key=lambda b: -b.key.free_bytes())
-            for b in movable:
-                old_arena = b.key
-                order = _MediumTier.order(b.size)
-                target = None
-                for arena in sorted(self._medium.arenas, key=lambda a: a.free_bytes()):
-                    if arena is old_arena or arena.free_bytes() >= old_arena.free_bytes():
-                        continue
-                    off = arena.alloc(order)
-                    if off is not None:
-                        target = (arena, off)
-                        break
-                if target is None:
-                    continue
-                arena, off = target
-                arena.buf[off:off + b.size] = old_arena.buf[b.offset:b.offset + b.size]
-                new = Block(self, "medium", arena.buf, off, b.size, b.requested, arena, b.on_move)
-                with self._count_lock:
-                    self._live.discard(b)
-                    self._live.add(new)
-                b.freed = True
-                b.on_move(new)  # the owner swaps its arrays before the old range is reused
-                old_arena.release(b.offset)
             returned = self._medium.trim()
         with self._locks["small"]:
             returned += self._small.trim()

@@ -1,10 +1,34 @@
-"""How much memory this process may still use: the smaller of the machine's available memory
-and what its cgroup (v2 memory.max or v1 memory.limit_in_bytes) still allows."""
+"""How much memory this process may still use, and how the engine splits it (the one budget).
+
+Room: the smaller of the machine's available memory (MemAvailable) and what the process's memory
+cgroup (v2 memory.max or v1 memory.limit_in_bytes) still allows. A cgroup charges page cache
+too; its inactive file pages are reclaimed before anything fails, so they count as room (the
+working set, as the kernel's own pressure accounting and the kubelet count it).
+"""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
+
+from engine.errors import ColibriError
+
+MiB = 1 << 20
+FLOOR_EXTRA = 200 * MiB  # below dense weights + this, a model is refused before it loads
+MARGIN = 32 * MiB  # runtime growth after planning: compiled kernels, thread stacks, Python objects
+
+
+class InsufficientMemoryError(ColibriError, MemoryError):
+    """Too little memory to run the model at all; raised before anything is loaded."""
+
+
+def _stat(path: Path, *keys: str) -> int:
+    try:
+        fields = dict(line.split() for line in path.read_text().splitlines() if line.count(" ") == 1)
+    except (OSError, ValueError):
+        return 0
+    return next((int(fields[k]) for k in keys if k in fields), 0)
 
 
 def _cgroup_room(root: Path = Path("/sys/fs/cgroup"), proc: Path = Path("/proc/self/cgroup")) -> int | None:
@@ -16,10 +40,12 @@ def _cgroup_room(root: Path = Path("/sys/fs/cgroup"), proc: Path = Path("/proc/s
         _, controllers, rel = line.split(":", 2)
         rel = rel.lstrip("/")
         if controllers == "":  # v2 unified hierarchy
-            limit_file, usage_file = root / rel / "memory.max", root / rel / "memory.current"
+            base = root / rel
+            limit_file, usage_file, inactive = base / "memory.max", base / "memory.current", ("inactive_file",)
         elif "memory" in controllers.split(","):
             base = root / "memory" / rel
             limit_file, usage_file = base / "memory.limit_in_bytes", base / "memory.usage_in_bytes"
+            inactive = ("total_inactive_file", "inactive_file")
         else:
             continue
         try:
@@ -29,11 +55,70 @@ def _cgroup_room(root: Path = Path("/sys/fs/cgroup"), proc: Path = Path("/proc/s
             continue
         if limit == "max" or int(limit) >= 1 << 60:
             continue
-        return max(0, int(limit) - usage)
+        working_set = max(0, usage - _stat(base / "memory.stat", *inactive))
+        return max(0, int(limit) - working_set)
     return None
 
 
-def available_memory() -> int:
+def room() -> tuple[int, str]:
+    """Bytes this process may still use, and what limits it."""
     host = psutil.virtual_memory().available
-    room = _cgroup_room()
-    return host if room is None else min(host, room)
+    cg = _cgroup_room()
+    if cg is not None and cg < host:
+        return cg, "cgroup limit"
+    return host, "MemAvailable"
+
+
+def _rss() -> int:
+    return psutil.Process().memory_info().rss
+
+
+def available_memory() -> int:
+    return room()[0]
+
+
+@dataclass(frozen=True)
+class MemoryBudget:
+    """The one memory budget: the room measured, what stays resident, what is left for experts."""
+    room: int  # bytes this process may still use, when measured
+    limited_by: str  # "MemAvailable" or "cgroup limit"
+    process: int  # this process's resident set when measured (already paid, inside the limit)
+    dense: int  # weights that stay resident: embeddings, attention, routers, shared experts
+    kv: int  # the KV cache when full
+    activations: int  # a prefill's activation buffers
+    margin: int  # runtime growth after planning
+    experts: int  # the expert cache: what is left (at least its working minimum), at most every expert
+    cycle: int  # one token's worst case: layers x top-k x one expert
+    all_experts: int  # every routed expert
+
+    @property
+    def floor(self) -> int:
+        return self.dense + FLOOR_EXTRA
+
+    @property
+    def warning(self) -> str | None:
+        """Plain words when the budget is below one token's experts (LRU then gets no hits)."""
+        if self.experts >= self.cycle or self.experts >= self.all_experts:
+            return None
+        return (f"The expert cache has {self.experts / 1e6:.0f} MB, less than one token's experts "
+                f"({self.cycle / 1e6:.0f} MB): almost every expert is read from disk again for every "
+                f"token, so decoding runs at disk speed. Free memory (now {self.room / 1e6:.0f} MB, "
+                f"{self.limited_by}), shorten context_length or use a smaller quantization.")
+
+
+def plan(dense: int, kv: int, activations: int, cycle: int, all_experts: int, minimum: int,
+         measured: tuple[int, str] | None = None, process: int | None = None) -> MemoryBudget:
+    """The budget for the expert cache: room - dense - KV - activations - margin, within
+    [minimum, all_experts]. With the room measured here (not `measured`), refuses
+    (InsufficientMemoryError) when this process may use less in all than dense weights + 200 MB."""
+    free, source = measured or room()
+    rss = _rss() if process is None else process
+    margin = MARGIN + free // 50
+    experts = max(minimum, min(all_experts, free - dense - kv - activations - margin))
+    b = MemoryBudget(free, source, rss, dense, kv, activations, margin, experts, cycle, all_experts)
+    if measured is None and free + rss < b.floor:  # (a fit check for a given room reports, never refuses)
+        raise InsufficientMemoryError(
+            f"not enough memory for this model: it needs at least {b.floor / 1e6:.0f} MB (dense weights "
+            f"{dense / 1e6:.0f} MB + 200 MB), and this process may use {(free + rss) / 1e6:.0f} MB in all "
+            f"({free / 1e6:.0f} MB free, {source}). Close other programs or raise the memory limit.")
+    return b

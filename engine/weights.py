@@ -66,9 +66,10 @@ class LayerWeights:
 
 
 class ModelWeights:
-    def __init__(self, model: ModelDir, pool, capacity: int, prefetch_window: int, repack: bool = True):
-        """`repack`: resident q4 experts go into the CPU kernels' 8-row groups (engine.experts);
-        off when a GPU may take expert matmuls (its kernels read the stored layout)."""
+    def __init__(self, model: ModelDir, pool, plan, prefetch_window: int, repack: bool = True):
+        """`plan`: the expert cache's budget (engine.experts.CachePlan). `repack`: resident q4
+        experts go into the CPU kernels' 8-row groups (engine.experts); off when a GPU may take
+        expert matmuls (its kernels read the stored layout)."""
         from engine.experts import ExpertCache, ExpertStore
         cfg = model.config
         self.files: list[TensorFile] = []
@@ -78,8 +79,8 @@ class ModelWeights:
         self._packed_blocks = []  # repacked copies of mapped matrices (_repacked)
         self.top_k = cfg.top_k
         self.repack = repack
-        self.experts = ExpertCache(self.store, pool, cfg.num_layers, cfg.num_experts, capacity, prefetch_window,
-                                   cfg.top_k, repack)
+        self.experts = ExpertCache(self.store, pool, cfg.num_layers, cfg.num_experts, plan.cache_bytes,
+                                   prefetch_window, cfg.top_k, repack, plan.per_layer)
         emb = self._open(model.path / "embeddings.bin")
         self.token_embd = load_matrix(emb, "token_embd.weight")  # a few rows a token: stays mapped
         if cfg.tie_word_embeddings:  # also the output head, read whole every token: repacked
@@ -135,7 +136,7 @@ class ModelWeights:
 
     def _resident(self, layer: int, expert: int | str) -> ExpertWeights:
         """An always-used expert (Qwen2-MoE's shared one), loaded once outside the LRU cache."""
-        block = self.pool.alloc(self.store.span(layer, expert).nbytes)
+        block = self.pool.alloc(self.store.span(layer, expert).slot_bytes)
         self._shared_blocks.append(block)
         return self.store.read_into(layer, expert, block.array(np.uint8, (block.size,)), self.repack)
 
@@ -149,16 +150,17 @@ class ModelWeights:
         """Bytes of all weight files (every expert, resident or not)."""
         return self._bytes
 
-    def reset_experts(self, capacity: int, prefetch_window: int) -> None:
+    def reset_experts(self, plan, prefetch_window: int) -> None:
         """A new, empty expert cache with other settings."""
         from engine.experts import ExpertCache
         old = self.experts
         old.close()
-        self.experts = ExpertCache(self.store, self.pool, len(self.layers), old.num_experts, capacity,
-                                   prefetch_window, self.top_k, self.repack)
+        self.experts = ExpertCache(self.store, self.pool, len(self.layers), old.num_experts, plan.cache_bytes,
+                                   prefetch_window, self.top_k, self.repack, plan.per_layer)
 
     def close(self) -> None:
         self.experts.close()
+        self.store.close()
         self.layers = []
         for b in self._shared_blocks + self._packed_blocks:
             b.free()

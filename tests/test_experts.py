@@ -3,9 +3,11 @@ under concurrency, and damaged expert files."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import threading
 from collections import OrderedDict
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,7 +16,7 @@ from hf_util import write_safetensors
 
 from engine.api import Engine
 from engine.convert.convert import convert
-from engine.experts import ExpertCache, ExpertLoadError, ExpertStore
+from engine.experts import SPARE_SLOTS, ExpertCache, ExpertLoadError, ExpertStore
 from engine.mempool import MemoryPool
 from engine.model_dir import open_model_dir
 
@@ -130,7 +132,8 @@ def test_concurrent_loader_and_compute_keep_invariants(routed_model):
     path, _ = routed_model
     model = open_model_dir(path)
     store, pool = ExpertStore(model), MemoryPool()
-    cache = ExpertCache(store, pool, LAYERS, E, capacity=2, prefetch_window=8, top_k=1)
+    slot = pool.block_size(store.span(0, 0).slot_bytes)
+    cache = ExpertCache(store, pool, LAYERS, E, budget=(3 + SPARE_SLOTS) * slot, prefetch_window=8, top_k=1)
     want = {}
     for L in range(LAYERS):
         for e in range(E):
@@ -152,7 +155,7 @@ def test_concurrent_loader_and_compute_keep_invariants(routed_model):
                 errors.append((step, L, e))
         if step % 100 == 0:
             st = cache.stats()
-            assert st.resident <= (cache.capacity + 1) * LAYERS  # at most one pinned overflow
+            assert st.resident_bytes <= st.budget_bytes + slot  # at most one pinned overflow
     flooder.join()
     st = cache.stats()
     cache.close()
@@ -191,3 +194,229 @@ def test_auto_plan_and_parameters(routed_model):
     assert eng.weights.experts.capacity == E
     with pytest.raises(ValueError, match="prefetch_window"):
         eng.set_param("prefetch_window", -1)
+
+
+def simulate_global(table, tokens, slots):
+    """Independent model of one LRU over every layer's experts, `slots` of them in all:
+    (hits, misses, evictions) per layer, visiting layers in order for each token."""
+    lru, out = OrderedDict(), [[0, 0, 0] for _ in range(LAYERS)]
+    for tok in tokens:
+        for L in range(LAYERS):
+            key = (L, int(table[L][tok]))
+            if key in lru:
+                out[L][0] += 1
+                lru.move_to_end(key)
+                continue
+            out[L][1] += 1
+            if len(lru) >= slots:
+                out[lru.popitem(last=False)[0][0]][2] += 1
+            lru[key] = True
+    return tuple(tuple(c) for c in out)
+
+
+@pytest.mark.parametrize("slots", [3, 5, 7])
+def test_one_byte_budget_shared_by_all_layers_is_one_lru(routed_model, slots):
+    path, table = routed_model
+    probe = ExpertStore(open_model_dir(path))
+    slot = MemoryPool.block_size(probe.span(0, 0).slot_bytes)
+    eng = Engine(path, expert_cache_bytes=(slots + SPARE_SLOTS) * slot, prefetch_window=0)
+    tokens = [int(t) for t in np.random.default_rng(slots).integers(0, D, 40)]
+    eng.forward(tokens[:1])
+    for t in tokens[1:]:
+        eng.forward([t])
+    st = eng.stats().expert_cache
+    assert st.budget_bytes == (slots + SPARE_SLOTS) * slot
+    assert st.per_layer == simulate_global(table, tokens, slots)
+    assert st.resident_bytes <= st.budget_bytes
+    eng.close()
+
+
+def test_fill_and_warmup_are_not_counted(routed_model):
+    path, _ = routed_model
+    model = open_model_dir(path)
+    store, pool = ExpertStore(model), MemoryPool()
+    cache = ExpertCache(store, pool, LAYERS, E, budget=1 << 30, prefetch_window=8, top_k=1)
+    cache.fill()
+    cache.drain()
+    st = cache.stats()
+    assert st.resident == LAYERS * E and st.fill_bytes == st.bytes_loaded > 0
+    assert (st.hits, st.misses, st.prefetch_accuracy) == (0, 0, None)  # no prediction was made
+    for L in range(LAYERS):
+        for e in range(E):
+            with cache.use(L, e):
+                pass
+    st = cache.stats()
+    assert (st.hits, st.misses, st.prefetch_accuracy) == (LAYERS * E, 0, None)
+    cache.close()
+
+    eng = Engine(path, expert_cache_size=2, prefetch_window=4)
+    eng.warmup()
+    st = eng.stats().expert_cache
+    assert (st.hits, st.misses, st.evictions, st.prefetch_accuracy) == (0, 0, 0, None)
+    assert not any(any(row) for row in st.activations)
+    tokens = list(range(7, 19))
+    eng.forward(tokens[:1])
+    for t in tokens[1:]:
+        eng.forward([t])
+    st = eng.stats().expert_cache
+    assert st.hits + st.misses == LAYERS * len(tokens)  # the warmup's lookups are not in there
+    assert sum(map(sum, st.activations)) == LAYERS * len(tokens)
+    eng.close()
+
+
+def _cached_bytes(path) -> int:
+    """Bytes of the file in the page cache (mincore over a read-only mapping)."""
+    import mmap
+
+    from engine.mempool import resident_bytes
+    with open(path, "rb") as f:
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    try:
+        return resident_bytes(mm, 0, len(mm))
+    finally:
+        mm.close()
+
+
+def _fs_type(path) -> str:
+    best, kind = "", ""
+    for line in Path("/proc/mounts").read_text().splitlines():
+        _dev, mnt, fs = line.split()[:3]
+        if str(path).startswith(mnt) and len(mnt) > len(best):
+            best, kind = mnt, fs
+    return kind
+
+
+@pytest.mark.skipif(not hasattr(os, "O_DIRECT"), reason="needs O_DIRECT (Linux)")
+@pytest.mark.parametrize("mode", ["auto", "direct", "dontneed"])
+@pytest.mark.parametrize("warm", [False, True])
+def test_reads_leave_no_second_copy_in_the_page_cache(routed_model, mode, warm):
+    path, _ = routed_model
+    store, pool = ExpertStore(open_model_dir(path), read_mode=mode), MemoryPool()
+    sp = store.span(1, 2)
+    whole = sp.path.read_bytes()  # the reference bytes (and the file now in the page cache)
+    if not warm:
+        fd = os.open(sp.path, os.O_RDONLY)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
+    block = pool.alloc(sp.slot_bytes)
+    w = store.read_into(1, 2, block.array(np.uint8, (block.size,)))
+    off, rows, rb = sp.parts[0][:3]
+    assert w.gate.data.tobytes() == whole[sp.offset + off:sp.offset + off + rows * rb]
+    assert w.down.data.tobytes()[-rb:] == whole[sp.offset + sp.nbytes - rb:sp.offset + sp.nbytes]
+    if _fs_type(sp.path) != "tmpfs":  # (on tmpfs the page cache is the file itself)
+        span_pages = _cached_bytes(sp.path)
+        assert span_pages <= 2 * 4096 + (len(whole) - sp.nbytes), span_pages  # at most the file's other bytes
+    ways = dict(store.read_bytes)
+    if mode == "auto" and warm:
+        assert ways.get("page_cache", 0) > 0  # copied from the page cache, not read again
+    if mode == "direct" or (mode == "auto" and not warm):
+        assert ways.get("direct", 0) > 0
+    store.close()
+
+
+def test_falls_back_to_buffered_reads_where_o_direct_is_refused(routed_model, monkeypatch, caplog):
+    import errno
+
+    from engine import experts as X
+    path, _ = routed_model
+    real_open = os.open
+
+    def refusing(p, flags, *a):
+        if flags & getattr(os, "O_DIRECT", 0):
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_open(p, flags, *a)
+    monkeypatch.setattr(X.os, "open", refusing)
+    store, pool = ExpertStore(open_model_dir(path), read_mode="direct"), MemoryPool()
+    sp = store.span(0, 1)
+    block = pool.alloc(sp.slot_bytes)
+    with caplog.at_level("WARNING", logger="colibri.experts"):
+        w = store.read_into(0, 1, block.array(np.uint8, (block.size,)))
+    whole = sp.path.read_bytes()
+    assert w.up.data.tobytes()[:64] == whole[sp.offset + sp.parts[1][0]:][:64]
+    assert not store.direct and "fallback to buffered reads" in caplog.text
+    assert dict(store.read_bytes).get("buffered", 0) >= sp.nbytes
+
+
+def _fake_cgroup(tmp_path, v2: bool, limit: int, usage: int, inactive: int):
+    root = tmp_path / "cg"
+    base = root / "box" if v2 else root / "memory" / "box"
+    base.mkdir(parents=True)
+    if v2:
+        (base / "memory.max").write_text(f"{limit}\n")
+        (base / "memory.current").write_text(f"{usage}\n")
+        (base / "memory.stat").write_text(f"anon 1\ninactive_file {inactive}\nactive_file 5\n")
+    else:
+        (base / "memory.limit_in_bytes").write_text(f"{limit}\n")
+        (base / "memory.usage_in_bytes").write_text(f"{usage}\n")
+        (base / "memory.stat").write_text(f"cache 9\ninactive_file 3\ntotal_inactive_file {inactive}\n")
+    proc = tmp_path / "cgroup"
+    proc.write_text("0::/box\n" if v2 else "4:memory:/box\n1:cpu:/\n")
+    return root, proc
+
+
+@pytest.mark.parametrize("v2", [False, True])
+def test_cgroup_room_counts_inactive_page_cache_as_room(tmp_path, v2):
+    from engine.sysmem import _cgroup_room
+    root, proc = _fake_cgroup(tmp_path, v2, limit=1000 << 20, usage=900 << 20, inactive=300 << 20)
+    assert _cgroup_room(root, proc) == (1000 - 900 + 300) << 20
+
+
+def test_budget_is_the_room_left_and_warns_below_one_token(monkeypatch):
+    from engine import sysmem
+    MB = 1 << 20
+    b = sysmem.plan(dense=100 * MB, kv=20 * MB, activations=10 * MB, cycle=300 * MB, all_experts=2000 * MB,
+                    minimum=30 * MB, measured=(1400 * MB, "cgroup limit"), process=150 * MB)
+    assert b.experts + b.dense + b.kv + b.activations + b.margin == b.room  # nothing else held back
+    assert b.margin < 0.1 * b.room and b.warning is None
+    small = sysmem.plan(100 * MB, 20 * MB, 10 * MB, 300 * MB, 2000 * MB, 30 * MB, (400 * MB, "cgroup limit"), 0)
+    assert small.experts < small.cycle
+    assert "less than one token's experts" in small.warning and "disk" in small.warning
+    tiny = sysmem.plan(100 * MB, 20 * MB, 10 * MB, 300 * MB, 2000 * MB, 30 * MB, (170 * MB, "cgroup limit"), 150 * MB)
+    assert tiny.experts == 30 * MB  # never below the working minimum
+    monkeypatch.setattr(sysmem, "room", lambda: (200 * MB, "cgroup limit"))
+    with pytest.raises(sysmem.InsufficientMemoryError, match="needs at least 315 MB"):
+        sysmem.plan(100 * MB, 20 * MB, 10 * MB, 300 * MB, 2000 * MB, 30 * MB, process=90 * MB)
+
+
+def test_engine_refuses_before_loading_below_dense_plus_200mb(routed_model, monkeypatch):
+    from engine import sysmem
+    path, _ = routed_model
+    monkeypatch.setattr(sysmem, "room", lambda: (50 << 20, "cgroup limit"))
+    monkeypatch.setattr(sysmem, "_rss", lambda: 100 << 20)
+    with pytest.raises(sysmem.InsufficientMemoryError, match=r"needs at least \d+ MB \(dense weights"):
+        Engine(path)
+
+
+def test_auto_budget_follows_memory_pressure(routed_model, monkeypatch, caplog):
+    from engine import sysmem
+    path, _ = routed_model
+    monkeypatch.setattr(sysmem, "_rss", lambda: 100 << 20)
+    monkeypatch.setattr(sysmem, "room", lambda: (8 << 30, "MemAvailable"))
+    eng = Engine(path, prefetch_window=0)
+    ec = eng.weights.experts
+    assert eng.cache_plan.auto and ec.room_for_all and eng.stats().memory_budget.room == 8 << 30
+    eng.forward(list(range(30)))
+    full = ec.stats().resident_bytes
+    monkeypatch.setattr(sysmem, "room", lambda: (0, "cgroup limit"))  # something else took the memory
+    eng._planned_at = 0.0
+    with caplog.at_level("INFO", logger="colibri.engine"):
+        eng.forward([3])
+    st = eng.stats()
+    assert st.expert_cache.budget_bytes == (1 + 1 + SPARE_SLOTS) * ec.slot < full  # the working minimum
+    assert st.expert_cache.resident_bytes <= st.expert_cache.budget_bytes
+    assert st.memory_budget.limited_by == "cgroup limit" and "memory pressure changed" in caplog.text
+    eng.close()
+
+
+def test_defrag_returns_the_spare_slots_it_frees(routed_model):
+    path, _ = routed_model
+    eng = Engine(path, expert_cache_size=4, prefetch_window=0)
+    eng.forward(list(range(40)))
+    ec = eng.weights.experts
+    ec.set_budget(0)  # memory got short: evicted down to the working minimum, two slots kept spare
+    spares = sum(b.size for b in ec._spare)
+    assert spares > 0 and ec.stats().evictions > 0
+    returned = eng.mem_pool_defrag()
+    assert returned >= spares and not ec._spare
+    assert eng.mem_pool_defrag() == 0  # what went back is not counted twice
+    eng.close()

@@ -94,10 +94,10 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
 
 def cmd_loads(args: argparse.Namespace) -> int:
-    from app.bench.memory import measure_loads
-    result = measure_loads(Path(args.model))
+    from app.bench.memory import measure_loads, measure_repack
+    result = measure_loads(Path(args.model)) | measure_repack(Path(args.model))
     for k, v in result.items():
-        print(f"{k:>18}: {v:.1f}")
+        print(f"{k:>34}: {v:.2f}")
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
     return 0
@@ -123,12 +123,15 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--caches", default="8,4,2", help="Colibri expert_cache_size values to run (auto allowed)")
     m.add_argument("--ram_cap", help="comma-separated fractions of the model size: run each engine in a memory "
                                      "cgroup that small (needs root), e.g. 0.9,0.75,0.5")
+    m.add_argument("--shape", choices=("large", "moderate"), default="large",
+                   help="large: 1.75B parameters (1.9 GB in Q8_0); moderate: 0.68B (0.72 GB)")
+    m.add_argument("--engine_root", help="run Colibri from this checkout instead (e.g. main, for before/after)")
     m.add_argument("--threads", type=int, default=2)
     m.add_argument("--decode_tokens", type=int, default=48)
     m.add_argument("--timeout", type=float, default=900, help="seconds per run before it counts as failed")
     m.add_argument("--json", help="also write the results to this file")
     m.set_defaults(func=lambda a: __import__("app.bench.memory", fromlist=["main"]).main(a))
-    lo = sub.add_parser("loads", help="cold and warm expert loads with mmap, pread and O_DIRECT")
+    lo = sub.add_parser("loads", help="cold and warm expert loads: each read mode, mmap, repack on a miss")
     lo.add_argument("--model", required=True, help="a converted MoE model folder")
     lo.add_argument("--json", help="also write the results to this file")
     lo.set_defaults(func=cmd_loads)

@@ -24,6 +24,9 @@ from app.bench.models import MixtralShape, write_checkpoint
 
 # vocabulary of the default model (SmolLM2, byte-level BPE with merges), which llama.cpp can load
 BENCH_SHAPE = MixtralShape(hidden=1024, layers=16, heads=16, kv_heads=4, experts=8, top_k=2, ff=4096, vocab=49152)
+# about 0.72 GB in Q8_0 (experts 82%): dense weights + 200 MB still fit under half of it
+MODERATE_SHAPE = MixtralShape(hidden=1024, layers=8, heads=16, kv_heads=4, experts=8, top_k=2, ff=2816, vocab=49152)
+SHAPES = {"large": BENCH_SHAPE, "moderate": MODERATE_SHAPE}
 
 
 def _default_tokenizer() -> str:
@@ -41,26 +44,48 @@ _COLIBRI = r"""
 import json, sys, time, numpy as np
 from engine.api import Engine
 path, cache, threads, prompt_n, decode_n = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+def io_read():  # bytes this process made the block layer read (page-cache hits do not count)
+    return int(next(l for l in open('/proc/self/io') if l.startswith('read_bytes')).split()[1])
 t0 = time.perf_counter()
-eng = Engine(path, threads=threads, expert_cache_size=cache, context_length=1024, log_level="WARN")
+eng = Engine(path, threads=threads, expert_cache_size=None if cache == "auto" else int(cache), context_length=1024,
+             log_level="WARN")
 eng.warmup(); eng.reset()
 load_s = time.perf_counter() - t0
 ids = [int(i) for i in np.random.default_rng(0).integers(300, eng.cfg.vocab_size, prompt_n)]
 t = time.perf_counter(); nxt = eng.forward(ids); prefill = prompt_n / (time.perf_counter() - t)
+r0, l0 = io_read(), eng.stats().expert_cache.bytes_loaded
 t = time.perf_counter()
 for _ in range(decode_n):
     nxt = eng.forward([nxt])
 decode = decode_n / (time.perf_counter() - t)
 st = eng.stats(); ec = st.expert_cache
 acts = np.array(ec.activations, dtype=float)
-p = acts / acts.sum(axis=1, keepdims=True)
+p = acts / np.maximum(acts.sum(axis=1, keepdims=True), 1)
 entropy = float(np.mean(-(p * np.log2(np.where(p > 0, p, 1))).sum(axis=1)))
 hwm = int(next(l for l in open('/proc/self/status') if l.startswith('VmHWM')).split()[1]) * 1024
 print(json.dumps({"engine": "colibri", "cache": ec.capacity_per_layer, "plan": st.expert_cache_plan,
+    "budget_mb": getattr(ec, "budget_bytes", 0) / 1e6, "warning": getattr(st, "memory_warning", None),
     "load_s": load_s, "prefill_tok_s": prefill, "decode_tok_s": decode, "peak_rss_mb": hwm / 1e6,
+    "read_mb_per_token": (io_read() - r0) / decode_n / 1e6,
+    "missed_mb_per_token": (ec.bytes_loaded - l0) / decode_n / 1e6,
     "hit_rate": ec.hit_rate, "served_without_wait": ec.served_without_wait,
     "prefetch_accuracy": ec.prefetch_accuracy, "routing_entropy_bits": entropy,
     "max_entropy_bits": float(np.log2(acts.shape[1])), "top4_share": float(np.sort(p, axis=1)[:, -4:].sum(1).mean())}))
+"""
+
+# Runs llama.cpp's own llama-bench (mmap on) in a child and reports its peak RSS and block reads.
+_LLAMA_BENCH = r"""
+import json, resource, subprocess, sys
+exe, path, threads, prompt_n, decode_n = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5]
+out = subprocess.run([exe, "-m", path, "-t", threads, "-p", prompt_n, "-n", decode_n, "-r", "1", "-lm", "mmap",
+                      "-o", "json"], capture_output=True, text=True, check=True).stdout
+rows = json.loads(out)
+ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+tok_s = {("prefill" if r["n_prompt"] else "decode"): r["avg_ts"] for r in rows}
+tokens = sum(r["n_prompt"] + r["n_gen"] for r in rows) * 2  # llama-bench runs each test once more to warm up
+print(json.dumps({"engine": "llama.cpp", "mmap": True, "prefill_tok_s": tok_s.get("prefill", 0.0),
+    "decode_tok_s": tok_s.get("decode", 0.0), "peak_rss_mb": ru.ru_maxrss * 1024 / 1e6,
+    "read_mb_total": ru.ru_inblock * 512 / 1e6, "tokens_run": tokens}))
 """
 
 _LLAMA = r"""
@@ -91,12 +116,11 @@ def llama_python() -> str | None:
     return None
 
 
-def prepare(workdir: Path) -> tuple[Path, Path, dict]:
+def prepare(workdir: Path, shape: MixtralShape = BENCH_SHAPE) -> tuple[Path, Path, dict]:
     """The benchmark model in both formats (built once, reused)."""
     from engine.convert.convert import convert
     from engine.convert.gguf_export import export_gguf
     hf, ours, gguf_path = workdir / "mixtral-hf", workdir / "mixtral-int8", workdir / "mixtral-q8_0.gguf"
-    shape = BENCH_SHAPE
     tensors = shape.tensors()
     expert_params = sum(math.prod(s) for n, s in tensors.items() if ".experts." in n)
     info = {"params": shape.params(), "expert_share": expert_params / shape.params(),
@@ -181,6 +205,22 @@ class MemoryCgroup:
     def enter(self) -> None:  # runs in the child before exec
         (self.path / "cgroup.procs").write_text(str(os.getpid()))
 
+    def peak(self) -> int:
+        """The most memory the group was charged (anonymous and page cache), bytes."""
+        for name in ("memory.max_usage_in_bytes", "memory.peak"):
+            if (self.path / name).exists():
+                return int((self.path / name).read_text().split()[0])
+        return -1
+
+    def oom_kills(self) -> int:
+        for name in ("memory.oom_control", "memory.events"):
+            f = self.path / name
+            if f.exists():
+                for line in f.read_text().splitlines():
+                    if line.startswith("oom_kill "):
+                        return int(line.split()[1])
+        return -1
+
     def close(self) -> None:
         try:
             self.path.rmdir()
@@ -188,8 +228,9 @@ class MemoryCgroup:
             pass
 
 
-def run_child(cmd: list[str], cgroup: MemoryCgroup | None, timeout: float) -> dict:
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+def run_child(cmd: list[str], cgroup: MemoryCgroup | None, timeout: float, engine_root: Path | None = None) -> dict:
+    """`engine_root`: the checkout whose engine the child imports (another branch, for before/after)."""
+    env = dict(os.environ, PYTHONPATH=str(engine_root or Path(__file__).resolve().parents[2]))
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout,
                               preexec_fn=cgroup.enter if cgroup else None)
@@ -201,21 +242,59 @@ def run_child(cmd: list[str], cgroup: MemoryCgroup | None, timeout: float) -> di
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def llama_bench() -> Path | None:
+    """llama.cpp's own llama-bench, if built (COLIBRI_LLAMA_BIN or /work/llamacpp/build/bin)."""
+    for d in (os.environ.get("COLIBRI_LLAMA_BIN"), "/work/llamacpp/build/bin"):
+        if d and (Path(d) / "llama-bench").exists():
+            return Path(d) / "llama-bench"
+    return None
+
+
+def disk_bandwidth(files: list[Path], nbytes: int = 256 << 20) -> float:
+    """Bytes/s of cold O_DIRECT reads in 1 MiB pieces over these files (4 threads), as the expert
+    store reads: the bound on how fast missed experts can come in."""
+    from concurrent.futures import ThreadPoolExecutor
+    buf = mmap.mmap(-1, 4 << 20)
+    evict(files)
+    jobs, left = [], nbytes
+    for p in files:
+        size = p.stat().st_size // 4096 * 4096
+        jobs += [(p, off) for off in range(0, min(size, left), 1 << 20)]
+        left -= size
+        if left <= 0:
+            break
+    fds = {p: os.open(p, os.O_RDONLY | getattr(os, "O_DIRECT", 0)) for p, _ in jobs}
+    views = [memoryview(buf)[i << 20:(i + 1) << 20] for i in range(4)]
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(4) as ex:
+        done = sum(ex.map(lambda ij: os.preadv(fds[jobs[ij][0]], [views[ij % 4]], jobs[ij][1]), range(len(jobs))))
+    dt = time.perf_counter() - t0
+    for fd in fds.values():
+        os.close(fd)
+    return done / dt
+
+
 def run_suite(workdir: Path, caches: list[str], threads: int, ram_caps: list[float], decode_tokens: int,
-              timeout: float) -> dict:
-    ours, gguf_path, info = prepare(workdir)
-    our_files = [p for p in ours.rglob("*.bin")]
-    py_llama = llama_python()
-    results = {"model": info, "threads": threads, "runs": []}
+              timeout: float, shape: MixtralShape = BENCH_SHAPE, engine_root: Path | None = None) -> dict:
+    ours, gguf_path, info = prepare(workdir, shape)
+    llama_gguf = workdir / "mixtral-q8_0-llamacpp.gguf"  # made by llama.cpp's convert_hf_to_gguf.py, if there
+    if llama_gguf.exists():
+        gguf_path, info["gguf_by"] = llama_gguf, "convert_hf_to_gguf.py --outtype q8_0"
+        info["gguf_mb"] = llama_gguf.stat().st_size / 1e6
+    our_files = sorted(ours.rglob("*.bin"))
+    expert_files = [p for p in our_files if p.parent.name == "experts"]
+    info["disk_mb_s"] = disk_bandwidth(expert_files) / 1e6
+    bench_exe, py_llama = llama_bench(), llama_python()
+    results = {"model": info, "threads": threads, "engine_root": str(engine_root or ""), "runs": []}
     for cap in ram_caps or [None]:
         for engine, arg in [("colibri", c) for c in caches] + [("llama.cpp", "1")]:
-            if engine == "llama.cpp" and py_llama is None:
-                results["runs"].append({"engine": "llama.cpp", "error": "llama-cpp-python not installed "
-                                        "(pip install -e .[bench])", "ram_cap": cap})
+            if engine == "llama.cpp" and bench_exe is None and py_llama is None:
+                results["runs"].append({"engine": "llama.cpp", "error": "neither llama-bench nor llama-cpp-python "
+                                        "found", "ram_cap": cap})
                 continue
             files = our_files if engine == "colibri" else [gguf_path]
             size = info["colibri_mb"] * 1e6 if engine == "colibri" else info["gguf_mb"] * 1e6
-            group = None
+            group, left = None, 0
             if cap is None:
                 warm(files)  # the uncapped comparison is with files in the page cache
             else:
@@ -228,17 +307,25 @@ def run_suite(workdir: Path, caches: list[str], threads: int, ram_caps: list[flo
             if engine == "colibri":
                 cmd = [sys.executable, "-c", _COLIBRI, str(ours), arg, str(threads), str(PROMPT_TOKENS),
                        str(decode_tokens)]
+            elif bench_exe is not None:
+                cmd = [sys.executable, "-c", _LLAMA_BENCH, str(bench_exe), str(gguf_path), str(threads),
+                       str(PROMPT_TOKENS), str(decode_tokens)]
             else:
                 cmd = [py_llama, "-c", _LLAMA, str(gguf_path), str(threads), str(PROMPT_TOKENS),
                        str(decode_tokens), arg]
             t0 = time.perf_counter()
-            r = run_child(cmd, group, timeout)
+            r = run_child(cmd, group, timeout, engine_root)
             if group:
+                r["cgroup_peak_mb"] = group.peak() / 1e6
+                r["oom_kills"] = group.oom_kills()
                 group.close()
                 r["page_cache_left_mb"] = left / 1e6
-            r |= {"engine": engine, "ram_cap": cap, "wall_s": time.perf_counter() - t0}
+            r |= {"engine": engine, "ram_cap": cap, "cap_mb": None if cap is None else cap * size / 1e6,
+                  "wall_s": time.perf_counter() - t0}
             if engine == "colibri":
                 r["cache_arg"] = arg
+                if r.get("missed_mb_per_token"):
+                    r["io_bound_tok_s"] = info["disk_mb_s"] / r["missed_mb_per_token"]
             results["runs"].append(r)
             print(_row(r), file=sys.stderr, flush=True)
     return results
@@ -250,21 +337,31 @@ def _row(r: dict) -> str:
     extra = ""
     if r["engine"] == "colibri":
         acc = r["prefetch_accuracy"]
-        extra = (f" cache {r['cache']}/8 hit {r['hit_rate']:.2f} no-wait {r['served_without_wait']:.2f} "
-                 f"prefetch {'-' if acc is None else f'{acc:.2f}'} entropy {r['routing_entropy_bits']:.2f} bits")
+        extra = (f" cache {r['cache']}/8 budget {r.get('budget_mb', 0):.0f} MB hit {r['hit_rate']:.2f} no-wait "
+                 f"{r['served_without_wait']:.2f} prefetch {'-' if acc is None else f'{acc:.2f}'} read "
+                 f"{r['read_mb_per_token']:.1f} MB/token, missed {r['missed_mb_per_token']:.1f} MB/token, I/O bound "
+                 f"{r.get('io_bound_tok_s', float('inf')):.1f} tok/s")
+    elif "read_mb_total" in r:
+        extra = f" read {r['read_mb_total']:.0f} MB over {r['tokens_run']} tokens"
+    if "cgroup_peak_mb" in r:
+        extra += f", cgroup peak {r['cgroup_peak_mb']:.0f} of {r['cap_mb']:.0f} MB"
     return (f"{r['engine']:>9} ram_cap={r['ram_cap']}: peak RSS {r['peak_rss_mb']:.0f} MB, prefill "
             f"{r['prefill_tok_s']:.1f} tok/s, decode {r['decode_tok_s']:.2f} tok/s{extra}")
 
 
 def main(args) -> int:
-    workdir = Path(args.workdir or Path.home() / ".cache" / "colibri" / "bench").expanduser()
+    shape = getattr(args, "shape", "large")
+    default = Path.home() / ".cache" / "colibri" / "bench" / ("" if shape == "large" else shape)
+    workdir = Path(args.workdir or default).expanduser()
     workdir.mkdir(parents=True, exist_ok=True)
     if shutil.disk_usage(workdir).free < 8e9:
         print(f"{workdir}: needs about 8 GB free", file=sys.stderr)
         return 1
-    caps = [float(c) for c in args.ram_cap.split(",")] if args.ram_cap else []
+    caps = [None if c == "none" else float(c) for c in args.ram_cap.split(",")] if args.ram_cap else []
     caches = args.caches.split(",") if not caps else ["auto"]
-    res = run_suite(workdir, caches, args.threads, caps, args.decode_tokens, args.timeout)
+    root = getattr(args, "engine_root", None)
+    res = run_suite(workdir, caches, args.threads, caps, args.decode_tokens, args.timeout, SHAPES[shape],
+                    Path(root).resolve() if root else None)
     text = json.dumps(res, indent=1)
     if args.json:
         Path(args.json).write_text(text + "\n")
@@ -284,56 +381,96 @@ def _load_mmap(path: Path, offset: int, nbytes: int, out) -> None:
             mm.close()  # nothing stays mapped, as with the other two
 
 
-def _load_pread(path: Path, offset: int, nbytes: int, out) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.preadv(fd, [memoryview(out)[:nbytes]], offset)
-    finally:
-        os.close(fd)
-
-
-def _load_direct(path: Path, offset: int, nbytes: int, out) -> None:
-    align = 4096
-    start = offset // align * align
-    length = (offset + nbytes - start + align - 1) // align * align
-    buf = mmap.mmap(-1, length)  # page-aligned, as O_DIRECT requires
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECT", 0))
-    try:
-        os.preadv(fd, [buf], start)
-        out[:nbytes] = memoryview(buf)[offset - start:offset - start + nbytes]
-    finally:
-        os.close(fd)
-        buf.close()
-
-
-def measure_loads(model: Path, repeats: int = 5) -> dict:
-    """Cold (page cache evicted) and warm loads of one expert with each method; medians."""
+def measure_loads(model: Path, repeats: int = 7) -> dict:
+    """Cold (page cache evicted) and warm (file in the page cache) loads of experts, medians: the
+    expert store's own read modes into a pool slot (auto: page-cache copy + O_DIRECT for the rest,
+    direct, dontneed: pread then FADV_DONTNEED, cached: plain pread, the copy stays), beside mmap
+    + copy; and what each leaves in the page cache. Each repeat reads a different expert."""
     import statistics
 
     import numpy as np
 
     from engine.experts import ExpertStore
+    from engine.mempool import MemoryPool
     from engine.model_dir import open_model_dir
-    store = ExpertStore(open_model_dir(model))
-    span = store.span(0, 0)
-    out = np.empty(span.nbytes, np.uint8)
-    out[:] = 0
-    result = {"expert_mb": span.nbytes / 1e6}
-    for name, fn in (("mmap", _load_mmap), ("pread", _load_pread), ("o_direct", _load_direct)):
+    md = open_model_dir(model)
+    cfg = md.config
+    keys = [(L, e) for L in range(cfg.num_layers) for e in range(cfg.num_experts)][:repeats]
+    pool = MemoryPool()
+    probe = ExpertStore(md)
+    block = pool.alloc(max(probe.span(*k).slot_bytes for k in keys))
+    buf = block.array(np.uint8, (block.size,))
+    buf[:] = 0  # a reused slot: its pages are already there
+    result = {"expert_mb": probe.span(*keys[0]).nbytes / 1e6}
+    for mode in ("auto", "direct", "dontneed", "cached", "mmap"):
+        store = ExpertStore(md, read_mode="cached" if mode == "mmap" else mode)
         for state in ("cold", "warm"):
-            times = []
-            for _ in range(repeats):
+            times, left = [], 0
+            for k in keys:
+                sp = store.span(*k)
                 if state == "cold":
-                    evict([span.path])
+                    evict([sp.path])
                 else:
-                    fn(span.path, span.offset, span.nbytes, out)
+                    warm([sp.path])
                 t = time.perf_counter()
-                fn(span.path, span.offset, span.nbytes, out)
+                if mode == "mmap":
+                    _load_mmap(sp.path, sp.offset, sp.nbytes, buf)
+                else:
+                    store.read_into(*k, buf)
                 times.append(time.perf_counter() - t)
+                left += max(0, _resident_bytes(sp.path))
             med = statistics.median(times)
-            result[f"{name}_{state}_ms"] = med * 1e3
-            result[f"{name}_{state}_mb_s"] = span.nbytes / 1e6 / med
+            result[f"{mode}_{state}_ms"] = med * 1e3
+            result[f"{mode}_{state}_mb_s"] = result["expert_mb"] / med
+            result[f"{mode}_{state}_page_cache_left_mb"] = left / len(keys) / 1e6
+        store.close()
+    block.free()
     return result
+
+
+def measure_repack(model: Path, repeats: int = 5) -> dict:
+    """A streamed expert either way: its kernels on the stored layout, or repack_x8 on the miss and
+    the 8-row-group kernels. Medians of one token through one expert (gate, up, down), ms."""
+    import statistics
+
+    import numpy as np
+
+    from engine.experts import ExpertStore
+    from engine.kernels import cpu
+    from engine.mempool import MemoryPool
+    from engine.model_dir import open_model_dir
+    store, pool = ExpertStore(open_model_dir(model)), MemoryPool()
+    sp = store.span(0, 0)
+    block = pool.alloc(sp.slot_bytes)
+    buf = block.array(np.uint8, (block.size,))
+    w = store.read_into(0, 0, buf)
+    x = np.random.default_rng(0).standard_normal((1, w.gate.cols)).astype(np.float32)
+    out = {}
+
+    def token(ew):
+        g = np.empty((1, ew.gate.rows), np.float32)
+        cpu.matmul(ew.gate.data, ew.gate.code, x, g)
+        cpu.matmul(ew.up.data, ew.up.code, x, g)
+        d = np.empty((1, ew.down.rows), np.float32)
+        cpu.matmul(ew.down.data, ew.down.code, np.zeros((1, ew.down.cols), np.float32), d)
+    token(store.read_into(0, 0, buf))  # compile both variants first
+    token(store.read_into(0, 0, buf, repack=True))
+    for name, repack in (("stored", False), ("repacked", True)):
+        load, run = [], []
+        for _ in range(repeats):  # the miss path: read (and repack), then the token's first use
+            t = time.perf_counter()
+            ew = store.read_into(0, 0, buf, repack=repack)
+            t1 = time.perf_counter()
+            token(ew)
+            load.append(t1 - t)
+            run.append(time.perf_counter() - t1)
+        out[f"{name}_read_ms"] = statistics.median(load) * 1e3
+        out[f"{name}_token_ms"] = statistics.median(run) * 1e3
+    out["miss_ms_repacked_minus_stored"] = (out["repacked_read_ms"] + out["repacked_token_ms"]
+                                            - out["stored_read_ms"] - out["stored_token_ms"])
+    block.free()
+    store.close()
+    return out
 
 
 # --- memory pool: one lock per tier against one global lock ----------------------------------
