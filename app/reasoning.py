@@ -29,7 +29,6 @@ class ThinkSplitter:
     def __init__(self, inside: bool = False):
         self.inside = inside
         self.opened = inside  # reasoning has been entered once: later tags are plain text
-        self.closed = False
         self.pending = ""
         self.strip = inside  # drop whitespace at the start of the current part
         self.content_seen = False
@@ -57,19 +56,18 @@ class ThinkSplitter:
                 self.pending = ""
                 break
             i = self.pending.find(tag)
-            if i >= 0:
-                self._emit(self.pending[:i], out)
-                self.pending = self.pending[i + len(tag):]
-                self.inside, self.opened, self.strip = tag == OPEN, True, True
-                self.closed = self.closed or tag == CLOSE
+            hold = 0 if i >= 0 else next((k for k in range(min(len(tag) - 1, len(self.pending)), 0, -1)
+                                          if self.pending.endswith(tag[:k])), 0)
+            cut = i if i >= 0 else len(self.pending) - hold
+            if tag == OPEN and self.pending[:cut].strip():
+                self.content_seen = True  # text before any tag: an answer, not reasoning
                 continue
-            hold = next((k for k in range(min(len(tag) - 1, len(self.pending)), 0, -1)
-                         if self.pending.endswith(tag[:k])), 0)
-            if tag == OPEN and self.pending[:len(self.pending) - hold].strip():
-                hold = 0  # text before any tag: an answer, not reasoning
-            self._emit(self.pending[:len(self.pending) - hold], out)
-            self.pending = self.pending[len(self.pending) - hold:]
-            break
+            self._emit(self.pending[:cut], out)
+            if i < 0:
+                self.pending = self.pending[cut:]  # maybe the start of a tag: wait for more
+                break
+            self.pending = self.pending[i + len(tag):]
+            self.inside, self.opened, self.strip = tag == OPEN, True, True
         return out[0], out[1]
 
     def flush(self) -> tuple[str, str]:

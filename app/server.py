@@ -24,8 +24,9 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable
+from typing import Any
 
 import uvicorn
 from fastapi import FastAPI, Request
@@ -77,7 +78,9 @@ class ApiError(Exception):
         return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
 
     def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), self.status)
+        # 408/413 leave a body unread: the connection cannot carry another request
+        close = {"Connection": "close"} if self.status in (408, 413) else None
+        return JSONResponse(self.body(), self.status, headers=close)
 
 
 def is_loopback(host: str) -> bool:
@@ -357,7 +360,7 @@ def _stream(job: Job, request: Request, reply: Reply, chunk: Callable[..., dict]
             yield _sse(chunk(reply.finish_reason))
             if include_usage:
                 yield _sse({**chunk(reply.finish_reason), "choices": [], "usage": _usage(reply.last)})
-        except Exception as e:  # headers are sent: the error travels as an event
+        except Exception as e:  # noqa: BLE001 - headers are sent: the error travels as an event
             yield _sse(_error_for(e).body())
         yield _sse("[DONE]")
     return StreamingResponse(events(), media_type="text/event-stream",
