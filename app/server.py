@@ -552,6 +552,11 @@ class ServerHandle:
     def running(self) -> bool:
         return self._thread.is_alive()
 
+    def status(self) -> dict:
+        """For a GUI label: the address, the model, whether a reply is running, how many wait."""
+        sched = self.service.scheduler
+        return {"url": self.url, "model": self.model_id, "busy": sched.running is not None, "waiting": sched.waiting}
+
     def wait(self, timeout: float | None = None) -> None:
         self._thread.join(timeout)
 

@@ -9,8 +9,12 @@ from __future__ import annotations
 import http.client
 import json
 import logging
+import os
 import re
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 
@@ -327,6 +331,73 @@ def test_many_silent_connections_do_not_block_the_server(server, client):
         assert a.startswith(b"HTTP/1.1 408"), a[:200]
         assert json.loads(a.split(b"\r\n\r\n", 1)[1])["error"]["code"] == "request_timeout"
     still_serving(client, server)
+
+
+def stream_on_a_socket(server, max_tokens: int) -> socket.socket:
+    """A streamed completion on a raw socket, returned once a few tokens have arrived."""
+    body = json.dumps({"prompt": REF["raw_counting"]["text"], "max_tokens": max_tokens, "temperature": 0,
+                       "stream": True}).encode()
+    sock = socket.create_connection(address(server), timeout=60)
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    seen = b""
+    while seen.count(b"data: {") < 2:
+        chunk = sock.recv(4096)
+        assert chunk, "the server closed the stream early"
+        seen += chunk
+    return sock
+
+
+def wait_for(condition, seconds: float, what: str) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.02)
+
+
+def test_a_full_queue_answers_429_and_requests_run_in_order(engine):
+    handle = S.start(lambda: engine, "127.0.0.1", 0, limits=S.Limits(max_queue=1))  # a factory works too
+    try:
+        with pytest.raises(OSError):
+            S.start(engine, "127.0.0.1", int(handle.url.rsplit(":", 1)[1].split("/")[0]))  # the port is taken
+        client = openai.OpenAI(base_url=handle.url, api_key="unused", max_retries=0, timeout=120)
+        running = stream_on_a_socket(handle, 400)
+        assert handle.status()["busy"]
+        queued: list = []
+        second = threading.Thread(target=lambda: queued.append(client.completions.create(
+            model=handle.model_id, prompt=REF["raw_counting"]["text"], max_tokens=2, temperature=0)))
+        second.start()
+        wait_for(lambda: handle.status()["waiting"] == 1, 30, "the second request was not queued")
+        with pytest.raises(openai.RateLimitError, match="busy"):
+            client.completions.create(model=handle.model_id, prompt="x", max_tokens=2)
+        running.close()  # the first leaves: the queued one runs next
+        second.join(60)
+        assert queued and queued[0].choices[0].text == " 6"
+        wait_for(lambda: not handle.status()["busy"], 10, "the engine stayed busy")
+    finally:
+        handle.stop()
+
+
+def test_colibri_serve_command_serves_and_stops_on_ctrl_c(default_converted):
+    cmd = [sys.executable, "-m", "app.cli_serve", "--model", str(default_converted), "--port", "0",
+           "--threads", "2", "--context_length", "512", "--kv_cache_quantize", "f32"]
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env={**os.environ, "COLIBRI_API_KEY": ""})
+    try:
+        lines: list[str] = []
+        reader = threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True)
+        reader.start()
+        wait_for(lambda: any(" at http://" in x for x in lines) or proc.poll() is not None, 180,
+                 "colibri-serve did not start")
+        url = re.search(r"at (http://\S+/v1)", "".join(lines)).group(1)
+        out = openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=120).completions.create(
+            model=default_converted.name, prompt=REF["raw_counting"]["text"], max_tokens=2, temperature=0)
+        assert out.choices[0].text == " 6"
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 # --- API key ---------------------------------------------------------------------------------
