@@ -64,6 +64,7 @@ class Limits:
     head_timeout_s: float = 10.0  # a connection that has not sent a request head by then is closed
     keep_alive_s: int = 5
     max_connections: int = 512  # uvicorn's limit_concurrency: more get 503
+    heartbeat_s: float = 10.0  # a stream waiting this long for a token sends a comment line
 
 
 class ApiError(Exception):
@@ -267,12 +268,20 @@ async def _watch_disconnect(request: Request, job: Job) -> None:
             return
 
 
-async def _steps(job: Job, request: Request) -> AsyncIterator[Step]:
-    """The job's steps as they come; the job is cancelled however this ends early."""
+async def _steps(job: Job, request: Request, heartbeat_s: float | None = None) -> AsyncIterator[Step | None]:
+    """The job's steps as they come, and None after each `heartbeat_s` without one (the stream
+    sends a comment then, so clients and proxies see a live connection through a long prefill
+    or a wait in the queue); the job is cancelled however this ends early."""
     watcher = asyncio.create_task(_watch_disconnect(request, job))
+    getter: asyncio.Future | None = None
     try:
         while True:
-            item = await job.events.get()
+            getter = getter or asyncio.ensure_future(job.events.get())
+            done, _ = await asyncio.wait({getter}, timeout=heartbeat_s)
+            if not done:
+                yield None
+                continue
+            item, getter = getter.result(), None
             if item is None:
                 return
             if isinstance(item, BaseException):
@@ -281,6 +290,8 @@ async def _steps(job: Job, request: Request) -> AsyncIterator[Step]:
     finally:
         job.cancel()  # harmless when the job has finished
         watcher.cancel()
+        if getter is not None:
+            getter.cancel()
 
 
 def _error_for(e: BaseException) -> ApiError:
@@ -337,6 +348,8 @@ async def _submit(svc: Service, request: Request, prompt: str, sampling: dict, s
 async def _collect(job: Job, request: Request, reply: Reply) -> tuple[str, str]:
     reasoning, content = "", ""
     async for step in _steps(job, request):
+        if step is None:
+            continue
         r, c = reply.feed(step)
         reasoning, content = reasoning + r, content + c
     if reply.last is None:
@@ -344,14 +357,17 @@ async def _collect(job: Job, request: Request, reply: Reply) -> tuple[str, str]:
     return reasoning, content
 
 
-def _stream(job: Job, request: Request, reply: Reply, chunk: Callable[..., dict],
-            include_usage: bool) -> StreamingResponse:
+def _stream(job: Job, request: Request, reply: Reply, chunk: Callable[..., dict], include_usage: bool,
+            heartbeat_s: float) -> StreamingResponse:
     async def events() -> AsyncIterator[str]:
         first = chunk(None)
         if first:
             yield _sse(first)
         try:
-            async for step in _steps(job, request):
+            async for step in _steps(job, request, heartbeat_s):
+                if step is None:
+                    yield ": keep-alive\n\n"
+                    continue
                 piece = chunk(reply.feed(step))
                 if piece:
                     yield _sse(piece)
@@ -405,7 +421,7 @@ async def chat_completions(svc: Service, request: Request) -> Any:
                 return {**head, "choices": [{"index": 0, "delta": {}, "finish_reason": part}]}
             delta = {k: v for k, v in (("reasoning_content", part[0]), ("content", part[1])) if v}
             return {**head, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]} if delta else {}
-        return _stream(job, request, reply, chunk, include_usage)
+        return _stream(job, request, reply, chunk, include_usage, svc.limits.heartbeat_s)
     reasoning, content = await _collect(job, request, reply)
     message = {"role": "assistant", "content": content}
     if svc.reasoning:
@@ -439,7 +455,7 @@ async def completions(svc: Service, request: Request) -> Any:
                 return {**head, "choices": [{"index": 0, "text": "", "logprobs": None, "finish_reason": part}]}
             return {**head, "choices": [{"index": 0, "text": part[1], "logprobs": None,
                                          "finish_reason": None}]} if part[1] else {}
-        return _stream(job, request, reply, chunk, include_usage)
+        return _stream(job, request, reply, chunk, include_usage, svc.limits.heartbeat_s)
     _, text = await _collect(job, request, reply)
     return {**head, "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": reply.finish_reason}],
             "usage": _usage(reply.last)}

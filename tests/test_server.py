@@ -378,6 +378,44 @@ def test_a_full_queue_answers_429_and_requests_run_in_order(engine):
         handle.stop()
 
 
+def test_a_stream_waiting_in_the_queue_sends_keep_alive_comments(engine):
+    handle = S.start(engine, "127.0.0.1", 0, limits=S.Limits(heartbeat_s=0.2))
+    try:
+        running = stream_on_a_socket(handle, 400)
+        body = json.dumps({"prompt": REF["raw_counting"]["text"], "max_tokens": 4, "temperature": 0,
+                           "stream": True}).encode()
+        queued = socket.create_connection(address(handle), timeout=0.5)
+        queued.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                       b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        client = openai.OpenAI(base_url=handle.url, api_key="unused", max_retries=0, timeout=120)
+        got: list[str] = []  # the openai client also waits, behind both, and gets comments too
+        third = threading.Thread(target=lambda: got.extend(c.choices[0].text for c in client.completions.create(
+            model=handle.model_id, prompt=REF["raw_counting"]["text"], max_tokens=4, temperature=0, stream=True)))
+        third.start()
+        seen = b""
+        deadline = time.monotonic() + 20
+        while seen.count(b": keep-alive") < 2:  # while the first reply still runs
+            assert time.monotonic() < deadline and handle.status()["busy"], seen
+            try:
+                seen += queued.recv(65536)
+            except TimeoutError:
+                pass
+        assert b"data: {" not in seen
+        running.close()
+        queued.settimeout(60)
+        while b"data: [DONE]" not in seen:
+            chunk = queued.recv(65536)
+            assert chunk, seen
+            seen += chunk
+        events = [json.loads(x) for x in re.findall(rb"^data: (\{.*\})$", seen, re.MULTILINE)]
+        assert "".join(e["choices"][0]["text"] for e in events) == " 6, "
+        queued.close()
+        third.join(60)
+        assert "".join(got) == " 6, "
+    finally:
+        handle.stop()
+
+
 def test_colibri_serve_command_serves_and_stops_on_ctrl_c(default_converted):
     cmd = [sys.executable, "-m", "app.cli_serve", "--model", str(default_converted), "--port", "0",
            "--threads", "2", "--context_length", "512", "--kv_cache_quantize", "f32"]
