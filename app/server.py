@@ -222,7 +222,11 @@ class Service:
 
     def check_prompt(self, prompt: str) -> int:
         """Prompt tokens, or 400 when they exceed the limit (run off the event loop)."""
-        count = len(self.engine.tokenize(prompt))
+        try:
+            count = len(self.engine.tokenize(prompt))
+        except (ValueError, TypeError) as e:  # e.g. a lone surrogate (\ud800) that JSON allows and UTF-8 does not
+            raise ApiError(400, f"the prompt cannot be tokenized: {type(e).__name__}: {str(e)[:200]}",
+                           code="invalid_value") from None
         if count > self.max_prompt:
             raise ApiError(400, f"the prompt is {count} tokens; this server accepts at most {self.max_prompt} "
                            f"(context {self.engine.context_limit}, room is kept for the reply)",

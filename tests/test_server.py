@@ -23,7 +23,7 @@ import pytest
 from conftest import TESTS
 
 from app import server as S
-from app.reasoning import ThinkSplitter, starts_inside
+from app.reasoning import ThinkSplitter, is_reasoning_model, starts_inside
 from engine.api import Engine
 
 REF = {p["name"]: p for p in json.loads((TESTS / "fixtures" / "llamacpp" / "smollm2_q4_1.json").read_text())["prompts"]}
@@ -195,6 +195,9 @@ def chat_body(**kw) -> bytes:
     (b'{"messages": [{"role": "user", "content": "x"}], "temperature": 1e999}', 400, None, "invalid_json"),
     (b"[" * 30_000 + b"]" * 30_000, 400, None, "invalid_json"),  # too deep for the parser
     (b"[" * 50_000 + b"]" * 50_000, 413, None, "request_too_large"),
+    (b'{"messages": [{"role": "user", "content": "\\ud800"}]}', 400, None, "invalid_value"),  # not UTF-8
+    (b'{"messages": [{"role": "user", "content": [{"type": "text", "text": "a\\udfff"}]}]}', 400, None,
+     "invalid_value"),
     (chat_body(model="gpt-4o"), 404, "model", "model_not_found"),
     (chat_body(max_tokens=10**9), 400, "max_tokens", "invalid_value"),
     (chat_body(max_tokens=0), 400, "max_tokens", "invalid_value"),
@@ -486,3 +489,11 @@ def test_think_splitter_edges():
     s = ThinkSplitter()
     assert (s.push("<thin"), s.push("g>"), s.flush()) == (("", ""), ("", "<thing>"), ("", ""))
     assert starts_inside("<|im_start|>assistant\n<think>\n") and not starts_inside("<think>\n\n</think>\n\n")
+
+
+def test_only_reasoning_models_get_a_reasoning_field(server, engine):
+    assert is_reasoning_model("{% if thinking %}<think>\n{% endif %}", lambda token: False)
+    assert is_reasoning_model("", lambda token: token == "<think>")
+    assert not server.service.reasoning  # SmolLM2: no <think> in its template or vocabulary
+    status, body = raw(server, "POST", CHAT, chat_body())
+    assert status == 200 and set(body["choices"][0]["message"]) == {"role", "content"}
