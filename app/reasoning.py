@@ -5,10 +5,12 @@ a chat view can use the same splitter to fold the thinking away.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 OPEN, CLOSE = "<think>", "</think>"
 
 
-def is_reasoning_model(template: str, vocab_has: callable) -> bool:
+def is_reasoning_model(template: str, vocab_has: Callable[[str], bool]) -> bool:
     """A model reasons when its chat template or its vocabulary knows the `<think>` tag."""
     return OPEN in template or vocab_has(OPEN)
 

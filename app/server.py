@@ -135,13 +135,19 @@ async def read_json(request: Request, limits: Limits) -> dict:
 
 
 def _number(body: dict, name: str, kind: type) -> Any:
+    """body[name] as an int or a float, None when absent; 400 for anything else (a bool, a string,
+    2.5 for an integer, an integer too large for a float)."""
     v = body.get(name)
     if v is None:
         return None
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or (kind is int and not float(v).is_integer()):
+    whole = isinstance(v, int) or (isinstance(v, float) and v.is_integer())
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or (kind is int and not whole):
         raise ApiError(400, f"{name} must be {'an integer' if kind is int else 'a number'}, got {v!r}"[:300],
                        param=name, code="invalid_type")
-    return kind(v)
+    try:
+        return kind(v)
+    except OverflowError:
+        raise ApiError(400, f"{name} is out of range", param=name, code="invalid_value") from None
 
 
 def _checked(name: str, value: Any) -> Any:
@@ -220,17 +226,17 @@ class Service:
                            f"strings of up to 256 characters", param="stop", code="invalid_value")
         return out, tuple(stops)
 
-    def check_prompt(self, prompt: str) -> int:
+    def check_prompt(self, prompt: str, param: str) -> int:
         """Prompt tokens, or 400 when they exceed the limit (run off the event loop)."""
         try:
             count = len(self.engine.tokenize(prompt))
         except (ValueError, TypeError) as e:  # e.g. a lone surrogate (\ud800) that JSON allows and UTF-8 does not
             raise ApiError(400, f"the prompt cannot be tokenized: {type(e).__name__}: {str(e)[:200]}",
-                           code="invalid_value") from None
+                           param=param, code="invalid_value") from None
         if count > self.max_prompt:
             raise ApiError(400, f"the prompt is {count} tokens; this server accepts at most {self.max_prompt} "
                            f"(context {self.engine.context_limit}, room is kept for the reply)",
-                           param="messages", code="context_length_exceeded")
+                           param=param, code="context_length_exceeded")
         return count
 
 
@@ -411,7 +417,7 @@ async def chat_completions(svc: Service, request: Request) -> Any:
         prompt = await asyncio.to_thread(svc.engine.apply_chat_template, messages)
     except (ColibriError, ValueError) as e:
         raise ApiError(400, str(e), param="messages", code="invalid_value") from None
-    await asyncio.to_thread(svc.check_prompt, prompt)
+    await asyncio.to_thread(svc.check_prompt, prompt, "messages")
     reply = Reply(ThinkSplitter(starts_inside(prompt)) if svc.reasoning else None)
     job = await _submit(svc, request, prompt, sampling, stops)
     cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
@@ -446,7 +452,7 @@ async def completions(svc: Service, request: Request) -> Any:
                        param="prompt", code="invalid_value")
     sampling, stops = svc.sampling(body)
     stream, include_usage = _stream_flag(body), _stream_options(body)
-    await asyncio.to_thread(svc.check_prompt, prompt)
+    await asyncio.to_thread(svc.check_prompt, prompt, "prompt")
     reply = Reply(None)
     job = await _submit(svc, request, prompt, sampling, stops)
     cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())

@@ -195,8 +195,12 @@ def chat_body(**kw) -> bytes:
     (b'{"messages": [{"role": "user", "content": "x"}], "temperature": 1e999}', 400, None, "invalid_json"),
     (b"[" * 30_000 + b"]" * 30_000, 400, None, "invalid_json"),  # too deep for the parser
     (b"[" * 50_000 + b"]" * 50_000, 413, None, "request_too_large"),
-    (b'{"messages": [{"role": "user", "content": "\\ud800"}]}', 400, None, "invalid_value"),  # not UTF-8
-    (b'{"messages": [{"role": "user", "content": [{"type": "text", "text": "a\\udfff"}]}]}', 400, None,
+    (b'{"messages": [{"role": "user", "content": "x"}], "temperature": 1%s}' % (b"0" * 400), 400, "temperature",
+     "invalid_value"),  # an integer no float holds
+    (chat_body(max_tokens=10**400), 400, "max_tokens", "invalid_value"),
+    (chat_body(top_k=2.5), 400, "top_k", "invalid_type"),
+    (b'{"messages": [{"role": "user", "content": "\\ud800"}]}', 400, "messages", "invalid_value"),  # not UTF-8
+    (b'{"messages": [{"role": "user", "content": [{"type": "text", "text": "a\\udfff"}]}]}', 400, "messages",
      "invalid_value"),
     (chat_body(model="gpt-4o"), 404, "model", "model_not_found"),
     (chat_body(max_tokens=10**9), 400, "max_tokens", "invalid_value"),
@@ -227,7 +231,7 @@ def test_oversize_prompt_and_oversize_body(server, client, engine):
                            400, "messages", "context_length_exceeded")
     assert re.search(r"the prompt is \d+ tokens; this server accepts at most 511", message)
     assert_error(raw(server, "POST", "/v1/completions", json.dumps({"prompt": words}).encode()), 400,
-                 code="context_length_exceeded")
+                 "prompt", "context_length_exceeded")
     big = chat_body(messages=[{"role": "user", "content": "x" * 100_000}])
     assert_error(raw(server, "POST", CHAT, big), 413, code="request_too_large")
     with pytest.raises(openai.BadRequestError, match="context"):
