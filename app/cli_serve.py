@@ -1,0 +1,76 @@
+"""colibri-serve: an OpenAI-compatible API (/v1/chat/completions, /v1/completions, /v1/models)
+over one model, on http://127.0.0.1:4242/v1 by default.
+
+Without --model it serves the default model (converted into the user data folder on first use).
+Listening on any address other than this machine's needs an API key (--api_key or COLIBRI_API_KEY);
+clients then send `Authorization: Bearer KEY`. Ctrl-C stops the server.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from app import server as S
+from engine import params as P
+from engine.errors import ColibriError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="colibri-serve", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    d = S.Limits()
+    ap.add_argument("--model", help="a Colibri model folder or a .gguf file (default: the bundled SmolLM2)")
+    ap.add_argument("--host", default=S.DEFAULT_HOST, help=f"address to listen on [default: {S.DEFAULT_HOST}]")
+    ap.add_argument("--port", type=int, default=S.DEFAULT_PORT, help=f"port (0: any free one) [default: {S.DEFAULT_PORT}]")
+    ap.add_argument("--api_key", help="require this Bearer key on every request (default: $COLIBRI_API_KEY; "
+                    "needed for any --host other than loopback)")
+    ap.add_argument("--max_body_bytes", type=int, default=d.max_body_bytes, help="largest request body [default: %(default)s]")
+    ap.add_argument("--max_prompt_tokens", type=int, help="longest prompt [default: the context length - 1]")
+    ap.add_argument("--max_reply_tokens", type=int, help="largest max_tokens a request may ask [default: the context length]")
+    ap.add_argument("--max_queue", type=int, default=d.max_queue, help="requests waiting for the engine; more get 429 "
+                    "[default: %(default)s]")
+    ap.add_argument("--body_timeout", type=float, default=d.body_timeout_s, help="seconds a request body may take "
+                    "to arrive [default: %(default)s]")
+    P.add_arguments(ap)  # engine settings, and the sampling defaults of requests that do not set them
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        api_key = args.api_key or os.environ.get("COLIBRI_API_KEY") or None
+        S.check_bind(args.host, api_key)  # before minutes of loading
+        engine_p, sampling = P.from_args(args, "engine"), P.from_args(args, "sampling")
+        engine_p.setdefault("log_level", "WARN")
+        if "simd" in engine_p:
+            os.environ["COLIBRI_SIMD"] = engine_p["simd"]
+        from app.cli_chat import resolve_model
+        from engine.api import Engine
+
+        def load() -> Engine:
+            engine = Engine(resolve_model(args.model), **engine_p, **sampling)
+            print("warming up…", end="", file=sys.stderr, flush=True)
+            print(f" ready ({engine.warmup():.1f} s)", file=sys.stderr)
+            return engine
+        limits = S.Limits(max_body_bytes=args.max_body_bytes, max_prompt_tokens=args.max_prompt_tokens,
+                          max_tokens=args.max_reply_tokens, max_queue=args.max_queue, body_timeout_s=args.body_timeout)
+        handle = S.start(load, args.host, args.port, api_key, limits, log_level="info")
+    except (ColibriError, ValueError, OSError) as e:
+        print(f"colibri-serve: error: {e}", file=sys.stderr)
+        return 1
+    print(f"serving {handle.model_id} at {handle.url}  (Ctrl-C stops)", file=sys.stderr)
+    try:
+        while handle.running:
+            handle.wait(0.5)
+    except KeyboardInterrupt:
+        print("\nstopping", file=sys.stderr)
+    handle.stop()
+    handle.service.engine.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

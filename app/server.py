@@ -1,0 +1,637 @@
+"""colibri-serve's library: an OpenAI-compatible HTTP API over one `Engine` (FastAPI + uvicorn).
+
+Routes: GET /v1/models, GET /v1/models/{id}, POST /v1/chat/completions, POST /v1/completions,
+streamed as server-sent events (`data: {...}` … `data: [DONE]`) or answered whole. Every error
+is OpenAI-shaped: {"error": {"message", "type", "param", "code"}}.
+
+Safety: it listens on 127.0.0.1 unless told otherwise, and any other address needs an API key
+(checked on every route, Bearer). Bodies, prompts, max_tokens and the queue are bounded; a
+body that never arrives times out (408), a connection that never sends a request is closed.
+A client that goes away mid-reply frees the engine at the next token.
+
+The GUI's "Serve on localhost" switch calls `start(engine)` and later `handle.stop()`.
+"""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import ipaddress
+import json
+import logging
+import math
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from app.reasoning import ThinkSplitter, is_reasoning_model, starts_inside
+from app.server_jobs import Job, QueueFull, SerialScheduler
+from engine import params as P
+from engine.api import Engine, Step
+from engine.errors import ColibriError
+
+log = logging.getLogger("colibri.server")
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 4242  # not a peer's (LM Studio 1234, llama-server 8080, Ollama 11434): all can run side by side
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1", "[::1]")
+FINISH = {"stop": "stop", "length": "length", "context": "length", "cancelled": "stop"}
+ROLES = ("system", "developer", "user", "assistant", "tool")
+SAMPLING = ("temperature", "top_p", "top_k", "min_p", "repeat_penalty", "seed")
+PENALTIES = ("frequency_penalty", "presence_penalty")  # OpenAI's; passed on once the engine knows them
+UNSUPPORTED = ("tools", "functions", "logprobs", "top_logprobs", "logit_bias", "suffix", "echo", "best_of")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one request may ask for, and how long the server waits for it."""
+    max_body_bytes: int = 1 << 20
+    max_prompt_tokens: int | None = None  # None: the context length less one (room for the reply)
+    max_tokens: int | None = None  # None: the context length
+    max_queue: int = 16  # requests waiting for the engine; more get 429
+    max_stops: int = 16
+    body_timeout_s: float = 30.0  # a body that has not fully arrived by then gets 408
+    head_timeout_s: float = 10.0  # a connection that has not sent a request head by then is closed
+    keep_alive_s: int = 5
+    max_connections: int = 512  # uvicorn's limit_concurrency: more get 503
+    heartbeat_s: float = 10.0  # a stream waiting this long for a token sends a comment line
+
+
+class ApiError(Exception):
+    """An error the client caused (or may retry), answered in OpenAI's shape."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 kind: str = "invalid_request_error"):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+
+    def response(self) -> JSONResponse:
+        # 408/413 leave a body unread: the connection cannot carry another request
+        close = {"Connection": "close"} if self.status in (408, 413) else None
+        return JSONResponse(self.body(), self.status, headers=close)
+
+
+def is_loopback(host: str) -> bool:
+    if host in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+# --- reading a request -----------------------------------------------------------------------
+def _reject_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
+def _finite_float(text: str) -> float:
+    v = float(text)
+    if not math.isfinite(v):
+        raise ValueError(f"{text} is too large")
+    return v
+
+
+async def read_json(request: Request, limits: Limits) -> dict:
+    """The body as a JSON object, within the size and time limits (413, 408, 400 otherwise)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limits.max_body_bytes:
+        raise ApiError(413, f"the request body is {int(declared)} bytes; the limit is {limits.max_body_bytes}",
+                       code="request_too_large")
+    body = bytearray()
+
+    async def receive() -> None:
+        async for chunk in request.stream():
+            body.extend(chunk)
+            if len(body) > limits.max_body_bytes:
+                raise ApiError(413, f"the request body exceeds {limits.max_body_bytes} bytes",
+                               code="request_too_large")
+    try:
+        await asyncio.wait_for(receive(), limits.body_timeout_s)
+    except asyncio.TimeoutError:
+        raise ApiError(408, f"the request body did not arrive within {limits.body_timeout_s:g} s",
+                       code="request_timeout") from None
+    try:
+        data = json.loads(bytes(body), parse_constant=_reject_constant, parse_float=_finite_float)
+    except (ValueError, RecursionError) as e:  # JSONDecodeError, bad UTF-8, NaN, 1e999, too deep
+        raise ApiError(400, f"the request body is not valid JSON: {str(e)[:200]}", code="invalid_json") from None
+    if not isinstance(data, dict):
+        raise ApiError(400, f"the request body must be a JSON object, not {type(data).__name__}",
+                       code="invalid_json")
+    return data
+
+
+def _number(body: dict, name: str, kind: type) -> Any:
+    """body[name] as an int or a float, None when absent; 400 for anything else (a bool, a string,
+    2.5 for an integer, an integer too large for a float)."""
+    v = body.get(name)
+    if v is None:
+        return None
+    whole = isinstance(v, int) or (isinstance(v, float) and v.is_integer())
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or (kind is int and not whole):
+        raise ApiError(400, f"{name} must be {'an integer' if kind is int else 'a number'}, got {v!r}"[:300],
+                       param=name, code="invalid_type")
+    try:
+        return kind(v)
+    except OverflowError:
+        raise ApiError(400, f"{name} is out of range", param=name, code="invalid_value") from None
+
+
+def _checked(name: str, value: Any) -> Any:
+    """A value against the engine's parameter table: the range the engine itself enforces."""
+    try:
+        return P.check(name, value)
+    except ValueError as e:
+        raise ApiError(400, str(e), param=name, code="invalid_value") from None
+
+
+class Service:
+    """Everything a route needs: the engine, its scheduler and the limits."""
+
+    def __init__(self, engine: Engine, limits: Limits, api_key: str | None, loopback_only: bool):
+        self.engine, self.limits, self.api_key, self.loopback_only = engine, limits, api_key, loopback_only
+        self.model_id = engine.model.path.name
+        self.created = int(time.time())
+        self.scheduler = SerialScheduler(engine, limits.max_queue)
+        codec = engine.codec
+        self.reasoning = is_reasoning_model(codec.template_source, lambda t: codec.tok.token_to_id(t) is not None)
+        ctx = engine.context_limit
+        self.max_prompt = min(limits.max_prompt_tokens or ctx - 1, ctx - 1)
+        self.max_tokens = min(limits.max_tokens or ctx, ctx)
+
+    def check_model(self, body: dict) -> None:
+        model = body.get("model")
+        if model is None:
+            return  # one model is served: a request that names none gets it
+        if not isinstance(model, str):
+            raise ApiError(400, "model must be a string", param="model", code="invalid_type")
+        if model != self.model_id:
+            raise ApiError(404, f"the model {model[:200]!r} does not exist; this server serves {self.model_id!r}",
+                           param="model", code="model_not_found")
+
+    def sampling(self, body: dict) -> tuple[dict, tuple[str, ...]]:
+        """Sampling settings and stop strings of a request, each checked (400 naming the field)."""
+        for name in UNSUPPORTED:
+            if body.get(name) not in (None, False, [], {}):
+                raise ApiError(400, f"{name} is not supported by this server", param=name, code="unsupported")
+        n = _number(body, "n", int)
+        if n not in (None, 1):
+            raise ApiError(400, f"n must be 1 (one reply per request), got {n}", param="n", code="unsupported")
+        out: dict[str, Any] = {}
+        if "repetition_penalty" in body and "repeat_penalty" not in body:  # vLLM's name for it
+            body = {**body, "repeat_penalty": body["repetition_penalty"]}
+        for name in SAMPLING:
+            v = _number(body, name, int if P.PARAMS[name].type is int else float)
+            if v is not None:
+                out[name] = _checked(name, v)
+        for name in PENALTIES:
+            v = _number(body, name, float)
+            if v is None:
+                continue
+            if not -2.0 <= v <= 2.0:
+                raise ApiError(400, f"{name}: {v!r} is out of range (-2 to 2)", param=name, code="invalid_value")
+            if name in P.PARAMS:
+                out[name] = _checked(name, v)
+            elif v != 0.0:
+                log.warning("%s=%g ignored: this engine has no %s yet", name, v, name)
+        key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+        mt = _number(body, key, int)
+        if mt is not None:
+            if mt < 1:
+                raise ApiError(400, f"{key} must be at least 1, got {mt}", param=key, code="invalid_value")
+            if mt > self.max_tokens:
+                raise ApiError(400, f"{key} is too large: {mt}; this server allows at most {self.max_tokens} "
+                               f"tokens per reply", param=key, code="invalid_value")
+            out["max_tokens"] = mt
+        else:
+            out["max_tokens"] = min(self.engine.sampling["max_tokens"], self.max_tokens)
+        stop = body.get("stop")
+        stops = [stop] if isinstance(stop, str) else stop if stop is not None else []
+        if not isinstance(stops, list) or not all(isinstance(s, str) and 0 < len(s) <= 256 for s in stops) \
+                or len(stops) > self.limits.max_stops:
+            raise ApiError(400, f"stop must be a string or a list of at most {self.limits.max_stops} non-empty "
+                           f"strings of up to 256 characters", param="stop", code="invalid_value")
+        return out, tuple(stops)
+
+    def check_prompt(self, prompt: str, param: str) -> int:
+        """Prompt tokens, or 400 when they exceed the limit (run off the event loop)."""
+        try:
+            count = len(self.engine.tokenize(prompt))
+        except (ValueError, TypeError) as e:  # e.g. a lone surrogate (\ud800) that JSON allows and UTF-8 does not
+            raise ApiError(400, f"the prompt cannot be tokenized: {type(e).__name__}: {str(e)[:200]}",
+                           param=param, code="invalid_value") from None
+        if count > self.max_prompt:
+            raise ApiError(400, f"the prompt is {count} tokens; this server accepts at most {self.max_prompt} "
+                           f"(context {self.engine.context_limit}, room is kept for the reply)",
+                           param=param, code="context_length_exceeded")
+        return count
+
+
+def _messages(body: dict) -> list[dict]:
+    msgs = body.get("messages")
+    if not isinstance(msgs, list) or not msgs:
+        raise ApiError(400, "messages must be a non-empty list", param="messages", code="invalid_value")
+    out = []
+    for i, m in enumerate(msgs):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict) or m.get("role") not in ROLES:
+            raise ApiError(400, f"{where} must be an object whose role is one of {', '.join(ROLES)}",
+                           param=where, code="invalid_value")
+        content = m.get("content")
+        if isinstance(content, list):  # content parts: only text
+            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                       for p in content):
+                raise ApiError(400, f"{where}.content: only text parts are supported", param=where,
+                               code="unsupported")
+            content = "".join(p["text"] for p in content)
+        elif content is None and m["role"] == "assistant":
+            content = ""
+        elif not isinstance(content, str):
+            raise ApiError(400, f"{where}.content must be a string or a list of text parts", param=where,
+                           code="invalid_value")
+        out.append({"role": "system" if m["role"] == "developer" else m["role"], "content": content})
+    return out
+
+
+# --- answering -------------------------------------------------------------------------------
+async def _watch_disconnect(request: Request, job: Job) -> None:
+    """Cancel the job when the client closes its connection (the body is already read)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            if not job.done.is_set():
+                log.info("client disconnected: request cancelled")
+            job.cancel()
+            return
+
+
+async def _steps(job: Job, request: Request, heartbeat_s: float | None = None) -> AsyncIterator[Step | None]:
+    """The job's steps as they come, and None after each `heartbeat_s` without one (the stream
+    sends a comment then, so clients and proxies see a live connection through a long prefill
+    or a wait in the queue); the job is cancelled however this ends early."""
+    watcher = asyncio.create_task(_watch_disconnect(request, job))
+    getter: asyncio.Future | None = None
+    try:
+        while True:
+            getter = getter or asyncio.ensure_future(job.events.get())
+            done, _ = await asyncio.wait({getter}, timeout=heartbeat_s)
+            if not done:
+                yield None
+                continue
+            item, getter = getter.result(), None
+            if item is None:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        job.cancel()  # harmless when the job has finished
+        watcher.cancel()
+        if getter is not None:
+            getter.cancel()
+
+
+def _error_for(e: BaseException) -> ApiError:
+    if isinstance(e, ApiError):
+        return e
+    if isinstance(e, (ColibriError, ValueError)):
+        code = "context_length_exceeded" if "context" in str(e) else "invalid_value"
+        return ApiError(400, str(e), code=code)
+    return ApiError(500, f"the engine failed: {type(e).__name__}: {e}", kind="server_error", code="engine_error")
+
+
+def _usage(step: Step) -> dict:
+    return {"prompt_tokens": step.prompt_tokens, "completion_tokens": step.generated_tokens,
+            "total_tokens": step.prompt_tokens + step.generated_tokens,
+            "prompt_tokens_details": {"cached_tokens": step.cached_tokens}}
+
+
+def _sse(data: dict | str) -> str:
+    return f"data: {data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)}\n\n"
+
+
+class Reply:
+    """One reply's text as it streams: split into reasoning and content for reasoning models."""
+
+    def __init__(self, splitter: ThinkSplitter | None):
+        self.splitter = splitter
+        self.last: Step | None = None
+
+    def feed(self, step: Step) -> tuple[str, str]:
+        self.last = step
+        if self.splitter is None:
+            return "", step.text
+        r, c = self.splitter.push(step.text)
+        if step.finish_reason is not None:
+            fr, fc = self.splitter.flush()
+            r, c = r + fr, c + fc
+        return r, c
+
+    @property
+    def finish_reason(self) -> str:
+        return FINISH.get(self.last.finish_reason or "stop", "stop") if self.last else "stop"
+
+
+async def _submit(svc: Service, request: Request, prompt: str, sampling: dict, stops: tuple) -> Job:
+    job = Job(prompt, sampling, stops, asyncio.get_running_loop())
+    try:
+        svc.scheduler.submit(job)
+    except QueueFull as e:
+        raise ApiError(429, f"the server is busy: {e}; retry later", kind="rate_limit_error",
+                       code="queue_full") from None
+    return job
+
+
+async def _collect(job: Job, request: Request, reply: Reply) -> tuple[str, str]:
+    reasoning, content = "", ""
+    async for step in _steps(job, request):
+        if step is None:
+            continue
+        r, c = reply.feed(step)
+        reasoning, content = reasoning + r, content + c
+    if reply.last is None:
+        raise ApiError(503, "the server is shutting down", kind="server_error", code="shutting_down")
+    return reasoning, content
+
+
+def _stream(job: Job, request: Request, reply: Reply, chunk: Callable[..., dict], include_usage: bool,
+            heartbeat_s: float) -> StreamingResponse:
+    async def events() -> AsyncIterator[str]:
+        first = chunk(None)
+        if first:
+            yield _sse(first)
+        try:
+            async for step in _steps(job, request, heartbeat_s):
+                if step is None:
+                    yield ": keep-alive\n\n"
+                    continue
+                piece = chunk(reply.feed(step))
+                if piece:
+                    yield _sse(piece)
+            if reply.last is None:
+                raise ApiError(503, "the server is shutting down", kind="server_error", code="shutting_down")
+            yield _sse(chunk(reply.finish_reason))
+            if include_usage:
+                yield _sse({**chunk(reply.finish_reason), "choices": [], "usage": _usage(reply.last)})
+        except Exception as e:  # noqa: BLE001 - headers are sent: the error travels as an event
+            yield _sse(_error_for(e).body())
+        yield _sse("[DONE]")
+    return StreamingResponse(events(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+def _stream_options(body: dict) -> bool:
+    opts = body.get("stream_options")
+    if opts is not None and not isinstance(opts, dict):
+        raise ApiError(400, "stream_options must be an object", param="stream_options", code="invalid_type")
+    return bool((opts or {}).get("include_usage"))
+
+
+def _stream_flag(body: dict) -> bool:
+    s = body.get("stream", False)
+    if not isinstance(s, bool):
+        raise ApiError(400, f"stream must be true or false, got {s!r}"[:200], param="stream", code="invalid_type")
+    return s
+
+
+async def chat_completions(svc: Service, request: Request) -> Any:
+    body = await read_json(request, svc.limits)
+    svc.check_model(body)
+    messages = _messages(body)
+    sampling, stops = svc.sampling(body)
+    stream, include_usage = _stream_flag(body), _stream_options(body)
+    try:
+        prompt = await asyncio.to_thread(svc.engine.apply_chat_template, messages)
+    except (ColibriError, ValueError) as e:
+        raise ApiError(400, str(e), param="messages", code="invalid_value") from None
+    await asyncio.to_thread(svc.check_prompt, prompt, "messages")
+    reply = Reply(ThinkSplitter(starts_inside(prompt)) if svc.reasoning else None)
+    job = await _submit(svc, request, prompt, sampling, stops)
+    cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+    head = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": svc.model_id}
+    if stream:
+        def chunk(part: tuple[str, str] | str | None) -> dict:
+            if part is None:
+                return {**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                             "finish_reason": None}]}
+            if isinstance(part, str):  # the finish reason
+                return {**head, "choices": [{"index": 0, "delta": {}, "finish_reason": part}]}
+            delta = {k: v for k, v in (("reasoning_content", part[0]), ("content", part[1])) if v}
+            return {**head, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]} if delta else {}
+        return _stream(job, request, reply, chunk, include_usage, svc.limits.heartbeat_s)
+    reasoning, content = await _collect(job, request, reply)
+    message = {"role": "assistant", "content": content}
+    if svc.reasoning:
+        message["reasoning_content"] = reasoning
+    return {"id": cid, "object": "chat.completion", "created": created, "model": svc.model_id,
+            "choices": [{"index": 0, "message": message, "finish_reason": reply.finish_reason, "logprobs": None}],
+            "usage": _usage(reply.last)}
+
+
+async def completions(svc: Service, request: Request) -> Any:
+    body = await read_json(request, svc.limits)
+    svc.check_model(body)
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if not isinstance(prompt, str) or not prompt:
+        raise ApiError(400, "prompt must be a non-empty string (token arrays and batches are not supported)",
+                       param="prompt", code="invalid_value")
+    sampling, stops = svc.sampling(body)
+    stream, include_usage = _stream_flag(body), _stream_options(body)
+    await asyncio.to_thread(svc.check_prompt, prompt, "prompt")
+    reply = Reply(None)
+    job = await _submit(svc, request, prompt, sampling, stops)
+    cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+    head = {"id": cid, "object": "text_completion", "created": created, "model": svc.model_id}
+    if stream:
+        def chunk(part: tuple[str, str] | str | None) -> dict:
+            if part is None:
+                return {}
+            if isinstance(part, str):
+                return {**head, "choices": [{"index": 0, "text": "", "logprobs": None, "finish_reason": part}]}
+            return {**head, "choices": [{"index": 0, "text": part[1], "logprobs": None,
+                                         "finish_reason": None}]} if part[1] else {}
+        return _stream(job, request, reply, chunk, include_usage, svc.limits.heartbeat_s)
+    _, text = await _collect(job, request, reply)
+    return {**head, "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": reply.finish_reason}],
+            "usage": _usage(reply.last)}
+
+
+# --- the application -------------------------------------------------------------------------
+class _Guard:
+    """ASGI middleware in front of every route: the API key (Bearer) when one is set, and on a
+    loopback-only server a Host check (a web page cannot reach it by DNS rebinding)."""
+
+    def __init__(self, app: Any, svc: Service):
+        self.app, self.svc = app, svc
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            error = self._check(dict(scope["headers"]))
+            if error is not None:
+                await error.response()(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+    def _check(self, headers: dict[bytes, bytes]) -> ApiError | None:
+        if self.svc.api_key is not None:
+            given = headers.get(b"authorization", b"").decode("latin-1")
+            token = given[7:].strip() if given[:7].lower() == "bearer " else ""
+            if not hmac.compare_digest(token.encode("utf-8", "replace"), self.svc.api_key.encode()):
+                return ApiError(401, "a valid API key is required: send the header 'Authorization: Bearer KEY'",
+                                code="invalid_api_key")
+        elif self.svc.loopback_only:
+            host = headers.get(b"host", b"").decode("latin-1")
+            name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
+            if not is_loopback(name):
+                return ApiError(403, f"this server only answers requests addressed to localhost, not {host[:100]!r}",
+                                code="forbidden_host")
+        return None
+
+
+def create_app(engine: Engine, limits: Limits = Limits(), api_key: str | None = None,
+               loopback_only: bool = True) -> tuple[FastAPI, Service]:
+    """The ASGI application over one engine (its scheduler's worker thread starts now)."""
+    svc = Service(engine, limits, api_key, loopback_only)
+    app = FastAPI(title="Colibri", docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, e: ApiError) -> JSONResponse:
+        return e.response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, e: StarletteHTTPException) -> JSONResponse:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(e.status_code)
+        return ApiError(e.status_code, f"{request.method} {request.url.path}: {e.detail}", code=code).response()
+
+    @app.exception_handler(Exception)
+    async def _crash(request: Request, e: Exception) -> JSONResponse:
+        log.exception("request failed")
+        return ApiError(500, f"internal error: {type(e).__name__}", kind="server_error", code="internal_error").response()
+
+    def model_card() -> dict:
+        return {"id": svc.model_id, "object": "model", "created": svc.created, "owned_by": "colibri"}
+
+    @app.get("/v1/models")
+    async def list_models() -> dict:
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def get_model(model_id: str) -> dict:
+        svc.check_model({"model": model_id})
+        return model_card()
+
+    @app.post("/v1/chat/completions")
+    async def _chat(request: Request) -> Any:
+        return await chat_completions(svc, request)
+
+    @app.post("/v1/completions")
+    async def _complete(request: Request) -> Any:
+        return await completions(svc, request)
+
+    app.add_middleware(_Guard, svc=svc)
+    return app, svc
+
+
+def _protocol(head_timeout_s: float) -> type[H11Protocol]:
+    """uvicorn's h11 protocol, closing connections that send no request head in time (uvicorn
+    itself waits for ever on a connection that never speaks)."""
+
+    class Protocol(H11Protocol):
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            self._head_timer = self.loop.call_later(head_timeout_s, self._no_request)
+
+        def _no_request(self) -> None:
+            if self.cycle is None and not self.transport.is_closing():
+                self.transport.close()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._head_timer.cancel()
+            super().connection_lost(exc)
+    return Protocol
+
+
+# --- running it ------------------------------------------------------------------------------
+class ServerHandle:
+    """A running server: its address, and stop()."""
+
+    def __init__(self, server: uvicorn.Server, thread: threading.Thread, svc: Service, url: str):
+        self._server, self._thread, self.service, self.url = server, thread, svc, url
+        self.model_id = svc.model_id
+
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
+    def status(self) -> dict:
+        """For a GUI label: the address, the model, whether a reply is running, how many wait."""
+        sched = self.service.scheduler
+        return {"url": self.url, "model": self.model_id, "busy": sched.running is not None, "waiting": sched.waiting}
+
+    def wait(self, timeout: float | None = None) -> None:
+        self._thread.join(timeout)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Cancel what is running or queued, close the connections, end the thread. The engine stays open."""
+        self.service.scheduler.close(timeout)
+        self._server.should_exit = True
+        self._thread.join(timeout)
+
+
+def check_bind(host: str, api_key: str | None) -> None:
+    if not is_loopback(host) and not api_key:
+        raise ValueError(f"listening on {host} (not this machine only) needs an API key: pass --api_key KEY or "
+                         f"set COLIBRI_API_KEY")
+
+
+def start(engine_or_factory: Engine | Callable[[], Engine], host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
+          api_key: str | None = None, limits: Limits = Limits(), log_level: str = "warning") -> ServerHandle:
+    """Serve the engine in a background thread; returns once it listens (port 0: any free port).
+
+    The address is checked before a factory loads anything; an address in use raises OSError here.
+    """
+    api_key = api_key or os.environ.get("COLIBRI_API_KEY") or None
+    check_bind(host, api_key)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host.strip("[]"), port))
+        sock.listen(2048)
+        engine = engine_or_factory if isinstance(engine_or_factory, Engine) else engine_or_factory()
+        app, svc = create_app(engine, limits, api_key, loopback_only=is_loopback(host))
+    except BaseException:
+        sock.close()
+        raise
+    config = uvicorn.Config(app, http=_protocol(limits.head_timeout_s), lifespan="off", log_config=None,
+                            log_level=log_level, access_log=False, limit_concurrency=limits.max_connections,
+                            timeout_keep_alive=limits.keep_alive_s, timeout_graceful_shutdown=2,
+                            h11_max_incomplete_event_size=64 * 1024)
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="colibri-serve", daemon=True)
+    thread.start()
+    while not server.started:
+        if not thread.is_alive():
+            svc.scheduler.close()
+            raise OSError(f"the server on {host}:{port} did not start (see the log)")
+        time.sleep(0.01)
+    bound = sock.getsockname()[1]
+    shown = f"[{host.strip('[]')}]" if family == socket.AF_INET6 else host
+    url = f"http://{shown}:{bound}/v1"
+    log.info("serving %s at %s%s", svc.model_id, url, " (API key required)" if api_key else "")
+    return ServerHandle(server, thread, svc, url)

@@ -1,0 +1,125 @@
+"""The server's requests in flight: one `Job` per request, and the scheduler that runs them.
+
+For now one engine runs one job at a time (`SerialScheduler`: a FIFO queue, so requests are
+served in arrival order, and one worker thread, so the engine never runs on the event loop).
+A continuous-batching scheduler replaces it by taking the same Jobs — `submit`, `cancel`,
+`events` — and stepping many of them per forward pass.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.api import Engine, Step
+
+log = logging.getLogger("colibri.server")
+
+
+class QueueFull(Exception):
+    """More requests are waiting than the server accepts."""
+
+
+@dataclass
+class Job:
+    """One generation request and its slot: what to run, and where its steps go.
+
+    `events` (an asyncio.Queue on the server's loop) receives each `Step`, then one final item:
+    None when the reply ended, or the exception that ended it.
+    """
+    prompt: str
+    sampling: dict[str, Any]
+    stop: tuple[str, ...]
+    loop: asyncio.AbstractEventLoop
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    done: threading.Event = field(default_factory=threading.Event)
+
+    def cancel(self) -> None:
+        """Stop after the current token (the client went away); safe from any thread."""
+        self.cancelled.set()
+
+    def _put(self, item: Step | BaseException | None) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, item)
+        except RuntimeError:  # the loop is closed: the server is shutting down
+            self.cancelled.set()
+
+
+class SerialScheduler:
+    """One worker thread runs the queued jobs on one engine, first come first served."""
+
+    def __init__(self, engine: Engine, max_queue: int):
+        self.engine = engine
+        self.max_queue = max_queue
+        self._queue: queue.Queue[Job | None] = queue.Queue()
+        self._waiting = 0  # submitted and not yet started
+        self._count_lock = threading.Lock()
+        self.running: Job | None = None
+        self._thread = threading.Thread(target=self._work, name="colibri-serve-engine", daemon=True)
+        self._thread.start()
+
+    @property
+    def waiting(self) -> int:
+        return self._waiting
+
+    def submit(self, job: Job) -> None:
+        with self._count_lock:
+            if self._waiting >= self.max_queue:
+                raise QueueFull(f"{self._waiting} requests are already waiting (the limit is {self.max_queue})")
+            self._waiting += 1
+        self._queue.put(job)
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Cancel the running job and everything queued, then end the worker thread."""
+        if self.running is not None:
+            self.running.cancel()
+        while True:
+            try:
+                job = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if job is not None:
+                job.cancel()
+                job._put(None)
+                job.done.set()
+        self._queue.put(None)
+        self._thread.join(timeout)
+
+    def _work(self) -> None:
+        while True:
+            job = self._queue.get()
+            if job is None:
+                return
+            with self._count_lock:
+                self._waiting -= 1
+            if job.cancelled.is_set():  # left while waiting
+                job._put(None)
+                job.done.set()
+                continue
+            self.running = job
+            try:
+                self._run(job)
+            finally:
+                self.running = None
+                job.done.set()
+
+    def _run(self, job: Job) -> None:
+        gen = None
+        try:
+            gen = self.engine.generate(job.prompt, stop=job.stop, **job.sampling)
+            for step in gen:
+                job._put(step)
+                if job.cancelled.is_set():
+                    log.info("request cancelled after %d tokens (client gone)", step.generated_tokens)
+                    break
+            job._put(None)
+        except Exception as e:  # reported to the client; the worker keeps serving
+            log.exception("generation failed")
+            job._put(e)
+        finally:
+            if gen is not None:
+                gen.close()  # releases the engine at once

@@ -1,0 +1,503 @@
+"""colibri-serve with real parts: uvicorn on a free loopback port, the default model, and the
+official `openai` client; raw sockets for what a client library would never send.
+
+Expected text comes from llama.cpp's greedy runs (tests/fixtures/llamacpp), compared only
+while llama.cpp itself was sure of each token (as tests/test_llamacpp_reference.py does).
+"""
+from __future__ import annotations
+
+import http.client
+import json
+import logging
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import openai
+import pytest
+from conftest import TESTS
+
+from app import server as S
+from app.reasoning import ThinkSplitter, is_reasoning_model, starts_inside
+from engine.api import Engine
+
+REF = {p["name"]: p for p in json.loads((TESTS / "fixtures" / "llamacpp" / "smollm2_q4_1.json").read_text())["prompts"]}
+SURE = 0.35  # llama.cpp's top-1/top-2 logit margin above which our greedy token must be its token
+LIMITS = S.Limits(max_body_bytes=64 * 1024, body_timeout_s=2.0, head_timeout_s=2.0, keep_alive_s=2)
+
+
+def sure_tokens(name: str, most: int) -> int:
+    """How many of llama.cpp's greedy tokens precede its first unsure step (at most `most`)."""
+    low = [i for i, m in enumerate(REF[name]["margins"]) if m < SURE]
+    return min(low[0] if low else most, most)
+
+
+@pytest.fixture(scope="module")
+def engine(default_converted):
+    eng = Engine(default_converted, threads=2, kv_cache_quantize="f32", context_length=512)
+    yield eng
+    eng.close()
+
+
+@pytest.fixture(scope="module")
+def server(engine):
+    handle = S.start(engine, "127.0.0.1", 0, limits=LIMITS)
+    yield handle
+    handle.stop()
+    assert not handle.running
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=120)
+
+
+def raw(server, method: str, path: str, body: bytes | None = None, headers: dict | None = None):
+    """(status, parsed JSON body) of one request sent with the standard library."""
+    host, port = server.url.split("//")[1].split("/")[0].split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    try:
+        conn.request(method, path, body, {"Content-Type": "application/json", **(headers or {})})
+        resp = conn.getresponse()
+        return resp.status, json.loads(resp.read() or b"null")
+    finally:
+        conn.close()
+
+
+def assert_error(status_body, status: int, param: str | None = None, code: str | None = None) -> str:
+    st, body = status_body
+    assert st == status, body
+    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}, body
+    if param is not None:
+        assert body["error"]["param"] == param
+    if code is not None:
+        assert body["error"]["code"] == code
+    return body["error"]["message"]
+
+
+def still_serving(client, server) -> None:
+    out = client.completions.create(model=server.model_id, prompt=REF["raw_counting"]["text"], max_tokens=2,
+                                    temperature=0)
+    assert out.choices[0].text == REF["raw_counting"]["continuation"][:len(out.choices[0].text)] != ""
+
+
+# --- the OpenAI client -----------------------------------------------------------------------
+def test_models_list(client, server, engine):
+    models = client.models.list()
+    assert [m.id for m in models] == [engine.model.path.name] == [server.model_id]
+    assert client.models.retrieve(server.model_id).id == server.model_id
+
+
+def test_chat_reply_is_llama_cpp_greedy_text_with_usage(client, server, engine):
+    p = REF["python_code"]
+    n = sure_tokens("python_code", 12)
+    assert n >= 8
+    out = client.chat.completions.create(model=server.model_id, messages=p["messages"], temperature=0, max_tokens=n)
+    text = out.choices[0].message.content
+    assert len(text) > 10 and p["continuation"].startswith(text)
+    assert out.choices[0].finish_reason == "length"
+    assert out.usage.prompt_tokens == len(p["prompt_ids"])  # the model's chat template, as llama.cpp renders it
+    assert out.usage.completion_tokens == n and out.usage.total_tokens == len(p["prompt_ids"]) + n
+    assert out.object == "chat.completion" and out.model == server.model_id and out.id.startswith("chatcmpl-")
+
+
+def test_chat_stream_equals_the_whole_reply(client, server):
+    p = REF["python_code"]
+    n = sure_tokens("python_code", 12)
+    whole = client.chat.completions.create(model=server.model_id, messages=p["messages"], temperature=0,
+                                           max_tokens=n).choices[0].message.content
+    chunks = list(client.chat.completions.create(model=server.model_id, messages=p["messages"], temperature=0,
+                                                 max_tokens=n, stream=True, stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    pieces = [c.choices[0].delta.content or "" for c in chunks if c.choices]
+    assert len([x for x in pieces if x]) >= 3  # streamed, not one lump
+    assert "".join(pieces) == whole
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == n
+    assert chunks[-1].usage.prompt_tokens == len(p["prompt_ids"])
+    assert len({c.id for c in chunks}) == 1
+
+
+def test_completions_max_tokens_and_stop_strings(client, server):
+    p = REF["raw_counting"]  # " 6, 7, 8, 9, 10, ..." with llama.cpp sure of every step
+    out = client.completions.create(model=server.model_id, prompt=p["text"], max_tokens=4, temperature=0)
+    assert out.choices[0].text == " 6, " and out.choices[0].finish_reason == "length"
+    assert out.usage.completion_tokens == 4 and out.usage.prompt_tokens == len(p["prompt_ids"])
+    out = client.completions.create(model=server.model_id, prompt=p["text"], max_tokens=30, temperature=0,
+                                    stop=["9", "never"])
+    assert out.choices[0].text == " 6, 7, 8, " and out.choices[0].finish_reason == "stop"
+    streamed = list(client.completions.create(model=server.model_id, prompt=p["text"], max_tokens=30,
+                                              temperature=0, stop="8", stream=True))
+    assert "".join(c.choices[0].text for c in streamed) == " 6, 7, "
+    assert streamed[-1].choices[0].finish_reason == "stop"
+
+
+def test_same_seed_same_text(client, server):
+    def sample(seed: int) -> str:
+        return client.chat.completions.create(
+            model=server.model_id, messages=REF["story_opening"]["messages"], temperature=1.0, top_p=1.0,
+            max_tokens=16, seed=seed, extra_body={"top_k": 0, "min_p": 0.0}).choices[0].message.content
+    a, b, c = sample(1234), sample(1234), sample(99)
+    assert a == b and a != c
+
+
+def test_models_answer_while_a_reply_streams(client, server):
+    stream = client.completions.create(model=server.model_id, prompt=REF["raw_counting"]["text"], max_tokens=60,
+                                       temperature=0, stream=True)
+    first = next(iter(stream))
+    assert first.choices[0].text
+    t0 = time.monotonic()
+    status, body = raw(server, "GET", "/v1/models")
+    waited = time.monotonic() - t0
+    rest = list(stream)
+    assert status == 200 and body["data"][0]["id"] == server.model_id
+    assert rest[-1].choices[0].finish_reason == "length"
+    assert waited < 2.0, f"/v1/models took {waited:.1f} s while a reply streamed"  # the engine is off the loop
+
+
+def test_concurrent_requests_are_all_served(client, server):
+    texts, errors = [], []
+
+    def ask() -> None:
+        try:
+            texts.append(client.completions.create(model=server.model_id, prompt=REF["raw_counting"]["text"],
+                                                   max_tokens=4, temperature=0).choices[0].text)
+        except Exception as e:  # noqa: BLE001 (reported below)
+            errors.append(e)
+    threads = [threading.Thread(target=ask) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors and texts == [" 6, "] * 3
+
+
+# --- requests that must fail cleanly ---------------------------------------------------------
+CHAT = "/v1/chat/completions"
+
+
+def chat_body(**kw) -> bytes:
+    """A chat request; without "model" (the server's one model is meant)."""
+    return json.dumps({"messages": kw.pop("messages", [{"role": "user", "content": "Hi"}]),
+                       "max_tokens": kw.pop("max_tokens", 2), **kw}).encode()
+
+
+@pytest.mark.parametrize("body, status, param, code", [
+    (b"{not json", 400, None, "invalid_json"),
+    (b"", 400, None, "invalid_json"),
+    (b"[1, 2]", 400, None, "invalid_json"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "temperature": NaN}', 400, None, "invalid_json"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "temperature": 1e999}', 400, None, "invalid_json"),
+    (b"[" * 30_000 + b"]" * 30_000, 400, None, "invalid_json"),  # too deep for the parser
+    (b"[" * 50_000 + b"]" * 50_000, 413, None, "request_too_large"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "temperature": 1%s}' % (b"0" * 400), 400, "temperature",
+     "invalid_value"),  # an integer no float holds
+    (chat_body(max_tokens=10**400), 400, "max_tokens", "invalid_value"),
+    (chat_body(top_k=2.5), 400, "top_k", "invalid_type"),
+    (b'{"messages": [{"role": "user", "content": "\\ud800"}]}', 400, "messages", "invalid_value"),  # not UTF-8
+    (b'{"messages": [{"role": "user", "content": [{"type": "text", "text": "a\\udfff"}]}]}', 400, "messages",
+     "invalid_value"),
+    (chat_body(model="gpt-4o"), 404, "model", "model_not_found"),
+    (chat_body(max_tokens=10**9), 400, "max_tokens", "invalid_value"),
+    (chat_body(max_tokens=0), 400, "max_tokens", "invalid_value"),
+    (chat_body(temperature=-1), 400, "temperature", "invalid_value"),
+    (chat_body(top_p=2), 400, "top_p", "invalid_value"),
+    (chat_body(top_k=-3), 400, "top_k", "invalid_value"),
+    (chat_body(temperature="hot"), 400, "temperature", "invalid_type"),
+    (chat_body(temperature=True), 400, "temperature", "invalid_type"),
+    (chat_body(seed=-1), 400, "seed", "invalid_value"),
+    (chat_body(presence_penalty=3), 400, "presence_penalty", "invalid_value"),
+    (chat_body(n=2), 400, "n", "unsupported"),
+    (chat_body(stop=[""]), 400, "stop", "invalid_value"),
+    (chat_body(stream="yes"), 400, "stream", "invalid_type"),
+    (chat_body(tools=[{"type": "function", "function": {"name": "f"}}]), 400, "tools", "unsupported"),
+    (chat_body(messages=[]), 400, "messages", "invalid_value"),
+    (chat_body(messages=[{"role": "wizard", "content": "x"}]), 400, "messages[0]", "invalid_value"),
+    (chat_body(messages=[{"role": "user", "content": 5}]), 400, "messages[0]", "invalid_value"),
+    (chat_body(messages=[{"role": "user", "content": [{"type": "image_url"}]}]), 400, "messages[0]", "unsupported"),
+])
+def test_bad_request_gets_a_clean_error(server, client, body, status, param, code):
+    assert_error(raw(server, "POST", CHAT, body), status, param, code)
+
+
+def test_oversize_prompt_and_oversize_body(server, client, engine):
+    words = " ".join(["colibri"] * 700)  # ~ 1400 tokens: more than the 512-token context
+    message = assert_error(raw(server, "POST", CHAT, chat_body(messages=[{"role": "user", "content": words}])),
+                           400, "messages", "context_length_exceeded")
+    assert re.search(r"the prompt is \d+ tokens; this server accepts at most 511", message)
+    assert_error(raw(server, "POST", "/v1/completions", json.dumps({"prompt": words}).encode()), 400,
+                 "prompt", "context_length_exceeded")
+    big = chat_body(messages=[{"role": "user", "content": "x" * 100_000}])
+    assert_error(raw(server, "POST", CHAT, big), 413, code="request_too_large")
+    with pytest.raises(openai.BadRequestError, match="context"):
+        client.chat.completions.create(model=server.model_id, messages=[{"role": "user", "content": words}])
+    still_serving(client, server)
+
+
+def test_unknown_route_method_and_host(server, client):
+    assert_error(raw(server, "GET", "/v1/nothing"), 404, code="not_found")
+    assert_error(raw(server, "GET", CHAT), 405, code="method_not_allowed")
+    assert_error(raw(server, "GET", "/v1/models/gpt-4o"), 404, "model", "model_not_found")
+    # a web page that rebinds its own name to 127.0.0.1 still sends its own Host
+    assert_error(raw(server, "GET", "/v1/models", headers={"Host": "evil.example:80"}), 403, code="forbidden_host")
+    assert raw(server, "GET", "/v1/models", headers={"Host": "localhost"})[0] == 200
+
+
+def test_openai_client_sees_errors_as_its_exceptions(client, server):
+    with pytest.raises(openai.NotFoundError, match="does not exist"):
+        client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "x"}])
+    with pytest.raises(openai.BadRequestError, match=r"temperature: -1.0 is out of range"):
+        client.chat.completions.create(model=server.model_id, messages=[{"role": "user", "content": "x"}],
+                                       temperature=-1)
+    with pytest.raises(openai.BadRequestError, match="top_p"):
+        client.completions.create(model=server.model_id, prompt="x", top_p=2)
+    with pytest.raises(openai.BadRequestError, match="max_tokens is too large"):
+        client.completions.create(model=server.model_id, prompt="x", max_tokens=10**9)
+    still_serving(client, server)
+
+
+# --- abusive connections ---------------------------------------------------------------------
+def address(server) -> tuple[str, int]:
+    host, port = server.url.split("//")[1].split("/")[0].split(":")
+    return host, int(port)
+
+
+def read_until_closed(sock: socket.socket, deadline: float) -> tuple[bytes, bool]:
+    """What the server sent, and whether it closed the connection before the deadline."""
+    data = b""
+    sock.settimeout(0.5)
+    while time.monotonic() < deadline:
+        try:
+            chunk = sock.recv(65536)
+        except TimeoutError:
+            continue
+        except ConnectionResetError:
+            return data, True
+        if not chunk:
+            return data, True
+        data += chunk
+    return data, False
+
+
+def test_disconnect_mid_stream_frees_the_engine_at_once(server, client, caplog):
+    body = json.dumps({"prompt": REF["raw_counting"]["text"], "max_tokens": 500, "temperature": 0,
+                       "stream": True}).encode()
+    request = (b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+               b"Content-Length: %d\r\n\r\n" % len(body)) + body
+    with caplog.at_level(logging.INFO, logger="colibri.server"):
+        sock = socket.create_connection(address(server), timeout=60)
+        sock.sendall(request)
+        seen = b""
+        while seen.count(b"data: {") < 3:  # a few tokens have streamed
+            chunk = sock.recv(4096)
+            assert chunk, "the server closed the stream early"
+            seen += chunk
+        assert seen.startswith(b"HTTP/1.1 200") and b"text/event-stream" in seen
+        sock.close()
+        t0 = time.monotonic()
+        still_serving(client, server)  # waits only for the engine to be free
+        waited = time.monotonic() - t0
+        deadline = time.monotonic() + 5
+        while not any("request cancelled after" in r.getMessage() for r in caplog.records):
+            assert time.monotonic() < deadline, "no cancellation was logged"
+            time.sleep(0.05)
+    cancelled = [r.getMessage() for r in caplog.records if "request cancelled after" in r.getMessage()]
+    tokens = int(re.search(r"after (\d+) tokens", cancelled[-1]).group(1))
+    assert tokens < 100, f"the engine kept generating for {tokens} tokens after the client left"
+    assert waited < 30
+
+
+def test_many_silent_connections_do_not_block_the_server(server, client):
+    host, port = address(server)
+    head = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 5000\r\n\r\n{\"model\"")
+    socks = []
+    try:
+        for i in range(100):  # half never speak; half send a request head and never the body
+            s = socket.create_connection((host, port), timeout=10)
+            if i % 2:
+                s.sendall(head)
+            socks.append(s)
+        t0 = time.monotonic()
+        assert client.models.list().data[0].id == server.model_id
+        still_serving(client, server)
+        assert time.monotonic() - t0 < 30
+        deadline = time.monotonic() + LIMITS.body_timeout_s + LIMITS.head_timeout_s + 10  # one for all
+        answers = [read_until_closed(s, deadline) for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+    assert all(closed for _, closed in answers), "a connection was left open"
+    assert all(a == b"" for a, _ in answers[0::2]), "a silent connection was answered"
+    for a, _ in answers[1::2]:  # the request heads: 408, OpenAI-shaped, and the connection closed
+        assert a.startswith(b"HTTP/1.1 408"), a[:200]
+        assert json.loads(a.split(b"\r\n\r\n", 1)[1])["error"]["code"] == "request_timeout"
+    still_serving(client, server)
+
+
+def stream_on_a_socket(server, max_tokens: int) -> socket.socket:
+    """A streamed completion on a raw socket, returned once a few tokens have arrived."""
+    body = json.dumps({"prompt": REF["raw_counting"]["text"], "max_tokens": max_tokens, "temperature": 0,
+                       "stream": True}).encode()
+    sock = socket.create_connection(address(server), timeout=60)
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    seen = b""
+    while seen.count(b"data: {") < 2:
+        chunk = sock.recv(4096)
+        assert chunk, "the server closed the stream early"
+        seen += chunk
+    return sock
+
+
+def wait_for(condition, seconds: float, what: str) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.02)
+
+
+def test_a_full_queue_answers_429_and_requests_run_in_order(engine):
+    handle = S.start(lambda: engine, "127.0.0.1", 0, limits=S.Limits(max_queue=1))  # a factory works too
+    try:
+        with pytest.raises(OSError):
+            S.start(engine, "127.0.0.1", int(handle.url.rsplit(":", 1)[1].split("/")[0]))  # the port is taken
+        client = openai.OpenAI(base_url=handle.url, api_key="unused", max_retries=0, timeout=120)
+        running = stream_on_a_socket(handle, 400)
+        assert handle.status()["busy"]
+        queued: list = []
+        second = threading.Thread(target=lambda: queued.append(client.completions.create(
+            model=handle.model_id, prompt=REF["raw_counting"]["text"], max_tokens=2, temperature=0)))
+        second.start()
+        wait_for(lambda: handle.status()["waiting"] == 1, 30, "the second request was not queued")
+        with pytest.raises(openai.RateLimitError, match="busy"):
+            client.completions.create(model=handle.model_id, prompt="x", max_tokens=2)
+        running.close()  # the first leaves: the queued one runs next
+        second.join(60)
+        assert queued and queued[0].choices[0].text == " 6"
+        wait_for(lambda: not handle.status()["busy"], 10, "the engine stayed busy")
+    finally:
+        handle.stop()
+
+
+def test_a_stream_waiting_in_the_queue_sends_keep_alive_comments(engine):
+    handle = S.start(engine, "127.0.0.1", 0, limits=S.Limits(heartbeat_s=0.2))
+    try:
+        running = stream_on_a_socket(handle, 400)
+        body = json.dumps({"prompt": REF["raw_counting"]["text"], "max_tokens": 4, "temperature": 0,
+                           "stream": True}).encode()
+        queued = socket.create_connection(address(handle), timeout=0.5)
+        queued.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                       b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        client = openai.OpenAI(base_url=handle.url, api_key="unused", max_retries=0, timeout=120)
+        got: list[str] = []  # the openai client also waits, behind both, and gets comments too
+        third = threading.Thread(target=lambda: got.extend(c.choices[0].text for c in client.completions.create(
+            model=handle.model_id, prompt=REF["raw_counting"]["text"], max_tokens=4, temperature=0, stream=True)))
+        third.start()
+        seen = b""
+        deadline = time.monotonic() + 20
+        while seen.count(b": keep-alive") < 2:  # while the first reply still runs
+            assert time.monotonic() < deadline and handle.status()["busy"], seen
+            try:
+                seen += queued.recv(65536)
+            except TimeoutError:
+                pass
+        assert b"data: {" not in seen
+        running.close()
+        queued.settimeout(60)
+        while b"data: [DONE]" not in seen:
+            chunk = queued.recv(65536)
+            assert chunk, seen
+            seen += chunk
+        events = [json.loads(x) for x in re.findall(rb"^data: (\{.*\})$", seen, re.MULTILINE)]
+        assert "".join(e["choices"][0]["text"] for e in events) == " 6, "
+        queued.close()
+        third.join(60)
+        assert "".join(got) == " 6, "
+    finally:
+        handle.stop()
+
+
+def test_colibri_serve_command_serves_and_stops_on_ctrl_c(default_converted):
+    cmd = [sys.executable, "-m", "app.cli_serve", "--model", str(default_converted), "--port", "0",
+           "--threads", "2", "--context_length", "512", "--kv_cache_quantize", "f32"]
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env={**os.environ, "COLIBRI_API_KEY": ""})
+    try:
+        lines: list[str] = []
+        reader = threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True)
+        reader.start()
+        wait_for(lambda: any(" at http://" in x for x in lines) or proc.poll() is not None, 180,
+                 "colibri-serve did not start")
+        url = re.search(r"at (http://\S+/v1)", "".join(lines)).group(1)
+        out = openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=120).completions.create(
+            model=default_converted.name, prompt=REF["raw_counting"]["text"], max_tokens=2, temperature=0)
+        assert out.choices[0].text == " 6"
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+# --- API key ---------------------------------------------------------------------------------
+def test_api_key_is_checked_on_every_route(engine, monkeypatch):
+    monkeypatch.delenv("COLIBRI_API_KEY", raising=False)
+    with pytest.raises(ValueError, match="needs an API key"):
+        S.start(engine, "0.0.0.0", 0)  # refused before anything listens
+    handle = S.start(engine, "127.0.0.1", 0, api_key="s3cret", limits=LIMITS)
+    try:
+        for path in ("/v1/models", "/v1/nothing"):
+            assert_error(raw(handle, "GET", path), 401, code="invalid_api_key")
+            assert_error(raw(handle, "GET", path, headers={"Authorization": "Bearer wrong"}), 401)
+        assert_error(raw(handle, "POST", CHAT, chat_body()), 401)
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=handle.url, api_key="wrong", max_retries=0).models.list()
+        good = openai.OpenAI(base_url=handle.url, api_key="s3cret", max_retries=0, timeout=120)
+        assert good.models.list().data[0].id == handle.model_id
+        assert good.completions.create(model=handle.model_id, prompt=REF["raw_counting"]["text"], max_tokens=2,
+                                       temperature=0).usage.completion_tokens == 2
+    finally:
+        handle.stop()
+
+
+def test_cli_refuses_a_public_address_without_a_key(monkeypatch, capsys):
+    from app import cli_serve
+    monkeypatch.delenv("COLIBRI_API_KEY", raising=False)
+    assert cli_serve.main(["--host", "0.0.0.0", "--port", "0"]) == 1
+    assert "needs an API key" in capsys.readouterr().err
+
+
+# --- reasoning -------------------------------------------------------------------------------
+THOUGHT = "<think>\nThe user greets me.\n</think>\n\nHello there!"
+
+
+@pytest.mark.parametrize("cut", range(len(THOUGHT) + 1))
+def test_think_splitter_at_every_cut(cut):
+    s = ThinkSplitter()
+    parts = [s.push(THOUGHT[:cut]), s.push(THOUGHT[cut:]), s.flush()]
+    assert "".join(p[0] for p in parts) == "The user greets me.\n"
+    assert "".join(p[1] for p in parts) == "Hello there!"
+
+
+def test_think_splitter_edges():
+    s = ThinkSplitter()
+    assert s.push("Use <think> tags") == ("", "Use <think> tags")  # not leading: plain text
+    s = ThinkSplitter(inside=True)  # the template opened the block
+    assert s.push("hmm</think>ok") == ("hmm", "ok")
+    s = ThinkSplitter()
+    assert (s.push("<thin"), s.push("g>"), s.flush()) == (("", ""), ("", "<thing>"), ("", ""))
+    assert starts_inside("<|im_start|>assistant\n<think>\n") and not starts_inside("<think>\n\n</think>\n\n")
+
+
+def test_only_reasoning_models_get_a_reasoning_field(server, engine):
+    assert is_reasoning_model("{% if thinking %}<think>\n{% endif %}", lambda token: False)
+    assert is_reasoning_model("", lambda token: token == "<think>")
+    assert not server.service.reasoning  # SmolLM2: no <think> in its template or vocabulary
+    status, body = raw(server, "POST", CHAT, chat_body())
+    assert status == 200 and set(body["choices"][0]["message"]) == {"role", "content"}
