@@ -91,6 +91,23 @@ def open_engine(model_path: str | Path, params: dict[str, Any], force: bool = Fa
     return engine
 
 
+def prompt_progress(step: Any) -> float | None:
+    """The fraction of the prompt read so far when `step` reports prompt processing, else None.
+
+    Tolerant by design: an engine that reports it yields steps with `kind == "prompt"` carrying
+    either `progress` (a fraction) or `done` and `total` tokens; a token step, or an engine
+    that reports nothing, gives None."""
+    if getattr(step, "kind", None) != "prompt":
+        return None
+    fraction = getattr(step, "progress", None)
+    if fraction is None:
+        done, total = getattr(step, "done", None), getattr(step, "total", None)
+        if done is None or not total:
+            return None
+        fraction = done / total
+    return min(1.0, max(0.0, float(fraction)))
+
+
 @dataclass(frozen=True)
 class Reply:
     text: str
@@ -121,14 +138,20 @@ def stream_reply(engine, messages: list[dict], sampling: dict[str, Any], stop: t
             del msgs[first:first + cut]
             dropped += cut
     text, pending, last, t_emit, asked = "", "", None, clock(), False
-    for last in steps:
-        text += last.text
-        pending += last.text
+    for step in steps:
         if stop.is_set() and not asked:
             engine.stop()
             asked = True
-        if last.finish_reason is not None or clock() - t_emit >= frame_s:
-            emit(pending, last)
+        if prompt_progress(step) is not None:  # the prompt is being read: no text yet
+            if clock() - t_emit >= frame_s:
+                emit("", step)
+                t_emit = clock()
+            continue
+        last = step
+        text += step.text
+        pending += step.text
+        if step.finish_reason is not None or clock() - t_emit >= frame_s:
+            emit(pending, step)
             pending, t_emit = "", clock()
     if pending:
         emit(pending, last)
@@ -178,6 +201,7 @@ class EngineWorker(QObject):
     wont_fit = Signal(object, str)  # FitReport, model path (the GUI may ask to load anyway)
     text = Signal(int, str, object)  # request id, batched text, latest Step
     finished = Signal(int, object)  # request id, Reply
+    counted = Signal(int, int)  # conversation id, tokens its prompt takes in the loaded model's context
     stats = Signal(object)  # StatsSnapshot
     defragged = Signal(object)  # DefragResult
     failed = Signal(str, str)  # what was being done, the specific error
@@ -266,6 +290,19 @@ class EngineWorker(QObject):
         self.finished.emit(request, reply)
         if self.engine is not None:
             self.stats.emit(self.engine.stats())
+
+    @Slot(int, list)
+    def count_context(self, conversation: int, messages: list) -> None:
+        """How many tokens of the context this conversation takes with the loaded model (its
+        template and tokenizer): the context meter of a chat opened before it sends anything."""
+        if self.engine is None:
+            return
+        try:
+            n = len(self.engine.prompt_ids(messages)) if messages else 0
+        except Exception as e:  # noqa: BLE001 - a meter that cannot count says so, nothing else
+            log.warning("counting the context of conversation %d: %s", conversation, e)
+            return
+        self.counted.emit(conversation, n)
 
     @Slot(str, object)
     def set_param(self, name: str, value: Any) -> None:

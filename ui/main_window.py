@@ -17,6 +17,7 @@ from app import model_library
 from app.paths import models_dir
 from app.history import NEW_TITLE, History, chat_messages
 from app.settings import Settings
+from app.worker import prompt_progress
 from ui import theme
 from ui.chat_view import ChatView, MessageInput
 from ui.model_flow import ModelFlow, show_error
@@ -61,6 +62,10 @@ class MainWindow(QMainWindow):
         self.gen_conv: int | None = None  # conversation a reply is being generated for
         self.editing: int | None = None  # id of the user message being edited
         self.last_step = None  # latest Step of the latest reply
+        self.streams: dict[int, str] = {}  # conversation id -> the text so far of the reply it is being written
+        self.prompt_read: float | None = None  # fraction of the prompt read, while the engine reports it
+        self.context_counts: dict[int, int] = {}  # conversation id -> tokens it takes in the loaded model
+        self.last_reply: dict = {}  # stats of the open chat's last reply (the status line when idle)
         self.snapshot = None  # latest StatsSnapshot
         self.busy = ""
         self.flow = ModelFlow(self, settings)
@@ -73,6 +78,7 @@ class MainWindow(QMainWindow):
         w.text.connect(self._on_text)
         w.finished.connect(self._on_finished)
         w.stats.connect(self._on_stats)
+        w.counted.connect(self._on_counted)
         self.status_timer = QTimer(self, objectName="status_timer", interval=STATUS_MS)
         self.status_timer.timeout.connect(self._update_status)
         self.status_timer.start()
@@ -241,12 +247,40 @@ class MainWindow(QMainWindow):
         self.notice.hide()
         self.refresh_conversations()
         self.render_conversation()
+        self.count_context()
+        self._update_status()
 
     def render_conversation(self) -> None:
         conv = self.history.conversation(self.conv_id)
         self.title.set_full_text(shown_title(conv.title))
-        streaming = self.view.streaming if self.gen_conv == self.conv_id else None
-        self.view.set_messages(self.history.messages(self.conv_id), streaming)
+        messages = self.history.messages(self.conv_id)
+        self.last_reply = next((m.stats for m in reversed(messages) if m.role == "assistant"), {})
+        self.view.set_messages(messages, self.streams.get(self.conv_id))
+        self._show_elsewhere()
+
+    def _show_elsewhere(self) -> None:
+        """While a reply is written in another chat, the notice says where (Stop stops that one)."""
+        if self.editing is not None:
+            return
+        if self.gen_conv is not None and self.gen_conv != self.conv_id:
+            title = shown_title(self.history.conversation(self.gen_conv).title)
+            self.notice.setText(self.tr("A reply is being written in “{title}”; Stop (Esc) ends it.")
+                                .format(title=title))
+            self.notice.show()
+        else:
+            self.notice.hide()
+
+    def count_context(self) -> None:
+        """Ask the worker how much of the context the open chat takes (answered by `_on_counted`)."""
+        if self.flow.model is None or self.conv_id is None or self.conv_id == self.gen_conv:
+            return
+        conv = self.history.conversation(self.conv_id)
+        self.flow.count_requested.emit(conv.id, chat_messages(conv, self.history.messages(conv.id)))
+
+    def _on_counted(self, cid: int, tokens: int) -> None:
+        self.context_counts[cid] = tokens
+        if cid == self.conv_id:
+            self._update_status()
 
     def new_conversation(self) -> None:
         conv = self.history.create(sampling=self.settings.sampling)
@@ -320,16 +354,24 @@ class MainWindow(QMainWindow):
         sampling = self.settings.sampling_values() | conv.sampling
         self.request += 1
         self.gen_conv = conv.id
-        self.last_step = None
-        self.view.streaming = ""
+        self.last_step, self.prompt_read = None, None
+        self.streams[conv.id] = ""
         self.render_conversation()
         self._set_busy("generating")
         self.flow.generate(self.request, chat_messages(conv, self.history.messages(conv.id)), sampling)
 
     def _on_text(self, request: int, text: str, step) -> None:
-        if request != self.request:
+        if request != self.request or self.gen_conv is None:
             return
-        self.last_step = step
+        fraction = prompt_progress(step)
+        if fraction is not None:
+            self.prompt_read = fraction
+            if self.gen_conv == self.conv_id:
+                self.view.set_stream_note(self.tr("reading your message: {pct:.0%}").format(pct=fraction))
+            return
+        self.last_step, self.prompt_read = step, None
+        self.context_counts[self.gen_conv] = step.context_used
+        self.streams[self.gen_conv] = self.streams.get(self.gen_conv, "") + text
         if self.gen_conv == self.conv_id:
             self.view.append(text)
 
@@ -337,7 +379,10 @@ class MainWindow(QMainWindow):
         if request != self.request:
             return
         cid, self.gen_conv = self.gen_conv, None
-        self.view.end_stream()
+        self.streams.pop(cid, None)
+        self.prompt_read = None
+        if cid == self.conv_id:
+            self.view.end_stream()
         s = reply.step
         if s is not None and (reply.text or s.generated_tokens):
             stats = {"generated_tokens": s.generated_tokens, "prompt_tokens": s.prompt_tokens,
@@ -348,8 +393,9 @@ class MainWindow(QMainWindow):
             self.statusBar().showMessage(self.tr("The context was full: the {n} oldest messages were left out of "
                                                  "this reply").format(n=reply.dropped), 8000)
         self._set_busy("")
-        if cid == self.conv_id:
-            self.render_conversation()
+        if s is not None:
+            self.context_counts[cid] = s.context_used
+        self.render_conversation()
         self.refresh_conversations()
         self._update_status()
 
@@ -441,6 +487,9 @@ class MainWindow(QMainWindow):
 
     def _on_ready(self, snapshot) -> None:
         self.snapshot = snapshot
+        self.last_step = None
+        self.context_counts.clear()  # another model counts with its own tokenizer and template
+        self.count_context()
         if getattr(self, "dashboard", None) is not None:
             self.dashboard.set_model_path(self.flow.model)
         self.refresh_models()
@@ -528,16 +577,32 @@ class MainWindow(QMainWindow):
         self.model_picker.setEnabled(not self.busy)
 
     def _update_status(self) -> None:
+        """Speed of this chat's reply (live while it is written), its context use, the process memory.
+
+        Nothing is made up: before a reply the speed says so, while the prompt is read its progress
+        shows, and the context count is this chat's own (counted by the loaded model)."""
         s, snap = self.last_step, self.snapshot
-        src = s if s is not None else snap
-        if src is not None:
+        here = self.gen_conv is not None and self.gen_conv == self.conv_id
+        if here and s is not None:
             self.speed_label.setText(self.tr("{rate:.1f} tok/s · first token {ttft:.2f} s")
-                                     .format(rate=src.decode_tok_s, ttft=src.ttft_s))
-            self.context_label.setText(self.tr("context {used:,} / {limit:,}")
-                                       .format(used=src.context_used, limit=src.context_limit))
+                                     .format(rate=s.decode_tok_s, ttft=s.ttft_s))
+        elif here:
+            self.speed_label.setText(self.tr("reading your message: {pct:.0%}").format(pct=self.prompt_read)
+                                     if self.prompt_read is not None else self.tr("reading your message…"))
+        elif self.last_reply.get("generated_tokens"):
+            r = self.last_reply
+            self.speed_label.setText(self.tr("last reply {rate:.1f} tok/s · first token {ttft:.2f} s")
+                                     .format(rate=r.get("decode_tok_s", 0.0), ttft=r.get("ttft_s", 0.0)))
         else:
-            self.speed_label.setText(self.tr("— tok/s"))
+            self.speed_label.setText(self.tr("no reply yet"))
+        limit = (s.context_limit if here and s is not None else snap.context_limit) if snap is not None else None
+        used = self.context_counts.get(self.conv_id)
+        if limit is None:
             self.context_label.setText(self.tr("context —"))
+        elif used is None:
+            self.context_label.setText(self.tr("context … / {limit:,}").format(limit=limit))
+        else:
+            self.context_label.setText(self.tr("context {used:,} / {limit:,}").format(used=used, limit=limit))
         self.memory_label.setText(self.tr("memory {mb:,.0f} MB").format(mb=psutil.Process().memory_info().rss / 2**20))
 
     def closeEvent(self, event) -> None:  # noqa: N802 - Qt's name

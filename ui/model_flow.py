@@ -56,6 +56,7 @@ class ModelFlow(QObject):
     load_requested = Signal(str, dict, bool)
     convert_requested = Signal(str)
     generate_requested = Signal(int, list, dict)
+    count_requested = Signal(int, list)  # conversation id, its messages: the worker answers `counted`
     set_param_requested = Signal(str, object)
     close_requested = Signal()
 
@@ -72,6 +73,7 @@ class ModelFlow(QObject):
         self.load_requested.connect(self.worker.load)
         self.convert_requested.connect(self.worker.convert)
         self.generate_requested.connect(self.worker.generate)
+        self.count_requested.connect(self.worker.count_context)
         self.set_param_requested.connect(self.worker.set_param)
         self.close_requested.connect(self.worker.close, Qt.BlockingQueuedConnection)
         w = self.worker
