@@ -163,5 +163,8 @@ def inspect(path: str | Path) -> ModelSummary:
 
 
 def default_target(models: Path, summary: ModelSummary, quantize: str) -> Path:
-    """Where the wizard proposes to put the converted model: named after the source and the choice."""
-    return models / (summary.name if quantize == "keep" else f"{summary.name}-{quantize}")
+    """Where the wizard proposes to put the converted model: named after the source and the choice,
+    made unique in the library (another source's model of the same name is never proposed)."""
+    from app.model_library import library_name
+    base = summary.name if quantize == "keep" else f"{summary.name}-{quantize}"
+    return models / library_name(models, summary.source, base)

@@ -18,6 +18,7 @@ from typing import Any, Callable
 import psutil
 from PySide6.QtCore import QObject, QTimer, Signal, Slot
 
+from app import model_library
 from app.model_library import ensure_default_model
 from app.paths import models_dir
 from engine import params as P
@@ -162,14 +163,13 @@ def import_model(source: str | Path, progress: Callable[[float, str], None],
                  cancel: threading.Event) -> Path:
     """Convert a GGUF file or Hugging Face folder into the models folder (once)."""
     from engine.convert.convert import convert
-    src = Path(source)
-    target = models_dir() / (src.stem if src.is_file() else src.name)
-    try:
-        open_model_dir(target)
-        return target
-    except ColibriError:
-        pass
+    src, library = Path(source), models_dir()
+    done = model_library.converted_from(library, src)
+    if done is not None:
+        return done
+    target = library / model_library.library_name(library, src, src.stem if src.is_file() else src.name)
     convert(src, target, force=True, progress=lambda p: progress(p.fraction, p.tensor), cancel=cancel)
+    model_library.record_source(target, src)
     return target
 
 
@@ -401,6 +401,8 @@ class ConvertWorker(QObject):
         try:
             result = convert(source, target, quantize, split_experts=split_experts, force=True,
                              progress=progress, cancel=self._cancel)
+            if Path(target).parent == models_dir():
+                model_library.record_source(result.path, source)
             self.converted.emit(result)
         except ConversionCancelled:
             self.cancelled.emit()
