@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
                                   "model again.").format(path=p) for p in model_library.recover()]
     except OSError as e:
         notices.append(f"models: {e}")
-    window = MainWindow(settings, history)
+    window = MainWindow(settings, history, translators)
     window.show()
     for notice in notices:
         QMessageBox.warning(window, "Colibri", notice)

@@ -22,8 +22,8 @@ FILENAME = "settings.json"
 APPEARANCE: dict[str, P.Param] = {p.name: p for p in [
     P.Param("theme", str, "light", "colour theme of the window", scope="ui", choices=("light", "dark")),
     P.Param("font_size", int, 11, "text size of the conversation, in points", scope="ui", min=8, max=28),
-    P.Param("language", str, "system", "language of the interface (system: the desktop's, where translated); "
-            "applied at the next start", scope="ui", choices=("system", "en", "zh_CN")),
+    P.Param("language", str, "system", "language of the interface (the desktop's, where translated); "
+            "applied at once", scope="ui", choices=("system", "en", "zh_CN")),
 ]}
 
 
@@ -42,6 +42,7 @@ class Settings:
     sampling: dict[str, Any] = field(default_factory=dict)  # defaults for new conversations
     ui: dict[str, Any] = field(default_factory=lambda: {n: p.default for n, p in APPEARANCE.items()})
     model: str | None = None  # the folder of the last model loaded
+    window: dict[str, str] = field(default_factory=dict)  # the main window's geometry and docks (Qt's, base64)
     path: Path | None = None
     notices: list[str] = field(default_factory=list)  # values that were dropped on load, and why
 
@@ -68,7 +69,8 @@ class Settings:
 
     def save(self) -> None:
         path = self.path or data_dir() / FILENAME
-        doc = {"version": 1, "engine": self.engine, "sampling": self.sampling, "ui": self.ui, "model": self.model}
+        doc = {"version": 1, "engine": self.engine, "sampling": self.sampling, "ui": self.ui, "model": self.model,
+               "window": self.window}
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text(json.dumps(doc, indent=2))
         os.replace(tmp, path)  # never a half-written settings file
@@ -111,6 +113,8 @@ def load(path: str | Path | None = None) -> Settings:
     s.sampling = _checked(doc.get("sampling", {}), sampling, "sampling", s.notices)
     s.ui |= _checked(doc.get("ui", {}), APPEARANCE, "ui", s.notices)
     s.model = doc.get("model") if isinstance(doc.get("model"), str) else None
+    window = doc.get("window", {})
+    s.window = {k: v for k, v in window.items() if isinstance(v, str)} if isinstance(window, dict) else {}
     for n in s.notices:
         log.warning(n)
     return s

@@ -77,6 +77,20 @@ def check_fit(model_path: str | Path, params: dict[str, Any], available: int | N
     return FitReport(model.path.name, plan.resident_bytes, plan.kv_bytes, plan.cache_bytes, plan.available)
 
 
+def fit_text(model_path: str | Path, params: dict[str, Any], available: int | None = None) -> str:
+    """One line for the settings dialog: what the model needs with these settings, and whether it fits."""
+    model = open_model_dir(model_path)
+    ctx = min(params.get("context_length") or P.PARAMS["context_length"].default, model.config.max_position_embeddings)
+    plan = plan_expert_cache(model, params, ctx, available)
+    need = plan.resident_bytes + plan.kv_bytes + plan.cache_bytes
+    gb = lambda n: f"{n / 1e9:.2f} GB"  # noqa: E731
+    verdict = "fits" if need <= plan.available else "does not fit: lower the expert cache or the context"
+    experts = f" · expert cache: {plan.reason}" if model.config.num_experts > 1 else ""
+    return (f"{model.path.name} needs {gb(need)} with these settings (weights {gb(plan.resident_bytes)}, KV cache "
+            f"{gb(plan.kv_bytes)}, experts {gb(plan.cache_bytes)}); {gb(plan.available)} is free: it {verdict}"
+            f"{experts}")
+
+
 def open_engine(model_path: str | Path, params: dict[str, Any], force: bool = False,
                 stage: Callable[[str], None] = lambda s: None):
     """A warmed-up Engine, after the fit check (skipped with `force`)."""

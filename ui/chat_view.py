@@ -206,10 +206,13 @@ class MessageInput(QPlainTextEdit):
 
     def __init__(self):
         super().__init__()
-        self.setPlaceholderText(self.tr("Message Colibri — Enter sends, Shift+Enter adds a line"))
-        self.setAccessibleName(self.tr("Message"))
+        self.set_texts()
         self.document().contentsChanged.connect(self._fit_height)
         self._fit_height()
+
+    def set_texts(self) -> None:
+        self.setPlaceholderText(self.tr("Message Colibri — Enter sends, Shift+Enter adds a line"))
+        self.setAccessibleName(self.tr("Message"))
 
     def keyPressEvent(self, e: QKeyEvent) -> None:
         if e.key() in (Qt.Key_Return, Qt.Key_Enter) and not e.modifiers() & Qt.ShiftModifier:

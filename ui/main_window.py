@@ -6,9 +6,9 @@ import logging
 from pathlib import Path
 
 import psutil
-from PySide6.QtCore import QSize, Qt, QTimer
+from PySide6.QtCore import QByteArray, QEvent, QSize, Qt, QTimer
 from PySide6.QtGui import QAction, QKeySequence
-from PySide6.QtWidgets import (QApplication, QComboBox, QFileDialog, QHBoxLayout, QInputDialog, QLabel,
+from PySide6.QtWidgets import (QApplication, QComboBox, QDockWidget, QFileDialog, QHBoxLayout, QInputDialog, QLabel,
                                QLineEdit, QListView, QMainWindow, QMenu, QMessageBox, QPushButton, QSizePolicy,
                                QSplitter,
                                QVBoxLayout, QWidget)
@@ -17,7 +17,8 @@ from app import model_library
 from app.paths import models_dir
 from app.history import NEW_TITLE, History, chat_messages
 from app.settings import Settings
-from app.worker import prompt_progress
+from app.worker import fit_text, prompt_progress
+from ui import i18n
 from ui import theme
 from ui.chat_view import ChatView, MessageInput
 from ui.model_flow import ModelFlow, show_error
@@ -52,11 +53,15 @@ class ElidedLabel(QLabel):
 
 
 class MainWindow(QMainWindow):
-    def __init__(self, settings: Settings, history: History):
+    def __init__(self, settings: Settings, history: History, translators: list | None = None):
         super().__init__()
         self.settings, self.history = settings, history
+        self.translators = translators if translators is not None else []  # the installed ones (language switch)
         self.setWindowTitle("Colibri")
+        self.setObjectName("main_window")
         self.resize(1100, 720)
+        self.dashboard = None
+        self.dashboard_dock: QDockWidget | None = None
         self.conv_id: int | None = None
         self.request = 0  # id of the latest generation request
         self.gen_conv: int | None = None  # conversation a reply is being generated for
@@ -87,13 +92,14 @@ class MainWindow(QMainWindow):
         convs = self.model.items
         self.open_conversation(convs[0].id if convs else self.history.create(sampling=settings.sampling).id)
         self._update_controls()
+        self.restore_place()
 
     # --- layout ------------------------------------------------------------------------------
     def _build(self) -> None:
         side = QWidget(objectName="sidebar")
-        self.search = QLineEdit(placeholderText=self.tr("Search chats"), clearButtonEnabled=True, objectName="search")
+        self.search = QLineEdit(clearButtonEnabled=True, objectName="search")
         self.search.textChanged.connect(lambda _: self.refresh_conversations())
-        self.new_button = QPushButton(self.tr("New chat"), objectName="new_chat")
+        self.new_button = QPushButton(objectName="new_chat")
         self.new_button.clicked.connect(self.new_conversation)
         self.model = ConversationListModel()
         self.list = QListView(objectName="conversations")
@@ -116,9 +122,9 @@ class MainWindow(QMainWindow):
         self.model_picker = QComboBox(objectName="model_picker")
         self.model_picker.setMinimumWidth(240)
         self.model_picker.activated.connect(self._pick_model)
-        self.chat_settings_button = QPushButton(self.tr("Chat settings"), objectName="chat_settings")
+        self.chat_settings_button = QPushButton(objectName="chat_settings")
         self.chat_settings_button.clicked.connect(self.edit_conversation_options)
-        self.settings_button = settings_button = QPushButton(self.tr("Settings"), objectName="settings")
+        self.settings_button = settings_button = QPushButton(objectName="settings")
         settings_button.clicked.connect(self.open_settings)
         tl = QHBoxLayout(top)
         tl.setContentsMargins(14, 8, 14, 8)
@@ -138,7 +144,7 @@ class MainWindow(QMainWindow):
         self.input.submitted.connect(self.send)
         self.notice = QLabel(objectName="notice")
         self.notice.hide()
-        self.send_button = QPushButton(self.tr("Send"), objectName="primary")
+        self.send_button = QPushButton(objectName="primary")
         self.send_button.setMinimumWidth(84)
         self.send_button.clicked.connect(self._send_or_stop)
         cl = QVBoxLayout(composer)
@@ -170,7 +176,39 @@ class MainWindow(QMainWindow):
         for lab in (self.speed_label, self.context_label, self.memory_label):
             self.statusBar().addPermanentWidget(lab)
         self.refresh_models()
+        self._set_texts()
         self._accessibility()
+
+    def _set_texts(self) -> None:
+        """The texts of the controls, in the interface's language (again after a language switch)."""
+        self.search.setPlaceholderText(self.tr("Search chats"))
+        self.new_button.setText(self.tr("New chat"))
+        self.chat_settings_button.setText(self.tr("Chat settings"))
+        self.settings_button.setText(self.tr("Settings"))
+        self.input.set_texts()
+
+    def changeEvent(self, e) -> None:  # noqa: N802 - Qt's name
+        super().changeEvent(e)
+        if e.type() == QEvent.LanguageChange and hasattr(self, "status_timer"):
+            self.retranslate()
+
+    def retranslate(self) -> None:
+        """A new interface language, live: every text of the window is set again."""
+        self._set_texts()
+        self._accessibility()
+        self.menuBar().clear()
+        self._menus()
+        self._update_controls()
+        if self.snapshot is not None and self.flow.model is not None:
+            self.view.empty_text = self.tr("{model} is ready. Type a message below.").format(model=self.snapshot.model)
+        self.refresh_models()
+        self.refresh_conversations()
+        self.render_conversation()
+        if self.editing is not None:
+            self.notice.setText(self._editing_text())
+        self._update_status()
+        if self.dashboard is not None:
+            self._rebuild_dashboard()
 
     def _accessibility(self) -> None:
         """Names and descriptions for screen readers, and the Tab order: sidebar, top bar, chat, composer."""
@@ -226,7 +264,8 @@ class MainWindow(QMainWindow):
         v = self.menuBar().addMenu(self.tr("&View"))
         act(v, self.tr("Toggle &dark theme"), self.toggle_theme, "Ctrl+Shift+D")
         act(v, self.tr("&Settings…"), self.open_settings, "Ctrl+,")
-        act(v, self.tr("Performance dashboard"), self.open_dashboard, "Ctrl+Shift+P")
+        dash = act(v, self.tr("Performance dashboard"), lambda: self.open_dashboard(toggle=True), "Ctrl+Shift+P")
+        dash.setShortcutContext(Qt.ApplicationShortcut)  # also while the dashboard has the focus
 
     def sizeHint(self) -> QSize:  # noqa: N802 - Qt's name
         return QSize(1100, 720)
@@ -432,8 +471,11 @@ class MainWindow(QMainWindow):
         self.editing = users[-1].id
         self.input.setPlainText(users[-1].content)
         self.input.setFocus()
-        self.notice.setText(self.tr("Editing your last message: Enter resends it and replaces the reply · Esc cancels"))
+        self.notice.setText(self._editing_text())
         self.notice.show()
+
+    def _editing_text(self) -> str:
+        return self.tr("Editing your last message: Enter resends it and replaces the reply · Esc cancels")
 
     # --- models ------------------------------------------------------------------------------
     def refresh_models(self) -> None:
@@ -477,20 +519,46 @@ class MainWindow(QMainWindow):
         if not self.busy and path != self.flow.model:
             self.flow.load(path)
 
-    def open_dashboard(self):
-        if getattr(self, "dashboard", None) is None:
-            from ui.dashboard import Dashboard
-            self.dashboard = Dashboard(self.flow.worker, theme.palette(self.settings.theme), self.flow.model, self)
-        self.dashboard.show()
-        self.dashboard.raise_()
+    def _make_dashboard(self):
+        from ui.dashboard import Dashboard
+        return Dashboard(self.flow.worker, theme.palette(self.settings.theme), self.flow.model, self)
+
+    def open_dashboard(self, toggle: bool = False):
+        """The performance dashboard, docked where the user last left it (right of the chat at first);
+        Ctrl+Shift+P shows it, and hides it again when it is showing."""
+        if self.dashboard_dock is None:
+            self.dashboard = self._make_dashboard()
+            dock = QDockWidget(self.tr("Performance"), self, objectName="dashboard_dock")
+            dock.setAccessibleName(self.tr("Performance dashboard"))
+            dock.setWidget(self.dashboard)
+            dock.setAllowedAreas(Qt.AllDockWidgetAreas)
+            self.dashboard_dock = dock
+            if not self.restoreDockWidget(dock):
+                self.addDockWidget(Qt.RightDockWidgetArea, dock)
+                self.resizeDocks([dock], [max(460, self.width() // 2)], Qt.Horizontal)
+        if toggle and self.dashboard_dock.isVisible():
+            self.dashboard_dock.hide()
+        else:
+            self.dashboard_dock.show()
+            self.dashboard_dock.raise_()
         return self.dashboard
+
+    def _rebuild_dashboard(self) -> None:
+        """The dashboard again in the new language; its history of figures is kept."""
+        old, self.dashboard = self.dashboard, self._make_dashboard()
+        self.dashboard.history, self.dashboard.snapshot = old.history, old.snapshot
+        self.dashboard_dock.setWindowTitle(self.tr("Performance"))
+        self.dashboard_dock.setAccessibleName(self.tr("Performance dashboard"))
+        self.dashboard_dock.setWidget(self.dashboard)
+        old.hide()
+        old.deleteLater()
 
     def _on_ready(self, snapshot) -> None:
         self.snapshot = snapshot
         self.last_step = None
         self.context_counts.clear()  # another model counts with its own tokenizer and template
         self.count_context()
-        if getattr(self, "dashboard", None) is not None:
+        if self.dashboard is not None:
             self.dashboard.set_model_path(self.flow.model)
         self.refresh_models()
         self.view.empty_text = self.tr("{model} is ready. Type a message below.").format(model=snapshot.model)
@@ -511,7 +579,13 @@ class MainWindow(QMainWindow):
 
     # --- settings and appearance ----------------------------------------------------------------
     def open_settings(self) -> None:
-        d = SettingsDialog(self, self.settings)
+        model = self.flow.model
+
+        def fit(values: dict) -> str:
+            # memory free now plus what Colibri holds (the loaded model's memory comes back on a reload)
+            from engine.sysmem import available_memory
+            return fit_text(model, values, available_memory() + psutil.Process().memory_info().rss)
+        d = SettingsDialog(self, self.settings, fit if model else None)
         if d.exec():
             self.apply_settings(d.engine_form.values(), d.ui_form.values())
 
@@ -528,7 +602,8 @@ class MainWindow(QMainWindow):
         self.settings.save()
         self.apply_appearance()
         if self.settings.language != language:
-            self.statusBar().showMessage(self.tr("The new language applies when Colibri next starts."), 10000)
+            self.translators = i18n.switch(QApplication.instance(), self.translators, self.settings.language)
+            self.retranslate()  # at once (the LanguageChange events come too; this one is not left to them)
 
     def toggle_theme(self) -> None:
         self.settings.set_ui("theme", "light" if self.settings.theme == "dark" else "dark")
@@ -605,7 +680,29 @@ class MainWindow(QMainWindow):
             self.context_label.setText(self.tr("context {used:,} / {limit:,}").format(used=used, limit=limit))
         self.memory_label.setText(self.tr("memory {mb:,.0f} MB").format(mb=psutil.Process().memory_info().rss / 2**20))
 
+    # --- place ---------------------------------------------------------------------------------
+    def save_place(self) -> None:
+        """The window's size and place and the dashboard dock's, into the settings file."""
+        self.settings.window = {"geometry": bytes(self.saveGeometry().toBase64()).decode(),
+                                "state": bytes(self.saveState().toBase64()).decode(),
+                                "dashboard": "shown" if self.dashboard_dock is not None
+                                and self.dashboard_dock.isVisible() else "hidden"}
+        self.settings.save()
+
+    def restore_place(self) -> None:
+        w = self.settings.window
+        if w.get("geometry"):
+            self.restoreGeometry(QByteArray.fromBase64(w["geometry"].encode()))
+        if w.get("state"):
+            self.restoreState(QByteArray.fromBase64(w["state"].encode()))
+        if w.get("dashboard") == "shown":
+            self.open_dashboard()
+
     def closeEvent(self, event) -> None:  # noqa: N802 - Qt's name
+        try:
+            self.save_place()
+        except OSError as e:
+            log.warning("the window's place was not saved: %s", e)
         self.status_timer.stop()
         self.flow.shutdown()
         self.history.close()

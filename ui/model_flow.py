@@ -155,6 +155,9 @@ class ModelFlow(QObject):
             self.dialog.close()
             self.dialog.deleteLater()
             self.dialog = None
+            # the keyboard goes back to the chat window: without a window manager to hand it back, no
+            # window was active after the dialog and every shortcut (Ctrl+Shift+P…) did nothing
+            self.window.activateWindow()
 
     # --- worker answers ----------------------------------------------------------------------
     def _stage(self, text: str) -> None:
