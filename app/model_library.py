@@ -42,6 +42,17 @@ def ensure_default_model(progress: Callable[[Progress], None] | None = None,
     return target
 
 
+def first_valid(candidates: list[str]) -> str:
+    """The first candidate that is a model directory opening cleanly (cheap checks), or ""."""
+    for c in candidates:
+        try:
+            open_model_dir(c)
+            return c
+        except (ModelFormatError, OSError):
+            continue
+    return ""
+
+
 def installed_models() -> list[Path]:
     """Model directories in the library that open cleanly (cheap checks, no checksums)."""
     found = []

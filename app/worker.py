@@ -220,6 +220,7 @@ class EngineWorker(QObject):
     defragged = Signal(object)  # DefragResult
     failed = Signal(str, str)  # what was being done, the specific error
     cancelled = Signal(str)  # a conversion was cancelled: what it was converting
+    picked = Signal(str)  # the first candidate model folder that opens, or "" (pick)
 
     def __init__(self):
         super().__init__()
@@ -248,6 +249,12 @@ class EngineWorker(QObject):
         self.failed.emit(what, f"{kind}{e}")
 
     # --- slots (run on the worker thread) ---------------------------------------------------
+    @Slot(list)
+    def pick(self, candidates: list) -> None:
+        """Model folders are opened here, never on the GUI thread (a model has hundreds of files)."""
+        from app.model_library import first_valid
+        self.picked.emit(first_valid([str(c) for c in candidates]))
+
     @Slot(str, dict, bool)
     def load(self, path: str, params: dict, force: bool) -> None:
         try:

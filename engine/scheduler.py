@@ -149,7 +149,7 @@ def detect_gpu(allow_simulator: bool = False) -> tuple[Any, str]:
     try:
         if not cuda.is_available():
             try:
-                cuda.gpus.current  # raises with the driver's reason
+                _ = cuda.gpus.current  # raises with the driver's reason
                 return None, "no NVIDIA GPU: the driver sees no CUDA device"
             except Exception as e:  # CudaSupportError (an ImportError), CudaDriverError, ...
                 return None, f"no NVIDIA GPU: {_driver_reason(e)}"

@@ -16,7 +16,6 @@ import dataclasses
 import json
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np

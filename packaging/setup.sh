@@ -52,6 +52,9 @@ extras=""; [ "$mode" = test ] && extras="[test]"
 export NUMBA_THREADING_LAYER="${NUMBA_THREADING_LAYER:-omp}"  # fail loudly rather than fall back
 case "$mode" in
   run)  exec .venv/bin/colibri "$@" ;;
-  test) export QT_QPA_PLATFORM=offscreen; exec .venv/bin/python -m pytest -q "$@" ;;
+  test) export QT_QPA_PLATFORM=offscreen
+        .venv/bin/ruff check .          # errors and likely bugs ([tool.ruff.lint] in pyproject.toml)
+        .venv/bin/lint-imports          # the layer contracts ([tool.importlinter])
+        exec .venv/bin/python -m pytest -q "$@" ;;
   *)    echo "usage: bash packaging/setup.sh run|test"; exit 2 ;;
 esac

@@ -62,7 +62,6 @@ import glob
 import hashlib
 import importlib.util
 import json
-import os
 import sys
 from pathlib import Path
 

@@ -5,8 +5,8 @@ import json
 
 from conftest import HF_FIXTURES
 
-from app import bench_speed
-from app.cli_bench import main
+from app.bench import speed as bench_speed
+from app.bench.cli import main
 
 
 def test_speed_command_writes_every_figure(tmp_path, capsys):

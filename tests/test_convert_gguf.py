@@ -10,7 +10,7 @@ from gguf_fixtures import write_gguf, write_raw_gguf
 from test_convert_hf import converted_tensors
 from tokenizers import Tokenizer
 
-from engine import errors, quant
+from engine import errors
 from engine.convert.convert import convert
 from engine.model_dir import open_model_dir
 

@@ -36,7 +36,9 @@ def test_keep_is_exact_and_complete(kept, arch):
     src = read_folder(HF_FIXTURES / arch)
     ours = converted_tensors(kept[arch])
     ours.pop("rope_freqs.weight", None)  # computed from the llama3 rope_scaling, checked below
-    key = lambda a: (a.shape[-1], a.size, a.astype(np.float32).tobytes())
+    def key(a):
+        return a.shape[-1], a.size, a.astype(np.float32).tobytes()
+
     want = sorted(key(v) for v in src.values())
     got = sorted(key(v) for v in ours.values())
     assert len(got) == len(want)

@@ -145,7 +145,8 @@ def test_view_menu_opens_the_dashboard(qtbot, tmp_path, monkeypatch, moe):
     action = next(a for m in w.menuBar().actions() if m.text() == "&View"
                   for a in m.menu().actions() if a.text() == "Performance dashboard")
     action.trigger()  # the worker's stats reach the dashboard queued, on this thread
-    qtbot.waitUntil(lambda: w.dashboard.snapshot is not None, timeout=10_000)
+    dashboard = w.dashboard
+    qtbot.waitUntil(lambda: dashboard.snapshot is not None, timeout=10_000)
     assert w.dashboard.isVisible() and w.dashboard.model_path == moe
     w.dashboard.close()
     w.close()

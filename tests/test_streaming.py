@@ -1,8 +1,8 @@
 """Conversion streams: peak memory stays below 3 × the largest tensor + 300 MB, whatever the size."""
 from __future__ import annotations
 
-from app.bench_models import MixtralShape, write_checkpoint
-from app.cli_bench import measure_conversion
+from app.bench.models import MixtralShape, write_checkpoint
+from app.bench.cli import measure_conversion
 from engine.model_dir import open_model_dir
 
 

@@ -184,8 +184,9 @@ def test_first_run_converts_the_default_model_then_opens_straight_into_chat(qtbo
     seen = []
     w.flow.worker.progress.connect(lambda f, t: seen.append(f), Qt.QueuedConnection)
     with qtbot.waitSignal(w.flow.ready, timeout=180_000):
-        w.flow.start()
-        assert w.flow.dialog is not None and w.flow.dialog.windowTitle().startswith("Preparing")
+        w.flow.start()  # the worker looks for a model (off the GUI thread), finds none, converts the default
+        qtbot.waitUntil(lambda: w.flow.dialog is not None and w.flow.dialog.windowTitle().startswith("Preparing"),
+                        timeout=10_000)
     assert seen and seen[-1] == 1.0
     assert (home / "data" / "models" / "SmolLM2-135M-Instruct" / "manifest.json").exists()
     send(qtbot, w, "What is the capital of France?")
@@ -203,6 +204,8 @@ def test_cancelling_the_first_run_conversion_leaves_nothing_behind(qtbot, home):
     w = open_window(qtbot, None, wait=False)
     with qtbot.waitSignal(w.flow.no_model, timeout=60_000):
         w.flow.start()
+        qtbot.waitUntil(lambda: w.flow.dialog is not None and w.flow.dialog.windowTitle().startswith("Preparing"),
+                        timeout=10_000)
         qtbot.mouseClick(w.flow.dialog.findChild(QPushButton), Qt.LeftButton)  # the user's Cancel
     assert "cancelled" in w.view.empty_text and not (home / "data" / "models" / "SmolLM2-135M-Instruct").exists()
     assert w.send_button.isEnabled() is False

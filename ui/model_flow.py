@@ -15,8 +15,6 @@ from app import model_library
 from app.settings import Settings
 from app.worker import EngineWorker, FitReport
 from engine import default_model
-from engine.errors import ColibriError
-from engine.model_dir import open_model_dir
 
 log = logging.getLogger("colibri.ui")
 
@@ -53,6 +51,7 @@ def show_error(parent: QWidget, title: str, text: str) -> QMessageBox:
 
 
 class ModelFlow(QObject):
+    pick_requested = Signal(list)
     load_requested = Signal(str, dict, bool)
     convert_requested = Signal(str)
     generate_requested = Signal(int, list, dict)
@@ -70,6 +69,7 @@ class ModelFlow(QObject):
         self.thread = QThread(objectName="engine_thread")
         self.worker = EngineWorker()
         self.worker.moveToThread(self.thread)
+        self.pick_requested.connect(self.worker.pick)
         self.load_requested.connect(self.worker.load)
         self.convert_requested.connect(self.worker.convert)
         self.generate_requested.connect(self.worker.generate)
@@ -84,6 +84,7 @@ class ModelFlow(QObject):
         w.wont_fit.connect(self._wont_fit)
         w.failed.connect(self._failed)
         w.cancelled.connect(self._cancelled)
+        w.picked.connect(self._picked)
         self.dialog: QProgressDialog | None = None
         self.loading: str | None = None  # the model folder being loaded
         self.model: str | None = None  # the model folder loaded
@@ -95,9 +96,14 @@ class ModelFlow(QObject):
         if model_arg:
             p = Path(model_arg).expanduser()
             return self.import_source(str(p)) if p.is_file() else self.load(str(p))
-        for candidate in (self.settings.model, str(model_library.default_model_dir())):
-            if candidate and _valid(candidate):
-                return self.load(candidate)
+        self._progress_dialog(self.tr("Loading"), self.tr("looking for your model"), cancel=False)
+        self.busy.emit("loading")
+        self.pick_requested.emit([c for c in (self.settings.model, str(model_library.default_model_dir())) if c])
+
+    def _picked(self, path: str) -> None:
+        """The worker's answer to start(): a valid model folder to load, or "" (convert the default)."""
+        if path:
+            return self.load(path)
         self._progress_dialog(self.tr("Preparing {name}").format(name=default_model.NAME),
                               self.tr("Converting the default model into your data folder (first run only).")
                               + f"\n{default_model.NAME}: {default_model.NOTE}.", cancel=True)
@@ -213,11 +219,3 @@ class ModelFlow(QObject):
         self._close_dialog()
         self.busy.emit("")
         self.no_model.emit(self.tr("The conversion was cancelled; nothing was written."))
-
-
-def _valid(path: str) -> bool:
-    try:
-        open_model_dir(path)
-        return True
-    except (ColibriError, OSError):
-        return False

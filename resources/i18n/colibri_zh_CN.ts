@@ -386,6 +386,14 @@
         <translation>正在把默认模型转换到你的数据文件夹（仅首次运行）。</translation>
     </message>
     <message>
+        <source>Loading</source>
+        <translation>加载中</translation>
+    </message>
+    <message>
+        <source>looking for your model</source>
+        <translation>正在查找你的模型</translation>
+    </message>
+    <message>
         <source>Loading {name}</source>
         <translation>加载 {name}</translation>
     </message>

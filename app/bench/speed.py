@@ -15,7 +15,7 @@ lacks one, an interpreter that has it is used for that engine (`--llamacpp_pytho
 is skipped with the reason printed.
 
 This module's top level imports only the standard library and numpy: the peers' interpreters
-run it as `python -m app.bench_speed --worker ENGINE ...` without Colibri's dependencies.
+run it as `python -m app.bench.speed --worker ENGINE ...` without Colibri's dependencies.
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 ENGINES = ("colibri", "llama.cpp", "transformers")
 MODULES = {"colibri": "numba", "llama.cpp": "llama_cpp", "transformers": "transformers"}
 VENVS = {"llama.cpp": ".venv-bench", "transformers": ".venv-fixtures"}
@@ -267,7 +267,7 @@ def prepare_named(name: str, workdir: Path, moe_dir: Path) -> dict[str, tuple[st
     if name == "default":
         from engine.default_model import default_gguf_path
         return prepare(default_gguf_path(), workdir)
-    from app.bench_memory import prepare as prepare_moe
+    from app.bench.memory import prepare as prepare_moe
     from engine.convert.convert import convert
     from engine.convert.gguf_export import export_gguf
     moe_dir.mkdir(parents=True, exist_ok=True)
@@ -288,7 +288,7 @@ def prepare_named(name: str, workdir: Path, moe_dir: Path) -> dict[str, tuple[st
 
 def run_once(py: str, engine: str, model: str, threads: int, prompt_file: Path, gen: int,
              env: dict[str, str]) -> dict:
-    cmd = [py, "-m", "app.bench_speed", "--worker", engine, "--model", model, "--threads", str(threads),
+    cmd = [py, "-m", "app.bench.speed", "--worker", engine, "--model", model, "--threads", str(threads),
            "--prompt_file", str(prompt_file), "--gen", str(gen)]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=os.environ | env, timeout=1800)
     line = next((x for x in proc.stdout.splitlines() if x.startswith("BENCH_RESULT ")), None)
@@ -367,7 +367,7 @@ def _run_model(name: str, paths: dict, engines: list[str], threads: list[int], r
     log(f"{name}: weights read per decoded token: {qbytes / 1e6:.1f} MB (as stored), {fbytes / 1e6:.1f} MB "
         f"(float32, transformers)")
     todo = [p for p in plan if not all((p[0], p[3], t) in done for t in threads)]
-    for label, engine, py, path, env in todo:  # untimed: compiles kernels, warms the page cache
+    for _name, engine, py, path, env in todo:  # untimed: compiles kernels, warms the page cache
         run_once(py, engine, path, threads[0], prompt_file, 4, env)
     for r in range(runs):
         for t in threads:
@@ -377,7 +377,7 @@ def _run_model(name: str, paths: dict, engines: list[str], threads: list[int], r
                 log(f"{name} run {r + 1}/{runs} {label:>18} {t} thread(s): decode {res['decode_tok_s']:6.1f} tok/s, "
                     f"prefill {res['prefill_tok_s']:6.1f} tok/s, load {res['load_s']:.2f} s")
     results = []
-    for label, engine, py, path, env in plan:
+    for label, _engine, _py, path, _env in plan:
         for t in threads:
             rs = done[(label, path, t)]
             med = {k: statistics.median(x[k] for x in rs) for k in FIGURES}  # (+ bandwidth_fraction: run_speed)

@@ -8,8 +8,8 @@
 memory beside the streaming bound (3 × the largest tensor + 300 MB). `speed` runs Colibri,
 llama.cpp and transformers on the same model, alternating, and reports decode/prefill speed,
 time to first token, load time, peak memory and decode as a share of the memory-bandwidth
-limit (app/bench_speed.py). `profile` splits a decoded token's time by kernel and tensor
-(app/bench_profile.py).
+limit (app/bench/speed.py). `profile` splits a decoded token's time by kernel and tensor
+(app/bench/profile.py).
 """
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from app import bench_profile, bench_speed
-from app.bench_models import shape_for_size, write_checkpoint
+from app.bench import profile as bench_profile, speed as bench_speed
+from app.bench.models import shape_for_size, write_checkpoint
 
 
 def _largest_tensor_bytes(model_path: Path) -> int:
@@ -93,7 +93,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
 
 def cmd_loads(args: argparse.Namespace) -> int:
-    from app.bench_memory import measure_loads
+    from app.bench.memory import measure_loads
     result = measure_loads(Path(args.model))
     for k, v in result.items():
         print(f"{k:>18}: {v:.1f}")
@@ -125,13 +125,13 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--decode_tokens", type=int, default=48)
     m.add_argument("--timeout", type=float, default=900, help="seconds per run before it counts as failed")
     m.add_argument("--json", help="also write the results to this file")
-    m.set_defaults(func=lambda a: __import__("app.bench_memory", fromlist=["main"]).main(a))
+    m.set_defaults(func=lambda a: __import__("app.bench.memory", fromlist=["main"]).main(a))
     lo = sub.add_parser("loads", help="cold and warm expert loads with mmap, pread and O_DIRECT")
     lo.add_argument("--model", required=True, help="a converted MoE model folder")
     lo.add_argument("--json", help="also write the results to this file")
     lo.set_defaults(func=cmd_loads)
     pl = sub.add_parser("pool", help="memory pool: per-tier locks against one global lock, 2 threads")
-    pl.set_defaults(func=lambda a: print(__import__("app.bench_memory", fromlist=["x"]).measure_pool_locks()) or 0)
+    pl.set_defaults(func=lambda a: print(__import__("app.bench.memory", fromlist=["x"]).measure_pool_locks()) or 0)
     args = ap.parse_args(argv)
     return args.func(args)
 

@@ -134,7 +134,7 @@ def profile(model: str, threads: int, prompt_tokens: int, tokens: int) -> dict:
 
 
 def main(args: argparse.Namespace) -> int:
-    from app.bench_speed import MOE_DIR, model_paths
+    from app.bench.speed import MOE_DIR, model_paths
     work = Path(args.workdir).expanduser() if args.workdir else MOE_DIR
     work.mkdir(parents=True, exist_ok=True)
     spec = args.model

@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from app.bench_models import MixtralShape, write_checkpoint
+from app.bench.models import MixtralShape, write_checkpoint
 
 # vocabulary of the default model (SmolLM2, byte-level BPE with merges), which llama.cpp can load
 BENCH_SHAPE = MixtralShape(hidden=1024, layers=16, heads=16, kv_heads=4, experts=8, top_k=2, ff=4096, vocab=49152)
@@ -85,7 +85,7 @@ print(json.dumps({"engine": "llama.cpp", "mmap": mmap_on, "load_s": load_s, "pre
 
 def llama_python() -> str | None:
     """An interpreter that has llama_cpp: this one, or the repo's .venv-bench."""
-    for py in (sys.executable, str(Path(__file__).resolve().parent.parent / ".venv-bench" / "bin" / "python")):
+    for py in (sys.executable, str(Path(__file__).resolve().parents[2] / ".venv-bench" / "bin" / "python")):
         if Path(py).exists() and subprocess.run([py, "-c", "import llama_cpp"], capture_output=True).returncode == 0:
             return py
     return None
@@ -189,7 +189,7 @@ class MemoryCgroup:
 
 
 def run_child(cmd: list[str], cgroup: MemoryCgroup | None, timeout: float) -> dict:
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent))
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout,
                               preexec_fn=cgroup.enter if cgroup else None)
