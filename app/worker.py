@@ -216,6 +216,7 @@ class EngineWorker(QObject):
     text = Signal(int, str, object)  # request id, batched text, latest Step
     finished = Signal(int, object)  # request id, Reply
     counted = Signal(int, int)  # conversation id, tokens its prompt takes in the loaded model's context
+    fit_explained = Signal(str)  # fit_text of the settings being edited
     stats = Signal(object)  # StatsSnapshot
     defragged = Signal(object)  # DefragResult
     failed = Signal(str, str)  # what was being done, the specific error
@@ -324,6 +325,16 @@ class EngineWorker(QObject):
             log.warning("counting the context of conversation %d: %s", conversation, e)
             return
         self.counted.emit(conversation, n)
+
+    @Slot(str, dict, int)
+    def explain_fit(self, model_path: str, params: dict, extra: int) -> None:
+        """The settings dialog's "what fits" line, off the GUI thread (it reads the model's manifest);
+        `extra`: memory that counts as free besides the system's (what the loaded model holds now)."""
+        from engine.sysmem import available_memory
+        try:
+            self.fit_explained.emit(fit_text(model_path, params, available_memory() + extra))
+        except (ColibriError, OSError, ValueError) as e:
+            self.fit_explained.emit(str(e))
 
     @Slot(str, object)
     def set_param(self, name: str, value: Any) -> None:

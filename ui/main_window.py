@@ -17,7 +17,7 @@ from app import model_library
 from app.paths import models_dir
 from app.history import NEW_TITLE, History, chat_messages
 from app.settings import Settings
-from app.worker import fit_text, prompt_progress
+from app.worker import prompt_progress
 from ui import i18n
 from ui import theme
 from ui.chat_view import ChatView, MessageInput
@@ -581,11 +581,11 @@ class MainWindow(QMainWindow):
     def open_settings(self) -> None:
         model = self.flow.model
 
-        def fit(values: dict) -> str:
-            # memory free now plus what Colibri holds (the loaded model's memory comes back on a reload)
-            from engine.sysmem import available_memory
-            return fit_text(model, values, available_memory() + psutil.Process().memory_info().rss)
+        def fit(values: dict) -> None:
+            # free memory counts what Colibri holds now too: a reload gives the loaded model's memory back
+            self.flow.fit_requested.emit(model, values, psutil.Process().memory_info().rss)
         d = SettingsDialog(self, self.settings, fit if model else None)
+        self.flow.worker.fit_explained.connect(d.fit_label.setText)
         if d.exec():
             self.apply_settings(d.engine_form.values(), d.ui_form.values())
 

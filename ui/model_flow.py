@@ -56,6 +56,7 @@ class ModelFlow(QObject):
     convert_requested = Signal(str)
     generate_requested = Signal(int, list, dict)
     count_requested = Signal(int, list)  # conversation id, its messages: the worker answers `counted`
+    fit_requested = Signal(str, dict, int)  # model folder, engine settings, extra free bytes: `fit_explained`
     set_param_requested = Signal(str, object)
     close_requested = Signal()
 
@@ -74,6 +75,7 @@ class ModelFlow(QObject):
         self.convert_requested.connect(self.worker.convert)
         self.generate_requested.connect(self.worker.generate)
         self.count_requested.connect(self.worker.count_context)
+        self.fit_requested.connect(self.worker.explain_fit)
         self.set_param_requested.connect(self.worker.set_param)
         self.close_requested.connect(self.worker.close, Qt.BlockingQueuedConnection)
         w = self.worker

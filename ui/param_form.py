@@ -229,8 +229,9 @@ class SettingsDialog(QDialog):
     """Engine parameters (the whole engine table) and appearance."""
 
     def __init__(self, parent: QWidget | None, settings: S.Settings,
-                 fit: Callable[[dict[str, Any]], str] | None = None):
-        """`fit(engine values)` says what the loaded model needs with them and whether it fits."""
+                 fit: Callable[[dict[str, Any]], Any] | None = None):
+        """`fit(engine values)` asks what the loaded model needs with them and whether it fits; the
+        answer comes as text for `fit_label` (a string returned, or later, from the worker)."""
         super().__init__(parent)
         self.setWindowTitle(self.tr("Settings"))
         self.setMinimumWidth(520)
@@ -268,9 +269,11 @@ class SettingsDialog(QDialog):
     def update_fit(self) -> None:
         if self._fit is not None:
             try:
-                self.fit_label.setText(self._fit(self.engine_form.values()))
+                text = self._fit(self.engine_form.values())
             except ValueError as e:  # a value the table refuses: say which
-                self.fit_label.setText(str(e))
+                text = str(e)
+            if isinstance(text, str):
+                self.fit_label.setText(text)
 
 
 class ConversationDialog(QDialog):
