@@ -91,6 +91,14 @@ def fit_text(model_path: str | Path, params: dict[str, Any], available: int | No
             f"{experts}")
 
 
+def model_sampling(model_path: str | Path) -> dict[str, Any]:
+    """The sampling a model recommends (its generation_config.json or GGUF general.sampling.*,
+    kept by the converter); {} for a model that says nothing or was converted before."""
+    gen = open_model_dir(model_path).meta.get("generation")
+    return {k: v for k, v in gen.items() if k in P.PARAMS and P.PARAMS[k].scope == "sampling"} \
+        if isinstance(gen, dict) else {}
+
+
 def open_engine(model_path: str | Path, params: dict[str, Any], force: bool = False,
                 stage: Callable[[str], None] = lambda s: None):
     """A warmed-up Engine, after the fit check (skipped with `force`)."""
@@ -212,6 +220,7 @@ class EngineWorker(QObject):
     progress = Signal(float, str)  # conversion: fraction done, tensor name
     converted = Signal(str)  # the model folder a conversion produced
     loaded = Signal(object)  # StatsSnapshot of the new engine
+    model_defaults = Signal(str, dict)  # model folder, its own sampling defaults (sent just before `loaded`)
     wont_fit = Signal(object, str)  # FitReport, model path (the GUI may ask to load anyway)
     text = Signal(int, str, object)  # request id, batched text, latest Step
     finished = Signal(int, object)  # request id, Reply
@@ -269,6 +278,7 @@ class EngineWorker(QObject):
                 self.engine.close()
                 self.engine = None
             self.engine = open_engine(path, params, True, self.stage.emit)
+            self.model_defaults.emit(path, model_sampling(path))
             self.loaded.emit(self.engine.stats())
         except Exception as e:  # noqa: BLE001 - every failure becomes a dialog with its message
             self._fail(f"Loading {Path(path).name}", e)

@@ -90,7 +90,7 @@ class MainWindow(QMainWindow):
         self.apply_appearance()
         self.refresh_conversations()
         convs = self.model.items
-        self.open_conversation(convs[0].id if convs else self.history.create(sampling=settings.sampling).id)
+        self.open_conversation(convs[0].id if convs else self._create_conversation().id)
         self._update_controls()
         self.restore_place()
 
@@ -321,8 +321,19 @@ class MainWindow(QMainWindow):
         if cid == self.conv_id:
             self._update_status()
 
+    def _create_conversation(self):
+        """A new chat starts from the default preset: its system prompt and the sampling it sets."""
+        preset = self.settings.preset()
+        return self.history.create(system_prompt=preset["system_prompt"],
+                                   sampling=self.settings.sampling | preset["sampling"])
+
+    def sampling_for(self, conv) -> dict:
+        """The table's defaults, under the model's own (its generation config), under the app's and the
+        chat's values: what a reply of this chat is generated with."""
+        return self.settings.sampling_values() | self.flow.model_defaults | self.settings.sampling | conv.sampling
+
     def new_conversation(self) -> None:
-        conv = self.history.create(sampling=self.settings.sampling)
+        conv = self._create_conversation()
         self.search.clear()
         self.open_conversation(conv.id)
         self.input.setFocus()
@@ -353,7 +364,7 @@ class MainWindow(QMainWindow):
         if cid == self.conv_id:
             self.conv_id = None
             rest = self.history.conversations()
-            self.open_conversation(rest[0].id if rest else self.history.create(sampling=self.settings.sampling).id)
+            self.open_conversation(rest[0].id if rest else self._create_conversation().id)
         self.refresh_conversations()
 
     def _conversation_menu(self, pos) -> None:
@@ -368,9 +379,12 @@ class MainWindow(QMainWindow):
 
     def edit_conversation_options(self) -> None:
         conv = self.history.conversation(self.conv_id)
-        d = ConversationDialog(self, conv.system_prompt, self.settings.sampling_values() | conv.sampling)
+        d = ConversationDialog(self, conv.system_prompt, self.sampling_for(conv), self.settings,
+                               self.settings.sampling_values() | self.flow.model_defaults, self.flow.model_defaults)
         if d.exec():
             self.history.set_options(conv.id, d.system.toPlainText().strip(), d.form.values())
+        if d.presets_changed:
+            self.settings.save()
 
     # --- chatting ----------------------------------------------------------------------------
     def send(self, text: str) -> None:
@@ -390,7 +404,7 @@ class MainWindow(QMainWindow):
 
     def _generate(self) -> None:
         conv = self.history.conversation(self.conv_id)
-        sampling = self.settings.sampling_values() | conv.sampling
+        sampling = self.sampling_for(conv)
         self.request += 1
         self.gen_conv = conv.id
         self.last_step, self.prompt_read = None, None

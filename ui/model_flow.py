@@ -83,6 +83,7 @@ class ModelFlow(QObject):
         w.progress.connect(self._progress)
         w.converted.connect(self._converted)
         w.loaded.connect(self._loaded)
+        w.model_defaults.connect(self._model_defaults)
         w.wont_fit.connect(self._wont_fit)
         w.failed.connect(self._failed)
         w.cancelled.connect(self._cancelled)
@@ -90,6 +91,7 @@ class ModelFlow(QObject):
         self.dialog: QProgressDialog | None = None
         self.loading: str | None = None  # the model folder being loaded
         self.model: str | None = None  # the model folder loaded
+        self.model_defaults: dict = {}  # the loaded model's own sampling defaults (its generation config)
         self.thread.start()
 
     # --- requests ----------------------------------------------------------------------------
@@ -180,6 +182,9 @@ class ModelFlow(QObject):
 
     def _converted(self, path: str) -> None:
         self.load(path)
+
+    def _model_defaults(self, path: str, values: dict) -> None:
+        self.model_defaults = dict(values)
 
     def _loaded(self, snapshot) -> None:
         self._close_dialog()

@@ -9,8 +9,8 @@ from typing import Any, Callable
 import psutil
 from PySide6.QtCore import QCoreApplication, Qt, QTimer, Signal
 from PySide6.QtWidgets import (QCheckBox, QComboBox, QDialog, QDialogButtonBox, QDoubleSpinBox, QFormLayout,
-                               QHBoxLayout, QLabel, QLineEdit, QPlainTextEdit, QScrollArea, QSpinBox, QTabWidget,
-                               QVBoxLayout, QWidget)
+                               QHBoxLayout, QLabel, QLineEdit, QPlainTextEdit, QPushButton, QScrollArea, QSpinBox,
+                               QTabWidget, QVBoxLayout, QWidget)
 
 from app import settings as S
 from engine.params import Param
@@ -277,12 +277,20 @@ class SettingsDialog(QDialog):
 
 
 class ConversationDialog(QDialog):
-    """This conversation's system prompt and sampling parameters."""
+    """This conversation's system prompt and sampling parameters, and the presets to start from.
 
-    def __init__(self, parent: QWidget | None, system_prompt: str, sampling: dict[str, Any]):
+    `defaults`: what "Restore defaults" and a preset build on (the table's values under the model's
+    own, `model_defaults`, from its generation config)."""
+
+    def __init__(self, parent: QWidget | None, system_prompt: str, sampling: dict[str, Any],
+                 settings: S.Settings | None = None, defaults: dict[str, Any] | None = None,
+                 model_defaults: dict[str, Any] | None = None):
         super().__init__(parent)
         self.setWindowTitle(self.tr("Chat settings"))
         self.setMinimumWidth(520)
+        self.settings = settings
+        self.defaults = defaults if defaults is not None else {p.name: p.default for p in S.sampling_params()}
+        self.presets_changed = False
         self.system = QPlainTextEdit(system_prompt, objectName="system_prompt")
         self.system.setPlaceholderText(self.tr("e.g. You are a concise assistant."))
         self.system.setAccessibleName(self.tr("System prompt"))
@@ -295,14 +303,94 @@ class ConversationDialog(QDialog):
         buttons.rejected.connect(self.reject)
         buttons.button(QDialogButtonBox.RestoreDefaults).clicked.connect(self.restore_defaults)
         lay = QVBoxLayout(self)
+        if settings is not None:
+            lay.addLayout(self._preset_row())
         prompt_label = QLabel(self.tr("&System prompt"))
         prompt_label.setBuddy(self.system)
         lay.addWidget(prompt_label)
         lay.addWidget(self.system)
         lay.addWidget(QLabel(self.tr("Sampling")))
+        md = model_defaults or {}
+        self.model_note = QLabel(objectName="help", wordWrap=True)
+        self.model_note.setText(
+            self.tr("This model recommends: {values} (from its generation config); Restore defaults uses them.")
+            .format(values=", ".join(f"{label(k)} {v:g}" if isinstance(v, float) else f"{label(k)} {v}"
+                                     for k, v in md.items())) if md else
+            self.tr("This model recommends no sampling values: the defaults below are Colibri's."))
+        lay.addWidget(self.model_note)
         lay.addWidget(self.form)
         lay.addWidget(buttons)
 
+    def _preset_row(self) -> QHBoxLayout:
+        self.preset_box = QComboBox(objectName="preset")
+        self.preset_box.setAccessibleName(self.tr("Preset"))
+        self.preset_box.setToolTip(self.tr("A named system prompt and sampling: picking one fills the fields below"))
+        self._fill_presets()
+        self.preset_box.activated.connect(lambda _: self.apply_preset(self.preset_box.currentData()))
+        save = QPushButton(self.tr("Save as preset…"), objectName="save_preset")
+        save.setAccessibleName(self.tr("Save as preset"))
+        save.clicked.connect(self._ask_preset_name)
+        default = QPushButton(self.tr("Use for new chats"), objectName="default_preset")
+        default.setAccessibleName(self.tr("Use this preset for new chats"))
+        default.clicked.connect(lambda: self.make_default(self.preset_box.currentData()))
+        for b in (save, default):
+            b.setAutoDefault(False)
+        self.default_label = QLabel(objectName="help")
+        self._show_default()
+        row = QHBoxLayout()
+        preset_label = QLabel(self.tr("&Preset"))
+        preset_label.setBuddy(self.preset_box)
+        row.addWidget(preset_label)
+        row.addWidget(self.preset_box, 1)
+        row.addWidget(save)
+        row.addWidget(default)
+        outer = QVBoxLayout()
+        outer.addLayout(row)
+        outer.addWidget(self.default_label)
+        return outer
+
+    def _fill_presets(self, current: str | None = None) -> None:
+        self.preset_box.clear()
+        for name in self.settings.all_presets():
+            shown = _tr(name) if name in S.BUILTIN_PRESETS else name
+            self.preset_box.addItem(shown, name)
+        self.preset_box.setCurrentIndex(max(0, self.preset_box.findData(current or self.settings.default_preset)))
+
+    def _show_default(self) -> None:
+        name = self.settings.default_preset
+        self.default_label.setText(self.tr("New chats start from “{name}”.").format(
+            name=_tr(name) if name in S.BUILTIN_PRESETS else name))
+
+    def apply_preset(self, name: str) -> None:
+        """Fill the fields from a preset: its system prompt, its values over the defaults."""
+        p = self.settings.preset(name)
+        self.system.setPlainText(p["system_prompt"])
+        for k, v in (self.defaults | p["sampling"]).items():
+            if k in self.form.params:
+                self.form.set_value(k, v)
+
+    def save_preset(self, name: str) -> None:
+        """The fields as a preset (only the values that differ from the defaults: the rest keep
+        following the model's own)."""
+        values = {k: v for k, v in self.form.values().items() if v != self.defaults.get(k)}
+        self.settings.save_preset(name, self.system.toPlainText().strip(), values)
+        self.presets_changed = True
+        self._fill_presets(name.strip())
+
+    def make_default(self, name: str) -> None:
+        self.settings.default_preset = name
+        self.presets_changed = True
+        self._show_default()
+
+    def _ask_preset_name(self) -> None:
+        from PySide6.QtWidgets import QInputDialog, QMessageBox
+        name, ok = QInputDialog.getText(self, self.tr("Save as preset"), self.tr("Name of the preset:"))
+        if ok and name.strip():
+            try:
+                self.save_preset(name)
+            except ValueError as e:
+                QMessageBox.warning(self, self.tr("Save as preset"), str(e))
+
     def restore_defaults(self) -> None:
         for p in S.sampling_params():
-            self.form.set_value(p.name, p.default)
+            self.form.set_value(p.name, self.defaults.get(p.name, p.default))

@@ -73,6 +73,43 @@ class _Source:
     resolve: Callable[[str, ModelConfig, set[str]], SourceTensor | None]  # internal name -> tensor
     ignorable: Callable[[str], bool]
     close: Callable[[], None]
+    generation: dict | None = None  # the model's own sampling defaults (see generation_defaults)
+
+
+# the model's recommended sampling, by our parameter name: Hugging Face generation_config.json keys and
+# llama.cpp's general.sampling.* GGUF keys (gguf-py constants Keys.General.SAMPLING_*)
+HF_SAMPLING = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
+               "repetition_penalty": "repeat_penalty"}
+GGUF_SAMPLING = {"general.sampling.temp": "temperature", "general.sampling.top_p": "top_p",
+                 "general.sampling.top_k": "top_k", "general.sampling.min_p": "min_p",
+                 "general.sampling.penalty_repeat": "repeat_penalty"}
+
+
+def generation_defaults(values: dict, names: dict[str, str], where: str) -> dict:
+    """The sampling values a model recommends, checked against the parameter table; a value the
+    table refuses is left out with a log line (the model still converts)."""
+    from engine import params as P
+    out = {}
+    for key, name in names.items():
+        if values.get(key) is None:
+            continue
+        try:
+            out[name] = P.check(name, values[key])
+        except ValueError as e:
+            log.warning("%s: the model's %s is not used: %s", where, key, e)
+    if values.get("do_sample") is False and "temperature" not in out:
+        out["temperature"] = 0.0  # transformers decodes greedily unless do_sample
+    return out
+
+
+def _hf_generation(folder: Path) -> dict:
+    gen = folder / "generation_config.json"
+    try:
+        doc = json.loads(gen.read_text(encoding="utf-8")) if gen.is_file() else {}
+    except (OSError, ValueError) as e:
+        log.warning("%s: not read (%s); no sampling defaults from it", gen, e)
+        return {}
+    return generation_defaults(doc, HF_SAMPLING, str(gen)) if isinstance(doc, dict) else {}
 
 
 # --- opening sources -------------------------------------------------------------------------
@@ -99,7 +136,8 @@ def open_source(path: Path) -> _Source:
         except BaseException:
             ckpt.close()
             raise
-        src = _Source("huggingface", cfg, tok, ckpt.tensors, None, ckpt.ignorable, ckpt.close)  # type: ignore[arg-type]
+        src = _Source("huggingface", cfg, tok, ckpt.tensors, None, ckpt.ignorable, ckpt.close,  # type: ignore[arg-type]
+                      _hf_generation(path))
         src.resolve = lambda name, c, consumed: _lookup(ckpt.tensors, hf_names(name, family), consumed)
         return src
     if path.is_file():
@@ -116,7 +154,8 @@ def open_source(path: Path) -> _Source:
             if t is not None and "[" not in t.name and t.name in g.tensors:
                 return g.source_tensor(t.name, c)
             return t
-        return _Source("gguf", cfg, tok, g.tensors, resolve, lambda n: False, g.close)
+        return _Source("gguf", cfg, tok, g.tensors, resolve, lambda n: False, g.close,
+                       generation_defaults(g.fields, GGUF_SAMPLING, str(path)))
     raise SourceFormatError(f"{path}: no such file or folder (give a .gguf file or a Hugging Face folder)")
 
 
@@ -384,6 +423,8 @@ def _write_metadata(tmp: Path, cfg: ModelConfig, src: _Source, target: str, spli
                       **src.tokenizer.meta},
         "source": {"kind": src.kind, "name": src_path.name},
     }
+    if src.generation:
+        meta["generation"] = src.generation  # the model's own sampling defaults: the chat starts from them
     if src.config.rope_scaling and src.config.rope_scaling.get("type") == "llama3":
         meta["source"]["rope_scaling"] = src.config.rope_scaling
     (tmp / CONFIG_FILE).write_text(json.dumps(config_document(cfg, meta), indent=1) + "\n", encoding="utf-8")
