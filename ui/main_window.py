@@ -62,6 +62,7 @@ class MainWindow(QMainWindow):
         self.resize(1100, 720)
         self.dashboard = None
         self.dashboard_dock: QDockWidget | None = None
+        self.closed = False  # after closeEvent: the history is closed, nothing is drawn again
         self.conv_id: int | None = None
         self.request = 0  # id of the latest generation request
         self.gen_conv: int | None = None  # conversation a reply is being generated for
@@ -189,7 +190,7 @@ class MainWindow(QMainWindow):
 
     def changeEvent(self, e) -> None:  # noqa: N802 - Qt's name
         super().changeEvent(e)
-        if e.type() == QEvent.LanguageChange and hasattr(self, "status_timer"):
+        if e.type() == QEvent.LanguageChange and hasattr(self, "status_timer") and not self.closed:
             self.retranslate()
 
     def retranslate(self) -> None:
@@ -717,6 +718,7 @@ class MainWindow(QMainWindow):
             self.save_place()
         except OSError as e:
             log.warning("the window's place was not saved: %s", e)
+        self.closed = True
         self.status_timer.stop()
         self.flow.shutdown()
         self.history.close()
