@@ -166,6 +166,14 @@ def test_the_status_line_says_nothing_yet_then_reading_then_the_speed(qtbot, hom
     w._update_status()
     assert w.speed_label.text() == "reading your message: 43%"
     qtbot.waitUntil(lambda: "reading your message: 43%" in w.view.toPlainText(), timeout=2_000)
+    w.flow.worker.text.emit(req, "Hi", Step("Hi", 1, 1, 12, 0, 900.0, 0.0, 0.25, 13, 4096))
+    qtbot.waitUntil(lambda: w.last_step is not None, timeout=2_000)
+    w._update_status()
+    assert w.speed_label.text() == "first token 0.25 s · writing…"  # one token: no rate yet, not "0.0 tok/s"
+    w.flow.worker.text.emit(req, " there", step(" there", 5))
+    qtbot.waitUntil(lambda: w.last_step.generated_tokens == 5, timeout=2_000)
+    w._update_status()
+    assert w.speed_label.text() == "30.0 tok/s · first token 0.25 s" and w.context_label.text() == "context 17 / 4,096"
     w.flow.worker.finished.emit(req, W.Reply("", None, 0))
     qtbot.waitUntil(lambda: w.busy == "", timeout=2_000)
 
@@ -188,3 +196,17 @@ def test_the_context_meter_follows_the_open_chat(qtbot, home, tiny):
     with qtbot.waitSignal(w.flow.ready, timeout=60_000):  # another model: counted again, with its tokenizer
         w.flow.load(tiny)
     qtbot.waitUntil(lambda: w.context_counts.get(long_chat) is not None, timeout=10_000)
+
+
+def test_a_long_code_line_wraps_instead_of_widening_the_chat(qtbot):
+    from app.history import Message
+    from ui.chat_view import ChatView
+    view = ChatView(theme.palette("light"), 11)
+    qtbot.addWidget(view)
+    view.resize(600, 400)
+    view.show()
+    long = "```python\nprint(1)  # " + "abcdefgh" * 60 + "\n```"
+    view.set_messages([Message(1, 1, "user", "x", 0.0), Message(2, 1, "assistant", long, 0.0)])
+    qtbot.waitUntil(lambda: view.document().size().width() > 0, timeout=2_000)
+    assert view.horizontalScrollBar().maximum() == 0  # the whole chat no longer scrolls sideways
+    assert "abcdefgh" * 60 in view.toPlainText().replace("\n", "").replace("\u2028", "")

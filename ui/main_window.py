@@ -673,7 +673,10 @@ class MainWindow(QMainWindow):
         shows, and the context count is this chat's own (counted by the loaded model)."""
         s, snap = self.last_step, self.snapshot
         here = self.gen_conv is not None and self.gen_conv == self.conv_id
-        if here and s is not None:
+        if here and s is not None and (s.generated_tokens < 2 or not s.decode_tok_s):
+            # one token gives no rate yet: the first token's time, not "0.0 tok/s"
+            self.speed_label.setText(self.tr("first token {ttft:.2f} s · writing…").format(ttft=s.ttft_s))
+        elif here and s is not None:
             self.speed_label.setText(self.tr("{rate:.1f} tok/s · first token {ttft:.2f} s")
                                      .format(rate=s.decode_tok_s, ttft=s.ttft_s))
         elif here:
@@ -693,6 +696,9 @@ class MainWindow(QMainWindow):
             self.context_label.setText(self.tr("context … / {limit:,}").format(limit=limit))
         else:
             self.context_label.setText(self.tr("context {used:,} / {limit:,}").format(used=used, limit=limit))
+        self.context_label.setToolTip(self.tr("Counted when the reply being written ends") if used is None and
+                                      self.gen_conv is not None else self.tr("Tokens of this chat in the model's "
+                                                                             "context, and how many it holds"))
         self.memory_label.setText(self.tr("memory {mb:,.0f} MB").format(mb=psutil.Process().memory_info().rss / 2**20))
 
     # --- place ---------------------------------------------------------------------------------
