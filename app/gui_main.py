@@ -12,13 +12,15 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import logging
+import sqlite3
 import sys
 import traceback
 
 from PySide6.QtWidgets import QApplication, QMessageBox
 
+from app import model_library
 from app import settings as app_settings
-from app.history import History
+from app.history import History, HistoryError
 
 
 def _crash_dialog(kind, value, tb) -> None:
@@ -67,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"unrecognized arguments: {' '.join(rest)}")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     app = QApplication.instance() or QApplication(sys.argv[:1])
+    sys.excepthook = _crash_dialog  # first: whatever fails from here on is a dialog, not a bare traceback
     from pyqtgraph.util.garbage_collector import GarbageCollector
 
     from ui import pyside_refcount
@@ -84,12 +87,26 @@ def main(argv: list[str] | None = None) -> int:
     from ui.main_window import MainWindow  # after the QApplication: widgets need it
     settings = app_settings.load()
     translators = i18n.install(app, settings.language)  # noqa: F841  (before any widget: kept alive here)
-    history = History()
-    window = MainWindow(settings, history)
+    try:
+        history = History()
+    except (HistoryError, OSError, sqlite3.Error) as e:  # e.g. a newer Colibri's database, a read-only folder
+        logging.getLogger("colibri.ui").error("the conversation history cannot be opened: %s", e)
+        box = QMessageBox(QMessageBox.Critical, "Colibri", app.translate("Main", "The conversation history cannot be "
+                          "opened, so Colibri cannot start."))
+        box.setObjectName("history_error")
+        box.setInformativeText(str(e))
+        box.exec()
+        return 1
+    notices = list(settings.notices) + ([history.notice] if history.notice else [])
+    try:
+        notices += [app.translate("Main", "An interrupted model replacement was undone: {path} is the previous "
+                                  "model again.").format(path=p) for p in model_library.recover()]
+    except OSError as e:
+        notices.append(f"models: {e}")
+    window = MainWindow(settings, history, translators)
     window.show()
-    for notice in settings.notices + ([history.notice] if history.notice else []):
+    for notice in notices:
         QMessageBox.warning(window, "Colibri", notice)
-    sys.excepthook = _crash_dialog
     window.flow.start(args.model)
     return app.exec()
 

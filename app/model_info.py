@@ -8,9 +8,10 @@ memory a given expert cache size needs. No Qt here.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from engine import quant
 from engine.convert.convert import open_source, plan
 from engine.kvcache import kv_cache_bytes
 from engine.model_dir import ModelConfig
@@ -31,10 +32,15 @@ class Sizes:
     dense: int  # embeddings, attention, routers, norms, shared experts: always in memory
     experts: int  # all routed experts of all layers (on disk; the expert cache holds some)
     one_expert: int  # one routed expert of one layer
+    kept: dict[str, int] = field(default_factory=dict)  # matrix name -> bytes, stored wider than asked
 
     @property
     def total(self) -> int:
         return self.dense + self.experts
+
+    @property
+    def kept_bytes(self) -> int:
+        return sum(self.kept.values())
 
 
 @dataclass(frozen=True)
@@ -105,6 +111,28 @@ class ModelSummary:
         return rows
 
 
+def _target_bytes(q: str, shape: tuple[int, ...]) -> int:
+    """Bytes of a matrix stored as `q` asks (0 where its rows do not split into that format's blocks)."""
+    try:
+        return quant.get(quant.TARGETS[q]).nbytes(shape)
+    except quant.QuantError:
+        return 0
+
+
+def size_note(summary: ModelSummary, quantize: str) -> str:
+    """Why a size is what it is, where it surprises: matrices the converter keeps wider than asked
+    (int4's token embeddings stay 8-bit) make int4 less than half of int8."""
+    s = summary.sizes[quantize]
+    if not s.kept or not s.total:
+        return ""
+    names = sorted(s.kept, key=lambda n: -s.kept[n])
+    friendly = {"token_embd.weight": "the token embeddings", "output.weight": "the output head"}
+    shown = ", ".join(f"{friendly[n]} ({n})" if n in friendly else n for n in names[:2]) \
+        + (f" and {len(names) - 2} more" if len(names) > 2 else "")
+    return (f"{human_bytes(s.kept_bytes)} of it ({s.kept_bytes / s.total:.0%}) stays at higher precision for "
+            f"quality: {shown}")
+
+
 def human_bytes(n: float) -> str:
     for unit in ("B", "KB", "MB", "GB"):
         if abs(n) < 1000 or unit == "GB":
@@ -140,13 +168,18 @@ def inspect(path: str | Path) -> ModelSummary:
         params_total = params_routed = 0
         for q in QUANTIZE:
             dense = experts = 0
+            kept: dict[str, int] = {}
             items = plan(src, cfg, q, split_experts=True)
             for it in items:
                 n = it.qtype.nbytes(it.source.shape)
                 routed = cfg.is_moe and "_expert_" in it.file
                 experts += n if routed else 0
                 dense += 0 if routed else n
-            sizes[q] = Sizes(dense, experts, experts // max(1, cfg.num_layers * cfg.num_experts) if cfg.is_moe else 0)
+                if q in quant.FAMILY and len(it.source.shape) > 1 and it.qtype.name not in quant.FAMILY[q] \
+                        and n > _target_bytes(q, it.source.shape):
+                    kept[it.name] = n  # e.g. int4's token embeddings kept 8-bit, a row too short for blocks
+            sizes[q] = Sizes(dense, experts, experts // max(1, cfg.num_layers * cfg.num_experts) if cfg.is_moe else 0,
+                             kept)
         for it in items:
             count = 1
             for d in it.source.shape:
@@ -163,5 +196,8 @@ def inspect(path: str | Path) -> ModelSummary:
 
 
 def default_target(models: Path, summary: ModelSummary, quantize: str) -> Path:
-    """Where the wizard proposes to put the converted model: named after the source and the choice."""
-    return models / (summary.name if quantize == "keep" else f"{summary.name}-{quantize}")
+    """Where the wizard proposes to put the converted model: named after the source and the choice,
+    made unique in the library (another source's model of the same name is never proposed)."""
+    from app.model_library import library_name
+    base = summary.name if quantize == "keep" else f"{summary.name}-{quantize}"
+    return models / library_name(models, summary.source, base)

@@ -19,11 +19,21 @@ from engine import params as P
 log = logging.getLogger("colibri.app")
 
 FILENAME = "settings.json"
+# presets: a name -> a system prompt and the sampling values it sets (the rest come from the model's own
+# defaults, then the parameter table). New chats start from the default preset.
+BUILTIN_PRESETS: dict[str, dict[str, Any]] = {
+    "Model defaults": {"system_prompt": "", "sampling": {}},
+    "Precise": {"system_prompt": "", "sampling": {"temperature": 0.2, "top_p": 0.9}},
+    "Creative": {"system_prompt": "", "sampling": {"temperature": 1.0, "top_p": 0.98, "min_p": 0.02}},
+    "Coding": {"system_prompt": "You are a careful programming assistant. Answer with working code and a short "
+                                "explanation.", "sampling": {"temperature": 0.2, "repeat_penalty": 1.05}},
+}
+DEFAULT_PRESET = "Model defaults"
 APPEARANCE: dict[str, P.Param] = {p.name: p for p in [
     P.Param("theme", str, "light", "colour theme of the window", scope="ui", choices=("light", "dark")),
     P.Param("font_size", int, 11, "text size of the conversation, in points", scope="ui", min=8, max=28),
-    P.Param("language", str, "system", "language of the interface (system: the desktop's, where translated); "
-            "applied at the next start", scope="ui", choices=("system", "en", "zh_CN")),
+    P.Param("language", str, "system", "language of the interface (the desktop's, where translated); "
+            "applied at once", scope="ui", choices=("system", "en", "zh_CN")),
 ]}
 
 
@@ -42,6 +52,9 @@ class Settings:
     sampling: dict[str, Any] = field(default_factory=dict)  # defaults for new conversations
     ui: dict[str, Any] = field(default_factory=lambda: {n: p.default for n, p in APPEARANCE.items()})
     model: str | None = None  # the folder of the last model loaded
+    window: dict[str, str] = field(default_factory=dict)  # the main window's geometry and docks (Qt's, base64)
+    presets: dict[str, dict[str, Any]] = field(default_factory=dict)  # the user's own (beside BUILTIN_PRESETS)
+    default_preset: str = DEFAULT_PRESET  # what new chats start from
     path: Path | None = None
     notices: list[str] = field(default_factory=list)  # values that were dropped on load, and why
 
@@ -63,12 +76,30 @@ class Settings:
     def sampling_values(self) -> dict[str, Any]:
         return P.defaults("sampling") | self.sampling
 
+    def all_presets(self) -> dict[str, dict[str, Any]]:
+        return BUILTIN_PRESETS | self.presets
+
+    def preset(self, name: str | None = None) -> dict[str, Any]:
+        """A preset by name (the default one if None or gone): {"system_prompt": str, "sampling": dict}."""
+        presets = self.all_presets()
+        return presets.get(name or self.default_preset) or presets[DEFAULT_PRESET]
+
+    def save_preset(self, name: str, system_prompt: str, sampling: dict[str, Any]) -> None:
+        name = name.strip()
+        if not name:
+            raise ValueError("a preset needs a name")
+        if name in BUILTIN_PRESETS:
+            raise ValueError(f"{name!r} is a built-in preset: pick another name")
+        checked = {k: P.check(k, v) for k, v in sampling.items()}
+        self.presets[name] = {"system_prompt": system_prompt, "sampling": checked}
+
     def set_ui(self, name: str, value: Any) -> None:
         self.ui[name] = APPEARANCE[name].check(value)
 
     def save(self) -> None:
         path = self.path or data_dir() / FILENAME
-        doc = {"version": 1, "engine": self.engine, "sampling": self.sampling, "ui": self.ui, "model": self.model}
+        doc = {"version": 1, "engine": self.engine, "sampling": self.sampling, "ui": self.ui, "model": self.model,
+               "window": self.window, "presets": self.presets, "default_preset": self.default_preset}
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text(json.dumps(doc, indent=2))
         os.replace(tmp, path)  # never a half-written settings file
@@ -87,6 +118,20 @@ def _checked(values: Any, table: dict[str, P.Param], section: str, notices: list
             out[name] = table[name].check(value)
         except ValueError as e:
             notices.append(f"settings: {e}; using the default {table[name].default!r}")
+    return out
+
+
+def _presets(doc: Any, table: dict[str, P.Param], notices: list[str]) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    if not isinstance(doc, dict):
+        notices.append("settings: 'presets' is not a table; the saved presets were ignored")
+        return out
+    for name, p in doc.items():
+        if not isinstance(p, dict) or name in BUILTIN_PRESETS:
+            notices.append(f"settings: preset {name!r} was ignored")
+            continue
+        out[name] = {"system_prompt": str(p.get("system_prompt", "")),
+                     "sampling": _checked(p.get("sampling", {}), table, f"preset {name!r}", notices)}
     return out
 
 
@@ -111,6 +156,11 @@ def load(path: str | Path | None = None) -> Settings:
     s.sampling = _checked(doc.get("sampling", {}), sampling, "sampling", s.notices)
     s.ui |= _checked(doc.get("ui", {}), APPEARANCE, "ui", s.notices)
     s.model = doc.get("model") if isinstance(doc.get("model"), str) else None
+    s.presets = _presets(doc.get("presets", {}), sampling, s.notices)
+    if isinstance(doc.get("default_preset"), str) and doc["default_preset"] in s.all_presets():
+        s.default_preset = doc["default_preset"]
+    window = doc.get("window", {})
+    s.window = {k: v for k, v in window.items() if isinstance(v, str)} if isinstance(window, dict) else {}
     for n in s.notices:
         log.warning(n)
     return s

@@ -18,6 +18,7 @@ from typing import Any, Callable
 import psutil
 from PySide6.QtCore import QObject, QTimer, Signal, Slot
 
+from app import model_library
 from app.model_library import ensure_default_model
 from app.paths import models_dir
 from engine import params as P
@@ -76,6 +77,28 @@ def check_fit(model_path: str | Path, params: dict[str, Any], available: int | N
     return FitReport(model.path.name, plan.resident_bytes, plan.kv_bytes, plan.cache_bytes, plan.available)
 
 
+def fit_text(model_path: str | Path, params: dict[str, Any], available: int | None = None) -> str:
+    """One line for the settings dialog: what the model needs with these settings, and whether it fits."""
+    model = open_model_dir(model_path)
+    ctx = min(params.get("context_length") or P.PARAMS["context_length"].default, model.config.max_position_embeddings)
+    plan = plan_expert_cache(model, params, ctx, available)
+    need = plan.resident_bytes + plan.kv_bytes + plan.cache_bytes
+    gb = lambda n: f"{n / 1e9:.2f} GB"  # noqa: E731
+    verdict = "fits" if need <= plan.available else "does not fit: lower the expert cache or the context"
+    experts = f" · expert cache: {plan.reason}" if model.config.num_experts > 1 else ""
+    return (f"{model.path.name} needs {gb(need)} with these settings (weights {gb(plan.resident_bytes)}, KV cache "
+            f"{gb(plan.kv_bytes)}, experts {gb(plan.cache_bytes)}); {gb(plan.available)} is free: it {verdict}"
+            f"{experts}")
+
+
+def model_sampling(model_path: str | Path) -> dict[str, Any]:
+    """The sampling a model recommends (its generation_config.json or GGUF general.sampling.*,
+    kept by the converter); {} for a model that says nothing or was converted before."""
+    gen = open_model_dir(model_path).meta.get("generation")
+    return {k: v for k, v in gen.items() if k in P.PARAMS and P.PARAMS[k].scope == "sampling"} \
+        if isinstance(gen, dict) else {}
+
+
 def open_engine(model_path: str | Path, params: dict[str, Any], force: bool = False,
                 stage: Callable[[str], None] = lambda s: None):
     """A warmed-up Engine, after the fit check (skipped with `force`)."""
@@ -89,6 +112,23 @@ def open_engine(model_path: str | Path, params: dict[str, Any], force: bool = Fa
     stage("compiling kernels (the first time takes a while)")
     engine.warmup()
     return engine
+
+
+def prompt_progress(step: Any) -> float | None:
+    """The fraction of the prompt read so far when `step` reports prompt processing, else None.
+
+    Tolerant by design: an engine that reports it yields steps with `kind == "prompt"` carrying
+    either `progress` (a fraction) or `done` and `total` tokens; a token step, or an engine
+    that reports nothing, gives None."""
+    if getattr(step, "kind", None) != "prompt":
+        return None
+    fraction = getattr(step, "progress", None)
+    if fraction is None:
+        done, total = getattr(step, "done", None), getattr(step, "total", None)
+        if done is None or not total:
+            return None
+        fraction = done / total
+    return min(1.0, max(0.0, float(fraction)))
 
 
 @dataclass(frozen=True)
@@ -121,14 +161,20 @@ def stream_reply(engine, messages: list[dict], sampling: dict[str, Any], stop: t
             del msgs[first:first + cut]
             dropped += cut
     text, pending, last, t_emit, asked = "", "", None, clock(), False
-    for last in steps:
-        text += last.text
-        pending += last.text
+    for step in steps:
         if stop.is_set() and not asked:
             engine.stop()
             asked = True
-        if last.finish_reason is not None or clock() - t_emit >= frame_s:
-            emit(pending, last)
+        if prompt_progress(step) is not None:  # the prompt is being read: no text yet
+            if clock() - t_emit >= frame_s:
+                emit("", step)
+                t_emit = clock()
+            continue
+        last = step
+        text += step.text
+        pending += step.text
+        if step.finish_reason is not None or clock() - t_emit >= frame_s:
+            emit(pending, step)
             pending, t_emit = "", clock()
     if pending:
         emit(pending, last)
@@ -139,14 +185,13 @@ def import_model(source: str | Path, progress: Callable[[float, str], None],
                  cancel: threading.Event) -> Path:
     """Convert a GGUF file or Hugging Face folder into the models folder (once)."""
     from engine.convert.convert import convert
-    src = Path(source)
-    target = models_dir() / (src.stem if src.is_file() else src.name)
-    try:
-        open_model_dir(target)
-        return target
-    except ColibriError:
-        pass
+    src, library = Path(source), models_dir()
+    done = model_library.converted_from(library, src)
+    if done is not None:
+        return done
+    target = library / model_library.library_name(library, src, src.stem if src.is_file() else src.name)
     convert(src, target, force=True, progress=lambda p: progress(p.fraction, p.tensor), cancel=cancel)
+    model_library.record_source(target, src)
     return target
 
 
@@ -175,9 +220,12 @@ class EngineWorker(QObject):
     progress = Signal(float, str)  # conversion: fraction done, tensor name
     converted = Signal(str)  # the model folder a conversion produced
     loaded = Signal(object)  # StatsSnapshot of the new engine
+    model_defaults = Signal(str, dict)  # model folder, its own sampling defaults (sent just before `loaded`)
     wont_fit = Signal(object, str)  # FitReport, model path (the GUI may ask to load anyway)
     text = Signal(int, str, object)  # request id, batched text, latest Step
     finished = Signal(int, object)  # request id, Reply
+    counted = Signal(int, int)  # conversation id, tokens its prompt takes in the loaded model's context
+    fit_explained = Signal(str)  # fit_text of the settings being edited
     stats = Signal(object)  # StatsSnapshot
     defragged = Signal(object)  # DefragResult
     failed = Signal(str, str)  # what was being done, the specific error
@@ -230,6 +278,7 @@ class EngineWorker(QObject):
                 self.engine.close()
                 self.engine = None
             self.engine = open_engine(path, params, True, self.stage.emit)
+            self.model_defaults.emit(path, model_sampling(path))
             self.loaded.emit(self.engine.stats())
         except Exception as e:  # noqa: BLE001 - every failure becomes a dialog with its message
             self._fail(f"Loading {Path(path).name}", e)
@@ -273,6 +322,29 @@ class EngineWorker(QObject):
         self.finished.emit(request, reply)
         if self.engine is not None:
             self.stats.emit(self.engine.stats())
+
+    @Slot(int, list)
+    def count_context(self, conversation: int, messages: list) -> None:
+        """How many tokens of the context this conversation takes with the loaded model (its
+        template and tokenizer): the context meter of a chat opened before it sends anything."""
+        if self.engine is None:
+            return
+        try:
+            n = len(self.engine.prompt_ids(messages)) if messages else 0
+        except Exception as e:  # noqa: BLE001 - a meter that cannot count says so, nothing else
+            log.warning("counting the context of conversation %d: %s", conversation, e)
+            return
+        self.counted.emit(conversation, n)
+
+    @Slot(str, dict, int)
+    def explain_fit(self, model_path: str, params: dict, extra: int) -> None:
+        """The settings dialog's "what fits" line, off the GUI thread (it reads the model's manifest);
+        `extra`: memory that counts as free besides the system's (what the loaded model holds now)."""
+        from engine.sysmem import available_memory
+        try:
+            self.fit_explained.emit(fit_text(model_path, params, available_memory() + extra))
+        except (ColibriError, OSError, ValueError) as e:
+            self.fit_explained.emit(str(e))
 
     @Slot(str, object)
     def set_param(self, name: str, value: Any) -> None:
@@ -371,6 +443,8 @@ class ConvertWorker(QObject):
         try:
             result = convert(source, target, quantize, split_experts=split_experts, force=True,
                              progress=progress, cancel=self._cancel)
+            if Path(target).parent == models_dir():
+                model_library.record_source(result.path, source)
             self.converted.emit(result)
         except ConversionCancelled:
             self.cancelled.emit()

@@ -132,3 +132,36 @@ def test_eta_text():
     assert eta_text(10.0, 0.5) == ", about 10 s left"
     assert eta_text(60.0, 0.25) == ", about 3 min 0 s left"
     assert eta_text(0.5, 0.5) == "" and eta_text(10.0, 0.01) == "" and eta_text(10.0, 1.0) == ""
+
+
+def test_a_pasted_path_is_read_and_the_reading_shows(qtbot, wizard, tmp_path):
+    from PySide6.QtGui import QGuiApplication, QKeySequence
+    from PySide6.QtWidgets import QPushButton
+    assert not wizard.path_edit.isReadOnly()
+    QGuiApplication.clipboard().setText(str(HF_FIXTURES / "qwen2"))
+    wizard.path_edit.setFocus()
+    seen = []
+    wizard.inspect_requested.connect(lambda path: seen.append((path, wizard.read_bar.isVisibleTo(wizard),
+                                                               wizard.source_status.text())))
+    with qtbot.waitSignal(wizard.inspect_requested, timeout=3_000):  # read once the typing pauses
+        qtbot.keySequence(wizard.path_edit, QKeySequence.Paste)  # the user's Ctrl+V
+        assert wizard.path_edit.text() == str(HF_FIXTURES / "qwen2")
+    assert seen == [(str(HF_FIXTURES / "qwen2"), True, "Reading qwen2…")]  # a moving bar, then the seconds
+    qtbot.waitUntil(lambda: wizard.summary is not None, timeout=20_000)
+    assert not wizard.read_bar.isVisibleTo(wizard) and "qwen2" in wizard.facts.text()
+    wizard.path_edit.setText(str(tmp_path / "nowhere.gguf"))
+    qtbot.keyClick(wizard.path_edit, Qt.Key_Return)
+    assert wizard.source_status.text().startswith("No file or folder at")
+    wizard._next()
+    headers = [wizard.memory_table.horizontalHeaderItem(c).text() for c in range(3)]
+    assert all(headers) and headers[2] == "what it means"
+    wizard.quant_buttons["int4"].setChecked(True)
+    assert "stays at higher precision" in wizard.size_note.text() and "token embeddings" in wizard.size_note.text()
+    wizard.quant_buttons["int8"].setChecked(True)
+    assert not wizard.size_note.isVisibleTo(wizard)
+    wizard.start_conversion()
+    assert wizard.state == "converting"
+    cancels = [b for b in wizard.findChildren(QPushButton) if b.isVisibleTo(wizard) and "Cancel" in b.text()]
+    assert cancels == [wizard.cancel_button]  # one Cancel on the convert page, not two
+    qtbot.waitUntil(lambda: wizard.state in ("done", "cancelled"), timeout=30_000)
+    assert wizard.close_button.isVisibleTo(wizard)

@@ -1,14 +1,16 @@
 """The conversation view (Markdown in a QTextBrowser) and the message input box.
 
-Streaming is rate-limited: text is appended to a buffer and the view is re-rendered by the named
-timer `stream_render_timer`, never once per token.
+Streaming is rate-limited: text is appended to a buffer and the streaming message alone is
+re-rendered by the named timer `stream_render_timer`, never once per token: the finished
+messages above it are laid out once (`render`), and each tick replaces only the document's tail
+from `_stream_pos` (`render_stream`), so a long chat costs the same per tick as a short one.
 """
 from __future__ import annotations
 
 import html
 
 from PySide6.QtCore import QCoreApplication, QTimer, QUrl, Signal
-from PySide6.QtGui import QDesktopServices, QGuiApplication, QKeyEvent, Qt
+from PySide6.QtGui import QDesktopServices, QGuiApplication, QKeyEvent, Qt, QTextCursor
 from PySide6.QtWidgets import QPlainTextEdit, QTextBrowser
 
 from app.history import Message
@@ -31,6 +33,8 @@ def stats_line(stats: dict) -> str:
         parts.append(_tr("stopped"))
     elif stats.get("finish_reason") == "length":
         parts.append(_tr("hit the token limit"))
+    elif stats.get("finish_reason") == "context":
+        parts.append(_tr("the context is full"))
     return " · ".join(parts)
 
 
@@ -49,9 +53,13 @@ class ChatView(QTextBrowser):
         self.messages: list[Message] = []
         self.streaming: str | None = None  # the reply being written, or None
         self.empty_text = ""
+        self.stream_note = ""  # shown in place of the reply until its first words (e.g. prompt progress)
         self._codes: list[str] = []
+        self._stream_codes = 0  # code blocks of the finished messages; the streaming one's follow
+        self._stream_pos: int | None = None  # document position where the streaming message starts
+        self.full_renders = self.stream_renders = 0  # counted for the tests and the profile
         self.render_timer = QTimer(self, objectName="stream_render_timer", singleShot=True, interval=RENDER_MS)
-        self.render_timer.timeout.connect(self.render)
+        self.render_timer.timeout.connect(self.render_stream)
 
     def set_style(self, colors: dict[str, str], font_pt: int) -> None:
         self.colors, self.font_pt = colors, font_pt
@@ -70,8 +78,15 @@ class ChatView(QTextBrowser):
         if not self.render_timer.isActive():
             self.render_timer.start()
 
+    def set_stream_note(self, note: str) -> None:
+        """What the placeholder of a reply without words yet says (e.g. "reading your message: 43%")."""
+        if note != self.stream_note:
+            self.stream_note = note
+            if self.streaming == "" and not self.render_timer.isActive():
+                self.render_timer.start()
+
     def end_stream(self) -> None:
-        self.streaming = None
+        self.streaming, self.stream_note, self._stream_pos = None, "", None
         self.render_timer.stop()
 
     # --- rendering ---------------------------------------------------------------------------
@@ -85,10 +100,9 @@ class ChatView(QTextBrowser):
     def _link(self, href: str, label: str) -> str:
         return f'<a href="{href}" style="color: {self.colors["link"]}; text-decoration: none">{label}</a>'
 
-    def html(self) -> str:
+    def _finished_html(self, md: MarkdownRenderer) -> str:
         c = self.colors
-        md = MarkdownRenderer(c)
-        parts = [f'<body style="font-size: {self.font_pt}pt; color: {c["text"]}">']
+        parts = []
         last_user = max((i for i, m in enumerate(self.messages) if m.role == "user"), default=-1)
         last = len(self.messages) - 1
         for i, m in enumerate(self.messages):
@@ -104,20 +118,69 @@ class ChatView(QTextBrowser):
                              f'{self._link(f"copymsg:{m.id}", self.tr("Copy"))}')
                     foot = f"{foot} &nbsp; {links}" if foot else links
                 parts.append(self._block(self.tr("Assistant"), md.render(m.content), c["assistant"], foot))
-        if self.streaming is not None:
-            body = md.render(self.streaming) if self.streaming else f'<p style="color: {c["muted"]}">…</p>'
-            parts.append(self._block(self.tr("Assistant"), body, c["assistant"]))
         if not self.messages and self.streaming is None and self.empty_text:
             parts.append(f'<p align="center" style="color: {c["muted"]}; margin-top: 40px">{self.empty_text}</p>')
+        return "".join(parts)
+
+    def _stream_html(self, md: MarkdownRenderer) -> str:
+        c = self.colors
+        placeholder = html.escape(self.stream_note) or "…"
+        body = md.render(self.streaming) if self.streaming else f'<p style="color: {c["muted"]}">{placeholder}</p>'
+        return self._block(self.tr("Assistant"), body, c["assistant"])
+
+    def _open(self) -> str:
+        return f'<body style="font-size: {self.font_pt}pt; color: {self.colors["text"]}">'
+
+    def html(self) -> str:
+        """The whole conversation as one document (the streaming message last)."""
+        md = MarkdownRenderer(self.colors)
+        text = self._open() + self._finished_html(md)
+        if self.streaming is not None:
+            text += self._stream_html(md)
         self._codes = md.codes
-        return "".join(parts) + "</body>"
+        return text + "</body>"
 
     def render(self) -> None:
+        """Lay out the whole conversation; a streaming message is then appended by render_stream."""
+        self.render_timer.stop()
+        self.full_renders += 1
         bar = self.verticalScrollBar()
         at_bottom = bar.value() >= bar.maximum() - 8
         keep = bar.value()
-        self.setHtml(self.html())
+        md = MarkdownRenderer(self.colors)
+        self.setHtml(self._open() + self._finished_html(md) + "</body>")
+        self._codes, self._stream_codes = md.codes, len(md.codes)
+        self._stream_pos = None
+        if self.streaming is not None:
+            end = QTextCursor(self.document())
+            end.movePosition(QTextCursor.End)
+            self._stream_pos = end.position()
+            self._replace_stream()
         bar.setValue(bar.maximum() if at_bottom else keep)
+
+    def render_stream(self) -> None:
+        """Re-render the streaming message only (the timer's slot)."""
+        if self.streaming is None or self._stream_pos is None:
+            return
+        bar = self.verticalScrollBar()
+        at_bottom = bar.value() >= bar.maximum() - 8
+        keep = bar.value()
+        self._replace_stream()
+        bar.setValue(bar.maximum() if at_bottom else keep)
+
+    def _replace_stream(self) -> None:
+        self.stream_renders += 1
+        md = MarkdownRenderer(self.colors)
+        md.codes = self._codes[:self._stream_codes]  # the streaming message's Copy links number on
+        cur = QTextCursor(self.document())
+        cur.setPosition(self._stream_pos)
+        cur.movePosition(QTextCursor.End, QTextCursor.KeepAnchor)
+        cur.beginEditBlock()
+        cur.removeSelectedText()
+        cur.insertHtml(f'<div style="font-size: {self.font_pt}pt; color: {self.colors["text"]}">'
+                       f'{self._stream_html(md)}</div>')  # insertHtml does not inherit the body's style
+        cur.endEditBlock()
+        self._codes = md.codes
 
     def _anchor(self, url: QUrl) -> None:
         kind, _, arg = url.toString().partition(":")
@@ -143,10 +206,13 @@ class MessageInput(QPlainTextEdit):
 
     def __init__(self):
         super().__init__()
-        self.setPlaceholderText(self.tr("Message Colibri — Enter sends, Shift+Enter adds a line"))
-        self.setAccessibleName(self.tr("Message"))
+        self.set_texts()
         self.document().contentsChanged.connect(self._fit_height)
         self._fit_height()
+
+    def set_texts(self) -> None:
+        self.setPlaceholderText(self.tr("Message Colibri — Enter sends, Shift+Enter adds a line"))
+        self.setAccessibleName(self.tr("Message"))
 
     def keyPressEvent(self, e: QKeyEvent) -> None:
         if e.key() in (Qt.Key_Return, Qt.Key_Enter) and not e.modifiers() & Qt.ShiftModifier:

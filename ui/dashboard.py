@@ -15,8 +15,9 @@ from collections import deque
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import (QAbstractItemView, QGridLayout, QGroupBox, QHBoxLayout, QHeaderView, QLabel,
-                               QPushButton, QStackedWidget, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QAbstractItemView, QFrame, QGridLayout, QGroupBox, QHBoxLayout, QHeaderView, QLabel,
+                               QPushButton, QScrollArea, QStackedWidget, QTableWidget, QTableWidgetItem, QVBoxLayout,
+                               QWidget)
 
 from app import advice as A
 from app.model_info import human_bytes
@@ -27,7 +28,23 @@ WINDOW_S = 120  # seconds of history on every time plot
 NAN = float("nan")
 SERIES = ("prefill", "decode", "hit", "prefetch", "rss", "temp", "threads", "cpu_w", "gpu_w", "cpu_pct", "gpu_pct")
 TIERS = ("small", "medium", "large")
+PANEL_W = 430  # the narrowest a panel reads well: the dock lays out as many columns as fit
 _mb = human_bytes
+
+
+def defrag_text(r) -> str:
+    """What a defrag did, as measured: the pool's release and the change in RSS, told apart.
+
+    The pool hands free pages back with madvise; RSS drops only by those that were in physical
+    memory (pages never touched cost nothing), and the kernel may take them back later."""
+    before, after, change = _mb(r.rss_before), _mb(r.rss_after), r.rss_change
+    rss = f"RSS {before} → {after} ({'−' if change < 0 else '+'}{_mb(abs(change))})"
+    if r.returned_bytes <= 0:
+        return f"Nothing to give back: the pool had no free pages it could release · {rss}"
+    if -change >= r.returned_bytes // 2:
+        return f"Gave {_mb(r.returned_bytes)} back to the system · {rss}"
+    return (f"Released {_mb(r.returned_bytes)} of free pool pages, but RSS did not drop by as much ({rss}): "
+            f"most of those pages were never in physical memory, or the system has not reclaimed them yet")
 
 
 def _no_focus(plot: pg.PlotWidget) -> None:
@@ -41,17 +58,17 @@ def _pct(x: float | None) -> str:
 
 
 class Dashboard(QWidget):
-    """A top-level window; `worker` is the app's EngineWorker (its signals in, requests out)."""
+    """The dashboard's panels (the main window puts them in a dock); `worker` is the app's
+    EngineWorker (its signals in, requests out)."""
     watch_requested = Signal(int)  # ms between snapshots; 0 = stop
     defrag_requested = Signal()
 
     def __init__(self, worker, colors: dict[str, str], model_path: str | None = None, parent: QWidget | None = None):
-        super().__init__(parent, Qt.Window)
+        super().__init__(parent)
         pyside_refcount.install()
         self.setObjectName("dashboard")
-        self.setWindowTitle(self.tr("Colibri — performance"))
+        self.setWindowTitle(self.tr("Performance"))
         self.setAccessibleName(self.tr("Performance dashboard"))
-        self.resize(1320, 900)
         self.colors = colors
         self.model_path = model_path
         self.mounts = A.read_mounts()
@@ -78,9 +95,9 @@ class Dashboard(QWidget):
         for side in ("left", "bottom", "right"):
             ax = p.getAxis(side)
             ax.setPen(pg.mkPen(c["border"]))
-            ax.setTextPen(pg.mkPen(c["muted"]))
-        p.setLabel("left", y_label, color=c["muted"])
-        p.setLabel("bottom", "seconds ago", color=c["muted"])
+            ax.setTextPen(pg.mkPen(c["text"]))
+        p.setLabel("left", y_label, **self._label_style())
+        p.setLabel("bottom", "seconds ago", **self._label_style())
         p.setXRange(-WINDOW_S, 0, padding=0.01)
         p.showGrid(x=True, y=True, alpha=0.15)
         p.setMouseEnabled(x=False, y=False)
@@ -88,6 +105,23 @@ class Dashboard(QWidget):
         if legend:
             p.addLegend(offset=(8, 4), labelTextColor=c["text"], brush=pg.mkBrush(c["bg"] + "c0"))
         return p
+
+    def _label_style(self) -> dict:
+        """Axis titles in the text colour at the UI's size: muted grey on a plot was near-invisible."""
+        return {"color": self.colors["text"], "font-size": "10pt"}
+
+    def _right_axis(self, plot: pg.PlotWidget, label: str) -> pg.ViewBox:
+        """A second y axis on the right with its own view (its own scale), x linked to the plot."""
+        view = pg.ViewBox()
+        pi = plot.getPlotItem()
+        pi.showAxis("right")
+        pi.scene().addItem(view)
+        pi.getAxis("right").linkToView(view)
+        pi.getAxis("right").setLabel(label, **self._label_style())
+        view.setXLink(pi)
+        view.setMouseEnabled(x=False, y=False)
+        pi.vb.sigResized.connect(lambda: view.setGeometry(pi.vb.sceneBoundingRect()))
+        return view
 
     def _chart(self, plot: pg.PlotWidget) -> QStackedWidget:
         """The plot, or in its place a message saying why it has nothing to show."""
@@ -134,10 +168,15 @@ class Dashboard(QWidget):
         self.advice_label = QLabel(objectName="advice", wordWrap=True)
         self.advice_label.setTextFormat(Qt.RichText)
 
-        self.speed_plot = self._plot("tokens / s", legend=True)
-        self.prefill_curve = self.speed_plot.plot([], [], pen=None, symbol="o", symbolSize=7, symbolPen=None,
-                                                  symbolBrush=orange, name="prefill (one dot per reply)")
-        self.decode_curve = self._curve(self.speed_plot, blue, "decode")
+        # decode (tens of tok/s) on the left axis, prefill (thousands) on its own right axis: on one
+        # axis the decode line lay flat at zero
+        self.speed_plot = self._plot("decode tok/s", legend=True)
+        self.decode_curve = self._curve(self.speed_plot, blue, "decode (left axis)")
+        self.prefill_view = self._right_axis(self.speed_plot, "prefill tok/s")
+        self.prefill_curve = pg.PlotDataItem([], [], pen=None, symbol="o", symbolSize=7, symbolPen=None,
+                                             symbolBrush=orange, name="prefill, one dot per reply (right axis)")
+        self.prefill_view.addItem(self.prefill_curve)
+        self.speed_plot.getPlotItem().legend.addItem(self.prefill_curve, "prefill, one dot per reply (right axis)")
         self.speed_text = self._caption("speed_text")
 
         self.cache_plot = self._plot("%", legend=True)
@@ -154,10 +193,10 @@ class Dashboard(QWidget):
         self.heat_plot.setMouseEnabled(x=False, y=False)
         self.heat_plot.hideButtons()
         self.heat_plot.invertY(True)  # layer 0 on top, as in a table
-        self.heat_plot.setLabel("bottom", "expert", color=c["muted"])
-        self.heat_plot.setLabel("left", "layer", color=c["muted"])
+        self.heat_plot.setLabel("bottom", "expert", **self._label_style())
+        self.heat_plot.setLabel("left", "layer", **self._label_style())
         for side in ("left", "bottom"):
-            self.heat_plot.getAxis(side).setTextPen(pg.mkPen(c["muted"]))
+            self.heat_plot.getAxis(side).setTextPen(pg.mkPen(c["text"]))
             self.heat_plot.getAxis(side).setPen(pg.mkPen(c["border"]))
         self.heat = pg.ImageItem(axisOrder="row-major")
         self.heat_plot.addItem(self.heat)
@@ -165,7 +204,7 @@ class Dashboard(QWidget):
         self.heat_bar = pg.ColorBarItem(values=(0, 1), colorMap=cmap, interactive=False, width=14,
                                         pen=pg.mkPen(c["border"]), label="picks")
         self.heat_bar.setImageItem(self.heat, insert_in=self.heat_plot.getPlotItem())
-        self.heat_bar.getAxis("right").setTextPen(pg.mkPen(c["muted"]))
+        self.heat_bar.getAxis("right").setTextPen(pg.mkPen(c["text"]))
         self.heat_text = self._caption("heat_text")
 
         self.pool_table = QTableWidget(4, 4, objectName="pool_table")
@@ -178,6 +217,14 @@ class Dashboard(QWidget):
         self.pool_table.setSelectionMode(QAbstractItemView.NoSelection)
         self.pool_table.horizontalHeader().setSectionResizeMode(QHeaderView.Stretch)
         self.pool_table.verticalHeader().setSectionResizeMode(QHeaderView.Stretch)
+        for col, tip in enumerate([
+                self.tr("Memory handed out to the engine's buffers"),
+                self.tr("Memory the pool holds from the system but has not handed out"),
+                self.tr("Live buffers"),
+                self.tr("Share of the free memory that is scattered: small tier, free slots in slab pages that "
+                        "still hold live buffers (they cannot go back to the system); medium tier, free memory "
+                        "outside its largest free piece. Defrag compacts the medium tier")]):
+            self.pool_table.horizontalHeaderItem(col).setToolTip(tip)
         self.pool_text = self._caption("pool_text")
         self.defrag_button = QPushButton(self.tr("&Defrag"), objectName="defrag")
         self.defrag_button.setAccessibleName(self.tr("Defragment the memory pool"))
@@ -197,19 +244,12 @@ class Dashboard(QWidget):
 
         self.temp_plot = self._plot("°C", legend=True)
         self.temp_curve = self._curve(self.temp_plot, red, "CPU temperature")
-        self.threads_view = pg.ViewBox()
+        self.threads_view = self._right_axis(self.temp_plot, "threads")
         pi = self.temp_plot.getPlotItem()
-        pi.showAxis("right")
-        pi.scene().addItem(self.threads_view)
-        pi.getAxis("right").linkToView(self.threads_view)
-        pi.getAxis("right").setLabel("threads", color=c["muted"])
-        self.threads_view.setXLink(pi)
-        self.threads_view.setMouseEnabled(x=False, y=False)
         self.threads_curve = pg.PlotDataItem([], [], pen=pg.mkPen(blue, width=2, style=Qt.DashLine), name="threads",
                                              connect="finite")
         self.threads_view.addItem(self.threads_curve)
         pi.legend.addItem(self.threads_curve, "threads")
-        pi.vb.sigResized.connect(lambda: self.threads_view.setGeometry(pi.vb.sceneBoundingRect()))
         self.temp_chart = self._chart(self.temp_plot)
         self.temp_text = self._caption("temp_text")
 
@@ -231,9 +271,9 @@ class Dashboard(QWidget):
         self.gpu_chart = self._chart(self.gpu_plot)
         self.gpu_text = self._caption("gpu_text")
 
-        grid = QGridLayout()
+        self.grid = grid = QGridLayout()
         grid.setSpacing(8)
-        panels = [
+        self.panels = panels = [
             self._panel(self.tr("Speed"), self.speed_plot, self.speed_text),
             self._panel(self.tr("Expert cache: hit rate and prefetch accuracy"), self.cache_plot, self.cache_text),
             self._panel(self.tr("Expert activations (layer × expert)"), self.heat_plot, self.heat_text),
@@ -244,14 +284,35 @@ class Dashboard(QWidget):
             self._panel(self.tr("Power"), self.power_chart, self.power_text),
             self._panel(self.tr("GPU"), self.gpu_chart, self.gpu_text),
         ]
-        for i, panel in enumerate(panels):
-            grid.addWidget(panel, i // 3, i % 3)
+        for panel in panels:
+            panel.setMinimumWidth(PANEL_W - 40)
+        self.columns = 0
+        self._lay_out(3)
+        body = QWidget(objectName="dashboard_body")
+        body.setLayout(grid)
+        self.scroll = QScrollArea(widgetResizable=True, frameShape=QFrame.NoFrame, objectName="dashboard_scroll")
+        self.scroll.setWidget(body)
+        self.scroll.setAccessibleName(self.tr("Dashboard panels"))
         lay = QVBoxLayout(self)
         lay.setContentsMargins(12, 10, 12, 10)
         lay.addWidget(self.header)
         lay.addWidget(self.advice_label)
-        lay.addLayout(grid, 1)
+        lay.addWidget(self.scroll, 1)
         self._show_advice([])
+
+    def _lay_out(self, columns: int) -> None:
+        """Panels in `columns` columns (as many as the dock's width holds; it scrolls down)."""
+        if columns == self.columns:
+            return
+        self.columns = columns
+        for panel in self.panels:
+            self.grid.removeWidget(panel)
+        for i, panel in enumerate(self.panels):
+            self.grid.addWidget(panel, i // columns, i % columns)
+
+    def resizeEvent(self, e) -> None:  # noqa: N802 - Qt's name
+        super().resizeEvent(e)
+        self._lay_out(max(1, min(3, (self.width() - 24) // PANEL_W)))
 
     # --- watching ----------------------------------------------------------------------------
     def showEvent(self, e) -> None:  # noqa: N802 - Qt's name
@@ -280,9 +341,7 @@ class Dashboard(QWidget):
         self._step, self._step_fresh = step, True
 
     def on_defragged(self, r) -> None:
-        sign = "−" if r.rss_change < 0 else "+"
-        self._defrag_done(f"Gave back {_mb(r.returned_bytes)} · RSS {_mb(r.rss_before)} → {_mb(r.rss_after)} "
-                          f"({sign}{_mb(abs(r.rss_change))})")
+        self._defrag_done(defrag_text(r))
 
     def on_stats(self, snap) -> None:
         """One snapshot: a point on every series, then every panel redrawn."""
@@ -335,6 +394,8 @@ class Dashboard(QWidget):
         prefill = np.asarray(self.history["prefill"], float)
         dots = np.isfinite(prefill)  # a scatter of NaNs warns: only the replies' dots
         self.prefill_curve.setData(x[dots], prefill[dots])
+        if dots.any():
+            self.prefill_view.setYRange(0, float(prefill[dots].max()) * 1.15, padding=0)
         for curve, key in ((self.decode_curve, "decode"), (self.hit_curve, "hit"),
                            (self.prefetch_curve, "prefetch"), (self.rss_curve, "rss"), (self.temp_curve, "temp"),
                            (self.cpu_w_curve, "cpu_w"), (self.gpu_w_curve, "gpu_w"), (self.load_curve, "cpu_pct"),
@@ -385,7 +446,9 @@ class Dashboard(QWidget):
                 item.setTextAlignment(Qt.AlignRight | Qt.AlignVCenter)
                 self.pool_table.setItem(r, col, item)
         self.pool_text.setText(f"allocated {_mb(pool.allocated)} · peak {_mb(pool.peak)} · reserved from the "
-                               f"system {_mb(pool.reserved)}")
+                               f"system {_mb(pool.reserved)} · fragmented: the share of free memory that is "
+                               f"scattered (small: free slots in slab pages still in use, normal for slabs; "
+                               f"medium: outside its largest free piece; Defrag compacts it)")
 
     def _draw_text(self, snap, step) -> None:
         ec, hw, g = snap.expert_cache, A.hardware(snap), A.gpu(snap)

@@ -51,3 +51,10 @@ def uninstall(app: QCoreApplication, translators: list[QTranslator]) -> None:
     for t in translators:
         app.removeTranslator(t)
         t.deleteLater()
+
+
+def switch(app: QCoreApplication, old: list[QTranslator], language: str) -> list[QTranslator]:
+    """Change the language of a running app: every widget gets a LanguageChange event and
+    re-reads its texts (MainWindow.retranslate). Returns the new translators (keep them)."""
+    uninstall(app, old)
+    return install(app, language)

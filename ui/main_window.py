@@ -6,9 +6,9 @@ import logging
 from pathlib import Path
 
 import psutil
-from PySide6.QtCore import QSize, Qt, QTimer
+from PySide6.QtCore import QByteArray, QEvent, QSize, Qt, QTimer
 from PySide6.QtGui import QAction, QKeySequence
-from PySide6.QtWidgets import (QApplication, QComboBox, QFileDialog, QHBoxLayout, QInputDialog, QLabel,
+from PySide6.QtWidgets import (QApplication, QComboBox, QDockWidget, QFileDialog, QHBoxLayout, QInputDialog, QLabel,
                                QLineEdit, QListView, QMainWindow, QMenu, QMessageBox, QPushButton, QSizePolicy,
                                QSplitter,
                                QVBoxLayout, QWidget)
@@ -17,6 +17,8 @@ from app import model_library
 from app.paths import models_dir
 from app.history import NEW_TITLE, History, chat_messages
 from app.settings import Settings
+from app.worker import prompt_progress
+from ui import i18n
 from ui import theme
 from ui.chat_view import ChatView, MessageInput
 from ui.model_flow import ModelFlow, show_error
@@ -51,16 +53,25 @@ class ElidedLabel(QLabel):
 
 
 class MainWindow(QMainWindow):
-    def __init__(self, settings: Settings, history: History):
+    def __init__(self, settings: Settings, history: History, translators: list | None = None):
         super().__init__()
         self.settings, self.history = settings, history
+        self.translators = translators if translators is not None else []  # the installed ones (language switch)
         self.setWindowTitle("Colibri")
+        self.setObjectName("main_window")
         self.resize(1100, 720)
+        self.dashboard = None
+        self.dashboard_dock: QDockWidget | None = None
+        self.closed = False  # after closeEvent: the history is closed, nothing is drawn again
         self.conv_id: int | None = None
         self.request = 0  # id of the latest generation request
         self.gen_conv: int | None = None  # conversation a reply is being generated for
         self.editing: int | None = None  # id of the user message being edited
         self.last_step = None  # latest Step of the latest reply
+        self.streams: dict[int, str] = {}  # conversation id -> the text so far of the reply it is being written
+        self.prompt_read: float | None = None  # fraction of the prompt read, while the engine reports it
+        self.context_counts: dict[int, int] = {}  # conversation id -> tokens it takes in the loaded model
+        self.last_reply: dict = {}  # stats of the open chat's last reply (the status line when idle)
         self.snapshot = None  # latest StatsSnapshot
         self.busy = ""
         self.flow = ModelFlow(self, settings)
@@ -73,21 +84,23 @@ class MainWindow(QMainWindow):
         w.text.connect(self._on_text)
         w.finished.connect(self._on_finished)
         w.stats.connect(self._on_stats)
+        w.counted.connect(self._on_counted)
         self.status_timer = QTimer(self, objectName="status_timer", interval=STATUS_MS)
         self.status_timer.timeout.connect(self._update_status)
         self.status_timer.start()
         self.apply_appearance()
         self.refresh_conversations()
         convs = self.model.items
-        self.open_conversation(convs[0].id if convs else self.history.create(sampling=settings.sampling).id)
+        self.open_conversation(convs[0].id if convs else self._create_conversation().id)
         self._update_controls()
+        self.restore_place()
 
     # --- layout ------------------------------------------------------------------------------
     def _build(self) -> None:
         side = QWidget(objectName="sidebar")
-        self.search = QLineEdit(placeholderText=self.tr("Search chats"), clearButtonEnabled=True, objectName="search")
+        self.search = QLineEdit(clearButtonEnabled=True, objectName="search")
         self.search.textChanged.connect(lambda _: self.refresh_conversations())
-        self.new_button = QPushButton(self.tr("New chat"), objectName="new_chat")
+        self.new_button = QPushButton(objectName="new_chat")
         self.new_button.clicked.connect(self.new_conversation)
         self.model = ConversationListModel()
         self.list = QListView(objectName="conversations")
@@ -110,9 +123,9 @@ class MainWindow(QMainWindow):
         self.model_picker = QComboBox(objectName="model_picker")
         self.model_picker.setMinimumWidth(240)
         self.model_picker.activated.connect(self._pick_model)
-        self.chat_settings_button = QPushButton(self.tr("Chat settings"), objectName="chat_settings")
+        self.chat_settings_button = QPushButton(objectName="chat_settings")
         self.chat_settings_button.clicked.connect(self.edit_conversation_options)
-        self.settings_button = settings_button = QPushButton(self.tr("Settings"), objectName="settings")
+        self.settings_button = settings_button = QPushButton(objectName="settings")
         settings_button.clicked.connect(self.open_settings)
         tl = QHBoxLayout(top)
         tl.setContentsMargins(14, 8, 14, 8)
@@ -132,7 +145,7 @@ class MainWindow(QMainWindow):
         self.input.submitted.connect(self.send)
         self.notice = QLabel(objectName="notice")
         self.notice.hide()
-        self.send_button = QPushButton(self.tr("Send"), objectName="primary")
+        self.send_button = QPushButton(objectName="primary")
         self.send_button.setMinimumWidth(84)
         self.send_button.clicked.connect(self._send_or_stop)
         cl = QVBoxLayout(composer)
@@ -164,7 +177,39 @@ class MainWindow(QMainWindow):
         for lab in (self.speed_label, self.context_label, self.memory_label):
             self.statusBar().addPermanentWidget(lab)
         self.refresh_models()
+        self._set_texts()
         self._accessibility()
+
+    def _set_texts(self) -> None:
+        """The texts of the controls, in the interface's language (again after a language switch)."""
+        self.search.setPlaceholderText(self.tr("Search chats"))
+        self.new_button.setText(self.tr("New chat"))
+        self.chat_settings_button.setText(self.tr("Chat settings"))
+        self.settings_button.setText(self.tr("Settings"))
+        self.input.set_texts()
+
+    def changeEvent(self, e) -> None:  # noqa: N802 - Qt's name
+        super().changeEvent(e)
+        if e.type() == QEvent.LanguageChange and hasattr(self, "status_timer") and not self.closed:
+            self.retranslate()
+
+    def retranslate(self) -> None:
+        """A new interface language, live: every text of the window is set again."""
+        self._set_texts()
+        self._accessibility()
+        self.menuBar().clear()
+        self._menus()
+        self._update_controls()
+        if self.snapshot is not None and self.flow.model is not None:
+            self.view.empty_text = self.tr("{model} is ready. Type a message below.").format(model=self.snapshot.model)
+        self.refresh_models()
+        self.refresh_conversations()
+        self.render_conversation()
+        if self.editing is not None:
+            self.notice.setText(self._editing_text())
+        self._update_status()
+        if self.dashboard is not None:
+            self._rebuild_dashboard()
 
     def _accessibility(self) -> None:
         """Names and descriptions for screen readers, and the Tab order: sidebar, top bar, chat, composer."""
@@ -220,7 +265,8 @@ class MainWindow(QMainWindow):
         v = self.menuBar().addMenu(self.tr("&View"))
         act(v, self.tr("Toggle &dark theme"), self.toggle_theme, "Ctrl+Shift+D")
         act(v, self.tr("&Settings…"), self.open_settings, "Ctrl+,")
-        act(v, self.tr("Performance dashboard"), self.open_dashboard, "Ctrl+Shift+P")
+        dash = act(v, self.tr("Performance dashboard"), lambda: self.open_dashboard(toggle=True), "Ctrl+Shift+P")
+        dash.setShortcutContext(Qt.ApplicationShortcut)  # also while the dashboard has the focus
 
     def sizeHint(self) -> QSize:  # noqa: N802 - Qt's name
         return QSize(1100, 720)
@@ -241,15 +287,54 @@ class MainWindow(QMainWindow):
         self.notice.hide()
         self.refresh_conversations()
         self.render_conversation()
+        self.count_context()
+        self._update_status()
 
     def render_conversation(self) -> None:
         conv = self.history.conversation(self.conv_id)
         self.title.set_full_text(shown_title(conv.title))
-        streaming = self.view.streaming if self.gen_conv == self.conv_id else None
-        self.view.set_messages(self.history.messages(self.conv_id), streaming)
+        messages = self.history.messages(self.conv_id)
+        self.last_reply = next((m.stats for m in reversed(messages) if m.role == "assistant"), {})
+        self.view.set_messages(messages, self.streams.get(self.conv_id))
+        self._show_elsewhere()
+
+    def _show_elsewhere(self) -> None:
+        """While a reply is written in another chat, the notice says where (Stop stops that one)."""
+        if self.editing is not None:
+            return
+        if self.gen_conv is not None and self.gen_conv != self.conv_id:
+            title = shown_title(self.history.conversation(self.gen_conv).title)
+            self.notice.setText(self.tr("A reply is being written in “{title}”; Stop (Esc) ends it.")
+                                .format(title=title))
+            self.notice.show()
+        else:
+            self.notice.hide()
+
+    def count_context(self) -> None:
+        """Ask the worker how much of the context the open chat takes (answered by `_on_counted`)."""
+        if self.flow.model is None or self.conv_id is None or self.conv_id == self.gen_conv:
+            return
+        conv = self.history.conversation(self.conv_id)
+        self.flow.count_requested.emit(conv.id, chat_messages(conv, self.history.messages(conv.id)))
+
+    def _on_counted(self, cid: int, tokens: int) -> None:
+        self.context_counts[cid] = tokens
+        if cid == self.conv_id:
+            self._update_status()
+
+    def _create_conversation(self):
+        """A new chat starts from the default preset: its system prompt and the sampling it sets."""
+        preset = self.settings.preset()
+        return self.history.create(system_prompt=preset["system_prompt"],
+                                   sampling=self.settings.sampling | preset["sampling"])
+
+    def sampling_for(self, conv) -> dict:
+        """The table's defaults, under the model's own (its generation config), under the app's and the
+        chat's values: what a reply of this chat is generated with."""
+        return self.settings.sampling_values() | self.flow.model_defaults | self.settings.sampling | conv.sampling
 
     def new_conversation(self) -> None:
-        conv = self.history.create(sampling=self.settings.sampling)
+        conv = self._create_conversation()
         self.search.clear()
         self.open_conversation(conv.id)
         self.input.setFocus()
@@ -280,7 +365,7 @@ class MainWindow(QMainWindow):
         if cid == self.conv_id:
             self.conv_id = None
             rest = self.history.conversations()
-            self.open_conversation(rest[0].id if rest else self.history.create(sampling=self.settings.sampling).id)
+            self.open_conversation(rest[0].id if rest else self._create_conversation().id)
         self.refresh_conversations()
 
     def _conversation_menu(self, pos) -> None:
@@ -295,9 +380,12 @@ class MainWindow(QMainWindow):
 
     def edit_conversation_options(self) -> None:
         conv = self.history.conversation(self.conv_id)
-        d = ConversationDialog(self, conv.system_prompt, self.settings.sampling_values() | conv.sampling)
+        d = ConversationDialog(self, conv.system_prompt, self.sampling_for(conv), self.settings,
+                               self.settings.sampling_values() | self.flow.model_defaults, self.flow.model_defaults)
         if d.exec():
             self.history.set_options(conv.id, d.system.toPlainText().strip(), d.form.values())
+        if d.presets_changed:
+            self.settings.save()
 
     # --- chatting ----------------------------------------------------------------------------
     def send(self, text: str) -> None:
@@ -317,19 +405,27 @@ class MainWindow(QMainWindow):
 
     def _generate(self) -> None:
         conv = self.history.conversation(self.conv_id)
-        sampling = self.settings.sampling_values() | conv.sampling
+        sampling = self.sampling_for(conv)
         self.request += 1
         self.gen_conv = conv.id
-        self.last_step = None
-        self.view.streaming = ""
+        self.last_step, self.prompt_read = None, None
+        self.streams[conv.id] = ""
         self.render_conversation()
         self._set_busy("generating")
         self.flow.generate(self.request, chat_messages(conv, self.history.messages(conv.id)), sampling)
 
     def _on_text(self, request: int, text: str, step) -> None:
-        if request != self.request:
+        if request != self.request or self.gen_conv is None:
             return
-        self.last_step = step
+        fraction = prompt_progress(step)
+        if fraction is not None:
+            self.prompt_read = fraction
+            if self.gen_conv == self.conv_id:
+                self.view.set_stream_note(self.tr("reading your message: {pct:.0%}").format(pct=fraction))
+            return
+        self.last_step, self.prompt_read = step, None
+        self.context_counts[self.gen_conv] = step.context_used
+        self.streams[self.gen_conv] = self.streams.get(self.gen_conv, "") + text
         if self.gen_conv == self.conv_id:
             self.view.append(text)
 
@@ -337,7 +433,10 @@ class MainWindow(QMainWindow):
         if request != self.request:
             return
         cid, self.gen_conv = self.gen_conv, None
-        self.view.end_stream()
+        self.streams.pop(cid, None)
+        self.prompt_read = None
+        if cid == self.conv_id:
+            self.view.end_stream()
         s = reply.step
         if s is not None and (reply.text or s.generated_tokens):
             stats = {"generated_tokens": s.generated_tokens, "prompt_tokens": s.prompt_tokens,
@@ -348,8 +447,9 @@ class MainWindow(QMainWindow):
             self.statusBar().showMessage(self.tr("The context was full: the {n} oldest messages were left out of "
                                                  "this reply").format(n=reply.dropped), 8000)
         self._set_busy("")
-        if cid == self.conv_id:
-            self.render_conversation()
+        if s is not None:
+            self.context_counts[cid] = s.context_used
+        self.render_conversation()
         self.refresh_conversations()
         self._update_status()
 
@@ -386,8 +486,11 @@ class MainWindow(QMainWindow):
         self.editing = users[-1].id
         self.input.setPlainText(users[-1].content)
         self.input.setFocus()
-        self.notice.setText(self.tr("Editing your last message: Enter resends it and replaces the reply · Esc cancels"))
+        self.notice.setText(self._editing_text())
         self.notice.show()
+
+    def _editing_text(self) -> str:
+        return self.tr("Editing your last message: Enter resends it and replaces the reply · Esc cancels")
 
     # --- models ------------------------------------------------------------------------------
     def refresh_models(self) -> None:
@@ -431,17 +534,46 @@ class MainWindow(QMainWindow):
         if not self.busy and path != self.flow.model:
             self.flow.load(path)
 
-    def open_dashboard(self):
-        if getattr(self, "dashboard", None) is None:
-            from ui.dashboard import Dashboard
-            self.dashboard = Dashboard(self.flow.worker, theme.palette(self.settings.theme), self.flow.model, self)
-        self.dashboard.show()
-        self.dashboard.raise_()
+    def _make_dashboard(self):
+        from ui.dashboard import Dashboard
+        return Dashboard(self.flow.worker, theme.palette(self.settings.theme), self.flow.model, self)
+
+    def open_dashboard(self, toggle: bool = False):
+        """The performance dashboard, docked where the user last left it (right of the chat at first);
+        Ctrl+Shift+P shows it, and hides it again when it is showing."""
+        if self.dashboard_dock is None:
+            self.dashboard = self._make_dashboard()
+            dock = QDockWidget(self.tr("Performance"), self, objectName="dashboard_dock")
+            dock.setAccessibleName(self.tr("Performance dashboard"))
+            dock.setWidget(self.dashboard)
+            dock.setAllowedAreas(Qt.AllDockWidgetAreas)
+            self.dashboard_dock = dock
+            if not self.restoreDockWidget(dock):
+                self.addDockWidget(Qt.RightDockWidgetArea, dock)
+                self.resizeDocks([dock], [max(460, self.width() // 2)], Qt.Horizontal)
+        if toggle and self.dashboard_dock.isVisible():
+            self.dashboard_dock.hide()
+        else:
+            self.dashboard_dock.show()
+            self.dashboard_dock.raise_()
         return self.dashboard
+
+    def _rebuild_dashboard(self) -> None:
+        """The dashboard again in the new language; its history of figures is kept."""
+        old, self.dashboard = self.dashboard, self._make_dashboard()
+        self.dashboard.history, self.dashboard.snapshot = old.history, old.snapshot
+        self.dashboard_dock.setWindowTitle(self.tr("Performance"))
+        self.dashboard_dock.setAccessibleName(self.tr("Performance dashboard"))
+        self.dashboard_dock.setWidget(self.dashboard)
+        old.hide()
+        old.deleteLater()
 
     def _on_ready(self, snapshot) -> None:
         self.snapshot = snapshot
-        if getattr(self, "dashboard", None) is not None:
+        self.last_step = None
+        self.context_counts.clear()  # another model counts with its own tokenizer and template
+        self.count_context()
+        if self.dashboard is not None:
             self.dashboard.set_model_path(self.flow.model)
         self.refresh_models()
         self.view.empty_text = self.tr("{model} is ready. Type a message below.").format(model=snapshot.model)
@@ -462,7 +594,13 @@ class MainWindow(QMainWindow):
 
     # --- settings and appearance ----------------------------------------------------------------
     def open_settings(self) -> None:
-        d = SettingsDialog(self, self.settings)
+        model = self.flow.model
+
+        def fit(values: dict) -> None:
+            # free memory counts what Colibri holds now too: a reload gives the loaded model's memory back
+            self.flow.fit_requested.emit(model, values, psutil.Process().memory_info().rss)
+        d = SettingsDialog(self, self.settings, fit if model else None)
+        self.flow.worker.fit_explained.connect(d.fit_label.setText)
         if d.exec():
             self.apply_settings(d.engine_form.values(), d.ui_form.values())
 
@@ -479,7 +617,8 @@ class MainWindow(QMainWindow):
         self.settings.save()
         self.apply_appearance()
         if self.settings.language != language:
-            self.statusBar().showMessage(self.tr("The new language applies when Colibri next starts."), 10000)
+            self.translators = i18n.switch(QApplication.instance(), self.translators, self.settings.language)
+            self.retranslate()  # at once (the LanguageChange events come too; this one is not left to them)
 
     def toggle_theme(self) -> None:
         self.settings.set_ui("theme", "light" if self.settings.theme == "dark" else "dark")
@@ -528,19 +667,64 @@ class MainWindow(QMainWindow):
         self.model_picker.setEnabled(not self.busy)
 
     def _update_status(self) -> None:
+        """Speed of this chat's reply (live while it is written), its context use, the process memory.
+
+        Nothing is made up: before a reply the speed says so, while the prompt is read its progress
+        shows, and the context count is this chat's own (counted by the loaded model)."""
         s, snap = self.last_step, self.snapshot
-        src = s if s is not None else snap
-        if src is not None:
+        here = self.gen_conv is not None and self.gen_conv == self.conv_id
+        if here and s is not None and (s.generated_tokens < 2 or not s.decode_tok_s):
+            # one token gives no rate yet: the first token's time, not "0.0 tok/s"
+            self.speed_label.setText(self.tr("first token {ttft:.2f} s · writing…").format(ttft=s.ttft_s))
+        elif here and s is not None:
             self.speed_label.setText(self.tr("{rate:.1f} tok/s · first token {ttft:.2f} s")
-                                     .format(rate=src.decode_tok_s, ttft=src.ttft_s))
-            self.context_label.setText(self.tr("context {used:,} / {limit:,}")
-                                       .format(used=src.context_used, limit=src.context_limit))
+                                     .format(rate=s.decode_tok_s, ttft=s.ttft_s))
+        elif here:
+            self.speed_label.setText(self.tr("reading your message: {pct:.0%}").format(pct=self.prompt_read)
+                                     if self.prompt_read is not None else self.tr("reading your message…"))
+        elif self.last_reply.get("generated_tokens"):
+            r = self.last_reply
+            self.speed_label.setText(self.tr("last reply {rate:.1f} tok/s · first token {ttft:.2f} s")
+                                     .format(rate=r.get("decode_tok_s", 0.0), ttft=r.get("ttft_s", 0.0)))
         else:
-            self.speed_label.setText(self.tr("— tok/s"))
+            self.speed_label.setText(self.tr("no reply yet"))
+        limit = (s.context_limit if here and s is not None else snap.context_limit) if snap is not None else None
+        used = self.context_counts.get(self.conv_id)
+        if limit is None:
             self.context_label.setText(self.tr("context —"))
+        elif used is None:
+            self.context_label.setText(self.tr("context … / {limit:,}").format(limit=limit))
+        else:
+            self.context_label.setText(self.tr("context {used:,} / {limit:,}").format(used=used, limit=limit))
+        self.context_label.setToolTip(self.tr("Counted when the reply being written ends") if used is None and
+                                      self.gen_conv is not None else self.tr("Tokens of this chat in the model's "
+                                                                             "context, and how many it holds"))
         self.memory_label.setText(self.tr("memory {mb:,.0f} MB").format(mb=psutil.Process().memory_info().rss / 2**20))
 
+    # --- place ---------------------------------------------------------------------------------
+    def save_place(self) -> None:
+        """The window's size and place and the dashboard dock's, into the settings file."""
+        self.settings.window = {"geometry": bytes(self.saveGeometry().toBase64()).decode(),
+                                "state": bytes(self.saveState().toBase64()).decode(),
+                                "dashboard": "shown" if self.dashboard_dock is not None
+                                and self.dashboard_dock.isVisible() else "hidden"}
+        self.settings.save()
+
+    def restore_place(self) -> None:
+        w = self.settings.window
+        if w.get("geometry"):
+            self.restoreGeometry(QByteArray.fromBase64(w["geometry"].encode()))
+        if w.get("state"):
+            self.restoreState(QByteArray.fromBase64(w["state"].encode()))
+        if w.get("dashboard") == "shown":
+            self.open_dashboard()
+
     def closeEvent(self, event) -> None:  # noqa: N802 - Qt's name
+        try:
+            self.save_place()
+        except OSError as e:
+            log.warning("the window's place was not saved: %s", e)
+        self.closed = True
         self.status_timer.stop()
         self.flow.shutdown()
         self.history.close()

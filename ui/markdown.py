@@ -46,7 +46,7 @@ class MarkdownRenderer:
         return (f'<table width="100%" cellspacing="0" cellpadding="8" border="0" style="margin-top: 4px; '
                 f'margin-bottom: 6px"><tr><td bgcolor="{c["code_border"]}"><span style="color: {c["muted"]}">'
                 f'{html.escape(lang or "code")}</span> &nbsp;·&nbsp; {link}</td></tr>'
-                f'<tr><td bgcolor="{c["code"]}"><pre style="margin: 0">{body}</pre></td></tr></table>\n')
+                f'<tr><td bgcolor="{c["code"]}"><pre style="margin: 0; white-space: pre-wrap">{body}</pre></td></tr></table>\n')
 
     def render(self, text: str) -> str:
         return self.md.render(text)

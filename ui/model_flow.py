@@ -55,6 +55,8 @@ class ModelFlow(QObject):
     load_requested = Signal(str, dict, bool)
     convert_requested = Signal(str)
     generate_requested = Signal(int, list, dict)
+    count_requested = Signal(int, list)  # conversation id, its messages: the worker answers `counted`
+    fit_requested = Signal(str, dict, int)  # model folder, engine settings, extra free bytes: `fit_explained`
     set_param_requested = Signal(str, object)
     close_requested = Signal()
 
@@ -72,6 +74,8 @@ class ModelFlow(QObject):
         self.load_requested.connect(self.worker.load)
         self.convert_requested.connect(self.worker.convert)
         self.generate_requested.connect(self.worker.generate)
+        self.count_requested.connect(self.worker.count_context)
+        self.fit_requested.connect(self.worker.explain_fit)
         self.set_param_requested.connect(self.worker.set_param)
         self.close_requested.connect(self.worker.close, Qt.BlockingQueuedConnection)
         w = self.worker
@@ -79,6 +83,7 @@ class ModelFlow(QObject):
         w.progress.connect(self._progress)
         w.converted.connect(self._converted)
         w.loaded.connect(self._loaded)
+        w.model_defaults.connect(self._model_defaults)
         w.wont_fit.connect(self._wont_fit)
         w.failed.connect(self._failed)
         w.cancelled.connect(self._cancelled)
@@ -86,6 +91,7 @@ class ModelFlow(QObject):
         self.dialog: QProgressDialog | None = None
         self.loading: str | None = None  # the model folder being loaded
         self.model: str | None = None  # the model folder loaded
+        self.model_defaults: dict = {}  # the loaded model's own sampling defaults (its generation config)
         self.thread.start()
 
     # --- requests ----------------------------------------------------------------------------
@@ -159,6 +165,9 @@ class ModelFlow(QObject):
             self.dialog.close()
             self.dialog.deleteLater()
             self.dialog = None
+            # the keyboard goes back to the chat window: without a window manager to hand it back, no
+            # window was active after the dialog and every shortcut (Ctrl+Shift+P…) did nothing
+            self.window.activateWindow()
 
     # --- worker answers ----------------------------------------------------------------------
     def _stage(self, text: str) -> None:
@@ -173,6 +182,9 @@ class ModelFlow(QObject):
 
     def _converted(self, path: str) -> None:
         self.load(path)
+
+    def _model_defaults(self, path: str, values: dict) -> None:
+        self.model_defaults = dict(values)
 
     def _loaded(self, snapshot) -> None:
         self._close_dialog()

@@ -4,18 +4,23 @@ A parameter added to the engine's table appears in the dialogs without any chang
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
-from PySide6.QtCore import QCoreApplication, Qt
+import psutil
+from PySide6.QtCore import QCoreApplication, Qt, QTimer, Signal
 from PySide6.QtWidgets import (QCheckBox, QComboBox, QDialog, QDialogButtonBox, QDoubleSpinBox, QFormLayout,
-                               QLabel, QLineEdit, QPlainTextEdit, QScrollArea, QSpinBox, QTabWidget, QVBoxLayout,
-                               QWidget)
+                               QHBoxLayout, QLabel, QLineEdit, QPlainTextEdit, QPushButton, QScrollArea, QSpinBox,
+                               QTabWidget, QVBoxLayout, QWidget)
 
 from app import settings as S
 from engine.params import Param
 
 INT_MAX = 2**31 - 1  # QSpinBox holds a C int
-CHOICE_LABELS = {"en": "English", "zh_CN": "简体中文"}  # each language under its own name, in every language
+LANGUAGE_NAMES = {"en": "English", "zh_CN": "简体中文"}  # each language under its own name, in every language
+# what a choice reads as on screen (translated in the "Param" context); choices not here are names
+# users know as they are (f16, int8, avx2, INFO)
+CHOICE_LABELS = {"light": "Light", "dark": "Dark", "system": "Same as the desktop", "auto": "Automatic"}
+BYTE_UNITS = (("MB", 10**6), ("GB", 10**9))  # a byte budget is typed in these, as free memory is shown
 
 
 def _tr(text: str) -> str:
@@ -29,7 +34,79 @@ def label(name: str) -> str:
 
 
 def choice_label(choice: Any) -> str:
-    return CHOICE_LABELS.get(str(choice)) or _tr(str(choice))
+    c = str(choice)
+    return LANGUAGE_NAMES.get(c) or _tr(CHOICE_LABELS.get(c, c))
+
+
+def unset_label(p: Param) -> str:
+    """What a nullable number reads as when it is not set: the help's own word for it."""
+    if p.name == "seed":
+        return _tr("random")
+    if p.name == "threads" or "auto" in p.help:
+        return _tr("auto")
+    return _tr("not set") if p.name.endswith("_bytes") else _tr("default")
+
+
+class ByteSizeEdit(QWidget):
+    """A byte budget in MB or GB (a spin box of bytes cannot hold more than 2 GB, and nobody types
+    bytes); 0 is "auto" when the parameter may be unset. Free memory is shown beside it."""
+    valueChanged = Signal()
+
+    def __init__(self, p: Param, value: int | None):
+        super().__init__()
+        self.p = p
+        self.number = QDoubleSpinBox(objectName=f"param_{p.name}_value", decimals=1, singleStep=0.5)
+        self.number.setRange(0.0, 1e9)
+        if p.nullable:
+            self.number.setSpecialValueText(unset_label(p))
+        self.unit = QComboBox(objectName=f"param_{p.name}_unit")
+        for name, factor in BYTE_UNITS:
+            self.unit.addItem(name, factor)
+        self.unit.setAccessibleName(_tr("Unit"))
+        self.free = QLabel(objectName="help")
+        vm = psutil.virtual_memory()
+        self.free.setText(_tr("{free} free now, of {total}").format(free=_gb(vm.available), total=_gb(vm.total)))
+        lay = QHBoxLayout(self)
+        lay.setContentsMargins(0, 0, 0, 0)
+        lay.addWidget(self.number, 1)
+        lay.addWidget(self.unit)
+        lay.addWidget(self.free)
+        self.set_bytes(value)
+        self.number.valueChanged.connect(self.valueChanged)
+        self.unit.currentIndexChanged.connect(self._unit_changed)
+
+    def setAccessibleName(self, name: str) -> None:  # noqa: N802 - Qt's name
+        super().setAccessibleName(name)
+        self.number.setAccessibleName(name)
+
+    def setAccessibleDescription(self, text: str) -> None:  # noqa: N802 - Qt's name
+        super().setAccessibleDescription(text)
+        self.number.setAccessibleDescription(text)
+
+    def set_bytes(self, value: int | None) -> None:
+        gb = value is not None and value >= 10**9
+        self.unit.blockSignals(True)
+        self.unit.setCurrentIndex(1 if gb else 0)
+        self.unit.blockSignals(False)
+        self._factor = self.unit.currentData()
+        self.number.setValue(0.0 if not value else value / self._factor)
+
+    def bytes(self) -> int | None:
+        n = round(self.number.value() * self.unit.currentData())
+        if n <= 0:
+            return None if self.p.nullable else int(self.p.min or 0)
+        return n
+
+    def _unit_changed(self) -> None:
+        """The same budget in the other unit (2048 MB -> 2.0 GB), not a new one."""
+        n = self.number.value() * self._factor
+        self._factor = self.unit.currentData()
+        self.number.setValue(n / self._factor)
+        self.valueChanged.emit()
+
+
+def _gb(n: float) -> str:
+    return f"{n / 1e9:.1f} GB" if n >= 1e9 else f"{n / 1e6:.0f} MB"
 
 
 def scrolled(form: QWidget) -> QScrollArea:
@@ -72,7 +149,9 @@ class ParamForm(QWidget):
             form.addRow("", help_label)
 
     def _editor(self, p: Param, value: Any) -> QWidget:
-        if p.choices is not None:
+        if p.type is int and p.name.endswith("_bytes"):
+            w: QWidget = ByteSizeEdit(p, value)
+        elif p.choices is not None:
             w = QComboBox()
             for c in p.choices:
                 w.addItem(choice_label(c), c)
@@ -86,8 +165,7 @@ class ParamForm(QWidget):
             hi = min(int(p.max), INT_MAX) if p.max is not None else INT_MAX
             if p.nullable:  # one step below the minimum stands for "not set"
                 lo -= 1
-                w.setSpecialValueText(_tr("auto") if p.name == "threads" else _tr("random") if p.name == "seed"
-                                      else _tr("default"))
+                w.setSpecialValueText(unset_label(p))
             w.setRange(lo, hi)
             w.setValue(lo if value is None else min(int(value), hi))
         elif p.type is float:
@@ -96,7 +174,7 @@ class ParamForm(QWidget):
             lo = p.min if p.min is not None else -1e9
             if p.nullable:  # one step below the minimum stands for "not set"
                 lo -= 1
-                w.setSpecialValueText(_tr("as is"))
+                w.setSpecialValueText(unset_label(p))
             w.setRange(lo, p.max if p.max is not None else 1e9)
             w.setSingleStep(0.05)
             w.setValue(lo if value is None else float(value))
@@ -106,8 +184,10 @@ class ParamForm(QWidget):
 
     def value(self, name: str) -> Any:
         p, w = self.params[name], self.editors[name]
-        if isinstance(w, QComboBox):
-            raw: Any = p.choices[w.currentIndex()]
+        if isinstance(w, ByteSizeEdit):
+            raw: Any = w.bytes()
+        elif isinstance(w, QComboBox):
+            raw = p.choices[w.currentIndex()]
         elif isinstance(w, QCheckBox):
             raw = w.isChecked()
         elif isinstance(w, QSpinBox):
@@ -120,7 +200,9 @@ class ParamForm(QWidget):
 
     def set_value(self, name: str, value: Any) -> None:
         w, p = self.editors[name], self.params[name]
-        if isinstance(w, QComboBox):
+        if isinstance(w, ByteSizeEdit):
+            w.set_bytes(value)
+        elif isinstance(w, QComboBox):
             w.setCurrentIndex(max(w.findData(value), 0))
         elif isinstance(w, QCheckBox):
             w.setChecked(bool(value))
@@ -134,11 +216,22 @@ class ParamForm(QWidget):
     def values(self) -> dict[str, Any]:
         return {name: self.value(name) for name in self.params}
 
+    def on_change(self, slot: Callable[[], None]) -> None:
+        """Call `slot` whenever any editor's value changes."""
+        for w in self.editors.values():
+            for sig in ("valueChanged", "currentIndexChanged", "toggled", "textChanged"):
+                if hasattr(w, sig):
+                    getattr(w, sig).connect(slot)
+                    break
+
 
 class SettingsDialog(QDialog):
     """Engine parameters (the whole engine table) and appearance."""
 
-    def __init__(self, parent: QWidget | None, settings: S.Settings):
+    def __init__(self, parent: QWidget | None, settings: S.Settings,
+                 fit: Callable[[dict[str, Any]], Any] | None = None):
+        """`fit(engine values)` asks what the loaded model needs with them and whether it fits; the
+        answer comes as text for `fit_label` (a string returned, or later, from the worker)."""
         super().__init__(parent)
         self.setWindowTitle(self.tr("Settings"))
         self.setMinimumWidth(520)
@@ -150,7 +243,20 @@ class SettingsDialog(QDialog):
         tabs = QTabWidget(objectName="settings_tabs")
         tabs.setAccessibleName(self.tr("Settings sections"))
         tabs.tabBar().setAccessibleName(self.tr("Settings sections"))
-        tabs.addTab(scrolled(self.engine_form), self.tr("&Engine"))
+        engine_page = QWidget()
+        el = QVBoxLayout(engine_page)
+        el.setContentsMargins(0, 0, 0, 0)
+        self.fit_label = QLabel(objectName="fit_note", wordWrap=True)
+        self.fit_label.setAccessibleName(self.tr("What fits in memory"))
+        self.fit_label.setVisible(fit is not None)
+        el.addWidget(self.fit_label)
+        el.addWidget(scrolled(self.engine_form), 1)
+        self._fit = fit
+        self.fit_timer = QTimer(self, objectName="fit_timer", singleShot=True, interval=200)
+        self.fit_timer.timeout.connect(self.update_fit)
+        self.engine_form.on_change(self.fit_timer.start)
+        self.update_fit()
+        tabs.addTab(engine_page, self.tr("&Engine"))
         tabs.addTab(scrolled(self.ui_form), self.tr("&Appearance"))
         buttons = QDialogButtonBox(QDialogButtonBox.Ok | QDialogButtonBox.Cancel)
         name_buttons(buttons)
@@ -160,14 +266,31 @@ class SettingsDialog(QDialog):
         lay.addWidget(tabs)
         lay.addWidget(buttons)
 
+    def update_fit(self) -> None:
+        if self._fit is not None:
+            try:
+                text = self._fit(self.engine_form.values())
+            except ValueError as e:  # a value the table refuses: say which
+                text = str(e)
+            if isinstance(text, str):
+                self.fit_label.setText(text)
+
 
 class ConversationDialog(QDialog):
-    """This conversation's system prompt and sampling parameters."""
+    """This conversation's system prompt and sampling parameters, and the presets to start from.
 
-    def __init__(self, parent: QWidget | None, system_prompt: str, sampling: dict[str, Any]):
+    `defaults`: what "Restore defaults" and a preset build on (the table's values under the model's
+    own, `model_defaults`, from its generation config)."""
+
+    def __init__(self, parent: QWidget | None, system_prompt: str, sampling: dict[str, Any],
+                 settings: S.Settings | None = None, defaults: dict[str, Any] | None = None,
+                 model_defaults: dict[str, Any] | None = None):
         super().__init__(parent)
         self.setWindowTitle(self.tr("Chat settings"))
         self.setMinimumWidth(520)
+        self.settings = settings
+        self.defaults = defaults if defaults is not None else {p.name: p.default for p in S.sampling_params()}
+        self.presets_changed = False
         self.system = QPlainTextEdit(system_prompt, objectName="system_prompt")
         self.system.setPlaceholderText(self.tr("e.g. You are a concise assistant."))
         self.system.setAccessibleName(self.tr("System prompt"))
@@ -180,14 +303,94 @@ class ConversationDialog(QDialog):
         buttons.rejected.connect(self.reject)
         buttons.button(QDialogButtonBox.RestoreDefaults).clicked.connect(self.restore_defaults)
         lay = QVBoxLayout(self)
+        if settings is not None:
+            lay.addLayout(self._preset_row())
         prompt_label = QLabel(self.tr("&System prompt"))
         prompt_label.setBuddy(self.system)
         lay.addWidget(prompt_label)
         lay.addWidget(self.system)
         lay.addWidget(QLabel(self.tr("Sampling")))
+        md = model_defaults or {}
+        self.model_note = QLabel(objectName="help", wordWrap=True)
+        self.model_note.setText(
+            self.tr("This model recommends: {values} (from its generation config); Restore defaults uses them.")
+            .format(values=", ".join(f"{label(k)} {v:g}" if isinstance(v, float) else f"{label(k)} {v}"
+                                     for k, v in md.items())) if md else
+            self.tr("This model recommends no sampling values: the defaults below are Colibri's."))
+        lay.addWidget(self.model_note)
         lay.addWidget(self.form)
         lay.addWidget(buttons)
 
+    def _preset_row(self) -> QHBoxLayout:
+        self.preset_box = QComboBox(objectName="preset")
+        self.preset_box.setAccessibleName(self.tr("Preset"))
+        self.preset_box.setToolTip(self.tr("A named system prompt and sampling: picking one fills the fields below"))
+        self._fill_presets()
+        self.preset_box.activated.connect(lambda _: self.apply_preset(self.preset_box.currentData()))
+        save = QPushButton(self.tr("Save as preset…"), objectName="save_preset")
+        save.setAccessibleName(self.tr("Save as preset"))
+        save.clicked.connect(self._ask_preset_name)
+        default = QPushButton(self.tr("Use for new chats"), objectName="default_preset")
+        default.setAccessibleName(self.tr("Use this preset for new chats"))
+        default.clicked.connect(lambda: self.make_default(self.preset_box.currentData()))
+        for b in (save, default):
+            b.setAutoDefault(False)
+        self.default_label = QLabel(objectName="help")
+        self._show_default()
+        row = QHBoxLayout()
+        preset_label = QLabel(self.tr("&Preset"))
+        preset_label.setBuddy(self.preset_box)
+        row.addWidget(preset_label)
+        row.addWidget(self.preset_box, 1)
+        row.addWidget(save)
+        row.addWidget(default)
+        outer = QVBoxLayout()
+        outer.addLayout(row)
+        outer.addWidget(self.default_label)
+        return outer
+
+    def _fill_presets(self, current: str | None = None) -> None:
+        self.preset_box.clear()
+        for name in self.settings.all_presets():
+            shown = _tr(name) if name in S.BUILTIN_PRESETS else name
+            self.preset_box.addItem(shown, name)
+        self.preset_box.setCurrentIndex(max(0, self.preset_box.findData(current or self.settings.default_preset)))
+
+    def _show_default(self) -> None:
+        name = self.settings.default_preset
+        self.default_label.setText(self.tr("New chats start from “{name}”.").format(
+            name=_tr(name) if name in S.BUILTIN_PRESETS else name))
+
+    def apply_preset(self, name: str) -> None:
+        """Fill the fields from a preset: its system prompt, its values over the defaults."""
+        p = self.settings.preset(name)
+        self.system.setPlainText(p["system_prompt"])
+        for k, v in (self.defaults | p["sampling"]).items():
+            if k in self.form.params:
+                self.form.set_value(k, v)
+
+    def save_preset(self, name: str) -> None:
+        """The fields as a preset (only the values that differ from the defaults: the rest keep
+        following the model's own)."""
+        values = {k: v for k, v in self.form.values().items() if v != self.defaults.get(k)}
+        self.settings.save_preset(name, self.system.toPlainText().strip(), values)
+        self.presets_changed = True
+        self._fill_presets(name.strip())
+
+    def make_default(self, name: str) -> None:
+        self.settings.default_preset = name
+        self.presets_changed = True
+        self._show_default()
+
+    def _ask_preset_name(self) -> None:
+        from PySide6.QtWidgets import QInputDialog, QMessageBox
+        name, ok = QInputDialog.getText(self, self.tr("Save as preset"), self.tr("Name of the preset:"))
+        if ok and name.strip():
+            try:
+                self.save_preset(name)
+            except ValueError as e:
+                QMessageBox.warning(self, self.tr("Save as preset"), str(e))
+
     def restore_defaults(self) -> None:
         for p in S.sampling_params():
-            self.form.set_value(p.name, p.default)
+            self.form.set_value(p.name, self.defaults.get(p.name, p.default))

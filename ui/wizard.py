@@ -12,12 +12,12 @@ import html
 import time
 from pathlib import Path
 
-from PySide6.QtCore import Qt, QThread, Signal
+from PySide6.QtCore import QElapsedTimer, Qt, QThread, QTimer, Signal
 from PySide6.QtWidgets import (QAbstractItemView, QButtonGroup, QDialog, QFileDialog, QGroupBox, QHBoxLayout,
                                QHeaderView, QLabel, QLineEdit, QProgressBar, QPushButton, QRadioButton,
                                QStackedWidget, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget)
 
-from app.model_info import CONTEXT, QUANTIZE, QUANTIZE_HELP, ModelSummary, default_target, human_bytes
+from app.model_info import CONTEXT, QUANTIZE, QUANTIZE_HELP, ModelSummary, default_target, human_bytes, size_note
 from app.worker import ConvertWorker
 from ui import pyside_refcount
 
@@ -65,6 +65,8 @@ class ConvertWizard(QDialog):
         self.worker.failed.connect(self._failed)
         self.thread.start()
         self._build()
+        for b in self.findChildren(QPushButton):  # Enter in the path field reads the path; it presses no button
+            b.setAutoDefault(False)
         self._go(SOURCE)
         if source:
             self.set_source(source)
@@ -94,10 +96,16 @@ class ConvertWizard(QDialog):
 
     def _source_page(self) -> QWidget:
         page = QWidget()
-        self.path_edit = QLineEdit(objectName="source_path", readOnly=True,
-                                   placeholderText=self.tr("a .gguf file, or a folder with config.json and "
-                                                           "*.safetensors"))
+        self.path_edit = QLineEdit(objectName="source_path", clearButtonEnabled=True,
+                                   placeholderText=self.tr("type or paste a .gguf file, or a folder with config.json "
+                                                           "and *.safetensors"))
         self.path_edit.setAccessibleName(self.tr("Model source"))
+        self.path_edit.setAccessibleDescription(self.tr("The path of the model to convert; Enter reads it"))
+        # a typed or pasted path is read once the typing pauses (or at Enter)
+        self.path_timer = QTimer(self, objectName="source_path_timer", singleShot=True, interval=600)
+        self.path_timer.timeout.connect(self._typed_path)
+        self.path_edit.textEdited.connect(lambda _: self.path_timer.start())
+        self.path_edit.returnPressed.connect(self._typed_path)
         gguf = QPushButton(self.tr("GGUF file…"))
         gguf.setAccessibleName(self.tr("Choose a GGUF file"))
         gguf.clicked.connect(self._pick_gguf)
@@ -109,6 +117,13 @@ class ConvertWizard(QDialog):
         row.addWidget(gguf)
         row.addWidget(folder)
         self.source_status = _muted(name="source_status")
+        self.read_bar = QProgressBar(objectName="read_progress", minimum=0, maximum=0, textVisible=False)
+        self.read_bar.setAccessibleName(self.tr("Reading the source"))
+        self.read_bar.setFixedHeight(6)
+        self.read_bar.hide()
+        self.read_clock = QElapsedTimer()
+        self.read_timer = QTimer(self, objectName="read_timer", interval=250)
+        self.read_timer.timeout.connect(self._reading)
         self.facts = QLabel(objectName="facts", wordWrap=True, textFormat=Qt.RichText)
         self.facts.setTextInteractionFlags(Qt.TextSelectableByMouse)
         self.facts.setAlignment(Qt.AlignTop | Qt.AlignLeft)
@@ -118,6 +133,7 @@ class ConvertWizard(QDialog):
                                      "config.json and *.safetensors weights. Nothing is downloaded and the source "
                                      "is never changed.")))
         lay.addLayout(row)
+        lay.addWidget(self.read_bar)
         lay.addWidget(self.source_status)
         lay.addWidget(self.facts, 1)
         return page
@@ -135,6 +151,8 @@ class ConvertWizard(QDialog):
             self.quant_buttons[q] = b
             b.toggled.connect(lambda on: on and self._update_options())
             ql.addWidget(b)
+        self.size_note = _muted(name="size_note")
+        ql.addWidget(self.size_note)
         ebox = QGroupBox(self.tr("Expert files"))
         el = QVBoxLayout(ebox)
         self.split_expert = QRadioButton(self.tr("One file per expert: a token reads only the experts it uses "
@@ -144,7 +162,7 @@ class ConvertWizard(QDialog):
         el.addWidget(self.split_layer)
         self.memory_table = QTableWidget(0, 3, objectName="memory_table")
         self.memory_table.setHorizontalHeaderLabels([self.tr("experts in memory per layer"), self.tr("memory needed"),
-                                                     ""])
+                                                     self.tr("what it means")])
         self.memory_table.setAccessibleName(self.tr("Memory by expert cache size"))
         self.memory_table.setEditTriggers(QAbstractItemView.NoEditTriggers)
         self.memory_table.setSelectionMode(QAbstractItemView.NoSelection)
@@ -215,7 +233,9 @@ class ConvertWizard(QDialog):
                                     and (page != OPTIONS or bool(self.name_edit.text().strip())))
         self.cancel_button.setVisible(self.state == "converting")
         self.open_button.setVisible(self.state == "done")
-        self.close_button.setText(self.tr("Cancel") if busy and page == CONVERT else self.tr("Close"))
+        # one Cancel while converting (beside the progress bar); Close when there is nothing to cancel
+        self.close_button.setText(self.tr("Close"))
+        self.close_button.setVisible(not (page == CONVERT and self.state == "converting"))
         for b in (self.back_button, self.next_button, self.close_button, self.open_button):
             b.setAccessibleName(b.text())
 
@@ -236,19 +256,56 @@ class ConvertWizard(QDialog):
         if path:
             self.set_source(path)
 
+    def _typed_path(self) -> None:
+        self.path_timer.stop()
+        text = self.path_edit.text().strip().strip("'\"")
+        if not text or (self.summary is not None and str(self.summary.source) == text) or text == self._reading_path:
+            return
+        p = Path(text).expanduser()
+        if p.is_file() or p.is_dir():
+            self.set_source(str(p))
+        else:
+            self.source_status.setStyleSheet("")
+            self.source_status.setText(self.tr("No file or folder at {path}").format(path=text))
+
+    _reading_path = ""
+
     def set_source(self, path: str) -> None:
         """Read what `path` is, on the worker thread; the Source page shows it when it comes."""
         self.summary, self.state = None, "inspecting"
-        self.path_edit.setText(path)
+        self._reading_path = path
+        if self.path_edit.text().strip() != path:
+            self.path_edit.setText(path)
         self.source_status.setStyleSheet("")
-        self.source_status.setText(self.tr("Reading {name}…").format(name=Path(path).name))
+        try:
+            self._reading_size = Path(path).stat().st_size if Path(path).is_file() else 0
+        except OSError:
+            self._reading_size = 0
+        self.read_clock.start()
+        self._reading()
+        self.read_bar.show()
+        self.read_timer.start()
         self.facts.clear()
         self._update_buttons()
         self.inspect_requested.emit(path)
 
+    def _reading(self) -> None:
+        """"Reading model.gguf (432 MB)… 3 s": the bar moves and the seconds count while it reads."""
+        name = Path(self._reading_path).name
+        size = f" ({human_bytes(self._reading_size)})" if self._reading_size else ""
+        secs = self.read_clock.elapsed() / 1000
+        self.source_status.setText(self.tr("Reading {name}{size}… {secs:.0f} s").format(name=name, size=size, secs=secs)
+                                   if secs >= 1 else self.tr("Reading {name}{size}…").format(name=name, size=size))
+
+    def _stop_reading(self) -> None:
+        self.read_timer.stop()
+        self.read_bar.hide()
+        self._reading_path = ""
+
     def _inspected(self, source: str, summary: ModelSummary) -> None:
-        if source != self.path_edit.text():
+        if source != self._reading_path:
             return  # an older pick
+        self._stop_reading()
         self.summary, self.state = summary, "idle"
         self.source_status.setText("")
         rows = "".join(f"<tr><td style='padding: 3px 14px 3px 0;'><b>{html.escape(k)}</b></td>"
@@ -272,6 +329,9 @@ class ConvertWizard(QDialog):
             return
         for q, b in self.quant_buttons.items():
             b.setText(f"{q} · {human_bytes(s.sizes[q].total)} — {QUANTIZE_HELP[q]}")
+        note = size_note(s, self.quantize)
+        self.size_note.setText(f"{self.quantize}: {note}" if note else "")
+        self.size_note.setVisible(bool(note))
         rows = s.memory_table(self.quantize)
         self.memory_table.setRowCount(len(rows))
         for r, row in enumerate(rows):
@@ -346,6 +406,7 @@ class ConvertWizard(QDialog):
         self._update_buttons()
 
     def _failed(self, what: str, message: str) -> None:
+        self._stop_reading()
         self.state = "failed"
         label = self.outcome if self.pages.currentIndex() == CONVERT else self.source_status
         label.setText(f"{what} failed: {message}")

@@ -7,6 +7,8 @@ it, and a destination that exists is never touched without `force`.
 """
 from __future__ import annotations
 
+import ctypes
+import errno
 import json
 import logging
 import math
@@ -27,9 +29,10 @@ from engine.convert.names import HF_FAMILY, gguf_names, hf_names, split_slice
 from engine.convert.source import SourceTensor
 from engine.convert.tokenizer_import import TokenizerBundle, from_hf_folder
 from engine.errors import (ConfigError, ConversionCancelled, ConversionError, DiskSpaceError,
-                           MissingTensorError, OutputExistsError, SourceFormatError, UnexpectedTensorError)
+                           MissingTensorError, ModelFormatError, OutputExistsError, SourceFormatError,
+                           UnexpectedTensorError)
 from engine.model_dir import (CONFIG_FILE, TEMPLATE_FILE, TOKENIZER_FILE, Manifest, ModelConfig,
-                              config_document, expected_tensors)
+                              config_document, expected_tensors, open_model_dir)
 from engine.tensorfile import TensorFileWriter, TensorPlan, align_up
 
 log = logging.getLogger("colibri.convert")
@@ -37,6 +40,7 @@ log = logging.getLogger("colibri.convert")
 QUANTIZE_CHOICES = ("f32", "f16", "int8", "int4", "keep")
 CHUNK_BYTES = 16 << 20  # float32 bytes converted per slice of a large tensor
 _PARTIAL = ".partial-"
+_OLD = ".old-"  # a replaced model set aside for a moment (only where an atomic swap is impossible)
 
 
 @dataclass(frozen=True)
@@ -69,6 +73,43 @@ class _Source:
     resolve: Callable[[str, ModelConfig, set[str]], SourceTensor | None]  # internal name -> tensor
     ignorable: Callable[[str], bool]
     close: Callable[[], None]
+    generation: dict | None = None  # the model's own sampling defaults (see generation_defaults)
+
+
+# the model's recommended sampling, by our parameter name: Hugging Face generation_config.json keys and
+# llama.cpp's general.sampling.* GGUF keys (gguf-py constants Keys.General.SAMPLING_*)
+HF_SAMPLING = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
+               "repetition_penalty": "repeat_penalty"}
+GGUF_SAMPLING = {"general.sampling.temp": "temperature", "general.sampling.top_p": "top_p",
+                 "general.sampling.top_k": "top_k", "general.sampling.min_p": "min_p",
+                 "general.sampling.penalty_repeat": "repeat_penalty"}
+
+
+def generation_defaults(values: dict, names: dict[str, str], where: str) -> dict:
+    """The sampling values a model recommends, checked against the parameter table; a value the
+    table refuses is left out with a log line (the model still converts)."""
+    from engine import params as P
+    out = {}
+    for key, name in names.items():
+        if values.get(key) is None:
+            continue
+        try:
+            out[name] = P.check(name, values[key])
+        except ValueError as e:
+            log.warning("%s: the model's %s is not used: %s", where, key, e)
+    if values.get("do_sample") is False and "temperature" not in out:
+        out["temperature"] = 0.0  # transformers decodes greedily unless do_sample
+    return out
+
+
+def _hf_generation(folder: Path) -> dict:
+    gen = folder / "generation_config.json"
+    try:
+        doc = json.loads(gen.read_text(encoding="utf-8")) if gen.is_file() else {}
+    except (OSError, ValueError) as e:
+        log.warning("%s: not read (%s); no sampling defaults from it", gen, e)
+        return {}
+    return generation_defaults(doc, HF_SAMPLING, str(gen)) if isinstance(doc, dict) else {}
 
 
 # --- opening sources -------------------------------------------------------------------------
@@ -95,7 +136,8 @@ def open_source(path: Path) -> _Source:
         except BaseException:
             ckpt.close()
             raise
-        src = _Source("huggingface", cfg, tok, ckpt.tensors, None, ckpt.ignorable, ckpt.close)  # type: ignore[arg-type]
+        src = _Source("huggingface", cfg, tok, ckpt.tensors, None, ckpt.ignorable, ckpt.close,  # type: ignore[arg-type]
+                      _hf_generation(path))
         src.resolve = lambda name, c, consumed: _lookup(ckpt.tensors, hf_names(name, family), consumed)
         return src
     if path.is_file():
@@ -112,7 +154,8 @@ def open_source(path: Path) -> _Source:
             if t is not None and "[" not in t.name and t.name in g.tensors:
                 return g.source_tensor(t.name, c)
             return t
-        return _Source("gguf", cfg, tok, g.tensors, resolve, lambda n: False, g.close)
+        return _Source("gguf", cfg, tok, g.tensors, resolve, lambda n: False, g.close,
+                       generation_defaults(g.fields, GGUF_SAMPLING, str(path)))
     raise SourceFormatError(f"{path}: no such file or folder (give a .gguf file or a Hugging Face folder)")
 
 
@@ -216,12 +259,43 @@ def _write_tensor(w: TensorFileWriter, item: _Item, check: Callable[[], None]) -
         w.write(item.name, data)
 
 
+def _dead(p: Path) -> bool:
+    pid = p.name.rsplit("-", 1)[-1]
+    return pid.isdigit() and not Path(f"/proc/{pid}").exists()
+
+
 def _clean_stale_partials(dst: Path) -> None:
     """Remove hidden partial folders of earlier runs that were killed outright."""
     for p in dst.parent.glob(f".{dst.name}{_PARTIAL}*"):
-        pid = p.name.rsplit("-", 1)[-1]
-        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+        if _dead(p):
             shutil.rmtree(p, ignore_errors=True)
+    recover_replaced(dst.parent)
+
+
+def recover_replaced(folder: str | Path) -> list[Path]:
+    """Put back models that a replacement killed half-way had set aside (`.NAME.old-PID`).
+
+    A leftover whose model is missing or damaged is renamed back into place; one whose model is
+    whole (the new one arrived) is removed. Returns the models put back."""
+    back = []
+    for old in Path(folder).glob(f".*{_OLD}*"):
+        if not old.is_dir() or not _dead(old):
+            continue
+        dst = old.parent / old.name[1:].rsplit(_OLD, 1)[0]
+        try:
+            open_model_dir(dst)
+            whole = True
+        except (ModelFormatError, OSError):
+            whole = False
+        if whole:
+            shutil.rmtree(old, ignore_errors=True)
+            continue
+        if dst.exists():
+            shutil.rmtree(dst)
+        os.rename(old, dst)
+        log.warning("%s: a replacement of this model was interrupted; the previous model was put back", dst)
+        back.append(dst)
+    return back
 
 
 def _check_destination(dst: Path, force: bool) -> None:
@@ -349,6 +423,8 @@ def _write_metadata(tmp: Path, cfg: ModelConfig, src: _Source, target: str, spli
                       **src.tokenizer.meta},
         "source": {"kind": src.kind, "name": src_path.name},
     }
+    if src.generation:
+        meta["generation"] = src.generation  # the model's own sampling defaults: the chat starts from them
     if src.config.rope_scaling and src.config.rope_scaling.get("type") == "llama3":
         meta["source"]["rope_scaling"] = src.config.rope_scaling
     (tmp / CONFIG_FILE).write_text(json.dumps(config_document(cfg, meta), indent=1) + "\n", encoding="utf-8")
@@ -364,13 +440,42 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two folders in one step (Linux renameat2 RENAME_EXCHANGE); False where the system or
+    the file system cannot, so the caller falls back to two renames."""
+    fn = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+    if fn is None:
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    if fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EXDEV, errno.EPERM):
+        return False
+    raise OSError(err, os.strerror(err), str(b))
+
+
 def _move_into_place(tmp: Path, dst: Path) -> None:
+    """The finished model takes `dst`'s place; a model already there stays usable until then.
+
+    Replacing swaps the two folders atomically where the system can; elsewhere the old model is
+    set aside, and put back if the new one cannot take its place (a kill in between is repaired
+    by `recover_replaced` at the next start or conversion)."""
     _fsync_dir(tmp)
+    if dst.exists() and _exchange(tmp, dst):
+        _fsync_dir(dst.parent)
+        shutil.rmtree(tmp, ignore_errors=True)  # now the old model, under the partial name
+        return
     old = None
     if dst.exists():
-        old = dst.parent / f".{dst.name}.old-{os.getpid()}"
+        old = dst.parent / f".{dst.name}{_OLD}{os.getpid()}"
         os.rename(dst, old)
-    os.rename(tmp, dst)
+    try:
+        os.rename(tmp, dst)
+    except BaseException:
+        if old is not None:
+            os.rename(old, dst)
+        raise
     _fsync_dir(dst.parent)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)

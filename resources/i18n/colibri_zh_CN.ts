@@ -267,6 +267,34 @@
         <source>memory {mb:,.0f} MB</source>
         <translation>内存 {mb:,.0f} MB</translation>
     </message>
+    <message>
+        <source>A reply is being written in “{title}”; Stop (Esc) ends it.</source>
+        <translation>“{title}”中正在生成回复；按停止（Esc）可结束。</translation>
+    </message>
+    <message>
+        <source>reading your message: {pct:.0%}</source>
+        <translation>正在读取你的消息：{pct:.0%}</translation>
+    </message>
+    <message>
+        <source>Performance</source>
+        <translation>性能</translation>
+    </message>
+    <message>
+        <source>reading your message…</source>
+        <translation>正在读取你的消息…</translation>
+    </message>
+    <message>
+        <source>last reply {rate:.1f} tok/s · first token {ttft:.2f} s</source>
+        <translation>上次回复 {rate:.1f} 词元/秒 · 首词元 {ttft:.2f} 秒</translation>
+    </message>
+    <message>
+        <source>no reply yet</source>
+        <translation>尚无回复</translation>
+    </message>
+    <message>
+        <source>context … / {limit:,}</source>
+        <translation>上下文 … / {limit:,}</translation>
+    </message>
 </context>
 <context>
     <name>ChatView</name>
@@ -314,6 +342,10 @@
         <source>hit the token limit</source>
         <translation>达到词元上限</translation>
     </message>
+    <message>
+        <source>the context is full</source>
+        <translation>上下文已满</translation>
+    </message>
 </context>
 <context>
     <name>MessageInput</name>
@@ -348,6 +380,50 @@
         <source>Sampling</source>
         <translation>采样</translation>
     </message>
+    <message>
+        <source>This model recommends: {values} (from its generation config); Restore defaults uses them.</source>
+        <translation>此模型推荐：{values}（来自其生成配置）；“恢复默认值”会使用这些值。</translation>
+    </message>
+    <message>
+        <source>This model recommends no sampling values: the defaults below are Colibri's.</source>
+        <translation>此模型没有推荐的采样参数：下面的默认值来自 Colibri。</translation>
+    </message>
+    <message>
+        <source>Preset</source>
+        <translation>预设</translation>
+    </message>
+    <message>
+        <source>A named system prompt and sampling: picking one fills the fields below</source>
+        <translation>已命名的系统提示词和采样参数：选择一个即可填入下面的字段</translation>
+    </message>
+    <message>
+        <source>Save as preset…</source>
+        <translation>另存为预设…</translation>
+    </message>
+    <message>
+        <source>Save as preset</source>
+        <translation>另存为预设</translation>
+    </message>
+    <message>
+        <source>Use for new chats</source>
+        <translation>用于新对话</translation>
+    </message>
+    <message>
+        <source>Use this preset for new chats</source>
+        <translation>新对话使用此预设</translation>
+    </message>
+    <message>
+        <source>&amp;Preset</source>
+        <translation>预设(&amp;P)</translation>
+    </message>
+    <message>
+        <source>New chats start from “{name}”.</source>
+        <translation>新对话从“{name}”开始。</translation>
+    </message>
+    <message>
+        <source>Name of the preset:</source>
+        <translation>预设名称：</translation>
+    </message>
 </context>
 <context>
     <name>ConversationListModel</name>
@@ -373,6 +449,10 @@
     <message>
         <source>&amp;Appearance</source>
         <translation>外观(&amp;A)</translation>
+    </message>
+    <message>
+        <source>What fits in memory</source>
+        <translation>内存能容纳什么</translation>
     </message>
 </context>
 <context>
@@ -576,6 +656,30 @@
         <source>Advice</source>
         <translation>建议</translation>
     </message>
+    <message>
+        <source>Performance</source>
+        <translation>性能</translation>
+    </message>
+    <message>
+        <source>Memory handed out to the engine's buffers</source>
+        <translation>已分配给引擎缓冲区的内存</translation>
+    </message>
+    <message>
+        <source>Memory the pool holds from the system but has not handed out</source>
+        <translation>内存池向系统申请但尚未分配出去的内存</translation>
+    </message>
+    <message>
+        <source>Live buffers</source>
+        <translation>正在使用的缓冲区</translation>
+    </message>
+    <message>
+        <source>Share of the free memory that is scattered: small tier, free slots in slab pages that still hold live buffers (they cannot go back to the system); medium tier, free memory outside its largest free piece. Defrag compacts the medium tier</source>
+        <translation>空闲内存中零散部分的比例：小块层是仍有缓冲区在用的 slab 页中的空闲槽（无法还给系统）；中块层是最大空闲块之外的空闲内存。碎片整理会压缩中块层</translation>
+    </message>
+    <message>
+        <source>Dashboard panels</source>
+        <translation>仪表盘面板</translation>
+    </message>
 </context>
 <context>
     <name>ConvertWizard</name>
@@ -714,6 +818,34 @@
     <message>
         <source>Cancelled: nothing was written. Go back to change the options, or close.</source>
         <translation>已取消：没有写入任何内容。可返回修改选项，或关闭。</translation>
+    </message>
+    <message>
+        <source>type or paste a .gguf file, or a folder with config.json and *.safetensors</source>
+        <translation>输入或粘贴一个 .gguf 文件，或包含 config.json 和 *.safetensors 的文件夹</translation>
+    </message>
+    <message>
+        <source>The path of the model to convert; Enter reads it</source>
+        <translation>要转换的模型路径；按 Enter 读取</translation>
+    </message>
+    <message>
+        <source>Reading the source</source>
+        <translation>正在读取来源</translation>
+    </message>
+    <message>
+        <source>what it means</source>
+        <translation>含义</translation>
+    </message>
+    <message>
+        <source>No file or folder at {path}</source>
+        <translation>{path} 处没有文件或文件夹</translation>
+    </message>
+    <message>
+        <source>Reading {name}{size}… {secs:.0f} s</source>
+        <translation>正在读取 {name}{size}… {secs:.0f} 秒</translation>
+    </message>
+    <message>
+        <source>Reading {name}{size}…</source>
+        <translation>正在读取 {name}{size}…</translation>
     </message>
 </context>
 <context>
@@ -949,6 +1081,65 @@
     <message>
         <source>applies at once; the next reply reads the conversation again</source>
         <translation>立即生效；下一次回复会重新读取整个对话</translation>
+    </message>
+    <message>
+        <source>Light</source>
+        <translation>浅色</translation>
+    </message>
+    <message>
+        <source>Dark</source>
+        <translation>深色</translation>
+    </message>
+    <message>
+        <source>Same as the desktop</source>
+        <translation>跟随桌面</translation>
+    </message>
+    <message>
+        <source>Automatic</source>
+        <translation>自动</translation>
+    </message>
+    <message>
+        <source>Unit</source>
+        <translation>单位</translation>
+    </message>
+    <message>
+        <source>{free} free now, of {total}</source>
+        <translation>当前可用 {free}，共 {total}</translation>
+    </message>
+    <message>
+        <source>not set</source>
+        <translation>未设置</translation>
+    </message>
+    <message>
+        <source>language of the interface (the desktop's, where translated); applied at once</source>
+        <translation>界面语言（默认跟随桌面语言，如有译文）；立即生效</translation>
+    </message>
+    <message>
+        <source>Model defaults</source>
+        <translation>模型默认</translation>
+    </message>
+    <message>
+        <source>Precise</source>
+        <translation>精确</translation>
+    </message>
+    <message>
+        <source>Creative</source>
+        <translation>创意</translation>
+    </message>
+    <message>
+        <source>Coding</source>
+        <translation>编程</translation>
+    </message>
+</context>
+<context>
+    <name>Main</name>
+    <message>
+        <source>The conversation history cannot be opened, so Colibri cannot start.</source>
+        <translation>无法打开对话历史，Colibri 无法启动。</translation>
+    </message>
+    <message>
+        <source>An interrupted model replacement was undone: {path} is the previous model again.</source>
+        <translation>已撤销一次被中断的模型替换：{path} 恢复为之前的模型。</translation>
     </message>
 </context>
 </TS>

@@ -1,0 +1,212 @@
+"""Issue 18's chat-window defects on a real Qt event loop (offscreen): the streaming reply per chat,
+re-rendering only the streaming message, and an honest status line."""
+from __future__ import annotations
+
+import dataclasses
+import threading
+
+import pytest
+from conftest import HF_FIXTURES
+from PySide6.QtCore import Qt
+
+from app import settings as S
+from app import worker as W
+from app.history import History
+from engine.api import Step
+from ui import theme
+
+pytestmark = [pytest.mark.qt_log_level_fail("WARNING"), pytest.mark.qt_log_ignore("propagateSizeHints")]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from engine.convert.convert import convert
+    return str(convert(HF_FIXTURES / "qwen2", tmp_path_factory.mktemp("ui") / "qwen2", "keep").path)
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("COLIBRI_HOME", str(tmp_path))
+    return tmp_path
+
+
+def step(text: str = "", n: int = 1, **kw) -> Step:
+    return Step(text, 1, n, 12, 0, 900.0, 30.0, 0.25, 12 + n, 4096, **kw)
+
+
+def open_window(qtbot, model: str | None = None):
+    from ui.main_window import MainWindow
+    settings = S.load()
+    settings.model = model
+    settings.sampling = {"temperature": 0.0, "max_tokens": 8}
+    w = MainWindow(settings, History())
+    qtbot.addWidget(w)
+    w.show()
+    if model:
+        with qtbot.waitSignal(w.flow.ready, timeout=120_000):
+            w.flow.start()
+    return w
+
+
+def start_fake_reply(w) -> int:
+    """The window's state right after `_generate`, without asking an engine: the test then plays the
+    worker's `text` signals itself (emitted for real, delivered by the event loop)."""
+    w.request += 1
+    w.gen_conv = w.conv_id
+    w.streams[w.conv_id] = ""
+    w.render_conversation()
+    w._set_busy("generating")
+    return w.request
+
+
+def test_a_streaming_reply_survives_switching_chats_and_back(qtbot, home):
+    w = open_window(qtbot)
+    first = w.conv_id
+    w.history.add_message(first, "user", "Tell me about birds")
+    w.render_conversation()
+    req = start_fake_reply(w)
+    w.flow.worker.text.emit(req, "Hummingbirds ", step("Hummingbirds ", 1))
+    qtbot.waitUntil(lambda: "Hummingbirds" in w.view.toPlainText(), timeout=2_000)
+    w.new_conversation()  # away, while it streams
+    assert w.conv_id != first and "Hummingbirds" not in w.view.toPlainText()
+    assert w.send_button.text() == "Stop" and "being written" in w.notice.text() and w.notice.isVisibleTo(w)
+    w.flow.worker.text.emit(req, "hover.", step("hover.", 2))  # words arrive while another chat is open
+    qtbot.wait(150)
+    assert "hover" not in w.view.toPlainText()
+    w.open_conversation(first)  # and back: everything written so far is there
+    qtbot.waitUntil(lambda: "Hummingbirds hover." in w.view.toPlainText(), timeout=2_000)
+    assert w.send_button.text() == "Stop" and not w.notice.isVisibleTo(w)
+    w.flow.worker.text.emit(req, " Fast.", step(" Fast.", 3))
+    qtbot.waitUntil(lambda: "Hummingbirds hover. Fast." in w.view.toPlainText(), timeout=2_000)
+    w.flow.worker.finished.emit(req, W.Reply("Hummingbirds hover. Fast.", step("", 3, finish_reason="stop"), 0))
+    qtbot.waitUntil(lambda: w.busy == "", timeout=2_000)
+    assert w.history.messages(first)[-1].content == "Hummingbirds hover. Fast." and first not in w.streams
+
+
+def test_only_the_streaming_message_is_rendered_again(qtbot, home):
+    from app.history import Message
+    from ui.chat_view import ChatView
+    view = ChatView(theme.palette("light"), 12)
+    qtbot.addWidget(view)
+    view.show()
+    msgs = []
+    for i in range(40):  # a long chat: re-laying it out 20 times a second is what made streaming heavy
+        msgs.append(Message(2 * i, 1, "user", f"question {i}", 0.0))
+        msgs.append(Message(2 * i + 1, 1, "assistant", f"answer {i}\n\n```python\nx = {i}\n```", 0.0))
+    msgs.append(Message(99, 1, "user", "last question", 0.0))
+    view.set_messages(msgs, "")
+    assert view.full_renders == 1
+    for i in range(30):
+        view.append(f"word{i} ")
+        if i == 10:
+            view.append("\n\n```python\ny = 2\n```\n\n")
+        qtbot.wait(12)
+    qtbot.waitUntil(lambda: "word29" in view.toPlainText(), timeout=2_000)
+    assert view.full_renders == 1 and view.stream_renders >= 3  # ticks of the named timer, not one per word
+    assert view.stream_renders < 31
+    ref = ChatView(theme.palette("light"), 12)  # the same conversation laid out in one piece
+    qtbot.addWidget(ref)
+    ref.messages, ref.streaming = view.messages, view.streaming
+    ref.setHtml(ref.html())
+    assert view.toPlainText() == ref.toPlainText()
+    assert view._codes == ref._codes and view._codes[-1] == "y = 2"  # Copy links number on
+    assert view.document().blockCount() == ref.document().blockCount()  # nothing piles up at the end
+    view.end_stream()
+    view.set_messages(msgs + [Message(100, 1, "assistant", view.toPlainText()[-10:], 0.0)])
+    assert view.full_renders == 2 and "Regenerate" in view.toPlainText()
+
+
+def test_prompt_progress_and_context_steps_are_tolerated():
+    """The engine may report prompt processing as `kind="prompt"` steps (done/total or progress):
+    stream_reply passes them on without text and they never become the reply's last step."""
+    @dataclasses.dataclass(frozen=True)
+    class PromptStep:
+        kind: str
+        done: int
+        total: int
+        text: str = ""
+        finish_reason: str | None = None
+
+    class Engine:
+        def generate(self, msgs, **kw):
+            yield PromptStep("prompt", 64, 256)
+            yield PromptStep("prompt", 256, 256)
+            yield step("Hi", 1)
+            yield step("!", 2, finish_reason="context")
+
+        def stop(self):
+            pass
+    got = []
+    t = iter(range(100))
+    reply = W.stream_reply(Engine(), [{"role": "user", "content": "x"}], {}, threading.Event(),
+                           lambda text, s: got.append((text, W.prompt_progress(s))), frame_s=0.5,
+                           clock=lambda: float(next(t)))
+    assert reply.text == "Hi!" and reply.step.finish_reason == "context"
+    assert ("", 0.25) in got and ("", 1.0) in got and got[-1][0].endswith("!")
+    assert W.prompt_progress(step("a")) is None
+    assert W.prompt_progress(dataclasses.replace(PromptStep("prompt", 0, 0))) is None
+
+
+def test_the_status_line_says_nothing_yet_then_reading_then_the_speed(qtbot, home, tiny):
+    w = open_window(qtbot, tiny)
+    w._update_status()
+    assert w.speed_label.text() == "no reply yet"  # not "0.0 tok/s · first token 0.00 s"
+    qtbot.waitUntil(lambda: w.context_counts.get(w.conv_id) == 0, timeout=10_000)
+    req = start_fake_reply(w)
+    w._update_status()
+    assert w.speed_label.text() == "reading your message…"
+
+    @dataclasses.dataclass(frozen=True)
+    class PromptStep:
+        kind: str = "prompt"
+        progress: float = 0.43
+        text: str = ""
+    w.flow.worker.text.emit(req, "", PromptStep())
+    qtbot.waitUntil(lambda: w.prompt_read == pytest.approx(0.43), timeout=2_000)
+    w._update_status()
+    assert w.speed_label.text() == "reading your message: 43%"
+    qtbot.waitUntil(lambda: "reading your message: 43%" in w.view.toPlainText(), timeout=2_000)
+    w.flow.worker.text.emit(req, "Hi", Step("Hi", 1, 1, 12, 0, 900.0, 0.0, 0.25, 13, 4096))
+    qtbot.waitUntil(lambda: w.last_step is not None, timeout=2_000)
+    w._update_status()
+    assert w.speed_label.text() == "first token 0.25 s · writing…"  # one token: no rate yet, not "0.0 tok/s"
+    w.flow.worker.text.emit(req, " there", step(" there", 5))
+    qtbot.waitUntil(lambda: w.last_step.generated_tokens == 5, timeout=2_000)
+    w._update_status()
+    assert w.speed_label.text() == "30.0 tok/s · first token 0.25 s" and w.context_label.text() == "context 17 / 4,096"
+    w.flow.worker.finished.emit(req, W.Reply("", None, 0))
+    qtbot.waitUntil(lambda: w.busy == "", timeout=2_000)
+
+
+def test_the_context_meter_follows_the_open_chat(qtbot, home, tiny):
+    w = open_window(qtbot, tiny)
+    w.input.setPlainText("Hello there, a few words of context please")
+    qtbot.keyClick(w.input, Qt.Key_Return)
+    qtbot.waitUntil(lambda: w.busy == "", timeout=60_000)
+    long_chat = w.conv_id
+    used = w.context_counts[long_chat]
+    assert used > 10 and f"context {used:,} / " in w.context_label.text()
+    assert w.speed_label.text().startswith("last reply ")
+    w.new_conversation()  # an empty chat takes no context, whatever the last one did
+    qtbot.waitUntil(lambda: w.context_label.text().startswith("context 0 / "), timeout=10_000)
+    assert w.speed_label.text() == "no reply yet"
+    w.open_conversation(long_chat)
+    qtbot.waitUntil(lambda: w.context_label.text().startswith(f"context {used:,} / "), timeout=10_000)
+    w.context_counts.clear()
+    with qtbot.waitSignal(w.flow.ready, timeout=60_000):  # another model: counted again, with its tokenizer
+        w.flow.load(tiny)
+    qtbot.waitUntil(lambda: w.context_counts.get(long_chat) is not None, timeout=10_000)
+
+
+def test_a_long_code_line_wraps_instead_of_widening_the_chat(qtbot):
+    from app.history import Message
+    from ui.chat_view import ChatView
+    view = ChatView(theme.palette("light"), 11)
+    qtbot.addWidget(view)
+    view.resize(600, 400)
+    view.show()
+    long = "```python\nprint(1)  # " + "abcdefgh" * 60 + "\n```"
+    view.set_messages([Message(1, 1, "user", "x", 0.0), Message(2, 1, "assistant", long, 0.0)])
+    qtbot.waitUntil(lambda: view.document().size().width() > 0, timeout=2_000)
+    assert view.horizontalScrollBar().maximum() == 0  # the whole chat no longer scrolls sideways
+    assert "abcdefgh" * 60 in view.toPlainText().replace("\n", "").replace("\u2028", "")

@@ -1,0 +1,134 @@
+"""Issue 18's settings and dashboard defects on a real Qt event loop (offscreen): byte budgets in
+MB/GB with what fits, readable choices, a live language switch, the window's place restored, and
+the dashboard as a dock with two speed axes and an honest Defrag line."""
+from __future__ import annotations
+
+import pytest
+import test_ui_main_window as M
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QApplication, QDockWidget
+
+from app import settings as S
+from app.worker import DefragResult
+from engine import params as P
+from ui import i18n
+
+home, tiny = M.home, M.tiny
+pytestmark = [pytest.mark.qt_log_level_fail("WARNING"),
+              pytest.mark.qt_log_ignore("propagateSizeHints", "does not support raise")]
+
+
+def test_byte_budgets_are_megabytes_or_gigabytes_and_choices_read_as_words(qtbot, tmp_path):
+    from ui.param_form import ByteSizeEdit, SettingsDialog
+    s = S.load(tmp_path / "settings.json")
+    s.engine["expert_cache_bytes"] = 6 * 10**9  # above the 2^31-1 a spin box of bytes could hold
+    d = SettingsDialog(None, s, fit=lambda values: f"needs {values['expert_cache_bytes']}")
+    qtbot.addWidget(d)
+    e = d.engine_form.editors["expert_cache_bytes"]
+    assert isinstance(e, ByteSizeEdit) and e.unit.currentText() == "GB" and e.number.value() == 6.0
+    assert d.engine_form.value("expert_cache_bytes") == 6 * 10**9
+    e.unit.setCurrentIndex(0)  # the same budget in MB, not a new one
+    assert e.number.value() == 6000.0 and d.engine_form.value("expert_cache_bytes") == 6 * 10**9
+    e.number.setValue(1500)
+    assert d.engine_form.value("expert_cache_bytes") == 1_500_000_000
+    e.number.setValue(0)
+    assert d.engine_form.value("expert_cache_bytes") is None and e.number.text() == "not set"
+    assert "free now, of" in e.free.text() and e.accessibleName() and e.unit.accessibleName() == "Unit"
+    e.number.setValue(2)
+    qtbot.waitUntil(lambda: d.fit_label.text() == "needs 2000000", timeout=2_000)  # 2 MB: what fits, live
+    theme, language = d.ui_form.editors["theme"], d.ui_form.editors["language"]
+    assert [theme.itemText(i) for i in range(theme.count())] == ["Light", "Dark"]
+    assert language.itemText(0) == "Same as the desktop" and d.ui_form.value("theme") == "light"
+    simd = d.engine_form.editors["simd"]
+    assert simd.itemText(0) == "Automatic" and d.engine_form.value("simd") == "auto"
+    # the box says what the help says: "auto (default)" in the help reads "auto" in the box
+    assert "auto" in P.PARAMS["expert_cache_size"].help
+    assert d.engine_form.editors["expert_cache_size"].specialValueText() == "auto"
+    assert d.engine_form.editors["threads"].specialValueText() == "auto"
+    assert d.engine_form.values() | {} == P.defaults("engine") | {"expert_cache_bytes": 2_000_000}
+
+
+def test_the_fit_line_names_what_the_model_needs(tiny):
+    from app.worker import fit_text
+    assert "fits" in fit_text(tiny, P.defaults("engine"), available=10**12)
+    assert "does not fit" in fit_text(tiny, P.defaults("engine"), available=1000)
+
+
+def test_the_language_changes_live(qtbot, home, tiny, qapp):
+    w = M.open_window(qtbot, tiny)
+    dash = w.open_dashboard()
+    try:
+        w.apply_settings({}, {"language": "zh_CN"})
+        assert S.load().language == "zh_CN"
+        assert w.send_button.text() == "发送" and w.new_button.text() == "新建对话"
+        assert [a.text() for a in w.menuBar().actions()] == ["文件(&F)", "对话(&C)", "视图(&V)"]
+        assert w.input.placeholderText().startswith("给 Colibri 发消息")
+        assert w.dashboard is not dash and w.dashboard_dock.widget() is w.dashboard  # rebuilt in Chinese
+        w.apply_settings({}, {"language": "en"})
+        assert w.send_button.text() == "Send" and w.translators == []
+    finally:
+        i18n.uninstall(qapp, w.translators)
+
+
+def test_the_window_and_the_dashboard_dock_keep_their_place(qtbot, home, tiny):
+    w = M.open_window(qtbot, tiny)
+    assert w.dashboard_dock is None
+    # the loading dialog hands the keyboard back: without that no window was active and no shortcut worked
+    qtbot.waitUntil(lambda: QApplication.activeWindow() is w, timeout=2_000)
+    qtbot.keyClick(w, Qt.Key_P, Qt.ControlModifier | Qt.ShiftModifier)  # Ctrl+Shift+P opens it
+    dock = w.dashboard_dock
+    assert isinstance(dock, QDockWidget) and dock.isVisible() and w.dockWidgetArea(dock) == Qt.RightDockWidgetArea
+    assert not w.dashboard.isWindow()  # a dock in the chat window, not a window over it
+    qtbot.waitUntil(lambda: w.dashboard.snapshot is not None, timeout=10_000)
+    w.removeDockWidget(dock)
+    w.addDockWidget(Qt.BottomDockWidgetArea, dock)
+    dock.show()
+    w.resize(720, 520)  # within the offscreen screen (800 x 600): restoreGeometry keeps a window on screen
+    qtbot.keyClick(w, Qt.Key_P, Qt.ControlModifier | Qt.ShiftModifier)  # and hides it again
+    assert not dock.isVisible()
+    qtbot.keyClick(w, Qt.Key_P, Qt.ControlModifier | Qt.ShiftModifier)
+    assert dock.isVisible()
+    size = w.size()
+    w.close()
+    saved = S.load().window
+    assert saved["dashboard"] == "shown" and saved["geometry"] and saved["state"]
+    again = M.open_window(qtbot, tiny)
+    assert again.size() == size
+    assert again.dashboard_dock is not None and again.dockWidgetArea(again.dashboard_dock) == Qt.BottomDockWidgetArea
+
+
+def test_decode_and_prefill_have_their_own_axes_and_defrag_says_what_changed(qtbot):
+    from PySide6.QtCore import QObject, Signal
+
+    from ui import theme
+    from ui.dashboard import Dashboard, defrag_text
+
+    class Worker(QObject):
+        stats, text, defragged, failed = Signal(object), Signal(int, str, object), Signal(object), Signal(str, str)
+
+        def watch_stats(self, ms):
+            pass
+
+        def defrag(self):
+            pass
+    d = Dashboard(Worker(), theme.palette("light"))
+    qtbot.addWidget(d)
+    d.prefill_curve.setData([-3.0, -1.0], [2500.0, 3100.0])
+    d.decode_curve.setData([-3.0, -2.0, -1.0], [31.0, 29.0, 30.0])
+    d.speed_plot.getPlotItem().vb.autoRange()
+    assert d.prefill_curve.getViewBox() is d.prefill_view  # its own scale, on the right axis
+    assert d.decode_curve.getViewBox() is d.speed_plot.getPlotItem().vb
+    lo, hi = d.speed_plot.getPlotItem().vb.viewRange()[1]
+    assert hi < 100  # decode fills its own axis instead of lying flat under prefill's thousands
+    assert d.speed_plot.getPlotItem().getAxis("right").labelText == "prefill tok/s"
+    mb = 10**6
+    assert defrag_text(DefragResult(int(2.7 * mb), 595 * mb, 595 * mb)).startswith("Released 2.7 MB of free pool")
+    assert defrag_text(DefragResult(40 * mb, 600 * mb, 562 * mb)).startswith("Gave 40.0 MB back to the system")
+    assert defrag_text(DefragResult(0, 600 * mb, 600 * mb)).startswith("Nothing to give back")
+    tip = d.pool_table.horizontalHeaderItem(3).toolTip()
+    assert "slab pages" in tip and "Defrag compacts" in tip  # "small 100% fragmented" explained
+    d.show()
+    d.resize(500, 800)
+    qtbot.waitUntil(lambda: d.columns == 1, timeout=2_000)  # a narrow dock: one column that scrolls
+    d.resize(1400, 800)
+    qtbot.waitUntil(lambda: d.columns == 3, timeout=2_000)
