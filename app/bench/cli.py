@@ -4,13 +4,15 @@
     colibri-bench speed [--model default,moe-q8_0,moe-q4_0] [--threads 1,2] [--runs 3] [--json FILE]
     colibri-bench profile [--model default] [--threads 2] [--json FILE]
     colibri-bench fuzz [--files A.gguf,HF_FOLDER] [--default_model] [--seconds 60] [--json FILE]
+    colibri-bench perplexity --model M --text FILE [--ctx 512] [--reference M2] [--json FILE]
 
 `convert` times a conversion in a child process and reports its throughput and peak resident
 memory beside the streaming bound (3 × the largest tensor + 300 MB). `speed` runs Colibri,
 llama.cpp and transformers on the same model, alternating, and reports decode/prefill speed,
 time to first token, load time, peak memory and decode as a share of the memory-bandwidth
 limit (app/bench/speed.py). `profile` splits a decoded token's time by kernel and tensor
-(app/bench/profile.py).
+(app/bench/profile.py). `perplexity` measures what a quantization costs, as llama-perplexity
+does, beside llama-perplexity itself (app/bench/perplexity.py).
 """
 from __future__ import annotations
 
@@ -23,7 +25,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from app.bench import fuzz as bench_fuzz, profile as bench_profile, speed as bench_speed
+from app.bench import fuzz as bench_fuzz
+from app.bench import perplexity as bench_perplexity
+from app.bench import profile as bench_profile
+from app.bench import speed as bench_speed
 from app.bench.models import shape_for_size, write_checkpoint
 
 
@@ -118,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     bench_speed.add_parser(sub)
     bench_profile.add_parser(sub)
     bench_fuzz.add_parser(sub)
+    bench_perplexity.add_parser(sub)
     m = sub.add_parser("memory", help="expert cache vs llama.cpp on a Mixtral-style model (peak RSS, tok/s)")
     m.add_argument("--workdir", help="where the benchmark model is built and kept (default ~/.cache/colibri/bench)")
     m.add_argument("--caches", default="8,4,2", help="Colibri expert_cache_size values to run (auto allowed)")
