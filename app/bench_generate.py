@@ -71,6 +71,41 @@ def _sampler(eng, reps: int = 200, **settings) -> float:
     return (time.perf_counter() - t0) / reps
 
 
+def _stub_overhead(eng, n: int = 400) -> dict[str, float]:
+    """Per-token seconds of forward() and generate() around a stub model that returns the real
+    last-prompt logits at once (with a moving top token, so text keeps coming): the API's own
+    cost, free of the model and nearly free of a noisy neighbour."""
+    real = eng.logits(eng.prompt_ids(PROMPT))[-1:].copy()
+    inner = eng._prefill
+
+    def stub(ids, cache, pos0, all_logits):
+        out = real.copy()
+        out[0, 300 + pos0 % 2000] = float(real.max()) + 10.0
+        cache.length = pos0 + len(ids)
+        return out
+
+    eng._prefill = stub
+    try:
+        out = {}
+        eng.reset()
+        tok, t0 = eng.forward(eng.prompt_ids(PROMPT)), time.perf_counter()
+        for _ in range(n):
+            tok = eng.forward([tok])
+        out["forward()"] = (time.perf_counter() - t0) / n
+        for name, kw in [("generate() greedy", {"temperature": 0.0}), ("generate() default", {}),
+                         ("generate() default + repeat_penalty 1.1", {"repeat_penalty": 1.1})]:
+            eng.reset()
+            steps = eng.generate(PROMPT, max_tokens=n + 1, seed=1, **kw)
+            next(steps)
+            t0 = time.perf_counter()
+            count = sum(1 for _ in steps)
+            out[name] = (time.perf_counter() - t0) / count
+        return out
+    finally:
+        eng._prefill = inner
+        eng.reset()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tokens", type=int, default=32)
@@ -108,6 +143,11 @@ def main(argv: list[str] | None = None) -> int:
         m = statistics.median(xs)
         print(f"  {name:42s} median {m * 1e3:7.3f} ms/token ({m / base * 100:6.1f}%)   min {min(xs) * 1e3:7.3f} "
               f"({min(xs) / best * 100:6.1f}% of a forward step)")
+    stub = [_stub_overhead(eng) for _ in range(5)]
+    print("  around a stub model (the API's own per-token cost; min of 5 runs):")
+    for name in stub[0]:
+        m = min(r[name] for r in stub)
+        print(f"    {name:42s} {m * 1e6:7.1f} us/token ({m / best * 100:5.2f}% of the quietest forward step)")
     for name, xs in own.items():
         m = statistics.median(xs)
         print(f"  generate() {name}: its own time outside the model, median {m * 1e3:.3f} ms/token "
