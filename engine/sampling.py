@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from engine import params
+from engine.errors import ColibriError
 
 REPEAT_LAST_N = 64  # tokens the penalties look back over
 
@@ -93,7 +94,7 @@ def _absent(idx: np.ndarray, seen: np.ndarray) -> np.ndarray:
     return seen[at] != idx
 
 
-class SamplingError(ValueError):
+class SamplingError(ColibriError, ValueError):
     """The logits cannot be sampled (NaN or +inf: a numerical fault upstream)."""
 
 
