@@ -69,7 +69,8 @@ class SerialScheduler:
     def submit(self, job: Job) -> None:
         with self._count_lock:
             if self._waiting >= self.max_queue:
-                raise QueueFull(f"{self._waiting} requests are already waiting (the limit is {self.max_queue})")
+                raise QueueFull(f"{self._waiting} requests are already waiting (the limit is "
+                                f"{self.max_queue})")
             self._waiting += 1
         self._queue.put(job)
 
