@@ -230,10 +230,11 @@ class Service:
                            f"non-empty strings of up to 256 characters", param="stop", code="invalid_value")
         return out, tuple(stops)
 
-    def check_prompt(self, prompt: str, param: str) -> int:
-        """Prompt tokens, or 400 when they exceed the limit (run off the event loop)."""
+    def check_prompt(self, prompt: str | list[dict], param: str) -> int:
+        """Prompt tokens as the engine will encode them (messages: through its chat template), or
+        400 when they exceed the limit. Run off the event loop."""
         try:
-            count = len(self.engine.tokenize(prompt))
+            count = len(self.engine.prompt_ids(prompt))
         except (ValueError, TypeError) as e:  # e.g. a lone surrogate (\ud800): JSON allows it, UTF-8 not
             raise ApiError(400, f"the prompt cannot be tokenized: {type(e).__name__}: {str(e)[:200]}",
                            param=param, code="invalid_value") from None
@@ -350,7 +351,8 @@ class Reply:
         return FINISH.get(self.last.finish_reason or "stop", "stop") if self.last else "stop"
 
 
-async def _submit(svc: Service, request: Request, prompt: str, sampling: dict, stops: tuple) -> Job:
+async def _submit(svc: Service, request: Request, prompt: str | list[dict], sampling: dict,
+                  stops: tuple) -> Job:
     job = Job(prompt, sampling, stops, asyncio.get_running_loop())
     try:
         svc.scheduler.submit(job)
@@ -420,12 +422,13 @@ async def chat_completions(svc: Service, request: Request) -> Any:
     sampling, stops = svc.sampling(body)
     stream, include_usage = _stream_flag(body), _stream_options(body)
     try:
-        prompt = await asyncio.to_thread(svc.engine.apply_chat_template, messages)
+        rendered = await asyncio.to_thread(svc.engine.apply_chat_template, messages)
     except (ColibriError, ValueError) as e:
         raise ApiError(400, str(e), param="messages", code="invalid_value") from None
-    await asyncio.to_thread(svc.check_prompt, prompt, "messages")
-    reply = Reply(ThinkSplitter(starts_inside(prompt)) if svc.reasoning else None)
-    job = await _submit(svc, request, prompt, sampling, stops)
+    await asyncio.to_thread(svc.check_prompt, messages, "messages")
+    reply = Reply(ThinkSplitter(starts_inside(rendered)) if svc.reasoning else None)
+    # the engine encodes the messages itself: their text stays text, only the template makes tokens
+    job = await _submit(svc, request, messages, sampling, stops)
     cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     head = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": svc.model_id}
     if stream:
