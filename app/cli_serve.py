@@ -22,17 +22,20 @@ def build_parser() -> argparse.ArgumentParser:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     d = S.Limits()
     ap.add_argument("--model", help="a Colibri model folder or a .gguf file (default: the bundled SmolLM2)")
-    ap.add_argument("--host", default=S.DEFAULT_HOST, help=f"address to listen on [default: {S.DEFAULT_HOST}]")
-    ap.add_argument("--port", type=int, default=S.DEFAULT_PORT, help=f"port (0: any free one) [default: {S.DEFAULT_PORT}]")
+    ap.add_argument("--host", default=S.DEFAULT_HOST, help="address to listen on [default: %(default)s]")
+    ap.add_argument("--port", type=int, default=S.DEFAULT_PORT,
+                    help="port (0: any free one) [default: %(default)s]")
     ap.add_argument("--api_key", help="require this Bearer key on every request (default: $COLIBRI_API_KEY; "
                     "needed for any --host other than loopback)")
-    ap.add_argument("--max_body_bytes", type=int, default=d.max_body_bytes, help="largest request body [default: %(default)s]")
+    ap.add_argument("--max_body_bytes", type=int, default=d.max_body_bytes,
+                    help="largest request body [default: %(default)s]")
     ap.add_argument("--max_prompt_tokens", type=int, help="longest prompt [default: the context length - 1]")
-    ap.add_argument("--max_reply_tokens", type=int, help="largest max_tokens a request may ask [default: the context length]")
-    ap.add_argument("--max_queue", type=int, default=d.max_queue, help="requests waiting for the engine; more get 429 "
-                    "[default: %(default)s]")
-    ap.add_argument("--body_timeout", type=float, default=d.body_timeout_s, help="seconds a request body may take "
-                    "to arrive [default: %(default)s]")
+    ap.add_argument("--max_reply_tokens", type=int,
+                    help="largest max_tokens a request may ask [default: the context length]")
+    ap.add_argument("--max_queue", type=int, default=d.max_queue,
+                    help="requests waiting for the engine; more get 429 [default: %(default)s]")
+    ap.add_argument("--body_timeout", type=float, default=d.body_timeout_s,
+                    help="seconds a request body may take to arrive [default: %(default)s]")
     P.add_arguments(ap)  # engine settings, and the sampling defaults of requests that do not set them
     return ap
 
@@ -56,7 +59,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f" ready ({engine.warmup():.1f} s)", file=sys.stderr)
             return engine
         limits = S.Limits(max_body_bytes=args.max_body_bytes, max_prompt_tokens=args.max_prompt_tokens,
-                          max_tokens=args.max_reply_tokens, max_queue=args.max_queue, body_timeout_s=args.body_timeout)
+                          max_tokens=args.max_reply_tokens, max_queue=args.max_queue,
+                          body_timeout_s=args.body_timeout)
         handle = S.start(load, args.host, args.port, api_key, limits, log_level="info")
     except (ColibriError, ValueError, OSError) as e:
         print(f"colibri-serve: error: {e}", file=sys.stderr)

@@ -43,7 +43,7 @@ from engine.errors import ColibriError
 log = logging.getLogger("colibri.server")
 
 DEFAULT_HOST = "127.0.0.1"
-DEFAULT_PORT = 4242  # not a peer's (LM Studio 1234, llama-server 8080, Ollama 11434): all can run side by side
+DEFAULT_PORT = 4242  # no peer's (LM Studio 1234, llama-server 8080, Ollama 11434): all run side by side
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1", "[::1]")
 FINISH = {"stop": "stop", "length": "length", "context": "length", "cancelled": "stop"}
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -109,8 +109,8 @@ async def read_json(request: Request, limits: Limits) -> dict:
     """The body as a JSON object, within the size and time limits (413, 408, 400 otherwise)."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limits.max_body_bytes:
-        raise ApiError(413, f"the request body is {int(declared)} bytes; the limit is {limits.max_body_bytes}",
-                       code="request_too_large")
+        raise ApiError(413, f"the request body is {int(declared)} bytes; the limit is "
+                       f"{limits.max_body_bytes}", code="request_too_large")
     body = bytearray()
 
     async def receive() -> None:
@@ -127,7 +127,8 @@ async def read_json(request: Request, limits: Limits) -> dict:
     try:
         data = json.loads(bytes(body), parse_constant=_reject_constant, parse_float=_finite_float)
     except (ValueError, RecursionError) as e:  # JSONDecodeError, bad UTF-8, NaN, 1e999, too deep
-        raise ApiError(400, f"the request body is not valid JSON: {str(e)[:200]}", code="invalid_json") from None
+        raise ApiError(400, f"the request body is not valid JSON: {str(e)[:200]}",
+                       code="invalid_json") from None
     if not isinstance(data, dict):
         raise ApiError(400, f"the request body must be a JSON object, not {type(data).__name__}",
                        code="invalid_json")
@@ -167,7 +168,8 @@ class Service:
         self.created = int(time.time())
         self.scheduler = SerialScheduler(engine, limits.max_queue)
         codec = engine.codec
-        self.reasoning = is_reasoning_model(codec.template_source, lambda t: codec.tok.token_to_id(t) is not None)
+        self.reasoning = is_reasoning_model(codec.template_source,
+                                            lambda t: codec.tok.token_to_id(t) is not None)
         ctx = engine.context_limit
         self.max_prompt = min(limits.max_prompt_tokens or ctx - 1, ctx - 1)
         self.max_tokens = min(limits.max_tokens or ctx, ctx)
@@ -179,8 +181,8 @@ class Service:
         if not isinstance(model, str):
             raise ApiError(400, "model must be a string", param="model", code="invalid_type")
         if model != self.model_id:
-            raise ApiError(404, f"the model {model[:200]!r} does not exist; this server serves {self.model_id!r}",
-                           param="model", code="model_not_found")
+            raise ApiError(404, f"the model {model[:200]!r} does not exist; this server serves "
+                           f"{self.model_id!r}", param="model", code="model_not_found")
 
     def sampling(self, body: dict) -> tuple[dict, tuple[str, ...]]:
         """Sampling settings and stop strings of a request, each checked (400 naming the field)."""
@@ -189,7 +191,8 @@ class Service:
                 raise ApiError(400, f"{name} is not supported by this server", param=name, code="unsupported")
         n = _number(body, "n", int)
         if n not in (None, 1):
-            raise ApiError(400, f"n must be 1 (one reply per request), got {n}", param="n", code="unsupported")
+            raise ApiError(400, f"n must be 1 (one reply per request), got {n}", param="n",
+                           code="unsupported")
         out: dict[str, Any] = {}
         if "repetition_penalty" in body and "repeat_penalty" not in body:  # vLLM's name for it
             body = {**body, "repeat_penalty": body["repetition_penalty"]}
@@ -202,7 +205,8 @@ class Service:
             if v is None:
                 continue
             if not -2.0 <= v <= 2.0:
-                raise ApiError(400, f"{name}: {v!r} is out of range (-2 to 2)", param=name, code="invalid_value")
+                raise ApiError(400, f"{name}: {v!r} is out of range (-2 to 2)", param=name,
+                               code="invalid_value")
             if name in P.PARAMS:
                 out[name] = _checked(name, v)
             elif v != 0.0:
@@ -222,20 +226,21 @@ class Service:
         stops = [stop] if isinstance(stop, str) else stop if stop is not None else []
         if not isinstance(stops, list) or not all(isinstance(s, str) and 0 < len(s) <= 256 for s in stops) \
                 or len(stops) > self.limits.max_stops:
-            raise ApiError(400, f"stop must be a string or a list of at most {self.limits.max_stops} non-empty "
-                           f"strings of up to 256 characters", param="stop", code="invalid_value")
+            raise ApiError(400, f"stop must be a string or a list of at most {self.limits.max_stops} "
+                           f"non-empty strings of up to 256 characters", param="stop", code="invalid_value")
         return out, tuple(stops)
 
-    def check_prompt(self, prompt: str, param: str) -> int:
-        """Prompt tokens, or 400 when they exceed the limit (run off the event loop)."""
+    def check_prompt(self, prompt: str | list[dict], param: str) -> int:
+        """Prompt tokens as the engine will encode them (messages: through its chat template), or
+        400 when they exceed the limit. Run off the event loop."""
         try:
-            count = len(self.engine.tokenize(prompt))
-        except (ValueError, TypeError) as e:  # e.g. a lone surrogate (\ud800) that JSON allows and UTF-8 does not
+            count = len(self.engine.prompt_ids(prompt))
+        except (ValueError, TypeError) as e:  # e.g. a lone surrogate (\ud800): JSON allows it, UTF-8 not
             raise ApiError(400, f"the prompt cannot be tokenized: {type(e).__name__}: {str(e)[:200]}",
                            param=param, code="invalid_value") from None
         if count > self.max_prompt:
-            raise ApiError(400, f"the prompt is {count} tokens; this server accepts at most {self.max_prompt} "
-                           f"(context {self.engine.context_limit}, room is kept for the reply)",
+            raise ApiError(400, f"the prompt is {count} tokens; this server accepts at most "
+                           f"{self.max_prompt} (the context is {self.engine.context_limit})",
                            param=param, code="context_length_exceeded")
         return count
 
@@ -310,7 +315,8 @@ def _error_for(e: BaseException) -> ApiError:
     if isinstance(e, (ColibriError, ValueError)):
         code = "context_length_exceeded" if "context" in str(e) else "invalid_value"
         return ApiError(400, str(e), code=code)
-    return ApiError(500, f"the engine failed: {type(e).__name__}: {e}", kind="server_error", code="engine_error")
+    return ApiError(500, f"the engine failed: {type(e).__name__}: {e}", kind="server_error",
+                    code="engine_error")
 
 
 def _usage(step: Step) -> dict:
@@ -345,7 +351,8 @@ class Reply:
         return FINISH.get(self.last.finish_reason or "stop", "stop") if self.last else "stop"
 
 
-async def _submit(svc: Service, request: Request, prompt: str, sampling: dict, stops: tuple) -> Job:
+async def _submit(svc: Service, request: Request, prompt: str | list[dict], sampling: dict,
+                  stops: tuple) -> Job:
     job = Job(prompt, sampling, stops, asyncio.get_running_loop())
     try:
         svc.scheduler.submit(job)
@@ -403,7 +410,8 @@ def _stream_options(body: dict) -> bool:
 def _stream_flag(body: dict) -> bool:
     s = body.get("stream", False)
     if not isinstance(s, bool):
-        raise ApiError(400, f"stream must be true or false, got {s!r}"[:200], param="stream", code="invalid_type")
+        raise ApiError(400, f"stream must be true or false, got {s!r}"[:200], param="stream",
+                       code="invalid_type")
     return s
 
 
@@ -414,12 +422,13 @@ async def chat_completions(svc: Service, request: Request) -> Any:
     sampling, stops = svc.sampling(body)
     stream, include_usage = _stream_flag(body), _stream_options(body)
     try:
-        prompt = await asyncio.to_thread(svc.engine.apply_chat_template, messages)
+        rendered = await asyncio.to_thread(svc.engine.apply_chat_template, messages)
     except (ColibriError, ValueError) as e:
         raise ApiError(400, str(e), param="messages", code="invalid_value") from None
-    await asyncio.to_thread(svc.check_prompt, prompt, "messages")
-    reply = Reply(ThinkSplitter(starts_inside(prompt)) if svc.reasoning else None)
-    job = await _submit(svc, request, prompt, sampling, stops)
+    await asyncio.to_thread(svc.check_prompt, messages, "messages")
+    reply = Reply(ThinkSplitter(starts_inside(rendered)) if svc.reasoning else None)
+    # the engine encodes the messages itself: their text stays text, only the template makes tokens
+    job = await _submit(svc, request, messages, sampling, stops)
     cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     head = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": svc.model_id}
     if stream:
@@ -437,7 +446,8 @@ async def chat_completions(svc: Service, request: Request) -> Any:
     if svc.reasoning:
         message["reasoning_content"] = reasoning
     return {"id": cid, "object": "chat.completion", "created": created, "model": svc.model_id,
-            "choices": [{"index": 0, "message": message, "finish_reason": reply.finish_reason, "logprobs": None}],
+            "choices": [{"index": 0, "message": message, "finish_reason": reply.finish_reason,
+                         "logprobs": None}],
             "usage": _usage(reply.last)}
 
 
@@ -462,12 +472,14 @@ async def completions(svc: Service, request: Request) -> Any:
             if part is None:
                 return {}
             if isinstance(part, str):
-                return {**head, "choices": [{"index": 0, "text": "", "logprobs": None, "finish_reason": part}]}
+                return {**head, "choices": [{"index": 0, "text": "", "logprobs": None,
+                                             "finish_reason": part}]}
             return {**head, "choices": [{"index": 0, "text": part[1], "logprobs": None,
                                          "finish_reason": None}]} if part[1] else {}
         return _stream(job, request, reply, chunk, include_usage, svc.limits.heartbeat_s)
     _, text = await _collect(job, request, reply)
-    return {**head, "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": reply.finish_reason}],
+    return {**head, "choices": [{"index": 0, "text": text, "logprobs": None,
+                                 "finish_reason": reply.finish_reason}],
             "usage": _usage(reply.last)}
 
 
@@ -492,14 +504,14 @@ class _Guard:
             given = headers.get(b"authorization", b"").decode("latin-1")
             token = given[7:].strip() if given[:7].lower() == "bearer " else ""
             if not hmac.compare_digest(token.encode("utf-8", "replace"), self.svc.api_key.encode()):
-                return ApiError(401, "a valid API key is required: send the header 'Authorization: Bearer KEY'",
-                                code="invalid_api_key")
+                return ApiError(401, "a valid API key is required: send the header "
+                                "'Authorization: Bearer KEY'", code="invalid_api_key")
         elif self.svc.loopback_only:
             host = headers.get(b"host", b"").decode("latin-1")
             name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
             if not is_loopback(name):
-                return ApiError(403, f"this server only answers requests addressed to localhost, not {host[:100]!r}",
-                                code="forbidden_host")
+                return ApiError(403, f"this server only answers requests addressed to localhost, not "
+                                f"{host[:100]!r}", code="forbidden_host")
         return None
 
 
@@ -516,12 +528,14 @@ def create_app(engine: Engine, limits: Limits = Limits(), api_key: str | None = 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, e: StarletteHTTPException) -> JSONResponse:
         code = {404: "not_found", 405: "method_not_allowed"}.get(e.status_code)
-        return ApiError(e.status_code, f"{request.method} {request.url.path}: {e.detail}", code=code).response()
+        message = f"{request.method} {request.url.path}: {e.detail}"
+        return ApiError(e.status_code, message, code=code).response()
 
     @app.exception_handler(Exception)
     async def _crash(request: Request, e: Exception) -> JSONResponse:
         log.exception("request failed")
-        return ApiError(500, f"internal error: {type(e).__name__}", kind="server_error", code="internal_error").response()
+        return ApiError(500, f"internal error: {type(e).__name__}", kind="server_error",
+                        code="internal_error").response()
 
     def model_card() -> dict:
         return {"id": svc.model_id, "object": "model", "created": svc.created, "owned_by": "colibri"}
@@ -581,7 +595,8 @@ class ServerHandle:
     def status(self) -> dict:
         """For a GUI label: the address, the model, whether a reply is running, how many wait."""
         sched = self.service.scheduler
-        return {"url": self.url, "model": self.model_id, "busy": sched.running is not None, "waiting": sched.waiting}
+        return {"url": self.url, "model": self.model_id, "busy": sched.running is not None,
+                "waiting": sched.waiting}
 
     def wait(self, timeout: float | None = None) -> None:
         self._thread.join(timeout)
@@ -595,12 +610,13 @@ class ServerHandle:
 
 def check_bind(host: str, api_key: str | None) -> None:
     if not is_loopback(host) and not api_key:
-        raise ValueError(f"listening on {host} (not this machine only) needs an API key: pass --api_key KEY or "
-                         f"set COLIBRI_API_KEY")
+        raise ValueError(f"listening on {host} (not this machine only) needs an API key: pass --api_key KEY "
+                         f"or set COLIBRI_API_KEY")
 
 
-def start(engine_or_factory: Engine | Callable[[], Engine], host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
-          api_key: str | None = None, limits: Limits = Limits(), log_level: str = "warning") -> ServerHandle:
+def start(engine_or_factory: Engine | Callable[[], Engine], host: str = DEFAULT_HOST,
+          port: int = DEFAULT_PORT, api_key: str | None = None, limits: Limits = Limits(),
+          log_level: str = "warning") -> ServerHandle:
     """Serve the engine in a background thread; returns once it listens (port 0: any free port).
 
     The address is checked before a factory loads anything; an address in use raises OSError here.
@@ -623,7 +639,8 @@ def start(engine_or_factory: Engine | Callable[[], Engine], host: str = DEFAULT_
                             timeout_keep_alive=limits.keep_alive_s, timeout_graceful_shutdown=2,
                             h11_max_incomplete_event_size=64 * 1024)
     server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="colibri-serve", daemon=True)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="colibri-serve",
+                              daemon=True)
     thread.start()
     while not server.started:
         if not thread.is_alive():

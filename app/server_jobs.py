@@ -8,6 +8,7 @@ A continuous-batching scheduler replaces it by taking the same Jobs — `submit`
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import queue
 import threading
@@ -30,7 +31,7 @@ class Job:
     `events` (an asyncio.Queue on the server's loop) receives each `Step`, then one final item:
     None when the reply ended, or the exception that ended it.
     """
-    prompt: str
+    prompt: str | list[dict]  # raw text, or chat messages (the engine applies the template)
     sampling: dict[str, Any]
     stop: tuple[str, ...]
     loop: asyncio.AbstractEventLoop
@@ -59,6 +60,9 @@ class SerialScheduler:
         self._waiting = 0  # submitted and not yet started
         self._count_lock = threading.Lock()
         self.running: Job | None = None
+        # an engine whose generate() takes a cancel Event stops within a prompt's prefill too;
+        # otherwise the job is dropped at the next token
+        self._cancel_kw = "cancel" in inspect.signature(engine.generate).parameters
         self._thread = threading.Thread(target=self._work, name="colibri-serve-engine", daemon=True)
         self._thread.start()
 
@@ -69,7 +73,8 @@ class SerialScheduler:
     def submit(self, job: Job) -> None:
         with self._count_lock:
             if self._waiting >= self.max_queue:
-                raise QueueFull(f"{self._waiting} requests are already waiting (the limit is {self.max_queue})")
+                raise QueueFull(f"{self._waiting} requests are already waiting (the limit is "
+                                f"{self.max_queue})")
             self._waiting += 1
         self._queue.put(job)
 
@@ -110,7 +115,8 @@ class SerialScheduler:
     def _run(self, job: Job) -> None:
         gen = None
         try:
-            gen = self.engine.generate(job.prompt, stop=job.stop, **job.sampling)
+            extra = {"cancel": job.cancelled} if self._cancel_kw else {}
+            gen = self.engine.generate(job.prompt, stop=job.stop, **extra, **job.sampling)
             for step in gen:
                 job._put(step)
                 if job.cancelled.is_set():
