@@ -549,8 +549,11 @@ class MainWindow(QMainWindow):
             dock.setAllowedAreas(Qt.AllDockWidgetAreas)
             self.dashboard_dock = dock
             if not self.restoreDockWidget(dock):
+                # the first time: right of the chat, the window made wider where the screen has room
+                room = self.screen().availableGeometry().width() - self.frameGeometry().width()
+                self.resize(self.width() + max(0, min(room, 460)), self.height())
                 self.addDockWidget(Qt.RightDockWidgetArea, dock)
-                self.resizeDocks([dock], [max(460, self.width() // 2)], Qt.Horizontal)
+                self.resizeDocks([dock], [460], Qt.Horizontal)
         if toggle and self.dashboard_dock.isVisible():
             self.dashboard_dock.hide()
         else:

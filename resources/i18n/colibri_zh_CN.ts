@@ -295,6 +295,18 @@
         <source>context … / {limit:,}</source>
         <translation>上下文 … / {limit:,}</translation>
     </message>
+    <message>
+        <source>first token {ttft:.2f} s · writing…</source>
+        <translation>首词元 {ttft:.2f} 秒 · 正在生成…</translation>
+    </message>
+    <message>
+        <source>Counted when the reply being written ends</source>
+        <translation>正在生成的回复结束后再计数</translation>
+    </message>
+    <message>
+        <source>Tokens of this chat in the model's context, and how many it holds</source>
+        <translation>此对话在模型上下文中占用的词元数，以及上下文的容量</translation>
+    </message>
 </context>
 <context>
     <name>ChatView</name>
@@ -453,6 +465,10 @@
     <message>
         <source>What fits in memory</source>
         <translation>内存能容纳什么</translation>
+    </message>
+    <message>
+        <source>Working out what the model needs with these settings…</source>
+        <translation>正在计算此设置下模型所需的内存…</translation>
     </message>
 </context>
 <context>
@@ -679,6 +695,10 @@
     <message>
         <source>Dashboard panels</source>
         <translation>仪表盘面板</translation>
+    </message>
+    <message>
+        <source>Waiting for the engine's first figures (a reply being written sends them between its words)…</source>
+        <translation>正在等待引擎的第一批数据（正在生成的回复会在词元之间发送）…</translation>
     </message>
 </context>
 <context>
