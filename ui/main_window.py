@@ -443,7 +443,10 @@ class MainWindow(QMainWindow):
                      "decode_tok_s": s.decode_tok_s, "prefill_tok_s": s.prefill_tok_s, "ttft_s": s.ttft_s,
                      "finish_reason": s.finish_reason}
             self.history.add_message(cid, "assistant", reply.text, stats)
-        if reply.dropped:
+        if s is not None and s.finish_reason == "context":
+            self.statusBar().showMessage(self.tr("The reply stopped because the context is full: start a new chat, or "
+                                                 "raise the context length in Settings"), 10000)
+        elif reply.dropped:
             self.statusBar().showMessage(self.tr("The context was full: the {n} oldest messages were left out of "
                                                  "this reply").format(n=reply.dropped), 8000)
         self._set_busy("")

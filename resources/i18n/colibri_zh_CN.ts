@@ -307,6 +307,10 @@
         <source>Tokens of this chat in the model's context, and how many it holds</source>
         <translation>此对话在模型上下文中占用的词元数，以及上下文的容量</translation>
     </message>
+    <message>
+        <source>The reply stopped because the context is full: start a new chat, or raise the context length in Settings</source>
+        <translation>上下文已满，回复已停止：请新建对话，或在设置中增大上下文长度</translation>
+    </message>
 </context>
 <context>
     <name>ChatView</name>
