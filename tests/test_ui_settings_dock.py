@@ -127,6 +127,10 @@ def test_decode_and_prefill_have_their_own_axes_and_defrag_says_what_changed(qtb
     assert defrag_text(DefragResult(int(2.7 * mb), 595 * mb, 595 * mb)).startswith("Released 2.7 MB of free pool")
     assert defrag_text(DefragResult(40 * mb, 600 * mb, 562 * mb)).startswith("Gave 40.0 MB back to the system")
     assert defrag_text(DefragResult(0, 600 * mb, 600 * mb)).startswith("Nothing to give back")
+    text = theme.palette("light")["text"]
+    for axis in (d.heat_plot.getAxis("left"), d.heat_plot.getAxis("bottom"), d.heat_bar.getAxis("right"),
+                 d.speed_plot.getAxis("bottom")):  # axis titles in the text colour (they were border-grey)
+        assert axis.labelStyle["color"] == text, (axis.labelText, axis.labelStyle)
     tip = d.pool_table.horizontalHeaderItem(3).toolTip()
     assert "slab pages" in tip and "Defrag compacts" in tip  # "small 100% fragmented" explained
     d.show()

@@ -207,11 +207,12 @@ class Dashboard(QWidget):
         self.heat_plot.setMouseEnabled(x=False, y=False)
         self.heat_plot.hideButtons()
         self.heat_plot.invertY(True)  # layer 0 on top, as in a table
-        self.heat_plot.setLabel("bottom", "expert", **self._label_style())
-        self.heat_plot.setLabel("left", "layer", **self._label_style())
         for side in ("left", "bottom"):
             self.heat_plot.getAxis(side).setTextPen(pg.mkPen(c["text"]))
             self.heat_plot.getAxis(side).setPen(pg.mkPen(c["border"]))
+        # titles after the pens: AxisItem.setPen recolours the title, which is how it became border-grey
+        self.heat_plot.setLabel("bottom", "expert", **self._label_style())
+        self.heat_plot.setLabel("left", "layer", **self._label_style())
         self.heat = pg.ImageItem(axisOrder="row-major")
         self.heat_plot.addItem(self.heat)
         cmap = pg.colormap.get("viridis")
@@ -219,6 +220,7 @@ class Dashboard(QWidget):
                                         pen=pg.mkPen(c["border"]), label="picks")
         self.heat_bar.setImageItem(self.heat, insert_in=self.heat_plot.getPlotItem())
         self.heat_bar.getAxis("right").setTextPen(pg.mkPen(c["text"]))
+        self.heat_bar.getAxis("right").setLabel("picks", **self._label_style())
         self.heat_text = self._caption("heat_text")
         self.heat_chart = self._chart(self.heat_plot)
 
