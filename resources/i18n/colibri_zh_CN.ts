@@ -871,6 +871,10 @@
         <source>Reading {name}{size}…</source>
         <translation>正在读取 {name}{size}…</translation>
     </message>
+    <message>
+        <source>Opening {name}…</source>
+        <translation>正在打开 {name}…</translation>
+    </message>
 </context>
 <context>
     <name>Param</name>
