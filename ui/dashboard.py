@@ -14,7 +14,7 @@ from collections import deque
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import QCoreApplication, Qt, Signal
 from PySide6.QtWidgets import (QAbstractItemView, QFrame, QGridLayout, QGroupBox, QHBoxLayout, QHeaderView, QLabel,
                                QPushButton, QScrollArea, QStackedWidget, QTableWidget, QTableWidgetItem, QVBoxLayout,
                                QWidget)
@@ -32,6 +32,10 @@ PANEL_W = 400  # a column's width: the dock lays out as many columns as fit (one
 _mb = human_bytes
 
 
+def _tr(text: str) -> str:
+    return QCoreApplication.translate("Dashboard", text)
+
+
 def defrag_text(r) -> str:
     """What a defrag did, as measured: the pool's release and the change in RSS, told apart.
 
@@ -40,11 +44,12 @@ def defrag_text(r) -> str:
     before, after, change = _mb(r.rss_before), _mb(r.rss_after), r.rss_change
     rss = f"RSS {before} → {after} ({'−' if change < 0 else '+'}{_mb(abs(change))})"
     if r.returned_bytes <= 0:
-        return f"Nothing to give back: the pool had no free pages it could release · {rss}"
+        return _tr("Nothing to give back: the pool had no free pages it could release · {rss}").format(rss=rss)
     if -change >= r.returned_bytes // 2:
-        return f"Gave {_mb(r.returned_bytes)} back to the system · {rss}"
-    return (f"Released {_mb(r.returned_bytes)} of free pool pages, but RSS did not drop by as much ({rss}): "
-            f"most of those pages were never in physical memory, or the system has not reclaimed them yet")
+        return _tr("Gave {size} back to the system · {rss}").format(size=_mb(r.returned_bytes), rss=rss)
+    return _tr("Released {size} of free pool pages, but RSS did not drop by as much ({rss}): most of those pages "
+               "were never in physical memory, or the system has not reclaimed them yet").format(
+        size=_mb(r.returned_bytes), rss=rss)
 
 
 def _no_focus(plot: pg.PlotWidget) -> None:
@@ -180,11 +185,12 @@ class Dashboard(QWidget):
         # decode (tens of tok/s) on the left axis, prefill (thousands) on its own right axis: on one
         # axis the decode line lay flat at zero
         # each axis title in its curve's colour (no legend over the data)
-        self.speed_plot = self._plot("decode tok/s (line)")
-        self.speed_plot.setLabel("left", "decode tok/s (line)", **(self._label_style() | {"color": blue}))
+        decode, prefill = _tr("decode tok/s (line)"), _tr("prefill tok/s (dots)")
+        self.speed_plot = self._plot(decode)
+        self.speed_plot.setLabel("left", decode, **(self._label_style() | {"color": blue}))
         self.decode_curve = self._curve(self.speed_plot, blue, "decode")
-        self.prefill_view = self._right_axis(self.speed_plot, "prefill tok/s (dots)")
-        self.speed_plot.getPlotItem().getAxis("right").setLabel("prefill tok/s (dots)",
+        self.prefill_view = self._right_axis(self.speed_plot, prefill)
+        self.speed_plot.getPlotItem().getAxis("right").setLabel(prefill,
                                                                 **(self._label_style() | {"color": orange}))
         self.prefill_curve = pg.PlotDataItem([], [], pen=None, symbol="o", symbolSize=7, symbolPen=None,
                                              symbolBrush=orange, name="prefill, one dot per reply")
@@ -447,8 +453,8 @@ class Dashboard(QWidget):
         a = np.asarray(activations, dtype=np.int64)
         if num_experts <= 1 or a.ndim != 2 or a.size == 0:
             self.heat.clear()
-            self._say(self.heat_chart, "A dense model: one MLP per layer, no experts to pick.\n"
-                                       "Load a Mixture-of-Experts model to see which experts each layer uses.")
+            self._say(self.heat_chart, _tr("A dense model: one MLP per layer, no experts to pick.\n"
+                                           "Load a Mixture-of-Experts model to see which experts each layer uses."))
             self.heat_text.setText("")
             return
         self._say(self.heat_chart, None)
@@ -476,9 +482,10 @@ class Dashboard(QWidget):
                 item.setTextAlignment(Qt.AlignRight | Qt.AlignVCenter)
                 self.pool_table.setItem(r, col, item)
         self.pool_text.setText(f"allocated {_mb(pool.allocated)} · peak {_mb(pool.peak)} · reserved from the "
-                               f"system {_mb(pool.reserved)} · fragmented: the share of free memory that is "
-                               f"scattered (small: free slots in slab pages still in use, normal for slabs; "
-                               f"medium: outside its largest free piece; Defrag compacts it)")
+                               f"system {_mb(pool.reserved)} · " + _tr(
+                                   "fragmented: the share of free memory that is scattered (small: free slots in "
+                                   "slab pages still in use, normal for slabs; medium: outside its largest free "
+                                   "piece; Defrag compacts it)"))
 
     def _draw_text(self, snap, step) -> None:
         ec, hw, g = snap.expert_cache, A.hardware(snap), A.gpu(snap)
