@@ -250,6 +250,11 @@ class EngineWorker(QObject):
     def request_stop(self) -> None:
         self._stop.set()
 
+    def want_stats(self, interval_ms: int) -> None:
+        """Thread-safe: snapshots every `interval_ms` between a reply's tokens from now on (0 stops),
+        even while the queued `watch_stats` waits for the reply to end."""
+        self._stats_ms = max(0, int(interval_ms))
+
     def request_cancel(self) -> None:
         self._cancel.set()
 

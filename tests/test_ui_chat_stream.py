@@ -81,6 +81,10 @@ def test_a_streaming_reply_survives_switching_chats_and_back(qtbot, home):
     w.flow.worker.finished.emit(req, W.Reply("Hummingbirds hover. Fast.", step("", 3, finish_reason="stop"), 0))
     qtbot.waitUntil(lambda: w.busy == "", timeout=2_000)
     assert w.history.messages(first)[-1].content == "Hummingbirds hover. Fast." and first not in w.streams
+    req = start_fake_reply(w)  # a reply that fills the context ends as "context" (the engine's own reason)
+    w.flow.worker.finished.emit(req, W.Reply("More.", step("More.", 4, finish_reason="context"), 0))
+    qtbot.waitUntil(lambda: w.busy == "", timeout=2_000)
+    assert "context is full" in w.statusBar().currentMessage() and "the context is full" in w.view.toPlainText()
 
 
 def test_only_the_streaming_message_is_rendered_again(qtbot, home):

@@ -9,7 +9,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QApplication, QDockWidget
 
 from app import settings as S
-from app.worker import DefragResult
+from app.worker import STATS_MS, DefragResult
 from engine import params as P
 from ui import i18n
 
@@ -77,6 +77,8 @@ def test_the_window_and_the_dashboard_dock_keep_their_place(qtbot, home, tiny):
     qtbot.waitUntil(lambda: QApplication.activeWindow() is w, timeout=2_000)
     qtbot.keyClick(w, Qt.Key_P, Qt.ControlModifier | Qt.ShiftModifier)  # Ctrl+Shift+P opens it
     dock = w.dashboard_dock
+    # the rate is set at once, not queued behind a reply being written (whose loop sends the snapshots)
+    assert w.flow.worker._stats_ms == STATS_MS
     assert isinstance(dock, QDockWidget) and dock.isVisible() and w.dockWidgetArea(dock) == Qt.RightDockWidgetArea
     assert not w.dashboard.isWindow()  # a dock in the chat window, not a window over it
     qtbot.waitUntil(lambda: w.dashboard.snapshot is not None, timeout=10_000)
@@ -120,11 +122,15 @@ def test_decode_and_prefill_have_their_own_axes_and_defrag_says_what_changed(qtb
     assert d.decode_curve.getViewBox() is d.speed_plot.getPlotItem().vb
     lo, hi = d.speed_plot.getPlotItem().vb.viewRange()[1]
     assert hi < 100  # decode fills its own axis instead of lying flat under prefill's thousands
-    assert d.speed_plot.getPlotItem().getAxis("right").labelText == "prefill tok/s"
+    assert d.speed_plot.getPlotItem().getAxis("right").labelText == "prefill tok/s (dots)"
     mb = 10**6
     assert defrag_text(DefragResult(int(2.7 * mb), 595 * mb, 595 * mb)).startswith("Released 2.7 MB of free pool")
     assert defrag_text(DefragResult(40 * mb, 600 * mb, 562 * mb)).startswith("Gave 40.0 MB back to the system")
     assert defrag_text(DefragResult(0, 600 * mb, 600 * mb)).startswith("Nothing to give back")
+    text = theme.palette("light")["text"]
+    for axis in (d.heat_plot.getAxis("left"), d.heat_plot.getAxis("bottom"), d.heat_bar.getAxis("right"),
+                 d.speed_plot.getAxis("bottom")):  # axis titles in the text colour (they were border-grey)
+        assert axis.labelStyle["color"] == text, (axis.labelText, axis.labelStyle)
     tip = d.pool_table.horizontalHeaderItem(3).toolTip()
     assert "slab pages" in tip and "Defrag compacts" in tip  # "small 100% fragmented" explained
     d.show()

@@ -14,7 +14,7 @@ from collections import deque
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import QCoreApplication, Qt, Signal
 from PySide6.QtWidgets import (QAbstractItemView, QFrame, QGridLayout, QGroupBox, QHBoxLayout, QHeaderView, QLabel,
                                QPushButton, QScrollArea, QStackedWidget, QTableWidget, QTableWidgetItem, QVBoxLayout,
                                QWidget)
@@ -28,8 +28,12 @@ WINDOW_S = 120  # seconds of history on every time plot
 NAN = float("nan")
 SERIES = ("prefill", "decode", "hit", "prefetch", "rss", "temp", "threads", "cpu_w", "gpu_w", "cpu_pct", "gpu_pct")
 TIERS = ("small", "medium", "large")
-PANEL_W = 430  # the narrowest a panel reads well: the dock lays out as many columns as fit
+PANEL_W = 400  # a column's width: the dock lays out as many columns as fit (one in a side dock)
 _mb = human_bytes
+
+
+def _tr(text: str) -> str:
+    return QCoreApplication.translate("Dashboard", text)
 
 
 def defrag_text(r) -> str:
@@ -40,11 +44,12 @@ def defrag_text(r) -> str:
     before, after, change = _mb(r.rss_before), _mb(r.rss_after), r.rss_change
     rss = f"RSS {before} → {after} ({'−' if change < 0 else '+'}{_mb(abs(change))})"
     if r.returned_bytes <= 0:
-        return f"Nothing to give back: the pool had no free pages it could release · {rss}"
+        return _tr("Nothing to give back: the pool had no free pages it could release · {rss}").format(rss=rss)
     if -change >= r.returned_bytes // 2:
-        return f"Gave {_mb(r.returned_bytes)} back to the system · {rss}"
-    return (f"Released {_mb(r.returned_bytes)} of free pool pages, but RSS did not drop by as much ({rss}): "
-            f"most of those pages were never in physical memory, or the system has not reclaimed them yet")
+        return _tr("Gave {size} back to the system · {rss}").format(size=_mb(r.returned_bytes), rss=rss)
+    return _tr("Released {size} of free pool pages, but RSS did not drop by as much ({rss}): most of those pages "
+               "were never in physical memory, or the system has not reclaimed them yet").format(
+        size=_mb(r.returned_bytes), rss=rss)
 
 
 def _no_focus(plot: pg.PlotWidget) -> None:
@@ -75,6 +80,7 @@ class Dashboard(QWidget):
         self.snapshot = None
         self.advice: list[str] = []
         self.history = {k: deque(maxlen=WINDOW_S * 1000 // STATS_MS + 1) for k in ("t", *SERIES)}
+        self.worker = worker
         self._step, self._step_fresh, self._prefill_seen = None, False, None
         self._markers: list[pg.InfiniteLine] = []
         pg.setConfigOptions(antialias=True)
@@ -87,9 +93,15 @@ class Dashboard(QWidget):
         worker.failed.connect(lambda what, _: what.startswith("Defrag") and self._defrag_done("Defrag failed."))
 
     # --- layout ------------------------------------------------------------------------------
+    def _no_figures(self) -> None:
+        self.header.setText(self.tr("Waiting for the engine's first figures (a reply being written sends them "
+                                    "between its words)…") if self.model_path else self.tr("No model is loaded."))
+
     def _plot(self, y_label: str, legend: bool = False) -> pg.PlotWidget:
         c = self.colors
         p = pg.PlotWidget(background=c["bg"])
+        for side in ("left", "right", "bottom"):
+            p.getAxis(side).enableAutoSIPrefix(False)  # "(x0.001)" beside a title read as noise
         p.setMinimumHeight(150)
         _no_focus(p)
         for side in ("left", "bottom", "right"):
@@ -103,7 +115,8 @@ class Dashboard(QWidget):
         p.setMouseEnabled(x=False, y=False)
         p.hideButtons()
         if legend:
-            p.addLegend(offset=(8, 4), labelTextColor=c["text"], brush=pg.mkBrush(c["bg"] + "c0"))
+            p.addLegend(offset=(6, 2), labelTextColor=c["text"], brush=pg.mkBrush(c["bg"] + "c0"),
+                        labelTextSize="8pt", verSpacing=-6)
         return p
 
     def _label_style(self) -> dict:
@@ -163,20 +176,25 @@ class Dashboard(QWidget):
     def _build(self) -> None:
         c = self.colors
         blue, orange, green, red, purple = c["accent"], "#e8893a", "#3aa757", c["danger"], "#9b6bd6"
-        self.header = QLabel(self.tr("No model is loaded."), objectName="dash_header", wordWrap=True)
+        self.header = QLabel(objectName="dash_header", wordWrap=True)
+        self._no_figures()
         self.header.setStyleSheet("font-weight: 600;")
         self.advice_label = QLabel(objectName="advice", wordWrap=True)
         self.advice_label.setTextFormat(Qt.RichText)
 
         # decode (tens of tok/s) on the left axis, prefill (thousands) on its own right axis: on one
         # axis the decode line lay flat at zero
-        self.speed_plot = self._plot("decode tok/s", legend=True)
-        self.decode_curve = self._curve(self.speed_plot, blue, "decode (left axis)")
-        self.prefill_view = self._right_axis(self.speed_plot, "prefill tok/s")
+        # each axis title in its curve's colour (no legend over the data)
+        decode, prefill = _tr("decode tok/s (line)"), _tr("prefill tok/s (dots)")
+        self.speed_plot = self._plot(decode)
+        self.speed_plot.setLabel("left", decode, **(self._label_style() | {"color": blue}))
+        self.decode_curve = self._curve(self.speed_plot, blue, "decode")
+        self.prefill_view = self._right_axis(self.speed_plot, prefill)
+        self.speed_plot.getPlotItem().getAxis("right").setLabel(prefill,
+                                                                **(self._label_style() | {"color": orange}))
         self.prefill_curve = pg.PlotDataItem([], [], pen=None, symbol="o", symbolSize=7, symbolPen=None,
-                                             symbolBrush=orange, name="prefill, one dot per reply (right axis)")
+                                             symbolBrush=orange, name="prefill, one dot per reply")
         self.prefill_view.addItem(self.prefill_curve)
-        self.speed_plot.getPlotItem().legend.addItem(self.prefill_curve, "prefill, one dot per reply (right axis)")
         self.speed_text = self._caption("speed_text")
 
         self.cache_plot = self._plot("%", legend=True)
@@ -189,15 +207,18 @@ class Dashboard(QWidget):
 
         self.heat_plot = pg.PlotWidget(background=c["bg"])
         self.heat_plot.setMinimumHeight(150)
+        for side in ("left", "bottom"):
+            self.heat_plot.getAxis(side).enableAutoSIPrefix(False)
         _no_focus(self.heat_plot)
         self.heat_plot.setMouseEnabled(x=False, y=False)
         self.heat_plot.hideButtons()
         self.heat_plot.invertY(True)  # layer 0 on top, as in a table
-        self.heat_plot.setLabel("bottom", "expert", **self._label_style())
-        self.heat_plot.setLabel("left", "layer", **self._label_style())
         for side in ("left", "bottom"):
             self.heat_plot.getAxis(side).setTextPen(pg.mkPen(c["text"]))
             self.heat_plot.getAxis(side).setPen(pg.mkPen(c["border"]))
+        # titles after the pens: AxisItem.setPen recolours the title, which is how it became border-grey
+        self.heat_plot.setLabel("bottom", "expert", **self._label_style())
+        self.heat_plot.setLabel("left", "layer", **self._label_style())
         self.heat = pg.ImageItem(axisOrder="row-major")
         self.heat_plot.addItem(self.heat)
         cmap = pg.colormap.get("viridis")
@@ -205,7 +226,9 @@ class Dashboard(QWidget):
                                         pen=pg.mkPen(c["border"]), label="picks")
         self.heat_bar.setImageItem(self.heat, insert_in=self.heat_plot.getPlotItem())
         self.heat_bar.getAxis("right").setTextPen(pg.mkPen(c["text"]))
+        self.heat_bar.getAxis("right").setLabel("picks", **self._label_style())
         self.heat_text = self._caption("heat_text")
+        self.heat_chart = self._chart(self.heat_plot)
 
         self.pool_table = QTableWidget(4, 4, objectName="pool_table")
         self.pool_table.setAccessibleName(self.tr("Memory pool"))
@@ -276,7 +299,7 @@ class Dashboard(QWidget):
         self.panels = panels = [
             self._panel(self.tr("Speed"), self.speed_plot, self.speed_text),
             self._panel(self.tr("Expert cache: hit rate and prefetch accuracy"), self.cache_plot, self.cache_text),
-            self._panel(self.tr("Expert activations (layer × expert)"), self.heat_plot, self.heat_text),
+            self._panel(self.tr("Expert activations (layer × expert)"), self.heat_chart, self.heat_text),
             self._panel(self.tr("Memory pool"), self.pool_table, self.pool_text, row),
             self._panel(self.tr("Memory (RSS)"), self.rss_plot, self.rss_text),
             self._panel(self.tr("CPU load"), self.load_chart, self.load_text),
@@ -317,15 +340,25 @@ class Dashboard(QWidget):
     # --- watching ----------------------------------------------------------------------------
     def showEvent(self, e) -> None:  # noqa: N802 - Qt's name
         super().showEvent(e)
-        self.watch_requested.emit(STATS_MS)
+        self._want(STATS_MS)
 
     def hideEvent(self, e) -> None:  # noqa: N802 - Qt's name
-        self.watch_requested.emit(0)
+        self._want(0)
         super().hideEvent(e)
+
+    def _want(self, ms: int) -> None:
+        """Snapshots every `ms`: the worker's timer is started by a queued request, which waits while
+        a reply is written; the rate is also set directly (a plain attribute the reply loop reads), so a
+        dashboard opened mid-reply gets its figures between the reply's words."""
+        if hasattr(self.worker, "want_stats"):
+            self.worker.want_stats(ms)
+        self.watch_requested.emit(ms)
 
     def set_model_path(self, path: str | None) -> None:
         self.model_path = path
         self.mounts = A.read_mounts()
+        if self.snapshot is None:
+            self._no_figures()
 
     def request_defrag(self) -> None:
         self.defrag_button.setEnabled(False)
@@ -420,8 +453,11 @@ class Dashboard(QWidget):
         a = np.asarray(activations, dtype=np.int64)
         if num_experts <= 1 or a.ndim != 2 or a.size == 0:
             self.heat.clear()
-            self.heat_text.setText("A dense model: it has no experts to pick.")
+            self._say(self.heat_chart, _tr("A dense model: one MLP per layer, no experts to pick.\n"
+                                           "Load a Mixture-of-Experts model to see which experts each layer uses."))
+            self.heat_text.setText("")
             return
+        self._say(self.heat_chart, None)
         top = max(1, int(a.max()))
         self.heat.setImage(a, levels=(0, top), autoLevels=False)
         self.heat.setRect(0, 0, a.shape[1], a.shape[0])
@@ -446,9 +482,10 @@ class Dashboard(QWidget):
                 item.setTextAlignment(Qt.AlignRight | Qt.AlignVCenter)
                 self.pool_table.setItem(r, col, item)
         self.pool_text.setText(f"allocated {_mb(pool.allocated)} · peak {_mb(pool.peak)} · reserved from the "
-                               f"system {_mb(pool.reserved)} · fragmented: the share of free memory that is "
-                               f"scattered (small: free slots in slab pages still in use, normal for slabs; "
-                               f"medium: outside its largest free piece; Defrag compacts it)")
+                               f"system {_mb(pool.reserved)} · " + _tr(
+                                   "fragmented: the share of free memory that is scattered (small: free slots in "
+                                   "slab pages still in use, normal for slabs; medium: outside its largest free "
+                                   "piece; Defrag compacts it)"))
 
     def _draw_text(self, snap, step) -> None:
         ec, hw, g = snap.expert_cache, A.hardware(snap), A.gpu(snap)

@@ -3,7 +3,7 @@ Qt's own (standard buttons, file dialogs), chosen by the `language` setting.
 
 The .qm files are committed next to their .ts sources, so nothing is built at run time; after
 editing a .ts, run `pyside6-lrelease resources/i18n/colibri_zh_CN.ts`. `pyside6-lupdate ui/*.py -ts …`
-finds the `self.tr("…")` strings; the ones passed through a helper (`_tr` in chat_view, model_flow,
+finds the `self.tr("…")` strings; the ones passed through a helper (`_tr` in chat_view, dashboard, model_flow,
 param_form and models: parameter names, help and choices, the worker's "what failed" phrases) it
 cannot see and marks vanished: keep them (never run it with -no-obsolete).
 """

@@ -443,7 +443,10 @@ class MainWindow(QMainWindow):
                      "decode_tok_s": s.decode_tok_s, "prefill_tok_s": s.prefill_tok_s, "ttft_s": s.ttft_s,
                      "finish_reason": s.finish_reason}
             self.history.add_message(cid, "assistant", reply.text, stats)
-        if reply.dropped:
+        if s is not None and s.finish_reason == "context":
+            self.statusBar().showMessage(self.tr("The reply stopped because the context is full: start a new chat, or "
+                                                 "raise the context length in Settings"), 10000)
+        elif reply.dropped:
             self.statusBar().showMessage(self.tr("The context was full: the {n} oldest messages were left out of "
                                                  "this reply").format(n=reply.dropped), 8000)
         self._set_busy("")
@@ -549,8 +552,11 @@ class MainWindow(QMainWindow):
             dock.setAllowedAreas(Qt.AllDockWidgetAreas)
             self.dashboard_dock = dock
             if not self.restoreDockWidget(dock):
+                # the first time: right of the chat, the window made wider where the screen has room
+                room = self.screen().availableGeometry().width() - self.frameGeometry().width()
+                self.resize(self.width() + max(0, min(room, 460)), self.height())
                 self.addDockWidget(Qt.RightDockWidgetArea, dock)
-                self.resizeDocks([dock], [max(460, self.width() // 2)], Qt.Horizontal)
+                self.resizeDocks([dock], [460], Qt.Horizontal)
         if toggle and self.dashboard_dock.isVisible():
             self.dashboard_dock.hide()
         else:

@@ -274,6 +274,8 @@ class SettingsDialog(QDialog):
                 text = str(e)
             if isinstance(text, str):
                 self.fit_label.setText(text)
+            elif not self.fit_label.text():  # the worker answers (after a reply being written, if any)
+                self.fit_label.setText(self.tr("Working out what the model needs with these settings…"))
 
 
 class ConversationDialog(QDialog):

@@ -371,7 +371,7 @@ class ConvertWizard(QDialog):
         self._started = time.monotonic()
         self.bar.setValue(0)
         self.convert_title.setText(f"Converting {s.name} ({self.quantize}) into {self.target}")
-        self.tensor_label.setText(self.tr("Starting…"))
+        self.tensor_label.setText(self.tr("Opening {name}…").format(name=s.source.name))  # a big GGUF takes seconds
         self.outcome.setText("")
         self.outcome.setStyleSheet("")
         self._go(CONVERT)

@@ -295,6 +295,22 @@
         <source>context … / {limit:,}</source>
         <translation>上下文 … / {limit:,}</translation>
     </message>
+    <message>
+        <source>first token {ttft:.2f} s · writing…</source>
+        <translation>首词元 {ttft:.2f} 秒 · 正在生成…</translation>
+    </message>
+    <message>
+        <source>Counted when the reply being written ends</source>
+        <translation>正在生成的回复结束后再计数</translation>
+    </message>
+    <message>
+        <source>Tokens of this chat in the model's context, and how many it holds</source>
+        <translation>此对话在模型上下文中占用的词元数，以及上下文的容量</translation>
+    </message>
+    <message>
+        <source>The reply stopped because the context is full: start a new chat, or raise the context length in Settings</source>
+        <translation>上下文已满，回复已停止：请新建对话，或在设置中增大上下文长度</translation>
+    </message>
 </context>
 <context>
     <name>ChatView</name>
@@ -453,6 +469,10 @@
     <message>
         <source>What fits in memory</source>
         <translation>内存能容纳什么</translation>
+    </message>
+    <message>
+        <source>Working out what the model needs with these settings…</source>
+        <translation>正在计算此设置下模型所需的内存…</translation>
     </message>
 </context>
 <context>
@@ -680,6 +700,40 @@
         <source>Dashboard panels</source>
         <translation>仪表盘面板</translation>
     </message>
+    <message>
+        <source>Waiting for the engine's first figures (a reply being written sends them between its words)…</source>
+        <translation>正在等待引擎的第一批数据（正在生成的回复会在词元之间发送）…</translation>
+    </message>
+    <message>
+        <source>Nothing to give back: the pool had no free pages it could release · {rss}</source>
+        <translation>没有可归还的内存：内存池中没有可释放的空闲页 · {rss}</translation>
+    </message>
+    <message>
+        <source>Gave {size} back to the system · {rss}</source>
+        <translation>已向系统归还 {size} · {rss}</translation>
+    </message>
+    <message>
+        <source>Released {size} of free pool pages, but RSS did not drop by as much ({rss}): most of those pages were never in physical memory, or the system has not reclaimed them yet</source>
+        <translation>已释放 {size} 的空闲内存池页，但 RSS 没有相应下降（{rss}）：这些页大多从未驻留在物理内存中，或系统尚未回收</translation>
+    </message>
+    <message>
+        <source>decode tok/s (line)</source>
+        <translation>解码 词元/秒（折线）</translation>
+    </message>
+    <message>
+        <source>prefill tok/s (dots)</source>
+        <translation>预填充 词元/秒（圆点）</translation>
+    </message>
+    <message>
+        <source>A dense model: one MLP per layer, no experts to pick.
+Load a Mixture-of-Experts model to see which experts each layer uses.</source>
+        <translation>稠密模型：每层只有一个 MLP，没有可选的专家。
+加载混合专家（MoE）模型即可查看每层使用了哪些专家。</translation>
+    </message>
+    <message>
+        <source>fragmented: the share of free memory that is scattered (small: free slots in slab pages still in use, normal for slabs; medium: outside its largest free piece; Defrag compacts it)</source>
+        <translation>碎片率：空闲内存中零散部分的比例（小块：仍在使用的 slab 页中的空闲槽，对 slab 来说很正常；中块：最大空闲块之外的部分，碎片整理会压缩它）</translation>
+    </message>
 </context>
 <context>
     <name>ConvertWizard</name>
@@ -846,6 +900,10 @@
     <message>
         <source>Reading {name}{size}…</source>
         <translation>正在读取 {name}{size}…</translation>
+    </message>
+    <message>
+        <source>Opening {name}…</source>
+        <translation>正在打开 {name}…</translation>
     </message>
 </context>
 <context>
