@@ -220,8 +220,7 @@ class Engine:
             return
         self._planned_at = time.monotonic()
         ec = self.weights.experts
-        new = replan(plan, self.cfg.num_experts, self.cfg.num_layers, ec.stats().resident_bytes,
-                     self.cache.nbytes_used)
+        new = replan(plan, self.cfg.num_experts, self.cfg.num_layers, ec.used_bytes, self.cache.nbytes_used)
         if abs(new.cache_bytes - plan.cache_bytes) < plan.expert_bytes:
             return
         self.cache_plan = new
