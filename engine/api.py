@@ -117,7 +117,7 @@ class Engine:
         self.cfg = self.model.config
         self.codec = TextCodec.from_model(self.model)
         self.pool = MemoryPool()
-        self.cache_plan = plan_expert_cache(self.model, self.params, self.context_limit)  # may refuse the model
+        self.cache_plan = plan_expert_cache(self.model, self.params, self.context_limit, refuse=True)
         self._planned_at = time.monotonic()
         self.weights = ModelWeights(self.model, self.pool, self.cache_plan, self.params["prefetch_window"],
                                     repack=self.params["gpu_layers"] == 0)  # a GPU reads the stored layout

@@ -747,10 +747,10 @@ def _tensor_bytes(path: Path, name: str) -> int:
 
 
 def plan_expert_cache(model: ModelDir, params: dict, context_limit: int,
-                      available: int | None = None) -> CachePlan:
+                      available: int | None = None, refuse: bool = False) -> CachePlan:
     """The expert cache's byte budget: what the user asked for (expert_cache_size experts per
     layer, or expert_cache_bytes), or (auto) the room left after dense weights, the KV cache,
-    activations and a margin (engine.sysmem.plan: it refuses a model below dense + 200 MB). The
+    activations and a margin (engine.sysmem.plan; `refuse`: a model below dense + 200 MB). The
     one estimate of a model's memory: the engine sizes its cache from it, the app's fit check shows it."""
     from engine.kvcache import kv_cache_bytes
     cfg, files = model.config, model.manifest["files"]
@@ -767,7 +767,7 @@ def plan_expert_cache(model: ModelDir, params: dict, context_limit: int,
     measured = None if available is None else (available, "given")
     everything = one * E * L + SPARE_SLOTS * one
     if E == 1:  # dense: the MLP is resident like everything else (ExpertCache keeps all of them)
-        b = sysmem.plan(resident, kv, activation_bytes(cfg), 0, 0, 0, measured)
+        b = sysmem.plan(resident, kv, activation_bytes(cfg), 0, 0, 0, measured, refuse=refuse)
         return CachePlan(1, one, "dense model: its one MLP per layer stays in memory", resident, 0, kv, b.room,
                          budget=b)
     if params.get("expert_cache_size"):
@@ -780,7 +780,7 @@ def plan_expert_cache(model: ModelDir, params: dict, context_limit: int,
         return CachePlan(cap, one, f"{nbytes / 1e6:.0f} MB, about {cap} of {E} experts per layer "
                          f"(expert_cache_bytes)", resident, nbytes, kv, sysmem.available_memory())
     b = sysmem.plan(resident, kv, activation_bytes(cfg), L * k * one, everything, (k + 1 + SPARE_SLOTS) * one,
-                    measured)
+                    measured, refuse=refuse)
     return _auto_plan(b, one, E, L, resident, kv)
 
 
