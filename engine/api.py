@@ -231,7 +231,7 @@ class Engine:
         self.cfg = self.model.config
         self.codec = TextCodec.from_model(self.model)
         self.pool = MemoryPool()
-        self.cache_plan = plan_expert_cache(self.model, self.params, self.context_limit)  # may refuse the model
+        self.cache_plan = plan_expert_cache(self.model, self.params, self.context_limit, refuse=True)
         self._planned_at = time.monotonic()
         self.weights = ModelWeights(self.model, self.pool, self.cache_plan, self.params["prefetch_window"],
                                     repack=self.params["gpu_layers"] == 0)  # a GPU reads the stored layout
@@ -338,8 +338,7 @@ class Engine:
             return
         self._planned_at = time.monotonic()
         ec = self.weights.experts
-        new = replan(plan, self.cfg.num_experts, self.cfg.num_layers, ec.stats().resident_bytes,
-                     self.cache.nbytes_used)
+        new = replan(plan, self.cfg.num_experts, self.cfg.num_layers, ec.used_bytes, self.cache.nbytes_used)
         if abs(new.cache_bytes - plan.cache_bytes) < plan.expert_bytes:
             return
         self.cache_plan = new

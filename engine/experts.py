@@ -303,12 +303,12 @@ class ExpertCache:
         self._count = [0] * num_layers  # experts of each layer in _slots
         self._used = 0  # bytes of the slots in _slots and of the spare blocks
         self._spare: list[Block] = []
-        self.set_budget(budget)
-        self.repack = repack and self.room_for_all  # experts that stay are repacked once
         self._holds_all = False  # holds_all(), remembered once true
         self._filling = self._quiet = False
         self.counters = [LayerCounters() for _ in range(num_layers)]
         self.fill_bytes = 0
+        self.set_budget(budget)
+        self.repack = repack and self.room_for_all  # experts that stay are repacked once
         self.activations = np.zeros((num_layers, num_experts), np.int64)
         self.window = prefetch_window
         self._recent = [deque(maxlen=max(1, prefetch_window)) for _ in range(num_layers)]
@@ -334,6 +334,11 @@ class ExpertCache:
             # predictions only pay when the next layer's picks fit beside this layer's
             self.predict = self.budget - SPARE_SLOTS * self.slot >= (2 * k + 1) * self.slot
             self._make_room(None, 0)
+
+    @property
+    def used_bytes(self) -> int:
+        """Bytes the cache holds now: its slots (loading ones included) and spare blocks."""
+        return self._used
 
     @property
     def cycle_bytes(self) -> int:
@@ -444,7 +449,7 @@ class ExpertCache:
         while time.monotonic() < t_end:
             with self._lock:
                 busy = any(not s.ready.is_set() for s in self._slots.values())
-            if self._queue.empty() and not busy:
+            if self._queue.unfinished_tasks == 0 and not busy:  # (task_done after each item is handled)
                 return
             time.sleep(0.002)
 
@@ -634,17 +639,23 @@ class ExpertCache:
                 layer, expert, slot, fill = self._queue.get(timeout=0.1)
             except queue.Empty:
                 continue
-            if slot is not None:  # an early demand load: its use() waits for it
-                self._load(layer, expert, slot)
-                continue
-            slot, load = self._acquire(layer, expert, prefetch=True, fill=fill)
-            if load:
-                self._load(layer, expert, slot, fill)
-                if slot.error is not None:
-                    with self._lock:
-                        self._drop(layer, expert, slot)
+            try:
+                self._handle(layer, expert, slot, fill)
+            finally:
+                self._queue.task_done()
+
+    def _handle(self, layer: int, expert: int, slot: _Slot | None, fill: bool) -> None:
+        if slot is not None:  # an early demand load: its use() waits for it
+            self._load(layer, expert, slot)
+            return
+        slot, load = self._acquire(layer, expert, prefetch=True, fill=fill)
+        if load:
+            self._load(layer, expert, slot, fill)
+            if slot.error is not None:
                 with self._lock:
-                    self._make_room(None, 0)
+                    self._drop(layer, expert, slot)
+            with self._lock:
+                self._make_room(None, 0)
 
     # --- reporting -------------------------------------------------------------------------
     def stats(self) -> CacheStats:
@@ -706,7 +717,8 @@ class CachePlan:
     capacity: int  # experts per layer the budget amounts to (the per-layer limit, if one was given)
     expert_bytes: int  # one routed expert's slot
     reason: str
-    resident_bytes: int  # embeddings, attention, routers, shared experts (all of a dense model)
+    resident_bytes: int  # output head, attention, routers, shared experts (all of a dense model); an
+    # untied embedding table stays mapped and is not counted (a token touches one row of it)
     cache_bytes: int  # the expert cache's byte budget, shared by every layer
     kv_bytes: int  # a full KV cache
     available: int  # memory free for this process when planned
@@ -726,11 +738,19 @@ def activation_bytes(cfg, tokens: int = 256) -> int:
     return tokens * (4 * ff + 12 * cfg.hidden_size) * 4 + 2 * cfg.vocab_size * 4 + 8 * MiB
 
 
+def _tensor_bytes(path: Path, name: str) -> int:
+    try:
+        infos, _ = tensorfile.read_header(path)
+        return infos[name].nbytes
+    except (OSError, ModelFormatError, KeyError):
+        return 0
+
+
 def plan_expert_cache(model: ModelDir, params: dict, context_limit: int,
-                      available: int | None = None) -> CachePlan:
+                      available: int | None = None, refuse: bool = False) -> CachePlan:
     """The expert cache's byte budget: what the user asked for (expert_cache_size experts per
     layer, or expert_cache_bytes), or (auto) the room left after dense weights, the KV cache,
-    activations and a margin (engine.sysmem.plan: it refuses a model below dense + 200 MB). The
+    activations and a margin (engine.sysmem.plan; `refuse`: a model below dense + 200 MB). The
     one estimate of a model's memory: the engine sizes its cache from it, the app's fit check shows it."""
     from engine.kvcache import kv_cache_bytes
     cfg, files = model.config, model.manifest["files"]
@@ -742,10 +762,12 @@ def plan_expert_cache(model: ModelDir, params: dict, context_limit: int,
     one = MemoryPool.block_size(pages * DIRECT_ALIGN)
     kv = kv_cache_bytes(L, context_limit, cfg.num_kv_heads, cfg.head_dim, params.get("kv_cache_quantize") or "f16")
     resident = sum(e["size"] for rel, e in files.items() if rel.endswith(".bin") and (E == 1 or not routed(rel)))
+    if not cfg.tie_word_embeddings:  # the embedding table stays mapped: a token reads its one row
+        resident -= _tensor_bytes(model.path / "embeddings.bin", "token_embd.weight")
     measured = None if available is None else (available, "given")
     everything = one * E * L + SPARE_SLOTS * one
     if E == 1:  # dense: the MLP is resident like everything else (ExpertCache keeps all of them)
-        b = sysmem.plan(resident, kv, activation_bytes(cfg), 0, 0, 0, measured)
+        b = sysmem.plan(resident, kv, activation_bytes(cfg), 0, 0, 0, measured, refuse=refuse)
         return CachePlan(1, one, "dense model: its one MLP per layer stays in memory", resident, 0, kv, b.room,
                          budget=b)
     if params.get("expert_cache_size"):
@@ -758,7 +780,7 @@ def plan_expert_cache(model: ModelDir, params: dict, context_limit: int,
         return CachePlan(cap, one, f"{nbytes / 1e6:.0f} MB, about {cap} of {E} experts per layer "
                          f"(expert_cache_bytes)", resident, nbytes, kv, sysmem.available_memory())
     b = sysmem.plan(resident, kv, activation_bytes(cfg), L * k * one, everything, (k + 1 + SPARE_SLOTS) * one,
-                    measured)
+                    measured, refuse=refuse)
     return _auto_plan(b, one, E, L, resident, kv)
 
 

@@ -132,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--shape", choices=("large", "moderate"), default="large",
                    help="large: 1.75B parameters (1.9 GB in Q8_0); moderate: 0.68B (0.72 GB)")
     m.add_argument("--engine_root", help="run Colibri from this checkout instead (e.g. main, for before/after)")
+    m.add_argument("--no_llama", action="store_true", help="Colibri runs only")
     m.add_argument("--threads", type=int, default=2)
     m.add_argument("--decode_tokens", type=int, default=48)
     m.add_argument("--timeout", type=float, default=900, help="seconds per run before it counts as failed")

@@ -22,6 +22,8 @@ from pathlib import Path
 
 from app.bench.models import MixtralShape, write_checkpoint
 
+_USER_OMP_WAIT = os.environ.get("OMP_WAIT_POLICY")  # as the user started us (engine.kernels sets a default)
+
 # vocabulary of the default model (SmolLM2, byte-level BPE with merges), which llama.cpp can load
 BENCH_SHAPE = MixtralShape(hidden=1024, layers=16, heads=16, kv_heads=4, experts=8, top_k=2, ff=4096, vocab=49152)
 # about 0.72 GB in Q8_0 (experts 82%): dense weights + 200 MB still fit under half of it
@@ -228,12 +230,17 @@ class MemoryCgroup:
             pass
 
 
-def run_child(cmd: list[str], cgroup: MemoryCgroup | None, timeout: float, engine_root: Path | None = None) -> dict:
-    """`engine_root`: the checkout whose engine the child imports (another branch, for before/after)."""
+def run_child(cmd: list[str], cgroup: MemoryCgroup | None, timeout: float, engine_root: Path | None = None,
+              passive: bool = False) -> dict:
+    """`engine_root`: the checkout whose engine the child imports (another branch, for before/after).
+    `passive`: OMP_WAIT_POLICY=PASSIVE (the policy engine.kernels picks for Colibri), for llama.cpp."""
     env = dict(os.environ, PYTHONPATH=str(engine_root or Path(__file__).resolve().parents[2]))
+    env.pop("OMP_WAIT_POLICY", None)  # each engine picks its own OpenMP wait policy, unless the user set one
+    if _USER_OMP_WAIT is not None or passive:
+        env["OMP_WAIT_POLICY"] = "PASSIVE" if passive else _USER_OMP_WAIT
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout,
-                              preexec_fn=cgroup.enter if cgroup else None)
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, cwd=engine_root,
+                              preexec_fn=cgroup.enter if cgroup else None)  # (-c imports from the cwd first)
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout:.0f} s"}
     if proc.returncode != 0:
@@ -275,7 +282,8 @@ def disk_bandwidth(files: list[Path], nbytes: int = 256 << 20) -> float:
 
 
 def run_suite(workdir: Path, caches: list[str], threads: int, ram_caps: list[float], decode_tokens: int,
-              timeout: float, shape: MixtralShape = BENCH_SHAPE, engine_root: Path | None = None) -> dict:
+              timeout: float, shape: MixtralShape = BENCH_SHAPE, engine_root: Path | None = None,
+              with_llama: bool = True) -> dict:
     ours, gguf_path, info = prepare(workdir, shape)
     llama_gguf = workdir / "mixtral-q8_0-llamacpp.gguf"  # made by llama.cpp's convert_hf_to_gguf.py, if there
     if llama_gguf.exists():
@@ -287,7 +295,8 @@ def run_suite(workdir: Path, caches: list[str], threads: int, ram_caps: list[flo
     bench_exe, py_llama = llama_bench(), llama_python()
     results = {"model": info, "threads": threads, "engine_root": str(engine_root or ""), "runs": []}
     for cap in ram_caps or [None]:
-        for engine, arg in [("colibri", c) for c in caches] + [("llama.cpp", "1")]:
+        peers = [] if not with_llama else [("llama.cpp", "1"), ("llama.cpp", "passive")]
+        for engine, arg in [("colibri", c) for c in caches] + peers:
             if engine == "llama.cpp" and bench_exe is None and py_llama is None:
                 results["runs"].append({"engine": "llama.cpp", "error": "neither llama-bench nor llama-cpp-python "
                                         "found", "ram_cap": cap})
@@ -314,7 +323,7 @@ def run_suite(workdir: Path, caches: list[str], threads: int, ram_caps: list[flo
                 cmd = [py_llama, "-c", _LLAMA, str(gguf_path), str(threads), str(PROMPT_TOKENS),
                        str(decode_tokens), arg]
             t0 = time.perf_counter()
-            r = run_child(cmd, group, timeout, engine_root)
+            r = run_child(cmd, group, timeout, engine_root, arg == "passive")
             if group:
                 r["cgroup_peak_mb"] = group.peak() / 1e6
                 r["oom_kills"] = group.oom_kills()
@@ -322,6 +331,8 @@ def run_suite(workdir: Path, caches: list[str], threads: int, ram_caps: list[flo
                 r["page_cache_left_mb"] = left / 1e6
             r |= {"engine": engine, "ram_cap": cap, "cap_mb": None if cap is None else cap * size / 1e6,
                   "wall_s": time.perf_counter() - t0}
+            if engine == "llama.cpp":
+                r["omp_wait_policy"] = "PASSIVE" if arg == "passive" else _USER_OMP_WAIT or "default"
             if engine == "colibri":
                 r["cache_arg"] = arg
                 if r.get("missed_mb_per_token"):
@@ -342,7 +353,7 @@ def _row(r: dict) -> str:
                  f"{r['read_mb_per_token']:.1f} MB/token, missed {r['missed_mb_per_token']:.1f} MB/token, I/O bound "
                  f"{r.get('io_bound_tok_s', float('inf')):.1f} tok/s")
     elif "read_mb_total" in r:
-        extra = f" read {r['read_mb_total']:.0f} MB over {r['tokens_run']} tokens"
+        extra = f" read {r['read_mb_total']:.0f} MB over {r['tokens_run']} tokens, OMP wait {r['omp_wait_policy']}"
     if "cgroup_peak_mb" in r:
         extra += f", cgroup peak {r['cgroup_peak_mb']:.0f} of {r['cap_mb']:.0f} MB"
     return (f"{r['engine']:>9} ram_cap={r['ram_cap']}: peak RSS {r['peak_rss_mb']:.0f} MB, prefill "
@@ -361,7 +372,7 @@ def main(args) -> int:
     caches = args.caches.split(",") if not caps else ["auto"]
     root = getattr(args, "engine_root", None)
     res = run_suite(workdir, caches, args.threads, caps, args.decode_tokens, args.timeout, SHAPES[shape],
-                    Path(root).resolve() if root else None)
+                    Path(root).resolve() if root else None, not getattr(args, "no_llama", False))
     text = json.dumps(res, indent=1)
     if args.json:
         Path(args.json).write_text(text + "\n")
