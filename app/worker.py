@@ -117,18 +117,14 @@ def open_engine(model_path: str | Path, params: dict[str, Any], force: bool = Fa
 def prompt_progress(step: Any) -> float | None:
     """The fraction of the prompt read so far when `step` reports prompt processing, else None.
 
-    Tolerant by design: an engine that reports it yields steps with `kind == "prompt"` carrying
-    either `progress` (a fraction) or `done` and `total` tokens; a token step, or an engine
-    that reports nothing, gives None."""
+    The engine (generate(prompt_progress=True)) yields Step(kind="prompt") after each prefill
+    chunk, with `prompt_done` of `prompt_tokens` in the cache; a token step gives None."""
     if getattr(step, "kind", None) != "prompt":
         return None
-    fraction = getattr(step, "progress", None)
-    if fraction is None:
-        done, total = getattr(step, "done", None), getattr(step, "total", None)
-        if done is None or not total:
-            return None
-        fraction = done / total
-    return min(1.0, max(0.0, float(fraction)))
+    done, total = getattr(step, "prompt_done", None), getattr(step, "prompt_tokens", None)
+    if done is None or not total:
+        return None
+    return min(1.0, max(0.0, done / total))
 
 
 @dataclass(frozen=True)
@@ -152,7 +148,8 @@ def stream_reply(engine, messages: list[dict], sampling: dict[str, Any], stop: t
     first = 1 if msgs and msgs[0]["role"] == "system" else 0
     while True:
         try:
-            steps = engine.generate(msgs, **sampling)
+            # cancel: Stop also interrupts the prompt (between prefill chunks), not only the reply
+            steps = engine.generate(msgs, cancel=stop, prompt_progress=True, **sampling)
             break
         except ContextOverflowError:
             if len(msgs) - first <= 1:

@@ -120,21 +120,23 @@ def test_only_the_streaming_message_is_rendered_again(qtbot, home):
     assert view.full_renders == 2 and "Regenerate" in view.toPlainText()
 
 
-def test_prompt_progress_and_context_steps_are_tolerated():
-    """The engine may report prompt processing as `kind="prompt"` steps (done/total or progress):
-    stream_reply passes them on without text and they never become the reply's last step."""
-    @dataclasses.dataclass(frozen=True)
-    class PromptStep:
-        kind: str
-        done: int
-        total: int
-        text: str = ""
-        finish_reason: str | None = None
+def prompt_step(done: int, total: int) -> Step:
+    """The engine's prefill progress: Step(kind="prompt") of generate(prompt_progress=True)."""
+    return dataclasses.replace(step(""), kind="prompt", token_id=None, generated_tokens=0, prompt_tokens=total,
+                               prompt_done=done)
+
+
+def test_prompt_progress_and_context_steps_are_passed_on():
+    """Prompt processing comes as `kind="prompt"` steps (prompt_done of prompt_tokens): stream_reply
+    asks for them and for Stop during the prompt, passes them on without text, and they never become
+    the reply's last step."""
+    asked = {}
 
     class Engine:
         def generate(self, msgs, **kw):
-            yield PromptStep("prompt", 64, 256)
-            yield PromptStep("prompt", 256, 256)
+            asked.update(kw)
+            yield prompt_step(64, 256)
+            yield prompt_step(256, 256)
             yield step("Hi", 1)
             yield step("!", 2, finish_reason="context")
 
@@ -148,7 +150,8 @@ def test_prompt_progress_and_context_steps_are_tolerated():
     assert reply.text == "Hi!" and reply.step.finish_reason == "context"
     assert ("", 0.25) in got and ("", 1.0) in got and got[-1][0].endswith("!")
     assert W.prompt_progress(step("a")) is None
-    assert W.prompt_progress(dataclasses.replace(PromptStep("prompt", 0, 0))) is None
+    assert W.prompt_progress(prompt_step(0, 0)) is None
+    assert asked["prompt_progress"] is True and isinstance(asked["cancel"], threading.Event)
 
 
 def test_the_status_line_says_nothing_yet_then_reading_then_the_speed(qtbot, home, tiny):
@@ -160,12 +163,7 @@ def test_the_status_line_says_nothing_yet_then_reading_then_the_speed(qtbot, hom
     w._update_status()
     assert w.speed_label.text() == "reading your message…"
 
-    @dataclasses.dataclass(frozen=True)
-    class PromptStep:
-        kind: str = "prompt"
-        progress: float = 0.43
-        text: str = ""
-    w.flow.worker.text.emit(req, "", PromptStep())
+    w.flow.worker.text.emit(req, "", prompt_step(43, 100))
     qtbot.waitUntil(lambda: w.prompt_read == pytest.approx(0.43), timeout=2_000)
     w._update_status()
     assert w.speed_label.text() == "reading your message: 43%"

@@ -1,7 +1,7 @@
 """Per-token cost of the chat path on the default model: a bare forward() loop, generate()
 greedy, generate() with the chat window's default sampling, and the sampler alone.
 
-    python -m app.bench_generate [--tokens 64] [--runs 5] [--threads 2]
+    python -m app.bench.generate [--tokens 64] [--runs 5] [--threads 2]
 
 Prints the median and the minimum of several interleaved runs (milliseconds per token); asserts nothing. The gap between
 `generate` and `forward` is generate()'s own per-token overhead (sampling, detokenizing, stop
