@@ -29,6 +29,7 @@ BUILTIN_PRESETS: dict[str, dict[str, Any]] = {
                                 "explanation.", "sampling": {"temperature": 0.2, "repeat_penalty": 1.05}},
 }
 DEFAULT_PRESET = "Model defaults"
+DEFAULT_SERVE_PORT = 4242  # "Serve on localhost" (colibri-serve's default; settings.ui["serve_port"] changes it)
 APPEARANCE: dict[str, P.Param] = {p.name: p for p in [
     P.Param("theme", str, "light", "colour theme of the window", scope="ui", choices=("light", "dark")),
     P.Param("font_size", int, 11, "text size of the conversation, in points", scope="ui", min=8, max=28),

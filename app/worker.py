@@ -228,10 +228,13 @@ class EngineWorker(QObject):
     failed = Signal(str, str)  # what was being done, the specific error
     cancelled = Signal(str)  # a conversion was cancelled: what it was converting
     picked = Signal(str)  # the first candidate model folder that opens, or "" (pick)
+    served = Signal(str, str)  # the local server's address ("" when it is off), why it is off ("" if asked)
 
     def __init__(self):
         super().__init__()
         self.engine = None
+        self.server = None  # app.server.ServerHandle while "Serve on localhost" is on
+        self._serve_port = 0
         self._stop = threading.Event()
         self._cancel = threading.Event()
         self.stats_timer: QTimer | None = None  # made on the worker's thread by watch_stats
@@ -276,12 +279,16 @@ class EngineWorker(QObject):
                 if not report.fits:
                     self.wont_fit.emit(report, path)
                     return
+            serving = self.server is not None
+            self._stop_server()  # the server never outlives the engine it serves
             if self.engine is not None:
                 self.engine.close()
                 self.engine = None
             self.engine = open_engine(path, params, True, self.stage.emit)
             self.model_defaults.emit(path, model_sampling(path))
             self.loaded.emit(self.engine.stats())
+            if serving:  # the switch stays on: the new model is served at the same address
+                self.serve(True, self._serve_port)
         except Exception as e:  # noqa: BLE001 - every failure becomes a dialog with its message
             self._fail(f"Loading {Path(path).name}", e)
 
@@ -392,8 +399,33 @@ class EngineWorker(QObject):
         except Exception as e:  # noqa: BLE001
             self._fail("Defragmenting the memory pool", e)
 
+    @Slot(bool, int)
+    def serve(self, on: bool, port: int) -> None:
+        """The GUI's "Serve on localhost": colibri-serve's OpenAI-compatible API over this engine, on
+        127.0.0.1 only (another address needs an API key: colibri-serve). Chat and server replies share
+        the engine one at a time."""
+        self._stop_server()
+        if not on:
+            self.served.emit("", "")
+            return
+        if self.engine is None:
+            self.served.emit("", "no model is loaded yet")
+            return
+        try:
+            from app import server
+            self.server, self._serve_port = server.start(self.engine, "127.0.0.1", port), port
+            self.served.emit(self.server.url, "")
+        except (OSError, ValueError) as e:  # a port in use, most often
+            self.served.emit("", f"the server could not start on 127.0.0.1:{port}: {e}")
+
+    def _stop_server(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
+
     @Slot()
     def close(self) -> None:
+        self._stop_server()
         if self.stats_timer is not None:
             self.stats_timer.stop()
         if self.engine is not None:

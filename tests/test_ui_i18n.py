@@ -67,7 +67,7 @@ def test_in_chinese_the_main_window_reads_in_chinese(qtbot, home, tiny, chinese)
     w = M.open_window(qtbot, tiny)
     assert (w.new_button.text(), w.send_button.text(), w.chat_settings_button.text(), w.settings_button.text()) \
         == ("新建对话", "发送", "对话设置", "设置")
-    assert [a.text() for a in w.menuBar().actions()] == ["文件(&F)", "对话(&C)", "视图(&V)"]
+    assert [a.text() for a in w.menuBar().actions()] == ["文件(&F)", "对话(&C)", "视图(&V)", "服务器(&R)"]
     assert w.search.placeholderText() == "搜索对话" and w.input.placeholderText().startswith("给 Colibri 发消息")
     assert w.new_button.accessibleName() == "新建对话" and w.send_button.accessibleName() == "发送消息"
     w.input.setPlainText("用一句话介绍你自己")

@@ -75,6 +75,8 @@ class MainWindow(QMainWindow):
         self.snapshot = None  # latest StatsSnapshot
         self.busy = ""
         self.flow = ModelFlow(self, settings)
+        self.server_url = ""  # the local server's address while it is on
+        self.flow.worker.served.connect(self._served)
         self._build()
         self._menus()
         self.flow.ready.connect(self._on_ready)
@@ -174,7 +176,10 @@ class MainWindow(QMainWindow):
         self.speed_label = QLabel(objectName="speed")
         self.context_label = QLabel(objectName="context")
         self.memory_label = QLabel(objectName="memory")
-        for lab in (self.speed_label, self.context_label, self.memory_label):
+        self.server_label = QLabel(objectName="server")  # the local server's address while it is on
+        self.server_label.setTextInteractionFlags(Qt.TextSelectableByMouse)
+        self.server_label.hide()
+        for lab in (self.server_label, self.speed_label, self.context_label, self.memory_label):
             self.statusBar().addPermanentWidget(lab)
         self.refresh_models()
         self._set_texts()
@@ -226,6 +231,7 @@ class MainWindow(QMainWindow):
             (self.speed_label, self.tr("Speed"), ""),
             (self.context_label, self.tr("Context used"), ""),
             (self.memory_label, self.tr("Memory used"), ""),
+            (self.server_label, self.tr("Local server address"), ""),
         ]:
             w.setAccessibleName(name)
             if description:
@@ -267,6 +273,13 @@ class MainWindow(QMainWindow):
         act(v, self.tr("&Settings…"), self.open_settings, "Ctrl+,")
         dash = act(v, self.tr("Performance dashboard"), lambda: self.open_dashboard(toggle=True), "Ctrl+Shift+P")
         dash.setShortcutContext(Qt.ApplicationShortcut)  # also while the dashboard has the focus
+        s = self.menuBar().addMenu(self.tr("Se&rver"))
+        self.serve_action = act(s, self.tr("Serve on &localhost"), self.toggle_server)
+        self.serve_action.setCheckable(True)
+        self.serve_action.setChecked(bool(self.server_url))
+        self.serve_action.setToolTip(self.tr("An OpenAI-compatible API at http://127.0.0.1:{port}/v1 for editors, "
+                                             "agents and scripts").format(port=self.server_port()))
+        s.setToolTipsVisible(True)
 
     def sizeHint(self) -> QSize:  # noqa: N802 - Qt's name
         return QSize(1100, 720)
@@ -724,6 +737,23 @@ class MainWindow(QMainWindow):
             self.restoreState(QByteArray.fromBase64(w["state"].encode()))
         if w.get("dashboard") == "shown":
             self.open_dashboard()
+
+    # --- local server ----------------------------------------------------------------------
+    def server_port(self) -> int:
+        from app.settings import DEFAULT_SERVE_PORT
+        return int(self.settings.ui.get("serve_port", DEFAULT_SERVE_PORT))
+
+    def toggle_server(self, on: bool) -> None:
+        self.flow.serve_requested.emit(bool(on), self.server_port())
+
+    def _served(self, url: str, why: str) -> None:
+        self.server_url = url
+        if hasattr(self, "serve_action"):
+            self.serve_action.setChecked(bool(url))
+        self.server_label.setText(self.tr("serving at {url}").format(url=url) if url else "")
+        self.server_label.setVisible(bool(url))
+        if why:
+            show_error(self, self.tr("Serve on localhost"), why)
 
     def closeEvent(self, event) -> None:  # noqa: N802 - Qt's name
         try:

@@ -58,6 +58,7 @@ class ModelFlow(QObject):
     count_requested = Signal(int, list)  # conversation id, its messages: the worker answers `counted`
     fit_requested = Signal(str, dict, int)  # model folder, engine settings, extra free bytes: `fit_explained`
     set_param_requested = Signal(str, object)
+    serve_requested = Signal(bool, int)  # on/off, port: the worker answers `served`
     close_requested = Signal()
 
     ready = Signal(object)  # StatsSnapshot: a model is loaded and warm
@@ -77,6 +78,7 @@ class ModelFlow(QObject):
         self.count_requested.connect(self.worker.count_context)
         self.fit_requested.connect(self.worker.explain_fit)
         self.set_param_requested.connect(self.worker.set_param)
+        self.serve_requested.connect(self.worker.serve)
         self.close_requested.connect(self.worker.close, Qt.BlockingQueuedConnection)
         w = self.worker
         w.stage.connect(self._stage)

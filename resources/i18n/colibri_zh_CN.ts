@@ -4,6 +4,30 @@
 <context>
     <name>MainWindow</name>
     <message>
+        <source>Se&amp;rver</source>
+        <translation>服务器(&amp;R)</translation>
+    </message>
+    <message>
+        <source>Serve on &amp;localhost</source>
+        <translation>在本机提供服务(&amp;L)</translation>
+    </message>
+    <message>
+        <source>An OpenAI-compatible API at http://127.0.0.1:{port}/v1 for editors, agents and scripts</source>
+        <translation>在 http://127.0.0.1:{port}/v1 提供 OpenAI 兼容的 API，供编辑器、智能体和脚本使用</translation>
+    </message>
+    <message>
+        <source>serving at {url}</source>
+        <translation>服务地址 {url}</translation>
+    </message>
+    <message>
+        <source>Local server address</source>
+        <translation>本机服务地址</translation>
+    </message>
+    <message>
+        <source>Serve on localhost</source>
+        <translation>在本机提供服务</translation>
+    </message>
+    <message>
         <source>New chat</source>
         <translation>新建对话</translation>
     </message>
