@@ -278,8 +278,9 @@ def run_llama_perplexity(exe: str, gguf: Path, text_file: Path, ctx: int, thread
         out[key] = float(m.group(1))
         if m.lastindex and m.lastindex > 1:
             out[key + "_err"] = float(m.group(2))
-    if "ppl_q" in out:
+    if "ppl_q" in out:  # the KL run: our names for its figures
         out["ppl"], out["ppl_err"] = out.pop("ppl_q"), out.pop("ppl_q_err")
+        out["kld_err"], out["same_top_err"] = out.pop("kld_mean_err", 0.0), out.pop("same_top_pct_err", 0.0)
     if "ppl" not in out:
         raise RuntimeError(f"{' '.join(cmd)}: no final figure in its output:\n{log[-2000:]}")
     return out
