@@ -174,3 +174,18 @@ def test_bad_arguments_are_named(tmp_path):
         P.prepare_model(tmp_path / "missing.gguf")
     with pytest.raises(ValueError, match="--quantize applies to GGUF"):
         P.prepare_model(tmp_path, "int8")
+
+
+def test_llama_kl_change_is_taken_against_the_plain_reference_run(tmp_path):
+    exe = tmp_path / "llama-perplexity"
+    (tmp_path / "plain.txt").write_text(_LLAMA_LOG.replace("14.0691", "14.0348"))
+    (tmp_path / "kl.txt").write_text(_LLAMA_KLD_LOG)
+    exe.write_text(f"#!/bin/sh\ncase \"$*\" in *--kl-divergence\\ *|*--kl-divergence) cat {tmp_path}/kl.txt >&2;;\n"
+                   f"*) cat {tmp_path}/plain.txt >&2;; esac\n")
+    exe.chmod(exe.stat().st_mode | stat.S_IEXEC)
+    ref = tmp_path / "ref.gguf"
+    ref.write_bytes(b"")
+    r = P.llama_side(str(exe), tmp_path / "m.gguf", tmp_path / "t.txt", 512, 2, 4, ref)
+    assert (r["ppl"], r["ppl_ref"], r["ppl_ref_kl_table"]) == (14.142061, 14.0348, 14.034831)
+    assert r["delta_ppl_pct"] == pytest.approx(100 * (14.142061 / 14.0348 - 1))
+    assert P.llama_side(str(exe), tmp_path / "m.gguf", tmp_path / "t.txt", 512, 2, 4, None)["ppl"] == 14.0348
