@@ -2,9 +2,11 @@
 of tools/perplexity/perplexity.cpp's arithmetic (written here loop by loop, as the C++ does)."""
 from __future__ import annotations
 
+import json
 import math
 import os
 import stat
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -189,3 +191,20 @@ def test_llama_kl_change_is_taken_against_the_plain_reference_run(tmp_path):
     assert (r["ppl"], r["ppl_ref"], r["ppl_ref_kl_table"]) == (14.142061, 14.0348, 14.034831)
     assert r["delta_ppl_pct"] == pytest.approx(100 * (14.142061 / 14.0348 - 1))
     assert P.llama_side(str(exe), tmp_path / "m.gguf", tmp_path / "t.txt", 512, 2, 4, None)["ppl"] == 14.0348
+
+
+def test_the_command_on_the_default_model(tmp_path, default_gguf, monkeypatch, capsys):
+    from app.bench.cli import main
+    monkeypatch.delenv(P.LLAMA_ENV, raising=False)
+    text = Path(__file__).parent / "fixtures" / "texts" / "code_cpython.txt"
+    out = tmp_path / "ppl.json"
+    assert main(["perplexity", "--model", str(default_gguf), "--text", str(text), "--ctx", "64", "--chunks", "2",
+                 "--reference", str(default_gguf), "--reference_quantize", "f16", "--workdir", str(tmp_path),
+                 "--json", str(out)]) == 0
+    r = json.loads(out.read_text())
+    ours = r["colibri"]
+    assert (ours["chunks"], ours["positions"], ours["ctx"]) == (2, 62, 64)
+    assert 1 < ours["ppl_ref"] < 100 and ours["same_top_pct"] > 80  # Q4_1 against its own f16
+    assert "no llama-perplexity given" in r["llama.cpp"]["skipped"]
+    assert "skipped" in capsys.readouterr().out
+    assert len(list(tmp_path.glob("SmolLM2-*"))) == 2  # the GGUF converted once per target, kept
