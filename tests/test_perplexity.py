@@ -2,9 +2,11 @@
 of tools/perplexity/perplexity.cpp's arithmetic (written here loop by loop, as the C++ does)."""
 from __future__ import annotations
 
+import json
 import math
 import os
 import stat
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -150,7 +152,7 @@ def test_reads_llama_perplexity_figures(tmp_path):
     r = P.run_llama_perplexity(exe, tmp_path / "m.gguf", tmp_path / "t.txt", 512, 2)
     assert (r["ppl"], r["ppl_ref"], r["kld_mean"], r["kld_p99"], r["same_top_pct"]) == \
         (14.142061, 14.034831, 0.012345, 0.123456, 96.667)
-    assert r["ln_ppl_ratio"] == 0.007611
+    assert (r["ln_ppl_ratio"], r["kld_err"], r["same_top_err"]) == (0.007611, 0.000678, 0.562)
 
 
 def test_llama_perplexity_failures_are_named(tmp_path, monkeypatch):
@@ -174,3 +176,35 @@ def test_bad_arguments_are_named(tmp_path):
         P.prepare_model(tmp_path / "missing.gguf")
     with pytest.raises(ValueError, match="--quantize applies to GGUF"):
         P.prepare_model(tmp_path, "int8")
+
+
+def test_llama_kl_change_is_taken_against_the_plain_reference_run(tmp_path):
+    exe = tmp_path / "llama-perplexity"
+    (tmp_path / "plain.txt").write_text(_LLAMA_LOG.replace("14.0691", "14.0348"))
+    (tmp_path / "kl.txt").write_text(_LLAMA_KLD_LOG)
+    exe.write_text(f"#!/bin/sh\ncase \"$*\" in *--kl-divergence\\ *|*--kl-divergence) cat {tmp_path}/kl.txt >&2;;\n"
+                   f"*) cat {tmp_path}/plain.txt >&2;; esac\n")
+    exe.chmod(exe.stat().st_mode | stat.S_IEXEC)
+    ref = tmp_path / "ref.gguf"
+    ref.write_bytes(b"")
+    r = P.llama_side(str(exe), tmp_path / "m.gguf", tmp_path / "t.txt", 512, 2, 4, ref)
+    assert (r["ppl"], r["ppl_ref"], r["ppl_ref_kl_table"]) == (14.142061, 14.0348, 14.034831)
+    assert r["delta_ppl_pct"] == pytest.approx(100 * (14.142061 / 14.0348 - 1))
+    assert P.llama_side(str(exe), tmp_path / "m.gguf", tmp_path / "t.txt", 512, 2, 4, None)["ppl"] == 14.0348
+
+
+def test_the_command_on_the_default_model(tmp_path, default_gguf, monkeypatch, capsys):
+    from app.bench.cli import main
+    monkeypatch.delenv(P.LLAMA_ENV, raising=False)
+    text = Path(__file__).parent / "fixtures" / "texts" / "code_cpython.txt"
+    out = tmp_path / "ppl.json"
+    assert main(["perplexity", "--model", str(default_gguf), "--text", str(text), "--ctx", "64", "--chunks", "2",
+                 "--reference", str(default_gguf), "--reference_quantize", "f16", "--workdir", str(tmp_path),
+                 "--json", str(out)]) == 0
+    r = json.loads(out.read_text())
+    ours = r["colibri"]
+    assert (ours["chunks"], ours["positions"], ours["ctx"]) == (2, 62, 64)
+    assert 1 < ours["ppl_ref"] < 100 and ours["same_top_pct"] > 80  # Q4_1 against its own f16
+    assert "no llama-perplexity given" in r["llama.cpp"]["skipped"]
+    assert "skipped" in capsys.readouterr().out
+    assert len(list(tmp_path.glob("SmolLM2-*"))) == 2  # the GGUF converted once per target, kept
