@@ -22,7 +22,7 @@ from pathlib import Path
 
 from app.bench.models import MixtralShape, write_checkpoint
 
-_USER_OMP_WAIT = os.environ.get("OMP_WAIT_POLICY")  # as the user started us (engine.kernels sets a default)
+_USER_OMP_WAIT = os.environ.get("OMP_WAIT_POLICY")  # as the user started us
 
 # vocabulary of the default model (SmolLM2, byte-level BPE with merges), which llama.cpp can load
 BENCH_SHAPE = MixtralShape(hidden=1024, layers=16, heads=16, kv_heads=4, experts=8, top_k=2, ff=4096, vocab=49152)
@@ -233,7 +233,7 @@ class MemoryCgroup:
 def run_child(cmd: list[str], cgroup: MemoryCgroup | None, timeout: float, engine_root: Path | None = None,
               passive: bool = False) -> dict:
     """`engine_root`: the checkout whose engine the child imports (another branch, for before/after).
-    `passive`: OMP_WAIT_POLICY=PASSIVE (the policy engine.kernels picks for Colibri), for llama.cpp."""
+    `passive`: OMP_WAIT_POLICY=PASSIVE (OpenMP workers sleep instead of spinning between regions)."""
     env = dict(os.environ, PYTHONPATH=str(engine_root or Path(__file__).resolve().parents[2]))
     env.pop("OMP_WAIT_POLICY", None)  # each engine picks its own OpenMP wait policy, unless the user set one
     if _USER_OMP_WAIT is not None or passive:

@@ -48,15 +48,11 @@ if "NUMBA_CACHE_DIR" not in os.environ:
 if os.environ.get("COLIBRI_DOT"):  # a forced dot-product path (simd.py) compiles apart from the natural one
     os.environ["NUMBA_CACHE_DIR"] += "-dot-" + os.environ["COLIBRI_DOT"]
 os.environ.setdefault("NUMBA_THREADING_LAYER", "threadsafe")
-# OpenMP workers sleep between parallel regions instead of spinning (read when libgomp loads, at the
-# first parallel kernel): spinning workers starve the expert loader and its I/O threads, and any
-# other busy thread on the machine. Measured, 2 threads on a shared 2-core VM, the moderate bench
-# model: decode 0.8-1.1 -> 24-40 tok/s all experts resident, 1.2 -> 7.5 tok/s streaming at half its size.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # OMP_WAIT_POLICY stays libgomp's default (spin briefly, then sleep). Measured on 2 cores: PASSIVE
 # is 2.7x slower decoding the default model on a quiet machine (16 vs 43 tok/s) and 1.4x on an
 # all-resident MoE, while it helps only when other programs compete for the cores (MoE with
-# expert loads: 6.9 vs 3.4 tok/s beside a CPU hog). Set it in the environment to choose.
+# expert loads: 6.9 vs 3.4 tok/s beside a CPU hog; on a 2-core VM at load 12-16, the moderate bench
+# model streaming at half its size: 1.2 -> 7.5 tok/s). Set it in the environment to choose.
 
 
 def _without_avx512() -> tuple[str, str] | None:
