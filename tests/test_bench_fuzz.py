@@ -16,10 +16,10 @@ TINY = TESTS / "fixtures" / "llamacpp_presets" / "tiny-q4_0.gguf"
 
 def test_fuzz_command_reports_no_crash_and_no_hang(tmp_path, capsys):
     out = tmp_path / "fuzz.json"
-    code = main(["fuzz", "--files", f"{TINY},{HF_FIXTURES / 'llama'}", "--seconds", "4", "--seed", "3",
-                 "--json", str(out)])
+    code = main(["fuzz", "--files", f"{TINY},{HF_FIXTURES / 'llama'}", "--seconds", "600", "--cases", "60",
+                 "--seed", "3", "--json", str(out)])
     report = json.loads(out.read_text())
-    assert code == 0 and report["cases"] >= 4, report
+    assert code == 0 and report["cases"] == 60, report
     assert report["crashes"] == [] and report["hangs"] == []
     assert sum(report["refused"].values()) > 0  # the mutations do reach the checks
     assert "0 crashes, 0 hangs" in capsys.readouterr().out
@@ -36,6 +36,26 @@ def test_a_case_is_classified(tmp_path, monkeypatch):
     assert outcome == "crash" and detail.startswith("IndexError")
     monkeypatch.setattr(bench_fuzz, "_target", lambda p: __import__("time").sleep(30))
     assert bench_fuzz.run_case(TINY, 0.5, 4 << 30)[0] == "hang"
+
+
+@pytest.mark.parametrize("scaling,match", [
+    ({"rope_type": "llama3", "factor": 0, "original_max_position_embeddings": 32}, "rope_scaling.factor = 0"),
+    ({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 4.0, "high_freq_factor": 4.0,
+      "original_max_position_embeddings": 32}, "low_freq_factor must be below high_freq_factor"),
+    ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": -1}, "original_max_position_embeddings = -1"),
+])
+def test_rope_scaling_that_would_divide_by_zero_is_named(tmp_path, scaling, match):
+    """Found by the fuzzer: a llama3 rope factor of 0 was a ZeroDivisionError."""
+    import shutil
+
+    from engine.convert.convert import convert
+    folder = tmp_path / "hf"
+    shutil.copytree(HF_FIXTURES / "llama", folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["rope_scaling"] = scaling
+    (folder / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(errors.ConfigError, match=match):
+        convert(folder, tmp_path / "out")
 
 
 @pytest.mark.parametrize("merges", [["Ā e"], ["nospace"], [3]])

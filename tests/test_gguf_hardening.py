@@ -94,3 +94,13 @@ def test_absurd_hf_config_values_name_the_key(tmp_path, key, value):
     (folder / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(errors.ConfigError, match=rf"config.json '{key}' = {value!r} is out of range"):
         convert(folder, tmp_path / "out")
+
+
+def test_a_head_count_that_does_not_split_the_rows_is_named(tmp_path):
+    """Found by the fuzzer: llama's q/k rows are un-permuted per head before the shape check."""
+    def patch(r, d):
+        f = r.fields["llama.attention.head_count"]
+        struct.pack_into("<I", d, f.offset + 8 + len(b"llama.attention.head_count") + 4, 6)
+    with pytest.raises(errors.ConfigError, match=r"tensor 'blk.0.attn_q.weight' has 256 rows, which do not split into "
+                                                 r"6 heads"):
+        convert(_patched(tmp_path, patch), tmp_path / "out")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import random
 import re
@@ -70,6 +71,7 @@ def run_case(path: Path, timeout: float, memory_cap: int) -> tuple[str, str]:
         code, detail = 0, "opened"
         try:
             resource.setrlimit(resource.RLIMIT_AS, (memory_cap, memory_cap))
+            logging.disable(logging.WARNING)  # the converter's own warnings (f16 fallbacks) would flood the report
             from engine.errors import ColibriError
             try:
                 _target(path)
@@ -154,8 +156,9 @@ def _config_mutation(rng: random.Random, original: bytes) -> tuple[str, bytes]:
 
 
 def fuzz(sources: list[Path], seconds: float, seed: int, timeout: float, memory_cap: int,
-         log=print) -> Report:
-    """Mutate each source in turn (a copy of it) until `seconds` have passed."""
+         log=print, cases: int | None = None) -> Report:
+    """Mutate each source in turn (a copy of it) until `seconds` have passed (or `cases` are done:
+    the same mutants for the same seed)."""
     import engine.convert.convert  # noqa: F401  (imported once here: every forked case inherits it)
     rng = random.Random(seed)
     report = Report()
@@ -168,7 +171,7 @@ def fuzz(sources: list[Path], seconds: float, seed: int, timeout: float, memory_
             target = dst / next(p.name for p in sorted(dst.glob("*.safetensors"))) if dst.is_dir() else dst
             copies.append((dst, target, target.read_bytes(), _header_end(target)))
         end = time.monotonic() + seconds
-        while time.monotonic() < end:
+        while time.monotonic() < end and (cases is None or report.cases < cases):
             dst, target, original, header = copies[report.cases % len(copies)]
             if dst.is_dir() and rng.random() < 0.25:  # an HF folder: its config.json instead
                 target = dst / "config.json"
@@ -199,8 +202,9 @@ def main(args: argparse.Namespace) -> int:
     if args.default_model:
         from engine.default_model import default_gguf_path
         sources.append(Path(default_gguf_path()))
-    r = fuzz(sources, args.seconds, args.seed, args.case_timeout, int(args.memory_cap_gb * 2 ** 30))
-    print(f"{r.cases} mutants of {', '.join(p.name for p in sources)} in {args.seconds:.0f} s: {r.opened} opened, "
+    r = fuzz(sources, args.seconds, args.seed, args.case_timeout, int(args.memory_cap_gb * 2 ** 30),
+             cases=args.cases)
+    print(f"{r.cases} mutants of {', '.join(p.name for p in sources)}: {r.opened} opened, "
           f"{sum(r.refused.values())} refused ({', '.join(f'{k} {v}' for k, v in sorted(r.refused.items()))}), "
           f"{len(r.crashes)} crashes, {len(r.hangs)} hangs")
     if args.json:
@@ -214,6 +218,7 @@ def add_parser(sub) -> None:
     p.add_argument("--default_model", action="store_true", help="also mutate the default model's GGUF")
     p.add_argument("--seconds", type=float, default=60, help="time budget")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--cases", type=int, help="stop after this many mutants (a reproducible run)")
     p.add_argument("--case_timeout", type=float, default=20, help="seconds before a case counts as a hang")
     p.add_argument("--memory_cap_gb", type=float, default=4, help="address-space cap of each case")
     p.add_argument("--json", help="also write the report to this file")

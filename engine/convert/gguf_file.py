@@ -244,7 +244,7 @@ class GGUFModel:
         if kind and kind != "none":
             if kind not in ("linear", "yarn"):
                 raise ConfigError(f"{self.path}: rope scaling {kind!r} is not supported (linear, yarn)")
-            scaling = {"type": kind, "factor": float(self._get("rope.scaling.factor", 1.0)),
+            scaling = {"type": kind, "factor": self._positive("rope.scaling.factor", 1.0),
                        "original_max_position_embeddings": self._get("rope.scaling.original_context_length")}
         return ModelConfig(
             architecture=arch,
@@ -276,6 +276,9 @@ class GGUFModel:
         garch = self.fields.get("general.architecture")
         if garch in PERMUTED_QK and name.endswith((".attn_q.weight", ".attn_k.weight")):
             heads = cfg.num_heads if ".attn_q." in name else cfg.num_kv_heads
+            if t.rows % (2 * heads) or not t.rows:
+                raise ConfigError(f"{self.path}: tensor {name!r} has {t.rows} rows, which do not split into "
+                                  f"{heads} heads of rotary pairs (a head count that does not match the weights?)")
             return t.permute_rows(unpermute_order(heads, t.rows))
         return t
 

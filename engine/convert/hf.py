@@ -138,6 +138,13 @@ def _rope(cfg: dict, path: Path) -> tuple[float, dict | None]:
                               f"(supported: linear, llama3, yarn)")
         scaling = None if kind == "default" else {"type": kind, **{k: v for k, v in scaling.items()
                                                                    if k not in ("type", "rope_type", "rope_theta")}}
+    for key, v in [("rope_theta", theta)] + [(f"rope_scaling.{k}", v) for k, v in (scaling or {}).items()
+                                              if k.endswith(("factor", "position_embeddings")) or k.startswith("beta")]:
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < 1e30):
+            raise ConfigError(f"{path}: config.json {key} = {v!r} is not a positive number")
+    if scaling and scaling["type"] == "llama3" and \
+            not scaling.get("low_freq_factor", 1.0) < scaling.get("high_freq_factor", 4.0):
+        raise ConfigError(f"{path}: config.json rope_scaling low_freq_factor must be below high_freq_factor")
     return float(theta), scaling
 
 
