@@ -14,11 +14,11 @@ import numpy as np
 from numba import njit, prange
 
 import engine.kernels  # noqa: F401  (numba settings first)
+from engine.kernels import kquants
 from engine.kernels.rows import attend, rmsnorm_row, rope_head, silu
 from engine.kernels.simd import (TOKENS, copy4, group_dot_q4_0x8, group_dot_q4_1x8, group_dot_q8_0x8,
                                  group_tokens_q4_0x8, group_tokens_q4_1x8, group_tokens_q8_0x8, quantize32,
                                  row_dot_q4_0, row_dot_q4_1, row_dot_q8_0, tokens_q4_0, tokens_q4_1, tokens_q8_0)
-from engine.kernels import kquants
 
 F32, F16, Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K, BF16 = 0, 1, 2, 3, 8, 12, 13, 14, 30
 ROWS_PER_TASK = 16
