@@ -94,20 +94,24 @@ from engine import quant
 from engine.kernels import cpu, simd
 from engine.kernels import reference as ref
 assert simd.DOT == sys.argv[1], simd.DOT
-for name in ("q4_0", "q4_1", "q8_0"):
-    w = stored_matrix(name, 19, 128, seed=2)
-    x = np.random.default_rng(4).standard_normal((1, 128)).astype(np.float32)
+for name in ("q4_0", "q4_1", "q8_0", "q4_k", "q5_k", "q6_k"):
+    n = 256 if name.endswith("_k") else 128  # (K-quants: stored rows and groups, decode and prefill)
+    w = stored_matrix(name, 19, n, seed=2)
+    x = np.random.default_rng(4).standard_normal((1, n)).astype(np.float32)
     out = np.empty((1, 19), np.float32)
     cpu.matmul(w, quant.get(name).type_id, x, out)
     want = ref.matmul_int(w, name, x)
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
     if quant.get(name).type_id in cpu.PACKABLE:
-        w8 = stored_matrix(name, 16, 128, seed=3)
-        want = ref.matmul_int(w8, name, x)
+        w8 = stored_matrix(name, 16, n, seed=3)
+        many = np.random.default_rng(5).standard_normal((cpu.TOKENS + 1, n)).astype(np.float32)
+        cases = (x, many) if name.endswith("_k") else (x,)
+        wants = [ref.matmul_int(w8, name, xs) for xs in cases]
         cpu.repack_x8(w8, quant.get(name).type_id)
-        out = np.empty((1, 16), np.float32)
-        cpu.matmul(w8, quant.get(name).type_id + cpu.PACKED, x, out)
-        np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+        for xs, want in zip(cases, wants):
+            out = np.empty((xs.shape[0], 16), np.float32)
+            cpu.matmul(w8, quant.get(name).type_id + cpu.PACKED, xs, out)
+            np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
 from test_blocks32 import FORMATS, check_fused  # q5_0, q5_1, iq4_nl, mxfp4 (engine/kernels/blocks32.py)
 for name in FORMATS:
     for tokens in (1, 6):

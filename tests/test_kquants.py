@@ -2,12 +2,9 @@
 (reference.matmul_int_k: the same integer sums in float64; the kernels sum in float32 in another
 order, so they agree to float rounding: rtol 1e-5 of the largest output), through every entry
 point that takes them: matmul (stored rows and 8-row groups, decode and prefill with its tail),
-matmul_int, swiglu_int, moe_int."""
+matmul_int, swiglu_int, moe_int, and a K-quant model's fused decode. The avx2 and generic
+instruction paths: test_kernels.test_every_dot_product_path_computes_the_same_products."""
 from __future__ import annotations
-
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -120,45 +117,6 @@ def test_moe_experts_in_one_call(repack):
     cpu.moe_int(tuple(ws[0] for ws in mats), tuple(ws[1] for ws in mats), tuple(ws[2] for ws in mats), *codes,
                 mix, x, act, out)
     close(out, want, 1e-3)
-
-
-DOT_CHECK = """
-import sys, numpy as np
-sys.path.insert(0, "tests")
-from test_kernels import stored_matrix
-from engine import quant
-from engine.kernels import cpu, simd
-from engine.kernels import reference as ref
-assert simd.DOT == sys.argv[1], simd.DOT
-x = np.random.default_rng(4).standard_normal((cpu.TOKENS + 1, 512)).astype(np.float32)
-for name in ("q4_k", "q5_k", "q6_k"):
-    code = quant.get(name).type_id
-    w = stored_matrix(name, 16, 512, seed=2)
-    want = ref.matmul_int_k(w, name, x)
-    p = w.copy()
-    cpu.repack_x8(p, code)
-    for m, c in ((w, code), (p, code + cpu.PACKED)):
-        for T in (1, cpu.TOKENS + 1):
-            out = np.empty((T, 16), np.float32)
-            cpu.matmul(m, c, x[:T], out)
-            np.testing.assert_allclose(out, want[:T], rtol=1e-5, atol=1e-5 * np.abs(want).max())
-print("ok")
-"""
-
-
-@pytest.mark.parametrize("path", ["avx2", "generic"])
-def test_every_dot_product_path_computes_the_same_products(path):
-    """The instruction paths this host does not pick by itself, forced in a fresh process."""
-    from engine.kernels import simd
-    if path == "avx2" and not simd._features().get("avx2"):
-        pytest.skip("this CPU has no AVX2")
-    if path == simd.DOT:
-        pytest.skip("the natural path here: the other tests cover it")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, COLIBRI_DOT=path, PYTHONPATH=root)
-    r = subprocess.run([sys.executable, "-c", DOT_CHECK, path], cwd=root, env=env, capture_output=True, text=True,
-                       timeout=600)
-    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
 
 
 def test_a_k_quant_model_decodes_fused_as_layered_and_near_the_float_forward(tmp_path):

@@ -28,8 +28,8 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 import engine.kernels  # noqa: F401  (numba settings first)
-from engine.kernels.simd import (_FAST, _ZERO, F32, I8, I32, TOKENS, _activations, _byte_ptr, _dot_accumulate,
-                                 _load, _splat, _vec, copy4)
+from engine.kernels.simd import (_FAST, _ZERO, F32, I8, I32, TOKENS, _activations, _byte_ptr, _dot_accumulate, _load,
+                                 _splat, _vec, copy4)
 
 Q4_K, Q5_K, Q6_K = 12, 13, 14
 # GGML id -> block bytes, and per row of a block the regions (offset, bytes, unit) that
@@ -142,6 +142,11 @@ def _k_scales8(builder, blk, at):
     return scales, mins
 
 
+def _fifth_bit(builder, h, j):
+    """Bit j of Q5_K's qh bytes h, moved to bit 4 (the weights of sub-block j)."""
+    return builder.shl(builder.and_(builder.lshr(h, _c8(j)), _c8(1)), _c8(4))
+
+
 def _q45k_parts(builder, blk, qs_at, qh_at, q):
     """Weights of sub-blocks 2q and 2q+1 of an 8-row group as unsigned bytes (0..15, or 0..31
     with Q5_K's fifth bits from the qh chunks at qh_at): [(vector, activation offset in the
@@ -153,8 +158,7 @@ def _q45k_parts(builder, blk, qs_at, qh_at, q):
         lo, hi = builder.and_(v, _c8(15)), builder.lshr(v, _c8(4))
         if qh_at is not None:
             h = _load(builder, _at(builder, blk, qh_at + 32 * c), _vec(I8, 32))
-            bit = lambda j, h=h: builder.shl(builder.and_(builder.lshr(h, _c8(j)), _c8(1)), _c8(4))  # noqa: E731
-            lo, hi = builder.or_(lo, bit(2 * q)), builder.or_(hi, bit(2 * q + 1))
+            lo, hi = builder.or_(lo, _fifth_bit(builder, h, 2 * q)), builder.or_(hi, _fifth_bit(builder, h, 2 * q + 1))
         low.append((lo, 32 * (2 * q) + 4 * c))
         high.append((hi, 32 * (2 * q + 1) + 4 * c))
     return low, high
@@ -171,20 +175,18 @@ def _q6k_weights(builder, a, b, hb):
     return [builder.or_(x, y) for x, y in zip(lo, hi)]
 
 
-def _q6k_parts(builder, blk, h, odd, part):
-    """Weights of an 8-row Q6_K group (unsigned, 0..63) for s = odd and s = odd + 2 of half h
-    (weights 128h + 32s + i), i in 4·(4 part)..: [(vector, activation offset)] each, for sub-blocks
-    8h+2s+part. ql chunk 16h+c (s 0, 2) / 16h+8+c (s 1, 3) and qh chunk 8h+c hold bytes
-    4c..4c+3 of each row's ql[64h..], ql[64h+32..] and qh[32h..]. Built a sub-block pair at a
-    time: the vectors of a whole half spill out of the 16 AVX2 registers."""
-    lo, hi = [], []
+def _q6k_parts(builder, blk, h, s, part):
+    """Weights 128h + 32s + 16·part .. +15 of an 8-row Q6_K group (sub-block 8h + 2s + part) as
+    unsigned bytes (0..63): [(vector, activation offset)] for its 4 chunks. ql chunk 16h+c
+    (s 0, 2: low, high nibbles) or 16h+8+c (s 1, 3) and qh chunk 8h+c hold bytes 4c..4c+3 of each
+    row's ql[64h..], ql[64h+32..] and qh[32h..]; bits 2s, 2s+1 of qh are the weight's bits 4, 5.
+    Built a sub-block at a time: a half's vectors spill out of the 16 AVX2 registers."""
+    out = []
     for c in range(4 * part, 4 * part + 4):
-        q = _load(builder, _at(builder, blk, 32 * (16 * h + 8 * odd + c)), _vec(I8, 32))
+        q = _load(builder, _at(builder, blk, 32 * (16 * h + 8 * (s % 2) + c)), _vec(I8, 32))
         hb = _load(builder, _at(builder, blk, 1024 + 32 * (8 * h + c)), _vec(I8, 32))
-        ws = _q6k_weights(builder, q, q, hb)
-        lo.append((ws[odd], 128 * h + 32 * odd + 4 * c))
-        hi.append((ws[odd + 2], 128 * h + 32 * (odd + 2) + 4 * c))
-    return lo, hi
+        out.append((_q6k_weights(builder, q, q, hb)[s], 128 * h + 32 * s + 4 * c))
+    return out
 
 
 GROUP_FORMATS = {"q4_k": (Q4_K, 8 * 144), "q5_k": (Q5_K, 8 * 176), "q6_k": (Q6_K, 8 * 210)}
@@ -223,39 +225,40 @@ def _group_k(fmt: str, tokens: int):
                 sums = [ir.Constant(vf, None)] * tokens  # Σ_j scale_j · d_x · (integer sums): the d terms
                 mins = [ir.Constant(vf, None)] * tokens  # Σ_j m_j · d_x · Σq_x: the dmin terms
 
-                def sub_block(parts, scale, j, minimum=None, sxs=None):
-                    """Adds one sub-block (activation block j of the super-block) to sums/mins;
-                    sxs: Q6_K's Σ x of the sub-block, per token."""
+                def sub_block(parts, scale, j, minimum):
+                    """Adds one Q4_K/Q5_K sub-block (activation block j of the super-block) to sums/mins."""
                     for k, (qp, dp, ip) in enumerate(xps):
                         dots = ir.Constant(_vec(I32, 8), None)
-                        if sxs is not None:  # Q6_K: Σ (q - 32) x = Σ q x - 32 Σ x
-                            dots = _splat_i32(builder, builder.mul(sxs[k], ir.Constant(I32, -32)))
                         for u, at in parts:
                             dots = _dot_accumulate(builder, dots, u, _broadcast_word(builder, qp, at))
                         dx = builder.load(_at(builder, dp, j))
                         f = builder.fmul(scale, _splat(builder, dx), flags=_FAST)
                         sums[k] = builder.fadd(sums[k], builder.fmul(builder.sitofp(dots, vf), f, flags=_FAST),
                                                flags=_FAST)
-                        if minimum is not None:
-                            qsum = builder.sitofp(builder.load(_at(builder, ip, j)), F32)
-                            e = builder.fmul(minimum, _splat(builder, builder.fmul(dx, qsum, flags=_FAST)), flags=_FAST)
-                            mins[k] = builder.fadd(mins[k], e, flags=_FAST)
+                        qsum = builder.sitofp(builder.load(_at(builder, ip, j)), F32)
+                        e = builder.fmul(minimum, _splat(builder, builder.fmul(dx, qsum, flags=_FAST)), flags=_FAST)
+                        mins[k] = builder.fadd(mins[k], e, flags=_FAST)
 
-                if code == Q6_K:
+                if code == Q6_K:  # per activation block j: the 8 rows' Σ (q - 32) x of its two
+                    vi = _vec(I32, 8)  # sub-blocks times their int8 scales, summed in integers
                     for h in range(2):
-                        for odd in range(2):
-                            sums16 = {}  # activation block j -> Σ x of its two halves, per token
-                            for s in (odd, odd + 2):
-                                j = 4 * h + s
-                                first = [_sum16(builder, qp, 32 * j) for qp, _, _ in xps]
-                                sums16[s] = (first, [builder.sub(builder.load(_at(builder, ip, j)), f)
-                                                     for f, (_, _, ip) in zip(first, xps)])
-                            for part in range(2):
-                                for s, parts in zip((odd, odd + 2), _q6k_parts(builder, blk, h, odd, part)):
-                                    j = 4 * h + s  # sub-blocks 2j (the block's first 16 weights), 2j+1
-                                    sc = builder.sitofp(_load(builder, _at(builder, blk, 1536 + 8 * (2 * j + part)),
-                                                              _vec(I8, 8)), vf)
-                                    sub_block(parts, sc, j, sxs=sums16[s][part])
+                        for s in range(4):
+                            j = 4 * h + s
+                            first = [_sum16(builder, qp, 32 * j) for qp, _, _ in xps]
+                            second = [builder.sub(builder.load(_at(builder, ip, j)), f) for f, (_, _, ip) in zip(first, xps)]
+                            isums = [ir.Constant(vi, None)] * tokens
+                            for part, sxs in enumerate((first, second)):
+                                parts = _q6k_parts(builder, blk, h, s, part)
+                                sc = builder.sext(_load(builder, _at(builder, blk, 1536 + 8 * (2 * j + part)), _vec(I8, 8)), vi)
+                                for k, (qp, _, _) in enumerate(xps):
+                                    dots = _splat_i32(builder, builder.mul(sxs[k], ir.Constant(I32, -32)))
+                                    for u, at in parts:
+                                        dots = _dot_accumulate(builder, dots, u, _broadcast_word(builder, qp, at))
+                                    isums[k] = builder.add(isums[k], builder.mul(dots, sc))
+                            for k, (_, dp, _) in enumerate(xps):
+                                f = _splat(builder, builder.load(_at(builder, dp, j)))
+                                sums[k] = builder.fadd(sums[k], builder.fmul(builder.sitofp(isums[k], vf), f, flags=_FAST),
+                                                       flags=_FAST)
                     d8 = builder.fpext(_load(builder, _at(builder, blk, 1664), _vec(ir.HalfType(), 8)), vf)
                     dmin8 = None
                 else:
@@ -304,7 +307,7 @@ def _row_k(code: int):
     @intrinsic
     def row_dot(typingctx, w, r, xq, xd, xs, xi):
         def codegen(context, builder, sig, args):
-            nb, qp, dp, sp, ip = _activations(context, builder, sig, args, 1)
+            nb, qp, dp, _, ip = _activations(context, builder, sig, args, 1)
             row = _byte_ptr(context, builder, sig.args[0], args[0], args[1], _ZERO)
             vf = _vec(F32, 8)
             acc = cgutils.alloca_once_value(builder, ir.Constant(vf, None))
@@ -355,7 +358,7 @@ def _row_k(code: int):
                         qv = _load(builder, _at(builder, blk, qs_at + 32 * (j // 2)), _vec(I8, 32))
                         u = builder.and_(qv, _c8(15)) if j % 2 == 0 else builder.lshr(qv, _c8(4))
                         if hb is not None:
-                            u = builder.or_(u, builder.shl(builder.and_(builder.lshr(hb, _c8(j)), _c8(1)), _c8(4)))
+                            u = builder.or_(u, _fifth_bit(builder, hb, j))
                         x = _load(builder, _at(builder, xq0, 32 * j), _vec(I8, 32))
                         dots = _dot_accumulate(builder, ir.Constant(_vec(I32, 8), None), u, x)
                         f = builder.fmul(builder.fmul(d, builder.sitofp(sc, F32), flags=_FAST), dx[j], flags=_FAST)
