@@ -61,7 +61,7 @@ def test_the_language_changes_live(qtbot, home, tiny, qapp):
         w.apply_settings({}, {"language": "zh_CN"})
         assert S.load().language == "zh_CN"
         assert w.send_button.text() == "发送" and w.new_button.text() == "新建对话"
-        assert [a.text() for a in w.menuBar().actions()] == ["文件(&F)", "对话(&C)", "视图(&V)"]
+        assert [a.text() for a in w.menuBar().actions()] == ["文件(&F)", "对话(&C)", "视图(&V)", "服务器(&R)"]
         assert w.input.placeholderText().startswith("给 Colibri 发消息")
         assert w.dashboard is not dash and w.dashboard_dock.widget() is w.dashboard  # rebuilt in Chinese
         w.apply_settings({}, {"language": "en"})
