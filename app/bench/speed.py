@@ -569,7 +569,7 @@ def _run_model(name: str, paths: dict, engines: list[str], threads: list[int], r
                 res = run_once(py, engine, path, t, prompt_file, gen, env)
                 done.setdefault((label, path, t), []).append(res)
                 log(f"{name} run {r + 1}/{runs} {label:>18} {t} thread(s): decode {res['decode_tok_s']:6.1f} tok/s, "
-                    f"prefill {res['prefill_tok_s']:6.1f} tok/s, load {res['load_s']:.2f} s")
+                    f"prefill {res['prefill_tok_s']:6.1f} tok/s, load {_f(res['load_s'], '.2f')} s")
     results = []
     for label, _engine, _py, path, _env in plan:
         for t in threads:
