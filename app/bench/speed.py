@@ -310,19 +310,33 @@ def find_llama_bench(given: str | None) -> tuple[str | None, str]:
 
 
 def run_llama_bench(binary: str, model: str, threads: int, prompt_tokens: int, gen: int) -> dict:
-    """One llama-bench run (pp`prompt_tokens` and tg`gen`, one repetition, its own warm-up) in a
-    child whose peak RSS is read from wait4()."""
+    """One llama-bench run (pp`prompt_tokens` and tg`gen`, one repetition, its own warm-up). Its peak
+    RSS is the exec'd image's VmHWM, polled until it exits (wait4's ru_maxrss would count the pages
+    this parent had when it forked)."""
     cmd = [binary, "-m", model, "-t", str(threads), "-p", str(prompt_tokens), "-n", str(gen), "-r", "1",
            "-o", "json"]
+    import threading
+    hwm = [0]
     with tempfile.TemporaryFile("w+") as err:
         p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True)
+
+        def watch() -> None:
+            while p.poll() is None:
+                try:
+                    with open(f"/proc/{p.pid}/status") as f:
+                        hwm[0] = max(hwm[0], next(int(x.split()[1]) for x in f if x.startswith("VmHWM:")))
+                except (OSError, StopIteration, ValueError):
+                    pass
+                time.sleep(0.02)
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
         out = p.stdout.read()
-        _, status, usage = os.wait4(p.pid, 0)  # this child's own peak RSS (KiB on Linux)
-        p.returncode = os.waitstatus_to_exitcode(status)
+        p.wait()
+        watcher.join()
         if p.returncode:
             err.seek(0)
             raise RuntimeError(f"llama-bench failed (exit {p.returncode}):\n{err.read()[-3000:]}")
-    rss_mb = usage.ru_maxrss / 1024
+    rss_mb = hwm[0] / 1024
     rows = json.loads(out)
     pp = next(r for r in rows if r["n_prompt"] == prompt_tokens and r["n_gen"] == 0)["avg_ts"]
     tg = next(r for r in rows if r["n_gen"] == gen and r["n_prompt"] == 0)["avg_ts"]
@@ -414,6 +428,24 @@ def llama_cpp_gguf(source: Path, preset: str, out_dir: Path, llama_cpp: Path, lo
     return out
 
 
+# A Mixtral-style model small enough to quantize into every preset in minutes (0.31 B parameters, 8
+# experts, top-2, 4 layers; SmolLM2's vocabulary): `moe-small:PRESET`
+SMALL_MOE = {"hidden": 1024, "layers": 4, "heads": 16, "kv_heads": 4, "experts": 8, "top_k": 2, "ff": 2048,
+             "vocab": 49152}
+
+
+def small_moe(moe_dir: Path, log=print) -> Path:
+    """The small benchmark MoE's Hugging Face folder (random weights, balanced routers), built once."""
+    from app.bench.memory import _default_tokenizer
+    from app.bench.models import MixtralShape, write_checkpoint
+    folder = moe_dir / "mixtral-small-hf"
+    if not (folder / "model.safetensors").exists():
+        log(f"building the small benchmark MoE in {folder} ...")
+        write_checkpoint(folder, MixtralShape(**SMALL_MOE), balanced_router=True, tokenizer_json=_default_tokenizer(),
+                         embed_std=1.0)
+    return folder
+
+
 def split_preset(spec: str) -> tuple[str, str] | None:
     """`default:Q4_K_M` -> ("default", "Q4_K_M"); None for a spec without a llama.cpp preset."""
     base, _, preset = spec.rpartition(":")
@@ -439,6 +471,8 @@ def resolve_spec(spec: str, moe_dir: Path, llama_cpp: str | None = None, log=pri
         moe_dir.mkdir(parents=True, exist_ok=True)
         prepare_moe(moe_dir)
         source = moe_dir / "mixtral-hf"
+    elif base == "moe-small":
+        source = small_moe(moe_dir, log)
     else:
         source = Path(base).expanduser()
     return str(llama_cpp_gguf(source, preset, moe_dir / "llama.cpp", tools, log))
@@ -746,7 +780,7 @@ def add_parser(sub) -> None:
     s.add_argument("--model", help="comma-separated: GGUF files, Hugging Face folders, Colibri directories or "
                                    "named models (" + "; ".join(f"{k}: {v}" for k, v in NAMED.items())
                                    + "); NAME:PRESET or PATH:PRESET is that model as llama.cpp's own tools quantize "
-                                     "it (default:Q4_K_M, moe:Q4_0, moe:IQ4_XS, a HF folder:Q5_K_M); default: default")
+                                     "it (default:Q4_K_M, moe-small:Q4_K_M, moe:Q4_0, a HF folder:Q5_K_M); default: default")
     s.add_argument("--engines", default=",".join(ENGINES), help="comma-separated, of: " + ", ".join(ENGINES))
     s.add_argument("--threads", default="1,2", help="comma-separated thread counts")
     s.add_argument("--runs", type=int, default=3, help="runs per engine and thread count (medians)")
