@@ -29,7 +29,7 @@ from numba.extending import intrinsic
 
 import engine.kernels  # noqa: F401  (numba settings first)
 from engine.kernels.simd import (_FAST, _ZERO, F32, I8, I32, TOKENS, _activations, _byte_ptr, _dot_accumulate, _load,
-                                 _splat, _vec, copy4)
+                                 _splat, _vec, copy4, group_intrinsic)
 
 Q4_K, Q5_K, Q6_K = 12, 13, 14
 # GGML id -> block bytes, and per row of a block the regions (offset, bytes, unit) that
@@ -282,16 +282,7 @@ def _group_k(fmt: str, tokens: int):
             return context.make_tuple(builder, sig.return_type, values)
         return types.UniTuple(types.float32, 8 * tokens)(w, types.intp, xq, xd, xs, xi, *t0), codegen
 
-    if tokens == 1:
-        @intrinsic
-        def group_dot(typingctx, w, g, xq, xd, xs, xi):
-            return typer(w, g, xq, xd, xs, xi)
-        return group_dot
-
-    @intrinsic
-    def group_tokens(typingctx, w, g, xq, xd, xs, xi, t0):
-        return typer(w, g, xq, xd, xs, xi, types.intp)
-    return group_tokens
+    return group_intrinsic(typer, tokens)
 
 
 _group_q4_k, _group_q5_k, _group_q6_k = (_group_k(f, 1) for f in ("q4_k", "q5_k", "q6_k"))

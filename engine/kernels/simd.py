@@ -325,6 +325,12 @@ def _group_dot(fmt: str, tokens: int):
             return context.make_tuple(builder, sig.return_type, values)
         return types.UniTuple(types.float32, 8 * tokens)(w, types.intp, xq, xd, xs, xi, *t0), codegen
 
+    return group_intrinsic(typer, tokens)
+
+
+def group_intrinsic(typer, tokens: int):
+    """The intrinsic over an 8-row group typer: (w, g, xq, xd, xs, xi) for one token (decode), with
+    the first token t0 as well for TOKENS tokens (prefill)."""
     if tokens == 1:
         @intrinsic
         def group_dot(typingctx, w, g, xq, xd, xs, xi):
