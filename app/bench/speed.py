@@ -36,6 +36,9 @@ from pathlib import Path
 
 import numpy as np
 
+from app.bench.llamacpp import find_llama_bench, find_llama_cpp, llama_cpp_gguf, run_llama_bench
+from app.bench.report import BEGIN, END, cpu_info, figure, machine, markdown, write_readme  # noqa: F401 (BEGIN, END, cpu_info: API)
+
 ROOT = Path(__file__).resolve().parents[2]
 ENGINES = ("colibri", "colibri-chat", "llama-bench", "llama.cpp", "transformers")
 REFERENCE = "llama-bench"  # ratios are against llama.cpp's own C++ benchmark
@@ -294,56 +297,6 @@ def worker_main(argv: list[str]) -> int:
 
 # --- the parent: prepare, alternate, summarise -----------------------------------------------
 
-LLAMA_BENCH_HELP = ("build it from the llama-cpp-python sdist's vendored llama.cpp (README, Performance): "
-                    "cmake -S vendor/llama.cpp -B build -DLLAMA_CURL=OFF && cmake --build build --target llama-bench")
-
-
-def find_llama_bench(given: str | None) -> tuple[str | None, str]:
-    """llama.cpp's C++ llama-bench: --llama_bench, $COLIBRI_LLAMA_BENCH, PATH, or .llama.cpp/build/bin."""
-    import shutil
-    candidates = [given] if given else [os.environ.get("COLIBRI_LLAMA_BENCH"), shutil.which("llama-bench"),
-                                        str(ROOT / ".llama.cpp" / "build" / "bin" / "llama-bench")]
-    for c in candidates:
-        if c and Path(c).is_file() and os.access(c, os.X_OK):
-            return c, ""
-    return None, f"no llama-bench found ({LLAMA_BENCH_HELP})"
-
-
-def run_llama_bench(binary: str, model: str, threads: int, prompt_tokens: int, gen: int) -> dict:
-    """One llama-bench run (pp`prompt_tokens` and tg`gen`, one repetition, its own warm-up). Its peak
-    RSS is the exec'd image's VmHWM, polled until it exits (wait4's ru_maxrss would count the pages
-    this parent had when it forked)."""
-    cmd = [binary, "-m", model, "-t", str(threads), "-p", str(prompt_tokens), "-n", str(gen), "-r", "1",
-           "-o", "json"]
-    import threading
-    hwm = [0]
-    with tempfile.TemporaryFile("w+") as err:
-        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True)
-
-        def watch() -> None:
-            while p.poll() is None:
-                try:
-                    with open(f"/proc/{p.pid}/status") as f:
-                        hwm[0] = max(hwm[0], next(int(x.split()[1]) for x in f if x.startswith("VmHWM:")))
-                except (OSError, StopIteration, ValueError):
-                    pass
-                time.sleep(0.02)
-        watcher = threading.Thread(target=watch, daemon=True)
-        watcher.start()
-        out = p.stdout.read()
-        p.wait()
-        watcher.join()
-        if p.returncode:
-            err.seek(0)
-            raise RuntimeError(f"llama-bench failed (exit {p.returncode}):\n{err.read()[-3000:]}")
-    rss_mb = hwm[0] / 1024
-    rows = json.loads(out)
-    pp = next(r for r in rows if r["n_prompt"] == prompt_tokens and r["n_gen"] == 0)["avg_ts"]
-    tg = next(r for r in rows if r["n_gen"] == gen and r["n_prompt"] == 0)["avg_ts"]
-    return {"prefill_tok_s": pp, "decode_tok_s": tg, "ttft_s": prompt_tokens / pp, "load_s": None,
-            "first_token_s": None, "peak_rss_mb": rss_mb}
-
-
 def find_python(engine: str, given: str | None) -> tuple[str | None, str]:
     """An interpreter that can import the engine's package, or None and why not."""
     if engine == "llama-bench":
@@ -380,52 +333,6 @@ def prepare(model: Path, workdir: Path) -> dict[str, tuple[str | None, str]]:
 
 
 MOE_DIR = Path.home() / ".cache" / "colibri" / "bench"  # shared with colibri-bench memory
-
-
-LLAMA_CPP_HELP = ("a llama.cpp source tree with build/bin/llama-quantize (--llama_cpp, $COLIBRI_LLAMA_CPP or "
-                  ".llama.cpp): the llama-cpp-python sdist's vendor/llama.cpp, built as the README says")
-
-
-def find_llama_cpp(given: str | None = None) -> tuple[Path | None, str]:
-    """llama.cpp's own tools: convert_hf_to_gguf.py (with its gguf-py) and build/bin/llama-quantize."""
-    for c in ([given] if given else [os.environ.get("COLIBRI_LLAMA_CPP"), str(ROOT / ".llama.cpp")]):
-        if c and (Path(c) / "convert_hf_to_gguf.py").is_file() and (Path(c) / "build/bin/llama-quantize").is_file():
-            return Path(c), ""
-    return None, f"no llama.cpp tools found ({LLAMA_CPP_HELP})"
-
-
-def llama_cpp_gguf(source: Path, preset: str, out_dir: Path, llama_cpp: Path, log=print) -> Path:
-    """`source` (a Hugging Face folder, or a GGUF) quantized by llama.cpp itself to `preset` (Q4_K_M, Q4_0,
-    Q8_0, IQ4_XS, ...): convert_hf_to_gguf.py to f16 first for a folder, then llama-quantize (a GGUF that is
-    already quantized is requantized, as a user with only that file would). Built once, reused."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    stem = source.stem if source.is_file() else source.name
-    out = out_dir / f"{stem}-{preset}.gguf"
-    if out.exists():
-        return out
-    src, requant = source, ["--allow-requantize"]
-    if source.is_dir():
-        src, requant = out_dir / f"{stem}-f16.gguf", []
-        if not src.exists():
-            log(f"llama.cpp convert_hf_to_gguf.py: {source} -> {src} ...")
-            env = os.environ | {"PYTHONPATH": str(llama_cpp / "gguf-py")}  # the converter's own gguf
-            py, why = find_python("transformers", os.environ.get("COLIBRI_CONVERT_PYTHON"))  # it imports torch
-            if py is None:
-                raise SystemExit(f"convert_hf_to_gguf.py needs torch: {why} (or set COLIBRI_CONVERT_PYTHON)")
-            proc = subprocess.run([py, str(llama_cpp / "convert_hf_to_gguf.py"), str(source),
-                                   "--outtype", "f16", "--outfile", str(src.with_suffix(".part"))],
-                                  capture_output=True, text=True, env=env)
-            if proc.returncode:
-                raise RuntimeError(f"convert_hf_to_gguf.py failed:\n{proc.stderr[-3000:]}")
-            src.with_suffix(".part").rename(src)
-    log(f"llama.cpp llama-quantize {preset}: {src.name} -> {out.name} ...")
-    part = out.with_suffix(".part")
-    proc = subprocess.run([str(llama_cpp / "build/bin/llama-quantize"), *requant, str(src), str(part), preset],
-                          capture_output=True, text=True)
-    if proc.returncode:
-        raise RuntimeError(f"llama-quantize {preset} failed:\n{proc.stderr[-3000:]}")
-    part.rename(out)
-    return out
 
 
 # A Mixtral-style model small enough to quantize into every preset in minutes (0.31 B parameters, 8
@@ -475,7 +382,12 @@ def resolve_spec(spec: str, moe_dir: Path, llama_cpp: str | None = None, log=pri
         source = small_moe(moe_dir, log)
     else:
         source = Path(base).expanduser()
-    return str(llama_cpp_gguf(source, preset, moe_dir / "llama.cpp", tools, log))
+    def converter_python() -> str:  # convert_hf_to_gguf.py imports torch
+        py, why = find_python("transformers", os.environ.get("COLIBRI_CONVERT_PYTHON"))
+        if py is None:
+            raise SystemExit(f"convert_hf_to_gguf.py needs torch: {why} (or set COLIBRI_CONVERT_PYTHON)")
+        return py
+    return str(llama_cpp_gguf(source, preset, moe_dir / "llama.cpp", tools, converter_python, log))
 
 
 def model_paths(spec: str, workdir: Path, moe_dir: Path | None = None) -> dict[str, tuple[str | None, str]]:
@@ -603,7 +515,7 @@ def _run_model(name: str, paths: dict, engines: list[str], threads: list[int], r
                 res = run_once(py, engine, path, t, prompt_file, gen, env)
                 done.setdefault((label, path, t), []).append(res)
                 log(f"{name} run {r + 1}/{runs} {label:>18} {t} thread(s): decode {res['decode_tok_s']:6.1f} tok/s, "
-                    f"prefill {res['prefill_tok_s']:6.1f} tok/s, load {_f(res['load_s'], '.2f')} s")
+                    f"prefill {res['prefill_tok_s']:6.1f} tok/s, load {figure(res['load_s'], '.2f')} s")
     results = []
     for label, _engine, _py, path, _env in plan:
         for t in threads:
@@ -644,106 +556,6 @@ def _weights_per_token(model_dir: Path) -> int:
         total += int(n * share)
     infos, _ = read_header(md.path / "embeddings.bin")
     return total + int(np.prod(infos["output.weight" if "output.weight" in infos else "token_embd.weight"].shape))
-
-
-# The instruction-set flags that decide which kernels run (ours and llama.cpp's), as /proc/cpuinfo names them
-KERNEL_FLAGS = ("sse4_2", "avx", "f16c", "fma", "avx2", "avx_vnni", "avx512f", "avx512bw", "avx512vl",
-                "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_int8", "amx_bf16")
-
-
-def cpu_info(cpuinfo: str = "/proc/cpuinfo") -> tuple[str, list[str]]:
-    """The CPU's model name and which of KERNEL_FLAGS it has."""
-    name, flags = "unknown", set()
-    try:
-        with open(cpuinfo) as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if key.strip() == "model name" and name == "unknown":
-                    name = value.strip()
-                elif key.strip() == "flags" and not flags:
-                    flags = set(value.split())
-    except OSError:
-        pass
-    return name, [f for f in KERNEL_FLAGS if f in flags]
-
-
-def machine() -> dict:
-    import platform
-
-    import psutil
-    cpu, flags = cpu_info()
-    info = {"cpu": cpu, "flags": flags, "physical_cores": psutil.cpu_count(logical=False),
-            "logical_cpus": psutil.cpu_count(), "memory_gb": psutil.virtual_memory().total / 1e9,
-            "system": platform.platform()}
-    try:
-        from engine.kernels import simd
-        info["colibri_dot_path"] = simd.DOT  # the integer-dot instruction path Colibri's kernels run
-    except ImportError:
-        pass
-    return info
-
-
-def describe_machine(m: dict) -> str:
-    """One line naming the CPU and the flags every figure depends on."""
-    return (f"{m['cpu']}, {m['physical_cores']} cores, {m['memory_gb']:.0f} GB; flags: {' '.join(m.get('flags', []))}"
-            + (f"; Colibri's dot path: {m['colibri_dot_path']}" if m.get("colibri_dot_path") else ""))
-
-
-def _f(v: float | None, fmt: str) -> str:
-    return "–" if v is None else format(v, fmt)
-
-
-def table(report: dict, model: str | None = None) -> str:
-    rows = [r for r in report["results"] if model is None or r["model"] == model]
-    ref = next((m.get("reference", "llama.cpp") for m in report["models"] if model in (None, m["name"])), "llama.cpp")
-    head = ("| engine | threads | decode tok/s | prefill tok/s | TTFT s | load s | start→1st token s | peak RSS MB "
-            f"| decode/bandwidth limit | decode vs {ref} | prefill vs {ref} | decode vs transformers |")
-    lines = [head, "|" + "---|" * head.count(" | ") + "---|"]
-    order = {e: i for i, e in enumerate(ENGINES)}
-    for r in sorted(rows, key=lambda r: (r["threads"], order.get(r["engine"].split("[")[0], 99), r["engine"])):
-        vs, hf = r.get("vs_llama_cpp"), r.get("vs_transformers")
-        lines.append(f"| {r['engine']} | {r['threads']} | {r['decode_tok_s']:.1f} | {r['prefill_tok_s']:.0f} | "
-                     f"{_f(r['ttft_s'], '.2f')} | {_f(r['load_s'], '.2f')} | {_f(r['first_token_s'], '.2f')} | "
-                     f"{_f(r['peak_rss_mb'], '.0f')} | {100 * r['bandwidth_fraction']:.0f}% | "
-                     + (f"{vs['decode']:.2f}× | {vs['prefill']:.2f}× | " if vs else "– | – | ")
-                     + (f"{hf['decode']:.2f}× |" if hf else "– |"))
-    return "\n".join(lines)
-
-
-def markdown(report: dict) -> str:
-    """The whole report as Markdown: the machine (CPU, flags), the bandwidth, one table per model."""
-    m = report["machine"]
-    by_t = ", ".join(f"{t} thread(s) {b:.1f}" for t, b in report["bandwidth_by_threads_gb_s"].items())
-    probes = ", ".join(f"{b:.1f}" for b in report["bandwidth_probes_gb_s"])
-    out = [f"Machine: {describe_machine(m)}.", "",
-           f"Read bandwidth {report['bandwidth_gb_s']:.1f} GB/s ({by_t}; the best of the probes {probes}). "
-           f"pp{report['prompt_tokens']} / tg{report['decode_tokens']}, medians of "
-           f"{max((r['runs'] for r in report['results']), default=0)} runs, engines alternating"
-           + (f"; run {report['date']}" if report.get("date") else "") + "."]
-    for info in report["models"]:
-        s = info["decode_scaling_vs_1_thread"]
-        scaling = "; ".join(f"{e} ×{v[max(v, key=int)]:.2f}" for e, v in s.items())
-        top = max((int(k) for v in s.values() for k in v), default=0)
-        out += ["", f"**{info['name']}** ({info['weight_bytes_per_token'] / 1e6:.1f} MB of weights and "
-                f"{info.get('kv_bytes_per_token', 0) / 1e6:.1f} MB of KV cache read per token)"
-                + (f" — decode scaling 1 → {top} threads: {scaling}" if scaling else ""), "", table(report, info["name"])]
-    for what, why in report["skipped"].items():
-        out += ["", f"{what}: skipped ({why})"]
-    return "\n".join(out)
-
-
-BEGIN, END = "<!-- colibri-bench speed: begin (generated from {json}; do not edit) -->", "<!-- colibri-bench speed: end -->"
-
-
-def write_readme(report: dict, readme: Path, source: str) -> None:
-    """Replace the generated block of `readme` (between the markers) with this report's tables."""
-    text = readme.read_text()
-    start = next((i for i in range(len(text)) if text.startswith(BEGIN.split("{")[0], i)), -1)
-    end = text.find(END)
-    if start < 0 or end < start:
-        raise SystemExit(f"{readme}: no generated block (a line starting {BEGIN.split('{')[0]!r} ... {END!r})")
-    block = BEGIN.format(json=source) + "\n\n" + markdown(report) + "\n\n" + END
-    readme.write_text(text[:start] + block + text[end + len(END):])
 
 
 def cmd_speed(args: argparse.Namespace) -> int:
