@@ -797,7 +797,7 @@ def replan(plan: CachePlan, num_experts: int, num_layers: int, cache_used: int, 
     b, one = plan.budget, plan.expert_bytes
     free, source = sysmem.room()
     k = b.cycle // max(1, num_layers * one)
-    left = cache_used + free - max(0, b.kv - kv_used) - b.activations - (sysmem.MARGIN + free // 50)
+    left = cache_used + free - max(0, b.kv - kv_used) - b.activations - sysmem.margin(free)
     experts = max((k + 1 + SPARE_SLOTS) * one, min(b.all_experts, left))
     nb = replace(b, room=free, limited_by=source, experts=experts)
     return _auto_plan(nb, one, num_experts, num_layers, plan.resident_bytes, plan.kv_bytes)
