@@ -55,6 +55,11 @@ IO_THREADS = 4
 READ_MODES = ("auto", "direct", "dontneed", "cached")  # cached: plain pread, the page-cache copy stays
 
 
+def min_budget(top_k: int, slot: int) -> int:
+    """The smallest expert cache: one layer's picks, one ahead, and the spare slots."""
+    return (top_k + 1 + SPARE_SLOTS) * slot
+
+
 class ExpertLoadError(ModelFormatError):
     """An expert's file is missing or damaged; the message names layer and expert."""
 
@@ -324,7 +329,7 @@ class ExpertCache:
         """A new byte budget (memory pressure changed); evicts down to it at once where it can."""
         L, E, k = self.num_layers, self.num_experts, self.top_k
         with self._lock:
-            self.budget = max(int(budget), (k + 1 + SPARE_SLOTS) * self.slot)  # one layer's picks + one ahead
+            self.budget = max(int(budget), min_budget(k, self.slot))  # one layer's picks + one ahead
             if E == 1:  # a dense model's MLPs: counted with its dense weights, never evicted
                 self.budget = max(self.budget, (L + SPARE_SLOTS) * self.slot)
             per_layer = (self.budget - SPARE_SLOTS * self.slot) // max(1, self.slot * L)
@@ -779,7 +784,7 @@ def plan_expert_cache(model: ModelDir, params: dict, context_limit: int,
         cap = max(1, min(E, (nbytes - SPARE_SLOTS * one) // max(1, one * L)))
         return CachePlan(cap, one, f"{nbytes / 1e6:.0f} MB, about {cap} of {E} experts per layer "
                          f"(expert_cache_bytes)", resident, nbytes, kv, sysmem.available_memory())
-    b = sysmem.plan(resident, kv, activation_bytes(cfg), L * k * one, everything, (k + 1 + SPARE_SLOTS) * one,
+    b = sysmem.plan(resident, kv, activation_bytes(cfg), L * k * one, everything, min_budget(k, one),
                     measured, refuse=refuse)
     return _auto_plan(b, one, E, L, resident, kv)
 
@@ -798,6 +803,6 @@ def replan(plan: CachePlan, num_experts: int, num_layers: int, cache_used: int, 
     free, source = sysmem.room()
     k = b.cycle // max(1, num_layers * one)
     left = cache_used + free - max(0, b.kv - kv_used) - b.activations - sysmem.margin(free)
-    experts = max((k + 1 + SPARE_SLOTS) * one, min(b.all_experts, left))
+    experts = max(min_budget(k, one), min(b.all_experts, left))
     nb = replace(b, room=free, limited_by=source, experts=experts)
     return _auto_plan(nb, one, num_experts, num_layers, plan.resident_bytes, plan.kv_bytes)
