@@ -597,17 +597,14 @@ class ExpertCache:
         block.free()
 
     def _take_block(self, slot: _Slot, nbytes: int) -> Block:
+        """A spare block that fits, else a fresh one of the size _acquire counted (slot.nbytes)."""
         with self._lock:
             for i, b in enumerate(self._spare):
-                if nbytes <= b.size <= 2 * nbytes:
-                    self._used -= b.size
-                    block = self._spare.pop(i)
-                    break
-            else:
-                block = None
-            self._used += (block.size if block is not None else self.pool.block_size(nbytes)) - slot.nbytes
-            slot.nbytes = block.size if block is not None else self.pool.block_size(nbytes)
-        return block if block is not None else self.pool.alloc(nbytes)
+                if nbytes <= b.size <= 2 * nbytes:  # its bytes, counted as a spare, become the slot's
+                    self._used -= slot.nbytes
+                    slot.nbytes = b.size
+                    return self._spare.pop(i)
+        return self.pool.alloc(nbytes)
 
     def _drop(self, layer: int, expert: int, slot: _Slot) -> None:
         if self._slots.get((layer, expert)) is slot and slot.pins == 0:
