@@ -55,6 +55,11 @@ IO_THREADS = 4
 READ_MODES = ("auto", "direct", "dontneed", "cached")  # cached: plain pread, the page-cache copy stays
 
 
+def min_budget(top_k: int, slot: int) -> int:
+    """The smallest expert cache: one layer's picks, one ahead, and the spare slots."""
+    return (top_k + 1 + SPARE_SLOTS) * slot
+
+
 class ExpertLoadError(ModelFormatError):
     """An expert's file is missing or damaged; the message names layer and expert."""
 
@@ -324,7 +329,7 @@ class ExpertCache:
         """A new byte budget (memory pressure changed); evicts down to it at once where it can."""
         L, E, k = self.num_layers, self.num_experts, self.top_k
         with self._lock:
-            self.budget = max(int(budget), (k + 1 + SPARE_SLOTS) * self.slot)  # one layer's picks + one ahead
+            self.budget = max(int(budget), min_budget(k, self.slot))  # one layer's picks + one ahead
             if E == 1:  # a dense model's MLPs: counted with its dense weights, never evicted
                 self.budget = max(self.budget, (L + SPARE_SLOTS) * self.slot)
             per_layer = (self.budget - SPARE_SLOTS * self.slot) // max(1, self.slot * L)
@@ -592,17 +597,14 @@ class ExpertCache:
         block.free()
 
     def _take_block(self, slot: _Slot, nbytes: int) -> Block:
+        """A spare block that fits, else a fresh one of the size _acquire counted (slot.nbytes)."""
         with self._lock:
             for i, b in enumerate(self._spare):
-                if nbytes <= b.size <= 2 * nbytes:
-                    self._used -= b.size
-                    block = self._spare.pop(i)
-                    break
-            else:
-                block = None
-            self._used += (block.size if block is not None else self.pool.block_size(nbytes)) - slot.nbytes
-            slot.nbytes = block.size if block is not None else self.pool.block_size(nbytes)
-        return block if block is not None else self.pool.alloc(nbytes)
+                if nbytes <= b.size <= 2 * nbytes:  # its bytes, counted as a spare, become the slot's
+                    self._used -= slot.nbytes
+                    slot.nbytes = b.size
+                    return self._spare.pop(i)
+        return self.pool.alloc(nbytes)
 
     def _drop(self, layer: int, expert: int, slot: _Slot) -> None:
         if self._slots.get((layer, expert)) is slot and slot.pins == 0:
@@ -779,7 +781,7 @@ def plan_expert_cache(model: ModelDir, params: dict, context_limit: int,
         cap = max(1, min(E, (nbytes - SPARE_SLOTS * one) // max(1, one * L)))
         return CachePlan(cap, one, f"{nbytes / 1e6:.0f} MB, about {cap} of {E} experts per layer "
                          f"(expert_cache_bytes)", resident, nbytes, kv, sysmem.available_memory())
-    b = sysmem.plan(resident, kv, activation_bytes(cfg), L * k * one, everything, (k + 1 + SPARE_SLOTS) * one,
+    b = sysmem.plan(resident, kv, activation_bytes(cfg), L * k * one, everything, min_budget(k, one),
                     measured, refuse=refuse)
     return _auto_plan(b, one, E, L, resident, kv)
 
@@ -797,7 +799,7 @@ def replan(plan: CachePlan, num_experts: int, num_layers: int, cache_used: int, 
     b, one = plan.budget, plan.expert_bytes
     free, source = sysmem.room()
     k = b.cycle // max(1, num_layers * one)
-    left = cache_used + free - max(0, b.kv - kv_used) - b.activations - (sysmem.MARGIN + free // 50)
-    experts = max((k + 1 + SPARE_SLOTS) * one, min(b.all_experts, left))
+    left = cache_used + free - max(0, b.kv - kv_used) - b.activations - sysmem.margin(free)
+    experts = max(min_budget(k, one), min(b.all_experts, left))
     nb = replace(b, room=free, limited_by=source, experts=experts)
     return _auto_plan(nb, one, num_experts, num_layers, plan.resident_bytes, plan.kv_bytes)

@@ -118,8 +118,9 @@ class _SmallTier:
         for cls, pages in self.pages.items():
             keep = []
             for p in pages:
-                held = resident_bytes(p["buf"], 0, SLAB_PAGE) if len(p["free"]) == SLAB_PAGE // cls else 0
-                if len(p["free"]) == SLAB_PAGE // cls and _try_close(p["buf"]):
+                empty = len(p["free"]) == SLAB_PAGE // cls
+                held = resident_bytes(p["buf"], 0, SLAB_PAGE) if empty else 0  # counted before the unmap
+                if empty and _try_close(p["buf"]):
                     returned += held
                 else:
                     keep.append(p)

@@ -21,6 +21,11 @@ FLOOR_EXTRA = 200_000_000  # below dense weights + this (200 MB), a model is ref
 MARGIN = 96 * MiB
 
 
+def margin(free: int) -> int:
+    """What the budget holds back for runtime growth when `free` bytes are room: MARGIN + 2%."""
+    return MARGIN + free // 50
+
+
 class InsufficientMemoryError(ColibriError, MemoryError):
     """Too little memory to run the model at all; raised before anything is loaded."""
 
@@ -124,9 +129,9 @@ def plan(dense: int, kv: int, activations: int, cycle: int, all_experts: int, mi
     InsufficientMemoryError when this process may use less in all than dense weights + 200 MB."""
     free, source = measured or room()
     rss = _rss() if process is None else process
-    margin = MARGIN + free // 50
-    experts = max(minimum, min(all_experts, free - dense - kv - activations - margin))
-    b = MemoryBudget(free, source, rss, dense, kv, activations, margin, experts, cycle, all_experts)
+    held_back = margin(free)
+    experts = max(minimum, min(all_experts, free - dense - kv - activations - held_back))
+    b = MemoryBudget(free, source, rss, dense, kv, activations, held_back, experts, cycle, all_experts)
     if refuse and free + rss < b.floor:
         raise InsufficientMemoryError(
             f"not enough memory for this model: it needs at least {b.floor / 1e6:.0f} MB (dense weights "

@@ -70,7 +70,7 @@ class ModelWeights:
         """`plan`: the expert cache's budget (engine.experts.CachePlan). `repack`: resident q4
         experts go into the CPU kernels' 8-row groups (engine.experts); off when a GPU may take
         expert matmuls (its kernels read the stored layout)."""
-        from engine.experts import ExpertCache, ExpertStore
+        from engine.experts import ExpertStore
         cfg = model.config
         self.files: list[TensorFile] = []
         self.pool = pool
@@ -79,8 +79,7 @@ class ModelWeights:
         self._packed_blocks = []  # repacked copies of mapped matrices (_repacked)
         self.top_k = cfg.top_k
         self.repack = repack
-        self.experts = ExpertCache(self.store, pool, cfg.num_layers, cfg.num_experts, plan.cache_bytes,
-                                   prefetch_window, cfg.top_k, repack, plan.per_layer)
+        self.experts = self._expert_cache(cfg.num_layers, cfg.num_experts, plan, prefetch_window)
         emb = self._open(model.path / "embeddings.bin")
         self.token_embd = load_matrix(emb, "token_embd.weight")  # a few rows a token: stays mapped
         if cfg.tie_word_embeddings:  # also the output head, read whole every token: repacked
@@ -152,11 +151,14 @@ class ModelWeights:
 
     def reset_experts(self, plan, prefetch_window: int) -> None:
         """A new, empty expert cache with other settings."""
-        from engine.experts import ExpertCache
         old = self.experts
         old.close()
-        self.experts = ExpertCache(self.store, self.pool, len(self.layers), old.num_experts, plan.cache_bytes,
-                                   prefetch_window, self.top_k, self.repack, plan.per_layer)
+        self.experts = self._expert_cache(len(self.layers), old.num_experts, plan, prefetch_window)
+
+    def _expert_cache(self, num_layers: int, num_experts: int, plan, prefetch_window: int):
+        from engine.experts import ExpertCache
+        return ExpertCache(self.store, self.pool, num_layers, num_experts, plan.cache_bytes, prefetch_window,
+                           self.top_k, self.repack, plan.per_layer)
 
     def close(self) -> None:
         self.experts.close()
