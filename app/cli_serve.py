@@ -44,8 +44,6 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
-        api_key = args.api_key or os.environ.get("COLIBRI_API_KEY") or None
-        S.check_bind(args.host, api_key)  # before minutes of loading
         engine_p, sampling = P.from_args(args, "engine"), P.from_args(args, "sampling")
         engine_p.setdefault("log_level", "WARN")
         if "simd" in engine_p:
@@ -61,7 +59,8 @@ def main(argv: list[str] | None = None) -> int:
         limits = S.Limits(max_body_bytes=args.max_body_bytes, max_prompt_tokens=args.max_prompt_tokens,
                           max_tokens=args.max_reply_tokens, max_queue=args.max_queue,
                           body_timeout_s=args.body_timeout)
-        handle = S.start(load, args.host, args.port, api_key, limits, log_level="info")
+        # start checks the address (and $COLIBRI_API_KEY) before load runs: no minutes of loading first
+        handle = S.start(load, args.host, args.port, args.api_key, limits, log_level="info")
     except (ColibriError, ValueError, OSError) as e:
         print(f"colibri-serve: error: {e}", file=sys.stderr)
         return 1

@@ -47,8 +47,8 @@ DEFAULT_PORT = 4242  # no peer's (LM Studio 1234, llama-server 8080, Ollama 1143
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1", "[::1]")
 FINISH = {"stop": "stop", "length": "length", "context": "length", "cancelled": "stop"}
 ROLES = ("system", "developer", "user", "assistant", "tool")
-SAMPLING = ("temperature", "top_p", "top_k", "min_p", "repeat_penalty", "seed")
-PENALTIES = ("frequency_penalty", "presence_penalty")  # OpenAI's; passed on once the engine knows them
+SAMPLING = ("temperature", "top_p", "top_k", "min_p", "repeat_penalty", "seed", "frequency_penalty",
+            "presence_penalty")  # each checked against the engine's parameter table
 UNSUPPORTED = ("tools", "functions", "logprobs", "top_logprobs", "logit_bias", "suffix", "echo", "best_of")
 
 
@@ -200,17 +200,6 @@ class Service:
             v = _number(body, name, int if P.PARAMS[name].type is int else float)
             if v is not None:
                 out[name] = _checked(name, v)
-        for name in PENALTIES:
-            v = _number(body, name, float)
-            if v is None:
-                continue
-            if not -2.0 <= v <= 2.0:
-                raise ApiError(400, f"{name}: {v!r} is out of range (-2 to 2)", param=name,
-                               code="invalid_value")
-            if name in P.PARAMS:
-                out[name] = _checked(name, v)
-            elif v != 0.0:
-                log.warning("%s=%g ignored: this engine has no %s yet", name, v, name)
         key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
         mt = _number(body, key, int)
         if mt is not None:

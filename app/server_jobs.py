@@ -8,7 +8,6 @@ A continuous-batching scheduler replaces it by taking the same Jobs — `submit`
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 import queue
 import threading
@@ -60,9 +59,6 @@ class SerialScheduler:
         self._waiting = 0  # submitted and not yet started
         self._count_lock = threading.Lock()
         self.running: Job | None = None
-        # an engine whose generate() takes a cancel Event stops within a prompt's prefill too;
-        # otherwise the job is dropped at the next token
-        self._cancel_kw = "cancel" in inspect.signature(engine.generate).parameters
         self._thread = threading.Thread(target=self._work, name="colibri-serve-engine", daemon=True)
         self._thread.start()
 
@@ -115,8 +111,8 @@ class SerialScheduler:
     def _run(self, job: Job) -> None:
         gen = None
         try:
-            extra = {"cancel": job.cancelled} if self._cancel_kw else {}
-            gen = self.engine.generate(job.prompt, stop=job.stop, **extra, **job.sampling)
+            # cancel: the engine stops within a prompt's prefill too, not only between tokens
+            gen = self.engine.generate(job.prompt, stop=job.stop, cancel=job.cancelled, **job.sampling)
             for step in gen:
                 job._put(step)
                 if job.cancelled.is_set():

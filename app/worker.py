@@ -68,20 +68,23 @@ class FitReport:
                 f"length, or store the KV cache as int8 in Settings.")
 
 
+def _plan(model_path: str | Path, params: dict[str, Any], available: int | None):
+    """The model and the engine's memory plan for it with these settings (check_fit, fit_text)."""
+    model = open_model_dir(model_path)
+    ctx = min(params.get("context_length") or P.PARAMS["context_length"].default, model.config.max_position_embeddings)
+    return model, plan_expert_cache(model, params, ctx, available)
+
+
 def check_fit(model_path: str | Path, params: dict[str, Any], available: int | None = None) -> FitReport:
     """Weights + KV cache + expert cache against the memory that is free now, as the engine will
     plan them (engine.experts.plan_expert_cache: the same estimate, auto cache size included)."""
-    model = open_model_dir(model_path)
-    ctx = min(params.get("context_length") or P.PARAMS["context_length"].default, model.config.max_position_embeddings)
-    plan = plan_expert_cache(model, params, ctx, available)
+    model, plan = _plan(model_path, params, available)
     return FitReport(model.path.name, plan.resident_bytes, plan.kv_bytes, plan.cache_bytes, plan.available)
 
 
 def fit_text(model_path: str | Path, params: dict[str, Any], available: int | None = None) -> str:
     """One line for the settings dialog: what the model needs with these settings, and whether it fits."""
-    model = open_model_dir(model_path)
-    ctx = min(params.get("context_length") or P.PARAMS["context_length"].default, model.config.max_position_embeddings)
-    plan = plan_expert_cache(model, params, ctx, available)
+    model, plan = _plan(model_path, params, available)
     need = plan.resident_bytes + plan.kv_bytes + plan.cache_bytes
     gb = lambda n: f"{n / 1e9:.2f} GB"  # noqa: E731
     verdict = "fits" if need <= plan.available else "does not fit: lower the expert cache or the context"
