@@ -405,8 +405,8 @@ class EngineWorker(QObject):
     @Slot(bool, int)
     def serve(self, on: bool, port: int) -> None:
         """The GUI's "Serve on localhost": colibri-serve's OpenAI-compatible API over this engine, on
-        127.0.0.1 only (another address needs an API key: colibri-serve). Chat and server replies share
-        the engine one at a time."""
+        127.0.0.1 only (another address needs an API key: colibri-serve). Chat and server share the
+        engine with no queue between them yet: overlapping replies interrupt each other (README)."""
         self._stop_server()
         if not on:
             self.served.emit("", "")
