@@ -301,9 +301,11 @@ class TextCodec:
 
     def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
         """Special tokens written in the text (e.g. <|im_start|>) become their ids."""
-        ids = self.tok.encode(text, add_special_tokens=False).ids
+        return self._with_bos(self.tok.encode(text, add_special_tokens=False).ids, add_bos)
+
+    def _with_bos(self, ids: list[int], add_bos: bool | None = None) -> list[int]:
         if (self.add_bos if add_bos is None else add_bos) and self.bos_id is not None and ids[:1] != [self.bos_id]:
-            ids = [self.bos_id] + ids
+            return [self.bos_id] + ids
         return ids
 
     def decode(self, ids: list[int], skip_special: bool = True) -> str:
@@ -353,14 +355,12 @@ class TextCodec:
         for m in self._special_re.finditer(text):
             if m.start() > at:
                 ids += self._plain_piece(text[at:m.start()], at == 0)
-            ids.append(self.special_ids[m.group().strip()] if m.group() not in self.special_ids
-                       else self.special_ids[m.group()])
+            g = m.group()  # an lstrip/rstrip token's match holds the whitespace it takes
+            ids.append(self.special_ids[g if g in self.special_ids else g.strip()])
             at = m.end()
         if at < len(text):
             ids += self._plain_piece(text[at:], at == 0)
-        if self.add_bos and self.bos_id is not None and ids[:1] != [self.bos_id]:
-            ids = [self.bos_id] + ids
-        return ids
+        return self._with_bos(ids)
 
     def _plain_piece(self, text: str, first: bool) -> list[int]:
         text = _UNBREAK.sub(lambda m: m.group(1) or "", text)
