@@ -140,9 +140,7 @@ class Sampler:
         if len(seen):
             unseen = _absent(idx, seen)
             idx, val = np.concatenate([idx[unseen], seen]), np.concatenate([val[unseen], pen])
-        order = np.lexsort((idx, -val))[:k]
-        if val[order[0]] == -np.inf:
-            raise SamplingError("every logit is -inf: nothing can be sampled")
+        order = np.lexsort((idx, -val))[:k]  # never all -inf: check_finite ran, no penalty makes -inf
         return idx[order], val[order]
 
     def distribution(self, logits: np.ndarray, history: list[int]) -> tuple[np.ndarray, np.ndarray]:

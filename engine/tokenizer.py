@@ -227,6 +227,7 @@ def _checked_filters(env: _BudgetEnvironment) -> None:
 
 # --- messages as text ----------------------------------------------------------------------------
 _BREAK = "\ufdd0"  # a Unicode noncharacter: breaks a special-token string written inside a message
+_UNBREAK = re.compile(_BREAK + "(" + _BREAK + ")?")  # a break dropped, a doubled one made single
 
 
 def _special_patterns(tok: Tokenizer) -> tuple[re.Pattern | None, re.Pattern | None, dict[str, int]]:
@@ -278,9 +279,10 @@ class TextCodec:
         self.template.root_render_func.__globals__["str_join"] = env.checked_join
         self.template.root_render_func.__globals__["markup_join"] = env.checked_join
         self._special_re, self._bare_re, self.special_ids = _special_patterns(self.tok)
-        self._plain = Tokenizer.from_str(self.tok.to_str())  # special-token strings are plain text here
+        serialized = self.tok.to_str()  # megabytes for a large vocabulary: serialized once
+        self._plain = Tokenizer.from_str(serialized)  # special-token strings are plain text here
         self._plain.encode_special_tokens = True
-        spec = json.loads(self.tok.to_str())
+        spec = json.loads(serialized)
         rest = _never_prepend(spec)
         self._plain_rest = self._plain if rest == spec else Tokenizer.from_str(json.dumps(rest))
         self._plain_rest.encode_special_tokens = True
@@ -299,9 +301,11 @@ class TextCodec:
 
     def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
         """Special tokens written in the text (e.g. <|im_start|>) become their ids."""
-        ids = self.tok.encode(text, add_special_tokens=False).ids
+        return self._with_bos(self.tok.encode(text, add_special_tokens=False).ids, add_bos)
+
+    def _with_bos(self, ids: list[int], add_bos: bool | None = None) -> list[int]:
         if (self.add_bos if add_bos is None else add_bos) and self.bos_id is not None and ids[:1] != [self.bos_id]:
-            ids = [self.bos_id] + ids
+            return [self.bos_id] + ids
         return ids
 
     def decode(self, ids: list[int], skip_special: bool = True) -> str:
@@ -351,17 +355,15 @@ class TextCodec:
         for m in self._special_re.finditer(text):
             if m.start() > at:
                 ids += self._plain_piece(text[at:m.start()], at == 0)
-            ids.append(self.special_ids[m.group().strip()] if m.group() not in self.special_ids
-                       else self.special_ids[m.group()])
+            g = m.group()  # an lstrip/rstrip token's match holds the whitespace it takes
+            ids.append(self.special_ids[g if g in self.special_ids else g.strip()])
             at = m.end()
         if at < len(text):
             ids += self._plain_piece(text[at:], at == 0)
-        if self.add_bos and self.bos_id is not None and ids[:1] != [self.bos_id]:
-            ids = [self.bos_id] + ids
-        return ids
+        return self._with_bos(ids)
 
     def _plain_piece(self, text: str, first: bool) -> list[int]:
-        text = re.sub(_BREAK + "(" + _BREAK + ")?", lambda m: m.group(1) or "", text)  # unbreak
+        text = _UNBREAK.sub(lambda m: m.group(1) or "", text)
         return (self._plain if first else self._plain_rest).encode(text, add_special_tokens=False).ids
 
 

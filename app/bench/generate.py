@@ -1,7 +1,7 @@
 """Per-token cost of the chat path on the default model: a bare forward() loop, generate()
 greedy, generate() with the chat window's default sampling, and the sampler alone.
 
-    python -m app.bench.generate [--tokens 64] [--runs 5] [--threads 2]
+    python -m app.bench.generate [--tokens 32] [--runs 15] [--threads 2]
 
 Prints the median and the minimum of several interleaved runs (milliseconds per token); asserts nothing. The gap between
 `generate` and `forward` is generate()'s own per-token overhead (sampling, detokenizing, stop
@@ -59,11 +59,10 @@ def _generate(eng, n: int, overhead: list[float], **sampling) -> float:
     return total / (count - 1)
 
 
-def _sampler(eng, reps: int = 200, **settings) -> float:
+def _sampler(eng, history: list[int], reps: int = 200, **settings) -> float:
     from engine.sampling import Sampler
     s = Sampler(**(eng.sampling | settings))
-    logits = eng.logits(eng.prompt_ids(PROMPT))[-1].astype(np.float32)
-    history = eng.prompt_ids(PROMPT)
+    logits = eng.logits(history)[-1].astype(np.float32)
     s.sample(logits, history)
     t0 = time.perf_counter()
     for _ in range(reps):
@@ -71,11 +70,11 @@ def _sampler(eng, reps: int = 200, **settings) -> float:
     return (time.perf_counter() - t0) / reps
 
 
-def _stub_overhead(eng, n: int = 400) -> dict[str, float]:
+def _stub_overhead(eng, ids: list[int], n: int = 400) -> dict[str, float]:
     """Per-token seconds of forward() and generate() around a stub model that returns the real
     last-prompt logits at once (with a moving top token, so text keeps coming): the API's own
     cost, free of the model and nearly free of a noisy neighbour."""
-    real = eng.logits(eng.prompt_ids(PROMPT))[-1:].copy()
+    real = eng.logits(ids)[-1:].copy()
     inner = eng._prefill
 
     def stub(ids, cache, pos0, all_logits):
@@ -86,12 +85,7 @@ def _stub_overhead(eng, n: int = 400) -> dict[str, float]:
 
     eng._prefill = stub
     try:
-        out = {}
-        eng.reset()
-        tok, t0 = eng.forward(eng.prompt_ids(PROMPT)), time.perf_counter()
-        for _ in range(n):
-            tok = eng.forward([tok])
-        out["forward()"] = (time.perf_counter() - t0) / n
+        out = {"forward()": _forward_loop(eng, ids, n)}
         for name, kw in [("generate() greedy", {"temperature": 0.0}), ("generate() default", {}),
                          ("generate() default + repeat_penalty 1.1", {"repeat_penalty": 1.1})]:
             eng.reset()
@@ -126,9 +120,9 @@ def main(argv: list[str] | None = None) -> int:
         "generate() default sampling": lambda: _generate(eng, args.tokens, own["default"], seed=1),
         "generate() default + repeat_penalty 1.1": lambda: _generate(eng, args.tokens, own["repeat"], seed=1,
                                                                      repeat_penalty=1.1),
-        "sampler alone, default": lambda: _sampler(eng),
-        "sampler alone, top_k=0": lambda: _sampler(eng, top_k=0),
-        "sampler alone, greedy": lambda: _sampler(eng, temperature=0.0),
+        "sampler alone, default": lambda: _sampler(eng, ids),
+        "sampler alone, top_k=0": lambda: _sampler(eng, ids, top_k=0),
+        "sampler alone, greedy": lambda: _sampler(eng, ids, temperature=0.0),
     }
     results = {name: [] for name in cases}
     for _ in range(args.runs):  # interleaved, so that a noisy neighbour hits every case alike
@@ -143,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         m = statistics.median(xs)
         print(f"  {name:42s} median {m * 1e3:7.3f} ms/token ({m / base * 100:6.1f}%)   min {min(xs) * 1e3:7.3f} "
               f"({min(xs) / best * 100:6.1f}% of a forward step)")
-    stub = [_stub_overhead(eng) for _ in range(5)]
+    stub = [_stub_overhead(eng, ids) for _ in range(5)]
     print("  around a stub model (the API's own per-token cost; min of 5 runs):")
     for name in stub[0]:
         m = min(r[name] for r in stub)
