@@ -6,46 +6,19 @@ import dataclasses
 import threading
 
 import pytest
-from conftest import HF_FIXTURES
+import test_ui_main_window as M
 from PySide6.QtCore import Qt
 
-from app import settings as S
 from app import worker as W
-from app.history import History
 from engine.api import Step
 from ui import theme
 
+home, tiny, open_window = M.home, M.tiny, M.open_window
 pytestmark = [pytest.mark.qt_log_level_fail("WARNING"), pytest.mark.qt_log_ignore("propagateSizeHints")]
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    from engine.convert.convert import convert
-    return str(convert(HF_FIXTURES / "qwen2", tmp_path_factory.mktemp("ui") / "qwen2", "keep").path)
-
-
-@pytest.fixture
-def home(tmp_path, monkeypatch):
-    monkeypatch.setenv("COLIBRI_HOME", str(tmp_path))
-    return tmp_path
 
 
 def step(text: str = "", n: int = 1, **kw) -> Step:
     return Step(text, 1, n, 12, 0, 900.0, 30.0, 0.25, 12 + n, 4096, **kw)
-
-
-def open_window(qtbot, model: str | None = None):
-    from ui.main_window import MainWindow
-    settings = S.load()
-    settings.model = model
-    settings.sampling = {"temperature": 0.0, "max_tokens": 8}
-    w = MainWindow(settings, History())
-    qtbot.addWidget(w)
-    w.show()
-    if model:
-        with qtbot.waitSignal(w.flow.ready, timeout=120_000):
-            w.flow.start()
-    return w
 
 
 def start_fake_reply(w) -> int:
@@ -60,7 +33,7 @@ def start_fake_reply(w) -> int:
 
 
 def test_a_streaming_reply_survives_switching_chats_and_back(qtbot, home):
-    w = open_window(qtbot)
+    w = open_window(qtbot, None, wait=False)
     first = w.conv_id
     w.history.add_message(first, "user", "Tell me about birds")
     w.render_conversation()

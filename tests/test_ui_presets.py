@@ -10,19 +10,15 @@ import pytest
 from conftest import HF_FIXTURES
 from gguf import GGUFValueType
 from gguf_fixtures import convert_hf
+import test_ui_main_window as M
 
 from app import settings as S
 from app import worker as W
 from app.history import History
 from engine.convert.convert import convert
 
+home = M.home
 pytestmark = [pytest.mark.qt_log_level_fail("WARNING"), pytest.mark.qt_log_ignore("propagateSizeHints")]
-
-
-@pytest.fixture
-def home(tmp_path, monkeypatch):
-    monkeypatch.setenv("COLIBRI_HOME", str(tmp_path))
-    return tmp_path
 
 
 @pytest.fixture(scope="module")

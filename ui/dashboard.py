@@ -97,7 +97,7 @@ class Dashboard(QWidget):
         self.header.setText(self.tr("Waiting for the engine's first figures (a reply being written sends them "
                                     "between its words)…") if self.model_path else self.tr("No model is loaded."))
 
-    def _plot(self, y_label: str, legend: bool = False) -> pg.PlotWidget:
+    def _plot(self, y_label: str, legend: bool = False, color: str | None = None) -> pg.PlotWidget:
         c = self.colors
         p = pg.PlotWidget(background=c["bg"])
         for side in ("left", "right", "bottom"):
@@ -108,7 +108,7 @@ class Dashboard(QWidget):
             ax = p.getAxis(side)
             ax.setPen(pg.mkPen(c["border"]))
             ax.setTextPen(pg.mkPen(c["text"]))
-        p.setLabel("left", y_label, **self._label_style())
+        p.setLabel("left", y_label, **self._label_style(color))
         p.setLabel("bottom", "seconds ago", **self._label_style())
         p.setXRange(-WINDOW_S, 0, padding=0.01)
         p.showGrid(x=True, y=True, alpha=0.15)
@@ -119,18 +119,18 @@ class Dashboard(QWidget):
                         labelTextSize="8pt", verSpacing=-6)
         return p
 
-    def _label_style(self) -> dict:
-        """Axis titles in the text colour at the UI's size: muted grey on a plot was near-invisible."""
-        return {"color": self.colors["text"], "font-size": "10pt"}
+    def _label_style(self, color: str | None = None) -> dict:
+        """Axis titles in the text colour (or `color`) at the UI's size: muted grey on a plot was near-invisible."""
+        return {"color": color or self.colors["text"], "font-size": "10pt"}
 
-    def _right_axis(self, plot: pg.PlotWidget, label: str) -> pg.ViewBox:
+    def _right_axis(self, plot: pg.PlotWidget, label: str, color: str | None = None) -> pg.ViewBox:
         """A second y axis on the right with its own view (its own scale), x linked to the plot."""
         view = pg.ViewBox()
         pi = plot.getPlotItem()
         pi.showAxis("right")
         pi.scene().addItem(view)
         pi.getAxis("right").linkToView(view)
-        pi.getAxis("right").setLabel(label, **self._label_style())
+        pi.getAxis("right").setLabel(label, **self._label_style(color))
         view.setXLink(pi)
         view.setMouseEnabled(x=False, y=False)
         pi.vb.sigResized.connect(lambda: view.setGeometry(pi.vb.sceneBoundingRect()))
@@ -186,12 +186,9 @@ class Dashboard(QWidget):
         # axis the decode line lay flat at zero
         # each axis title in its curve's colour (no legend over the data)
         decode, prefill = _tr("decode tok/s (line)"), _tr("prefill tok/s (dots)")
-        self.speed_plot = self._plot(decode)
-        self.speed_plot.setLabel("left", decode, **(self._label_style() | {"color": blue}))
+        self.speed_plot = self._plot(decode, color=blue)
         self.decode_curve = self._curve(self.speed_plot, blue, "decode")
-        self.prefill_view = self._right_axis(self.speed_plot, prefill)
-        self.speed_plot.getPlotItem().getAxis("right").setLabel(prefill,
-                                                                **(self._label_style() | {"color": orange}))
+        self.prefill_view = self._right_axis(self.speed_plot, prefill, color=orange)
         self.prefill_curve = pg.PlotDataItem([], [], pen=None, symbol="o", symbolSize=7, symbolPen=None,
                                              symbolBrush=orange, name="prefill, one dot per reply")
         self.prefill_view.addItem(self.prefill_curve)

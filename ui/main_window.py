@@ -622,6 +622,7 @@ class MainWindow(QMainWindow):
         self.flow.worker.fit_explained.connect(d.fit_label.setText)
         if d.exec():
             self.apply_settings(d.engine_form.values(), d.ui_form.values())
+        d.deleteLater()  # and its connection to the worker with it: a dialog per opening piled up otherwise
 
     def apply_settings(self, engine: dict, ui: dict) -> None:
         """Save the new values; engine changes are applied to the running engine at once."""

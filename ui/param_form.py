@@ -33,6 +33,11 @@ def label(name: str) -> str:
         .replace("Top p", "Top-p").replace("Min p", "Min-p")
 
 
+def preset_label(name: str) -> str:
+    """A preset's name on screen: the built-in ones translated, the user's own as typed."""
+    return _tr(name) if name in S.BUILTIN_PRESETS else name
+
+
 def choice_label(choice: Any) -> str:
     c = str(choice)
     return LANGUAGE_NAMES.get(c) or _tr(CHOICE_LABELS.get(c, c))
@@ -354,14 +359,12 @@ class ConversationDialog(QDialog):
     def _fill_presets(self, current: str | None = None) -> None:
         self.preset_box.clear()
         for name in self.settings.all_presets():
-            shown = _tr(name) if name in S.BUILTIN_PRESETS else name
-            self.preset_box.addItem(shown, name)
+            self.preset_box.addItem(preset_label(name), name)
         self.preset_box.setCurrentIndex(max(0, self.preset_box.findData(current or self.settings.default_preset)))
 
     def _show_default(self) -> None:
-        name = self.settings.default_preset
         self.default_label.setText(self.tr("New chats start from “{name}”.").format(
-            name=_tr(name) if name in S.BUILTIN_PRESETS else name))
+            name=preset_label(self.settings.default_preset)))
 
     def apply_preset(self, name: str) -> None:
         """Fill the fields from a preset: its system prompt, its values over the defaults."""
