@@ -29,7 +29,7 @@ from numba.extending import intrinsic
 
 import engine.kernels  # noqa: F401  (numba settings first)
 from engine.kernels.simd import (_FAST, _ZERO, F32, I8, I32, TOKENS, _activations, _byte_ptr, _dot_accumulate, _load,
-                                 _splat, _vec, copy4, group_intrinsic)
+                                 _splat, _token_pointers, _vec, copy4, group_intrinsic)
 
 Q4_K, Q5_K, Q6_K = 12, 13, 14
 # GGML id -> block bytes, and per row of a block the regions (offset, bytes, unit) that
@@ -202,16 +202,7 @@ def _group_k(fmt: str, tokens: int):
 
     def typer(w, g, xq, xd, xs, xi, *t0):
         def codegen(context, builder, sig, args):
-            dims = 1 if tokens == 1 else 2
-            nb = _activations(context, builder, sig, args, dims)[0]
-            if tokens == 1:
-                per_token = [_activations(context, builder, sig, args, 1)[1:]]
-            else:
-                per_token = []
-                for k in range(tokens):
-                    t = builder.add(args[6], ir.Constant(args[6].type, k))
-                    per_token.append(tuple(builder.bitcast(_byte_ptr(context, builder, ty, a, t, _ZERO), e.as_pointer())
-                                           for ty, a, e in zip(sig.args[2:6], args[2:6], (I8, F32, F32, I32))))
+            nb, per_token = _token_pointers(context, builder, sig, args, tokens)
             g = args[1]
             base = _byte_ptr(context, builder, sig.args[0], args[0], builder.mul(g, ir.Constant(g.type, 8)), _ZERO)
             vf = _vec(F32, 8)
