@@ -50,7 +50,15 @@ def repack_k8(w, code):
     """In place, a Q4_K/Q5_K/Q6_K matrix (rows, row_bytes), rows a multiple of 8 -> groups of
     8 rows stored super-block by super-block, each region of the block (_REGIONS) interleaved
     over the 8 rows in units of 2 (halves), 1 (scale bytes) or 4 (quant bytes) bytes."""
-    size = _BLOCK[code]
+    repack8(w, _BLOCK[code], _REGIONS[code])
+
+
+@njit(cache=True, nogil=True)
+def repack8(w, size, regions):
+    """In place, a matrix (rows, row_bytes) of `size`-byte blocks, rows a multiple of 8 -> groups
+    of 8 rows stored block by block, each region (offset, bytes, unit) of regions (4, 3)
+    interleaved over the 8 rows: unit c of row i goes to 8·offset + 8·unit·c + unit·i (the
+    K-quants' repack_k8, and cpu.repack_x8's q4_0/q4_1/q8_0)."""
     rows, rb = w.shape
     flat = w.reshape(-1)
     tmp = np.empty(8 * rb, np.uint8)
@@ -60,7 +68,7 @@ def repack_k8(w, code):
             for b in range(rb // size):
                 src, dst = src0 + size * b, 8 * size * b
                 for k in range(4):
-                    off, length, unit = _REGIONS[code, k, 0], _REGIONS[code, k, 1], _REGIONS[code, k, 2]
+                    off, length, unit = regions[k, 0], regions[k, 1], regions[k, 2]
                     for c in range(length // unit):
                         at = dst + 8 * off + 8 * unit * c + unit * i
                         if unit == 4:
