@@ -268,11 +268,10 @@ def test_decode_and_prefill_paths_agree(name):
         np.testing.assert_allclose(one[0], many[t], rtol=1e-5, atol=1e-6 * np.abs(many).max())
 
 
-@pytest.mark.parametrize("name", PACK_FORMATS)
-def test_repacked_matrices_give_the_same_products(name):
-    """8-row groups (cpu.repack_x8): decode's group dot products, prefill's dequantized rows and
-    the fused SwiGLU against the numpy twin of the original layout."""
-    n, rows = 256, 48
+def check_repacked(name: str, rows: int, n: int):
+    """A stored matrix repacked in 8-row groups (cpu.repack_x8): its rows dequantize as the stored
+    ones, and decode, prefill (a tail that re-does some) and the float path give its products.
+    Returns (stored, repacked, GGML id, the rng it drew x from)."""
     w = stored_matrix(name, rows, n, seed=12)
     code = quant.get(name).type_id
     packed = w.copy()
@@ -287,11 +286,20 @@ def test_repacked_matrices_give_the_same_products(name):
         x = rng.standard_normal((T, n)).astype(np.float32)
         out = np.empty((T, rows), np.float32)
         cpu.matmul(packed, code + cpu.PACKED, x, out)
-        want = ref.matmul_int(w, name, x)
+        want = ref.matmul_int(w, name, x)  # (K-quants: ref.matmul_int_k)
         np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
         cpu.matmul(packed, code + cpu.PACKED, x, out, True)
         want = ref.matmul(w, name, n, x)
         np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    return w, packed, code, rng
+
+
+@pytest.mark.parametrize("name", PACK_FORMATS)
+def test_repacked_matrices_give_the_same_products(name):
+    """8-row groups (cpu.repack_x8): decode's group dot products, prefill's dequantized rows and
+    the fused SwiGLU against the numpy twin of the original layout."""
+    n, rows = 256, 48
+    w, packed, code, rng = check_repacked(name, rows, n)
     up = stored_matrix(name, rows, n, seed=14)
     up_packed = up.copy()
     cpu.repack_x8(up_packed, code)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_kernels import stored_matrix
+from test_kernels import check_repacked, stored_matrix
 
 from engine import quant
 from engine.kernels import cpu
@@ -45,23 +45,7 @@ def test_repacked_groups_match_the_twin(name):
     """8-row groups: the layout round-trips (dequantize_x8_row is the format's dequantization),
     and decode (T < TOKENS), prefill (TOKENS tokens a pass, a tail that re-does some) and the
     float path (`exact`) give the stored matrix's products."""
-    n, rows = 768, 48
-    w = stored_matrix(name, rows, n, seed=12)
-    code = quant.get(name).type_id
-    p = packed(w, name)
-    assert not np.array_equal(p, w) and p.shape == w.shape
-    got = np.empty(n, np.float32)
-    for r in (0, 7, 8, 45):
-        cpu.dequantize_x8_row(p, r, code + cpu.PACKED, got)
-        np.testing.assert_array_equal(got, quant.dequantize(w[r:r + 1], name)[0])
-    rng = np.random.default_rng(13)
-    for T in (1, 3, cpu.TOKENS, cpu.TOKENS + 2):
-        x = rng.standard_normal((T, n)).astype(np.float32)
-        out = np.empty((T, rows), np.float32)
-        cpu.matmul(p, code + cpu.PACKED, x, out)
-        close(out, ref.matmul_int_k(w, name, x))
-        cpu.matmul(p, code + cpu.PACKED, x, out, True)
-        close(out, ref.matmul(w, name, n, x))
+    check_repacked(name, 48, 768)
 
 
 @pytest.mark.parametrize("name", K_FORMATS)

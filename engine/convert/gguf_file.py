@@ -23,14 +23,14 @@ from engine.model_dir import ModelConfig
 GGUF_ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen2moe": "qwen2_moe",
                       "qwen3moe": "qwen3_moe", "olmoe": "olmoe"}
 NORM_TOPK = {"mixtral": True, "qwen2_moe": False, "qwen3_moe": True, "olmoe": False}
-PERMUTED_QK = {"llama"}
+PERMUTED_QK = {"llama"}  # GGUF archs whose q/k rows llama.cpp's converter permuted
 # Bounds of the integer hyper-parameters (arch.KEY): far beyond any real model, far below what
 # would make an allocation fail or a loop run for hours.
 LIMITS = {"block_count": (1, 4096), "embedding_length": (1, 1 << 20), "attention.head_count": (1, 4096),
           "attention.head_count_kv": (1, 4096), "attention.key_length": (1, 1 << 16),
           "feed_forward_length": (1, 1 << 22), "expert_feed_forward_length": (1, 1 << 22),
           "expert_shared_feed_forward_length": (0, 1 << 22), "expert_count": (0, 1 << 16),
-          "expert_used_count": (1, 1 << 16), "vocab_size": (1, 1 << 24), "context_length": (1, 1 << 24)}  # GGUF archs whose q/k rows llama.cpp's converter permuted
+          "expert_used_count": (1, 1 << 16), "vocab_size": (1, 1 << 24), "context_length": (1, 1 << 24)}
 
 
 def unpermute_order(n_head: int, rows: int) -> np.ndarray:

@@ -102,17 +102,11 @@ def _dot(fmt: str, tokens: int):
     size, _, _, _, m_at, grid = FORMATS[fmt]
 
     def codegen(context, builder, sig, args):
-        wty, _, qty, dty, sty, ity = sig.args[:6]
-        nb = simd._activations(context, builder, sig, args, 1 if tokens == 1 else 2)[0]
+        wty = sig.args[0]
+        nb, per_token = simd._token_pointers(context, builder, sig, args, tokens)
         row = _byte_ptr(context, builder, wty, args[0], args[1], _ZERO)
         if tokens == 1:
-            per_token = [simd._activations(context, builder, sig, args, 1)[1:]] * 2  # (even, odd) blocks
-        else:
-            per_token = []
-            for k in range(tokens):
-                t = builder.add(args[6], ir.Constant(args[6].type, k))
-                per_token.append(tuple(builder.bitcast(_byte_ptr(context, builder, ty, a, t, _ZERO), e.as_pointer())
-                                       for ty, a, e in zip((qty, dty, sty, ity), args[2:6], (I8, F32, F32, I32))))
+            per_token *= 2  # (even, odd) blocks
         vf = _vec(F32, 8)
         accs = [cgutils.alloca_once_value(builder, ir.Constant(vf, None)) for _ in per_token]
         extras = [cgutils.alloca_once_value(builder, ir.Constant(F32, 0.0)) for _ in per_token]

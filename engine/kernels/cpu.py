@@ -17,7 +17,7 @@ import engine.kernels  # noqa: F401  (numba settings first)
 from engine import quant
 from engine.kernels import blocks32, kquants
 from engine.kernels.rows import attend, rmsnorm_row, rope_head, silu
-from engine.kernels.simd import (TOKENS, copy4, group_dot_q4_0x8, group_dot_q4_1x8, group_dot_q8_0x8,
+from engine.kernels.simd import (TOKENS, group_dot_q4_0x8, group_dot_q4_1x8, group_dot_q8_0x8,
                                  group_tokens_q4_0x8, group_tokens_q4_1x8, group_tokens_q8_0x8, quantize32,
                                  row_dot_q4_0, row_dot_q4_1, row_dot_q8_0, tokens_q4_0, tokens_q4_1, tokens_q8_0)
 
@@ -240,22 +240,11 @@ def repack_x8(w, code):
         kquants.repack_k8(w, code)
         return
     size, halves = _group_block(code)
-    qbytes = size - 2 * halves
-    gsize = 16 * halves + 8 * qbytes
-    rows, rb = w.shape
-    flat = w.reshape(-1)
-    tmp = np.empty(8 * rb, np.uint8)
-    for g in range(rows // 8):
-        for i in range(8):
-            src0 = (8 * g + i) * rb
-            for b in range(rb // size):
-                o, src = gsize * b, src0 + size * b
-                for h in range(halves):
-                    tmp[o + 16 * h + 2 * i] = flat[src + 2 * h]
-                    tmp[o + 16 * h + 2 * i + 1] = flat[src + 2 * h + 1]
-                for c in range(qbytes // 4):
-                    copy4(tmp, o + 16 * halves + 32 * c + 4 * i, flat, src + 2 * halves + 4 * c)
-        flat[8 * g * rb:8 * (g + 1) * rb] = tmp
+    regions = np.zeros((4, 3), np.int64)  # (offset, bytes, unit): the halves, the quants; no more
+    regions[:, 2] = 1
+    regions[0, 1], regions[0, 2] = 2 * halves, 2
+    regions[1, 0], regions[1, 1], regions[1, 2] = 2 * halves, size - 2 * halves, 4
+    kquants.repack8(w, size, regions)
 
 
 @njit(cache=True, nogil=True)

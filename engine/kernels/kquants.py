@@ -29,7 +29,7 @@ from numba.extending import intrinsic
 
 import engine.kernels  # noqa: F401  (numba settings first)
 from engine.kernels.simd import (_FAST, _ZERO, F32, I8, I32, TOKENS, _activations, _byte_ptr, _dot_accumulate, _load,
-                                 _splat, _vec, copy4, group_intrinsic)
+                                 _splat, _token_pointers, _vec, copy4, group_intrinsic)
 
 Q4_K, Q5_K, Q6_K = 12, 13, 14
 # GGML id -> block bytes, and per row of a block the regions (offset, bytes, unit) that
@@ -50,7 +50,15 @@ def repack_k8(w, code):
     """In place, a Q4_K/Q5_K/Q6_K matrix (rows, row_bytes), rows a multiple of 8 -> groups of
     8 rows stored super-block by super-block, each region of the block (_REGIONS) interleaved
     over the 8 rows in units of 2 (halves), 1 (scale bytes) or 4 (quant bytes) bytes."""
-    size = _BLOCK[code]
+    repack8(w, _BLOCK[code], _REGIONS[code])
+
+
+@njit(cache=True, nogil=True)
+def repack8(w, size, regions):
+    """In place, a matrix (rows, row_bytes) of `size`-byte blocks, rows a multiple of 8 -> groups
+    of 8 rows stored block by block, each region (offset, bytes, unit) of regions (4, 3)
+    interleaved over the 8 rows: unit c of row i goes to 8·offset + 8·unit·c + unit·i (the
+    K-quants' repack_k8, and cpu.repack_x8's q4_0/q4_1/q8_0)."""
     rows, rb = w.shape
     flat = w.reshape(-1)
     tmp = np.empty(8 * rb, np.uint8)
@@ -60,7 +68,7 @@ def repack_k8(w, code):
             for b in range(rb // size):
                 src, dst = src0 + size * b, 8 * size * b
                 for k in range(4):
-                    off, length, unit = _REGIONS[code, k, 0], _REGIONS[code, k, 1], _REGIONS[code, k, 2]
+                    off, length, unit = regions[k, 0], regions[k, 1], regions[k, 2]
                     for c in range(length // unit):
                         at = dst + 8 * off + 8 * unit * c + unit * i
                         if unit == 4:
@@ -202,16 +210,7 @@ def _group_k(fmt: str, tokens: int):
 
     def typer(w, g, xq, xd, xs, xi, *t0):
         def codegen(context, builder, sig, args):
-            dims = 1 if tokens == 1 else 2
-            nb = _activations(context, builder, sig, args, dims)[0]
-            if tokens == 1:
-                per_token = [_activations(context, builder, sig, args, 1)[1:]]
-            else:
-                per_token = []
-                for k in range(tokens):
-                    t = builder.add(args[6], ir.Constant(args[6].type, k))
-                    per_token.append(tuple(builder.bitcast(_byte_ptr(context, builder, ty, a, t, _ZERO), e.as_pointer())
-                                           for ty, a, e in zip(sig.args[2:6], args[2:6], (I8, F32, F32, I32))))
+            nb, per_token = _token_pointers(context, builder, sig, args, tokens)
             g = args[1]
             base = _byte_ptr(context, builder, sig.args[0], args[0], builder.mul(g, ir.Constant(g.type, 8)), _ZERO)
             vf = _vec(F32, 8)

@@ -133,6 +133,20 @@ def _activations(context, builder, sig, args, dims: int):
             _data_ptr(context, builder, sty, args[4], F32), _data_ptr(context, builder, ity, args[5], I32))
 
 
+def _token_pointers(context, builder, sig, args, tokens: int):
+    """The block count and per token its pointers (xq, xd, xs, xi): one token's (n,) activations
+    (tokens=1), or rows t0..t0+tokens-1 (t0: argument 6) of (T, n) ones."""
+    nb, *ptrs = _activations(context, builder, sig, args, 1 if tokens == 1 else 2)
+    if tokens == 1:
+        return nb, [tuple(ptrs)]
+    per_token = []
+    for k in range(tokens):
+        t = builder.add(args[6], ir.Constant(args[6].type, k))
+        per_token.append(tuple(builder.bitcast(_byte_ptr(context, builder, ty, a, t, _ZERO), elem.as_pointer())
+                               for ty, a, elem in zip(sig.args[2:6], args[2:6], (I8, F32, F32, I32))))
+    return nb, per_token
+
+
 @intrinsic
 def round_f16(typingctx, v):
     """v rounded to the nearest IEEE half (as llama.cpp stores a block's scale), back as float32."""
@@ -257,17 +271,7 @@ def _group_dot(fmt: str, tokens: int):
 
     def typer(w, g, xq, xd, xs, xi, *t0):
         def codegen(context, builder, sig, args):
-            dims = 1 if tokens == 1 else 2
-            nb = _activations(context, builder, sig, args, dims)[0]
-            if tokens == 1:
-                per_token = [_activations(context, builder, sig, args, 1)[1:]]
-            else:
-                first = args[6]
-                per_token = []
-                for k in range(tokens):
-                    t = builder.add(first, ir.Constant(first.type, k))
-                    per_token.append(tuple(builder.bitcast(_byte_ptr(context, builder, ty, a, t, _ZERO), elem.as_pointer())
-                                           for ty, a, elem in zip(sig.args[2:6], args[2:6], (I8, F32, F32, I32))))
+            nb, per_token = _token_pointers(context, builder, sig, args, tokens)
             g = args[1]
             base = _byte_ptr(context, builder, sig.args[0], args[0], builder.mul(g, ir.Constant(g.type, 8)), _ZERO)
             vf, vi = _vec(F32, 8), _vec(I32, 8)
