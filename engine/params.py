@@ -103,8 +103,8 @@ PARAMS: dict[str, Param] = {p.name: p for p in [
           scope="sampling", min=0.0, max=1.0),
     Param("min_p", float, 0.05, "drop tokens less likely than min_p × the top token's probability",
           scope="sampling", min=0.0, max=1.0),
-    Param("repeat_penalty", float, 1.0, "penalise tokens seen in the last 64 tokens; 1 = off",
-          scope="sampling", min=0.0, max=10.0),
+    Param("repeat_penalty", float, 1.0, "penalise tokens seen in the last 64 tokens: divide a positive logit "
+          "by it, multiply a negative one; 1 = off (0 would divide by zero)", scope="sampling", min=0.01, max=10.0),
     Param("frequency_penalty", float, 0.0, "subtract this × how often a token occurs in the last 64 tokens "
           "from its logit (OpenAI's frequency_penalty); 0 = off", scope="sampling", min=-2.0, max=2.0),
     Param("presence_penalty", float, 0.0, "subtract this from the logit of every token seen in the last 64 "

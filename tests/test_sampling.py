@@ -44,7 +44,8 @@ def test_seed_repeats():
 
 @pytest.mark.parametrize("kw,fragment", [({"temperature": -1}, "temperature"), ({"top_p": 2}, "top_p"),
                                          ({"min_p": -0.1}, "min_p"), ({"top_k": -3}, "top_k"),
-                                         ({"repeat_penalty": 11}, "repeat_penalty"), ({"seed": -1}, "seed")])
+                                         ({"repeat_penalty": 11}, "repeat_penalty"), ({"repeat_penalty": 0}, "repeat_penalty"),
+                                         ({"seed": -1}, "seed")])
 def test_out_of_range_names_the_parameter(kw, fragment):
     with pytest.raises(ValueError, match=f"{fragment}: .* out of range"):
         Sampler(**kw)
