@@ -220,8 +220,16 @@ def _checked_filters(env: _BudgetEnvironment) -> None:
             meter().size(len(str(s)) * (1 + len(wrapstring or "\n")), "wordwrap result")
         return jinja_filters.do_wordwrap(environment, s, width, break_long_words, wrapstring, break_on_hyphens)
 
+    def tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        # transformers' own tojson: keys in their order, no HTML escaping (jinja's sorts and escapes
+        # <>&', so a tool call rendered differently from the model's training format)
+        out = json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+        if meter() is not None:
+            meter().size(len(out), "tojson result")
+        return out
+
     env.filters.update(center=center, indent=indent, replace=replace, join=join, format=format_,
-                       wordwrap=jinja2.pass_environment(wordwrap))
+                       wordwrap=jinja2.pass_environment(wordwrap), tojson=tojson)
     env.globals.pop("lipsum", None)
 
 

@@ -57,3 +57,13 @@ def test_template_syntax_error(default_converted):
 def test_malformed_messages(codec):
     with pytest.raises(ValueError, match="message 0 must be a dict with 'role' and 'content'"):
         codec.render(["hello"])
+
+
+def test_tojson_is_transformers_tojson(default_converted):
+    """Keys keep their order and <>&' stay as they are (jinja's own tojson sorts and HTML-escapes,
+    so tool calls rendered unlike the format the model was trained on)."""
+    model = open_model_dir(default_converted)
+    template = "{{ {'name': 'f', 'arguments': {'b': '<x & y>', 'a': \"it's\"}} | tojson }}|{{ 'é' | tojson }}"
+    codec = TextCodec(model.path / "tokenizer.json", template, model.meta["tokenizer"])
+    assert codec.render([{"role": "user", "content": "hi"}]) == \
+        '{"name": "f", "arguments": {"b": "<x & y>", "a": "it\'s"}}|"é"'
