@@ -141,8 +141,11 @@ class Reply:
 
 
 def reasoning_of(engine) -> tuple[bool, bool]:
-    """(the model reasons, its template has a thinking switch) — from its template and vocabulary."""
-    codec = engine.codec
+    """(the model reasons, its template has a thinking switch) — from its template and vocabulary;
+    a backend without a local template (a remote one, a test's stand-in) says (False, False)."""
+    codec = getattr(engine, "codec", None)
+    if codec is None:
+        return False, False
     reasons = is_reasoning_model(codec.template_source, lambda t: codec.tok.token_to_id(t) is not None)
     return reasons, reasons and can_switch(codec.template_source)
 
