@@ -24,7 +24,7 @@ def facts_line(m: Message) -> str:
     if f.get("thinking") is not None:
         parts.append("thinking on" if f["thinking"] else "thinking off")
     sampling = f.get("sampling", {})
-    parts += [f"{k} {sampling[k]}" for k in SHOWN if k in sampling]
+    parts += [f"{k} {sampling[k]}" for k in SHOWN if sampling.get(k) is not None]
     if s.get("generated_tokens"):
         parts.append(f"{s['generated_tokens']} tokens at {s.get('decode_tok_s', 0):.1f} tok/s")
     if s.get("thinking_tokens"):

@@ -52,7 +52,7 @@ def facts_text(facts: dict) -> str:
     if facts.get("thinking") is not None:
         parts.append(_tr("thinking on") if facts["thinking"] else _tr("thinking off"))
     sampling = facts.get("sampling", {})
-    parts += [f"{k} {sampling[k]}" for k in SHOWN if k in sampling]
+    parts += [f"{k} {sampling[k]}" for k in SHOWN if sampling.get(k) is not None]
     return " · ".join(parts)
 
 

@@ -596,10 +596,11 @@ class MainWindow(QMainWindow):
         self._show_thinking_switch()
 
     def _thinking_on(self, conv) -> bool | None:
-        """The chat's thinking switch for the template, or None where the template has none."""
+        """The chat's thinking switch as the template gets it (on unless turned off, as the button
+        shows), or None where the template has no switch."""
         if not self.reasons[1]:
             return None
-        return conv.thinking
+        return conv.thinking is not False
 
     def _show_thinking_switch(self) -> None:
         if self.conv_id is None:
