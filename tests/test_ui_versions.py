@@ -7,9 +7,10 @@ import json
 import pytest
 from conftest import HF_FIXTURES
 from PySide6.QtCore import Qt, QUrl
-from test_ui_main_window import home, open_window, send  # noqa: F401 - fixtures
+import test_ui_main_window as M
 from thinking_model import make_thinking_model
 
+home, open_window, send = M.home, M.open_window, M.send  # a fixture and helpers of the window's tests
 pytestmark = [pytest.mark.qt_log_level_fail("WARNING"), pytest.mark.qt_log_ignore("propagateSizeHints")]
 
 
@@ -31,7 +32,7 @@ def click(w, href: str) -> None:
 def test_a_thinking_reply_folds_into_a_block_with_its_count_and_the_switch_turns_it_off(qtbot, home, thinker):
     w = open_window(qtbot, thinker, max_tokens=12)
     assert w.thinking_button.isVisibleTo(w) and w.thinking_button.isChecked()
-    assert w.thinking_button.accessibleName() == "Thinking"
+    assert w.thinking_button.accessibleName() == "Thinking" and w.thinking_button.text() == "Thinking: on"
     seen = []  # the view after each streaming re-render (the timer's slot runs first)
     w.view.render_timer.timeout.connect(lambda: seen.append(w.view.toPlainText()))
     send(qtbot, w, "What is 2+2?")
@@ -44,7 +45,7 @@ def test_a_thinking_reply_folds_into_a_block_with_its_count_and_the_switch_turns
     click(w, f"think:{m.id}")
     assert "▾ Thought for 12 tokens" in w.view.toPlainText() and m.reasoning.strip()[:20] in w.view.toPlainText()
     qtbot.mouseClick(w.thinking_button, Qt.LeftButton)  # off, for this chat
-    assert w.history.conversation(w.conv_id).thinking is False
+    assert w.history.conversation(w.conv_id).thinking is False and w.thinking_button.text() == "Thinking: off"
     send(qtbot, w, "And 3+3?")
     off = w.history.messages(w.conv_id)[-1]
     assert off.facts["thinking"] is False and off.stats["thinking_tokens"] == 0 and off.content

@@ -156,22 +156,21 @@ class ChatView(QTextBrowser):
                 f'<tr><td bgcolor="{c["code"]}">{link}{body}</td></tr></table>')
 
     def _reply_foot(self, m: Message, last: bool) -> str:
-        parts = [p for p in (stats_line(m.stats), html.escape(m.facts.get("model", ""))) if p]
-        foot = " · ".join(parts)
-        links = []
-        if self._versions(m):
-            links.append(self._versions(m))
-        if m.facts.get("sampling"):
-            links.append(self._link(f"details:{m.id}", self.tr("Details")))
+        """The figures and the model on one line; ‹ 2/3 › and the actions on the next; the
+        sampling under them when Details is open."""
+        facts = " · ".join(p for p in (stats_line(m.stats), html.escape(m.facts.get("model", ""))) if p)
+        links = [v for v in (self._versions(m),) if v]
         if last and self.streaming is None:
             if m.stats.get("finish_reason") in ("length", "cancelled"):
                 links.append(self._link("continue:", self.tr("Continue")))
             links.append(self._link("regenerate:", self.tr("Regenerate")))
             links.append(self._link(f"copymsg:{m.id}", self.tr("Copy")))
-        foot = " &nbsp; ".join([foot] + links if foot else links)
+        if m.facts.get("sampling"):
+            links.append(self._link(f"details:{m.id}", self.tr("Details")))
+        lines = [facts, " &nbsp; ".join(links)]
         if m.id in self.details and m.facts.get("sampling"):
-            foot += f"<br>{html.escape(facts_text(m.facts))}"
-        return foot
+            lines.append(html.escape(facts_text(m.facts)))
+        return "<br>".join(line for line in lines if line)
 
     def _finished_html(self, md: MarkdownRenderer) -> str:
         c = self.colors

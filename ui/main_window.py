@@ -202,7 +202,7 @@ class MainWindow(QMainWindow):
         self.search.setPlaceholderText(self.tr("Search chats"))
         self.new_button.setText(self.tr("New chat"))
         self.chat_settings_button.setText(self.tr("Chat settings"))
-        self.thinking_button.setText(self.tr("Thinking"))
+        self._thinking_text()
         self.settings_button.setText(self.tr("Settings"))
         self.input.set_texts()
 
@@ -486,7 +486,7 @@ class MainWindow(QMainWindow):
         if request != self.request:
             return
         cid, self.gen_conv = self.gen_conv, None
-        raw = self.streams.pop(cid, "")
+        self.streams.pop(cid, None)
         resumed, self.continuing = self.continuing, None
         regenerating, self.regenerating = self.regenerating, None
         self.prompt_read = None
@@ -610,8 +610,15 @@ class MainWindow(QMainWindow):
         self.thinking_button.blockSignals(True)
         self.thinking_button.setChecked(conv.thinking is not False)  # templates think unless told not to
         self.thinking_button.blockSignals(False)
+        self._thinking_text()
+
+    def _thinking_text(self) -> None:
+        """The switch says its state in words: a checked button alone looks like any other."""
+        self.thinking_button.setText(self.tr("Thinking: on") if self.thinking_button.isChecked()
+                                     else self.tr("Thinking: off"))
 
     def _set_thinking(self, on: bool) -> None:
+        self._thinking_text()
         if self.conv_id is not None:
             self.history.set_thinking(self.conv_id, on)
             self.count_context()

@@ -363,6 +363,14 @@
         <source>Editing a message: Enter sends it as a new version (the earlier one stays, ‹ › browses them) · Esc cancels</source>
         <translation>正在编辑消息：Enter 将其作为新版本发送（旧版本保留，用 ‹ › 浏览）· Esc 取消</translation>
     </message>
+    <message>
+        <source>Thinking: on</source>
+        <translation>思考：开</translation>
+    </message>
+    <message>
+        <source>Thinking: off</source>
+        <translation>思考：关</translation>
+    </message>
 </context>
 <context>
     <name>ChatView</name>
