@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import json
+import shutil
 import sqlite3
+from pathlib import Path
 
 import pytest
 
@@ -201,3 +203,17 @@ def test_exports_hold_every_version_in_json_and_the_shown_one_in_markdown(db):
     assert [(m["content"], m["parent_id"]) for m in doc["messages"]] == [("Name a bird", None), ("Robin", q.id),
                                                                          ("Wren", q.id)]
     assert len(doc["path"]) == 2
+
+
+def test_a_database_written_by_schema_1_colibri_opens_with_its_chats_whole(db):
+    """tests/fixtures/history_v1.db was written by the schema-1 History itself (tests/make_history_v1.py)."""
+    shutil.copy(Path(__file__).parent / "fixtures" / "history_v1.db", db)
+    h = History(db)
+    birds, fish = sorted(h.conversations(), key=lambda c: c.title)
+    assert (birds.title, birds.system_prompt, birds.sampling) == ("Birds", "Be brief.", {"temperature": 0.3})
+    assert [(m.role, m.content) for m in h.messages(birds.id)] == [
+        ("user", "Name a bird"), ("assistant", "Robin"), ("user", "Another?"), ("assistant", "Wren")]
+    assert [m.content for m in h.messages(fish.id)] == ["Name a fish", "Trout"]
+    assert h.messages(birds.id)[1].stats == {"generated_tokens": 2, "finish_reason": "stop"}
+    h.add_message(birds.id, "assistant", "Sparrow", parent=h.messages(birds.id)[2].id)  # a version, at once
+    assert [(m.content, m.version, m.versions) for m in h.messages(birds.id)][-1] == ("Sparrow", 2, 2)
