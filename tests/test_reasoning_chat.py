@@ -58,3 +58,23 @@ def test_continue_resumes_where_the_reply_stopped_as_if_never_cut(engine):
     rest = go(4, half.text)
     assert half.text + rest.text == whole.text
     assert rest.thinking_tokens == 4 and not rest.text.startswith("<think>")
+
+
+HARMONY = ("<|channel|>analysis<|message|>User asks 2+2. Simple.<|end|><|start|>assistant<|channel|>final"
+           "<|message|>2 + 2 = 4.")
+
+
+@pytest.mark.parametrize("cut", range(0, len(HARMONY) + 1, 3))
+def test_gpt_oss_analysis_channel_is_the_thinking_at_every_cut(cut):
+    s = R.ThinkSplitter()
+    parts = [s.push(HARMONY[:cut]), s.push(HARMONY[cut:]), s.flush()]
+    assert "".join(p[0] for p in parts) == "User asks 2+2. Simple."
+    assert "".join(p[1] for p in parts) == "2 + 2 = 4."
+
+
+def test_gpt_oss_straight_to_the_final_channel_and_a_quoted_channel_tag():
+    assert R.split("<|channel|>final<|message|>Four.") == ("", "Four.", False)
+    assert R.split("Four. <|channel|>analysis<|message|>") == ("", "Four. <|channel|>analysis<|message|>", False)
+    assert R.split("<|channel|>analysis<|message|>still going", final=False) == ("still going", "", True)
+    gpt_oss = "<|start|>assistant<|channel|>analysis<|message|>{{ message.thinking }}<|end|>"
+    assert R.is_reasoning_model(gpt_oss, lambda t: False)
