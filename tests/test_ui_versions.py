@@ -97,3 +97,24 @@ def test_continue_resumes_a_reply_cut_by_the_token_limit(qtbot, home, tiny):
     assert "*qwen2 · temperature 0.0" in md and "max_tokens 4 · 8 tokens at" in md
     click(w, f"details:{msgs[-1].id}")
     assert "temperature 0.0" in w.view.toPlainText()
+
+
+def test_long_thinking_streams_its_tail_and_shows_whole_once_unfolded(qtbot):
+    from app.history import Message
+    from ui import theme
+    from ui.chat_view import LIVE_CHARS, ChatView
+    view = ChatView(theme.palette("light"), 11)
+    qtbot.addWidget(view)
+    thinking = " ".join(f"w{i}" for i in range(3000))
+    view.set_messages([Message(1, 1, "user", "Hi", 0.0)], "<think>\n" + thinking)
+    view.set_stream_tokens(3000)
+    view.render_stream()
+    text = view.toPlainText()
+    assert "▾ Thinking… 3000 tokens" in text and "… " in text and "w2999" in text and "w0 " not in text
+    assert len(text) < LIVE_CHARS + 200  # the tail only, while it streams
+    view.end_stream()
+    view.set_messages([Message(1, 1, "user", "Hi", 0.0), Message(2, 1, "assistant", "Done.", 0.0,
+                                                                 {"thinking_tokens": 3000}, 1, thinking)])
+    assert "▸ Thought for 3000 tokens" in view.toPlainText() and "w0 " not in view.toPlainText()
+    view.anchorClicked.emit(QUrl("think:2"))
+    assert "w0 w1" in view.toPlainText() and "w2999" in view.toPlainText()  # all of it, once finished

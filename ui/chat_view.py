@@ -25,6 +25,7 @@ from ui.markdown import MarkdownRenderer
 
 RENDER_MS = 50  # re-render a streaming reply at most 20 times a second
 STREAM = 0  # the key of the streaming reply (message ids start at 1)
+LIVE_CHARS = 1500  # thinking being written shows its tail only: laying out all of it each tick cost ~2x an answer
 
 
 def _tr(text: str) -> str:
@@ -149,6 +150,8 @@ class ChatView(QTextBrowser):
         arrow = "▾" if shown else "▸"
         link = self._link(f"think:{key}", f"{arrow} {html.escape(head)}")
         body = ""
+        if live and len(text) > LIVE_CHARS:
+            text = "… " + text[-LIVE_CHARS:].split(" ", 1)[-1]
         if shown and text.strip():
             body = ('<p style="margin-top: 4px; margin-bottom: 0px; color: {m}">{t}</p>'
                     .format(m=c["muted"], t=html.escape(text.strip()).replace("\n", "<br>")))
