@@ -78,3 +78,34 @@ def test_gpt_oss_straight_to_the_final_channel_and_a_quoted_channel_tag():
     assert R.split("<|channel|>analysis<|message|>still going", final=False) == ("still going", "", True)
     gpt_oss = "<|start|>assistant<|channel|>analysis<|message|>{{ message.thinking }}<|end|>"
     assert R.is_reasoning_model(gpt_oss, lambda t: False)
+
+
+def test_the_server_passes_enable_thinking_to_the_template(engine):
+    """chat_template_kwargs.enable_thinking (as vLLM and llama.cpp take it) reaches the template:
+    off, the reply is all answer; by default this template thinks, and the server says so."""
+    import http.client
+    import json
+
+    from app import server as S
+    handle = S.start(engine, "127.0.0.1", 0)
+    try:
+        host, port = handle.url.split("//")[1].split("/")[0].split(":")
+
+        def ask(**extra):
+            conn = http.client.HTTPConnection(host, int(port), timeout=60)
+            body = {"messages": CHAT, "max_tokens": 4, "temperature": 0, **extra}
+            conn.request("POST", "/v1/chat/completions", json.dumps(body).encode(), {"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            out = resp.status, json.loads(resp.read())
+            conn.close()
+            return out
+        status, on = ask()
+        assert status == 200 and on["choices"][0]["message"]["reasoning_content"] and \
+            on["choices"][0]["message"]["content"] == ""
+        status, off = ask(chat_template_kwargs={"enable_thinking": False})
+        assert status == 200 and off["choices"][0]["message"]["reasoning_content"] == ""
+        assert off["choices"][0]["message"]["content"]
+        status, bad = ask(chat_template_kwargs={"enable_thinking": "no"})
+        assert status == 400 and bad["error"]["param"] == "chat_template_kwargs"
+    finally:
+        handle.stop()
