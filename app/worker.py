@@ -21,6 +21,7 @@ from PySide6.QtCore import QObject, QTimer, Signal, Slot
 from app import model_library
 from app.model_library import ensure_default_model
 from app.paths import models_dir
+from app.reasoning import OPEN, ThinkSplitter, can_switch, is_reasoning_model, starts_inside
 from engine import params as P
 from engine.errors import ColibriError, ConversionCancelled
 from engine.experts import plan_expert_cache
@@ -31,6 +32,7 @@ log = logging.getLogger("colibri.app")
 FRAME_S = 1 / 60  # tokens are batched: at most one text signal per frame
 PROGRESS_S = 0.05  # conversion progress: at most 20 signals a second
 STATS_MS = 500  # the dashboard's fixed rate: one StatsSnapshot every half second while it watches
+TEMPLATE_VARS, RESUME = "_template_vars", "_resume"  # a reply's options, beside its sampling (generate)
 
 
 class ModelTooLargeError(ColibriError):
@@ -132,27 +134,48 @@ def prompt_progress(step: Any) -> float | None:
 
 @dataclass(frozen=True)
 class Reply:
-    text: str
+    text: str  # as the model wrote it: a reasoning model's <think> tags included (app.reasoning.split)
     step: Any  # the last engine Step, or None when nothing came
     dropped: int  # oldest messages dropped because the context was full
+    thinking_tokens: int = 0  # tokens of this reply written inside its thinking
+
+
+def reasoning_of(engine) -> tuple[bool, bool]:
+    """(the model reasons, its template has a thinking switch) — from its template and vocabulary;
+    a backend without a local template (a remote one, a test's stand-in) says (False, False)."""
+    codec = getattr(engine, "codec", None)
+    if codec is None:
+        return False, False
+    reasons = is_reasoning_model(codec.template_source, lambda t: codec.tok.token_to_id(t) is not None)
+    return reasons, reasons and can_switch(codec.template_source)
 
 
 def stream_reply(engine, messages: list[dict], sampling: dict[str, Any], stop: threading.Event,
                  emit: Callable[[str, Any], None], frame_s: float = FRAME_S,
-                 clock: Callable[[], float] = time.perf_counter) -> Reply:
+                 clock: Callable[[], float] = time.perf_counter, template_vars: dict | None = None,
+                 resume: str = "") -> Reply:
     """Generate a reply, emitting text in batches of at most one per frame.
 
     When `stop` is set the engine is asked to stop, which ends the reply after the current
     token. A conversation too long for the context loses its oldest exchanges (the system
-    prompt stays), as colibri-cli does.
+    prompt stays), as colibri-cli does. `template_vars` go to the chat template (enable_thinking);
+    `resume` is a reply cut short, continued (its text is not emitted again). A reasoning
+    model's reply always carries its own `<think>`: one the template put in the prompt is
+    emitted first, so the text says where thinking starts and ends; its tokens are counted.
     """
     from engine.api import ContextOverflowError
     msgs, dropped = list(messages), 0
     first = 1 if msgs and msgs[0]["role"] == "system" else 0
+    reasons, _ = reasoning_of(engine)
+    written, lead = resume, ""  # the reply so far, as stored; a tag the prompt holds for it
+    if reasons and starts_inside(engine.apply_chat_template(msgs, True, template_vars)):
+        lead = "" if resume else OPEN  # the prompt opens the thinking: a resumed reply's tag is in it
+        resume = resume[len(OPEN):].lstrip() if resume.startswith(OPEN) else resume
     while True:
         try:
             # cancel: Stop also interrupts the prompt (between prefill chunks), not only the reply
-            steps = engine.generate(msgs, cancel=stop, prompt_progress=True, **sampling)
+            steps = engine.generate(msgs, cancel=stop, prompt_progress=True, template_vars=template_vars,
+                                    resume=resume, **sampling)
             break
         except ContextOverflowError:
             if len(msgs) - first <= 1:
@@ -160,7 +183,9 @@ def stream_reply(engine, messages: list[dict], sampling: dict[str, Any], stop: t
             cut = 2 if len(msgs) - first > 2 else 1
             del msgs[first:first + cut]
             dropped += cut
-    text, pending, last, t_emit, asked = "", "", None, clock(), False
+    text, pending, last, t_emit, asked = lead, lead, None, clock(), False
+    splitter, thinking = ThinkSplitter(), 0
+    splitter.push(written + lead)  # where the reply stands before its first new token
     for step in steps:
         if stop.is_set() and not asked:
             engine.stop()
@@ -173,12 +198,16 @@ def stream_reply(engine, messages: list[dict], sampling: dict[str, Any], stop: t
         last = step
         text += step.text
         pending += step.text
+        if reasons and step.token_id is not None:  # a token of the reply (not its end token)
+            was_inside = splitter.inside
+            splitter.push(step.text)
+            thinking += was_inside or splitter.inside
         if step.finish_reason is not None or clock() - t_emit >= frame_s:
             emit(pending, step)
             pending, t_emit = "", clock()
     if pending:
         emit(pending, last)
-    return Reply(text, last, dropped)
+    return Reply(text, last, dropped, thinking)
 
 
 def import_model(source: str | Path, progress: Callable[[float, str], None],
@@ -221,6 +250,7 @@ class EngineWorker(QObject):
     converted = Signal(str)  # the model folder a conversion produced
     loaded = Signal(object)  # StatsSnapshot of the new engine
     model_defaults = Signal(str, dict)  # model folder, its own sampling defaults (sent just before `loaded`)
+    reasoning = Signal(str, bool, bool)  # model folder, it reasons, its template can switch thinking (before `loaded`)
     wont_fit = Signal(object, str)  # FitReport, model path (the GUI may ask to load anyway)
     text = Signal(int, str, object)  # request id, batched text, latest Step
     finished = Signal(int, object)  # request id, Reply
@@ -289,6 +319,7 @@ class EngineWorker(QObject):
                 self.engine = None
             self.engine = open_engine(path, params, True, self.stage.emit)
             self.model_defaults.emit(path, model_sampling(path))
+            self.reasoning.emit(path, *reasoning_of(self.engine))
             self.loaded.emit(self.engine.stats())
             if serving:  # the switch stays on: the new model is served at the same address
                 self.serve(True, self._serve_port)
@@ -318,6 +349,10 @@ class EngineWorker(QObject):
 
     @Slot(int, list, dict)
     def generate(self, request: int, messages: list, sampling: dict) -> None:
+        """`sampling` may carry the reply's own options beside the sampler's: TEMPLATE_VARS (the
+        template's switches) and RESUME (the text of a reply to continue)."""
+        sampling = dict(sampling)
+        options = {"template_vars": sampling.pop(TEMPLATE_VARS, None), "resume": sampling.pop(RESUME, "")}
         if self.engine is None:
             self.failed.emit("Generating a reply", "no model is loaded: pick one in the model list")
             self.finished.emit(request, Reply("", None, 0))
@@ -327,7 +362,7 @@ class EngineWorker(QObject):
             if self._stats_ms and time.perf_counter() - self._stats_at >= self._stats_ms / 1000:
                 self.poll_stats()  # the timer cannot tick while this thread generates
         try:
-            reply = stream_reply(self.engine, messages, sampling, self._stop, emit)
+            reply = stream_reply(self.engine, messages, sampling, self._stop, emit, **options)
         except Exception as e:  # noqa: BLE001
             self._fail("Generating a reply", e)
             reply = Reply("", None, 0)
