@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from app.attachments import with_attachments
 from app.paths import data_dir
 
 FILENAME = "history.db"
@@ -36,6 +37,21 @@ CREATE TABLE IF NOT EXISTS messages (
     stats TEXT NOT NULL DEFAULT '{}'          -- JSON: tokens/s, first token, finish reason
 );
 CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages (conversation_id, id);
+-- context policy and attachments (app/context_policy.py, app/attachments.py): new tables, so an
+-- older database gets them on open with no migration
+CREATE TABLE IF NOT EXISTS chat_context (
+    conversation_id INTEGER PRIMARY KEY REFERENCES conversations(id) ON DELETE CASCADE,
+    policy TEXT NOT NULL                       -- one of app.context_policy.POLICIES
+);
+CREATE TABLE IF NOT EXISTS attachments (
+    id INTEGER PRIMARY KEY,
+    message_id INTEGER NOT NULL REFERENCES messages(id) ON DELETE CASCADE,
+    name TEXT NOT NULL,
+    kind TEXT NOT NULL,                        -- text, markdown, code, pdf
+    text TEXT NOT NULL,                        -- what the model reads
+    tokens INTEGER                             -- counted by the model it was attached for
+);
+CREATE INDEX IF NOT EXISTS attachments_by_message ON attachments (message_id, id);
 """
 NEW_TITLE = "New chat"
 
@@ -52,6 +68,7 @@ class Message:
     content: str
     created: float
     stats: dict[str, Any] = field(default_factory=dict)
+    attachments: list[dict[str, Any]] = field(default_factory=list)  # {"name", "kind", "text", "tokens"}
 
 
 @dataclass
@@ -158,15 +175,40 @@ class History:
     # --- messages ----------------------------------------------------------------------------
     def messages(self, cid: int) -> list[Message]:
         rows = self.db.execute("SELECT * FROM messages WHERE conversation_id = ? ORDER BY id", (cid,))
-        return [_message(r) for r in rows]
+        out = [_message(r) for r in rows]
+        files: dict[int, list[dict[str, Any]]] = {}
+        for r in self.db.execute("SELECT a.* FROM attachments a JOIN messages m ON m.id = a.message_id "
+                                 "WHERE m.conversation_id = ? ORDER BY a.id", (cid,)):
+            files.setdefault(r["message_id"], []).append(
+                {"name": r["name"], "kind": r["kind"], "text": r["text"], "tokens": r["tokens"]})
+        for m in out:
+            m.attachments = files.get(m.id, [])
+        return out
 
-    def add_message(self, cid: int, role: str, content: str, stats: dict[str, Any] | None = None) -> Message:
+    def add_message(self, cid: int, role: str, content: str, stats: dict[str, Any] | None = None,
+                    attachments: list[dict[str, Any]] | None = None) -> Message:
         now = time.time()
         with self.db:
             cur = self.db.execute("INSERT INTO messages (conversation_id, role, content, created, stats) "
                                   "VALUES (?, ?, ?, ?, ?)", (cid, role, content, now, json.dumps(stats or {})))
+            for a in attachments or []:
+                self.db.execute("INSERT INTO attachments (message_id, name, kind, text, tokens) VALUES (?, ?, ?, ?, ?)",
+                                (cur.lastrowid, a["name"], a["kind"], a["text"], a.get("tokens")))
             self.db.execute("UPDATE conversations SET updated = ? WHERE id = ?", (now, cid))
-        return Message(cur.lastrowid, cid, role, content, now, stats or {})
+        return Message(cur.lastrowid, cid, role, content, now, stats or {}, list(attachments or []))
+
+    def context_policy(self, cid: int) -> str:
+        """The chat's context policy (app.context_policy); the default for a chat that never chose."""
+        from app.context_policy import DEFAULT_POLICY
+        row = self.db.execute("SELECT policy FROM chat_context WHERE conversation_id = ?", (cid,)).fetchone()
+        return row["policy"] if row is not None else DEFAULT_POLICY
+
+    def set_context_policy(self, cid: int, policy: str) -> None:
+        from app.context_policy import POLICIES
+        if policy not in POLICIES:
+            raise ValueError(f"context policy {policy!r}: expected one of {', '.join(POLICIES)}")
+        with self.db:
+            self.db.execute("INSERT OR REPLACE INTO chat_context VALUES (?, ?)", (cid, policy))
 
     def delete_from(self, cid: int, message_id: int) -> None:
         """Delete a message and every later one of its conversation (regenerate, edit and resend)."""
@@ -194,4 +236,5 @@ class History:
 def chat_messages(conv: Conversation, messages: list[Message]) -> list[dict[str, str]]:
     """The engine's chat prompt: the system prompt, then every message in order."""
     out = [{"role": "system", "content": conv.system_prompt}] if conv.system_prompt.strip() else []
-    return out + [{"role": m.role, "content": m.content} for m in messages]
+    return out + [{"role": m.role, "content": with_attachments(m.content, m.attachments) if m.attachments
+                   else m.content} for m in messages]
