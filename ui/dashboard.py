@@ -188,6 +188,11 @@ class Dashboard(QWidget):
         decode, prefill = _tr("decode tok/s (line)"), _tr("prefill tok/s (dots)")
         self.speed_plot = self._plot(decode, color=blue)
         self.decode_curve = self._curve(self.speed_plot, blue, "decode")
+        # and a dot per snapshot: a short reply gives one figure, which a line alone never draws (the
+        # plot was empty once the reply had ended)
+        self.decode_dots = pg.PlotDataItem([], [], pen=None, symbol="o", symbolSize=5, symbolPen=None,
+                                           symbolBrush=blue, name="decode")
+        self.speed_plot.addItem(self.decode_dots)
         self.prefill_view = self._right_axis(self.speed_plot, prefill, color=orange)
         self.prefill_curve = pg.PlotDataItem([], [], pen=None, symbol="o", symbolSize=7, symbolPen=None,
                                              symbolBrush=orange, name="prefill, one dot per reply")
@@ -426,6 +431,9 @@ class Dashboard(QWidget):
         self.prefill_curve.setData(x[dots], prefill[dots])
         if dots.any():
             self.prefill_view.setYRange(0, float(prefill[dots].max()) * 1.15, padding=0)
+        decode = np.asarray(self.history["decode"], float)
+        seen = np.isfinite(decode)
+        self.decode_dots.setData(x[seen], decode[seen])
         for curve, key in ((self.decode_curve, "decode"), (self.hit_curve, "hit"),
                            (self.prefetch_curve, "prefetch"), (self.rss_curve, "rss"), (self.temp_curve, "temp"),
                            (self.cpu_w_curve, "cpu_w"), (self.gpu_w_curve, "gpu_w"), (self.load_curve, "cpu_pct"),
