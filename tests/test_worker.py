@@ -57,6 +57,15 @@ def test_a_full_context_drops_the_oldest_exchanges(tiny):
         long.append({"role": "user", "content": "last"})
         reply = W.stream_reply(eng, long, {"max_tokens": 2, "temperature": 0}, threading.Event(), lambda t, s: None)
         assert reply.dropped >= 2 and reply.step is not None
+        assert reply.plan.dropped[0] == 1 and reply.step.prompt_tokens == reply.plan.tokens <= 64 - 8
+        short_start = long[:1] + [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}] + long[1:]
+        keep = W.stream_reply(eng, short_start, {"max_tokens": 2, "temperature": 0}, threading.Event(),
+                              lambda t, s: None, policy="keep_first")
+        assert keep.plan.keep[:3] == (0, 1, 2) and keep.dropped >= 2 and keep.step.prompt_tokens == keep.plan.tokens
+        with pytest.raises(W.ContextFullError, match="policy is to stop at the limit"):
+            W.stream_reply(eng, long, {}, threading.Event(), lambda t, s: None, policy="stop")
+        with pytest.raises(W.ContextFullError, match="shorten the message"):
+            W.stream_reply(eng, [{"role": "user", "content": "word " * 80}], {}, threading.Event(), lambda t, s: None)
     finally:
         eng.close()
 

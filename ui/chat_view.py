@@ -54,6 +54,7 @@ class ChatView(QTextBrowser):
         self.streaming: str | None = None  # the reply being written, or None
         self.empty_text = ""
         self.stream_note = ""  # shown in place of the reply until its first words (e.g. prompt progress)
+        self.marker: tuple[int, str] | None = None  # (message index, text): where the context leaves text out
         self._codes: list[str] = []
         self._stream_codes = 0  # code blocks of the finished messages; the streaming one's follow
         self._stream_pos: int | None = None  # document position where the streaming message starts
@@ -106,8 +107,9 @@ class ChatView(QTextBrowser):
         last_user = max((i for i, m in enumerate(self.messages) if m.role == "user"), default=-1)
         last = len(self.messages) - 1
         for i, m in enumerate(self.messages):
+            parts.append(self._marker_html(i))
             if m.role == "user":
-                body = "<p>" + html.escape(m.content).replace("\n", "<br>") + "</p>"
+                body = "<p>" + html.escape(m.content).replace("\n", "<br>") + "</p>" + self._attachments_html(m)
                 foot = self._link(f"edit:{m.id}", self.tr("Edit and resend")) \
                     if i == last_user and self.streaming is None else ""
                 parts.append(self._block(self.tr("You"), body, c["user"], foot))
@@ -181,6 +183,25 @@ class ChatView(QTextBrowser):
                        f'{self._stream_html(md)}</div>')  # insertHtml does not inherit the body's style
         cur.endEditBlock()
         self._codes = md.codes
+
+    def _marker_html(self, index: int) -> str:
+        """The line above the first message the model still reads, when earlier ones are left out."""
+        if self.marker is None or self.marker[0] != index:
+            return ""
+        c = self.colors
+        return (f'<table width="100%" cellspacing="0" cellpadding="6" style="margin-bottom: 10px"><tr><td '
+                f'style="border-top: 1px dashed {c["muted"]}; border-bottom: 1px dashed {c["muted"]}">'
+                f'<p align="center" style="color: {c["muted"]}">✂ {html.escape(self.marker[1])}</p></td></tr></table>')
+
+    def _attachments_html(self, m: Message) -> str:
+        """The files attached to a message: name and token count (their text goes to the model)."""
+        files = getattr(m, "attachments", None) or []
+        if not files:
+            return ""
+        items = " &nbsp; ".join(
+            f'📄 {html.escape(a["name"])}' + (f' · {_tr("{n:,} tokens").format(n=a["tokens"])}'
+                                             if a.get("tokens") is not None else "") for a in files)
+        return f'<p style="color: {self.colors["muted"]}; margin-top: 6px">{items}</p>'
 
     def _anchor(self, url: QUrl) -> None:
         kind, _, arg = url.toString().partition(":")

@@ -54,8 +54,9 @@ class ModelFlow(QObject):
     pick_requested = Signal(list)
     load_requested = Signal(str, dict, bool)
     convert_requested = Signal(str)
-    generate_requested = Signal(int, list, dict)
-    count_requested = Signal(int, list)  # conversation id, its messages: the worker answers `counted`
+    generate_requested = Signal(int, list, dict, str)  # request, messages, sampling, context policy
+    count_requested = Signal(int, list, str, str)  # conversation id, messages, policy, "chat"/"draft": `planned`
+    count_attachment_requested = Signal(int, str)  # key, the text as sent: `attachment_counted`
     fit_requested = Signal(str, dict, int)  # model folder, engine settings, extra free bytes: `fit_explained`
     set_param_requested = Signal(str, object)
     serve_requested = Signal(bool, int)  # on/off, port: the worker answers `served`
@@ -76,6 +77,7 @@ class ModelFlow(QObject):
         self.convert_requested.connect(self.worker.convert)
         self.generate_requested.connect(self.worker.generate)
         self.count_requested.connect(self.worker.count_context)
+        self.count_attachment_requested.connect(self.worker.count_attachment)
         self.fit_requested.connect(self.worker.explain_fit)
         self.set_param_requested.connect(self.worker.set_param)
         self.serve_requested.connect(self.worker.serve)
@@ -131,9 +133,9 @@ class ModelFlow(QObject):
         self.worker.arm()
         self.convert_requested.emit(source)
 
-    def generate(self, request: int, messages: list, sampling: dict) -> None:
+    def generate(self, request: int, messages: list, sampling: dict, policy: str = "drop_oldest") -> None:
         self.worker.arm()
-        self.generate_requested.emit(request, messages, sampling)
+        self.generate_requested.emit(request, messages, sampling, policy)
 
     def shutdown(self) -> None:
         self.worker.request_stop()
