@@ -136,3 +136,15 @@ def test_attachments_show_tokens_warn_and_reach_the_model_as_text(qtbot, home, t
     assert user.content == "What does the note say?" and user.attachments[0]["name"] == "note.md"
     assert user.attachments[0]["tokens"] == tokens and not w.tray.items and not w.tray.isVisible()
     assert f"📄 note.md · {tokens} tokens" in w.view.toPlainText()
+
+
+def test_a_slowdown_is_said_in_the_status_line_until_it_ends(qtbot, home):
+    w = M.open_window(qtbot, None, wait=False)
+    why = "decode 2.5 tok/s, 36.0 usually: other programs use 1.8 of 2 CPUs; now 1 thread"
+    w.flow.worker.slowed.emit(why)  # as the worker's reply loop emits it (queued to the GUI thread)
+    qtbot.waitUntil(lambda: w.slow_reason == why, timeout=2_000)
+    assert w.speed_label.text().endswith("⚠ slowed by other programs") and w.speed_label.toolTip() == why
+    assert w.statusBar().currentMessage() == f"Slower than usual: {why}"
+    w.flow.worker.slowed.emit("")
+    qtbot.waitUntil(lambda: w.slow_reason == "", timeout=2_000)
+    assert "slowed" not in w.speed_label.text() and w.speed_label.toolTip() == ""

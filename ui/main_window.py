@@ -75,6 +75,7 @@ class MainWindow(QMainWindow):
         self.context_counts: dict[int, int] = {}  # conversation id -> tokens it takes in the loaded model
         self.plans: dict = {}  # conversation id -> ContextPlan of its next prompt (its policy, the loaded model)
         self.draft_plan = None  # ContextPlan of the open chat with the message being written (and its files)
+        self.slow_reason = ""  # why decode is slow now (other programs take the CPU), from the worker
         self.last_reply: dict = {}  # stats of the open chat's last reply (the status line when idle)
         self.snapshot = None  # latest StatsSnapshot
         self.busy = ""
@@ -92,6 +93,7 @@ class MainWindow(QMainWindow):
         w.stats.connect(self._on_stats)
         w.counted.connect(self._on_counted)
         w.planned.connect(self._on_planned)
+        w.slowed.connect(self._on_slowed)
         w.attachment_counted.connect(self.tray.set_tokens)
         self.status_timer = QTimer(self, objectName="status_timer", interval=STATUS_MS)
         self.status_timer.timeout.connect(self._update_status)
@@ -367,6 +369,14 @@ class MainWindow(QMainWindow):
         conv = self.history.conversation(self.conv_id)
         self.flow.count_requested.emit(conv.id, chat_messages(conv, self.history.messages(conv.id)),
                                        self.history.context_policy(conv.id), "chat")
+
+    def _on_slowed(self, why: str) -> None:
+        """Defect 9: the worker saw decode fall while other programs took the CPU (and capped the
+        threads), or saw it end ("")."""
+        self.slow_reason = why
+        if why:
+            self.statusBar().showMessage(self.tr("Slower than usual: {why}").format(why=why), 15000)
+        self._update_status()
 
     # --- context policy and attachments (app/context_policy.py, app/attachments.py) ---------------
     def _marker(self, conv) -> tuple[int, str] | None:
@@ -848,6 +858,9 @@ class MainWindow(QMainWindow):
                                      .format(rate=r.get("decode_tok_s", 0.0), ttft=r.get("ttft_s", 0.0)))
         else:
             self.speed_label.setText(self.tr("no reply yet"))
+        if self.slow_reason:
+            self.speed_label.setText(self.speed_label.text() + " · " + self.tr("⚠ slowed by other programs"))
+        self.speed_label.setToolTip(self.slow_reason)
         limit = (s.context_limit if here and s is not None else snap.context_limit) if snap is not None else None
         used = self.context_counts.get(self.conv_id)
         plan = self.plans.get(self.conv_id)
