@@ -514,6 +514,7 @@ class ConvertWorker(QObject):
     """The conversion wizard's worker: inspects and converts a source on its own thread (not the
     engine's), so chatting goes on meanwhile. Cancel is a threading.Event set from the GUI."""
     inspected = Signal(str, object)  # source, ModelSummary
+    reading = Signal(str, float)  # source, fraction of its header read (GGUF; a folder says nothing)
     progress = Signal(float, str)  # fraction done, tensor name
     converted = Signal(object)  # engine ConvertResult
     cancelled = Signal()
@@ -536,8 +537,15 @@ class ConvertWorker(QObject):
     @Slot(str)
     def inspect(self, source: str) -> None:
         from app.model_info import inspect
+        last = [0.0]
+
+        def progress(fraction: float) -> None:
+            now = time.perf_counter()
+            if now - last[0] >= PROGRESS_S or fraction >= 1.0:
+                last[0] = now
+                self.reading.emit(source, fraction)
         try:
-            self.inspected.emit(source, inspect(source))
+            self.inspected.emit(source, inspect(source, progress))
         except Exception as e:  # noqa: BLE001 - an unreadable source is a message in the wizard
             self._fail(f"Reading {Path(source).name}", e)
 

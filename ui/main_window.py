@@ -374,6 +374,8 @@ class MainWindow(QMainWindow):
         """Defect 9: the worker saw decode fall while other programs took the CPU (and capped the
         threads), or saw it end ("")."""
         self.slow_reason = why
+        if self.closed:
+            return
         if why:
             self.statusBar().showMessage(self.tr("Slower than usual: {why}").format(why=why), 15000)
         self._update_status()
@@ -388,6 +390,8 @@ class MainWindow(QMainWindow):
         return plan.marker_before - offset, marker_text(len(plan.dropped), plan.policy)
 
     def _on_planned(self, what: str, cid: int, plan) -> None:
+        if self.closed:  # an answer that arrives after the window (and its history) closed
+            return
         if what == "draft":
             if cid == self.conv_id:
                 self.draft_plan = plan

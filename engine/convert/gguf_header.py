@@ -45,19 +45,21 @@ class GGUFHeader:
     data_start: int
 
 
-def read_header(path: str | Path, progress: Callable[[float], None] | None = None) -> GGUFHeader:
+def read_header(path: str | Path, progress: Callable[[float], None] | None = None,
+                header_bytes: int | None = None) -> GGUFHeader:
     """Metadata and tensor table of a GGUF file; `progress` gets the fraction of the header read
-    (the vocabulary arrays are most of it) every few hundred KB."""
+    (the vocabulary arrays are most of it) every 256 KB, against `header_bytes` (check_layout's
+    answer; the whole file when not known)."""
     path = Path(path)
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-        return _Parser(path, buf, progress).run()
+        return _Parser(path, buf, progress, header_bytes).run()
 
 
 class _Parser:
-    def __init__(self, path: Path, buf, progress: Callable[[float], None] | None):
+    def __init__(self, path: Path, buf, progress: Callable[[float], None] | None, header_bytes: int | None):
         self.path, self.buf, self.at, self.progress = path, buf, 0, progress
         self._said = 0
-        self.estimate = len(buf)  # the header's size is known only at its end: report against a guess
+        self.estimate = max(1, header_bytes or len(buf))
 
     def _u(self, fmt: str, n: int) -> Any:
         if self.at + n > len(self.buf):
