@@ -54,8 +54,9 @@ def test_policy_meter_and_marker_follow_each_chat(qtbot, home, tiny):
     assert plan.policy == "drop_oldest" and plan.fits and plan.dropped[0] == 1
     assert w.meter.state == "dropped" and w.meter.format() == f"{plan.tokens} / {LIMIT}"
     text = w.view.toPlainText()
-    marker = f"{len(plan.dropped)} earlier messages from the start of the chat are not sent"
-    assert marker in text and text.index("first question") < text.index(marker)  # above what is still read
+    start = f"From here, {len(plan.dropped)} messages are not sent to the model"
+    end = "The model reads on from here (this chat's policy: Drop the oldest messages)"
+    assert text.index(start) < text.index("first question") < text.index(end) < text.index("the last question")
     assert w.context_label.text() == f"context {plan.tokens} / {LIMIT}"
 
     w.policy_box.setCurrentIndex(w.policy_box.findData("keep_first"))
@@ -63,9 +64,10 @@ def test_policy_meter_and_marker_follow_each_chat(qtbot, home, tiny):
     qtbot.waitUntil(lambda: w.plans.get(cid) is not None and w.plans[cid].policy == "keep_first", timeout=10_000)
     keep = w.plans[cid]
     assert keep.keep[:3] == (0, 1, 2) and w.history.context_policy(cid) == "keep_first"
-    qtbot.waitUntil(lambda: "from the middle of the chat" in w.view.toPlainText(), timeout=5_000)
+    qtbot.waitUntil(lambda: "policy: Keep the start, drop the middle" in w.view.toPlainText(), timeout=5_000)
     text = w.view.toPlainText()
-    assert text.index("first answer") < text.index("from the middle") < text.index("the last question")
+    assert text.index("first answer") < text.index("From here,") < text.index("question 0") \
+        < text.index("policy: Keep the start") < text.index("the last question")
 
     w.open_conversation(empty)  # another chat: its own policy, meter and no marker
     qtbot.waitUntil(lambda: w.meter.format() == f"0 / {LIMIT}", timeout=10_000)
@@ -80,6 +82,7 @@ def test_policy_meter_and_marker_follow_each_chat(qtbot, home, tiny):
     w.input.setPlainText("one more")
     qtbot.waitUntil(lambda: "this chat stops at the limit" in w.tray.warning.text(), timeout=10_000)
     assert w.tray.isVisible() and w.tray.warning.property("level") == "full"
+    assert w.meter.format() == f"{w.draft_plan.tokens} / {LIMIT}"  # the meter counts the message being written
     n = len(w.history.messages(cid))
     w.send(w.input.toPlainText())
     assert len(w.history.messages(cid)) == n and w.busy == ""  # refused, with the reason in the status bar
@@ -91,7 +94,7 @@ def test_policy_meter_and_marker_follow_each_chat(qtbot, home, tiny):
     M.send(qtbot, w, "one more")
     last = w.history.messages(cid)[-1]
     assert last.role == "assistant" and last.stats["prompt_tokens"] + 4 <= LIMIT
-    assert "earlier messages from the start of the chat" in w.view.toPlainText()
+    assert "The model reads on from here" in w.view.toPlainText()
 
 
 def test_attachments_show_tokens_warn_and_reach_the_model_as_text(qtbot, home, tiny, tmp_path):
@@ -135,7 +138,7 @@ def test_attachments_show_tokens_warn_and_reach_the_model_as_text(qtbot, home, t
     user = w.history.messages(w.conv_id)[0]
     assert user.content == "What does the note say?" and user.attachments[0]["name"] == "note.md"
     assert user.attachments[0]["tokens"] == tokens and not w.tray.items and not w.tray.isVisible()
-    assert f"📄 note.md · {tokens} tokens" in w.view.toPlainText()
+    assert f"Attached: note.md ({tokens} tokens)" in w.view.toPlainText()
 
 
 def test_a_slowdown_is_said_in_the_status_line_until_it_ends(qtbot, home):

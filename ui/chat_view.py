@@ -54,7 +54,7 @@ class ChatView(QTextBrowser):
         self.streaming: str | None = None  # the reply being written, or None
         self.empty_text = ""
         self.stream_note = ""  # shown in place of the reply until its first words (e.g. prompt progress)
-        self.marker: tuple[int, str] | None = None  # (message index, text): where the context leaves text out
+        self.markers: dict[int, str] = {}  # message index -> a line above it: where the context leaves text out
         self._codes: list[str] = []
         self._stream_codes = 0  # code blocks of the finished messages; the streaming one's follow
         self._stream_pos: int | None = None  # document position where the streaming message starts
@@ -186,22 +186,23 @@ class ChatView(QTextBrowser):
 
     def _marker_html(self, index: int) -> str:
         """The line above the first message the model still reads, when earlier ones are left out."""
-        if self.marker is None or self.marker[0] != index:
+        text = self.markers.get(index)
+        if text is None:
             return ""
         c = self.colors
         return (f'<table width="100%" cellspacing="0" cellpadding="6" style="margin-bottom: 10px"><tr><td '
                 f'style="border-top: 1px dashed {c["muted"]}; border-bottom: 1px dashed {c["muted"]}">'
-                f'<p align="center" style="color: {c["muted"]}">✂ {html.escape(self.marker[1])}</p></td></tr></table>')
+                f'<p align="center" style="color: {c["muted"]}">✂ {html.escape(text)}</p></td></tr></table>')
 
     def _attachments_html(self, m: Message) -> str:
         """The files attached to a message: name and token count (their text goes to the model)."""
         files = getattr(m, "attachments", None) or []
         if not files:
             return ""
-        items = " &nbsp; ".join(
-            f'📄 {html.escape(a["name"])}' + (f' · {_tr("{n:,} tokens").format(n=a["tokens"])}'
-                                             if a.get("tokens") is not None else "") for a in files)
-        return f'<p style="color: {self.colors["muted"]}; margin-top: 6px">{items}</p>'
+        items = " &nbsp;·&nbsp; ".join(
+            f'<b>{html.escape(a["name"])}</b>' + (f' ({_tr("{n:,} tokens").format(n=a["tokens"])})'
+                                                  if a.get("tokens") is not None else "") for a in files)
+        return f'<p style="color: {self.colors["muted"]}; margin-top: 6px">{_tr("Attached:")} {items}</p>'
 
     def _anchor(self, url: QUrl) -> None:
         kind, _, arg = url.toString().partition(":")

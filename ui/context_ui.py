@@ -21,11 +21,10 @@ def policy_label(policy: str) -> str:
     return _tr(LABELS[policy])
 
 
-def marker_text(dropped: int, policy: str) -> str:
-    """The line the chat shows where messages are left out of the model's context."""
-    where = _tr("the start of the chat") if policy == "drop_oldest" else _tr("the middle of the chat")
-    return _tr("{n} earlier messages from {where} are not sent to the model: the context is full "
-               "(Chat policy: {policy})").format(n=dropped, where=where, policy=policy_label(policy))
+def marker_texts(dropped: int, policy: str) -> tuple[str, str]:
+    """The two lines the chat shows around the messages left out of the model's context."""
+    return (_tr("From here, {n} messages are not sent to the model: the context is full").format(n=dropped),
+            _tr("The model reads on from here (this chat's policy: {policy})").format(policy=policy_label(policy)))
 
 
 class ContextMeter(QProgressBar):

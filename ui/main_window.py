@@ -21,7 +21,7 @@ from app.worker import prompt_progress
 from ui import i18n
 from ui import theme
 from ui.chat_view import ChatView, MessageInput
-from ui.context_ui import AttachmentTray, ContextMeter, PolicyBox, marker_text
+from ui.context_ui import AttachmentTray, ContextMeter, PolicyBox, marker_texts
 from ui.model_flow import ModelFlow, show_error
 from ui.models import ConversationListModel, shown_title
 from ui.param_form import ConversationDialog, SettingsDialog
@@ -345,7 +345,7 @@ class MainWindow(QMainWindow):
         self.title.set_full_text(shown_title(conv.title))
         messages = self.history.messages(self.conv_id)
         self.last_reply = next((m.stats for m in reversed(messages) if m.role == "assistant"), {})
-        self.view.marker = self._marker(conv)
+        self.view.markers = self._markers(conv)
         self.view.set_messages(messages, self.streams.get(self.conv_id))
         self._show_elsewhere()
 
@@ -381,13 +381,15 @@ class MainWindow(QMainWindow):
         self._update_status()
 
     # --- context policy and attachments (app/context_policy.py, app/attachments.py) ---------------
-    def _marker(self, conv) -> tuple[int, str] | None:
-        """Where the open chat's next prompt leaves messages out: an index into its messages."""
+    def _markers(self, conv) -> dict[int, str]:
+        """Where the open chat's next prompt leaves messages out: lines before the first message
+        left out and before the first one read again (indices into its messages)."""
         plan = self.plans.get(conv.id)
         if plan is None or plan.marker_before is None:
-            return None
+            return {}
         offset = 1 if conv.system_prompt.strip() else 0  # chat_messages puts the system prompt first
-        return plan.marker_before - offset, marker_text(len(plan.dropped), plan.policy)
+        start, end = marker_texts(len(plan.dropped), plan.policy)
+        return {plan.dropped[0] - offset: start, plan.marker_before - offset: end}
 
     def _on_planned(self, what: str, cid: int, plan) -> None:
         if self.closed:  # an answer that arrives after the window (and its history) closed
@@ -396,6 +398,7 @@ class MainWindow(QMainWindow):
             if cid == self.conv_id:
                 self.draft_plan = plan
                 self._show_draft_warning()
+                self._update_status()
             return
         old = self.plans.get(cid)
         self.plans[cid] = plan
@@ -868,8 +871,12 @@ class MainWindow(QMainWindow):
         limit = (s.context_limit if here and s is not None else snap.context_limit) if snap is not None else None
         used = self.context_counts.get(self.conv_id)
         plan = self.plans.get(self.conv_id)
-        self.meter.show_plan(used, limit, len(plan.dropped) if plan is not None and not here else 0,
-                             plan.fits if plan is not None and not here else True)
+        draft = self.draft_plan if not here and (self.tray.items or self.input.toPlainText().strip()) else None
+        if draft is not None:  # what sending the message being written would take
+            self.meter.show_plan(draft.tokens, limit, len(draft.dropped), draft.fits)
+        else:
+            self.meter.show_plan(used, limit, len(plan.dropped) if plan is not None and not here else 0,
+                                 plan.fits if plan is not None and not here else True)
         if limit is None:
             self.context_label.setText(self.tr("context —"))
         elif used is None:

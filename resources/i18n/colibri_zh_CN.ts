@@ -1227,6 +1227,14 @@ Load a Mixture-of-Experts model to see which experts each layer uses.</source>
 <context>
     <name>ContextUi</name>
     <message>
+        <source>From here, {n} messages are not sent to the model: the context is full</source>
+        <translation>从这里起的 {n} 条消息不会发送给模型：上下文已满</translation>
+    </message>
+    <message>
+        <source>The model reads on from here (this chat&apos;s policy: {policy})</source>
+        <translation>模型从这里接着读（此对话的策略：{policy}）</translation>
+    </message>
+    <message>
         <source>Drop the oldest messages</source>
         <translation>丢弃最早的消息</translation>
     </message>
@@ -1237,18 +1245,6 @@ Load a Mixture-of-Experts model to see which experts each layer uses.</source>
     <message>
         <source>Stop at the limit</source>
         <translation>到达上限即停止</translation>
-    </message>
-    <message>
-        <source>the start of the chat</source>
-        <translation>对话开头</translation>
-    </message>
-    <message>
-        <source>the middle of the chat</source>
-        <translation>对话中间</translation>
-    </message>
-    <message>
-        <source>{n} earlier messages from {where} are not sent to the model: the context is full (Chat policy: {policy})</source>
-        <translation>{where}的 {n} 条较早消息不会发送给模型：上下文已满（对话策略：{policy}）</translation>
     </message>
     <message>
         <source>context —</source>
@@ -1321,6 +1317,10 @@ Load a Mixture-of-Experts model to see which experts each layer uses.</source>
 </context>
 <context>
     <name>ChatView</name>
+    <message>
+        <source>Attached:</source>
+        <translation>附件：</translation>
+    </message>
     <message>
         <source>{n:,} tokens</source>
         <translation>{n:,} 个词元</translation>
