@@ -151,3 +151,17 @@ def test_a_slowdown_is_said_in_the_status_line_until_it_ends(qtbot, home):
     w.flow.worker.slowed.emit("")
     qtbot.waitUntil(lambda: w.slow_reason == "", timeout=2_000)
     assert "slowed" not in w.speed_label.text() and w.speed_label.toolTip() == ""
+
+
+def test_a_file_dropped_on_the_message_box_is_attached(qtbot, home, tmp_path):
+    from PySide6.QtCore import QMimeData, QPointF, Qt, QUrl
+    from PySide6.QtGui import QDropEvent
+    w = M.open_window(qtbot, None, wait=False)
+    (tmp_path / "a.py").write_text("print('hi')\n")
+    data = QMimeData()
+    data.setUrls([QUrl.fromLocalFile(str(tmp_path / "a.py"))])
+    drop = QDropEvent(QPointF(5, 5), Qt.CopyAction, data, Qt.LeftButton, Qt.NoModifier)
+    # Qt delivers drop events only during a real drag (sendEvent's are dropped before the filters):
+    # the window's filter on the message box's viewport is called as Qt would call it
+    assert w.eventFilter(w.input.viewport(), drop) is True
+    assert [a.name for a in w.tray.items.values()] == ["a.py"] and w.input.toPlainText() == ""

@@ -170,6 +170,9 @@ class MainWindow(QMainWindow):
         self.draft_timer = QTimer(self, objectName="draft_count_timer", singleShot=True, interval=DRAFT_MS)
         self.draft_timer.timeout.connect(self.count_draft)
         self.input.textChanged.connect(self._draft_changed)
+        for target in (self.input, self.input.viewport()):  # files dropped on the message box are attached
+            target.setAcceptDrops(True)
+            target.installEventFilter(self)
         cl = QVBoxLayout(composer)
         cl.setContentsMargins(14, 8, 14, 10)
         cl.addWidget(self.notice)
@@ -223,6 +226,19 @@ class MainWindow(QMainWindow):
         self.attach_button.setText(self.tr("Attach…"))
         self.policy_label.setText(self.tr("When the context is full:"))
         self.policy_box.set_texts()
+
+    def eventFilter(self, obj, e) -> bool:  # noqa: N802 - Qt's name
+        """Files dragged onto the message box are attached (text dropped stays text)."""
+        if obj in (self.input, self.input.viewport()) and e.type() in (QEvent.DragEnter, QEvent.DragMove,
+                                                                       QEvent.Drop):
+            urls = [u for u in e.mimeData().urls() if u.isLocalFile()] if e.mimeData().hasUrls() else []
+            if urls:
+                e.acceptProposedAction()
+                if e.type() == QEvent.Drop:
+                    for u in urls:
+                        self.attach(u.toLocalFile())
+                return True
+        return super().eventFilter(obj, e)
 
     def changeEvent(self, e) -> None:  # noqa: N802 - Qt's name
         super().changeEvent(e)
