@@ -610,7 +610,7 @@ class MainWindow(QMainWindow):
             self.view.append(text)
 
     def _on_finished(self, request: int, reply) -> None:
-        if request != self.request:
+        if request != self.request or self.closed:  # closed mid-reply: the history is closed too
             return
         cid, self.gen_conv = self.gen_conv, None
         self.streams.pop(cid, None)
