@@ -43,3 +43,20 @@ def test_a_short_replys_decode_speed_is_drawn_after_it_ends(qtbot, default_conve
     x, y = d.decode_dots.getData()
     assert len(y) == 1 and y[0] == pytest.approx(steps[-1].decode_tok_s) and x[0] < 0
     d.close()
+
+
+def test_a_fresh_engine_reports_no_reply_instead_of_zero_speeds(qtbot, default_converted):
+    from engine.api import Engine
+    from ui.dashboard import Dashboard
+    eng = Engine(default_converted, threads=1)
+    try:
+        snap = eng.stats()
+    finally:
+        eng.close()
+    wk = FakeWorker()
+    d = Dashboard(wk, theme.palette("light"), str(default_converted))
+    qtbot.addWidget(d)
+    wk.stats.emit(snap)
+    assert d.speed_text.text() == "No reply yet: the speeds appear with the first one."
+    assert d.speed_plot.getPlotItem().getAxis("bottom").labelText == "seconds ago"
+    d.close()

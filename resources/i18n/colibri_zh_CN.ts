@@ -1384,4 +1384,15 @@ Load a Mixture-of-Experts model to see which experts each layer uses.</source>
         <translation>正在读取 {name}{size} 的文件头：{pct:.0%}</translation>
     </message>
 </context>
+<context>
+    <name>Dashboard</name>
+    <message>
+        <source>seconds ago</source>
+        <translation>秒前</translation>
+    </message>
+    <message>
+        <source>No reply yet: the speeds appear with the first one.</source>
+        <translation>尚无回复：第一条回复后这里会显示速度。</translation>
+    </message>
+</context>
 </TS>
