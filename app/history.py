@@ -175,15 +175,7 @@ class History:
     # --- messages ----------------------------------------------------------------------------
     def messages(self, cid: int) -> list[Message]:
         rows = self.db.execute("SELECT * FROM messages WHERE conversation_id = ? ORDER BY id", (cid,))
-        out = [_message(r) for r in rows]
-        files: dict[int, list[dict[str, Any]]] = {}
-        for r in self.db.execute("SELECT a.* FROM attachments a JOIN messages m ON m.id = a.message_id "
-                                 "WHERE m.conversation_id = ? ORDER BY a.id", (cid,)):
-            files.setdefault(r["message_id"], []).append(
-                {"name": r["name"], "kind": r["kind"], "text": r["text"], "tokens": r["tokens"]})
-        for m in out:
-            m.attachments = files.get(m.id, [])
-        return out
+        return self._with_attachments(cid, [_message(r) for r in rows])
 
     def add_message(self, cid: int, role: str, content: str, stats: dict[str, Any] | None = None,
                     attachments: list[dict[str, Any]] | None = None) -> Message:
@@ -191,11 +183,27 @@ class History:
         with self.db:
             cur = self.db.execute("INSERT INTO messages (conversation_id, role, content, created, stats) "
                                   "VALUES (?, ?, ?, ?, ?)", (cid, role, content, now, json.dumps(stats or {})))
-            for a in attachments or []:
-                self.db.execute("INSERT INTO attachments (message_id, name, kind, text, tokens) VALUES (?, ?, ?, ?, ?)",
-                                (cur.lastrowid, a["name"], a["kind"], a["text"], a.get("tokens")))
+            self._add_attachments(cur.lastrowid, attachments)
             self.db.execute("UPDATE conversations SET updated = ? WHERE id = ?", (now, cid))
-        return Message(cur.lastrowid, cid, role, content, now, stats or {}, list(attachments or []))
+        return Message(cur.lastrowid, cid, role, content, now, stats or {}, attachments=list(attachments or []))
+
+    # --- attachments and the context policy (app/attachments.py, app/context_policy.py) --------
+    def _with_attachments(self, cid: int, messages: list[Message]) -> list[Message]:
+        """Fill each message's `attachments` (one query for the conversation)."""
+        files: dict[int, list[dict[str, Any]]] = {}
+        for r in self.db.execute("SELECT a.* FROM attachments a JOIN messages m ON m.id = a.message_id "
+                                 "WHERE m.conversation_id = ? ORDER BY a.id", (cid,)):
+            files.setdefault(r["message_id"], []).append(
+                {"name": r["name"], "kind": r["kind"], "text": r["text"], "tokens": r["tokens"]})
+        for m in messages:
+            m.attachments = files.get(m.id, [])
+        return messages
+
+    def _add_attachments(self, message_id: int, attachments: list[dict[str, Any]] | None) -> None:
+        """Inside add_message's transaction: the files of a new message."""
+        for a in attachments or []:
+            self.db.execute("INSERT INTO attachments (message_id, name, kind, text, tokens) VALUES (?, ?, ?, ?, ?)",
+                            (message_id, a["name"], a["kind"], a["text"], a.get("tokens")))
 
     def context_policy(self, cid: int) -> str:
         """The chat's context policy (app.context_policy); the default for a chat that never chose."""
