@@ -31,6 +31,7 @@ log = logging.getLogger("colibri.app")
 FRAME_S = 1 / 60  # tokens are batched: at most one text signal per frame
 PROGRESS_S = 0.05  # conversion progress: at most 20 signals a second
 STATS_MS = 500  # the dashboard's fixed rate: one StatsSnapshot every half second while it watches
+CONTEXT_POLICY = "_context_policy"  # a reply's option beside its sampling (generate): the chat's policy
 
 
 class ModelTooLargeError(ColibriError):
@@ -342,10 +343,12 @@ class EngineWorker(QObject):
         except Exception as e:  # noqa: BLE001
             self._fail(f"Converting {Path(source).name if source else 'the default model'}", e)
 
-    @Slot(int, list, dict)  # (a caller that names no policy gets the default)
-    @Slot(int, list, dict, str)
-    def generate(self, request: int, messages: list, sampling: dict,
-                 policy: str = context_policy.DEFAULT_POLICY) -> None:
+    @Slot(int, list, dict)
+    def generate(self, request: int, messages: list, sampling: dict) -> None:
+        """`sampling` may carry, beside the sampler's values, CONTEXT_POLICY: how to cut a chat
+        that outgrows the context (app.context_policy; the default when absent)."""
+        sampling = dict(sampling)
+        policy = sampling.pop(CONTEXT_POLICY, context_policy.DEFAULT_POLICY)
         if self.engine is None:
             self.failed.emit("Generating a reply", "no model is loaded: pick one in the model list")
             self.finished.emit(request, Reply("", None, 0))

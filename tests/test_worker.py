@@ -137,3 +137,22 @@ def test_worker_errors_and_fit_failures_are_signals(qtbot, threaded, tiny, tmp_p
     with qtbot.waitSignal(threaded.front.failed, timeout=30_000) as failed:
         threaded.front.generate.emit(1, CHAT, {})
     assert "no model is loaded" in failed.args[1]
+
+
+def test_the_chats_policy_rides_with_its_sampling(tiny):
+    """generate(request, messages, sampling) takes the chat's context policy from sampling's
+    CONTEXT_POLICY (beside the sampler's values, which never see it)."""
+    wk = W.EngineWorker()
+    wk.engine = Engine(tiny, threads=1, context_length=64)
+    failed, finished = [], []
+    wk.failed.connect(lambda what, why: failed.append(why))
+    wk.finished.connect(lambda r, reply: finished.append(reply))
+    try:
+        long = [{"role": "user", "content": "word " * 30}, {"role": "assistant", "content": "ok " * 20},
+                {"role": "user", "content": "last"}]
+        wk.generate(1, long, {"max_tokens": 2, "temperature": 0, W.CONTEXT_POLICY: "stop"})
+        assert "policy is to stop at the limit" in failed[-1] and finished[-1].step is None
+        wk.generate(2, long, {"max_tokens": 2, "temperature": 0, W.CONTEXT_POLICY: "drop_oldest"})
+        assert finished[-1].dropped == 2 and finished[-1].plan.keep == (2,) and len(failed) == 1
+    finally:
+        wk.engine.close()

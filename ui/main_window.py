@@ -17,7 +17,7 @@ from app import model_library
 from app.paths import models_dir
 from app.history import NEW_TITLE, History, chat_messages
 from app.settings import Settings
-from app.worker import prompt_progress
+from app.worker import CONTEXT_POLICY, prompt_progress
 from ui import i18n
 from ui import theme
 from ui.chat_view import ChatView, MessageInput
@@ -591,8 +591,8 @@ class MainWindow(QMainWindow):
         self.streams[conv.id] = ""
         self.render_conversation()
         self._set_busy("generating")
-        self.flow.generate(self.request, chat_messages(conv, self.history.messages(conv.id)), sampling,
-                           self.history.context_policy(conv.id))
+        sampling[CONTEXT_POLICY] = self.history.context_policy(conv.id)  # how the worker cuts a full chat
+        self.flow.generate(self.request, chat_messages(conv, self.history.messages(conv.id)), sampling)
 
     def _on_text(self, request: int, text: str, step) -> None:
         if request != self.request or self.gen_conv is None:

@@ -54,7 +54,7 @@ class ModelFlow(QObject):
     pick_requested = Signal(list)
     load_requested = Signal(str, dict, bool)
     convert_requested = Signal(str)
-    generate_requested = Signal(int, list, dict, str)  # request, messages, sampling, context policy
+    generate_requested = Signal(int, list, dict)
     count_requested = Signal(int, list, str, str)  # conversation id, messages, policy, "chat"/"draft": `planned`
     count_attachment_requested = Signal(int, str)  # key, the text as sent: `attachment_counted`
     fit_requested = Signal(str, dict, int)  # model folder, engine settings, extra free bytes: `fit_explained`
@@ -133,9 +133,9 @@ class ModelFlow(QObject):
         self.worker.arm()
         self.convert_requested.emit(source)
 
-    def generate(self, request: int, messages: list, sampling: dict, policy: str = "drop_oldest") -> None:
+    def generate(self, request: int, messages: list, sampling: dict) -> None:
         self.worker.arm()
-        self.generate_requested.emit(request, messages, sampling, policy)
+        self.generate_requested.emit(request, messages, sampling)
 
     def shutdown(self) -> None:
         self.worker.request_stop()
