@@ -1,6 +1,11 @@
 """Conversation history: conversations and their messages in one SQLite file in the data folder.
 
-Plain dataclasses come out; the UI puts thin Qt models over them. A database that cannot be
+Messages form a tree: each has a parent (the message it answers or follows), so a regenerated
+reply is a sibling of the earlier ones (its versions, browsable) and an edited user message
+starts a branch. A conversation's `leaf_id` ends the path that is shown and sent to the model.
+Each reply keeps its thinking apart from its answer and the facts of what wrote it (model,
+sampling). Every write is one committed transaction: a process killed mid-reply loses at most
+that reply. Plain dataclasses come out; the UI puts thin Qt models over them. A database that cannot be
 read is never deleted: it is renamed aside (`history.db.corrupt-<time>`), a fresh one is
 created and `History.notice` says what happened and where the old file is.
 """
@@ -9,7 +14,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +22,7 @@ from app.attachments import with_attachments
 from app.paths import data_dir
 
 FILENAME = "history.db"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS conversations (
@@ -26,7 +31,9 @@ CREATE TABLE IF NOT EXISTS conversations (
     system_prompt TEXT NOT NULL DEFAULT '',
     sampling TEXT NOT NULL DEFAULT '{}',      -- JSON: sampling parameters of engine/params.py
     created REAL NOT NULL,
-    updated REAL NOT NULL
+    updated REAL NOT NULL,
+    leaf_id INTEGER,                          -- the last message of the path shown (NULL: empty)
+    thinking INTEGER                          -- enable_thinking: 1 on, 0 off, NULL the template's default
 );
 CREATE TABLE IF NOT EXISTS messages (
     id INTEGER PRIMARY KEY,
@@ -34,11 +41,17 @@ CREATE TABLE IF NOT EXISTS messages (
     role TEXT NOT NULL CHECK (role IN ('user', 'assistant')),
     content TEXT NOT NULL,
     created REAL NOT NULL,
-    stats TEXT NOT NULL DEFAULT '{}'          -- JSON: tokens/s, first token, finish reason
+    stats TEXT NOT NULL DEFAULT '{}',         -- JSON: tokens/s, first token, finish reason
+    parent_id INTEGER REFERENCES messages(id) ON DELETE CASCADE,  -- NULL: a first message
+    reasoning TEXT NOT NULL DEFAULT '',       -- a reply's thinking, apart from its answer
+    facts TEXT NOT NULL DEFAULT '{}'          -- JSON: the model and sampling that wrote a reply
 );
 CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages (conversation_id, id);
--- context policy and attachments (app/context_policy.py, app/attachments.py): new tables, so an
--- older database gets them on open with no migration
+CREATE INDEX IF NOT EXISTS messages_by_parent ON messages (parent_id);
+"""
+# context policy and attachments (app/context_policy.py, app/attachments.py): tables of their own,
+# created on every open (IF NOT EXISTS), so a database of any schema version gets them, no migration
+CONTEXT_SCHEMA = """
 CREATE TABLE IF NOT EXISTS chat_context (
     conversation_id INTEGER PRIMARY KEY REFERENCES conversations(id) ON DELETE CASCADE,
     policy TEXT NOT NULL                       -- one of app.context_policy.POLICIES
@@ -52,6 +65,19 @@ CREATE TABLE IF NOT EXISTS attachments (
     tokens INTEGER                             -- counted by the model it was attached for
 );
 CREATE INDEX IF NOT EXISTS attachments_by_message ON attachments (message_id, id);
+"""
+# schema 1 -> 2: the linear order becomes parent links, the last message the leaf
+MIGRATE_1_2 = """
+ALTER TABLE conversations ADD COLUMN leaf_id INTEGER;
+ALTER TABLE conversations ADD COLUMN thinking INTEGER;
+ALTER TABLE messages ADD COLUMN parent_id INTEGER REFERENCES messages(id) ON DELETE CASCADE;
+ALTER TABLE messages ADD COLUMN reasoning TEXT NOT NULL DEFAULT '';
+ALTER TABLE messages ADD COLUMN facts TEXT NOT NULL DEFAULT '{}';
+UPDATE messages SET parent_id = (SELECT MAX(p.id) FROM messages p
+                                 WHERE p.conversation_id = messages.conversation_id AND p.id < messages.id);
+UPDATE conversations SET leaf_id = (SELECT MAX(m.id) FROM messages m WHERE m.conversation_id = conversations.id);
+CREATE INDEX IF NOT EXISTS messages_by_parent ON messages (parent_id);
+UPDATE meta SET value = '2' WHERE key = 'schema_version';
 """
 NEW_TITLE = "New chat"
 
@@ -68,6 +94,11 @@ class Message:
     content: str
     created: float
     stats: dict[str, Any] = field(default_factory=dict)
+    parent_id: int | None = None
+    reasoning: str = ""  # the thinking of a reasoning model's reply (never sent back as content)
+    facts: dict[str, Any] = field(default_factory=dict)  # model, sampling, thinking switch of a reply
+    version: int = 1  # this message's place among its siblings (1-based) ...
+    versions: int = 1  # ... and how many there are: regenerated replies, edited messages
     attachments: list[dict[str, Any]] = field(default_factory=list)  # {"name", "kind", "text", "tokens"}
 
 
@@ -79,16 +110,19 @@ class Conversation:
     sampling: dict[str, Any]
     created: float
     updated: float
+    leaf_id: int | None = None
+    thinking: bool | None = None  # enable_thinking for this chat; None: what the template does
 
 
 def _conversation(row: sqlite3.Row) -> Conversation:
+    thinking = None if row["thinking"] is None else bool(row["thinking"])
     return Conversation(row["id"], row["title"], row["system_prompt"], json.loads(row["sampling"]),
-                        row["created"], row["updated"])
+                        row["created"], row["updated"], row["leaf_id"], thinking)
 
 
 def _message(row: sqlite3.Row) -> Message:
     return Message(row["id"], row["conversation_id"], row["role"], row["content"], row["created"],
-                   json.loads(row["stats"]))
+                   json.loads(row["stats"]), row["parent_id"], row["reasoning"], json.loads(row["facts"]))
 
 
 class History:
@@ -115,19 +149,37 @@ class History:
             if db.execute("PRAGMA quick_check").fetchone()[0] != "ok":
                 raise sqlite3.DatabaseError("integrity check failed")
             db.execute("PRAGMA foreign_keys = ON")
-            db.executescript(SCHEMA)
-            row = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-            if row is None:
+            fresh = db.execute("SELECT name FROM sqlite_master WHERE name = 'meta'").fetchone() is None
+            if fresh:
+                db.executescript(SCHEMA)
                 db.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
                 db.commit()
-            elif int(row[0]) > SCHEMA_VERSION:
-                db.close()
-                raise HistoryError(f"{self.path}: history schema version {row[0]} is newer than this "
+            row = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+            version = int(row[0]) if row is not None else 1
+            if version > SCHEMA_VERSION:
+                raise HistoryError(f"{self.path}: history schema version {version} is newer than this "
                                    f"Colibri reads ({SCHEMA_VERSION}); update Colibri")
+            if version == 1:
+                self._migrate_1_2(db)
+            db.executescript(CONTEXT_SCHEMA)
         except BaseException:
             db.close()
             raise
         return db
+
+    def _migrate_1_2(self, db: sqlite3.Connection) -> None:
+        """One transaction: a database killed mid-migration is still schema 1 when reopened."""
+        db.commit()
+        try:
+            db.execute("BEGIN")
+            db.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', '1')")
+            for statement in MIGRATE_1_2.split(";"):
+                if statement.strip():
+                    db.execute(statement)
+            db.execute("COMMIT")
+        except sqlite3.Error as e:
+            db.execute("ROLLBACK")
+            raise HistoryError(f"{self.path}: moving the history to schema {SCHEMA_VERSION} failed: {e}") from e
 
     def close(self) -> None:
         self.db.close()
@@ -172,20 +224,89 @@ class History:
         with self.db:
             self.db.execute("DELETE FROM conversations WHERE id = ?", (cid,))
 
+    def set_thinking(self, cid: int, thinking: bool | None) -> None:
+        with self.db:
+            self.db.execute("UPDATE conversations SET thinking = ? WHERE id = ?",
+                            (None if thinking is None else int(thinking), cid))
+
     # --- messages ----------------------------------------------------------------------------
-    def messages(self, cid: int) -> list[Message]:
+    def tree(self, cid: int) -> tuple[dict[int, Message], dict[int | None, list[Message]]]:
+        """Every message of a conversation by id, and the children of each (None: the first ones)."""
         rows = self.db.execute("SELECT * FROM messages WHERE conversation_id = ? ORDER BY id", (cid,))
-        return self._with_attachments(cid, [_message(r) for r in rows])
+        by_id, children = {}, {}
+        for r in rows:
+            m = _message(r)
+            by_id[m.id] = m
+            children.setdefault(m.parent_id, []).append(m)
+        for kids in children.values():
+            for i, m in enumerate(kids):
+                m.version, m.versions = i + 1, len(kids)
+        return by_id, children
+
+    def messages(self, cid: int, leaf: int | None = None) -> list[Message]:
+        """The path from the first message to `leaf` (the conversation's current leaf by default),
+        each with its version number among its siblings."""
+        by_id, _ = self.tree(cid)
+        at = self.conversation(cid).leaf_id if leaf is None else leaf
+        path = []
+        while at is not None and at in by_id:
+            path.append(by_id[at])
+            at = by_id[at].parent_id
+        return self._with_attachments(cid, path[::-1])
+
+    def message(self, message_id: int) -> Message:
+        row = self.db.execute("SELECT * FROM messages WHERE id = ?", (message_id,)).fetchone()
+        if row is None:
+            raise KeyError(f"message {message_id} does not exist")
+        return _message(row)
+
+    def versions(self, message_id: int) -> list[Message]:
+        """The message and its siblings (the same parent), oldest first: a reply's regenerations,
+        a user message's edits."""
+        m = self.message(message_id)
+        _, children = self.tree(m.conversation_id)
+        return children[m.parent_id]
 
     def add_message(self, cid: int, role: str, content: str, stats: dict[str, Any] | None = None,
-                    attachments: list[dict[str, Any]] | None = None) -> Message:
+                    reasoning: str = "", facts: dict[str, Any] | None = None,
+                    parent: int | None | str = "leaf", attachments: list[dict[str, Any]] | None = None) -> Message:
+        """Append a message under `parent` (by default the current leaf; None: a first message) and
+        make it the leaf. A parent that already has children gets one more version."""
         now = time.time()
         with self.db:
-            cur = self.db.execute("INSERT INTO messages (conversation_id, role, content, created, stats) "
-                                  "VALUES (?, ?, ?, ?, ?)", (cid, role, content, now, json.dumps(stats or {})))
+            if parent == "leaf":
+                parent = self.conversation(cid).leaf_id
+            cur = self.db.execute("INSERT INTO messages (conversation_id, role, content, created, stats, parent_id, "
+                                  "reasoning, facts) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                                  (cid, role, content, now, json.dumps(stats or {}), parent, reasoning,
+                                   json.dumps(facts or {})))
             self._add_attachments(cur.lastrowid, attachments)
-            self.db.execute("UPDATE conversations SET updated = ? WHERE id = ?", (now, cid))
-        return Message(cur.lastrowid, cid, role, content, now, stats or {}, attachments=list(attachments or []))
+            self.db.execute("UPDATE conversations SET updated = ?, leaf_id = ? WHERE id = ?",
+                            (now, cur.lastrowid, cid))
+        m = self.message(cur.lastrowid)
+        m.attachments = list(attachments or [])
+        return m
+
+    def update_message(self, message_id: int, content: str, reasoning: str,
+                       stats: dict[str, Any], facts: dict[str, Any] | None = None) -> Message:
+        """A reply resumed by Continue: its text, thinking and figures replaced in place."""
+        m = self.message(message_id)
+        with self.db:
+            self.db.execute("UPDATE messages SET content = ?, reasoning = ?, stats = ?, facts = ? WHERE id = ?",
+                            (content, reasoning, json.dumps(stats), json.dumps(m.facts if facts is None else facts),
+                             message_id))
+            self.db.execute("UPDATE conversations SET updated = ? WHERE id = ?", (time.time(), m.conversation_id))
+        return self.message(message_id)
+
+    def select(self, cid: int, message_id: int | None, descend: bool = True) -> None:
+        """Show the path through `message_id`: with `descend`, down to its newest descendant
+        (following the newest child at each step), as ‹ 2/3 › browsing does."""
+        if descend:  # from None: the newest first message
+            _, children = self.tree(cid)
+            while children.get(message_id):
+                message_id = children[message_id][-1].id
+        with self.db:
+            self.db.execute("UPDATE conversations SET leaf_id = ? WHERE id = ?", (message_id, cid))
 
     # --- attachments and the context policy (app/attachments.py, app/context_policy.py) --------
     def _with_attachments(self, cid: int, messages: list[Message]) -> list[Message]:
@@ -219,30 +340,34 @@ class History:
             self.db.execute("INSERT OR REPLACE INTO chat_context VALUES (?, ?)", (cid, policy))
 
     def delete_from(self, cid: int, message_id: int) -> None:
-        """Delete a message and every later one of its conversation (regenerate, edit and resend)."""
+        """Delete a message and every reply below it (its subtree); its parent becomes the leaf."""
+        parent = self.message(message_id).parent_id
         with self.db:
-            self.db.execute("DELETE FROM messages WHERE conversation_id = ? AND id >= ?", (cid, message_id))
+            self.db.execute("DELETE FROM messages WHERE conversation_id = ? AND id = ?", (cid, message_id))
+        self.select(cid, parent)
 
     # --- export ------------------------------------------------------------------------------
     def export_json(self, cid: int) -> str:
-        conv = self.conversation(cid)
-        doc = {"format": "colibri-conversation", "version": 1, **asdict(conv),
-               "messages": [{k: v for k, v in asdict(m).items() if k != "conversation_id"}
-                            for m in self.messages(cid)]}
-        return json.dumps(doc, indent=2, ensure_ascii=False)
+        from app.export import to_json
+        return to_json(self, cid)
 
     def export_markdown(self, cid: int) -> str:
-        conv = self.conversation(cid)
-        parts = [f"# {conv.title}\n"]
-        if conv.system_prompt:
-            parts.append(f"**System:** {conv.system_prompt}\n")
-        for m in self.messages(cid):
-            parts.append(f"## {'User' if m.role == 'user' else 'Assistant'}\n\n{m.content}\n")
-        return "\n".join(parts)
+        from app.export import to_markdown
+        return to_markdown(self, cid)
 
 
-def chat_messages(conv: Conversation, messages: list[Message]) -> list[dict[str, str]]:
-    """The engine's chat prompt: the system prompt, then every message in order."""
-    out = [{"role": "system", "content": conv.system_prompt}] if conv.system_prompt.strip() else []
-    return out + [{"role": m.role, "content": with_attachments(m.content, m.attachments) if m.attachments
-                   else m.content} for m in messages]
+def chat_messages(conv: Conversation, messages: list[Message]) -> list[dict[str, Any]]:
+    """The engine's chat prompt: the system prompt, then every message in order.
+
+    A reply's thinking is never part of its content; it goes along as `reasoning_content` (the
+    key Qwen3's and DeepSeek's templates read) and `thinking` (gpt-oss's), so only a template
+    that asks for earlier thinking gets it back — the others never mention those keys."""
+    out: list[dict[str, Any]] = [{"role": "system", "content": conv.system_prompt}] if conv.system_prompt.strip() \
+        else []
+    for m in messages:
+        msg: dict[str, Any] = {"role": m.role, "content": with_attachments(m.content, m.attachments)
+                               if m.attachments else m.content}
+        if m.reasoning:
+            msg["reasoning_content"] = msg["thinking"] = m.reasoning
+        out.append(msg)
+    return out

@@ -77,3 +77,28 @@ class ThinkSplitter:
         self._emit(self.pending, out)
         self.pending = ""
         return out[0], out[1]
+
+
+def can_switch(template: str) -> bool:
+    """The template has its own thinking switch (Qwen3's `enable_thinking`)."""
+    return "enable_thinking" in template
+
+
+def split(raw: str, final: bool = True) -> tuple[str, str, bool]:
+    """(thinking, answer, still thinking) of a reply's whole text, tags included as written: the
+    chat view re-splits the streaming text with it, and history stores the two parts apart.
+    Not `final` (still streaming): a tag half-written at the end is held back, not shown."""
+    s = ThinkSplitter()
+    r, c = s.push(raw)
+    if final:
+        r2, c2 = s.flush()
+        r, c = r + r2, c + c2
+    return r, c, s.inside
+
+
+def joined(reasoning: str, content: str, still_thinking: bool) -> str:
+    """A stored reply as the model wrote it (split's inverse, up to the whitespace after tags):
+    what Continue resumes from."""
+    if still_thinking:
+        return f"{OPEN}\n{reasoning}"
+    return f"{OPEN}\n{reasoning}{CLOSE}\n\n{content}" if reasoning else content

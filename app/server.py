@@ -410,8 +410,13 @@ async def chat_completions(svc: Service, request: Request) -> Any:
     messages = _messages(body)
     sampling, stops = svc.sampling(body)
     stream, include_usage = _stream_flag(body), _stream_options(body)
+    thinking = (body.get("chat_template_kwargs") or {}).get("enable_thinking")  # as vLLM and llama.cpp take it
+    if thinking is not None and not isinstance(thinking, bool):
+        raise ApiError(400, "chat_template_kwargs.enable_thinking must be true or false",
+                       param="chat_template_kwargs", code="invalid_type")
+    template_vars = sampling["template_vars"] = {"enable_thinking": thinking} if thinking is not None else None
     try:
-        rendered = await asyncio.to_thread(svc.engine.apply_chat_template, messages)
+        rendered = await asyncio.to_thread(svc.engine.apply_chat_template, messages, True, template_vars)
     except (ColibriError, ValueError) as e:
         raise ApiError(400, str(e), param="messages", code="invalid_value") from None
     await asyncio.to_thread(svc.check_prompt, messages, "messages")

@@ -21,6 +21,7 @@ from PySide6.QtCore import QObject, QTimer, Signal, Slot
 from app import context_policy, model_library
 from app.model_library import ensure_default_model
 from app.paths import models_dir
+from app.reasoning import OPEN, ThinkSplitter, can_switch, is_reasoning_model, starts_inside
 from engine import params as P
 from engine.errors import ColibriError, ConversionCancelled
 from engine.experts import plan_expert_cache
@@ -32,6 +33,7 @@ FRAME_S = 1 / 60  # tokens are batched: at most one text signal per frame
 PROGRESS_S = 0.05  # conversion progress: at most 20 signals a second
 STATS_MS = 500  # the dashboard's fixed rate: one StatsSnapshot every half second while it watches
 CONTEXT_POLICY = "_context_policy"  # a reply's option beside its sampling (generate): the chat's policy
+TEMPLATE_VARS, RESUME = "_template_vars", "_resume"  # a reply's options, beside its sampling (generate)
 
 
 class ModelTooLargeError(ColibriError):
@@ -133,9 +135,10 @@ def prompt_progress(step: Any) -> float | None:
 
 @dataclass(frozen=True)
 class Reply:
-    text: str
+    text: str  # as the model wrote it: a reasoning model's <think> tags included (app.reasoning.split)
     step: Any  # the last engine Step, or None when nothing came
     dropped: int  # messages left out because the context was full (the chat's context policy)
+    thinking_tokens: int = 0  # tokens of this reply written inside its thinking
     plan: context_policy.ContextPlan | None = None  # which messages were sent
 
 
@@ -156,29 +159,53 @@ class ContextFullError(ColibriError):
         self.plan = plan
 
 
-def plan_context(engine, messages: list[dict], policy: str = context_policy.DEFAULT_POLICY
-                 ) -> context_policy.ContextPlan:
+def plan_context(engine, messages: list[dict], policy: str = context_policy.DEFAULT_POLICY,
+                 template_vars: dict | None = None) -> context_policy.ContextPlan:
     """Which messages fit the engine's context under `policy`, counted with its template."""
-    return context_policy.plan(messages, lambda m: len(engine.prompt_ids(m)) if m else 0, engine.context_limit,
-                               policy)
+    return context_policy.plan(messages, lambda m: len(engine.prompt_ids(m, template_vars)) if m else 0,
+                               engine.context_limit, policy)
+
+
+
+def reasoning_of(engine) -> tuple[bool, bool]:
+    """(the model reasons, its template has a thinking switch) — from its template and vocabulary;
+    a backend without a local template (a remote one, a test's stand-in) says (False, False)."""
+    codec = getattr(engine, "codec", None)
+    if codec is None:
+        return False, False
+    reasons = is_reasoning_model(codec.template_source, lambda t: codec.tok.token_to_id(t) is not None)
+    return reasons, reasons and can_switch(codec.template_source)
 
 
 def stream_reply(engine, messages: list[dict], sampling: dict[str, Any], stop: threading.Event,
                  emit: Callable[[str, Any], None], frame_s: float = FRAME_S,
-                 clock: Callable[[], float] = time.perf_counter,
-                 policy: str = context_policy.DEFAULT_POLICY) -> Reply:
+                 clock: Callable[[], float] = time.perf_counter, template_vars: dict | None = None,
+                 resume: str = "", policy: str = context_policy.DEFAULT_POLICY) -> Reply:
     """Generate a reply, emitting text in batches of at most one per frame.
 
     When `stop` is set the engine is asked to stop, which ends the reply after the current
     token. A conversation too long for the context is cut as its `policy` says
     (app.context_policy); one that no cut fits raises ContextFullError before anything runs.
+    `template_vars` go to the chat template (enable_thinking);
+    `resume` is a reply cut short, continued (its text is not emitted again). A reasoning
+    model's reply always carries its own `<think>`: one the template put in the prompt is
+    emitted first, so the text says where thinking starts and ends; its tokens are counted.
     """
-    plan = plan_context(engine, messages, policy)
+    plan = plan_context(engine, messages, policy, template_vars)
     if not plan.fits:
         raise ContextFullError(plan)
+    msgs = [messages[i] for i in plan.keep]
+    reasons, _ = reasoning_of(engine)
+    written, lead = resume, ""  # the reply so far, as stored; a tag the prompt holds for it
+    if reasons and starts_inside(engine.apply_chat_template(msgs, True, template_vars)):
+        lead = "" if resume else OPEN  # the prompt opens the thinking: a resumed reply's tag is in it
+        resume = resume[len(OPEN):].lstrip() if resume.startswith(OPEN) else resume
     # cancel: Stop also interrupts the prompt (between prefill chunks), not only the reply
-    steps = engine.generate([messages[i] for i in plan.keep], cancel=stop, prompt_progress=True, **sampling)
-    text, pending, last, t_emit, asked = "", "", None, clock(), False
+    steps = engine.generate(msgs, cancel=stop, prompt_progress=True, template_vars=template_vars,
+                            resume=resume, **sampling)
+    text, pending, last, t_emit, asked = lead, lead, None, clock(), False
+    splitter, thinking = ThinkSplitter(), 0
+    splitter.push(written + lead)  # where the reply stands before its first new token
     for step in steps:
         if stop.is_set() and not asked:
             engine.stop()
@@ -191,12 +218,16 @@ def stream_reply(engine, messages: list[dict], sampling: dict[str, Any], stop: t
         last = step
         text += step.text
         pending += step.text
+        if reasons and step.token_id is not None:  # a token of the reply (not its end token)
+            was_inside = splitter.inside
+            splitter.push(step.text)
+            thinking += was_inside or splitter.inside
         if step.finish_reason is not None or clock() - t_emit >= frame_s:
             emit(pending, step)
             pending, t_emit = "", clock()
     if pending:
         emit(pending, last)
-    return Reply(text, last, len(plan.dropped), plan)
+    return Reply(text, last, len(plan.dropped), thinking, plan)
 
 
 def import_model(source: str | Path, progress: Callable[[float, str], None],
@@ -239,6 +270,7 @@ class EngineWorker(QObject):
     converted = Signal(str)  # the model folder a conversion produced
     loaded = Signal(object)  # StatsSnapshot of the new engine
     model_defaults = Signal(str, dict)  # model folder, its own sampling defaults (sent just before `loaded`)
+    reasoning = Signal(str, bool, bool)  # model folder, it reasons, its template can switch thinking (before `loaded`)
     wont_fit = Signal(object, str)  # FitReport, model path (the GUI may ask to load anyway)
     text = Signal(int, str, object)  # request id, batched text, latest Step
     finished = Signal(int, object)  # request id, Reply
@@ -316,6 +348,7 @@ class EngineWorker(QObject):
                 self.engine = None
             self.engine = open_engine(path, params, True, self.stage.emit)
             self.model_defaults.emit(path, model_sampling(path))
+            self.reasoning.emit(path, *reasoning_of(self.engine))
             self.loaded.emit(self.engine.stats())
             if serving:  # the switch stays on: the new model is served at the same address
                 self.serve(True, self._serve_port)
@@ -345,10 +378,12 @@ class EngineWorker(QObject):
 
     @Slot(int, list, dict)
     def generate(self, request: int, messages: list, sampling: dict) -> None:
-        """`sampling` may carry, beside the sampler's values, CONTEXT_POLICY: how to cut a chat
-        that outgrows the context (app.context_policy; the default when absent)."""
+        """`sampling` may carry the reply's own options beside the sampler's: TEMPLATE_VARS (the
+        template's switches), RESUME (the text of a reply to continue) and CONTEXT_POLICY (how to
+        cut a chat that outgrows the context: app.context_policy; the default when absent)."""
         sampling = dict(sampling)
-        policy = sampling.pop(CONTEXT_POLICY, context_policy.DEFAULT_POLICY)
+        options = {"template_vars": sampling.pop(TEMPLATE_VARS, None), "resume": sampling.pop(RESUME, ""),
+                   "policy": sampling.pop(CONTEXT_POLICY, context_policy.DEFAULT_POLICY)}
         if self.engine is None:
             self.failed.emit("Generating a reply", "no model is loaded: pick one in the model list")
             self.finished.emit(request, Reply("", None, 0))
@@ -362,7 +397,7 @@ class EngineWorker(QObject):
         self._sample_load()  # the reply's load is measured from here
         self._busiest = None
         try:
-            reply = stream_reply(self.engine, messages, sampling, self._stop, emit, policy=policy)
+            reply = stream_reply(self.engine, messages, sampling, self._stop, emit, **options)
             self._sample_load()
             if reply.step is not None and self.watch.active is None:  # a quiet reply teaches the model's speed
                 self.watch.learn(str(self.engine.model.path), reply.step.decode_tok_s, reply.step.generated_tokens,

@@ -324,10 +324,11 @@ class Engine:
     def detokenize(self, ids: Sequence[int], skip_special: bool = True) -> str:
         return self.codec.decode(list(ids), skip_special)
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
+                            template_vars: dict | None = None) -> str:
         """The template's text, for display: tokenizing it would read special-token strings in
         the messages as tokens; prompt_ids(messages) does not."""
-        return self.codec.render(messages, add_generation_prompt)
+        return self.codec.render(messages, add_generation_prompt, template_vars)
 
     # --- compute ---------------------------------------------------------------------------
     def _check_budget(self) -> None:
@@ -403,16 +404,19 @@ class Engine:
         chunk or layer while it reads the prompt (from any thread)."""
         self._cancel.set()
 
-    def prompt_ids(self, prompt: str | list[dict]) -> list[int]:
+    def prompt_ids(self, prompt: str | list[dict], template_vars: dict | None = None,
+                   resume: str = "") -> list[int]:
         """Raw text as it is (special-token strings in it become tokens: the caller writes the
         structure); messages through the chat template, their text always plain text, so only
-        the template yields control tokens (TextCodec.encode_chat)."""
+        the template yields control tokens (TextCodec.encode_chat). For messages, `template_vars`
+        are the template's switches (enable_thinking) and `resume` the start of a reply to continue."""
         if isinstance(prompt, str):
             return self.codec.encode(prompt)
-        return self.codec.encode_chat(prompt)
+        return self.codec.encode_chat(prompt, True, template_vars, resume)
 
     def generate(self, prompt: str | list[dict], stop: Sequence[str] = (), *, prompt_progress: bool = False,
-                 cancel: threading.Event | None = None, **sampling: Any) -> Iterator[Step]:
+                 cancel: threading.Event | None = None, template_vars: dict | None = None,
+                 resume: str = "", **sampling: Any) -> Iterator[Step]:
         """Stream a reply: a raw text continuation (str) or a chat reply (a list of messages).
 
         The prompt's longest prefix already in the cache is not prefilled again. With
@@ -421,10 +425,12 @@ class Engine:
         the reply like stop(), checked between tokens, prefill chunks and MoE layers. The
         engine is locked only while it computes: a generator left unfinished blocks nothing,
         and ends ("cancelled") if resumed after another call has used the conversation cache.
+        A chat takes the template's switches in `template_vars` ({"enable_thinking": False}) and
+        continues a reply cut short from `resume`, the text it wrote so far (prompt_ids).
         """
         sampler = Sampler(**(self.sampling | sampling))
         max_tokens = P.check("max_tokens", sampling.get("max_tokens", self.sampling["max_tokens"]))
-        ids = self.prompt_ids(prompt)
+        ids = self.prompt_ids(prompt, template_vars, resume)
         self._check_ids(ids)
         limit = self.context_limit
         if len(ids) >= limit:

@@ -311,18 +311,22 @@ class TextCodec:
     def decode(self, ids: list[int], skip_special: bool = True) -> str:
         return self.tok.decode(list(ids), skip_special_tokens=skip_special)
 
-    def render(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
-        """The chat template applied, within the render budget."""
+    def render(self, messages: list[dict], add_generation_prompt: bool = True,
+               template_vars: dict[str, Any] | None = None) -> str:
+        """The chat template applied, within the render budget. `template_vars` are the template's
+        own switches (Qwen3's `enable_thinking`), passed as template variables the way
+        transformers' apply_chat_template passes its extra keyword arguments."""
         for i, m in enumerate(messages):
             if not isinstance(m, dict) or "role" not in m or "content" not in m:
                 raise ValueError(f"message {i} must be a dict with 'role' and 'content', got {m!r}")
+        extra = _template_vars(template_vars)
         meter = _Meter(self.budget, sum(_text_size(m) for m in messages))
         old_trace = sys.gettrace()
         self.env.meter = meter
         sys.settrace(meter.tracer)
         try:
             out, size = [], 0
-            for piece in self.template.generate(messages=messages, add_generation_prompt=add_generation_prompt,
+            for piece in self.template.generate(**extra, messages=messages, add_generation_prompt=add_generation_prompt,
                                                 bos_token=self.bos_token or "", eos_token=self.eos_token or ""):
                 size += len(piece)
                 meter.size(size, "output")
@@ -342,15 +346,22 @@ class TextCodec:
             sys.settrace(old_trace)
             self.env.meter = None
 
-    def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+    def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True,
+                    template_vars: dict[str, Any] | None = None, resume: str = "") -> list[int]:
         """Token ids of a conversation: the template's structure with its special tokens, every
         message's text as plain text (a `<|im_end|>` a user types is the characters, not the
         token). Special-token strings inside messages are broken with a noncharacter before
         rendering, so the rendered text holds only the template's own; the pieces between those
-        are encoded with special tokens off, as `tokenizers` itself splits on them."""
+        are encoded with special tokens off, as `tokenizers` itself splits on them.
+
+        `resume`: the start of the reply, as the model wrote it after the generation prompt (its
+        `<think>` tags included), appended as plain text: the prompt a reply cut short is
+        continued from is the one it was written after, followed by what it wrote."""
+        tail = self._plain_rest.encode(resume, add_special_tokens=False).ids if resume else []
         if self._special_re is None:
-            return self.encode(self.render(messages, add_generation_prompt))
-        text = self.render([_break_specials(m, self._bare_re) for m in messages], add_generation_prompt)
+            return self.encode(self.render(messages, add_generation_prompt, template_vars)) + tail
+        text = self.render([_break_specials(m, self._bare_re) for m in messages], add_generation_prompt,
+                           template_vars)
         ids, at = [], 0
         for m in self._special_re.finditer(text):
             if m.start() > at:
@@ -360,11 +371,25 @@ class TextCodec:
             at = m.end()
         if at < len(text):
             ids += self._plain_piece(text[at:], at == 0)
-        return self._with_bos(ids)
+        return self._with_bos(ids) + tail
 
     def _plain_piece(self, text: str, first: bool) -> list[int]:
         text = _UNBREAK.sub(lambda m: m.group(1) or "", text)
         return (self._plain if first else self._plain_rest).encode(text, add_special_tokens=False).ids
+
+
+RESERVED_VARS = frozenset({"messages", "add_generation_prompt", "bos_token", "eos_token"})
+
+
+def _template_vars(values: dict[str, Any] | None) -> dict[str, Any]:
+    """Template switches are names and plain values; the names the renderer sets are not theirs."""
+    values = dict(values or {})
+    for k, v in values.items():
+        if not isinstance(k, str) or not k.isidentifier() or k in RESERVED_VARS:
+            raise ValueError(f"template variable {k!r} is not allowed (a name other than {sorted(RESERVED_VARS)})")
+        if not isinstance(v, (bool, int, float, str, type(None))):
+            raise ValueError(f"template variable {k} must be a bool, number, string or None, got {type(v).__name__}")
+    return values
 
 
 def _text_size(v: Any) -> int:

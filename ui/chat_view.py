@@ -4,6 +4,11 @@ Streaming is rate-limited: text is appended to a buffer and the streaming messag
 re-rendered by the named timer `stream_render_timer`, never once per token: the finished
 messages above it are laid out once (`render`), and each tick replaces only the document's tail
 from `_stream_pos` (`render_stream`), so a long chat costs the same per tick as a short one.
+
+A reasoning model's thinking is a block of its own above the answer, with its token count:
+open while it is written, folded once the answer starts (its header link unfolds it). A message
+with versions (regenerated replies, edited messages) shows ‹ 2/3 › to browse them; each reply's
+footer names the model that wrote it, and its Details link the sampling it used.
 """
 from __future__ import annotations
 
@@ -13,10 +18,13 @@ from PySide6.QtCore import QCoreApplication, QTimer, QUrl, Signal
 from PySide6.QtGui import QDesktopServices, QGuiApplication, QKeyEvent, Qt, QTextCursor
 from PySide6.QtWidgets import QPlainTextEdit, QTextBrowser
 
+from app.export import SHOWN
 from app.history import Message
+from app.reasoning import split
 from ui.markdown import MarkdownRenderer
 
 RENDER_MS = 50  # re-render a streaming reply at most 20 times a second
+STREAM = 0  # the key of the streaming reply (message ids start at 1)
 
 
 def _tr(text: str) -> str:
@@ -38,10 +46,22 @@ def stats_line(stats: dict) -> str:
     return " · ".join(parts)
 
 
+def facts_text(facts: dict) -> str:
+    """The Details line of a reply: the thinking switch and the sampling it was written with."""
+    parts = []
+    if facts.get("thinking") is not None:
+        parts.append(_tr("thinking on") if facts["thinking"] else _tr("thinking off"))
+    sampling = facts.get("sampling", {})
+    parts += [f"{k} {sampling[k]}" for k in SHOWN if sampling.get(k) is not None]
+    return " · ".join(parts)
+
+
 class ChatView(QTextBrowser):
     copy_requested = Signal(str)  # text put on the clipboard
     edit_requested = Signal(int)  # message id
     regenerate_requested = Signal()
+    continue_requested = Signal()  # resume the last reply (cut short by the token limit or Stop)
+    version_requested = Signal(int, int)  # message id, -1 (older) or +1 (newer)
 
     def __init__(self, colors: dict[str, str], font_pt: int):
         super().__init__()
@@ -59,6 +79,11 @@ class ChatView(QTextBrowser):
         self._stream_codes = 0  # code blocks of the finished messages; the streaming one's follow
         self._stream_pos: int | None = None  # document position where the streaming message starts
         self.full_renders = self.stream_renders = 0  # counted for the tests and the profile
+        self.unfolded: set[int] = set()  # replies whose thinking is shown
+        self.stream_shown: bool | None = None  # the streaming reply's thinking shown by hand; None: while it thinks
+        self.details: set[int] = set()  # replies whose sampling details are shown
+        self.stream_tokens = 0  # tokens of the streaming reply so far (its thinking count while it thinks)
+        self._think_tokens = 0
         self.render_timer = QTimer(self, objectName="stream_render_timer", singleShot=True, interval=RENDER_MS)
         self.render_timer.timeout.connect(self.render_stream)
 
@@ -74,6 +99,10 @@ class ChatView(QTextBrowser):
         self.streaming = ""
         self.render()
 
+    def set_stream_tokens(self, n: int) -> None:
+        """The streaming reply's token count; while it thinks, that is its thinking count."""
+        self.stream_tokens = n
+
     def append(self, text: str) -> None:
         self.streaming = (self.streaming or "") + text
         if not self.render_timer.isActive():
@@ -88,6 +117,8 @@ class ChatView(QTextBrowser):
 
     def end_stream(self) -> None:
         self.streaming, self.stream_note, self._stream_pos = None, "", None
+        self.stream_tokens = self._think_tokens = 0
+        self.stream_shown = None
         self.render_timer.stop()
 
     # --- rendering ---------------------------------------------------------------------------
@@ -101,25 +132,64 @@ class ChatView(QTextBrowser):
     def _link(self, href: str, label: str) -> str:
         return f'<a href="{href}" style="color: {self.colors["link"]}; text-decoration: none">{label}</a>'
 
+    def _versions(self, m: Message) -> str:
+        """‹ 2/3 › for a message with versions; an end's arrow is plain text, not a link."""
+        if m.versions < 2 or self.streaming is not None:
+            return ""
+        older = self._link(f"version:{m.id}:-1", "‹") if m.version > 1 else "‹"
+        newer = self._link(f"version:{m.id}:1", "›") if m.version < m.versions else "›"
+        return f"{older} {m.version}/{m.versions} {newer}"
+
+    def _thinking(self, key: int, text: str, tokens: int, live: bool, shown: bool) -> str:
+        """The thinking block: a header link that folds and unfolds it, then the thinking itself."""
+        c = self.colors
+        if live:
+            head = self.tr("Thinking… {n} tokens").format(n=tokens) if tokens else self.tr("Thinking…")
+        else:
+            head = self.tr("Thought for {n} tokens").format(n=tokens) if tokens else self.tr("Thoughts")
+        arrow = "▾" if shown else "▸"
+        link = self._link(f"think:{key}", f"{arrow} {html.escape(head)}")
+        body = ""
+        if shown and text.strip():
+            body = ('<p style="margin-top: 4px; margin-bottom: 0px; color: {m}">{t}</p>'
+                    .format(m=c["muted"], t=html.escape(text.strip()).replace("\n", "<br>")))
+        return (f'<table width="100%" cellspacing="0" cellpadding="8" style="margin-bottom: 6px">'
+                f'<tr><td bgcolor="{c["code"]}">{link}{body}</td></tr></table>')
+
+    def _reply_foot(self, m: Message, last: bool) -> str:
+        """The figures and the model on one line; ‹ 2/3 › and the actions on the next; the
+        sampling under them when Details is open."""
+        facts = " · ".join(p for p in (stats_line(m.stats), html.escape(m.facts.get("model", ""))) if p)
+        links = [v for v in (self._versions(m),) if v]
+        if last and self.streaming is None:
+            if m.stats.get("finish_reason") in ("length", "cancelled"):
+                links.append(self._link("continue:", self.tr("Continue")))
+            links.append(self._link("regenerate:", self.tr("Regenerate")))
+            links.append(self._link(f"copymsg:{m.id}", self.tr("Copy")))
+        if m.facts.get("sampling"):
+            links.append(self._link(f"details:{m.id}", self.tr("Details")))
+        lines = [facts, " &nbsp; ".join(links)]
+        if m.id in self.details and m.facts.get("sampling"):
+            lines.append(html.escape(facts_text(m.facts)))
+        return "<br>".join(line for line in lines if line)
+
     def _finished_html(self, md: MarkdownRenderer) -> str:
         c = self.colors
         parts = []
-        last_user = max((i for i, m in enumerate(self.messages) if m.role == "user"), default=-1)
         last = len(self.messages) - 1
         for i, m in enumerate(self.messages):
             parts.append(self._marker_html(i))
             if m.role == "user":
                 body = "<p>" + html.escape(m.content).replace("\n", "<br>") + "</p>" + self._attachments_html(m)
-                foot = self._link(f"edit:{m.id}", self.tr("Edit and resend")) \
-                    if i == last_user and self.streaming is None else ""
-                parts.append(self._block(self.tr("You"), body, c["user"], foot))
+                links = [v for v in (self._versions(m),) if v]
+                if self.streaming is None:
+                    links.append(self._link(f"edit:{m.id}", self.tr("Edit")))
+                parts.append(self._block(self.tr("You"), body, c["user"], " &nbsp; ".join(links)))
             else:
-                foot = stats_line(m.stats)
-                if i == last and self.streaming is None:
-                    links = (f'{self._link("regenerate:", self.tr("Regenerate"))} &nbsp; '
-                             f'{self._link(f"copymsg:{m.id}", self.tr("Copy"))}')
-                    foot = f"{foot} &nbsp; {links}" if foot else links
-                parts.append(self._block(self.tr("Assistant"), md.render(m.content), c["assistant"], foot))
+                thinking = self._thinking(m.id, m.reasoning, m.stats.get("thinking_tokens", 0), False,
+                                          m.id in self.unfolded) if m.reasoning else ""
+                parts.append(self._block(self.tr("Assistant"), thinking + md.render(m.content), c["assistant"],
+                                         self._reply_foot(m, i == last)))
         if not self.messages and self.streaming is None and self.empty_text:
             parts.append(f'<p align="center" style="color: {c["muted"]}; margin-top: 40px">{self.empty_text}</p>')
         return "".join(parts)
@@ -127,8 +197,20 @@ class ChatView(QTextBrowser):
     def _stream_html(self, md: MarkdownRenderer) -> str:
         c = self.colors
         placeholder = html.escape(self.stream_note) or "…"
-        body = md.render(self.streaming) if self.streaming else f'<p style="color: {c["muted"]}">{placeholder}</p>'
-        return self._block(self.tr("Assistant"), body, c["assistant"])
+        thinking, answer, still = split(self.streaming or "", final=False)
+        if still:
+            self._think_tokens = self.stream_tokens
+        block = ""
+        if thinking or still:  # open while it thinks (unless folded by hand), folded once the answer starts
+            shown = still if self.stream_shown is None else self.stream_shown
+            block = self._thinking(STREAM, thinking, self._think_tokens, still, shown)
+        if answer:
+            body = md.render(answer)
+        elif block:
+            body = ""
+        else:
+            body = f'<p style="color: {c["muted"]}">{placeholder}</p>'
+        return self._block(self.tr("Assistant"), block + body, c["assistant"])
 
     def _open(self) -> str:
         return f'<body style="font-size: {self.font_pt}pt; color: {self.colors["text"]}">'
@@ -214,8 +296,28 @@ class ChatView(QTextBrowser):
             self.edit_requested.emit(int(arg))
         elif kind == "regenerate":
             self.regenerate_requested.emit()
+        elif kind == "continue":
+            self.continue_requested.emit()
+        elif kind == "version":
+            mid, _, delta = arg.partition(":")
+            self.version_requested.emit(int(mid), int(delta))
+        elif kind == "think":
+            self.toggle_thinking(int(arg))
+        elif kind == "details":
+            self.details ^= {int(arg)}
+            self.render()
         elif kind in ("http", "https"):
             QDesktopServices.openUrl(url)
+
+    def toggle_thinking(self, key: int) -> None:
+        """Fold or unfold a reply's thinking (STREAM: the one being written)."""
+        if key == STREAM:
+            still = split(self.streaming or "", final=False)[2]
+            self.stream_shown = not (still if self.stream_shown is None else self.stream_shown)
+            self.render_stream()
+            return
+        self.unfolded ^= {key}
+        self.render()
 
     def _copy(self, text: str) -> None:
         QGuiApplication.clipboard().setText(text)

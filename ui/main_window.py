@@ -16,11 +16,12 @@ from PySide6.QtWidgets import (QApplication, QComboBox, QDockWidget, QFileDialog
 from app import model_library
 from app.paths import models_dir
 from app.history import NEW_TITLE, History, chat_messages
+from app.reasoning import joined, split
 from app.settings import Settings
-from app.worker import CONTEXT_POLICY, prompt_progress
+from app.worker import CONTEXT_POLICY, RESUME, TEMPLATE_VARS, prompt_progress
 from ui import i18n
 from ui import theme
-from ui.chat_view import ChatView, MessageInput
+from ui.chat_view import STREAM, ChatView, MessageInput
 from ui.context_ui import AttachmentTray, ContextMeter, PolicyBox, marker_texts
 from ui.model_flow import ModelFlow, show_error
 from ui.models import ConversationListModel, shown_title
@@ -68,7 +69,11 @@ class MainWindow(QMainWindow):
         self.conv_id: int | None = None
         self.request = 0  # id of the latest generation request
         self.gen_conv: int | None = None  # conversation a reply is being generated for
-        self.editing: int | None = None  # id of the user message being edited
+        self.editing: int | None = None  # id of the user message being edited (sending it starts a branch)
+        self.regenerating: int | None = None  # the reply a new version is being written for
+        self.continuing = None  # the reply being resumed by Continue (a Message), its text so far in `streams`
+        self.gen_facts: dict = {}  # model and sampling of the reply being written
+        self.reasons = (False, False)  # the loaded model thinks; its template has a thinking switch
         self.last_step = None  # latest Step of the latest reply
         self.streams: dict[int, str] = {}  # conversation id -> the text so far of the reply it is being written
         self.prompt_read: float | None = None  # fraction of the prompt read, while the engine reports it
@@ -95,6 +100,7 @@ class MainWindow(QMainWindow):
         w.planned.connect(self._on_planned)
         w.slowed.connect(self._on_slowed)
         w.attachment_counted.connect(self.tray.set_tokens)
+        w.reasoning.connect(self._on_reasoning)
         self.status_timer = QTimer(self, objectName="status_timer", interval=STATUS_MS)
         self.status_timer.timeout.connect(self._update_status)
         self.status_timer.start()
@@ -133,6 +139,9 @@ class MainWindow(QMainWindow):
         self.model_picker = QComboBox(objectName="model_picker")
         self.model_picker.setMinimumWidth(240)
         self.model_picker.activated.connect(self._pick_model)
+        self.thinking_button = QPushButton(objectName="thinking_switch", checkable=True)
+        self.thinking_button.toggled.connect(self._set_thinking)
+        self.thinking_button.hide()  # only for a model that thinks and whose template can switch it
         self.chat_settings_button = QPushButton(objectName="chat_settings")
         self.chat_settings_button.clicked.connect(self.edit_conversation_options)
         self.settings_button = settings_button = QPushButton(objectName="settings")
@@ -141,12 +150,15 @@ class MainWindow(QMainWindow):
         tl.setContentsMargins(14, 8, 14, 8)
         tl.addWidget(self.title, 1)
         tl.addWidget(self.model_picker)
+        tl.addWidget(self.thinking_button)
         tl.addWidget(self.chat_settings_button)
         tl.addWidget(settings_button)
 
         self.view = ChatView(theme.palette(self.settings.theme), self.settings.font_size)
         self.view.edit_requested.connect(self.edit_message)
         self.view.regenerate_requested.connect(self.regenerate)
+        self.view.continue_requested.connect(self.continue_reply)
+        self.view.version_requested.connect(self.show_version)
         self.view.copy_requested.connect(lambda _: self.statusBar().showMessage(self.tr("Copied to the clipboard"), 2000))
 
         composer = QWidget(objectName="composer")
@@ -221,6 +233,7 @@ class MainWindow(QMainWindow):
         self.search.setPlaceholderText(self.tr("Search chats"))
         self.new_button.setText(self.tr("New chat"))
         self.chat_settings_button.setText(self.tr("Chat settings"))
+        self._thinking_text()
         self.settings_button.setText(self.tr("Settings"))
         self.input.set_texts()
         self.attach_button.setText(self.tr("Attach…"))
@@ -272,8 +285,11 @@ class MainWindow(QMainWindow):
             (self.title, self.tr("Chat title"), ""),
             (self.model_picker, self.tr("Model"), self.tr("The model that writes the replies; the last entry imports one")),
             (self.chat_settings_button, self.tr("Chat settings"), self.tr("System prompt and sampling of this chat")),
+            (self.thinking_button, self.tr("Thinking"), self.tr("Let the model think before it answers, in this "
+                                                                "chat (its template's enable_thinking switch)")),
             (self.settings_button, self.tr("Settings"), self.tr("Engine and appearance settings (Ctrl+,)")),
-            (self.view, self.tr("Conversation"), self.tr("The messages of this chat; links edit, regenerate or copy")),
+            (self.view, self.tr("Conversation"), self.tr("The messages of this chat; links edit, regenerate, "
+                                                         "continue, copy, browse versions and fold thinking")),
             (self.input, self.tr("Message"), self.tr("Enter sends, Shift+Enter adds a line, Esc stops a reply")),
             (self.speed_label, self.tr("Speed"), ""),
             (self.context_label, self.tr("Context used"), ""),
@@ -290,8 +306,9 @@ class MainWindow(QMainWindow):
                 w.setToolTip(w.toolTip() or description)
         self.input.setTabChangesFocus(True)  # Tab leaves the box; Shift+Enter adds lines
         self.view.setTabChangesFocus(True)  # the links have shortcuts: Tab is not trapped in the chat
-        chain = [self.new_button, self.search, self.list, self.model_picker, self.chat_settings_button,
-                 self.settings_button, self.view, self.attach_button, self.input, self.send_button, self.policy_box]
+        chain = [self.new_button, self.search, self.list, self.model_picker, self.thinking_button,
+                 self.chat_settings_button, self.settings_button, self.view, self.attach_button, self.input,
+                 self.send_button, self.policy_box]
         for a, b in itertools.pairwise(chain):
             QWidget.setTabOrder(a, b)
 
@@ -314,6 +331,9 @@ class MainWindow(QMainWindow):
         act(c, self.tr("&Send"), lambda: self.send(self.input.toPlainText()), "Ctrl+Return")
         act(c, self.tr("S&top"), self.stop, "Esc")
         act(c, self.tr("&Regenerate"), self.regenerate, "Ctrl+R")
+        act(c, self.tr("C&ontinue the reply"), self.continue_reply, "Ctrl+Shift+R")
+        act(c, self.tr("Older version of the reply"), lambda: self.show_version(None, -1), "Alt+Left")
+        act(c, self.tr("Newer version of the reply"), lambda: self.show_version(None, 1), "Alt+Right")
         act(c, self.tr("&Edit last message"), lambda: self.edit_message(None), "Ctrl+E")
         act(c, self.tr("Re&name chat…"), lambda: self.rename_dialog(self.conv_id), "F2")
         act(c, self.tr("&Delete chat"), lambda: self.delete_conversation(self.conv_id, confirm=True))
@@ -321,6 +341,7 @@ class MainWindow(QMainWindow):
         act(c, self.tr("Go to the &message box"), self.input.setFocus, "Ctrl+L")
         v = self.menuBar().addMenu(self.tr("&View"))
         act(v, self.tr("Toggle &dark theme"), self.toggle_theme, "Ctrl+Shift+D")
+        act(v, self.tr("Show or hide the last &thinking"), self._toggle_last_thinking, "Ctrl+Shift+T")
         act(v, self.tr("&Settings…"), self.open_settings, "Ctrl+,")
         dash = act(v, self.tr("Performance dashboard"), lambda: self.open_dashboard(toggle=True), "Ctrl+Shift+P")
         dash.setShortcutContext(Qt.ApplicationShortcut)  # also while the dashboard has the focus
@@ -351,6 +372,7 @@ class MainWindow(QMainWindow):
         self.notice.hide()
         self.policy_box.set_policy(self.history.context_policy(cid))
         self.draft_plan = None
+        self._show_thinking_switch()
         self.refresh_conversations()
         self.render_conversation()
         self.count_context()
@@ -360,6 +382,9 @@ class MainWindow(QMainWindow):
         conv = self.history.conversation(self.conv_id)
         self.title.set_full_text(shown_title(conv.title))
         messages = self.history.messages(self.conv_id)
+        if self.continuing is not None and self.gen_conv == self.conv_id and messages \
+                and messages[-1].id == self.continuing.id:
+            messages = messages[:-1]  # the reply being continued is the streaming one
         self.last_reply = next((m.stats for m in reversed(messages) if m.role == "assistant"), {})
         self.view.markers = self._markers(conv)
         self.view.set_messages(messages, self.streams.get(self.conv_id))
@@ -566,11 +591,12 @@ class MainWindow(QMainWindow):
             return
         files = self.tray.records()
         text = text.strip() or ", ".join(a["name"] for a in files)
-        if self.editing is not None:
-            self.history.delete_from(self.conv_id, self.editing)
+        parent = "leaf"
+        if self.editing is not None:  # a new version of that message: a branch, the old one kept
+            parent = self.history.message(self.editing).parent_id
             self.editing = None
             self.notice.hide()
-        self.history.add_message(self.conv_id, "user", text.strip(), attachments=files or None)
+        self.history.add_message(self.conv_id, "user", text.strip(), parent=parent, attachments=files or None)
         self.tray.clear()
         self.draft_timer.stop()
         self.draft_plan = None
@@ -582,17 +608,29 @@ class MainWindow(QMainWindow):
         self.refresh_conversations()
         self._generate()
 
-    def _generate(self) -> None:
+    def _generate(self, resume=None) -> None:
+        """Write a reply to the open chat's path; `resume`: the reply (a Message) to continue."""
         conv = self.history.conversation(self.conv_id)
         sampling = self.sampling_for(conv)
+        path = self.history.messages(conv.id)
+        self.gen_facts = {"model": Path(self.flow.model).name if self.flow.model else "", "sampling": sampling,
+                          "thinking": self._thinking_on(conv)}
+        options = dict(sampling)
+        if self.gen_facts["thinking"] is not None:
+            options[TEMPLATE_VARS] = {"enable_thinking": self.gen_facts["thinking"]}
         self.request += 1
         self.gen_conv = conv.id
         self.last_step, self.prompt_read = None, None
+        self.continuing = resume
         self.streams[conv.id] = ""
+        if resume is not None:
+            path = path[:-1]
+            self.streams[conv.id] = options[RESUME] = joined(resume.reasoning, resume.content,
+                                                               resume.stats.get("thinking_open", False))
         self.render_conversation()
         self._set_busy("generating")
-        sampling[CONTEXT_POLICY] = self.history.context_policy(conv.id)  # how the worker cuts a full chat
-        self.flow.generate(self.request, chat_messages(conv, self.history.messages(conv.id)), sampling)
+        options[CONTEXT_POLICY] = self.history.context_policy(conv.id)  # how the worker cuts a full chat
+        self.flow.generate(self.request, chat_messages(conv, path), options)
 
     def _on_text(self, request: int, text: str, step) -> None:
         if request != self.request or self.gen_conv is None:
@@ -607,6 +645,8 @@ class MainWindow(QMainWindow):
         self.context_counts[self.gen_conv] = step.context_used
         self.streams[self.gen_conv] = self.streams.get(self.gen_conv, "") + text
         if self.gen_conv == self.conv_id:
+            before = self.continuing.stats.get("generated_tokens", 0) if self.continuing is not None else 0
+            self.view.set_stream_tokens(before + step.generated_tokens)
             self.view.append(text)
 
     def _on_finished(self, request: int, reply) -> None:
@@ -614,6 +654,8 @@ class MainWindow(QMainWindow):
             return
         cid, self.gen_conv = self.gen_conv, None
         self.streams.pop(cid, None)
+        resumed, self.continuing = self.continuing, None
+        regenerating, self.regenerating = self.regenerating, None
         self.prompt_read = None
         if cid == self.conv_id:
             self.view.end_stream()
@@ -621,10 +663,20 @@ class MainWindow(QMainWindow):
         if getattr(reply, "plan", None) is not None:
             self.plans[cid] = reply.plan  # the marker shows what this reply was written without
         if s is not None and (reply.text or s.generated_tokens):
+            reasoning, content, still = split(joined(resumed.reasoning, resumed.content, resumed.stats.get(
+                "thinking_open", False)) + reply.text if resumed is not None else reply.text)
             stats = {"generated_tokens": s.generated_tokens, "prompt_tokens": s.prompt_tokens,
                      "decode_tok_s": s.decode_tok_s, "prefill_tok_s": s.prefill_tok_s, "ttft_s": s.ttft_s,
-                     "finish_reason": s.finish_reason}
-            self.history.add_message(cid, "assistant", reply.text, stats)
+                     "finish_reason": s.finish_reason, "thinking_tokens": reply.thinking_tokens,
+                     "thinking_open": still}
+            if resumed is not None:  # one reply, written in two goes: its counts add up
+                stats["generated_tokens"] += resumed.stats.get("generated_tokens", 0)
+                stats["thinking_tokens"] += resumed.stats.get("thinking_tokens", 0)
+                self.history.update_message(resumed.id, content, reasoning, stats)
+            else:
+                self.history.add_message(cid, "assistant", content, stats, reasoning, self.gen_facts)
+        elif regenerating is not None:  # nothing written: the reply it was to replace is shown again
+            self.history.select(cid, regenerating, descend=False)
         if s is not None and s.finish_reason == "context":
             self.statusBar().showMessage(self.tr("The reply stopped because the context is full: start a new chat, or "
                                                  "raise the context length in Settings"), 10000)
@@ -653,29 +705,100 @@ class MainWindow(QMainWindow):
             self.send(self.input.toPlainText())
 
     def regenerate(self) -> None:
+        """A new version of the last reply; the earlier ones stay, browsable as ‹ 1/2 ›."""
         if self.busy or self.flow.model is None:
             return
         msgs = self.history.messages(self.conv_id)
         if not msgs:
             return
         if msgs[-1].role == "assistant":
-            self.history.delete_from(self.conv_id, msgs[-1].id)
+            self.regenerating = msgs[-1].id
+            self.history.select(self.conv_id, msgs[-1].parent_id, descend=False)  # the new one is its sibling
         self._generate()
 
+    def continue_reply(self) -> None:
+        """Resume the last reply where the token limit (or Stop) cut it."""
+        if self.busy or self.flow.model is None:
+            return
+        msgs = self.history.messages(self.conv_id)
+        if msgs and msgs[-1].role == "assistant" and msgs[-1].stats.get("finish_reason") in ("length", "cancelled"):
+            self._generate(resume=msgs[-1])
+
+    def show_version(self, message_id: int | None, delta: int) -> None:
+        """Another version of a message (None: the last reply), and the path below it."""
+        if self.busy:
+            return
+        msgs = self.history.messages(self.conv_id)
+        if message_id is None:
+            message_id = next((m.id for m in reversed(msgs) if m.role == "assistant"), None)
+        if message_id is None:
+            return
+        versions = self.history.versions(message_id)
+        at = [m.id for m in versions].index(message_id) + delta
+        if 0 <= at < len(versions):
+            self.history.select(self.conv_id, versions[at].id)
+            self.render_conversation()
+            self.count_context()
+            self._update_status()
+
     def edit_message(self, message_id: int | None) -> None:
+        """Edit a user message (None: the last): sending it makes a new version, a branch of the chat."""
         if self.busy:
             return
         users = [m for m in self.history.messages(self.conv_id) if m.role == "user"]
-        if not users or (message_id is not None and users[-1].id != message_id):
+        target = users[-1] if users and message_id is None else next((m for m in users if m.id == message_id), None)
+        if target is None:
             return
-        self.editing = users[-1].id
-        self.input.setPlainText(users[-1].content)
+        self.editing = target.id
+        self.input.setPlainText(target.content)
         self.input.setFocus()
         self.notice.setText(self._editing_text())
         self.notice.show()
 
     def _editing_text(self) -> str:
-        return self.tr("Editing your last message: Enter resends it and replaces the reply · Esc cancels")
+        return self.tr("Editing a message: Enter sends it as a new version (the earlier one stays, ‹ › browses "
+                       "them) · Esc cancels")
+
+    # --- thinking ------------------------------------------------------------------------------
+    def _on_reasoning(self, path: str, reasons: bool, switchable: bool) -> None:
+        self.reasons = (reasons, switchable)
+        self._show_thinking_switch()
+
+    def _thinking_on(self, conv) -> bool | None:
+        """The chat's thinking switch as the template gets it (on unless turned off, as the button
+        shows), or None where the template has no switch."""
+        if not self.reasons[1]:
+            return None
+        return conv.thinking is not False
+
+    def _show_thinking_switch(self) -> None:
+        if self.conv_id is None:
+            return
+        conv = self.history.conversation(self.conv_id)
+        self.thinking_button.setVisible(self.reasons[1])
+        self.thinking_button.blockSignals(True)
+        self.thinking_button.setChecked(conv.thinking is not False)  # templates think unless told not to
+        self.thinking_button.blockSignals(False)
+        self._thinking_text()
+
+    def _thinking_text(self) -> None:
+        """The switch says its state in words: a checked button alone looks like any other."""
+        self.thinking_button.setText(self.tr("Thinking: on") if self.thinking_button.isChecked()
+                                     else self.tr("Thinking: off"))
+
+    def _set_thinking(self, on: bool) -> None:
+        self._thinking_text()
+        if self.conv_id is not None:
+            self.history.set_thinking(self.conv_id, on)
+            self.count_context()
+
+    def _toggle_last_thinking(self) -> None:
+        if self.view.streaming is not None:
+            self.view.toggle_thinking(STREAM)
+            return
+        last = next((m for m in reversed(self.view.messages) if m.reasoning), None)
+        if last is not None:
+            self.view.toggle_thinking(last.id)
 
     # --- models ------------------------------------------------------------------------------
     def refresh_models(self) -> None:

@@ -220,10 +220,6 @@
         <translation>上下文已满：最早的 {n} 条消息未纳入这次回复</translation>
     </message>
     <message>
-        <source>Editing your last message: Enter resends it and replaces the reply · Esc cancels</source>
-        <translation>正在编辑上一条消息：Enter 重新发送并替换回复 · Esc 取消</translation>
-    </message>
-    <message>
         <source>No model</source>
         <translation>没有模型</translation>
     </message>
@@ -335,16 +331,52 @@
         <source>The reply stopped because the context is full: start a new chat, or raise the context length in Settings</source>
         <translation>上下文已满，回复已停止：请新建对话，或在设置中增大上下文长度</translation>
     </message>
+    <message>
+        <source>Thinking</source>
+        <translation>思考</translation>
+    </message>
+    <message>
+        <source>Let the model think before it answers, in this chat (its template&apos;s enable_thinking switch)</source>
+        <translation>让模型在回答前先思考（仅此对话；即模板的 enable_thinking 开关）</translation>
+    </message>
+    <message>
+        <source>The messages of this chat; links edit, regenerate, continue, copy, browse versions and fold thinking</source>
+        <translation>此对话的消息；链接可编辑、重新生成、继续、复制、浏览版本和折叠思考</translation>
+    </message>
+    <message>
+        <source>C&amp;ontinue the reply</source>
+        <translation>继续回复(&amp;O)</translation>
+    </message>
+    <message>
+        <source>Older version of the reply</source>
+        <translation>回复的上一个版本</translation>
+    </message>
+    <message>
+        <source>Newer version of the reply</source>
+        <translation>回复的下一个版本</translation>
+    </message>
+    <message>
+        <source>Show or hide the last &amp;thinking</source>
+        <translation>显示或隐藏最近的思考(&amp;T)</translation>
+    </message>
+    <message>
+        <source>Editing a message: Enter sends it as a new version (the earlier one stays, ‹ › browses them) · Esc cancels</source>
+        <translation>正在编辑消息：Enter 将其作为新版本发送（旧版本保留，用 ‹ › 浏览）· Esc 取消</translation>
+    </message>
+    <message>
+        <source>Thinking: on</source>
+        <translation>思考：开</translation>
+    </message>
+    <message>
+        <source>Thinking: off</source>
+        <translation>思考：关</translation>
+    </message>
 </context>
 <context>
     <name>ChatView</name>
     <message>
         <source>Conversation</source>
         <translation>对话内容</translation>
-    </message>
-    <message>
-        <source>Edit and resend</source>
-        <translation>编辑并重新发送</translation>
     </message>
     <message>
         <source>You</source>
@@ -385,6 +417,42 @@
     <message>
         <source>the context is full</source>
         <translation>上下文已满</translation>
+    </message>
+    <message>
+        <source>thinking on</source>
+        <translation>思考开启</translation>
+    </message>
+    <message>
+        <source>thinking off</source>
+        <translation>思考关闭</translation>
+    </message>
+    <message>
+        <source>Thinking… {n} tokens</source>
+        <translation>思考中… {n} 个词元</translation>
+    </message>
+    <message>
+        <source>Thinking…</source>
+        <translation>思考中…</translation>
+    </message>
+    <message>
+        <source>Thought for {n} tokens</source>
+        <translation>思考了 {n} 个词元</translation>
+    </message>
+    <message>
+        <source>Thoughts</source>
+        <translation>思考内容</translation>
+    </message>
+    <message>
+        <source>Details</source>
+        <translation>详情</translation>
+    </message>
+    <message>
+        <source>Continue</source>
+        <translation>继续</translation>
+    </message>
+    <message>
+        <source>Edit</source>
+        <translation>编辑</translation>
     </message>
 </context>
 <context>
