@@ -629,7 +629,7 @@ class MainWindow(QMainWindow):
             self.statusBar().showMessage(self.tr("The reply stopped because the context is full: start a new chat, or "
                                                  "raise the context length in Settings"), 10000)
         elif reply.dropped:
-            self.statusBar().showMessage(self.tr("The context was full: the {n} oldest messages were left out of "
+            self.statusBar().showMessage(self.tr("The context was full: {n} earlier messages were left out of "
                                                  "this reply").format(n=reply.dropped), 8000)
         self._set_busy("")
         if s is not None:
