@@ -37,8 +37,10 @@ CREATE TABLE IF NOT EXISTS messages (
     stats TEXT NOT NULL DEFAULT '{}'          -- JSON: tokens/s, first token, finish reason
 );
 CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages (conversation_id, id);
--- context policy and attachments (app/context_policy.py, app/attachments.py): new tables, so an
--- older database gets them on open with no migration
+"""
+# context policy and attachments (app/context_policy.py, app/attachments.py): tables of their own,
+# created on every open (IF NOT EXISTS), so a database of any schema version gets them, no migration
+CONTEXT_SCHEMA = """
 CREATE TABLE IF NOT EXISTS chat_context (
     conversation_id INTEGER PRIMARY KEY REFERENCES conversations(id) ON DELETE CASCADE,
     policy TEXT NOT NULL                       -- one of app.context_policy.POLICIES
@@ -116,6 +118,7 @@ class History:
                 raise sqlite3.DatabaseError("integrity check failed")
             db.execute("PRAGMA foreign_keys = ON")
             db.executescript(SCHEMA)
+            db.executescript(CONTEXT_SCHEMA)
             row = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
             if row is None:
                 db.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
