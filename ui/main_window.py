@@ -350,7 +350,7 @@ class MainWindow(QMainWindow):
         self.conv_id, self.editing = cid, None
         self.notice.hide()
         self.policy_box.set_policy(self.history.context_policy(cid))
-        self.draft_plan = None
+        self._draft_changed()  # a message being written is counted again against this chat
         self.refresh_conversations()
         self.render_conversation()
         self.count_context()
