@@ -150,7 +150,7 @@ class ContextFullError(ColibriError):
         if plan.policy == "stop":
             why = (f"this chat takes {plan.tokens:,} tokens of the model's {plan.limit:,}, and a reply needs "
                    f"{room:,} more; its context policy is to stop at the limit: start a new chat, or choose "
-                   f"another context policy in Chat settings")
+                   f"another policy under the message box")
         else:
             why = (f"even with the earlier messages left out, the prompt takes {plan.tokens:,} tokens of the "
                    f"model's {plan.limit:,} (and a reply needs {room:,}): shorten the message or its attachments, "

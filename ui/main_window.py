@@ -371,7 +371,7 @@ class MainWindow(QMainWindow):
         self.conv_id, self.editing = cid, None
         self.notice.hide()
         self.policy_box.set_policy(self.history.context_policy(cid))
-        self.draft_plan = None
+        self._draft_changed()  # a message being written is counted again against this chat
         self._show_thinking_switch()
         self.refresh_conversations()
         self.render_conversation()
@@ -681,7 +681,7 @@ class MainWindow(QMainWindow):
             self.statusBar().showMessage(self.tr("The reply stopped because the context is full: start a new chat, or "
                                                  "raise the context length in Settings"), 10000)
         elif reply.dropped:
-            self.statusBar().showMessage(self.tr("The context was full: the {n} oldest messages were left out of "
+            self.statusBar().showMessage(self.tr("The context was full: {n} earlier messages were left out of "
                                                  "this reply").format(n=reply.dropped), 8000)
         self._set_busy("")
         if s is not None:

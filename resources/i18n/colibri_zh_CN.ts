@@ -216,8 +216,8 @@
         <translation>删除</translation>
     </message>
     <message>
-        <source>The context was full: the {n} oldest messages were left out of this reply</source>
-        <translation>上下文已满：最早的 {n} 条消息未纳入这次回复</translation>
+        <source>The context was full: {n} earlier messages were left out of this reply</source>
+        <translation>上下文已满：{n} 条较早的消息未纳入这次回复</translation>
     </message>
     <message>
         <source>No model</source>
