@@ -108,7 +108,7 @@ def test_prompt_progress_and_context_steps_are_passed_on():
     class Engine:
         context_limit = 4096
 
-        def prompt_ids(self, msgs):
+        def prompt_ids(self, msgs, template_vars=None):
             return [0] * len(msgs)
 
         def generate(self, msgs, **kw):
