@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from app.attachments import with_attachments
 from app.paths import data_dir
 
 FILENAME = "history.db"
@@ -47,6 +48,23 @@ CREATE TABLE IF NOT EXISTS messages (
 );
 CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages (conversation_id, id);
 CREATE INDEX IF NOT EXISTS messages_by_parent ON messages (parent_id);
+"""
+# context policy and attachments (app/context_policy.py, app/attachments.py): tables of their own,
+# created on every open (IF NOT EXISTS), so a database of any schema version gets them, no migration
+CONTEXT_SCHEMA = """
+CREATE TABLE IF NOT EXISTS chat_context (
+    conversation_id INTEGER PRIMARY KEY REFERENCES conversations(id) ON DELETE CASCADE,
+    policy TEXT NOT NULL                       -- one of app.context_policy.POLICIES
+);
+CREATE TABLE IF NOT EXISTS attachments (
+    id INTEGER PRIMARY KEY,
+    message_id INTEGER NOT NULL REFERENCES messages(id) ON DELETE CASCADE,
+    name TEXT NOT NULL,
+    kind TEXT NOT NULL,                        -- text, markdown, code, pdf
+    text TEXT NOT NULL,                        -- what the model reads
+    tokens INTEGER                             -- counted by the model it was attached for
+);
+CREATE INDEX IF NOT EXISTS attachments_by_message ON attachments (message_id, id);
 """
 # schema 1 -> 2: the linear order becomes parent links, the last message the leaf
 MIGRATE_1_2 = """
@@ -81,6 +99,7 @@ class Message:
     facts: dict[str, Any] = field(default_factory=dict)  # model, sampling, thinking switch of a reply
     version: int = 1  # this message's place among its siblings (1-based) ...
     versions: int = 1  # ... and how many there are: regenerated replies, edited messages
+    attachments: list[dict[str, Any]] = field(default_factory=list)  # {"name", "kind", "text", "tokens"}
 
 
 @dataclass
@@ -142,6 +161,7 @@ class History:
                                    f"Colibri reads ({SCHEMA_VERSION}); update Colibri")
             if version == 1:
                 self._migrate_1_2(db)
+            db.executescript(CONTEXT_SCHEMA)
         except BaseException:
             db.close()
             raise
@@ -232,7 +252,7 @@ class History:
         while at is not None and at in by_id:
             path.append(by_id[at])
             at = by_id[at].parent_id
-        return path[::-1]
+        return self._with_attachments(cid, path[::-1])
 
     def message(self, message_id: int) -> Message:
         row = self.db.execute("SELECT * FROM messages WHERE id = ?", (message_id,)).fetchone()
@@ -249,7 +269,7 @@ class History:
 
     def add_message(self, cid: int, role: str, content: str, stats: dict[str, Any] | None = None,
                     reasoning: str = "", facts: dict[str, Any] | None = None,
-                    parent: int | None | str = "leaf") -> Message:
+                    parent: int | None | str = "leaf", attachments: list[dict[str, Any]] | None = None) -> Message:
         """Append a message under `parent` (by default the current leaf; None: a first message) and
         make it the leaf. A parent that already has children gets one more version."""
         now = time.time()
@@ -260,9 +280,12 @@ class History:
                                   "reasoning, facts) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                                   (cid, role, content, now, json.dumps(stats or {}), parent, reasoning,
                                    json.dumps(facts or {})))
+            self._add_attachments(cur.lastrowid, attachments)
             self.db.execute("UPDATE conversations SET updated = ?, leaf_id = ? WHERE id = ?",
                             (now, cur.lastrowid, cid))
-        return self.message(cur.lastrowid)
+        m = self.message(cur.lastrowid)
+        m.attachments = list(attachments or [])
+        return m
 
     def update_message(self, message_id: int, content: str, reasoning: str,
                        stats: dict[str, Any], facts: dict[str, Any] | None = None) -> Message:
@@ -284,6 +307,37 @@ class History:
                 message_id = children[message_id][-1].id
         with self.db:
             self.db.execute("UPDATE conversations SET leaf_id = ? WHERE id = ?", (message_id, cid))
+
+    # --- attachments and the context policy (app/attachments.py, app/context_policy.py) --------
+    def _with_attachments(self, cid: int, messages: list[Message]) -> list[Message]:
+        """Fill each message's `attachments` (one query for the conversation)."""
+        files: dict[int, list[dict[str, Any]]] = {}
+        for r in self.db.execute("SELECT a.* FROM attachments a JOIN messages m ON m.id = a.message_id "
+                                 "WHERE m.conversation_id = ? ORDER BY a.id", (cid,)):
+            files.setdefault(r["message_id"], []).append(
+                {"name": r["name"], "kind": r["kind"], "text": r["text"], "tokens": r["tokens"]})
+        for m in messages:
+            m.attachments = files.get(m.id, [])
+        return messages
+
+    def _add_attachments(self, message_id: int, attachments: list[dict[str, Any]] | None) -> None:
+        """Inside add_message's transaction: the files of a new message."""
+        for a in attachments or []:
+            self.db.execute("INSERT INTO attachments (message_id, name, kind, text, tokens) VALUES (?, ?, ?, ?, ?)",
+                            (message_id, a["name"], a["kind"], a["text"], a.get("tokens")))
+
+    def context_policy(self, cid: int) -> str:
+        """The chat's context policy (app.context_policy); the default for a chat that never chose."""
+        from app.context_policy import DEFAULT_POLICY
+        row = self.db.execute("SELECT policy FROM chat_context WHERE conversation_id = ?", (cid,)).fetchone()
+        return row["policy"] if row is not None else DEFAULT_POLICY
+
+    def set_context_policy(self, cid: int, policy: str) -> None:
+        from app.context_policy import POLICIES
+        if policy not in POLICIES:
+            raise ValueError(f"context policy {policy!r}: expected one of {', '.join(POLICIES)}")
+        with self.db:
+            self.db.execute("INSERT OR REPLACE INTO chat_context VALUES (?, ?)", (cid, policy))
 
     def delete_from(self, cid: int, message_id: int) -> None:
         """Delete a message and every reply below it (its subtree); its parent becomes the leaf."""
@@ -311,7 +365,8 @@ def chat_messages(conv: Conversation, messages: list[Message]) -> list[dict[str,
     out: list[dict[str, Any]] = [{"role": "system", "content": conv.system_prompt}] if conv.system_prompt.strip() \
         else []
     for m in messages:
-        msg: dict[str, Any] = {"role": m.role, "content": m.content}
+        msg: dict[str, Any] = {"role": m.role, "content": with_attachments(m.content, m.attachments)
+                               if m.attachments else m.content}
         if m.reasoning:
             msg["reasoning_content"] = msg["thinking"] = m.reasoning
         out.append(msg)

@@ -8,6 +8,7 @@ memory a given expert cache size needs. No Qt here.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -154,12 +155,14 @@ def _source_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.glob("*.safetensors"))
 
 
-def inspect(path: str | Path) -> ModelSummary:
+def inspect(path: str | Path, progress: Callable[[float], None] | None = None) -> ModelSummary:
     """Open `path` as the converter would and plan every quantization; nothing is written.
+    A GGUF's header alone is read (its tensors' data is not touched); `progress` gets the
+    fraction of it read.
 
     Raises the converter's own errors (unsupported architecture, missing tensor, ...)."""
     path = Path(path).expanduser()
-    src = open_source(path)
+    src = open_source(path, progress)
     try:
         cfg = src.config
         if cfg.rope_scaling and cfg.rope_scaling.get("type") == "llama3":

@@ -18,7 +18,7 @@ from typing import Any, Callable
 import psutil
 from PySide6.QtCore import QObject, QTimer, Signal, Slot
 
-from app import model_library
+from app import context_policy, model_library
 from app.model_library import ensure_default_model
 from app.paths import models_dir
 from app.reasoning import OPEN, ThinkSplitter, can_switch, is_reasoning_model, starts_inside
@@ -32,6 +32,7 @@ log = logging.getLogger("colibri.app")
 FRAME_S = 1 / 60  # tokens are batched: at most one text signal per frame
 PROGRESS_S = 0.05  # conversion progress: at most 20 signals a second
 STATS_MS = 500  # the dashboard's fixed rate: one StatsSnapshot every half second while it watches
+CONTEXT_POLICY = "_context_policy"  # a reply's option beside its sampling (generate): the chat's policy
 TEMPLATE_VARS, RESUME = "_template_vars", "_resume"  # a reply's options, beside its sampling (generate)
 
 
@@ -136,8 +137,34 @@ def prompt_progress(step: Any) -> float | None:
 class Reply:
     text: str  # as the model wrote it: a reasoning model's <think> tags included (app.reasoning.split)
     step: Any  # the last engine Step, or None when nothing came
-    dropped: int  # oldest messages dropped because the context was full
+    dropped: int  # messages left out because the context was full (the chat's context policy)
     thinking_tokens: int = 0  # tokens of this reply written inside its thinking
+    plan: context_policy.ContextPlan | None = None  # which messages were sent
+
+
+class ContextFullError(ColibriError):
+    """The chat does not fit the context and its policy (or its last message) allows no cut."""
+
+    def __init__(self, plan: context_policy.ContextPlan):
+        room = context_policy.reply_room(plan.limit)
+        if plan.policy == "stop":
+            why = (f"this chat takes {plan.tokens:,} tokens of the model's {plan.limit:,}, and a reply needs "
+                   f"{room:,} more; its context policy is to stop at the limit: start a new chat, or choose "
+                   f"another policy under the message box")
+        else:
+            why = (f"even with the earlier messages left out, the prompt takes {plan.tokens:,} tokens of the "
+                   f"model's {plan.limit:,} (and a reply needs {room:,}): shorten the message or its attachments, "
+                   f"or raise the context length in Settings")
+        super().__init__(why)
+        self.plan = plan
+
+
+def plan_context(engine, messages: list[dict], policy: str = context_policy.DEFAULT_POLICY,
+                 template_vars: dict | None = None) -> context_policy.ContextPlan:
+    """Which messages fit the engine's context under `policy`, counted with its template."""
+    return context_policy.plan(messages, lambda m: len(engine.prompt_ids(m, template_vars)) if m else 0,
+                               engine.context_limit, policy)
+
 
 
 def reasoning_of(engine) -> tuple[bool, bool]:
@@ -153,36 +180,29 @@ def reasoning_of(engine) -> tuple[bool, bool]:
 def stream_reply(engine, messages: list[dict], sampling: dict[str, Any], stop: threading.Event,
                  emit: Callable[[str, Any], None], frame_s: float = FRAME_S,
                  clock: Callable[[], float] = time.perf_counter, template_vars: dict | None = None,
-                 resume: str = "") -> Reply:
+                 resume: str = "", policy: str = context_policy.DEFAULT_POLICY) -> Reply:
     """Generate a reply, emitting text in batches of at most one per frame.
 
     When `stop` is set the engine is asked to stop, which ends the reply after the current
-    token. A conversation too long for the context loses its oldest exchanges (the system
-    prompt stays), as colibri-cli does. `template_vars` go to the chat template (enable_thinking);
+    token. A conversation too long for the context is cut as its `policy` says
+    (app.context_policy); one that no cut fits raises ContextFullError before anything runs.
+    `template_vars` go to the chat template (enable_thinking);
     `resume` is a reply cut short, continued (its text is not emitted again). A reasoning
     model's reply always carries its own `<think>`: one the template put in the prompt is
     emitted first, so the text says where thinking starts and ends; its tokens are counted.
     """
-    from engine.api import ContextOverflowError
-    msgs, dropped = list(messages), 0
-    first = 1 if msgs and msgs[0]["role"] == "system" else 0
+    plan = plan_context(engine, messages, policy, template_vars)
+    if not plan.fits:
+        raise ContextFullError(plan)
+    msgs = [messages[i] for i in plan.keep]
     reasons, _ = reasoning_of(engine)
     written, lead = resume, ""  # the reply so far, as stored; a tag the prompt holds for it
     if reasons and starts_inside(engine.apply_chat_template(msgs, True, template_vars)):
         lead = "" if resume else OPEN  # the prompt opens the thinking: a resumed reply's tag is in it
         resume = resume[len(OPEN):].lstrip() if resume.startswith(OPEN) else resume
-    while True:
-        try:
-            # cancel: Stop also interrupts the prompt (between prefill chunks), not only the reply
-            steps = engine.generate(msgs, cancel=stop, prompt_progress=True, template_vars=template_vars,
-                                    resume=resume, **sampling)
-            break
-        except ContextOverflowError:
-            if len(msgs) - first <= 1:
-                raise
-            cut = 2 if len(msgs) - first > 2 else 1
-            del msgs[first:first + cut]
-            dropped += cut
+    # cancel: Stop also interrupts the prompt (between prefill chunks), not only the reply
+    steps = engine.generate(msgs, cancel=stop, prompt_progress=True, template_vars=template_vars,
+                            resume=resume, **sampling)
     text, pending, last, t_emit, asked = lead, lead, None, clock(), False
     splitter, thinking = ThinkSplitter(), 0
     splitter.push(written + lead)  # where the reply stands before its first new token
@@ -207,7 +227,7 @@ def stream_reply(engine, messages: list[dict], sampling: dict[str, Any], stop: t
             pending, t_emit = "", clock()
     if pending:
         emit(pending, last)
-    return Reply(text, last, dropped, thinking)
+    return Reply(text, last, len(plan.dropped), thinking, plan)
 
 
 def import_model(source: str | Path, progress: Callable[[float, str], None],
@@ -255,6 +275,8 @@ class EngineWorker(QObject):
     text = Signal(int, str, object)  # request id, batched text, latest Step
     finished = Signal(int, object)  # request id, Reply
     counted = Signal(int, int)  # conversation id, tokens its prompt takes in the loaded model's context
+    planned = Signal(str, int, object)  # "chat" or "draft", conversation id, ContextPlan of its next prompt
+    attachment_counted = Signal(int, int)  # attachment key, tokens its text takes in a message
     fit_explained = Signal(str)  # fit_text of the settings being edited
     stats = Signal(object)  # StatsSnapshot
     defragged = Signal(object)  # DefragResult
@@ -262,6 +284,7 @@ class EngineWorker(QObject):
     cancelled = Signal(str)  # a conversion was cancelled: what it was converting
     picked = Signal(str)  # the first candidate model folder that opens, or "" (pick)
     served = Signal(str, str)  # the local server's address ("" when it is off), why it is off ("" if asked)
+    slowed = Signal(str)  # why decode is slow now (other programs take the CPU), "" once it is over
 
     def __init__(self):
         super().__init__()
@@ -272,6 +295,12 @@ class EngineWorker(QObject):
         self._cancel = threading.Event()
         self.stats_timer: QTimer | None = None  # made on the worker's thread by watch_stats
         self._stats_ms, self._stats_at = 0, 0.0
+        from app.slowdown import OtherLoad, SlowdownWatch
+        self.others_load = OtherLoad()  # CPUs other programs use, sampled at most once a second while decoding
+        self.watch = SlowdownWatch(self.others_load.cpus)
+        self._others: float | None = None
+        self._busiest: float | None = None  # the most CPUs other programs used during this reply
+        self._load_at = 0.0
 
     # --- thread-safe controls (plain methods, callable from the GUI thread) -----------------
     def arm(self) -> None:
@@ -350,19 +379,29 @@ class EngineWorker(QObject):
     @Slot(int, list, dict)
     def generate(self, request: int, messages: list, sampling: dict) -> None:
         """`sampling` may carry the reply's own options beside the sampler's: TEMPLATE_VARS (the
-        template's switches) and RESUME (the text of a reply to continue)."""
+        template's switches), RESUME (the text of a reply to continue) and CONTEXT_POLICY (how to
+        cut a chat that outgrows the context: app.context_policy; the default when absent)."""
         sampling = dict(sampling)
-        options = {"template_vars": sampling.pop(TEMPLATE_VARS, None), "resume": sampling.pop(RESUME, "")}
+        options = {"template_vars": sampling.pop(TEMPLATE_VARS, None), "resume": sampling.pop(RESUME, ""),
+                   "policy": sampling.pop(CONTEXT_POLICY, context_policy.DEFAULT_POLICY)}
         if self.engine is None:
             self.failed.emit("Generating a reply", "no model is loaded: pick one in the model list")
             self.finished.emit(request, Reply("", None, 0))
             return
         def emit(text: str, step: Any) -> None:
             self.text.emit(request, text, step)
+            self._watch(step)
             if self._stats_ms and time.perf_counter() - self._stats_at >= self._stats_ms / 1000:
                 self.poll_stats()  # the timer cannot tick while this thread generates
+        self.watch.start_reply()
+        self._sample_load()  # the reply's load is measured from here
+        self._busiest = None
         try:
             reply = stream_reply(self.engine, messages, sampling, self._stop, emit, **options)
+            self._sample_load()
+            if reply.step is not None and self.watch.active is None:  # a quiet reply teaches the model's speed
+                self.watch.learn(str(self.engine.model.path), reply.step.decode_tok_s, reply.step.generated_tokens,
+                                 self._busiest)
         except Exception as e:  # noqa: BLE001
             self._fail("Generating a reply", e)
             reply = Reply("", None, 0)
@@ -370,18 +409,56 @@ class EngineWorker(QObject):
         if self.engine is not None:
             self.stats.emit(self.engine.stats())
 
+    def _sample_load(self) -> float | None:
+        self._others, self._load_at = self.others_load(), time.perf_counter()
+        if self._others is not None:
+            self._busiest = max(self._busiest or 0.0, self._others)
+        return self._others
+
+    def _watch(self, step: Any) -> None:
+        """Defect 9: decode far below this model's speed while other programs take the CPU is said
+        (`slowed`) and answered with fewer threads (ThermalGovernor.set_load_cap)."""
+        if step is None or getattr(step, "kind", "token") != "token" or self.engine is None:
+            return
+        now = time.perf_counter()
+        rate = self.watch.rate(now, step.generated_tokens)
+        if now - self._load_at < 1.0:
+            return
+        said = self.watch.react(self.engine.hw.governor, str(self.engine.model.path), rate, self._sample_load())
+        if said is not None:
+            self.slowed.emit(said)
+
     @Slot(int, list)
-    def count_context(self, conversation: int, messages: list) -> None:
-        """How many tokens of the context this conversation takes with the loaded model (its
-        template and tokenizer): the context meter of a chat opened before it sends anything."""
+    @Slot(int, list, str, str)
+    def count_context(self, conversation: int, messages: list, policy: str = context_policy.DEFAULT_POLICY,
+                      what: str = "chat") -> None:
+        """How much of the context this conversation's next prompt takes with the loaded model (its
+        template and tokenizer) under its context policy: `counted` (the meter of a chat opened
+        before it sends anything) and `planned` (what would be left out: the chat's marker; for a
+        `what` = "draft" prompt, the warning before sending)."""
         if self.engine is None:
             return
         try:
-            n = len(self.engine.prompt_ids(messages)) if messages else 0
+            plan = plan_context(self.engine, messages, policy)
         except Exception as e:  # noqa: BLE001 - a meter that cannot count says so, nothing else
             log.warning("counting the context of conversation %d: %s", conversation, e)
             return
-        self.counted.emit(conversation, n)
+        if what == "chat":
+            self.counted.emit(conversation, plan.tokens)
+        self.planned.emit(what, conversation, plan)
+
+    @Slot(int, str)
+    def count_attachment(self, key: int, text: str) -> None:
+        """Tokens an attached file's text adds to a message (what its chip shows)."""
+        if self.engine is None:
+            return
+        try:
+            with_file = self.engine.prompt_ids([{"role": "user", "content": text}])
+            empty = self.engine.prompt_ids([{"role": "user", "content": ""}])
+        except Exception as e:  # noqa: BLE001
+            log.warning("counting an attachment: %s", e)
+            return
+        self.attachment_counted.emit(key, max(0, len(with_file) - len(empty)))
 
     @Slot(str, dict, int)
     def explain_fit(self, model_path: str, params: dict, extra: int) -> None:
@@ -475,6 +552,7 @@ class ConvertWorker(QObject):
     """The conversion wizard's worker: inspects and converts a source on its own thread (not the
     engine's), so chatting goes on meanwhile. Cancel is a threading.Event set from the GUI."""
     inspected = Signal(str, object)  # source, ModelSummary
+    reading = Signal(str, float)  # source, fraction of its header read (GGUF; a folder says nothing)
     progress = Signal(float, str)  # fraction done, tensor name
     converted = Signal(object)  # engine ConvertResult
     cancelled = Signal()
@@ -497,8 +575,15 @@ class ConvertWorker(QObject):
     @Slot(str)
     def inspect(self, source: str) -> None:
         from app.model_info import inspect
+        last = [0.0]
+
+        def progress(fraction: float) -> None:
+            now = time.perf_counter()
+            if now - last[0] >= PROGRESS_S or fraction >= 1.0:
+                last[0] = now
+                self.reading.emit(source, fraction)
         try:
-            self.inspected.emit(source, inspect(source))
+            self.inspected.emit(source, inspect(source, progress))
         except Exception as e:  # noqa: BLE001 - an unreadable source is a message in the wizard
             self._fail(f"Reading {Path(source).name}", e)
 

@@ -6,6 +6,10 @@ per interval, never below 1 nor above the configured count. The gap between the 
 hysteresis that keeps the count from flapping around one threshold. Every change is logged on
 "colibri.hardware" and kept as a `ThrottleEvent` for the dashboard.
 
+Other programs taking the CPU are the other reason for fewer threads: an OpenMP team with more
+threads than free cores waits at every barrier for the one the OS preempted (36 -> 2.5 tok/s).
+The app, which sees decode fall while the machine is busy, caps the count with `set_load_cap`.
+
 Pinning (`Affinity`, the `affinity` parameter, off by default) restricts the process to one
 logical CPU per physical core: hyper-threads sharing a core only fight over its caches.
 """
@@ -51,11 +55,28 @@ class ThermalGovernor:
         self._lock = threading.Lock()
         self._said_no_sensor = False
         self.last_temp_c: float | None = None
+        self._load_cap: int | None = None  # at most this many threads while other programs take the CPU
 
     @property
     def threads(self) -> int:
-        """The effective thread count: the configured one unless throttled."""
-        return self._threads
+        """The effective thread count: the configured one unless throttled (heat) or capped (load)."""
+        return self._threads if self._load_cap is None else min(self._threads, self._load_cap)
+
+    @property
+    def load_cap(self) -> int | None:
+        return self._load_cap
+
+    def set_load_cap(self, threads: int | None, reason: str) -> None:
+        """Use at most `threads` while other programs take the CPU (None: the cap is lifted)."""
+        with self._lock:
+            before = self.threads
+            self._load_cap = None if threads is None else max(1, min(int(threads), self._configured))
+            after = self.threads
+            if after != before:
+                temp = self.last_temp_c if self.last_temp_c is not None else float("nan")
+                self._events.append(ThrottleEvent(self._wall(), before, after, temp, reason))
+                log.log(logging.WARNING if after < before else logging.INFO, "load: threads %d -> %d (of %d): %s",
+                        before, after, self._configured, reason)
 
     @property
     def configured(self) -> int:
@@ -90,7 +111,7 @@ class ThermalGovernor:
         now = self._clock()
         with self._lock:
             if self._next_check is not None and now < self._next_check:
-                return self._threads
+                return self.threads
             self._next_check = now + self.interval_s
         temp = self._temperature()  # outside the lock: a sensor read can take milliseconds
         with self._lock:
@@ -98,14 +119,14 @@ class ThermalGovernor:
                 if not self._said_no_sensor:  # HardwareMonitor logs the sensor's reason at INFO
                     log.debug("no CPU temperature reading: thermal throttling is idle")
                     self._said_no_sensor = True
-                return self._threads
+                return self.threads
             self.last_temp_c = temp
             n = self._threads
             if temp > self.high_c and n > 1:
                 self._change(n - 1, temp, f"{temp:.1f} °C is above the high-water mark {self.high_c:g} °C")
             elif temp < self.low_c and n < self._configured:
                 self._change(n + 1, temp, f"{temp:.1f} °C is below the low-water mark {self.low_c:g} °C")
-            return self._threads
+            return self.threads
 
     def _change(self, to: int, temp: float, reason: str) -> None:
         event = ThrottleEvent(self._wall(), self._threads, to, temp, reason)

@@ -61,7 +61,7 @@ def test_tab_cycles_through_the_main_controls_in_reading_order(qtbot, home, tiny
     qtbot.waitUntil(lambda: QApplication.activeWindow() is w)
     w.new_button.setFocus()
     chain = [w.new_button, w.search, w.list, w.model_picker, w.chat_settings_button, w.settings_button,
-             w.view, w.input, w.send_button]
+             w.view, w.attach_button, w.input, w.send_button, w.policy_box]
     seen = [QApplication.focusWidget()]
     for _ in range(len(chain)):
         qtbot.keyClick(QApplication.focusWidget(), Qt.Key_Tab)
@@ -69,7 +69,7 @@ def test_tab_cycles_through_the_main_controls_in_reading_order(qtbot, home, tiny
     names = [x.objectName() for x in seen]
     assert names == [x.objectName() for x in chain + [w.new_button]]  # and round again
     qtbot.keyClick(QApplication.focusWidget(), Qt.Key_Backtab)
-    assert QApplication.focusWidget() is w.send_button
+    assert QApplication.focusWidget() is w.policy_box
 
 
 def test_the_main_actions_have_shortcuts(qtbot, home, tiny):

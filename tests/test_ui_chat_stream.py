@@ -106,6 +106,11 @@ def test_prompt_progress_and_context_steps_are_passed_on():
     asked = {}
 
     class Engine:
+        context_limit = 4096
+
+        def prompt_ids(self, msgs, template_vars=None):
+            return [0] * len(msgs)
+
         def generate(self, msgs, **kw):
             asked.update(kw)
             yield prompt_step(64, 256)

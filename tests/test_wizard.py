@@ -165,3 +165,28 @@ def test_a_pasted_path_is_read_and_the_reading_shows(qtbot, wizard, tmp_path):
     assert cancels == [wizard.cancel_button]  # one Cancel on the convert page, not two
     qtbot.waitUntil(lambda: wizard.state in ("done", "cancelled"), timeout=30_000)
     assert wizard.close_button.isVisibleTo(wizard)
+
+
+def test_a_gguf_is_read_header_only_with_progress(qtbot, wizard, default_gguf, monkeypatch):
+    """Defect 4: the 98 MB default GGUF's facts come from its header alone (gguf.GGUFReader, which
+    walked every field part, is not used), and the bar shows how much of the header is read."""
+    import time
+
+    import gguf
+
+    def no_reader(*a, **k):
+        raise AssertionError("the whole file was read")
+    monkeypatch.setattr(gguf, "GGUFReader", no_reader)
+    fractions = []
+    wizard.worker.reading.connect(lambda source, f: fractions.append(f))
+    t = time.perf_counter()
+    inspect(qtbot, wizard, default_gguf)
+    print(f"\nwizard inspect of {default_gguf.name}: {time.perf_counter() - t:.2f} s")
+    assert wizard.summary is not None and "GGUF file" in wizard.facts.text() and "49,152 tokens" in wizard.facts.text()
+    qtbot.waitUntil(lambda: bool(fractions) and fractions[-1] == 1.0, timeout=2_000)
+    assert fractions == sorted(fractions) and len(fractions) >= 2
+    assert not wizard.read_bar.isVisibleTo(wizard)
+    wizard._read_fraction = 0.43  # what the line says mid-read
+    wizard._reading_path = str(default_gguf)
+    wizard._reading()
+    assert wizard.source_status.text() == f"Reading the header of {default_gguf.name} (98.4 MB): 43%"

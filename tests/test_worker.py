@@ -57,6 +57,15 @@ def test_a_full_context_drops_the_oldest_exchanges(tiny):
         long.append({"role": "user", "content": "last"})
         reply = W.stream_reply(eng, long, {"max_tokens": 2, "temperature": 0}, threading.Event(), lambda t, s: None)
         assert reply.dropped >= 2 and reply.step is not None
+        assert reply.plan.dropped[0] == 1 and reply.step.prompt_tokens == reply.plan.tokens <= 64 - 8
+        short_start = long[:1] + [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}] + long[1:]
+        keep = W.stream_reply(eng, short_start, {"max_tokens": 2, "temperature": 0}, threading.Event(),
+                              lambda t, s: None, policy="keep_first")
+        assert keep.plan.keep[:3] == (0, 1, 2) and keep.dropped >= 2 and keep.step.prompt_tokens == keep.plan.tokens
+        with pytest.raises(W.ContextFullError, match="policy is to stop at the limit"):
+            W.stream_reply(eng, long, {}, threading.Event(), lambda t, s: None, policy="stop")
+        with pytest.raises(W.ContextFullError, match="shorten the message"):
+            W.stream_reply(eng, [{"role": "user", "content": "word " * 80}], {}, threading.Event(), lambda t, s: None)
     finally:
         eng.close()
 
@@ -128,3 +137,22 @@ def test_worker_errors_and_fit_failures_are_signals(qtbot, threaded, tiny, tmp_p
     with qtbot.waitSignal(threaded.front.failed, timeout=30_000) as failed:
         threaded.front.generate.emit(1, CHAT, {})
     assert "no model is loaded" in failed.args[1]
+
+
+def test_the_chats_policy_rides_with_its_sampling(tiny):
+    """generate(request, messages, sampling) takes the chat's context policy from sampling's
+    CONTEXT_POLICY (beside the sampler's values, which never see it)."""
+    wk = W.EngineWorker()
+    wk.engine = Engine(tiny, threads=1, context_length=64)
+    failed, finished = [], []
+    wk.failed.connect(lambda what, why: failed.append(why))
+    wk.finished.connect(lambda r, reply: finished.append(reply))
+    try:
+        long = [{"role": "user", "content": "word " * 30}, {"role": "assistant", "content": "ok " * 20},
+                {"role": "user", "content": "last"}]
+        wk.generate(1, long, {"max_tokens": 2, "temperature": 0, W.CONTEXT_POLICY: "stop"})
+        assert "policy is to stop at the limit" in failed[-1] and finished[-1].step is None
+        wk.generate(2, long, {"max_tokens": 2, "temperature": 0, W.CONTEXT_POLICY: "drop_oldest"})
+        assert finished[-1].dropped == 2 and finished[-1].plan.keep == (2,) and len(failed) == 1
+    finally:
+        wk.engine.close()

@@ -75,6 +75,7 @@ class ChatView(QTextBrowser):
         self.streaming: str | None = None  # the reply being written, or None
         self.empty_text = ""
         self.stream_note = ""  # shown in place of the reply until its first words (e.g. prompt progress)
+        self.markers: dict[int, str] = {}  # message index -> a line above it: where the context leaves text out
         self._codes: list[str] = []
         self._stream_codes = 0  # code blocks of the finished messages; the streaming one's follow
         self._stream_pos: int | None = None  # document position where the streaming message starts
@@ -180,8 +181,9 @@ class ChatView(QTextBrowser):
         parts = []
         last = len(self.messages) - 1
         for i, m in enumerate(self.messages):
+            parts.append(self._marker_html(i))
             if m.role == "user":
-                body = "<p>" + html.escape(m.content).replace("\n", "<br>") + "</p>"
+                body = "<p>" + html.escape(m.content).replace("\n", "<br>") + "</p>" + self._attachments_html(m)
                 links = [v for v in (self._versions(m),) if v]
                 if self.streaming is None:
                     links.append(self._link(f"edit:{m.id}", self.tr("Edit")))
@@ -266,6 +268,26 @@ class ChatView(QTextBrowser):
                        f'{self._stream_html(md)}</div>')  # insertHtml does not inherit the body's style
         cur.endEditBlock()
         self._codes = md.codes
+
+    def _marker_html(self, index: int) -> str:
+        """The line above the first message the model still reads, when earlier ones are left out."""
+        text = self.markers.get(index)
+        if text is None:
+            return ""
+        c = self.colors
+        return (f'<table width="100%" cellspacing="0" cellpadding="6" style="margin-bottom: 10px"><tr><td '
+                f'style="border-top: 1px dashed {c["muted"]}; border-bottom: 1px dashed {c["muted"]}">'
+                f'<p align="center" style="color: {c["muted"]}">✂ {html.escape(text)}</p></td></tr></table>')
+
+    def _attachments_html(self, m: Message) -> str:
+        """The files attached to a message: name and token count (their text goes to the model)."""
+        files = getattr(m, "attachments", None) or []
+        if not files:
+            return ""
+        items = " &nbsp;·&nbsp; ".join(
+            f'<b>{html.escape(a["name"])}</b>' + (f' ({_tr("{n:,} tokens").format(n=a["tokens"])})'
+                                                  if a.get("tokens") is not None else "") for a in files)
+        return f'<p style="color: {self.colors["muted"]}; margin-top: 6px">{_tr("Attached:")} {items}</p>'
 
     def _anchor(self, url: QUrl) -> None:
         kind, _, arg = url.toString().partition(":")

@@ -109,7 +109,7 @@ class Dashboard(QWidget):
             ax.setPen(pg.mkPen(c["border"]))
             ax.setTextPen(pg.mkPen(c["text"]))
         p.setLabel("left", y_label, **self._label_style(color))
-        p.setLabel("bottom", "seconds ago", **self._label_style())
+        p.setLabel("bottom", _tr("seconds ago"), **self._label_style())
         p.setXRange(-WINDOW_S, 0, padding=0.01)
         p.showGrid(x=True, y=True, alpha=0.15)
         p.setMouseEnabled(x=False, y=False)
@@ -188,6 +188,11 @@ class Dashboard(QWidget):
         decode, prefill = _tr("decode tok/s (line)"), _tr("prefill tok/s (dots)")
         self.speed_plot = self._plot(decode, color=blue)
         self.decode_curve = self._curve(self.speed_plot, blue, "decode")
+        # and a dot per snapshot: a short reply gives one figure, which a line alone never draws (the
+        # plot was empty once the reply had ended)
+        self.decode_dots = pg.PlotDataItem([], [], pen=None, symbol="o", symbolSize=5, symbolPen=None,
+                                           symbolBrush=blue, name="decode")
+        self.speed_plot.addItem(self.decode_dots)
         self.prefill_view = self._right_axis(self.speed_plot, prefill, color=orange)
         self.prefill_curve = pg.PlotDataItem([], [], pen=None, symbol="o", symbolSize=7, symbolPen=None,
                                              symbolBrush=orange, name="prefill, one dot per reply")
@@ -426,6 +431,9 @@ class Dashboard(QWidget):
         self.prefill_curve.setData(x[dots], prefill[dots])
         if dots.any():
             self.prefill_view.setYRange(0, float(prefill[dots].max()) * 1.15, padding=0)
+        decode = np.asarray(self.history["decode"], float)
+        seen = np.isfinite(decode)
+        self.decode_dots.setData(x[seen], decode[seen])
         for curve, key in ((self.decode_curve, "decode"), (self.hit_curve, "hit"),
                            (self.prefetch_curve, "prefetch"), (self.rss_curve, "rss"), (self.temp_curve, "temp"),
                            (self.cpu_w_curve, "cpu_w"), (self.gpu_w_curve, "gpu_w"), (self.load_curve, "cpu_pct"),
@@ -493,11 +501,20 @@ class Dashboard(QWidget):
                             f"weights · {A.effective_threads(snap)} thread{'s' if A.effective_threads(snap) != 1 else ''} · context {snap.context_used:,} / "
                             f"{snap.context_limit:,} ({snap.kv_cache_kind} KV cache, {_mb(snap.kv_cache_bytes)})")
         now = "now" if step is not None else "last reply"
+        if step is None and not snap.tokens_generated:  # a fresh engine: no reply to report ("0 tok/s" misled)
+            self.speed_text.setText(_tr("No reply yet: the speeds appear with the first one."))
+        else:
+            self._speed_line(snap, step, now)
+        self._draw_rest(snap, ec, hw, g)
+
+    def _speed_line(self, snap, step, now: str) -> None:
         self.speed_text.setText(f"{now}: prefill {snap.prefill_tok_s if step is None else step.prefill_tok_s:,.0f} "
                                 f"tok/s · decode {snap.decode_tok_s if step is None else step.decode_tok_s:,.1f} "
                                 f"tok/s · first token {snap.ttft_s if step is None else step.ttft_s:.2f} s · "
                                 f"{snap.tokens_generated:,} tokens generated, {snap.tokens_prefilled:,} prefilled, "
                                 f"{snap.tokens_reused:,} reused")
+
+    def _draw_rest(self, snap, ec, hw, g) -> None:
         prefetch = "off" if not ec.prefetch_enabled else _pct(ec.prefetch_accuracy)
         self.cache_text.setText(f"hit rate {_pct(ec.hit_rate if ec.hits + ec.misses else None)} · prefetch accuracy "
                                 f"{prefetch} · served without waiting {_pct(ec.served_without_wait)} · "

@@ -18,10 +18,11 @@ from app.paths import models_dir
 from app.history import NEW_TITLE, History, chat_messages
 from app.reasoning import joined, split
 from app.settings import Settings
-from app.worker import RESUME, TEMPLATE_VARS, prompt_progress
+from app.worker import CONTEXT_POLICY, RESUME, TEMPLATE_VARS, prompt_progress
 from ui import i18n
 from ui import theme
 from ui.chat_view import STREAM, ChatView, MessageInput
+from ui.context_ui import AttachmentTray, ContextMeter, PolicyBox, marker_texts
 from ui.model_flow import ModelFlow, show_error
 from ui.models import ConversationListModel, shown_title
 from ui.param_form import ConversationDialog, SettingsDialog
@@ -29,6 +30,7 @@ from ui.param_form import ConversationDialog, SettingsDialog
 log = logging.getLogger("colibri.ui")
 
 STATUS_MS = 500  # the status line is refreshed at this fixed rate, never per token
+DRAFT_MS = 400  # the message being written is counted this long after the last keystroke
 IMPORT = "__import__"
 
 
@@ -76,6 +78,9 @@ class MainWindow(QMainWindow):
         self.streams: dict[int, str] = {}  # conversation id -> the text so far of the reply it is being written
         self.prompt_read: float | None = None  # fraction of the prompt read, while the engine reports it
         self.context_counts: dict[int, int] = {}  # conversation id -> tokens it takes in the loaded model
+        self.plans: dict = {}  # conversation id -> ContextPlan of its next prompt (its policy, the loaded model)
+        self.draft_plan = None  # ContextPlan of the open chat with the message being written (and its files)
+        self.slow_reason = ""  # why decode is slow now (other programs take the CPU), from the worker
         self.last_reply: dict = {}  # stats of the open chat's last reply (the status line when idle)
         self.snapshot = None  # latest StatsSnapshot
         self.busy = ""
@@ -92,6 +97,9 @@ class MainWindow(QMainWindow):
         w.finished.connect(self._on_finished)
         w.stats.connect(self._on_stats)
         w.counted.connect(self._on_counted)
+        w.planned.connect(self._on_planned)
+        w.slowed.connect(self._on_slowed)
+        w.attachment_counted.connect(self.tray.set_tokens)
         w.reasoning.connect(self._on_reasoning)
         self.status_timer = QTimer(self, objectName="status_timer", interval=STATUS_MS)
         self.status_timer.timeout.connect(self._update_status)
@@ -162,13 +170,36 @@ class MainWindow(QMainWindow):
         self.send_button = QPushButton(objectName="primary")
         self.send_button.setMinimumWidth(84)
         self.send_button.clicked.connect(self._send_or_stop)
+        self.attach_button = QPushButton(objectName="attach")
+        self.attach_button.clicked.connect(self.attach_dialog)
+        self.tray = AttachmentTray()
+        self.tray.changed.connect(self._draft_changed)
+        self.meter = ContextMeter()
+        self.policy_box = PolicyBox()
+        self.policy_box.policy_changed.connect(self.set_context_policy)
+        self.policy_label = QLabel(objectName="policy_label")
+        self.policy_label.setBuddy(self.policy_box)
+        self.draft_timer = QTimer(self, objectName="draft_count_timer", singleShot=True, interval=DRAFT_MS)
+        self.draft_timer.timeout.connect(self.count_draft)
+        self.input.textChanged.connect(self._draft_changed)
+        for target in (self.input, self.input.viewport()):  # files dropped on the message box are attached
+            target.setAcceptDrops(True)
+            target.installEventFilter(self)
         cl = QVBoxLayout(composer)
         cl.setContentsMargins(14, 8, 14, 10)
         cl.addWidget(self.notice)
+        cl.addWidget(self.tray)
         row = QHBoxLayout()
+        row.addWidget(self.attach_button, 0, Qt.AlignBottom)
         row.addWidget(self.input, 1)
         row.addWidget(self.send_button, 0, Qt.AlignBottom)
         cl.addLayout(row)
+        under = QHBoxLayout()
+        under.addWidget(self.policy_label)
+        under.addWidget(self.policy_box)
+        under.addStretch(1)
+        under.addWidget(self.meter)
+        cl.addLayout(under)
 
         center = QWidget()
         ml = QVBoxLayout(center)
@@ -205,6 +236,22 @@ class MainWindow(QMainWindow):
         self._thinking_text()
         self.settings_button.setText(self.tr("Settings"))
         self.input.set_texts()
+        self.attach_button.setText(self.tr("Attach…"))
+        self.policy_label.setText(self.tr("When the context is full:"))
+        self.policy_box.set_texts()
+
+    def eventFilter(self, obj, e) -> bool:  # noqa: N802 - Qt's name
+        """Files dragged onto the message box are attached (text dropped stays text)."""
+        if obj in (self.input, self.input.viewport()) and e.type() in (QEvent.DragEnter, QEvent.DragMove,
+                                                                       QEvent.Drop):
+            urls = [u for u in e.mimeData().urls() if u.isLocalFile()] if e.mimeData().hasUrls() else []
+            if urls:
+                e.acceptProposedAction()
+                if e.type() == QEvent.Drop:
+                    for u in urls:
+                        self.attach(u.toLocalFile())
+                return True
+        return super().eventFilter(obj, e)
 
     def changeEvent(self, e) -> None:  # noqa: N802 - Qt's name
         super().changeEvent(e)
@@ -248,6 +295,10 @@ class MainWindow(QMainWindow):
             (self.context_label, self.tr("Context used"), ""),
             (self.memory_label, self.tr("Memory used"), ""),
             (self.server_label, self.tr("Local server address"), ""),
+            (self.attach_button, self.tr("Attach files"),
+             self.tr("Attach text, Markdown, code or PDF files to the message; each shows the tokens it takes")),
+            (self.meter, self.tr("Context meter"), ""),
+            (self.tray, self.tr("Attached files"), ""),
         ]:
             w.setAccessibleName(name)
             if description:
@@ -256,8 +307,8 @@ class MainWindow(QMainWindow):
         self.input.setTabChangesFocus(True)  # Tab leaves the box; Shift+Enter adds lines
         self.view.setTabChangesFocus(True)  # the links have shortcuts: Tab is not trapped in the chat
         chain = [self.new_button, self.search, self.list, self.model_picker, self.thinking_button,
-                 self.chat_settings_button,
-                 self.settings_button, self.view, self.input, self.send_button]
+                 self.chat_settings_button, self.settings_button, self.view, self.attach_button, self.input,
+                 self.send_button, self.policy_box]
         for a, b in itertools.pairwise(chain):
             QWidget.setTabOrder(a, b)
 
@@ -319,6 +370,8 @@ class MainWindow(QMainWindow):
             return
         self.conv_id, self.editing = cid, None
         self.notice.hide()
+        self.policy_box.set_policy(self.history.context_policy(cid))
+        self._draft_changed()  # a message being written is counted again against this chat
         self._show_thinking_switch()
         self.refresh_conversations()
         self.render_conversation()
@@ -333,6 +386,7 @@ class MainWindow(QMainWindow):
                 and messages[-1].id == self.continuing.id:
             messages = messages[:-1]  # the reply being continued is the streaming one
         self.last_reply = next((m.stats for m in reversed(messages) if m.role == "assistant"), {})
+        self.view.markers = self._markers(conv)
         self.view.set_messages(messages, self.streams.get(self.conv_id))
         self._show_elsewhere()
 
@@ -349,11 +403,114 @@ class MainWindow(QMainWindow):
             self.notice.hide()
 
     def count_context(self) -> None:
-        """Ask the worker how much of the context the open chat takes (answered by `_on_counted`)."""
+        """Ask the worker how much of the context the open chat takes under its policy (answered by
+        `_on_counted` and `_on_planned`)."""
         if self.flow.model is None or self.conv_id is None or self.conv_id == self.gen_conv:
             return
         conv = self.history.conversation(self.conv_id)
-        self.flow.count_requested.emit(conv.id, chat_messages(conv, self.history.messages(conv.id)))
+        self.flow.count_requested.emit(conv.id, chat_messages(conv, self.history.messages(conv.id)),
+                                       self.history.context_policy(conv.id), "chat")
+
+    def _on_slowed(self, why: str) -> None:
+        """Defect 9: the worker saw decode fall while other programs took the CPU (and capped the
+        threads), or saw it end ("")."""
+        self.slow_reason = why
+        if self.closed:
+            return
+        if why:
+            self.statusBar().showMessage(self.tr("Slower than usual: {why}").format(why=why), 15000)
+        self._update_status()
+
+    # --- context policy and attachments (app/context_policy.py, app/attachments.py) ---------------
+    def _markers(self, conv) -> dict[int, str]:
+        """Where the open chat's next prompt leaves messages out: lines before the first message
+        left out and before the first one read again (indices into its messages)."""
+        plan = self.plans.get(conv.id)
+        if plan is None or plan.marker_before is None:
+            return {}
+        offset = 1 if conv.system_prompt.strip() else 0  # chat_messages puts the system prompt first
+        start, end = marker_texts(len(plan.dropped), plan.policy)
+        return {plan.dropped[0] - offset: start, plan.marker_before - offset: end}
+
+    def _on_planned(self, what: str, cid: int, plan) -> None:
+        if self.closed:  # an answer that arrives after the window (and its history) closed
+            return
+        if what == "draft":
+            if cid == self.conv_id:
+                self.draft_plan = plan
+                self._show_draft_warning()
+                self._update_status()
+            return
+        old = self.plans.get(cid)
+        self.plans[cid] = plan
+        if cid == self.conv_id and (old is None or old.marker_before != plan.marker_before
+                                    or old.dropped != plan.dropped) and self.gen_conv != cid:
+            self.render_conversation()
+        if cid == self.conv_id:
+            self._update_status()
+
+    def set_context_policy(self, policy: str) -> None:
+        """The open chat's policy for a full context; the meter, marker and warning follow at once."""
+        if self.conv_id is None:
+            return
+        self.history.set_context_policy(self.conv_id, policy)
+        self.policy_box.set_policy(policy)
+        self.count_context()
+        self._draft_changed()
+
+    def attach_dialog(self) -> None:
+        from app.attachments import FILE_FILTER
+        paths, _ = QFileDialog.getOpenFileNames(self, self.tr("Attach files"), str(Path.home()), FILE_FILTER)
+        for path in paths:
+            self.attach(path)
+
+    def attach(self, path: str | Path) -> int | None:
+        """Read a file into the message being written (its tokens are counted by the worker)."""
+        from app.attachments import AttachmentError, read_attachment, with_attachments
+        try:
+            a = read_attachment(path)
+        except AttachmentError as e:
+            show_error(self, self.tr("Attaching a file"), str(e))
+            return None
+        key = self.tray.add(a)
+        if self.flow.model is not None:
+            self.flow.count_attachment_requested.emit(key, with_attachments("", [a]))
+        return key
+
+    def _draft_changed(self) -> None:
+        self.draft_plan = None
+        self.draft_timer.start()
+
+    def count_draft(self) -> None:
+        """Ask whether the open chat with the message being written still fits (the warning)."""
+        text = self.input.toPlainText().strip()
+        if self.flow.model is None or self.conv_id is None or not (text or self.tray.items):
+            self.tray.set_warning("")
+            return
+        from app.attachments import with_attachments
+        conv = self.history.conversation(self.conv_id)
+        msgs = chat_messages(conv, self.history.messages(conv.id))
+        msgs.append({"role": "user", "content": with_attachments(text, self.tray.records())})
+        self.flow.count_requested.emit(conv.id, msgs, self.history.context_policy(conv.id), "draft")
+
+    def _show_draft_warning(self) -> None:
+        p = self.draft_plan
+        if p is None:
+            return
+        if not p.fits and p.policy == "stop":
+            self.tray.set_warning(self.tr("Will not fit: with this message the chat takes {used:,} of the model's "
+                                          "{limit:,} tokens, and this chat stops at the limit. Start a new chat or "
+                                          "choose another policy below.").format(used=p.tokens, limit=p.limit), "full")
+        elif not p.fits:
+            self.tray.set_warning(self.tr("Will not fit: this message and its attachments take {used:,} of the "
+                                          "model's {limit:,} tokens even with every earlier message left out. Remove "
+                                          "an attachment or shorten the message.").format(used=p.tokens,
+                                                                                          limit=p.limit), "full")
+        elif p.dropped:
+            self.tray.set_warning(self.tr("Sending leaves {n} earlier messages out of the model's context to make "
+                                          "room.").format(n=len(p.dropped)), "dropped")
+        else:
+            self.tray.set_warning("")
 
     def _on_counted(self, cid: int, tokens: int) -> None:
         self.context_counts[cid] = tokens
@@ -427,14 +584,23 @@ class MainWindow(QMainWindow):
 
     # --- chatting ----------------------------------------------------------------------------
     def send(self, text: str) -> None:
-        if not text.strip() or self.busy or self.flow.model is None:
+        if (not text.strip() and not self.tray.items) or self.busy or self.flow.model is None:
             return
+        if self.draft_plan is not None and not self.draft_plan.fits:  # the warning already says why
+            self.statusBar().showMessage(self.tray.warning.text(), 8000)
+            return
+        files = self.tray.records()
+        text = text.strip() or ", ".join(a["name"] for a in files)
         parent = "leaf"
         if self.editing is not None:  # a new version of that message: a branch, the old one kept
             parent = self.history.message(self.editing).parent_id
             self.editing = None
             self.notice.hide()
-        self.history.add_message(self.conv_id, "user", text.strip(), parent=parent)
+        self.history.add_message(self.conv_id, "user", text.strip(), parent=parent, attachments=files or None)
+        self.tray.clear()
+        self.draft_timer.stop()
+        self.draft_plan = None
+        self.tray.set_warning("")
         if self.history.conversation(self.conv_id).title == NEW_TITLE:
             first = text.strip().splitlines()[0]
             self.history.rename(self.conv_id, first[:48] + ("…" if len(first) > 48 else ""))
@@ -463,6 +629,7 @@ class MainWindow(QMainWindow):
                                                                resume.stats.get("thinking_open", False))
         self.render_conversation()
         self._set_busy("generating")
+        options[CONTEXT_POLICY] = self.history.context_policy(conv.id)  # how the worker cuts a full chat
         self.flow.generate(self.request, chat_messages(conv, path), options)
 
     def _on_text(self, request: int, text: str, step) -> None:
@@ -483,7 +650,7 @@ class MainWindow(QMainWindow):
             self.view.append(text)
 
     def _on_finished(self, request: int, reply) -> None:
-        if request != self.request:
+        if request != self.request or self.closed:  # closed mid-reply: the history is closed too
             return
         cid, self.gen_conv = self.gen_conv, None
         self.streams.pop(cid, None)
@@ -493,6 +660,8 @@ class MainWindow(QMainWindow):
         if cid == self.conv_id:
             self.view.end_stream()
         s = reply.step
+        if getattr(reply, "plan", None) is not None:
+            self.plans[cid] = reply.plan  # the marker shows what this reply was written without
         if s is not None and (reply.text or s.generated_tokens):
             reasoning, content, still = split(joined(resumed.reasoning, resumed.content, resumed.stats.get(
                 "thinking_open", False)) + reply.text if resumed is not None else reply.text)
@@ -512,7 +681,7 @@ class MainWindow(QMainWindow):
             self.statusBar().showMessage(self.tr("The reply stopped because the context is full: start a new chat, or "
                                                  "raise the context length in Settings"), 10000)
         elif reply.dropped:
-            self.statusBar().showMessage(self.tr("The context was full: the {n} oldest messages were left out of "
+            self.statusBar().showMessage(self.tr("The context was full: {n} earlier messages were left out of "
                                                  "this reply").format(n=reply.dropped), 8000)
         self._set_busy("")
         if s is not None:
@@ -714,6 +883,10 @@ class MainWindow(QMainWindow):
         self.snapshot = snapshot
         self.last_step = None
         self.context_counts.clear()  # another model counts with its own tokenizer and template
+        self.plans.clear()
+        for key, a in self.tray.items.items():
+            from app.attachments import with_attachments
+            self.flow.count_attachment_requested.emit(key, with_attachments("", [a]))
         self.count_context()
         if self.dashboard is not None:
             self.dashboard.set_model_path(self.flow.model)
@@ -831,8 +1004,18 @@ class MainWindow(QMainWindow):
                                      .format(rate=r.get("decode_tok_s", 0.0), ttft=r.get("ttft_s", 0.0)))
         else:
             self.speed_label.setText(self.tr("no reply yet"))
+        if self.slow_reason:
+            self.speed_label.setText(self.speed_label.text() + " · " + self.tr("⚠ slowed by other programs"))
+        self.speed_label.setToolTip(self.slow_reason)
         limit = (s.context_limit if here and s is not None else snap.context_limit) if snap is not None else None
         used = self.context_counts.get(self.conv_id)
+        plan = self.plans.get(self.conv_id)
+        draft = self.draft_plan if not here and (self.tray.items or self.input.toPlainText().strip()) else None
+        if draft is not None:  # what sending the message being written would take
+            self.meter.show_plan(draft.tokens, limit, len(draft.dropped), draft.fits)
+        else:
+            self.meter.show_plan(used, limit, len(plan.dropped) if plan is not None and not here else 0,
+                                 plan.fits if plan is not None and not here else True)
         if limit is None:
             self.context_label.setText(self.tr("context —"))
         elif used is None:

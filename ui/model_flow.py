@@ -55,7 +55,8 @@ class ModelFlow(QObject):
     load_requested = Signal(str, dict, bool)
     convert_requested = Signal(str)
     generate_requested = Signal(int, list, dict)
-    count_requested = Signal(int, list)  # conversation id, its messages: the worker answers `counted`
+    count_requested = Signal(int, list, str, str)  # conversation id, messages, policy, "chat"/"draft": `planned`
+    count_attachment_requested = Signal(int, str)  # key, the text as sent: `attachment_counted`
     fit_requested = Signal(str, dict, int)  # model folder, engine settings, extra free bytes: `fit_explained`
     set_param_requested = Signal(str, object)
     serve_requested = Signal(bool, int)  # on/off, port: the worker answers `served`
@@ -76,6 +77,7 @@ class ModelFlow(QObject):
         self.convert_requested.connect(self.worker.convert)
         self.generate_requested.connect(self.worker.generate)
         self.count_requested.connect(self.worker.count_context)
+        self.count_attachment_requested.connect(self.worker.count_attachment)
         self.fit_requested.connect(self.worker.explain_fit)
         self.set_param_requested.connect(self.worker.set_param)
         self.serve_requested.connect(self.worker.serve)

@@ -59,6 +59,7 @@ class ConvertWizard(QDialog):
         self.inspect_requested.connect(self.worker.inspect)
         self.convert_requested.connect(self.worker.convert)
         self.worker.inspected.connect(self._inspected)
+        self.worker.reading.connect(self._read_progress)
         self.worker.progress.connect(self._progress)
         self.worker.converted.connect(self._converted)
         self.worker.cancelled.connect(self._cancelled)
@@ -282,6 +283,8 @@ class ConvertWizard(QDialog):
         except OSError:
             self._reading_size = 0
         self.read_clock.start()
+        self._read_fraction: float | None = None
+        self.read_bar.setRange(0, 0)  # busy until the reader says how far it is
         self._reading()
         self.read_bar.show()
         self.read_timer.start()
@@ -294,8 +297,21 @@ class ConvertWizard(QDialog):
         name = Path(self._reading_path).name
         size = f" ({human_bytes(self._reading_size)})" if self._reading_size else ""
         secs = self.read_clock.elapsed() / 1000
+        if getattr(self, "_read_fraction", None) is not None:
+            self.source_status.setText(self.tr("Reading the header of {name}{size}: {pct:.0%}").format(
+                name=name, size=size, pct=self._read_fraction))
+            return
         self.source_status.setText(self.tr("Reading {name}{size}… {secs:.0f} s").format(name=name, size=size, secs=secs)
                                    if secs >= 1 else self.tr("Reading {name}{size}…").format(name=name, size=size))
+
+    def _read_progress(self, source: str, fraction: float) -> None:
+        """A GGUF's header is read (never its tensors): the bar shows how much of it."""
+        if source != self._reading_path:
+            return
+        self._read_fraction = fraction
+        self.read_bar.setRange(0, 1000)
+        self.read_bar.setValue(int(fraction * 1000))
+        self._reading()
 
     def _stop_reading(self) -> None:
         self.read_timer.stop()

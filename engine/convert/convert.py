@@ -125,7 +125,7 @@ def _lookup(tensors: dict[str, SourceTensor], candidates: Iterable[str],
     return None
 
 
-def open_source(path: Path) -> _Source:
+def open_source(path: Path, progress: Callable[[float], None] | None = None) -> _Source:
     path = Path(path)
     if path.is_dir():
         cfg = hf_src.config_from_hf(path)
@@ -141,7 +141,7 @@ def open_source(path: Path) -> _Source:
         src.resolve = lambda name, c, consumed: _lookup(ckpt.tensors, hf_names(name, family), consumed)
         return src
     if path.is_file():
-        g = GGUFModel(path)
+        g = GGUFModel(path, progress)  # progress: the fraction of the header read (the wizard's bar)
         try:
             cfg, tok = g.config(), g.tokenizer()
         except BaseException:

@@ -216,8 +216,8 @@
         <translation>删除</translation>
     </message>
     <message>
-        <source>The context was full: the {n} oldest messages were left out of this reply</source>
-        <translation>上下文已满：最早的 {n} 条消息未纳入这次回复</translation>
+        <source>The context was full: {n} earlier messages were left out of this reply</source>
+        <translation>上下文已满：{n} 条较早的消息未纳入这次回复</translation>
     </message>
     <message>
         <source>No model</source>
@@ -1290,6 +1290,177 @@ Load a Mixture-of-Experts model to see which experts each layer uses.</source>
     <message>
         <source>An interrupted model replacement was undone: {path} is the previous model again.</source>
         <translation>已撤销一次被中断的模型替换：{path} 恢复为之前的模型。</translation>
+    </message>
+</context>
+<context>
+    <name>ContextUi</name>
+    <message>
+        <source>From here, {n} messages are not sent to the model: the context is full</source>
+        <translation>从这里起的 {n} 条消息不会发送给模型：上下文已满</translation>
+    </message>
+    <message>
+        <source>The model reads on from here (this chat&apos;s policy: {policy})</source>
+        <translation>模型从这里接着读（此对话的策略：{policy}）</translation>
+    </message>
+    <message>
+        <source>Drop the oldest messages</source>
+        <translation>丢弃最早的消息</translation>
+    </message>
+    <message>
+        <source>Keep the start, drop the middle</source>
+        <translation>保留开头，丢弃中间</translation>
+    </message>
+    <message>
+        <source>Stop at the limit</source>
+        <translation>到达上限即停止</translation>
+    </message>
+    <message>
+        <source>context —</source>
+        <translation>上下文 —</translation>
+    </message>
+    <message>
+        <source>No model is loaded</source>
+        <translation>未加载模型</translation>
+    </message>
+    <message>
+        <source>… / {limit:,}</source>
+        <translation>… / {limit:,}</translation>
+    </message>
+    <message>
+        <source>Counting this chat's tokens…</source>
+        <translation>正在统计此对话的词元…</translation>
+    </message>
+    <message>
+        <source>{used:,} / {limit:,}</source>
+        <translation>{used:,} / {limit:,}</translation>
+    </message>
+    <message>
+        <source>This chat's next prompt takes {used:,} of the model's {limit:,} context tokens</source>
+        <translation>此对话的下一个提示占用模型 {limit:,} 个上下文词元中的 {used:,} 个</translation>
+    </message>
+    <message>
+        <source>{n} earlier messages are left out to make it fit</source>
+        <translation>为了放得下，省略了 {n} 条较早的消息</translation>
+    </message>
+    <message>
+        <source>It does not fit: start a new chat or change the context policy</source>
+        <translation>放不下：请新建对话或更改上下文策略</translation>
+    </message>
+    <message>
+        <source>When the context is full</source>
+        <translation>上下文已满时</translation>
+    </message>
+    <message>
+        <source>What this chat does when it no longer fits the model's context: leave out the oldest messages, keep the system prompt and first exchange and leave out the middle, or stop and say so</source>
+        <translation>此对话超出模型上下文时的做法：省略最早的消息；保留系统提示和第一轮问答而省略中间部分；或停止并说明原因</translation>
+    </message>
+    <message>
+        <source>Context warning</source>
+        <translation>上下文警告</translation>
+    </message>
+    <message>
+        <source>Remove {name}</source>
+        <translation>移除 {name}</translation>
+    </message>
+    <message>
+        <source>code</source>
+        <translation>代码</translation>
+    </message>
+    <message>
+        <source>text</source>
+        <translation>文本</translation>
+    </message>
+    <message>
+        <source>counting…</source>
+        <translation>统计中…</translation>
+    </message>
+    <message>
+        <source>{n:,} tokens</source>
+        <translation>{n:,} 个词元</translation>
+    </message>
+    <message>
+        <source>{kind}, {chars:,} characters: sent as plain text after your message</source>
+        <translation>{kind}，{chars:,} 个字符：作为纯文本附在你的消息之后发送</translation>
+    </message>
+</context>
+<context>
+    <name>ChatView</name>
+    <message>
+        <source>Attached:</source>
+        <translation>附件：</translation>
+    </message>
+    <message>
+        <source>{n:,} tokens</source>
+        <translation>{n:,} 个词元</translation>
+    </message>
+</context>
+<context>
+    <name>MainWindow</name>
+    <message>
+        <source>Attach…</source>
+        <translation>附加文件…</translation>
+    </message>
+    <message>
+        <source>When the context is full:</source>
+        <translation>上下文已满时：</translation>
+    </message>
+    <message>
+        <source>Attach files</source>
+        <translation>附加文件</translation>
+    </message>
+    <message>
+        <source>Attach text, Markdown, code or PDF files to the message; each shows the tokens it takes</source>
+        <translation>为消息附加文本、Markdown、代码或 PDF 文件；每个文件都会显示它占用的词元数</translation>
+    </message>
+    <message>
+        <source>Context meter</source>
+        <translation>上下文用量</translation>
+    </message>
+    <message>
+        <source>Attached files</source>
+        <translation>已附加的文件</translation>
+    </message>
+    <message>
+        <source>Attaching a file</source>
+        <translation>附加文件</translation>
+    </message>
+    <message>
+        <source>Will not fit: with this message the chat takes {used:,} of the model's {limit:,} tokens, and this chat stops at the limit. Start a new chat or choose another policy below.</source>
+        <translation>放不下：加上这条消息，对话将占用模型 {limit:,} 个词元中的 {used:,} 个，而此对话的策略是到达上限即停止。请新建对话，或在下方选择其他策略。</translation>
+    </message>
+    <message>
+        <source>Will not fit: this message and its attachments take {used:,} of the model's {limit:,} tokens even with every earlier message left out. Remove an attachment or shorten the message.</source>
+        <translation>放不下：即使省略所有较早的消息，这条消息及其附件仍占用模型 {limit:,} 个词元中的 {used:,} 个。请移除附件或缩短消息。</translation>
+    </message>
+    <message>
+        <source>Sending leaves {n} earlier messages out of the model's context to make room.</source>
+        <translation>发送时将有 {n} 条较早的消息不放入模型的上下文，以腾出空间。</translation>
+    </message>
+    <message>
+        <source>⚠ slowed by other programs</source>
+        <translation>⚠ 被其他程序拖慢</translation>
+    </message>
+    <message>
+        <source>Slower than usual: {why}</source>
+        <translation>比平时慢：{why}</translation>
+    </message>
+</context>
+<context>
+    <name>ConvertWizard</name>
+    <message>
+        <source>Reading the header of {name}{size}: {pct:.0%}</source>
+        <translation>正在读取 {name}{size} 的文件头：{pct:.0%}</translation>
+    </message>
+</context>
+<context>
+    <name>Dashboard</name>
+    <message>
+        <source>seconds ago</source>
+        <translation>秒前</translation>
+    </message>
+    <message>
+        <source>No reply yet: the speeds appear with the first one.</source>
+        <translation>尚无回复：第一条回复后这里会显示速度。</translation>
     </message>
 </context>
 </TS>
