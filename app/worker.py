@@ -20,6 +20,7 @@ from PySide6.QtCore import QObject, QTimer, Signal, Slot
 
 from app import model_library
 from app.model_library import ensure_default_model
+from app.server_jobs import Turns
 from app.paths import models_dir
 from engine import params as P
 from engine.errors import ColibriError, ConversionCancelled
@@ -232,12 +233,14 @@ class EngineWorker(QObject):
     cancelled = Signal(str)  # a conversion was cancelled: what it was converting
     picked = Signal(str)  # the first candidate model folder that opens, or "" (pick)
     served = Signal(str, str)  # the local server's address ("" when it is off), why it is off ("" if asked)
+    remote_ready = Signal(object)  # StatsSnapshot (its .remote set): chat now goes to a remote endpoint
 
     def __init__(self):
         super().__init__()
         self.engine = None
         self.server = None  # app.server.ServerHandle while "Serve on localhost" is on
         self._serve_port = 0
+        self.turns = Turns()  # the chat and the local server: one reply at a time, in arrival order
         self._stop = threading.Event()
         self._cancel = threading.Event()
         self.stats_timer: QTimer | None = None  # made on the worker's thread by watch_stats
@@ -327,7 +330,9 @@ class EngineWorker(QObject):
             if self._stats_ms and time.perf_counter() - self._stats_at >= self._stats_ms / 1000:
                 self.poll_stats()  # the timer cannot tick while this thread generates
         try:
-            reply = stream_reply(self.engine, messages, sampling, self._stop, emit)
+            with self.turns.turn(self._stop) as mine:  # after the served reply running now, if any
+                reply = stream_reply(self.engine, messages, sampling, self._stop, emit) if mine \
+                    else Reply("", None, 0)
         except Exception as e:  # noqa: BLE001
             self._fail("Generating a reply", e)
             reply = Reply("", None, 0)
@@ -335,11 +340,30 @@ class EngineWorker(QObject):
         if self.engine is not None:
             self.stats.emit(self.engine.stats())
 
+    @Slot(str, str, str)
+    def connect_remote(self, url: str, model: str, key: str) -> None:
+        """Chat through an OpenAI-compatible endpoint (app.remote.RemoteBackend, "" model: its first).
+        The local model is let go only once the endpoint answers (its memory with it), and the local
+        server stops: it serves a local engine only."""
+        from app.remote import RemoteBackend
+        try:
+            backend = RemoteBackend(url, model or None, key or None)
+        except Exception as e:  # noqa: BLE001 - unreachable, unauthorized, no such model: a dialog
+            self._fail(f"Connecting to {url}", e)
+            return
+        if self.server is not None:
+            self._stop_server()
+            self.served.emit("", "")
+        if self.engine is not None:
+            self.engine.close()
+        self.engine = backend
+        self.remote_ready.emit(backend.stats())
+
     @Slot(int, list)
     def count_context(self, conversation: int, messages: list) -> None:
         """How many tokens of the context this conversation takes with the loaded model (its
         template and tokenizer): the context meter of a chat opened before it sends anything."""
-        if self.engine is None:
+        if self.engine is None or getattr(self.engine, "remote", False):  # an endpoint counts in its replies
             return
         try:
             n = len(self.engine.prompt_ids(messages)) if messages else 0
@@ -406,7 +430,7 @@ class EngineWorker(QObject):
     def serve(self, on: bool, port: int) -> None:
         """The GUI's "Serve on localhost": colibri-serve's OpenAI-compatible API over this engine, on
         127.0.0.1 only (another address needs an API key: colibri-serve). Chat and server share the
-        engine with no queue between them yet: overlapping replies interrupt each other (README)."""
+        engine through `self.turns`: overlapping replies wait for each other, one at a time."""
         self._stop_server()
         if not on:
             self.served.emit("", "")
@@ -414,9 +438,13 @@ class EngineWorker(QObject):
         if self.engine is None:
             self.served.emit("", "no model is loaded yet")
             return
+        if getattr(self.engine, "remote", False):
+            self.served.emit("", "the chat uses a remote endpoint, which is a server already: load a local model "
+                                 "to serve it here")
+            return
         try:
             from app import server
-            self.server, self._serve_port = server.start(self.engine, "127.0.0.1", port), port
+            self.server, self._serve_port = server.start(self.engine, "127.0.0.1", port, turns=self.turns), port
             self.served.emit(self.server.url, "")
         except (OSError, ValueError) as e:  # a port in use, most often
             self.served.emit("", f"the server could not start on 127.0.0.1:{port}: {e}")
