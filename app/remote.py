@@ -261,8 +261,8 @@ class RemoteBackend:
         if chosen is None:
             self.client.close()
             raise RemoteError(f"{self.url} has no model {model!r}; it serves {', '.join(m.id for m in served)}")
-        if chosen.context_length is None and chosen.owned_by == "llamacpp":
-            chosen = dataclasses.replace(chosen, context_length=self._llama_server_context())
+        if chosen.owned_by == "llamacpp":  # its card has the training context; a slot may hold less
+            chosen = dataclasses.replace(chosen, context_length=self._llama_server_context() or chosen.context_length)
         self.card, self.models = chosen, served
         self.model_id = chosen.id
         self.model = _Name(chosen.id)

@@ -308,3 +308,16 @@ def test_the_window_chats_through_a_remote_endpoint(qtbot, home, tiny, server, e
 def home(tmp_path, monkeypatch):
     monkeypatch.setenv("COLIBRI_HOME", str(tmp_path))
     return tmp_path
+
+
+# --- colibri-bench serve's load generator (figures are printed by the benchmark, never asserted) --
+def test_the_load_generator_counts_streams_against_the_same_requests_run_alone(server):
+    from app.bench import serve as B
+    ref = B.references(server.url, server.model_id, B.DISTINCT[:4], max_tokens=6)
+    result, outcomes = B.run_load(server.url, server.model_id, clients=4, requests_each=1, max_tokens=6,
+                                  reference=ref)
+    assert {o.request for o in outcomes} == set(B.DISTINCT[:4])
+    assert (result.requests, result.errors, result.lost, result.garbled) == (4, 0, 0, 0), result
+    assert result.completion_tokens == sum(o.tokens for o in outcomes) == 24 and result.ttft_p50_s is not None
+    wrong = {r: text + "!" for r, text in ref.items()}  # the count can fail: a changed text is garbled
+    assert B.run_load(server.url, server.model_id, 2, 1, max_tokens=6, reference=wrong)[0].garbled == 2
