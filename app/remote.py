@@ -344,13 +344,13 @@ class RemoteBackend:
         body = self._request(prompt, stop, sampling)
         self._cancel.clear()
         self._counts["requests"] += 1
-        chat = "messages" in body
+        chat, t0 = "messages" in body, time.perf_counter()  # the first token's wait includes the headers'
         try:
             api = self.client.chat.completions if chat else self.client.completions
             stream = api.create(**body)
         except openai.OpenAIError as e:
             raise self._failed(e) from None
-        return self._steps(stream, chat, cancel)
+        return self._steps(stream, chat, cancel, t0)
 
     def _failed(self, e: BaseException) -> ColibriError:
         """The error to raise; a prompt the endpoint's context cannot hold is the engine's own
@@ -366,9 +366,8 @@ class RemoteBackend:
             return ContextOverflowError(str(err))
         return err
 
-    def _steps(self, stream: Any, chat: bool, cancel: threading.Event | None) -> Iterator[Step]:
+    def _steps(self, stream: Any, chat: bool, cancel: threading.Event | None, t0: float) -> Iterator[Step]:
         from engine.api import Step
-        t0 = time.perf_counter()
         t_first, generated, think = None, 0, _Think()
         usage, finish, timings = None, None, None
         done = threading.Event()
@@ -431,7 +430,6 @@ class RemoteBackend:
             p, c = usage.prompt_tokens or 0, usage.completion_tokens or 0
             details = getattr(usage, "prompt_tokens_details", None)
             cached = (getattr(details, "cached_tokens", 0) or 0) if details is not None else 0
-        self._usage = (p, c, cached)
         now = time.perf_counter()
         ttft = (t_first or now) - t0
         n = c or generated
@@ -443,6 +441,7 @@ class RemoteBackend:
             prefill = float(timings.get("prompt_per_second") or prefill)
             cached = int(timings.get("cache_n") or cached)
             self.figures = "endpoint timings"
+        self._usage = (p, c, cached)
         self._last = {"prefill_tok_s": prefill, "decode_tok_s": decode, "ttft_s": ttft}
         self._totals["prefilled"] += max(p - cached, 0)
         self._totals["generated"] += n

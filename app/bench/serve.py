@@ -95,7 +95,7 @@ class LoadResult:
     ttft_p99_s: float | None
     errors: int
     lost: int  # ended without a finish reason
-    garbled: int  # text differs from the same request run alone
+    garbled: int | None  # text differs from the same request run alone (None: not checked)
     first_errors: list[str] = field(default_factory=list)
 
 
@@ -139,12 +139,13 @@ def run_load(url: str, model: str, clients: int, requests_each: int | None = 2, 
     seconds = time.perf_counter() - t0
     errors = [o for o in outcomes if o.error]
     lost = [o for o in outcomes if not o.error and o.finish is None]
-    garbled = [o for o in outcomes if reference is not None and not o.error and o.request in reference
-               and o.text != reference[o.request]]
+    garbled = [o for o in outcomes if not o.error and o.request in reference and o.text != reference[o.request]] \
+        if reference is not None else None
     ttfts = [o.ttft_s for o in outcomes if o.ttft_s is not None]
     tokens = sum(o.tokens for o in outcomes)
     result = LoadResult(clients, len(outcomes), seconds, tokens, tokens / seconds if seconds else 0.0,
-                        _percentile(ttfts, 0.5), _percentile(ttfts, 0.99), len(errors), len(lost), len(garbled),
+                        _percentile(ttfts, 0.5), _percentile(ttfts, 0.99), len(errors), len(lost),
+                        None if garbled is None else len(garbled),
                         [o.error for o in errors[:3]])
     return result, outcomes
 
@@ -174,11 +175,12 @@ def free_port() -> int:
 class ServerProcess:
     """A server in a child process, its address, model id and RSS."""
 
-    def __init__(self, name: str, cmd: list[str], port: int, ready_path: str, log: Path):
+    def __init__(self, name: str, cmd: list[str], port: int, ready_path: str, log: Path, api_key: str | None = None):
         self.name, self.url, self.log = name, f"http://127.0.0.1:{port}/v1", log
         self.proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT)
         self._wait(f"http://127.0.0.1:{port}{ready_path}")
-        with urllib.request.urlopen(self.url + "/models", timeout=30) as r:
+        auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        with urllib.request.urlopen(urllib.request.Request(self.url + "/models", headers=auth), timeout=30) as r:
             self.model = json.loads(r.read())["data"][0]["id"]
 
     def _wait(self, url: str, seconds: float = 900) -> None:
@@ -242,7 +244,7 @@ def _row(name: str, r: LoadResult) -> str:
     def ms(v: float | None) -> str:
         return "—" if v is None else f"{1000 * v:,.0f}"
     return (f"{name:<22} {r.clients:>7} {r.requests:>8} {r.tok_s:>8.1f} {ms(r.ttft_p50_s):>9} {ms(r.ttft_p99_s):>9} "
-            f"{r.errors:>6} {r.lost:>5} {r.garbled:>7}")
+            f"{r.errors:>6} {r.lost:>5} {'—' if r.garbled is None else r.garbled:>7}")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -280,7 +282,8 @@ def main(args: argparse.Namespace) -> int:
             for n in counts:
                 ls = llama_server(gguf, args.threads, n, work)
                 try:
-                    lref = references(ls.url, ls.model, DISTINCT, args.max_tokens, args.temperature)
+                    lref = references(ls.url, ls.model, DISTINCT, args.max_tokens, args.temperature) \
+                        if args.llama_references else None
                     r, _ = run_load(ls.url, ls.model, n, None if args.duration else args.requests, args.duration,
                                     args.max_tokens, args.temperature, lref)
                     rows.append(_row(f"llama-server -np {n}", r))
@@ -317,6 +320,8 @@ def add_parser(sub) -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--soak", type=int, default=0, help="then this many short requests, with the server's RSS")
     p.add_argument("--no_llama", action="store_true", help="colibri-serve only")
+    p.add_argument("--llama_references", action="store_true",
+                   help="also check llama-server's streams against its own runs alone (slow)")
     p.add_argument("--workdir", help="where the servers' logs go (default: a temporary folder)")
     p.add_argument("--json", help="also write the figures to this file")
     p.set_defaults(func=main)
