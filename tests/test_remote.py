@@ -309,7 +309,7 @@ def test_cli_store_key_puts_the_key_in_the_keyring(vault, monkeypatch, capsys):
 @pytest.mark.qt_log_level_fail("WARNING")
 @pytest.mark.qt_log_ignore("propagateSizeHints")
 def test_the_window_chats_through_a_remote_endpoint(qtbot, home, tiny, server, engine, vault):  # noqa: F811
-    from test_ui_main_window import open_window, send
+    from test_ui_main_window import dialogs, open_window, send
     w = open_window(qtbot, str(tiny))
     dialog = w.open_remote_dialog()
     dialog.url.setText(server.url)
@@ -328,6 +328,21 @@ def test_the_window_chats_through_a_remote_endpoint(qtbot, home, tiny, server, e
     assert vault.entries == {(R.KEYRING_SERVICE, server.url): "sk-gui"}
     saved = (w.settings.path).read_text()
     assert "sk-gui" not in saved and json.loads(saved)["remote"] == {"url": server.url, "model": server.model_id}
+    board = w.open_dashboard()
+    board.on_stats(w.snapshot)  # the remote snapshot: the endpoint's figures, where the model runs
+    assert f"runs remotely: {server.model_id} at {server.url} (colibri)" in board.header.text()
+    w.serve_action.trigger()  # the local server serves a local engine only: it says so
+    qtbot.waitUntil(lambda: bool(dialogs("error_dialog")), timeout=30_000)
+    assert "remote endpoint" in dialogs("error_dialog")[0].informativeText() and not w.server_url
+    dialogs("error_dialog")[0].close()
+    dialog = w.open_remote_dialog()
+    dialog.url.setText(f"http://127.0.0.1:{free_port()}/v1")
+    dialog.connect_button.click()
+    qtbot.waitUntil(lambda: bool(dialogs("error_dialog")), timeout=30_000)
+    assert "cannot reach" in dialogs("error_dialog")[0].informativeText()
+    assert w.flow.model.startswith("remote: ") and w.snapshot.remote.url == server.url  # the endpoint in use stays
+    for d in dialogs("error_dialog"):
+        d.close()
     w.close()
 
 
