@@ -20,8 +20,8 @@ from PySide6.QtCore import QObject, QTimer, Signal, Slot
 
 from app import model_library
 from app.model_library import ensure_default_model
-from app.server_jobs import Turns
 from app.paths import models_dir
+from app.server_jobs import Turns
 from engine import params as P
 from engine.errors import ColibriError, ConversionCancelled
 from engine.experts import plan_expert_cache

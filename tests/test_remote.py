@@ -363,3 +363,29 @@ def test_the_load_generator_counts_streams_against_the_same_requests_run_alone(s
     assert result.completion_tokens == sum(o.tokens for o in outcomes) == 24 and result.ttft_p50_s is not None
     wrong = {r: text + "!" for r, text in ref.items()}  # the count can fail: a changed text is garbled
     assert B.run_load(server.url, server.model_id, 2, 1, max_tokens=6, reference=wrong)[0].garbled == 2
+
+
+@pytest.mark.qt_log_level_fail("WARNING")
+def test_without_a_keyring_the_dialog_says_so_and_connects_for_this_session(qtbot, tmp_path):
+    from keyring.backends import fail
+
+    from app import settings as S_
+    from ui.remote_dialog import RemoteDialog
+    before = keyring.get_keyring()
+    keyring.set_keyring(fail.Keyring())
+    try:
+        settings = S_.load(tmp_path / "settings.json")
+        dialog = RemoteDialog(settings)
+        qtbot.addWidget(dialog)
+        chosen = []
+        dialog.chosen.connect(lambda *a: chosen.append(a))
+        dialog.url.setText("10.0.0.9:8000")
+        dialog.key.setText("sk-session")
+        dialog.connect_button.click()
+        assert chosen == [] and "could not be kept in the system keyring" in dialog.status.text()
+        assert "Press Connect again" in dialog.status.text()
+        dialog.connect_button.click()
+        assert chosen == [("http://10.0.0.9:8000/v1", "", "sk-session")]
+        assert "sk-session" not in (tmp_path / "settings.json").read_text()
+    finally:
+        keyring.set_keyring(before)

@@ -71,7 +71,7 @@ class RemoteDialog(QDialog):
         self._answer = _Answer()  # no parent: a fetch that outlives the dialog emits into nothing
         self._answer.models.connect(self._fetched)
         self._answer.key.connect(self._key_known)
-        self.session_key = ""  # a key the keyring could not keep: used for this session only
+        self._told = False  # the user was told the keyring cannot keep the key
         self._run(lambda: self._answer.key.emit(self._url(), remote.stored_key(self._url()) is not None))
 
     def _url(self) -> str:
@@ -125,12 +125,13 @@ class RemoteDialog(QDialog):
             self.status.setText(str(e))
             return
         key, model = self.key.text(), self.model.currentText().strip()
-        if key:
+        if key and not self._told:
             try:
                 remote.store_key(url, key)
-            except remote.RemoteError as e:  # no keyring: this session only, and the user is told
-                self.session_key = key
-                self.status.setText(str(e))
+            except remote.RemoteError as e:  # no keyring: said here; Connect again uses it for this session
+                self.status.setText(str(e) + " " + self.tr("Press Connect again to use it anyway."))
+                self._told = True
+                return
         self.settings.remote = {"url": url, "model": model}
         self.settings.save()
         self.chosen.emit(url, model, key)

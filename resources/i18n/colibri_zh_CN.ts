@@ -1286,5 +1286,9 @@ Load a Mixture-of-Experts model to see which experts each layer uses.</source>
         <source>{url} serves no model</source>
         <translation>{url} 没有提供模型</translation>
     </message>
+    <message>
+        <source>Press Connect again to use it anyway.</source>
+        <translation>再次点击“连接”仍可使用它。</translation>
+    </message>
 </context>
 </TS>
