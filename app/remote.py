@@ -154,9 +154,10 @@ def _model(card: Any) -> RemoteModel:
 
 
 def client_for(url: str, key: str | None, timeout: float = 600.0, connect_timeout: float = 5.0) -> openai.OpenAI:
-    import httpx2 as httpx  # openai's own transport
+    """The official client for the endpoint: no retries (the user sees the first error), a short
+    connect timeout (an unreachable address fails in seconds) and a long read one (a long prefill)."""
     return openai.OpenAI(base_url=normalize_url(url), api_key=key or NO_KEY, max_retries=0,
-                         timeout=httpx.Timeout(timeout, connect=connect_timeout))
+                         timeout=openai.Timeout(timeout, connect=connect_timeout))
 
 
 def list_models(url: str, key: str | None = None, timeout: float = 10.0) -> list[RemoteModel]:
