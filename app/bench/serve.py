@@ -301,7 +301,7 @@ def main(args: argparse.Namespace) -> int:
                   f"{level['colibri']['tok_s'] / level['llama']['tok_s']:.2f}x")
     one = report["levels"].get(str(counts[0]), {}).get("colibri")
     top = report["levels"].get(str(counts[-1]), {}).get("colibri")
-    if one and top and one["tok_s"]:
+    if one and top and one["tok_s"] and len(counts) > 1:
         print(f"colibri-serve throughput at {counts[-1]} clients / at {counts[0]}: {top['tok_s'] / one['tok_s']:.2f}x "
               f"(>= 2.5x needs continuous batching)")
     if args.json:
