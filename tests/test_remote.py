@@ -241,6 +241,31 @@ def test_a_chat_reply_and_a_server_request_overlapping_both_finish_intact(qapp, 
     assert "".join(served) == alone_served
 
 
+def test_the_chat_windows_stop_ends_a_remote_reply(qapp, server, engine, vault):
+    from PySide6.QtCore import Qt
+
+    from app.worker import EngineWorker
+    worker = EngineWorker()
+    worker.engine = R.RemoteBackend(server.url)
+    replies, pieces = [], []
+
+    def on_text(request: int, text: str, step) -> None:
+        pieces.append(text)
+        if len(pieces) == 2:
+            worker.request_stop()  # what Stop (or Esc) does, from the GUI thread
+    worker.text.connect(on_text, Qt.DirectConnection)
+    worker.finished.connect(lambda r, reply: replies.append(reply), Qt.DirectConnection)
+    try:
+        worker.arm()
+        worker.generate(1, HI, {"temperature": 0.0, "max_tokens": 200})
+        assert replies[-1].step.finish_reason == "cancelled" and replies[-1].step.generated_tokens < 100
+        worker.arm()
+        worker.generate(2, HI, dict(GREEDY))
+        assert replies[-1].text == local(engine, HI) and replies[-1].step.finish_reason == "length"
+    finally:
+        worker.close()
+
+
 def test_stop_while_waiting_for_the_server_leaves_the_line(engine):
     from app.server_jobs import Turns
     turns, cancel, order = Turns(), threading.Event(), []
