@@ -3,6 +3,10 @@
 Without --model it uses the default model, converting it into the user data folder on first
 use. A .gguf file is converted once into the same folder. Ctrl-C stops the reply, not the
 program; Ctrl-D (or /exit) leaves.
+
+With --remote URL it chats through an OpenAI-compatible endpoint instead (llama-server, vLLM,
+Ollama, another colibri-serve); --model then names one of the endpoint's models (default: its
+first). The API key comes from COLIBRI_API_KEY or the system keyring (--store_key puts it there).
 """
 from __future__ import annotations
 
@@ -56,6 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--prompt", help="answer this one message and exit (default: interactive chat)")
     ap.add_argument("--system", help="system prompt")
     ap.add_argument("--raw", action="store_true", help="continue --prompt as plain text, without the chat template")
+    ap.add_argument("--remote", metavar="URL", help="chat through this OpenAI-compatible endpoint, e.g. "
+                    "http://127.0.0.1:8080/v1 (llama-server); --model then names the endpoint's model")
+    ap.add_argument("--store_key", action="store_true", help="with --remote: ask for the endpoint's API key and "
+                    "keep it in the system keyring (never in a file), then exit")
     P.add_arguments(ap)
     return ap
 
@@ -105,7 +113,8 @@ def chat(engine, system: str | None, sampling: dict) -> None:
             engine.reset()
             continue
         if line.strip() == "/stats":
-            print(engine.stats(), file=sys.stderr)
+            snap = engine.stats()
+            print(snap.remote or snap, file=sys.stderr)
             continue
         messages.append({"role": "user", "content": line})
         while True:
@@ -121,18 +130,42 @@ def chat(engine, system: str | None, sampling: dict) -> None:
         print(_speed(step), file=sys.stderr)
 
 
+def open_remote(url: str, model: str | None, engine_p: dict, store: bool):
+    """The endpoint as a backend (RemoteBackend), or None after --store_key kept the key."""
+    from app import remote
+    if store:
+        import getpass
+        remote.store_key(url, getpass.getpass(f"API key for {remote.normalize_url(url)} (empty: forget it): "))
+        print(f"kept in the system keyring ({remote.KEYRING_SERVICE})", file=sys.stderr)
+        return None
+    ignored = sorted(k for k in engine_p if k != "log_level")
+    if ignored:
+        print(f"note: {', '.join(ignored)} applies to a local model; the endpoint uses its own", file=sys.stderr)
+    backend = remote.RemoteBackend(url, model)
+    print(f"model: {backend.model_id} at {backend.url} ({backend.card.owned_by or 'OpenAI-compatible'})",
+          file=sys.stderr)
+    return backend
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         engine_p, sampling = P.from_args(args, "engine"), P.from_args(args, "sampling")
         engine_p.setdefault("log_level", "WARN")  # the terminal is for the conversation
-        if "simd" in engine_p:  # read when the kernels are first imported, just below
-            os.environ["COLIBRI_SIMD"] = engine_p["simd"]
-        from engine.api import Engine
-        engine = Engine(resolve_model(args.model), **engine_p)
-        print("warming up…", end="", file=sys.stderr, flush=True)
-        print(f" ready ({engine.warmup():.1f} s)", file=sys.stderr)
+        if args.store_key and not args.remote:
+            raise ValueError("--store_key needs --remote URL (the endpoint the key is for)")
+        if args.remote:
+            engine = open_remote(args.remote, args.model, engine_p, args.store_key)
+            if engine is None:
+                return 0
+        else:
+            if "simd" in engine_p:  # read when the kernels are first imported, just below
+                os.environ["COLIBRI_SIMD"] = engine_p["simd"]
+            from engine.api import Engine
+            engine = Engine(resolve_model(args.model), **engine_p)
+            print("warming up…", end="", file=sys.stderr, flush=True)
+            print(f" ready ({engine.warmup():.1f} s)", file=sys.stderr)
         if args.prompt is None:
             chat(engine, args.system, sampling)
             return 0

@@ -35,7 +35,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from app.reasoning import ThinkSplitter, is_reasoning_model, starts_inside
-from app.server_jobs import Job, QueueFull, SerialScheduler
+from app.server_jobs import Job, QueueFull, SerialScheduler, Turns
 from engine import params as P
 from engine.api import Engine, Step
 from engine.errors import ColibriError
@@ -162,11 +162,12 @@ def _checked(name: str, value: Any) -> Any:
 class Service:
     """Everything a route needs: the engine, its scheduler and the limits."""
 
-    def __init__(self, engine: Engine, limits: Limits, api_key: str | None, loopback_only: bool):
+    def __init__(self, engine: Engine, limits: Limits, api_key: str | None, loopback_only: bool,
+                 turns: Turns | None = None):
         self.engine, self.limits, self.api_key, self.loopback_only = engine, limits, api_key, loopback_only
         self.model_id = engine.model.path.name
         self.created = int(time.time())
-        self.scheduler = SerialScheduler(engine, limits.max_queue)
+        self.scheduler = SerialScheduler(engine, limits.max_queue, turns)
         codec = engine.codec
         self.reasoning = is_reasoning_model(codec.template_source,
                                             lambda t: codec.tok.token_to_id(t) is not None)
@@ -510,9 +511,10 @@ class _Guard:
 
 
 def create_app(engine: Engine, limits: Limits = Limits(), api_key: str | None = None,
-               loopback_only: bool = True) -> tuple[FastAPI, Service]:
-    """The ASGI application over one engine (its scheduler's worker thread starts now)."""
-    svc = Service(engine, limits, api_key, loopback_only)
+               loopback_only: bool = True, turns: Turns | None = None) -> tuple[FastAPI, Service]:
+    """The ASGI application over one engine (its scheduler's worker thread starts now); `turns`:
+    the line it shares with the engine's other users (the GUI's chat)."""
+    svc = Service(engine, limits, api_key, loopback_only, turns)
     app = FastAPI(title="Colibri", docs_url=None, redoc_url=None, openapi_url=None)
 
     @app.exception_handler(ApiError)
@@ -532,7 +534,9 @@ def create_app(engine: Engine, limits: Limits = Limits(), api_key: str | None = 
                         code="internal_error").response()
 
     def model_card() -> dict:
-        return {"id": svc.model_id, "object": "model", "created": svc.created, "owned_by": "colibri"}
+        # context_length: what a remote Colibri (app/remote.py) shows as the context it may fill
+        return {"id": svc.model_id, "object": "model", "created": svc.created, "owned_by": "colibri",
+                "context_length": svc.engine.context_limit}
 
     @app.get("/v1/models")
     async def list_models() -> dict:
@@ -610,10 +614,12 @@ def check_bind(host: str, api_key: str | None) -> None:
 
 def start(engine_or_factory: Engine | Callable[[], Engine], host: str = DEFAULT_HOST,
           port: int = DEFAULT_PORT, api_key: str | None = None, limits: Limits = Limits(),
-          log_level: str = "warning") -> ServerHandle:
+          log_level: str = "warning", turns: Turns | None = None) -> ServerHandle:
     """Serve the engine in a background thread; returns once it listens (port 0: any free port).
 
     The address is checked before a factory loads anything; an address in use raises OSError here.
+    `turns`: the line in front of the engine shared with its other users (the GUI passes its own),
+    so a chat reply and a served request wait for each other instead of cutting each other off.
     """
     api_key = api_key or os.environ.get("COLIBRI_API_KEY") or None
     check_bind(host, api_key)
@@ -624,7 +630,7 @@ def start(engine_or_factory: Engine | Callable[[], Engine], host: str = DEFAULT_
         sock.bind((host.strip("[]"), port))
         sock.listen(2048)
         engine = engine_or_factory if isinstance(engine_or_factory, Engine) else engine_or_factory()
-        app, svc = create_app(engine, limits, api_key, loopback_only=is_loopback(host))
+        app, svc = create_app(engine, limits, api_key, loopback_only=is_loopback(host), turns=turns)
     except BaseException:
         sock.close()
         raise

@@ -2,6 +2,8 @@
 
 For now one engine runs one job at a time (`SerialScheduler`: a FIFO queue, so requests are
 served in arrival order, and one worker thread, so the engine never runs on the event loop).
+`Turns` is the line in front of the engine that the GUI chat and the server share: a reply waits
+for the one before it instead of interrupting it.
 A continuous-batching scheduler replaces it by taking the same Jobs — `submit`, `cancel`,
 `events` — and stepping many of them per forward pass.
 """
@@ -11,12 +13,54 @@ import asyncio
 import logging
 import queue
 import threading
+from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from engine.api import Engine, Step
+if TYPE_CHECKING:  # the GUI's worker imports Turns at start: numba loads later, with a model
+    from engine.api import Engine, Step
 
 log = logging.getLogger("colibri.server")
+
+
+class Turns:
+    """One reply at a time on one engine, first come first served, for every caller (the GUI's
+    chat, the local server). Until continuous batching lets replies share a forward pass, a reply
+    that starts while another runs would take the engine's conversation cache and end the other
+    ("cancelled"); here it waits its turn instead."""
+
+    def __init__(self, poll_s: float = 0.05):
+        self._cond = threading.Condition()
+        self._line: deque[object] = deque()  # tickets; the first one holds the engine
+        self._poll_s = poll_s  # how often a waiter looks at its cancel event
+
+    @property
+    def waiting(self) -> int:
+        """Callers waiting behind the one that holds the engine."""
+        with self._cond:
+            return max(len(self._line) - 1, 0)
+
+    @contextmanager
+    def turn(self, cancel: threading.Event | None = None) -> Iterator[bool]:
+        """Wait for this caller's turn: yields True while it holds the engine, or False at once
+        when `cancel` is set while it waits (it leaves the line then)."""
+        ticket = object()
+        with self._cond:
+            self._line.append(ticket)
+            while self._line[0] is not ticket and not (cancel is not None and cancel.is_set()):
+                self._cond.wait(self._poll_s)
+            mine = self._line[0] is ticket
+            if not mine:
+                self._line.remove(ticket)
+        try:
+            yield mine
+        finally:
+            if mine:
+                with self._cond:
+                    self._line.popleft()
+                    self._cond.notify_all()
 
 
 class QueueFull(Exception):
@@ -52,9 +96,10 @@ class Job:
 class SerialScheduler:
     """One worker thread runs the queued jobs on one engine, first come first served."""
 
-    def __init__(self, engine: Engine, max_queue: int):
+    def __init__(self, engine: Engine, max_queue: int, turns: Turns | None = None):
         self.engine = engine
         self.max_queue = max_queue
+        self.turns = turns or Turns()  # shared with the GUI's chat when it serves the GUI's engine
         self._queue: queue.Queue[Job | None] = queue.Queue()
         self._waiting = 0  # submitted and not yet started
         self._count_lock = threading.Lock()
@@ -101,9 +146,13 @@ class SerialScheduler:
                 job._put(None)
                 job.done.set()
                 continue
-            self.running = job
             try:
-                self._run(job)
+                with self.turns.turn(job.cancelled) as mine:
+                    self.running = job
+                    if mine:
+                        self._run(job)
+                    else:  # left while waiting for the GUI's reply
+                        job._put(None)
             finally:
                 self.running = None
                 job.done.set()

@@ -29,6 +29,7 @@ BUILTIN_PRESETS: dict[str, dict[str, Any]] = {
                                 "explanation.", "sampling": {"temperature": 0.2, "repeat_penalty": 1.05}},
 }
 DEFAULT_PRESET = "Model defaults"
+REMOTE_KEYS = ("url", "model")  # what is kept of a remote endpoint; its API key only in the system keyring
 DEFAULT_SERVE_PORT = 4242  # "Serve on localhost" (colibri-serve's default; settings.ui["serve_port"] changes it)
 APPEARANCE: dict[str, P.Param] = {p.name: p for p in [
     P.Param("theme", str, "light", "colour theme of the window", scope="ui", choices=("light", "dark")),
@@ -56,6 +57,7 @@ class Settings:
     window: dict[str, str] = field(default_factory=dict)  # the main window's geometry and docks (Qt's, base64)
     presets: dict[str, dict[str, Any]] = field(default_factory=dict)  # the user's own (beside BUILTIN_PRESETS)
     default_preset: str = DEFAULT_PRESET  # what new chats start from
+    remote: dict[str, str] = field(default_factory=dict)  # the last remote endpoint: "url", "model" (the key: keyring)
     path: Path | None = None
     notices: list[str] = field(default_factory=list)  # values that were dropped on load, and why
 
@@ -100,7 +102,8 @@ class Settings:
     def save(self) -> None:
         path = self.path or data_dir() / FILENAME
         doc = {"version": 1, "engine": self.engine, "sampling": self.sampling, "ui": self.ui, "model": self.model,
-               "window": self.window, "presets": self.presets, "default_preset": self.default_preset}
+               "window": self.window, "presets": self.presets, "default_preset": self.default_preset,
+               "remote": {k: v for k, v in self.remote.items() if k in REMOTE_KEYS}}
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text(json.dumps(doc, indent=2))
         os.replace(tmp, path)  # never a half-written settings file
@@ -160,6 +163,9 @@ def load(path: str | Path | None = None) -> Settings:
     s.presets = _presets(doc.get("presets", {}), sampling, s.notices)
     if isinstance(doc.get("default_preset"), str) and doc["default_preset"] in s.all_presets():
         s.default_preset = doc["default_preset"]
+    remote = doc.get("remote", {})
+    s.remote = {k: v for k, v in remote.items() if k in REMOTE_KEYS and isinstance(v, str)} \
+        if isinstance(remote, dict) else {}
     window = doc.get("window", {})
     s.window = {k: v for k, v in window.items() if isinstance(v, str)} if isinstance(window, dict) else {}
     for n in s.notices:

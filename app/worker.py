@@ -22,6 +22,7 @@ from app import context_policy, model_library
 from app.model_library import ensure_default_model
 from app.paths import models_dir
 from app.reasoning import OPEN, ThinkSplitter, can_switch, is_reasoning_model, starts_inside
+from app.server_jobs import Turns
 from engine import params as P
 from engine.errors import ColibriError, ConversionCancelled
 from engine.experts import plan_expert_cache
@@ -191,6 +192,9 @@ def stream_reply(engine, messages: list[dict], sampling: dict[str, Any], stop: t
     model's reply always carries its own `<think>`: one the template put in the prompt is
     emitted first, so the text says where thinking starts and ends; its tokens are counted.
     """
+    if _remote(engine):  # no tokenizer to plan with: the endpoint's overflow error cuts instead
+        steps, plan, dropped = _remote_steps(engine, messages, stop, sampling)
+        return _stream(steps, engine, stop, emit, frame_s, clock, "", "", False, dropped, plan)
     plan = plan_context(engine, messages, policy, template_vars)
     if not plan.fits:
         raise ContextFullError(plan)
@@ -203,6 +207,34 @@ def stream_reply(engine, messages: list[dict], sampling: dict[str, Any], stop: t
     # cancel: Stop also interrupts the prompt (between prefill chunks), not only the reply
     steps = engine.generate(msgs, cancel=stop, prompt_progress=True, template_vars=template_vars,
                             resume=resume, **sampling)
+    return _stream(steps, engine, stop, emit, frame_s, clock, written, lead, reasons, len(plan.dropped), plan)
+
+
+def _remote(engine) -> bool:
+    return bool(getattr(engine, "remote", False))
+
+
+def _remote_steps(engine, messages: list[dict], stop: threading.Event, sampling: dict[str, Any]):
+    """A remote endpoint's reply, the oldest exchanges dropped (the system prompt stays) while the
+    endpoint says the prompt does not fit: its tokens cannot be counted here."""
+    from engine.api import ContextOverflowError
+    msgs, dropped = list(messages), 0
+    first = 1 if msgs and msgs[0]["role"] == "system" else 0
+    while True:
+        try:
+            return engine.generate(msgs, cancel=stop, prompt_progress=True, **sampling), None, dropped
+        except ContextOverflowError:
+            if len(msgs) - first <= 1:
+                raise
+            cut = 2 if len(msgs) - first > 2 else 1
+            del msgs[first:first + cut]
+            dropped += cut
+
+
+def _stream(steps, engine, stop: threading.Event, emit: Callable[[str, Any], None], frame_s: float,
+            clock: Callable[[], float], written: str, lead: str, reasons: bool, dropped: int,
+            plan: context_policy.ContextPlan | None) -> Reply:
+    """Emit a reply's steps in batches of at most one per frame, counting its thinking tokens."""
     text, pending, last, t_emit, asked = lead, lead, None, clock(), False
     splitter, thinking = ThinkSplitter(), 0
     splitter.push(written + lead)  # where the reply stands before its first new token
@@ -227,7 +259,7 @@ def stream_reply(engine, messages: list[dict], sampling: dict[str, Any], stop: t
             pending, t_emit = "", clock()
     if pending:
         emit(pending, last)
-    return Reply(text, last, len(plan.dropped), thinking, plan)
+    return Reply(text, last, dropped, thinking, plan)
 
 
 def import_model(source: str | Path, progress: Callable[[float, str], None],
@@ -285,12 +317,14 @@ class EngineWorker(QObject):
     picked = Signal(str)  # the first candidate model folder that opens, or "" (pick)
     served = Signal(str, str)  # the local server's address ("" when it is off), why it is off ("" if asked)
     slowed = Signal(str)  # why decode is slow now (other programs take the CPU), "" once it is over
+    remote_ready = Signal(object)  # StatsSnapshot (its .remote set): chat now goes to a remote endpoint
 
     def __init__(self):
         super().__init__()
         self.engine = None
         self.server = None  # app.server.ServerHandle while "Serve on localhost" is on
         self._serve_port = 0
+        self.turns = Turns()  # the chat and the local server: one reply at a time, in arrival order
         self._stop = threading.Event()
         self._cancel = threading.Event()
         self.stats_timer: QTimer | None = None  # made on the worker's thread by watch_stats
@@ -397,9 +431,12 @@ class EngineWorker(QObject):
         self._sample_load()  # the reply's load is measured from here
         self._busiest = None
         try:
-            reply = stream_reply(self.engine, messages, sampling, self._stop, emit, **options)
+            with self.turns.turn(self._stop) as mine:  # after the served reply running now, if any
+                reply = stream_reply(self.engine, messages, sampling, self._stop, emit, **options) if mine \
+                    else Reply("", None, 0)
             self._sample_load()
-            if reply.step is not None and self.watch.active is None:  # a quiet reply teaches the model's speed
+            if reply.step is not None and self.watch.active is None and not _remote(self.engine):
+                # a quiet reply teaches the model's speed
                 self.watch.learn(str(self.engine.model.path), reply.step.decode_tok_s, reply.step.generated_tokens,
                                  self._busiest)
         except Exception as e:  # noqa: BLE001
@@ -418,7 +455,7 @@ class EngineWorker(QObject):
     def _watch(self, step: Any) -> None:
         """Defect 9: decode far below this model's speed while other programs take the CPU is said
         (`slowed`) and answered with fewer threads (ThermalGovernor.set_load_cap)."""
-        if step is None or getattr(step, "kind", "token") != "token" or self.engine is None:
+        if step is None or getattr(step, "kind", "token") != "token" or self.engine is None or _remote(self.engine):
             return
         now = time.perf_counter()
         rate = self.watch.rate(now, step.generated_tokens)
@@ -428,6 +465,25 @@ class EngineWorker(QObject):
         if said is not None:
             self.slowed.emit(said)
 
+    @Slot(str, str, str)
+    def connect_remote(self, url: str, model: str, key: str) -> None:
+        """Chat through an OpenAI-compatible endpoint (app.remote.RemoteBackend, "" model: its first).
+        The local model is let go only once the endpoint answers (its memory with it), and the local
+        server stops: it serves a local engine only."""
+        from app.remote import RemoteBackend
+        try:
+            backend = RemoteBackend(url, model or None, key or None)
+        except Exception as e:  # noqa: BLE001 - unreachable, unauthorized, no such model: a dialog
+            self._fail(f"Connecting to {url}", e)
+            return
+        if self.server is not None:
+            self._stop_server()
+            self.served.emit("", "")
+        if self.engine is not None:
+            self.engine.close()
+        self.engine = backend
+        self.remote_ready.emit(backend.stats())
+
     @Slot(int, list)
     @Slot(int, list, str, str)
     def count_context(self, conversation: int, messages: list, policy: str = context_policy.DEFAULT_POLICY,
@@ -436,7 +492,7 @@ class EngineWorker(QObject):
         template and tokenizer) under its context policy: `counted` (the meter of a chat opened
         before it sends anything) and `planned` (what would be left out: the chat's marker; for a
         `what` = "draft" prompt, the warning before sending)."""
-        if self.engine is None:
+        if self.engine is None or _remote(self.engine):  # an endpoint counts in its replies
             return
         try:
             plan = plan_context(self.engine, messages, policy)
@@ -518,7 +574,7 @@ class EngineWorker(QObject):
     def serve(self, on: bool, port: int) -> None:
         """The GUI's "Serve on localhost": colibri-serve's OpenAI-compatible API over this engine, on
         127.0.0.1 only (another address needs an API key: colibri-serve). Chat and server share the
-        engine with no queue between them yet: overlapping replies interrupt each other (README)."""
+        engine through `self.turns`: overlapping replies wait for each other, one at a time."""
         self._stop_server()
         if not on:
             self.served.emit("", "")
@@ -526,9 +582,13 @@ class EngineWorker(QObject):
         if self.engine is None:
             self.served.emit("", "no model is loaded yet")
             return
+        if getattr(self.engine, "remote", False):
+            self.served.emit("", "the chat uses a remote endpoint, which is a server already: load a local model "
+                                 "to serve it here")
+            return
         try:
             from app import server
-            self.server, self._serve_port = server.start(self.engine, "127.0.0.1", port), port
+            self.server, self._serve_port = server.start(self.engine, "127.0.0.1", port, turns=self.turns), port
             self.served.emit(self.server.url, "")
         except (OSError, ValueError) as e:  # a port in use, most often
             self.served.emit("", f"the server could not start on 127.0.0.1:{port}: {e}")

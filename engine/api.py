@@ -212,6 +212,7 @@ class StatsSnapshot:
     params: dict[str, Any] = field(default_factory=dict)
     memory_budget: MemoryBudget | None = None  # auto sizing: the room measured and how it was split
     memory_warning: str | None = None  # plain words when the expert budget is below one token's experts
+    remote: Any = None  # app.remote.RemoteStats when the model runs on a remote endpoint (else None)
 
 
 class Engine:

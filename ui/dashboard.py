@@ -497,6 +497,7 @@ class Dashboard(QWidget):
         experts = (f"{snap.num_layers} layers × {snap.num_experts} experts, top-{snap.top_k}"
                    if snap.num_experts > 1 else f"{snap.num_layers} layers, dense")
         name = snap.model if snap.model == snap.architecture else f"{snap.model} · {snap.architecture}"
+        name = snap.remote.describe() if getattr(snap, "remote", None) is not None else name  # app/remote.py
         self.header.setText(f"{name} · {experts} · {human_bytes(snap.weights_bytes)} of "
                             f"weights · {A.effective_threads(snap)} thread{'s' if A.effective_threads(snap) != 1 else ''} · context {snap.context_used:,} / "
                             f"{snap.context_limit:,} ({snap.kv_cache_kind} KV cache, {_mb(snap.kv_cache_bytes)})")

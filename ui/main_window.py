@@ -6,7 +6,7 @@ import logging
 from pathlib import Path
 
 import psutil
-from PySide6.QtCore import QByteArray, QEvent, QSize, Qt, QTimer
+from PySide6.QtCore import QByteArray, QEvent, QSize, Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import (QApplication, QComboBox, QDockWidget, QFileDialog, QHBoxLayout, QInputDialog, QLabel,
                                QLineEdit, QListView, QMainWindow, QMenu, QMessageBox, QPushButton, QSizePolicy,
@@ -32,6 +32,7 @@ log = logging.getLogger("colibri.ui")
 STATUS_MS = 500  # the status line is refreshed at this fixed rate, never per token
 DRAFT_MS = 400  # the message being written is counted this long after the last keystroke
 IMPORT = "__import__"
+REMOTE = "remote: "  # ModelFlow.model while the chat goes to a remote endpoint: "remote: MODEL at URL"
 
 
 class ElidedLabel(QLabel):
@@ -56,6 +57,8 @@ class ElidedLabel(QLabel):
 
 
 class MainWindow(QMainWindow):
+    remote_requested = Signal(str, str, str)  # url, model, key: chat through that endpoint (the worker)
+
     def __init__(self, settings: Settings, history: History, translators: list | None = None):
         super().__init__()
         self.settings, self.history = settings, history
@@ -87,6 +90,8 @@ class MainWindow(QMainWindow):
         self.flow = ModelFlow(self, settings)
         self.server_url = ""  # the local server's address while it is on
         self.flow.worker.served.connect(self._served)
+        self.flow.worker.remote_ready.connect(self._on_remote_ready)
+        self.remote_requested.connect(self.flow.worker.connect_remote)  # queued: the worker's thread
         self._build()
         self._menus()
         self.flow.ready.connect(self._on_ready)
@@ -351,6 +356,7 @@ class MainWindow(QMainWindow):
         self.serve_action.setChecked(bool(self.server_url))
         self.serve_action.setToolTip(self.tr("An OpenAI-compatible API at http://127.0.0.1:{port}/v1 for editors, "
                                              "agents and scripts").format(port=self.server_port()))
+        self.remote_action = act(s, self.tr("Use a &remote endpoint…"), self.open_remote_dialog)
         s.setToolTipsVisible(True)
 
     def sizeHint(self) -> QSize:  # noqa: N802 - Qt's name
@@ -809,7 +815,7 @@ class MainWindow(QMainWindow):
         if current and current not in paths:
             paths.insert(0, current)
         for p in paths:
-            self.model_picker.addItem(Path(p).name, p)
+            self.model_picker.addItem(p[len(REMOTE):] if p.startswith(REMOTE) else Path(p).name, p)
         if not paths:
             self.model_picker.addItem(self.tr("No model"), None)
         self.model_picker.insertSeparator(self.model_picker.count())
@@ -1061,6 +1067,21 @@ class MainWindow(QMainWindow):
         self.server_label.setVisible(bool(url))
         if why:
             show_error(self, self.tr("Serve on localhost"), why)
+
+    # --- remote endpoint -------------------------------------------------------------------
+    def open_remote_dialog(self):
+        """Server → Use a remote endpoint…: Connect hands address, model and key to the worker."""
+        from ui.remote_dialog import RemoteDialog
+        dialog = RemoteDialog(self.settings, self)
+        dialog.setAttribute(Qt.WA_DeleteOnClose)
+        dialog.chosen.connect(self.remote_requested)
+        dialog.open()
+        return dialog
+
+    def _on_remote_ready(self, snapshot) -> None:
+        r = snapshot.remote
+        self.flow.model, self.flow.loading = f"{REMOTE}{r.model} at {r.url}", None
+        self._on_ready(snapshot)
 
     def closeEvent(self, event) -> None:  # noqa: N802 - Qt's name
         try:

@@ -5,6 +5,7 @@
     colibri-bench profile [--model default] [--threads 2] [--json FILE]
     colibri-bench fuzz [--files A.gguf,HF_FOLDER] [--default_model] [--seconds 60] [--json FILE]
     colibri-bench perplexity --model M --text FILE [--ctx 512] [--reference M2] [--json FILE]
+    colibri-bench serve [--clients 1,2,4,8,16] [--requests 2 | --duration 120] [--soak 1000] [--json FILE]
 
 `convert` times a conversion in a child process and reports its throughput and peak resident
 memory beside the streaming bound (3 × the largest tensor + 300 MB). `speed` runs Colibri,
@@ -28,6 +29,7 @@ from pathlib import Path
 from app.bench import fuzz as bench_fuzz
 from app.bench import perplexity as bench_perplexity
 from app.bench import profile as bench_profile
+from app.bench import serve as bench_serve
 from app.bench import speed as bench_speed
 from app.bench.models import shape_for_size, write_checkpoint
 
@@ -124,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     bench_profile.add_parser(sub)
     bench_fuzz.add_parser(sub)
     bench_perplexity.add_parser(sub)
+    bench_serve.add_parser(sub)
     m = sub.add_parser("memory", help="expert cache vs llama.cpp on a Mixtral-style model (peak RSS, tok/s)")
     m.add_argument("--workdir", help="where the benchmark model is built and kept (default ~/.cache/colibri/bench)")
     m.add_argument("--caches", default="8,4,2", help="Colibri expert_cache_size values to run (auto allowed)")

@@ -4,6 +4,10 @@
 <context>
     <name>MainWindow</name>
     <message>
+        <source>Use a &amp;remote endpoint…</source>
+        <translation>使用远程端点(&amp;R)…</translation>
+    </message>
+    <message>
         <source>Se&amp;rver</source>
         <translation>服务器(&amp;R)</translation>
     </message>
@@ -1461,6 +1465,69 @@ Load a Mixture-of-Experts model to see which experts each layer uses.</source>
     <message>
         <source>No reply yet: the speeds appear with the first one.</source>
         <translation>尚无回复：第一条回复后这里会显示速度。</translation>
+    </message>
+</context>
+<context>
+    <name>RemoteDialog</name>
+    <message>
+        <source>Remote endpoint</source>
+        <translation>远程端点</translation>
+    </message>
+    <message>
+        <source>Endpoint address</source>
+        <translation>端点地址</translation>
+    </message>
+    <message>
+        <source>API key</source>
+        <translation>API 密钥</translation>
+    </message>
+    <message>
+        <source>none</source>
+        <translation>无</translation>
+    </message>
+    <message>
+        <source>Model</source>
+        <translation>模型</translation>
+    </message>
+    <message>
+        <source>Fetch models</source>
+        <translation>获取模型列表</translation>
+    </message>
+    <message>
+        <source>Connection status</source>
+        <translation>连接状态</translation>
+    </message>
+    <message>
+        <source>Address</source>
+        <translation>地址</translation>
+    </message>
+    <message>
+        <source>Connect</source>
+        <translation>连接</translation>
+    </message>
+    <message>
+        <source>Chat through an OpenAI-compatible server: llama.cpp's llama-server, vLLM, Ollama or another Colibri. The key is kept in the system keyring.</source>
+        <translation>通过 OpenAI 兼容的服务器对话：llama.cpp 的 llama-server、vLLM、Ollama 或另一台 Colibri。密钥保存在系统密钥环中。</translation>
+    </message>
+    <message>
+        <source>kept in the system keyring (type to replace)</source>
+        <translation>已保存在系统密钥环中（输入可替换）</translation>
+    </message>
+    <message>
+        <source>Asking {url} for its models…</source>
+        <translation>正在向 {url} 获取模型列表…</translation>
+    </message>
+    <message>
+        <source>{url} serves {n} model(s)</source>
+        <translation>{url} 提供 {n} 个模型</translation>
+    </message>
+    <message>
+        <source>{url} serves no model</source>
+        <translation>{url} 没有提供模型</translation>
+    </message>
+    <message>
+        <source>Press Connect again to use it anyway.</source>
+        <translation>再次点击“连接”仍可使用它。</translation>
     </message>
 </context>
 </TS>

@@ -1,0 +1,327 @@
+"""colibri-bench serve: colibri-serve under load, beside llama.cpp's llama-server on the same GGUF.
+
+    colibri-bench serve [--gguf FILE] [--clients 1,2,4,8,16] [--requests 2 | --duration 120]
+                        [--max_tokens 48] [--no_llama] [--soak 1000] [--json FILE]
+
+Each server runs in its own process (its RSS is its own). For each number of concurrent
+streaming clients (the official openai client, one thread each) it reports throughput (completion
+tokens per second of wall time), p50/p99 time to first token, errors, lost streams (no finish
+reason) and garbled streams: each request carries a seed, and its text must equal the same
+request run alone (one client) on the same server. llama-server gets as many parallel slots
+(-np) as there are clients. `--soak N` sends N short requests from 4 clients and reports the
+server's RSS at the start, after the first 50 and at the end.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+LLAMA_SERVER = Path(os.environ.get("LLAMA_CPP_BIN", "/work/llamacpp/build/bin")) / "llama-server"
+QUESTIONS = ("Write a Python function that reverses a string.", "What is the capital of France?",
+             "Name three colours of the rainbow.", "Explain what a CPU cache is in two sentences.",
+             "Write a haiku about the sea.", "How many legs does a spider have?",
+             "Give me a short list of fruits.", "What does HTTP stand for?")
+SLOT_CONTEXT = 1024  # llama-server's context per parallel slot (-c = this x slots)
+
+
+@dataclass(frozen=True)
+class Request:
+    """One request of the load: which question and which seed (so its text is reproducible)."""
+    question: int
+    seed: int
+
+    @property
+    def messages(self) -> list[dict]:
+        return [{"role": "user", "content": QUESTIONS[self.question % len(QUESTIONS)]}]
+
+
+def request_at(i: int) -> Request:
+    """The i-th request of a load: 16 distinct (question, seed) pairs, over and over."""
+    return Request(i % len(QUESTIONS), 1000 + i % 16)
+
+
+DISTINCT = [request_at(i) for i in range(16)]
+
+
+@dataclass
+class Outcome:
+    request: Request
+    ttft_s: float | None
+    seconds: float
+    tokens: int
+    text: str
+    finish: str | None
+    error: str = ""
+
+
+def stream_one(client, model: str, req: Request, max_tokens: int, temperature: float) -> Outcome:
+    """One streamed chat request: its text, time to first token, completion tokens (usage)."""
+    t0 = time.perf_counter()
+    ttft, text, finish, tokens = None, "", None, 0
+    try:
+        for chunk in client.chat.completions.create(model=model, messages=req.messages, max_tokens=max_tokens,
+                                                    temperature=temperature, seed=req.seed, stream=True,
+                                                    stream_options={"include_usage": True}):
+            if chunk.usage is not None:
+                tokens = chunk.usage.completion_tokens
+            for choice in chunk.choices[:1]:
+                if choice.delta.content:
+                    ttft = time.perf_counter() - t0 if ttft is None else ttft
+                    text += choice.delta.content
+                finish = choice.finish_reason or finish
+    except Exception as e:  # noqa: BLE001 - counted and reported
+        return Outcome(req, ttft, time.perf_counter() - t0, tokens, text, finish, f"{type(e).__name__}: {e}"[:300])
+    return Outcome(req, ttft, time.perf_counter() - t0, tokens, text, finish)
+
+
+@dataclass
+class LoadResult:
+    clients: int
+    requests: int
+    seconds: float
+    completion_tokens: int
+    tok_s: float
+    ttft_p50_s: float | None
+    ttft_p99_s: float | None
+    errors: int
+    lost: int  # ended without a finish reason
+    garbled: int | None  # text differs from the same request run alone (None: not checked)
+    first_errors: list[str] = field(default_factory=list)
+
+
+def _percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
+
+
+def run_load(url: str, model: str, clients: int, requests_each: int | None = 2, duration_s: float | None = None,
+             max_tokens: int = 48, temperature: float = 0.7, reference: dict[Request, str] | None = None,
+             api_key: str = "none") -> tuple[LoadResult, list[Outcome]]:
+    """`clients` threads stream requests at once: `requests_each` each, or as many as fit in
+    `duration_s`. A reference (request -> text alone) makes garbled streams countable."""
+    import openai
+    outcomes: list[Outcome] = []
+    lock, start = threading.Lock(), threading.Barrier(clients + 1)
+    deadline: list[float] = [0.0]
+
+    def client_loop(c: int) -> None:
+        client = openai.OpenAI(base_url=url, api_key=api_key, max_retries=0, timeout=900)
+        start.wait()
+        k = 0
+        while (requests_each is not None and k < requests_each) or \
+                (duration_s is not None and time.perf_counter() < deadline[0]):
+            req = request_at(c + clients * k)
+            out = stream_one(client, model, req, max_tokens, temperature)
+            with lock:
+                outcomes.append(out)
+            k += 1
+        client.close()
+    threads = [threading.Thread(target=client_loop, args=(c,), daemon=True) for c in range(clients)]
+    for t in threads:
+        t.start()
+    deadline[0] = time.perf_counter() + (duration_s or 0)
+    t0 = time.perf_counter()
+    start.wait()
+    for t in threads:
+        t.join()
+    seconds = time.perf_counter() - t0
+    errors = [o for o in outcomes if o.error]
+    lost = [o for o in outcomes if not o.error and o.finish is None]
+    garbled = [o for o in outcomes if not o.error and o.request in reference and o.text != reference[o.request]] \
+        if reference is not None else None
+    ttfts = [o.ttft_s for o in outcomes if o.ttft_s is not None]
+    tokens = sum(o.tokens for o in outcomes)
+    result = LoadResult(clients, len(outcomes), seconds, tokens, tokens / seconds if seconds else 0.0,
+                        _percentile(ttfts, 0.5), _percentile(ttfts, 0.99), len(errors), len(lost),
+                        None if garbled is None else len(garbled),
+                        [o.error for o in errors[:3]])
+    return result, outcomes
+
+
+def references(url: str, model: str, reqs: list[Request], max_tokens: int, temperature: float = 0.7,
+               api_key: str = "none") -> dict[Request, str]:
+    """Each distinct request's text when it runs alone (one client, one at a time)."""
+    import openai
+    client = openai.OpenAI(base_url=url, api_key=api_key, max_retries=0, timeout=900)
+    out = {}
+    for req in dict.fromkeys(reqs):
+        o = stream_one(client, model, req, max_tokens, temperature)
+        if o.error:
+            raise SystemExit(f"the reference run of {req} failed: {o.error}")
+        out[req] = o.text
+    client.close()
+    return out
+
+
+# --- the servers, each in its own process ------------------------------------------------------
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    """A server in a child process, its address, model id and RSS."""
+
+    def __init__(self, name: str, cmd: list[str], port: int, ready_path: str, log: Path, api_key: str | None = None):
+        self.name, self.url, self.log = name, f"http://127.0.0.1:{port}/v1", log
+        self.proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT)
+        self._wait(f"http://127.0.0.1:{port}{ready_path}")
+        auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        with urllib.request.urlopen(urllib.request.Request(self.url + "/models", headers=auth), timeout=30) as r:
+            self.model = json.loads(r.read())["data"][0]["id"]
+
+    def _wait(self, url: str, seconds: float = 900) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise SystemExit(f"{self.name} exited ({self.proc.returncode}); its log: {self.log}")
+            try:
+                with urllib.request.urlopen(url, timeout=5) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.5)
+        self.stop()
+        raise SystemExit(f"{self.name} did not answer {url} within {seconds:.0f} s; its log: {self.log}")
+
+    def rss(self) -> int:
+        import psutil
+        return psutil.Process(self.proc.pid).memory_info().rss
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def colibri_server(gguf: str | None, threads: int, workdir: Path, max_queue: int = 64) -> ServerProcess:
+    port = free_port()
+    cmd = [sys.executable, "-m", "app.cli_serve", "--port", str(port), "--threads", str(threads),
+           "--max_queue", str(max_queue)] + (["--model", gguf] if gguf else [])
+    return ServerProcess("colibri-serve", cmd, port, "/v1/models", workdir / "colibri-serve.log")
+
+
+def llama_server(gguf: str, threads: int, slots: int, workdir: Path) -> ServerProcess:
+    port = free_port()
+    cmd = [str(LLAMA_SERVER), "-m", gguf, "--host", "127.0.0.1", "--port", str(port), "-t", str(threads),
+           "-np", str(slots), "-c", str(SLOT_CONTEXT * slots), "--no-webui"]
+    return ServerProcess(f"llama-server -np {slots}", cmd, port, "/health", workdir / f"llama-server-{slots}.log")
+
+
+# --- the measurements --------------------------------------------------------------------------
+def soak(server: ServerProcess, total: int, clients: int = 4, max_tokens: int = 8) -> dict:
+    """`total` short requests from `clients` threads; the server's RSS before, after 50, at the end."""
+    rss_start = server.rss()
+    first, _ = run_load(server.url, server.model, clients, requests_each=max(1, 50 // clients),
+                        max_tokens=max_tokens, temperature=0.0)
+    rss_50 = server.rss()
+    rest, _ = run_load(server.url, server.model, clients, requests_each=max(1, (total - first.requests) // clients),
+                       max_tokens=max_tokens, temperature=0.0)
+    rss_end = server.rss()
+    n = first.requests + rest.requests
+    return {"requests": n, "errors": first.errors + rest.errors, "lost": first.lost + rest.lost,
+            "rss_start_mb": rss_start / 1e6, "rss_after_50_mb": rss_50 / 1e6, "rss_end_mb": rss_end / 1e6,
+            "growth_after_50_pct": 100 * (rss_end - rss_50) / rss_50}
+
+
+def _row(name: str, r: LoadResult) -> str:
+    def ms(v: float | None) -> str:
+        return "—" if v is None else f"{1000 * v:,.0f}"
+    return (f"{name:<22} {r.clients:>7} {r.requests:>8} {r.tok_s:>8.1f} {ms(r.ttft_p50_s):>9} {ms(r.ttft_p99_s):>9} "
+            f"{r.errors:>6} {r.lost:>5} {'—' if r.garbled is None else r.garbled:>7}")
+
+
+def main(args: argparse.Namespace) -> int:
+    from app.bench.report import describe_machine, machine
+    from engine.default_model import default_gguf_path
+    gguf = args.gguf or str(default_gguf_path())
+    counts = [int(c) for c in args.clients.split(",")]
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="colibri-bench-serve-"))
+    work.mkdir(parents=True, exist_ok=True)
+    print(f"machine: {describe_machine(machine())}")
+    print(f"model: {gguf}; {args.max_tokens} tokens per reply, temperature {args.temperature}, seeded; "
+          f"{'%g s per level' % args.duration if args.duration else '%d requests per client' % args.requests}")
+    report: dict = {"gguf": gguf, "max_tokens": args.max_tokens, "levels": {}}
+    head = (f"{'server':<22} {'clients':>7} {'requests':>8} {'tok/s':>8} {'TTFT p50':>9} {'TTFT p99':>9} "
+            f"{'errors':>6} {'lost':>5} {'garbled':>7}")
+    rows = []
+    srv = colibri_server(args.gguf, args.threads, work)
+    try:
+        ref = references(srv.url, srv.model, DISTINCT, args.max_tokens, args.temperature)
+        for n in counts:
+            r, _ = run_load(srv.url, srv.model, n, None if args.duration else args.requests, args.duration,
+                            args.max_tokens, args.temperature, ref)
+            rows.append(_row("colibri-serve", r))
+            print(rows[-1], flush=True)
+            report["levels"].setdefault(str(n), {})["colibri"] = asdict(r)
+        if args.soak:
+            report["soak_colibri"] = soak(srv, args.soak)
+            print(f"soak colibri-serve: {report['soak_colibri']}", flush=True)
+    finally:
+        srv.stop()
+    if not args.no_llama:
+        if not LLAMA_SERVER.exists():
+            print(f"llama-server not found at {LLAMA_SERVER}: set LLAMA_CPP_BIN, or pass --no_llama")
+        else:
+            for n in counts:
+                ls = llama_server(gguf, args.threads, n, work)
+                try:
+                    lref = references(ls.url, ls.model, DISTINCT, args.max_tokens, args.temperature) \
+                        if args.llama_references else None
+                    r, _ = run_load(ls.url, ls.model, n, None if args.duration else args.requests, args.duration,
+                                    args.max_tokens, args.temperature, lref)
+                    rows.append(_row(f"llama-server -np {n}", r))
+                    print(rows[-1], flush=True)
+                    report["levels"].setdefault(str(n), {})["llama"] = asdict(r)
+                    if args.soak and n == max(counts):
+                        report["soak_llama"] = soak(ls, args.soak)
+                        print(f"soak llama-server: {report['soak_llama']}", flush=True)
+                finally:
+                    ls.stop()
+    print("\n" + head + "\n" + "\n".join(rows))
+    for n, level in report["levels"].items():
+        if "colibri" in level and "llama" in level and level["llama"]["tok_s"]:
+            print(f"{n:>3} clients: colibri-serve / llama-server throughput "
+                  f"{level['colibri']['tok_s'] / level['llama']['tok_s']:.2f}x")
+    one = report["levels"].get(str(counts[0]), {}).get("colibri")
+    top = report["levels"].get(str(counts[-1]), {}).get("colibri")
+    if one and top and one["tok_s"] and len(counts) > 1:
+        print(f"colibri-serve throughput at {counts[-1]} clients / at {counts[0]}: {top['tok_s'] / one['tok_s']:.2f}x "
+              f"(>= 2.5x needs continuous batching)")
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
+    return 0
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("serve", help="colibri-serve under concurrent streaming load, beside llama-server")
+    p.add_argument("--gguf", help="the GGUF both servers load (default: the default model's)")
+    p.add_argument("--clients", default="1,2,4,8,16", help="numbers of concurrent streaming clients")
+    p.add_argument("--requests", type=int, default=2, help="requests per client at each level")
+    p.add_argument("--duration", type=float, help="seconds per level instead of --requests (e.g. 120)")
+    p.add_argument("--max_tokens", type=int, default=48)
+    p.add_argument("--temperature", type=float, default=0.7, help="sampling with a seed per request")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--soak", type=int, default=0, help="then this many short requests, with the server's RSS")
+    p.add_argument("--no_llama", action="store_true", help="colibri-serve only")
+    p.add_argument("--llama_references", action="store_true",
+                   help="also check llama-server's streams against its own runs alone (slow)")
+    p.add_argument("--workdir", help="where the servers' logs go (default: a temporary folder)")
+    p.add_argument("--json", help="also write the figures to this file")
+    p.set_defaults(func=main)

@@ -1,0 +1,138 @@
+"""Server → Use a remote endpoint…: the address, API key and model of an OpenAI-compatible server
+(llama-server, vLLM, Ollama, another Colibri) to chat through instead of a local model.
+
+The model list comes from the endpoint's /v1/models, fetched off the GUI thread. The address and
+model are kept in the settings; the key only in the system keyring (app.remote), never in a file.
+"""
+from __future__ import annotations
+
+import threading
+
+from PySide6.QtCore import QObject, Signal
+from PySide6.QtWidgets import (QComboBox, QDialog, QDialogButtonBox, QFormLayout, QHBoxLayout, QLabel,
+                               QLineEdit, QPushButton, QVBoxLayout, QWidget)
+
+from app import remote
+from app.settings import Settings
+
+DEFAULT_URL = "http://127.0.0.1:8080/v1"  # llama-server's own default address
+
+
+class _Answer(QObject):
+    """Carries a background fetch's result to the GUI thread (a queued signal)."""
+    models = Signal(str, list, str)  # url asked, model ids, error ("" when it worked)
+    key = Signal(str, bool)  # url, whether the keyring holds a key for it
+
+
+class RemoteDialog(QDialog):
+    """Emits `chosen(url, model, key)` on Connect; the caller hands it to the worker."""
+    chosen = Signal(str, str, str)
+
+    def __init__(self, settings: Settings, parent: QWidget | None = None):
+        super().__init__(parent, objectName="remote_dialog")
+        self.settings = settings
+        self.setWindowTitle(self.tr("Remote endpoint"))
+        self.setAccessibleName(self.tr("Remote endpoint"))
+        self.url = QLineEdit(settings.remote.get("url", DEFAULT_URL), objectName="remote_url")
+        self.url.setAccessibleName(self.tr("Endpoint address"))
+        self.url.setPlaceholderText(DEFAULT_URL)
+        self.key = QLineEdit(objectName="remote_key")
+        self.key.setEchoMode(QLineEdit.Password)
+        self.key.setAccessibleName(self.tr("API key"))
+        self.key.setPlaceholderText(self.tr("none"))
+        self.model = QComboBox(objectName="remote_model", editable=True)
+        self.model.setAccessibleName(self.tr("Model"))
+        if settings.remote.get("model"):
+            self.model.addItem(settings.remote["model"])
+        self.fetch_button = QPushButton(self.tr("Fetch models"), objectName="remote_fetch")
+        self.fetch_button.clicked.connect(self.fetch)
+        self.status = QLabel(objectName="remote_status", wordWrap=True)
+        self.status.setAccessibleName(self.tr("Connection status"))
+        row = QHBoxLayout()
+        row.addWidget(self.model, 1)
+        row.addWidget(self.fetch_button)
+        form = QFormLayout()
+        form.addRow(self.tr("Address"), self.url)
+        form.addRow(self.tr("API key"), self.key)
+        form.addRow(self.tr("Model"), row)
+        self.buttons = QDialogButtonBox(QDialogButtonBox.Cancel)
+        self.connect_button = self.buttons.addButton(self.tr("Connect"), QDialogButtonBox.AcceptRole)
+        self.connect_button.setObjectName("remote_connect")
+        self.buttons.accepted.connect(self.accept)
+        self.buttons.rejected.connect(self.reject)
+        layout = QVBoxLayout(self)
+        layout.addWidget(QLabel(self.tr("Chat through an OpenAI-compatible server: llama.cpp's llama-server, vLLM, "
+                                        "Ollama or another Colibri. The key is kept in the system keyring."),
+                                wordWrap=True))
+        layout.addLayout(form)
+        layout.addWidget(self.status)
+        layout.addWidget(self.buttons)
+        self.setMinimumWidth(480)
+        self._answer = _Answer()  # no parent: a fetch that outlives the dialog emits into nothing
+        self._answer.models.connect(self._fetched)
+        self._answer.key.connect(self._key_known)
+        self._told = False  # the user was told the keyring cannot keep the key
+        self._run(lambda: self._answer.key.emit(self._url(), remote.stored_key(self._url()) is not None))
+
+    def _url(self) -> str:
+        return self.url.text().strip() or DEFAULT_URL
+
+    @staticmethod
+    def _run(job) -> None:
+        threading.Thread(target=job, name="colibri-remote-dialog", daemon=True).start()
+
+    def _key_known(self, url: str, known: bool) -> None:
+        if known and url == self._url() and not self.key.text():
+            self.key.setPlaceholderText(self.tr("kept in the system keyring (type to replace)"))
+
+    def fetch(self) -> None:
+        """The endpoint's /v1/models into the model list, or the reason it cannot be read."""
+        try:
+            url = remote.normalize_url(self._url())
+        except remote.RemoteError as e:
+            self.status.setText(str(e))
+            return
+        key = self.key.text() or None
+        self.fetch_button.setEnabled(False)
+        self.status.setText(self.tr("Asking {url} for its models…").format(url=url))
+
+        def job() -> None:
+            try:
+                ids, error = [m.id for m in remote.list_models(url, key)], ""
+            except remote.RemoteError as e:
+                ids, error = [], str(e)
+            self._answer.models.emit(url, ids, error)
+        self._run(job)
+
+    def _fetched(self, url: str, ids: list, error: str) -> None:
+        self.fetch_button.setEnabled(True)
+        if error:
+            self.status.setText(error)
+            return
+        current = self.model.currentText()
+        self.model.clear()
+        self.model.addItems(ids)
+        if current in ids:
+            self.model.setCurrentText(current)
+        self.status.setText(self.tr("{url} serves {n} model(s)").format(url=url, n=len(ids)) if ids
+                            else self.tr("{url} serves no model").format(url=url))
+
+    def accept(self) -> None:
+        """Keep the address and model in the settings and a typed key in the keyring, then connect."""
+        try:
+            url = remote.normalize_url(self._url())
+        except remote.RemoteError as e:
+            self.status.setText(str(e))
+            return
+        key, model = self.key.text(), self.model.currentText().strip()
+        if key and not self._told:
+            try:
+                remote.store_key(url, key)
+            except remote.RemoteError as e:  # no keyring: said here; Connect again uses it for this session
+                self.status.setText(str(e) + " " + self.tr("Press Connect again to use it anyway."))
+                self._told = True
+                return
+        self.settings.remote = {"url": url, "model": model}
+        self.settings.save()
+        self.chosen.emit(url, model, key)
+        super().accept()
