@@ -551,7 +551,11 @@ class ExpertCache:
         return not full_layer and self._used - spare + nbytes <= self.budget - SPARE_SLOTS * self.slot
 
     def _evictable(self, layer: int) -> bool:
-        return any(s.pins == 0 and not s.reserved and s.ready.is_set() for s in self._slots.values())
+        """Whether _make_room could make room for one more expert of `layer`: a full layer (its
+        per-layer count reached) needs a victim of its own, any other a victim anywhere."""
+        full = self.per_layer is not None and self._count[layer] >= self.per_layer
+        return any(s.pins == 0 and not s.reserved and s.ready.is_set() and (not full or k[0] == layer)
+                   for k, s in self._slots.items())
 
     def _make_room(self, layer: int | None, nbytes: int) -> None:
         """Called with the lock held. Evict least recently used, unpinned experts until `nbytes`

@@ -421,3 +421,21 @@ def test_defrag_returns_the_spare_slots_it_frees(routed_model):
     assert returned >= spares and not ec._spare
     assert eng.mem_pool_defrag() == 0  # what went back is not counted twice
     eng.close()
+
+
+def test_a_guess_into_a_full_layer_never_evicts_another_layers_expert(routed_model):
+    """per_layer 1: layer 0 holds its one expert pinned; a prefetch into layer 0 must not take the
+    room of layer 1's unpinned expert and leave layer 0 with two."""
+    path, _ = routed_model
+    store, pool = ExpertStore(open_model_dir(path)), MemoryPool()
+    slot = pool.block_size(store.span(0, 0).slot_bytes)
+    cache = ExpertCache(store, pool, LAYERS, E, budget=(8 + SPARE_SLOTS) * slot, prefetch_window=4, top_k=1,
+                        per_layer=1)
+    with cache.use(1, 0):
+        pass  # layer 1's expert: resident, unpinned, evictable
+    with cache.use(0, 0):  # layer 0 full and its one expert pinned
+        cache.prefetch(0, [1])
+        cache.drain()
+        per_layer = [sum(k[0] == L for k in cache._slots) for L in range(LAYERS)]
+    cache.close()
+    assert per_layer == [1, 1]
