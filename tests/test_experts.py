@@ -439,3 +439,24 @@ def test_a_guess_into_a_full_layer_never_evicts_another_layers_expert(routed_mod
         per_layer = [sum(k[0] == L for k in cache._slots) for L in range(LAYERS)]
     cache.close()
     assert per_layer == [1, 1]
+
+
+def test_trace_replay_routes_as_the_trace_says(routed_model, tmp_path):
+    """colibri-bench memory --trace: every layer's picks come from the trace, token by token."""
+    from app.bench.memory import medians, replay_routing
+    path, _ = routed_model
+    rng = np.random.default_rng(5)
+    ids = rng.integers(0, E, (30, LAYERS + 1, 1)).astype(np.int16)  # a deeper trace: its first layers are used
+    np.savez(tmp_path / "t.npz", ids=ids, ahead=ids[:, 1:], num_experts=E)
+    eng = Engine(path, expert_cache_size=2, prefetch_window=4)
+    replay_routing(eng, str(tmp_path / "t.npz"))
+    eng.forward([3, 4, 5])  # a prompt of 3, then 9 decoded tokens
+    for _ in range(9):
+        eng.forward([7])
+    st = eng.stats().expert_cache
+    assert st.activations == tuple(tuple(int((ids[:12, L, 0] == e).sum()) for e in range(E)) for L in range(LAYERS))
+    eng.close()
+    rows = medians([{"engine": "colibri", "preset": "q8_0", "ram_cap": 0.5, "variant": "auto", "routing": "trace",
+                     "decode_tok_s": v} for v in (3.0, 1.0, 2.0)] + [{"engine": "colibri", "preset": "q8_0",
+                    "ram_cap": 0.5, "variant": "auto", "routing": "trace", "error": "killed (out of memory)"}])
+    assert rows[0]["decode_tok_s"] == 2.0 and (rows[0]["runs"], rows[0]["failed"]) == (4, 1)

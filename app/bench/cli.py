@@ -128,9 +128,14 @@ def main(argv: list[str] | None = None) -> int:
     bench_routing.add_parser(sub)
     m = sub.add_parser("memory", help="expert cache vs llama.cpp on a Mixtral-style model (peak RSS, tok/s)")
     m.add_argument("--workdir", help="where the benchmark model is built and kept (default ~/.cache/colibri/bench)")
-    m.add_argument("--caches", default="8,4,2", help="Colibri expert_cache_size values to run (auto allowed)")
+    m.add_argument("--caches", default="auto,2", help="Colibri expert_cache_size values for uncapped runs (auto allowed)")
     m.add_argument("--ram_cap", help="comma-separated fractions of the model size: run each engine in a memory "
-                                     "cgroup that small (needs root), e.g. 0.9,0.75,0.5")
+                                     "cgroup that small (needs root), e.g. none,0.75,0.5")
+    m.add_argument("--matrix", action="store_true", help="caps none,0.9,0.75,0.6,0.5,0.35 (overrides --ram_cap)")
+    m.add_argument("--presets", default="q8_0", help="GGUF presets llama.cpp writes, e.g. q8_0,q4_k_m")
+    m.add_argument("--repeats", type=int, default=3, help="rounds over every run (medians are reported)")
+    m.add_argument("--trace", help="also run Colibri with this routing trace replayed (colibri-bench routing --trace)")
+    m.add_argument("--markdown", help="write the median table (the README's memory section) to this file")
     m.add_argument("--shape", choices=("large", "moderate"), default="large",
                    help="large: 1.75B parameters (1.9 GB in Q8_0); moderate: 0.68B (0.72 GB)")
     m.add_argument("--engine_root", help="run Colibri from this checkout instead (e.g. main, for before/after)")
