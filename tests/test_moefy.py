@@ -103,3 +103,18 @@ def test_replayed_policies_against_hand_counts_and_belady():
         assert got["belady"] >= max(got.values())
     ids = rng.integers(0, 4, (50, 3, 1))
     assert routing.overlap(ids) == pytest.approx(np.mean(ids[1:] == ids[:-1]))
+
+
+def test_colibri_convert_moefy_in_one_command(tmp_path):
+    """From a Hugging Face folder: converted, then MoEfied on the default calibration text."""
+    import subprocess
+    import sys
+    out = tmp_path / "moe"
+    p = subprocess.run([sys.executable, "-m", "app.cli_convert", "--model_path", str(HF_FIXTURES / "llama"),
+                        "--output_path", str(out), "--quantize", "f32", "--moefy", "3", "--top_k", "2"],
+                       capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    assert "3 experts per layer, top-2" in p.stdout
+    m = open_model_dir(out)
+    assert (m.config.num_experts, m.config.top_k) == (3, 2) and m.meta["moefy"]["calibration_tokens"] > 1000
+    assert not list(tmp_path.glob(".moefy-dense-*"))  # the intermediate dense folder is gone

@@ -50,8 +50,9 @@ trace = sys.argv[6] if len(sys.argv) > 6 else ""
 def io_read():  # bytes this process made the block layer read (page-cache hits do not count)
     return int(next(l for l in open('/proc/self/io') if l.startswith('read_bytes')).split()[1])
 t0 = time.perf_counter()
+cache, _, window = cache.partition("/p")  # "2/p0": expert_cache_size 2, prefetch_window 0
 eng = Engine(path, threads=threads, expert_cache_size=None if cache == "auto" else int(cache), context_length=1024,
-             log_level="WARN")
+             log_level="WARN", **({"prefetch_window": int(window)} if window else {}))
 eng.warmup(); eng.reset()
 if trace:  # benchmark-only hook: routing and look-ahead replayed from a real model's trace
     from app.bench.memory import replay_routing
@@ -359,11 +360,11 @@ def colibri_import(gguf: Path) -> Path:
 def run_suite(workdir: Path, caches: list[str], threads: int, ram_caps: list[float | None], decode_tokens: int,
               timeout: float, shape: MixtralShape = BENCH_SHAPE, engine_root: Path | None = None,
               with_llama: bool = True, presets: tuple[str, ...] = ("q8_0",), repeats: int = 1,
-              trace: Path | None = None) -> dict:
+              trace: Path | None = None, capped: tuple[str, ...] = ("auto",)) -> dict:
     """Every (preset, cap, engine) run `repeats` times, the engines' order reversed every other
     round so that neither always runs first; capped runs start with the model's files evicted
     from the page cache. Uncapped, Colibri runs once per entry of `caches`; capped, with its auto
-    budget. With `trace`, Colibri also runs with the trace's routing replayed (llama.cpp cannot)."""
+    budget (`capped`: its variants, e.g. auto/p0 for prefetch off). With `trace`, Colibri also runs with the trace's routing replayed (llama.cpp cannot)."""
     prepare(workdir, shape)
     info = {"shape": shape.__dict__, "params": shape.params(), "presets": {}}
     models = {}
@@ -382,7 +383,7 @@ def run_suite(workdir: Path, caches: list[str], threads: int, ram_caps: list[flo
         for preset in presets:
             gguf, ours = models[preset]
             for cap in ram_caps or [None]:
-                plan = [("colibri", c, routing) for c in (caches if cap is None else ["auto"])
+                plan = [("colibri", c, routing) for c in (caches if cap is None else capped)
                         for routing in (["random"] + (["trace"] if trace else []))]
                 if with_llama:
                     plan += [("llama.cpp", "mmap", "model"), ("llama.cpp", "none", "model")]
@@ -515,7 +516,7 @@ def main(args) -> int:
     trace = Path(args.trace) if getattr(args, "trace", None) else None
     res = run_suite(workdir, caches, args.threads, caps, args.decode_tokens, args.timeout, SHAPES[shape],
                     Path(root).resolve() if root else None, not getattr(args, "no_llama", False), presets,
-                    getattr(args, "repeats", 1), trace)
+                    getattr(args, "repeats", 1), trace, tuple(getattr(args, "capped", "auto").split(",")))
     text = json.dumps(res, indent=1)
     if args.json:
         Path(args.json).write_text(text + "\n")

@@ -51,6 +51,7 @@ def record_trace(model_path: str | Path, text: str, tokens: int = 2048, chunk: i
         norms = [eng.model.tensor_file(f"attention/layer_{i}.bin").dequantize(f"blk.{i}.ffn_norm.weight")
                  for i in range(L)]
         picks, ahead = [], []
+        chunk = min(chunk, eng.context_limit)
         for a in range(0, len(ids), chunk):
             dump: dict = {}
             eng.logits(ids[a:a + chunk], dump=dump)

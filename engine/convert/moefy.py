@@ -85,9 +85,10 @@ def calibration_inputs(model: ModelDir, text: str, tokens: int) -> list[np.ndarr
         norms = [eng.model.tensor_file(f"attention/layer_{L}.bin").dequantize(f"blk.{L}.ffn_norm.weight")
                  for L in range(model.config.num_layers)]
         out: list[list[np.ndarray]] = [[] for _ in range(model.config.num_layers)]
-        for a in range(0, len(ids), CHUNK):
+        chunk = min(CHUNK, eng.context_limit)  # (a model with a shorter context)
+        for a in range(0, len(ids), chunk):
             dump: dict = {}
-            eng.logits(ids[a:a + CHUNK], dump=dump)
+            eng.logits(ids[a:a + chunk], dump=dump)
             for L in range(model.config.num_layers):
                 out[L].append(ffn_inputs(dump, L, norms[L], model.config.rms_norm_eps))
         return [np.concatenate(h) for h in out]
