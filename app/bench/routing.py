@@ -7,7 +7,8 @@ top-k experts per layer (the trace, saved with --trace for `colibri-bench memory
 reports what decides whether streaming experts can beat mmap:
   - the hit rate against cache size (slots per layer) for LRU, a frequency-aware policy (LFU with
     aging), a learned hot set (the hottest experts of the first half's routing pinned, LRU for the
-    rest, measured on the second half) and Belady's optimum, all replayed on the same trace;
+    rest, measured on the second half) and Belady's optimum, all replayed on the same trace, and
+    the engine's own policy (one LRU over all layers with as many slots in all: "global_lru");
   - consecutive-token overlap: the share of a token's k experts the previous token also used;
   - one-layer-ahead predictability: the share of layer L+1's picks that layer L+1's router
     picks from layer L's FFN input (what the prefetcher guesses with).
@@ -103,14 +104,13 @@ def replay(stream: np.ndarray, slots: int, policy: str, n: int, hot: np.ndarray 
                     cache.move_to_end(e)
                 continue
             if len(pinned) + len(cache) >= slots:
-                free = [c for c in cache if c not in row]
-                if policy == "lfu":
-                    victim = min(free, key=lambda c: freq[c])  # first of the least frequent: LRU among ties
+                if policy == "lfu":  # the first of the least frequent: LRU among ties
+                    victim = min((c for c in cache if c not in row), key=lambda c: freq[c])
                 elif policy == "belady":
                     later = nxt[t + 1] if t + 1 < T else np.full(n, T)
-                    victim = max(free, key=lambda c: later[c])
+                    victim = max((c for c in cache if c not in row), key=lambda c: later[c])
                 else:
-                    victim = free[0]
+                    victim = next(c for c in cache if c not in row)
                 del cache[victim]
             cache[e] = None
     return hits, T * k
@@ -135,6 +135,14 @@ def hit_curve(ids: np.ndarray, policy: str, slot_counts: list[int], n: int) -> d
     return out
 
 
+def global_lru_curve(ids: np.ndarray, slot_counts: list[int], n: int) -> dict[int, float]:
+    """The engine's own policy: one LRU over every layer's experts, `s` x layers slots in all,
+    visiting the layers in order for each token."""
+    T, L, k = ids.shape
+    stream = (ids + n * np.arange(L)[None, :, None]).reshape(T * L, k)  # (token, layer) -> layer * n + expert
+    return {s: replay(stream, s * L, "lru", n * L)[0] / (T * L * k) for s in slot_counts}
+
+
 def overlap(ids: np.ndarray) -> float:
     """Mean share of a token's k experts (per layer) that the previous token used too."""
     a, b = ids[1:], ids[:-1]
@@ -156,7 +164,7 @@ def report(trace: dict) -> dict:
     heat = np.stack([np.bincount(ids[:, L].ravel(), minlength=n) for L in range(ids.shape[1])])
     share = heat / heat.sum(axis=1, keepdims=True)
     return {"tokens": int(ids.shape[0]), "layers": int(ids.shape[1]), "experts": n, "top_k": k,
-            "hit_rate": {p: hit_curve(ids, p, slots, n) for p in POLICIES},
+            "hit_rate": {p: hit_curve(ids, p, slots, n) for p in POLICIES} | {"global_lru": global_lru_curve(ids, slots, n)},
             "consecutive_overlap": overlap(ids), "one_layer_ahead": predictability(ids, trace["ahead"]),
             "hottest_share": float(np.sort(share, axis=1)[:, -k:].sum(axis=1).mean()),
             "published": [list(p) for p in PUBLISHED]}
@@ -165,9 +173,9 @@ def report(trace: dict) -> dict:
 def format_report(r: dict) -> str:
     lines = [f"routing on {r['tokens']} tokens: {r['layers']} layers, top-{r['top_k']} of {r['experts']} experts",
              "hit rate by slots per layer (share of the layer's experts):",
-             "  slots  " + "  ".join(f"{p:>7}" for p in POLICIES)]
+             "  slots   " + "  ".join(f"{p:>10}" for p in r["hit_rate"])]
     for s in r["hit_rate"]["lru"]:
-        lines.append(f"  {s:>2} ({s / r['experts']:4.0%})" + "".join(f"  {r['hit_rate'][p][s]:7.1%}" for p in POLICIES))
+        lines.append(f"  {s:>2} ({s / r['experts']:4.0%})" + "".join(f"  {c[s]:10.1%}" for c in r["hit_rate"].values()))
     lines += [f"consecutive-token overlap {r['consecutive_overlap']:.1%}; one-layer-ahead predictable "
               f"{r['one_layer_ahead']:.1%}; the top-{r['top_k']} hottest experts take {r['hottest_share']:.1%}",
               "published (real MoEs):"] + [f"  {m}: {what}" for m, _, _, what in PUBLISHED]
