@@ -133,7 +133,8 @@ def test_concurrent_loader_and_compute_keep_invariants(routed_model):
     model = open_model_dir(path)
     store, pool = ExpertStore(model), MemoryPool()
     slot = pool.block_size(store.span(0, 0).slot_bytes)
-    cache = ExpertCache(store, pool, LAYERS, E, budget=(3 + SPARE_SLOTS) * slot, prefetch_window=8, top_k=1)
+    cache = ExpertCache(store, pool, LAYERS, E, budget=(4 + SPARE_SLOTS) * slot, prefetch_window=8, top_k=1)
+    assert cache.predict  # 2 a layer, more than a token's pick: the loader takes predictions
     want = {}
     for L in range(LAYERS):
         for e in range(E):
@@ -460,3 +461,15 @@ def test_trace_replay_routes_as_the_trace_says(routed_model, tmp_path):
                      "decode_tok_s": v} for v in (3.0, 1.0, 2.0)] + [{"engine": "colibri", "preset": "q8_0",
                     "ram_cap": 0.5, "variant": "auto", "routing": "trace", "error": "killed (out of memory)"}])
     assert rows[0]["decode_tok_s"] == 2.0 and (rows[0]["runs"], rows[0]["failed"]) == (4, 1)
+
+
+def test_no_predictions_when_a_layer_holds_only_one_tokens_picks(routed_model):
+    """Trace replay measured it: with k experts a layer, a guess evicts what the next token reuses."""
+    path, _ = routed_model
+    store, pool = ExpertStore(open_model_dir(path)), MemoryPool()
+    slot = pool.block_size(store.span(0, 0).slot_bytes)
+    for per_layer, predicts in ((1, False), (2, True)):
+        cache = ExpertCache(store, pool, LAYERS, E, budget=(8 + SPARE_SLOTS) * slot, prefetch_window=4, top_k=1,
+                            per_layer=per_layer)
+        assert cache.predict is predicts
+        cache.close()
