@@ -36,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--split_experts", action=argparse.BooleanOptionalAction, default=True,
                     help="one file per expert (default), or --no-split_experts for one file per layer")
     ap.add_argument("--num_experts", type=int, help="check the source has this many experts per layer")
-    ap.add_argument("--top_k", type=int, help="experts used per token (default: the model's own; with --moefy: N/4)")
+    ap.add_argument("--top_k", type=int, help="experts used per token (default: the model's own; --moefy needs it)")
     ap.add_argument("--moefy", type=int, metavar="N",
                     help="cut a dense model's MLPs into N experts by co-activation, with a router per layer "
                          "(engine/convert/moefy.py); the source may also be a Colibri model folder")
@@ -46,7 +46,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    if args.moefy and not args.top_k:
+        ap.error("--moefy needs --top_k K, the experts each token uses; what it costs on the default model "
+                 "(perplexity 12.6 dense): 6 of 8 experts 45.6, 4 of 8 624, 2 of 8 47700 (README: Real routing)")
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     try:
         if args.moefy:
@@ -80,7 +84,7 @@ def _moefy(args: argparse.Namespace) -> int:
         tmp = Path(tempfile.mkdtemp(prefix=".moefy-dense-", dir=Path(args.output_path).resolve().parent))
         src = convert(args.model_path, tmp / "dense", args.quantize, force=True).path
     try:
-        r = moefy(src, args.output_path, args.moefy, args.top_k or max(1, args.moefy // 4), force=args.force)
+        r = moefy(src, args.output_path, args.moefy, args.top_k, force=args.force)
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -118,3 +118,10 @@ def test_colibri_convert_moefy_in_one_command(tmp_path):
     m = open_model_dir(out)
     assert (m.config.num_experts, m.config.top_k) == (3, 2) and m.meta["moefy"]["calibration_tokens"] > 1000
     assert not list(tmp_path.glob(".moefy-dense-*"))  # the intermediate dense folder is gone
+
+
+def test_colibri_convert_moefy_needs_top_k(tmp_path):
+    from app.cli_convert import main
+    with pytest.raises(SystemExit):
+        main(["--model_path", str(HF_FIXTURES / "llama"), "--output_path", str(tmp_path / "m"), "--moefy", "3"])
+    assert not (tmp_path / "m").exists()
