@@ -473,3 +473,28 @@ def test_no_predictions_when_a_layer_holds_only_one_tokens_picks(routed_model):
                             per_layer=per_layer)
         assert cache.predict is predicts
         cache.close()
+
+
+@pytest.mark.parametrize("policy,slots", [("lfu", 3), ("lfu", 5), ("lru", 3)])
+def test_eviction_policy_matches_the_routing_replay(routed_model, monkeypatch, policy, slots):
+    """The cache's hits equal colibri-bench routing's replay of the same lookups (one cache over
+    all layers), so the policy figures measured on traces are the engine's."""
+    from app.bench import routing
+    monkeypatch.setattr(routing, "LFU_DECAY", 0.9)
+    path, table = routed_model
+    store, pool = ExpertStore(open_model_dir(path)), MemoryPool()
+    slot = pool.block_size(store.span(0, 0).slot_bytes)
+    cache = ExpertCache(store, pool, LAYERS, E, budget=(slots + SPARE_SLOTS) * slot, prefetch_window=0, top_k=1,
+                        policy=policy, decay=0.9)
+    tokens = np.random.default_rng(slots).integers(0, D, 300)
+    ids = np.stack([table[:, tokens].T], axis=2)  # (tokens, layers, 1)
+    for t in range(len(tokens)):
+        for L in range(LAYERS):
+            with cache.use(L, int(ids[t, L, 0])):
+                pass
+    st = cache.stats()
+    cache.close()
+    stream = (ids + E * np.arange(LAYERS)[None, :, None]).reshape(-1, 1)
+    assert st.hits == routing.replay(stream, slots, policy, E * LAYERS)[0]
+    with pytest.raises(ValueError, match="policy"):
+        ExpertCache(store, pool, LAYERS, E, budget=1 << 20, policy="mru")

@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     m = sub.add_parser("memory", help="expert cache vs llama.cpp on a Mixtral-style model (peak RSS, tok/s)")
     m.add_argument("--workdir", help="where the benchmark model is built and kept (default ~/.cache/colibri/bench)")
     m.add_argument("--caches", default="auto,2", help="Colibri expert_cache_size values for uncapped runs (auto allowed; "
-                        "'2/p0': prefetch_window 0, for a prefetch A/B)")
+                        "'2/p0': prefetch_window 0, for a prefetch A/B; '2/lfu': LFU eviction)")
     m.add_argument("--ram_cap", help="comma-separated fractions of the model size: run each engine in a memory "
                                      "cgroup that small (needs root), e.g. none,0.75,0.5")
     m.add_argument("--matrix", action="store_true", help="caps none,0.9,0.75,0.6,0.5,0.35 (overrides --ram_cap)")

@@ -50,9 +50,12 @@ trace = sys.argv[6] if len(sys.argv) > 6 else ""
 def io_read():  # bytes this process made the block layer read (page-cache hits do not count)
     return int(next(l for l in open('/proc/self/io') if l.startswith('read_bytes')).split()[1])
 t0 = time.perf_counter()
-cache, _, window = cache.partition("/p")  # "2/p0": expert_cache_size 2, prefetch_window 0
+cache, *opts = cache.split("/")  # "2/p0/lfu": expert_cache_size 2, prefetch_window 0, LFU eviction
+window = [int(o[1:]) for o in opts if o.startswith("p")]
 eng = Engine(path, threads=threads, expert_cache_size=None if cache == "auto" else int(cache), context_length=1024,
-             log_level="WARN", **({"prefetch_window": int(window)} if window else {}))
+             log_level="WARN", **({"prefetch_window": window[0]} if window else {}))
+if "lfu" in opts:  # benchmark hook until the policy is an engine parameter
+    eng.weights.experts.policy = "lfu"
 eng.warmup(); eng.reset()
 if trace:  # benchmark-only hook: routing and look-ahead replayed from a real model's trace
     from app.bench.memory import replay_routing
