@@ -213,6 +213,9 @@ def moefy(src_path: str | Path, dst_path: str | Path, num_experts: int, top_k_: 
     if cfg.intermediate_size % num_experts:
         raise ConfigError(f"--moefy {num_experts}: the FFN's {cfg.intermediate_size} neurons do not split "
                           f"into {num_experts} equal experts")
+    if text is None and not CALIBRATION_TEXT.is_file():
+        raise ConfigError(f"--moefy: the calibration text {CALIBRATION_TEXT} is not part of this installation "
+                          f"(it ships with the source tree)")
     text = CALIBRATION_TEXT.read_text(encoding="utf-8") if text is None else text
     hs = calibration_inputs(src, text, tokens)
     n, k, F = num_experts, top_k_, cfg.intermediate_size // num_experts
