@@ -133,7 +133,8 @@ def test_concurrent_loader_and_compute_keep_invariants(routed_model):
     model = open_model_dir(path)
     store, pool = ExpertStore(model), MemoryPool()
     slot = pool.block_size(store.span(0, 0).slot_bytes)
-    cache = ExpertCache(store, pool, LAYERS, E, budget=(3 + SPARE_SLOTS) * slot, prefetch_window=8, top_k=1)
+    cache = ExpertCache(store, pool, LAYERS, E, budget=(4 + SPARE_SLOTS) * slot, prefetch_window=8, top_k=1)
+    assert cache.predict  # 2 a layer, more than a token's pick: the loader takes predictions
     want = {}
     for L in range(LAYERS):
         for e in range(E):
@@ -421,3 +422,79 @@ def test_defrag_returns_the_spare_slots_it_frees(routed_model):
     assert returned >= spares and not ec._spare
     assert eng.mem_pool_defrag() == 0  # what went back is not counted twice
     eng.close()
+
+
+def test_a_guess_into_a_full_layer_never_evicts_another_layers_expert(routed_model):
+    """per_layer 1: layer 0 holds its one expert pinned; a prefetch into layer 0 must not take the
+    room of layer 1's unpinned expert and leave layer 0 with two."""
+    path, _ = routed_model
+    store, pool = ExpertStore(open_model_dir(path)), MemoryPool()
+    slot = pool.block_size(store.span(0, 0).slot_bytes)
+    cache = ExpertCache(store, pool, LAYERS, E, budget=(8 + SPARE_SLOTS) * slot, prefetch_window=4, top_k=1,
+                        per_layer=1)
+    with cache.use(1, 0):
+        pass  # layer 1's expert: resident, unpinned, evictable
+    with cache.use(0, 0):  # layer 0 full and its one expert pinned
+        cache.prefetch(0, [1])
+        cache.drain()
+        per_layer = [sum(k[0] == L for k in cache._slots) for L in range(LAYERS)]
+    cache.close()
+    assert per_layer == [1, 1]
+
+
+def test_trace_replay_routes_as_the_trace_says(routed_model, tmp_path):
+    """colibri-bench memory --trace: every layer's picks come from the trace, token by token."""
+    from app.bench.memory import medians, replay_routing
+    path, _ = routed_model
+    rng = np.random.default_rng(5)
+    ids = rng.integers(0, E, (30, LAYERS + 1, 1)).astype(np.int16)  # a deeper trace: its first layers are used
+    np.savez(tmp_path / "t.npz", ids=ids, ahead=ids[:, 1:], num_experts=E)
+    eng = Engine(path, expert_cache_size=2, prefetch_window=4)
+    replay_routing(eng, str(tmp_path / "t.npz"))
+    eng.forward([3, 4, 5])  # a prompt of 3, then 9 decoded tokens
+    for _ in range(9):
+        eng.forward([7])
+    st = eng.stats().expert_cache
+    assert st.activations == tuple(tuple(int((ids[:12, L, 0] == e).sum()) for e in range(E)) for L in range(LAYERS))
+    eng.close()
+    rows = medians([{"engine": "colibri", "preset": "q8_0", "ram_cap": 0.5, "variant": "auto", "routing": "trace",
+                     "decode_tok_s": v} for v in (3.0, 1.0, 2.0)] + [{"engine": "colibri", "preset": "q8_0",
+                    "ram_cap": 0.5, "variant": "auto", "routing": "trace", "error": "killed (out of memory)"}])
+    assert rows[0]["decode_tok_s"] == 2.0 and (rows[0]["runs"], rows[0]["failed"]) == (4, 1)
+
+
+def test_no_predictions_when_a_layer_holds_only_one_tokens_picks(routed_model):
+    """Trace replay measured it: with k experts a layer, a guess evicts what the next token reuses."""
+    path, _ = routed_model
+    store, pool = ExpertStore(open_model_dir(path)), MemoryPool()
+    slot = pool.block_size(store.span(0, 0).slot_bytes)
+    for per_layer, predicts in ((1, False), (2, True)):
+        cache = ExpertCache(store, pool, LAYERS, E, budget=(8 + SPARE_SLOTS) * slot, prefetch_window=4, top_k=1,
+                            per_layer=per_layer)
+        assert cache.predict is predicts
+        cache.close()
+
+
+@pytest.mark.parametrize("policy,slots", [("lfu", 3), ("lfu", 5), ("lru", 3)])
+def test_eviction_policy_matches_the_routing_replay(routed_model, monkeypatch, policy, slots):
+    """The cache's hits equal colibri-bench routing's replay of the same lookups (one cache over
+    all layers), so the policy figures measured on traces are the engine's."""
+    from app.bench import routing
+    monkeypatch.setattr(routing, "LFU_DECAY", 0.9)
+    path, table = routed_model
+    store, pool = ExpertStore(open_model_dir(path)), MemoryPool()
+    slot = pool.block_size(store.span(0, 0).slot_bytes)
+    cache = ExpertCache(store, pool, LAYERS, E, budget=(slots + SPARE_SLOTS) * slot, prefetch_window=0, top_k=1,
+                        policy=policy, decay=0.9)
+    tokens = np.random.default_rng(slots).integers(0, D, 300)
+    ids = np.stack([table[:, tokens].T], axis=2)  # (tokens, layers, 1)
+    for t in range(len(tokens)):
+        for L in range(LAYERS):
+            with cache.use(L, int(ids[t, L, 0])):
+                pass
+    st = cache.stats()
+    cache.close()
+    stream = (ids + E * np.arange(LAYERS)[None, :, None]).reshape(-1, 1)
+    assert st.hits == routing.replay(stream, slots, policy, E * LAYERS)[0]
+    with pytest.raises(ValueError, match="policy"):
+        ExpertCache(store, pool, LAYERS, E, budget=1 << 20, policy="mru")

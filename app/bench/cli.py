@@ -29,6 +29,7 @@ from pathlib import Path
 from app.bench import fuzz as bench_fuzz
 from app.bench import perplexity as bench_perplexity
 from app.bench import profile as bench_profile
+from app.bench import routing as bench_routing
 from app.bench import serve as bench_serve
 from app.bench import speed as bench_speed
 from app.bench.models import shape_for_size, write_checkpoint
@@ -127,11 +128,19 @@ def main(argv: list[str] | None = None) -> int:
     bench_fuzz.add_parser(sub)
     bench_perplexity.add_parser(sub)
     bench_serve.add_parser(sub)
+    bench_routing.add_parser(sub)
     m = sub.add_parser("memory", help="expert cache vs llama.cpp on a Mixtral-style model (peak RSS, tok/s)")
     m.add_argument("--workdir", help="where the benchmark model is built and kept (default ~/.cache/colibri/bench)")
-    m.add_argument("--caches", default="8,4,2", help="Colibri expert_cache_size values to run (auto allowed)")
+    m.add_argument("--caches", default="auto,2", help="Colibri expert_cache_size values for uncapped runs (auto allowed; "
+                        "'2/p0': prefetch_window 0, for a prefetch A/B; '2/lfu': LFU eviction)")
     m.add_argument("--ram_cap", help="comma-separated fractions of the model size: run each engine in a memory "
-                                     "cgroup that small (needs root), e.g. 0.9,0.75,0.5")
+                                     "cgroup that small (needs root), e.g. none,0.75,0.5")
+    m.add_argument("--matrix", action="store_true", help="caps none,0.9,0.75,0.6,0.5,0.35 (overrides --ram_cap)")
+    m.add_argument("--capped", default="auto", help="Colibri variants for capped runs, e.g. auto,auto/p0")
+    m.add_argument("--presets", default="q8_0", help="GGUF presets llama.cpp writes, e.g. q8_0,q4_k_m")
+    m.add_argument("--repeats", type=int, default=3, help="rounds over every run (medians are reported)")
+    m.add_argument("--trace", help="also run Colibri with this routing trace replayed (colibri-bench routing --trace)")
+    m.add_argument("--markdown", help="write the median table (the README's memory section) to this file")
     m.add_argument("--shape", choices=("large", "moderate"), default="large",
                    help="large: 1.75B parameters (1.9 GB in Q8_0); moderate: 0.68B (0.72 GB)")
     m.add_argument("--engine_root", help="run Colibri from this checkout instead (e.g. main, for before/after)")

@@ -46,12 +46,20 @@ _COLIBRI = r"""
 import json, sys, time, numpy as np
 from engine.api import Engine
 path, cache, threads, prompt_n, decode_n = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+trace = sys.argv[6] if len(sys.argv) > 6 else ""
 def io_read():  # bytes this process made the block layer read (page-cache hits do not count)
     return int(next(l for l in open('/proc/self/io') if l.startswith('read_bytes')).split()[1])
 t0 = time.perf_counter()
+cache, *opts = cache.split("/")  # "2/p0/lfu": expert_cache_size 2, prefetch_window 0, LFU eviction
+window = [int(o[1:]) for o in opts if o.startswith("p")]
 eng = Engine(path, threads=threads, expert_cache_size=None if cache == "auto" else int(cache), context_length=1024,
-             log_level="WARN")
+             log_level="WARN", **({"prefetch_window": window[0]} if window else {}))
+if "lfu" in opts:  # benchmark hook until the policy is an engine parameter
+    eng.weights.experts.policy = "lfu"
 eng.warmup(); eng.reset()
+if trace:  # benchmark-only hook: routing and look-ahead replayed from a real model's trace
+    from app.bench.memory import replay_routing
+    replay_routing(eng, trace)
 load_s = time.perf_counter() - t0
 ids = [int(i) for i in np.random.default_rng(0).integers(300, eng.cfg.vocab_size, prompt_n)]
 t = time.perf_counter(); nxt = eng.forward(ids); prefill = prompt_n / (time.perf_counter() - t)
@@ -75,17 +83,51 @@ print(json.dumps({"engine": "colibri", "cache": ec.capacity_per_layer, "plan": s
     "max_entropy_bits": float(np.log2(acts.shape[1])), "top4_share": float(np.sort(p, axis=1)[:, -4:].sum(1).mean())}))
 """
 
+
+def replay_routing(eng, trace_path: str) -> None:
+    """Make `eng` route as a recorded trace did (colibri-bench routing --trace): layer L of the
+    benchmark model takes layer L of the trace, token after token (wrapping around), with equal
+    weights; the prefetcher guesses the next layer with the trace's one-layer-ahead picks (what
+    that model's next router made of this layer's input). The fused decode is off: it routes
+    inside its kernel. Benchmark only: it patches the instance, nothing in the engine."""
+    import numpy as np
+    tr = np.load(trace_path)
+    ids, ahead = tr["ids"].astype(np.int64), tr["ahead"].astype(np.int64)
+    net, cfg = eng.net, eng.cfg
+    L, E, K = cfg.num_layers, cfg.num_experts, cfg.top_k
+    if ids.shape[1] < L or ids.shape[2] < K:
+        raise ValueError(f"{trace_path}: a trace of {ids.shape[1]} layers, top-{ids.shape[2]}; the model needs "
+                         f"{L} layers, top-{K}")
+    state = {"call": 0, "tok": 0}
+
+    def route(logits):
+        T, layer = logits.shape[0], state["call"] % L
+        rows = (state["tok"] + np.arange(T)) % len(ids)
+        state["call"] += 1
+        if layer == L - 1:
+            state["tok"] += T
+        return np.full((T, K), 1.0 / K, np.float32), ids[rows, layer, :K] % E
+
+    def prefetch(layer, h, logits):
+        cache = net.w.experts
+        if layer + 1 < L and not cache.holds_all():
+            rows = (state["tok"] + np.arange(h.shape[0])) % len(ids)
+            cache.prefetch(layer + 1, np.unique(ahead[rows, layer, :K] % E))
+
+    net.route, net.prefetch, net.fused_decode = route, prefetch, False
+
+
 # Runs llama.cpp's own llama-bench (mmap on) in a child and reports its peak RSS and block reads.
 _LLAMA_BENCH = r"""
 import json, resource, subprocess, sys
-exe, path, threads, prompt_n, decode_n = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5]
-out = subprocess.run([exe, "-m", path, "-t", threads, "-p", prompt_n, "-n", decode_n, "-r", "1", "-lm", "mmap",
+exe, path, threads, prompt_n, decode_n, mode = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5], sys.argv[6]
+out = subprocess.run([exe, "-m", path, "-t", threads, "-p", prompt_n, "-n", decode_n, "-r", "1", "-lm", mode,
                       "-o", "json"], capture_output=True, text=True, check=True).stdout
 rows = json.loads(out)
 ru = resource.getrusage(resource.RUSAGE_CHILDREN)
 tok_s = {("prefill" if r["n_prompt"] else "decode"): r["avg_ts"] for r in rows}
 tokens = sum(r["n_prompt"] + r["n_gen"] for r in rows) * 2  # llama-bench runs each test once more to warm up
-print(json.dumps({"engine": "llama.cpp", "mmap": True, "prefill_tok_s": tok_s.get("prefill", 0.0),
+print(json.dumps({"engine": "llama.cpp", "mmap": mode == "mmap", "prefill_tok_s": tok_s.get("prefill", 0.0),
     "decode_tok_s": tok_s.get("decode", 0.0), "peak_rss_mb": ru.ru_maxrss * 1024 / 1e6,
     "read_mb_total": ru.ru_inblock * 512 / 1e6, "tokens_run": tokens}))
 """
@@ -281,65 +323,170 @@ def disk_bandwidth(files: list[Path], nbytes: int = 256 << 20) -> float:
     return done / dt
 
 
-def run_suite(workdir: Path, caches: list[str], threads: int, ram_caps: list[float], decode_tokens: int,
+CAPS = (None, 0.9, 0.75, 0.6, 0.5, 0.35)  # fractions of the model's size; None: no cap, files warm
+PRESETS = ("q8_0", "q4_k_m")  # the GGUFs llama.cpp writes; Colibri imports the same files
+FORMATS_PYTHON = os.environ.get("COLIBRI_FORMATS_PYTHON", "/tmp/venv-formats/bin/python")  # torch + gguf
+CONVERT_HF = "/work/llamacpp/llama_cpp_python-0.3.36/vendor/llama.cpp/convert_hf_to_gguf.py"
+
+
+def llamacpp_gguf(workdir: Path, preset: str) -> Path:
+    """The benchmark model as llama.cpp's own tools write it: convert_hf_to_gguf.py --outtype q8_0,
+    or --outtype f16 then llama-quantize to the preset (built once, kept in workdir)."""
+    out = workdir / f"mixtral-{preset}-llamacpp.gguf"
+    if out.exists():
+        return out
+    hf, exe = workdir / "mixtral-hf", llama_bench()
+    if preset == "q8_0":
+        subprocess.run([FORMATS_PYTHON, CONVERT_HF, str(hf), "--outtype", "q8_0", "--outfile", str(out)], check=True,
+                       capture_output=True)
+        return out
+    if exe is None:
+        raise FileNotFoundError("llama-quantize not found (COLIBRI_LLAMA_BIN)")
+    f16 = workdir / "mixtral-f16-llamacpp.gguf"
+    if not f16.exists():
+        subprocess.run([FORMATS_PYTHON, CONVERT_HF, str(hf), "--outtype", "f16", "--outfile", str(f16)], check=True,
+                       capture_output=True)
+    subprocess.run([str(exe.parent / "llama-quantize"), str(f16), str(out), preset.upper()], check=True,
+                   capture_output=True)
+    return out
+
+
+def colibri_import(gguf: Path) -> Path:
+    """Colibri's import of llama.cpp's file, formats kept (built once)."""
+    from engine.convert.convert import convert
+    out = gguf.with_suffix("")
+    if not (out / "manifest.json").exists():
+        convert(gguf, out, None, force=True)
+    return out
+
+
+def run_suite(workdir: Path, caches: list[str], threads: int, ram_caps: list[float | None], decode_tokens: int,
               timeout: float, shape: MixtralShape = BENCH_SHAPE, engine_root: Path | None = None,
-              with_llama: bool = True) -> dict:
-    ours, gguf_path, info = prepare(workdir, shape)
-    llama_gguf = workdir / "mixtral-q8_0-llamacpp.gguf"  # made by llama.cpp's convert_hf_to_gguf.py, if there
-    if llama_gguf.exists():
-        gguf_path, info["gguf_by"] = llama_gguf, "convert_hf_to_gguf.py --outtype q8_0"
-        info["gguf_mb"] = llama_gguf.stat().st_size / 1e6
-    our_files = sorted(ours.rglob("*.bin"))
-    expert_files = [p for p in our_files if p.parent.name == "experts"]
-    info["disk_mb_s"] = disk_bandwidth(expert_files) / 1e6
+              with_llama: bool = True, presets: tuple[str, ...] = ("q8_0",), repeats: int = 1,
+              trace: Path | None = None, capped: tuple[str, ...] = ("auto",)) -> dict:
+    """Every (preset, cap, engine) run `repeats` times, the engines' order reversed every other
+    round so that neither always runs first; capped runs start with the model's files evicted
+    from the page cache. Uncapped, Colibri runs once per entry of `caches`; capped, with its auto
+    budget (`capped`: its variants, e.g. auto/p0 for prefetch off). With `trace`, Colibri also runs with the trace's routing replayed (llama.cpp cannot)."""
+    prepare(workdir, shape)
+    info = {"shape": shape.__dict__, "params": shape.params(), "presets": {}}
+    models = {}
+    for preset in presets:
+        gguf = llamacpp_gguf(workdir, preset)
+        ours = colibri_import(gguf)
+        models[preset] = (gguf, ours)
+        info["presets"][preset] = {"gguf_mb": gguf.stat().st_size / 1e6,
+                                   "colibri_mb": sum(p.stat().st_size for p in ours.rglob("*") if p.is_file()) / 1e6}
+    first = models[presets[0]][1]
+    info["disk_mb_s"] = disk_bandwidth(sorted((first / "experts").glob("*.bin"))) / 1e6
     bench_exe, py_llama = llama_bench(), llama_python()
-    results = {"model": info, "threads": threads, "engine_root": str(engine_root or ""), "runs": []}
-    for cap in ram_caps or [None]:
-        peers = [] if not with_llama else [("llama.cpp", "1"), ("llama.cpp", "passive")]
-        for engine, arg in [("colibri", c) for c in caches] + peers:
-            if engine == "llama.cpp" and bench_exe is None and py_llama is None:
-                results["runs"].append({"engine": "llama.cpp", "error": "neither llama-bench nor llama-cpp-python "
-                                        "found", "ram_cap": cap})
-                continue
-            files = our_files if engine == "colibri" else [gguf_path]
-            size = info["colibri_mb"] * 1e6 if engine == "colibri" else info["gguf_mb"] * 1e6
-            group, left = None, 0
-            if cap is None:
-                warm(files)  # the uncapped comparison is with files in the page cache
-            else:
-                left = evict(files)
-                try:
-                    group = MemoryCgroup(int(cap * size))
-                except OSError as e:
-                    results["runs"].append({"engine": engine, "ram_cap": cap, "error": f"no cgroup: {e}"})
-                    continue
-            if engine == "colibri":
-                cmd = [sys.executable, "-c", _COLIBRI, str(ours), arg, str(threads), str(PROMPT_TOKENS),
-                       str(decode_tokens)]
-            elif bench_exe is not None:
-                cmd = [sys.executable, "-c", _LLAMA_BENCH, str(bench_exe), str(gguf_path), str(threads),
-                       str(PROMPT_TOKENS), str(decode_tokens)]
-            else:
-                cmd = [py_llama, "-c", _LLAMA, str(gguf_path), str(threads), str(PROMPT_TOKENS),
-                       str(decode_tokens), arg]
-            t0 = time.perf_counter()
-            r = run_child(cmd, group, timeout, engine_root, arg == "passive")
-            if group:
-                r["cgroup_peak_mb"] = group.peak() / 1e6
-                r["oom_kills"] = group.oom_kills()
-                group.close()
-                r["page_cache_left_mb"] = left / 1e6
-            r |= {"engine": engine, "ram_cap": cap, "cap_mb": None if cap is None else cap * size / 1e6,
-                  "wall_s": time.perf_counter() - t0}
-            if engine == "llama.cpp":
-                r["omp_wait_policy"] = "PASSIVE" if arg == "passive" else _USER_OMP_WAIT or "default"
-            if engine == "colibri":
-                r["cache_arg"] = arg
-                if r.get("missed_mb_per_token"):
-                    r["io_bound_tok_s"] = info["disk_mb_s"] / r["missed_mb_per_token"]
-            results["runs"].append(r)
-            print(_row(r), file=sys.stderr, flush=True)
+    results = {"model": info, "threads": threads, "engine_root": str(engine_root or ""), "repeats": repeats,
+               "trace": str(trace or ""), "runs": []}
+    for preset in presets:  # Numba compiles on the first run (with a cold cache ~300 MB more): not under a cap
+        r = run_child([sys.executable, "-c", _COLIBRI, str(models[preset][1]), "auto", str(threads), "8", "2", ""],
+                      None, timeout, engine_root)
+        results["compile_run_s"] = r.get("load_s")
+    for rep in range(repeats):
+        for preset in presets:
+            gguf, ours = models[preset]
+            for cap in ram_caps or [None]:
+                plan = [("colibri", c, routing) for c in (caches if cap is None else capped)
+                        for routing in (["random"] + (["trace"] if trace else []))]
+                if with_llama:
+                    plan += [("llama.cpp", "mmap", "model"), ("llama.cpp", "none", "model")]
+                for engine, arg, routing in plan[::-1] if rep % 2 else plan:
+                    r = _one_run(engine, arg, routing, cap, gguf, ours, info["presets"][preset], threads,
+                                 decode_tokens, timeout, engine_root, bench_exe, py_llama, trace)
+                    r |= {"preset": preset, "repeat": rep}
+                    if r.get("missed_mb_per_token"):
+                        r["io_bound_tok_s"] = info["disk_mb_s"] / r["missed_mb_per_token"]
+                    results["runs"].append(r)
+                    print(_row(r), file=sys.stderr, flush=True)
+    results["medians"] = medians(results["runs"])
     return results
+
+
+def _one_run(engine: str, arg: str, routing: str, cap: float | None, gguf: Path, ours: Path, sizes: dict,
+             threads: int, decode_tokens: int, timeout: float, engine_root: Path | None, bench_exe: Path | None,
+             py_llama: str | None, trace: Path | None) -> dict:
+    """One engine in a fresh process (in a cgroup of `cap` x the model's size, cold page cache)."""
+    base = {"engine": engine, "ram_cap": cap, "variant": arg, "routing": routing}
+    if engine == "llama.cpp" and bench_exe is None and (py_llama is None or arg != "mmap"):
+        return base | {"error": "llama-bench not found"}
+    files = sorted(ours.rglob("*.bin")) if engine == "colibri" else [gguf]
+    size = (sizes["colibri_mb"] if engine == "colibri" else sizes["gguf_mb"]) * 1e6
+    group, left = None, 0
+    if cap is None:
+        warm(files)  # the uncapped comparison is with files in the page cache
+    else:
+        left = evict(files)
+        try:
+            group = MemoryCgroup(int(cap * size))
+        except OSError as e:
+            return base | {"error": f"no cgroup: {e}"}
+    if engine == "colibri":
+        cmd = [sys.executable, "-c", _COLIBRI, str(ours), arg, str(threads), str(PROMPT_TOKENS), str(decode_tokens),
+               str(trace) if routing == "trace" else ""]
+    elif bench_exe is not None:
+        cmd = [sys.executable, "-c", _LLAMA_BENCH, str(bench_exe), str(gguf), str(threads), str(PROMPT_TOKENS),
+               str(decode_tokens), arg]
+    else:
+        cmd = [py_llama, "-c", _LLAMA, str(gguf), str(threads), str(PROMPT_TOKENS), str(decode_tokens), "1"]
+    t0 = time.perf_counter()
+    r = run_child(cmd, group, timeout, engine_root)
+    if group:
+        r |= {"cgroup_peak_mb": group.peak() / 1e6, "oom_kills": group.oom_kills(), "page_cache_left_mb": left / 1e6}
+        group.close()
+    if "error" in r and r.get("oom_kills", 0) > 0:
+        r["error"] = "killed (out of memory)"
+    if "read_mb_total" in r and r.get("tokens_run"):
+        r["read_mb_per_token"] = r["read_mb_total"] / r["tokens_run"]
+    return r | base | {"cap_mb": None if cap is None else cap * size / 1e6, "wall_s": time.perf_counter() - t0}
+
+
+MEDIAN_KEYS = ("decode_tok_s", "prefill_tok_s", "peak_rss_mb", "cgroup_peak_mb", "read_mb_per_token",
+               "missed_mb_per_token", "io_bound_tok_s", "hit_rate", "prefetch_accuracy", "budget_mb")
+
+
+def medians(runs: list[dict]) -> list[dict]:
+    """Per (preset, cap, engine, variant, routing): the median of each figure over its runs, the
+    number of runs, failures and OOM kills."""
+    import statistics
+    groups: dict[tuple, list[dict]] = {}
+    for r in runs:
+        key = (r.get("preset"), r.get("ram_cap"), r["engine"], r.get("variant"), r.get("routing"))
+        groups.setdefault(key, []).append(r)
+    out = []
+    for (preset, cap, engine, variant, routing), rs in groups.items():
+        ok = [r for r in rs if "error" not in r]
+        row = {"preset": preset, "ram_cap": cap, "engine": engine, "variant": variant, "routing": routing,
+               "runs": len(rs), "failed": len(rs) - len(ok), "oom_kills": sum(max(0, r.get("oom_kills", 0)) for r in rs),
+               "errors": sorted({str(r["error"]) for r in rs if "error" in r})}
+        for k in MEDIAN_KEYS:
+            vals = [r[k] for r in ok if r.get(k) is not None]
+            row[k] = statistics.median(vals) if vals else None
+        if engine == "colibri":
+            row["decode_values"] = [round(r["decode_tok_s"], 2) for r in ok]
+        out.append(row)
+    return out
+
+
+def markdown(results: dict) -> str:
+    """The README's memory table from a run's medians: per preset and cap, each engine's decode
+    tok/s and what it cost (peak RSS, the cgroup's peak, bytes read per token)."""
+    def fmt(v, spec=".1f"):
+        return "–" if v is None else format(v, spec)
+    lines = [f"| model | cap | engine | decode tok/s (median of {results['repeats']}) | peak RSS MB | cgroup peak MB "
+             f"| read MB/token | I/O bound tok/s | hit rate | prefetch acc. |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for m in results["medians"]:
+        name = m["engine"] if m["engine"] == "llama.cpp" else f"Colibri ({m['variant']}, {m['routing']} routing)"
+        if m["engine"] == "llama.cpp":
+            name += " mmap" if m["variant"] == "mmap" else " --no-mmap"
+        dec = fmt(m["decode_tok_s"], ".2f") + (f" ({m['failed']} failed)" if m["failed"] else "")
+        lines.append(f"| {m['preset']} | {m['ram_cap'] or 'none'} | {name} | {dec} | {fmt(m['peak_rss_mb'], '.0f')} | "
+                     f"{fmt(m['cgroup_peak_mb'], '.0f')} | {fmt(m['read_mb_per_token'])} | "
+                     f"{fmt(m['io_bound_tok_s'])} | {fmt(m['hit_rate'], '.2f')} | {fmt(m['prefetch_accuracy'], '.2f')} |")
+    return "\n".join(lines) + "\n"
 
 
 def _row(r: dict) -> str:
@@ -353,10 +500,10 @@ def _row(r: dict) -> str:
                  f"{r['read_mb_per_token']:.1f} MB/token, missed {r['missed_mb_per_token']:.1f} MB/token, I/O bound "
                  f"{r.get('io_bound_tok_s', float('inf')):.1f} tok/s")
     elif "read_mb_total" in r:
-        extra = f" read {r['read_mb_total']:.0f} MB over {r['tokens_run']} tokens, OMP wait {r['omp_wait_policy']}"
+        extra = f" read {r['read_mb_total']:.0f} MB over {r['tokens_run']} tokens, load mode {r['variant']}"
     if "cgroup_peak_mb" in r:
         extra += f", cgroup peak {r['cgroup_peak_mb']:.0f} of {r['cap_mb']:.0f} MB"
-    return (f"{r['engine']:>9} ram_cap={r['ram_cap']}: peak RSS {r['peak_rss_mb']:.0f} MB, prefill "
+    return (f"{r['engine']:>9} {r.get('preset', '')} {r.get('routing', '')} ram_cap={r['ram_cap']}: peak RSS {r['peak_rss_mb']:.0f} MB, prefill "
             f"{r['prefill_tok_s']:.1f} tok/s, decode {r['decode_tok_s']:.2f} tok/s{extra}")
 
 
@@ -368,15 +515,23 @@ def main(args) -> int:
     if shutil.disk_usage(workdir).free < 8e9:
         print(f"{workdir}: needs about 8 GB free", file=sys.stderr)
         return 1
-    caps = [None if c == "none" else float(c) for c in args.ram_cap.split(",")] if args.ram_cap else []
-    caches = args.caches.split(",") if not caps else ["auto"]
+    if getattr(args, "matrix", False):
+        caps = list(CAPS)
+    else:
+        caps = [None if c == "none" else float(c) for c in args.ram_cap.split(",")] if args.ram_cap else []
+    caches = args.caches.split(",")
     root = getattr(args, "engine_root", None)
+    presets = tuple(getattr(args, "presets", "q8_0").split(","))
+    trace = Path(args.trace) if getattr(args, "trace", None) else None
     res = run_suite(workdir, caches, args.threads, caps, args.decode_tokens, args.timeout, SHAPES[shape],
-                    Path(root).resolve() if root else None, not getattr(args, "no_llama", False))
+                    Path(root).resolve() if root else None, not getattr(args, "no_llama", False), presets,
+                    getattr(args, "repeats", 1), trace, tuple(getattr(args, "capped", "auto").split(",")))
     text = json.dumps(res, indent=1)
     if args.json:
         Path(args.json).write_text(text + "\n")
-    print(text)
+    if getattr(args, "markdown", None):
+        Path(args.markdown).write_text(markdown(res))
+    print(markdown(res))
     return 0
 
 
