@@ -24,6 +24,7 @@ import numpy as np
 
 from engine import quant
 from engine.convert import hf as hf_src
+from engine.convert import kquant_export
 from engine.convert.gguf_file import GGUFModel
 from engine.convert.names import HF_FAMILY, gguf_names, hf_names, split_slice
 from engine.convert.source import SourceTensor
@@ -37,7 +38,7 @@ from engine.tensorfile import TensorFileWriter, TensorPlan, align_up
 
 log = logging.getLogger("colibri.convert")
 
-QUANTIZE_CHOICES = ("f32", "f16", "int8", "int4", "keep")
+QUANTIZE_CHOICES = ("f32", "f16", "int8", "int4", "keep", *kquant_export.PRESETS)  # + llama.cpp's K presets
 CHUNK_BYTES = 16 << 20  # float32 bytes converted per slice of a large tensor
 _PARTIAL = ".partial-"
 _OLD = ".old-"  # a replaced model set aside for a moment (only where an atomic swap is impossible)
@@ -177,13 +178,19 @@ def _memory_tensor(name: str, values: np.ndarray) -> SourceTensor:
     return SourceTensor(name, values.shape, quant.get("f32"), lambda a, b: values)
 
 
-def choose_type(name: str, src: quant.QuantType, shape: tuple[int, ...], target: str) -> quant.QuantType:
-    """The stored format of one tensor: vectors and routers stay exact, quantized families are kept."""
+def choose_type(name: str, src: quant.QuantType, shape: tuple[int, ...], target: str,
+                cfg: ModelConfig | None = None) -> quant.QuantType:
+    """The stored format of one tensor: vectors and routers stay exact, quantized families are kept
+    (a K preset re-rounds every matrix to the type llama-quantize's preset gives it)."""
     floats = {"f32", "f16", "bf16"}
     if len(shape) == 1 or name.endswith("ffn_gate_inp.weight"):
         return quant.get("f32") if src.name in floats else src
     if target == "keep":
         return src
+    if target in kquant_export.PRESETS:
+        return quant.get(kquant_export.preset_type(name, shape, target, cfg.num_layers if cfg else 1,
+                                                   cfg.num_experts if cfg else 1,
+                                                   bool(cfg and cfg.tie_word_embeddings)))
     if target == "int4" and name in ("token_embd.weight", "output.weight"):
         target = "int8"  # the embedding and output matrices are the most sensitive: 8 bits
     if src.name in quant.FAMILY[target]:
@@ -224,7 +231,7 @@ def plan(src: _Source, cfg: ModelConfig, target: str, split_experts: bool) -> li
                 else:
                     raise ConfigError(f"tensor {t.name!r} has shape {list(t.shape)} but the config implies "
                                       f"{list(shape)} for {name!r}")
-            items.append(_Item(rel, name, t, choose_type(name, t.qtype, shape, target)))
+            items.append(_Item(rel, name, t, choose_type(name, t.qtype, shape, target, cfg)))
     if cfg.tie_word_embeddings:
         src.resolve("output.weight", cfg, consumed)  # some checkpoints store the tied copy too
     left = sorted(n for n in src.tensors if n not in consumed and not src.ignorable(n))
@@ -244,7 +251,8 @@ def _candidates(src: _Source, name: str, cfg: ModelConfig) -> list[str]:
 
 # --- writing ---------------------------------------------------------------------------------
 
-def _write_tensor(w: TensorFileWriter, item: _Item, check: Callable[[], None]) -> None:
+def _write_tensor(w: TensorFileWriter, item: _Item, check: Callable[[], None],
+                  imatrix: np.ndarray | None = None) -> None:
     t, out = item.source, item.qtype
     if len(t.shape) == 1:
         data = t.read()
@@ -254,8 +262,8 @@ def _write_tensor(w: TensorFileWriter, item: _Item, check: Callable[[], None]) -
     for start in range(0, t.rows, step):
         check()
         data = t.read(start, min(t.rows, start + step))
-        if t.qtype is not out:
-            data = quant.quantize(quant.dequantize(data, t.qtype), out)
+        if t.qtype is not out:  # llama.cpp's reference rounding (importance-weighted given an imatrix)
+            data = kquant_export.quantize(quant.dequantize(data, t.qtype), out, imatrix)
         w.write(item.name, data)
 
 

@@ -1,0 +1,125 @@
+"""K-quant export against llama.cpp: the bytes llama-quantize writes (with and without an importance
+matrix) and the type its presets give each tensor. Fixtures: tests/make_kquant_fixtures.py."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engine import quant
+from engine.convert import kquant_export as K
+
+FIX = Path(__file__).parent / "fixtures" / "kquant"
+ROWS = np.load(FIX / "rows.npz")
+META = json.loads((FIX / "types.json").read_text())
+
+
+def _cases(where: str) -> list[tuple[str, str]]:
+    return [(p, k.split("/", 2)[2]) for k in ROWS.files if k.startswith(where + "/")
+            for p in [k.split("/")[1]]]
+
+
+@pytest.mark.parametrize("where", ["presets", "imatrix_presets"])
+def test_bytes_match_llama_quantize(where):
+    """Every sampled row (awkward ones included: all zero, constant, all positive, an outlier,
+    tiny, half zero) of every preset, in every type the preset chose, byte for byte."""
+    seen = set()
+    for preset, name in _cases(where):
+        qtype = META[where][preset][name]
+        src = ROWS[f"src/{name}"].astype(np.float32)
+        imatrix = ROWS[f"imatrix/{name}"] if where == "imatrix_presets" and f"imatrix/{name}" in ROWS.files else None
+        ours = K.quantize(src, qtype, imatrix)
+        want = ROWS[f"{where}/{preset}/{name}"]
+        bad = np.nonzero((ours != want).any(axis=1))[0]
+        assert ours.shape == want.shape and bad.size == 0, f"{preset} {name} ({qtype}): rows {bad} differ"
+        seen.add((qtype, imatrix is not None))
+    expected = {"q4_k", "q5_k", "q6_k", "q5_0", "q5_1", "q8_0"} | ({"q4_1"} if where == "imatrix_presets" else set())
+    assert {t for t, _ in seen} >= expected
+
+
+def _shape(name: str, c: dict) -> tuple[int, ...]:
+    D, F, hd = c["hidden_size"], c["intermediate_size"], c.get("head_dim", c["hidden_size"] // c["num_attention_heads"])
+    q, kv = c["num_attention_heads"] * hd, c["num_key_value_heads"] * hd
+    for key, shape in (("token_embd", (c["vocab_size"], D)), ("output.", (c["vocab_size"], D)),
+                       ("attn_q.", (q, D)), ("attn_k.", (kv, D)), ("attn_v.", (kv, D)),
+                       ("attn_output.", (D, q)), ("ffn_gate", (F, D)), ("ffn_up", (F, D)), ("ffn_down", (D, F))):
+        if key in name:
+            return shape
+    raise KeyError(name)
+
+
+SMOLLM2 = {"hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30, "num_attention_heads": 9,
+           "num_key_value_heads": 3, "head_dim": 64, "vocab_size": 49152}
+
+
+@pytest.mark.parametrize("case", ["presets", "moe", "smollm2"])
+def test_types_match_llama_presets(case):
+    """The preset mix: more bits for attn_v / ffn_down in llama.cpp's chosen layers, the output head
+    at Q6_K (Q8_0 when its rows do not divide into 256), the 8-expert rules, the fallbacks."""
+    if case == "presets":
+        runs = [(p, t, META["config"], False, 1) for p, t in META["presets"].items()]
+    elif case == "moe":
+        runs = [("Q4_K_M", META["moe_q4_k_m"], META["moe_config"], False, 8)]
+    else:
+        runs = [("Q4_K_M", META["smollm2_q4_k_m"], SMOLLM2, True, 1)]
+    for preset, types, c, tied, experts in runs:
+        for name, want in types.items():
+            if not name.endswith(".weight") or "norm" in name or "gate_inp" in name:
+                continue
+            got = K.preset_type(name, _shape(name, c), preset.lower(), c["num_hidden_layers"], experts, tied)
+            assert got == want, f"{case} {preset} {name}: ours {got}, llama.cpp {want}"
+
+
+def test_more_bits_layers():
+    assert [i for i in range(8) if K.more_bits(i, 8)] == [0, 3, 6, 7]
+    assert [i for i in range(30) if K.more_bits(i, 30)][:6] == [0, 1, 2, 5, 8, 11]
+
+
+def test_round_trip_error_and_bad_input():
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((8, 512)).astype(np.float32)
+    errs = {}
+    for t in ("q4_k", "q5_k", "q6_k"):
+        y = quant.dequantize(K.quantize(x, t), t)
+        errs[t] = float(np.sqrt(np.mean((y - x) ** 2)))
+    assert errs["q6_k"] < errs["q5_k"] < errs["q4_k"] < 0.12, errs
+    with pytest.raises(quant.QuantError, match="multiple of 256"):
+        K.quantize(x[:, :320], "q4_k")
+    with pytest.raises(quant.QuantError, match="importance weights"):
+        K.quantize(x, "q4_k", np.ones(256, np.float32))
+
+
+def test_importance_weights_lower_weighted_error():
+    """Weighted rounding puts its error where the weights are large (what calibration relies on)."""
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((64, 256)).astype(np.float32)
+    w = np.exp(2 * rng.standard_normal(256)).astype(np.float32)
+    for t in ("q4_k", "q4_1", "q6_k"):
+        plain = quant.dequantize(K.quantize(x, t), t)
+        weighted = quant.dequantize(K.quantize(x, t, w), t)
+        cost = lambda y: float(np.sum(w * (y - x) ** 2))  # noqa: E731
+        assert cost(weighted) < cost(plain), t
+    q8 = quant.dequantize(K.weighted_q8_0(x, w), "q8_0")
+    assert float(np.sum(w * (q8 - x) ** 2)) <= float(np.sum(w * (quant.dequantize(K.quantize(x, "q8_0"), "q8_0") - x) ** 2))
+
+
+def test_converter_writes_the_preset(tmp_path):
+    """colibri-convert --quantize q4_k_m of a llama.cpp-made GGUF: every matrix in the preset's type."""
+    from engine.convert.convert import QUANTIZE_CHOICES, convert
+    from engine.model_dir import open_model_dir
+    assert {"q4_k_m", "q4_k_s", "q5_k_m", "q5_k_s", "q6_k"} <= set(QUANTIZE_CHOICES)
+    src = Path(__file__).parent / "fixtures" / "llamacpp_presets" / "tiny-q8_0.gguf"
+    r = convert(src, tmp_path / "m", "q4_k_m")
+    m = open_model_dir(r.path)
+    cfg = m.config
+    for rel, tensors in m.files().items():
+        tf = m.tensor_file(rel)
+        for name in tensors:
+            info = tf.infos[name]
+            if len(info.shape) == 1:
+                continue
+            want = K.preset_type(name, info.shape, "q4_k_m", cfg.num_layers, cfg.num_experts, cfg.tie_word_embeddings)
+            assert info.qtype.name == want, name
+    assert r.tensor_types.get("q4_k") and r.tensor_types.get("q6_k")
