@@ -63,6 +63,7 @@ class ConvertResult:
     bytes_written: int
     seconds: float
     tensor_types: dict[str, int]  # format name -> tensor count
+    calibration: dict | None = None  # calibrate.Calibration.summary() when --calibration_data was given
 
 
 @dataclass
@@ -252,7 +253,7 @@ def _candidates(src: _Source, name: str, cfg: ModelConfig) -> list[str]:
 # --- writing ---------------------------------------------------------------------------------
 
 def _write_tensor(w: TensorFileWriter, item: _Item, check: Callable[[], None],
-                  imatrix: np.ndarray | None = None) -> None:
+                  imatrix: np.ndarray | None = None, own: bool = False) -> None:
     t, out = item.source, item.qtype
     if len(t.shape) == 1:
         data = t.read()
@@ -263,7 +264,9 @@ def _write_tensor(w: TensorFileWriter, item: _Item, check: Callable[[], None],
         check()
         data = t.read(start, min(t.rows, start + step))
         if t.qtype is not out:  # llama.cpp's reference rounding (importance-weighted given an imatrix)
-            data = kquant_export.quantize(quant.dequantize(data, t.qtype), out, imatrix)
+            x = quant.dequantize(data, t.qtype)
+            data = kquant_export.best_per_block(x, out.name, imatrix) if own and imatrix is not None \
+                else kquant_export.quantize(x, out, imatrix)
         w.write(item.name, data)
 
 
@@ -323,11 +326,13 @@ def _check_space(dst: Path, need: int) -> None:
 def convert(model_path: str | Path, output_path: str | Path, quantize: str | None = None, *,
             split_experts: bool = True, num_experts: int | None = None, top_k: int | None = None,
             force: bool = False, progress: Callable[[Progress], None] | None = None,
-            cancel: threading.Event | Callable[[], bool] | None = None) -> ConvertResult:
+            cancel: threading.Event | Callable[[], bool] | None = None,
+            calibration_data: str | Path | None = None) -> ConvertResult:
     """Convert `model_path` (GGUF file or HF folder) into the Colibri directory `output_path`.
 
     `quantize`: f32, f16, int8, int4 or keep; None keeps a GGUF's formats and makes int8 of a
     float checkpoint. `cancel` (an Event or a callable) is checked between slices of tensors.
+    `calibration_data`: a text file whose activations weight the rounding (engine/convert/calibrate.py).
     """
     t0 = time.perf_counter()
     src_path, dst = Path(model_path).expanduser(), Path(output_path).expanduser().absolute()
@@ -349,6 +354,7 @@ def convert(model_path: str | Path, output_path: str | Path, quantize: str | Non
             cfg = replace(cfg, rope_freq_factors=True)
         _check_vocab(src.tokenizer, cfg)
         items = plan(src, cfg, target, split_experts)
+        cal = _calibrate(items, cfg, src, calibration_data) if calibration_data is not None else None
         cfg = replace(cfg, rope_scaling=None) if cfg.rope_freq_factors else cfg
         total = sum(i.qtype.nbytes(i.source.shape) for i in items)
         _check_space(dst, total + sum(align_up(1) for _ in items) + (4 << 20))
@@ -367,7 +373,8 @@ def convert(model_path: str | Path, output_path: str | Path, quantize: str | Non
             try:
                 for it in file_items:
                     check()
-                    _write_tensor(w, it, check)
+                    _write_tensor(w, it, check, cal.energies.get(it.name) if cal else None,
+                                  own=target in ("int4", "int8"))
                     done += it.qtype.nbytes(it.source.shape)
                     if progress:
                         progress(Progress(done, total, it.name, rel))
@@ -379,7 +386,8 @@ def convert(model_path: str | Path, output_path: str | Path, quantize: str | Non
         types: dict[str, int] = {}
         for it in items:
             types[it.qtype.name] = types.get(it.qtype.name, 0) + 1
-        _write_metadata(tmp, cfg, src, target, split_experts, types, src_path, manifest)
+        _write_metadata(tmp, cfg, src, target, split_experts, types, src_path, manifest,
+                        cal.summary() if cal else None)
         _move_into_place(tmp, dst)
         tmp = None
     except OSError as e:  # a full disk, a vanished folder, a permission: say where
@@ -391,7 +399,23 @@ def convert(model_path: str | Path, output_path: str | Path, quantize: str | Non
             shutil.rmtree(tmp, ignore_errors=True)
     seconds = time.perf_counter() - t0
     log.info("converted %s -> %s: %.1f MB in %.1f s", src_path, dst, total / 1e6, seconds)
-    return ConvertResult(dst, cfg, total, seconds, types)
+    return ConvertResult(dst, cfg, total, seconds, types, cal.summary() if cal else None)
+
+
+def _calibrate(items: list[_Item], cfg: ModelConfig, src: _Source, text_path: str | Path):
+    """Activation energies of every matrix's inputs on the calibration text (the source weights)."""
+    from engine.convert import calibrate
+    by_name = {it.name: it.source for it in items}
+
+    def read(name: str) -> np.ndarray:
+        t = by_name[name]
+        return quant.dequantize(t.read(), t.qtype).reshape(t.shape)
+    meta = src.tokenizer.meta
+    bos = meta.get("bos_token_id") if meta.get("add_bos_token") else None
+    chunks = calibrate.token_chunks(calibrate.read_text(text_path), src.tokenizer.tokenizer_json, bos)
+    cal = calibrate.collect(read, cfg, chunks, has=lambda n: n in by_name)
+    log.info("%s", cal.describe())
+    return cal
 
 
 def _check_vocab(tok: TokenizerBundle, cfg: ModelConfig) -> None:
@@ -417,14 +441,16 @@ def _apply_overrides(cfg: ModelConfig, num_experts: int | None, top_k: int | Non
 
 
 def _write_metadata(tmp: Path, cfg: ModelConfig, src: _Source, target: str, split: bool,
-                    types: dict[str, int], src_path: Path, manifest: Manifest) -> None:
+                    types: dict[str, int], src_path: Path, manifest: Manifest,
+                    calibration: dict | None = None) -> None:
     (tmp / TOKENIZER_FILE).write_text(src.tokenizer.tokenizer_json, encoding="utf-8")
     manifest.add_file(tmp, TOKENIZER_FILE)
     if src.tokenizer.chat_template is not None:
         (tmp / TEMPLATE_FILE).write_text(src.tokenizer.chat_template, encoding="utf-8")
         manifest.add_file(tmp, TEMPLATE_FILE)
     meta = {
-        "quantization": {"requested": target, "tensor_types": types},
+        "quantization": {"requested": target, "tensor_types": types,
+                         **({"calibration": calibration} if calibration else {})},
         "layout": {"split_experts": split},
         "tokenizer": {"file": TOKENIZER_FILE,
                       "chat_template_file": TEMPLATE_FILE if src.tokenizer.chat_template is not None else None,

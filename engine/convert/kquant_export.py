@@ -34,9 +34,10 @@ def _rint(v: np.ndarray) -> np.ndarray:
 
 def _seqsum(a: np.ndarray) -> np.ndarray:
     """Sum over the last axis element by element (C's loop order), float32."""
+    cols = np.ascontiguousarray(np.moveaxis(a, -1, 0), dtype=F)  # each column contiguous: fast adds
     acc = np.zeros(a.shape[:-1], F)
-    for i in range(a.shape[-1]):
-        acc = acc + a[..., i]
+    for c in cols:
+        acc += c
     return acc
 
 
@@ -71,60 +72,75 @@ def _seq_minmax(x: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarr
 # --- the scale searches (ggml's make_qkx2/qkx3, make_qx, make_qp) ------------------------------
 
 
+def _colsum(a: np.ndarray) -> np.ndarray:
+    """Sum over the first axis element by element (C's loop order), float32; rows contiguous."""
+    acc = np.zeros(a.shape[1:], F)
+    for row in a:
+        acc += row
+    return acc
+
+
 def _qkx(x: np.ndarray, w: np.ndarray, nmax: int, rmin: float, rdelta: float, nstep: int,
          strict_flat: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Fit x ~ scale * L - m (L in 0..nmax, m >= 0) per row of x (N, n) under weights w: a
     min/max grid, then `nstep` stretched grids each refit by weighted least squares, the lowest
     weighted squared error kept. Returns (scale, m, L). make_qkx2 (strict_flat: max == min is
-    flat) and make_qkx3 (max <= min)."""
-    lo, hi = _seq_minmax(x[:, 1:], x[:, 0].copy(), x[:, 0].copy())
-    sum_w = _seqsum(w)
-    sum_x = _seqsum(w * x)
+    flat) and make_qkx3 (max <= min). Worked on transposed (n, N), so each sum adds whole rows."""
+    x, w = np.ascontiguousarray(x.T, F), np.ascontiguousarray(w.T, F)
+    lo, hi = x[0].copy(), x[0].copy()
+    for v in x[1:]:
+        lo = np.where(v < lo, v, lo)
+        hi = np.where(v > hi, v, hi)
+    sum_w = _colsum(w)
+    sum_x = _colsum(w * x)
     lo = lo0 = np.where(lo > 0, F(0), lo).astype(F)
     flat = (hi == lo) if strict_flat else (hi <= lo)
-    span = np.where(flat, F(1), hi - lo).astype(F)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        span = np.where(flat, F(1), hi - lo).astype(F)
         iscale = F(nmax) / span
         scale = F(1) / iscale
-        L = np.clip(_rint(iscale[:, None] * (x - lo[:, None])), 0, nmax).astype(F)
-        diff = scale[:, None] * L + lo[:, None] - x
-        best = _seqsum(w * (diff * diff))
+        L = np.clip(_rint(iscale * (x - lo)), 0, nmax).astype(F)
+        diff = scale * L + lo - x
+        best = _colsum(w * (diff * diff))
         for step in range(nstep + 1):
             span = np.where(flat, F(1), hi - lo).astype(F)  # the refit minimum moves the grid
             iscale = (F(rmin) + F(rdelta) * F(step) + F(nmax)) / span
-            La = np.clip(_rint(iscale[:, None] * (x - lo[:, None])), 0, nmax).astype(F)
+            La = np.clip(_rint(iscale * (x - lo)), 0, nmax).astype(F)
             wl = w * La
-            sum_l, sum_l2, sum_xl = _seqsum(wl), _seqsum(wl * La), _seqsum(wl * x)
+            sum_l, sum_l2, sum_xl = _colsum(wl), _colsum(wl * La), _colsum(wl * x)
             D = sum_w * sum_l2 - sum_l * sum_l
             this_scale = (sum_w * sum_xl - sum_x * sum_l) / D
             this_min = (sum_l2 * sum_x - sum_l * sum_xl) / D
             pos = this_min > 0
             this_min = np.where(pos, F(0), this_min).astype(F)
             this_scale = np.where(pos, sum_xl / sum_l2, this_scale).astype(F)
-            diff = this_scale[:, None] * La + this_min[:, None] - x
-            cur = _seqsum(w * (diff * diff))
+            diff = this_scale * La + this_min - x
+            cur = _colsum(w * (diff * diff))
             take = (D > 0) & (cur < best)
-            L = np.where(take[:, None], La, L)
+            L = np.where(take, La, L)
             best = np.where(take, cur, best)
             scale = np.where(take, this_scale, scale).astype(F)
             lo = np.where(take, this_min, lo).astype(F)
-    L = np.where(flat[:, None], F(0), L)
+    L = np.where(flat, F(0), L)
     scale = np.where(flat, F(0), scale).astype(F)
-    return scale, (-np.where(flat, lo0, lo)).astype(F), L
+    return scale, (-np.where(flat, lo0, lo)).astype(F), np.ascontiguousarray(L.T)
 
 
 def _qx(x: np.ndarray, nmax: int, qw: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
     """Symmetric fit x ~ scale * (L - nmax), L in 0..2*nmax-1, per row of x (N, n): the grid
     through the largest magnitude and 18 stretched ones, the best weighted least-squares scale
-    kept (weights qw, or x^2). ggml's make_qx_quants with rmse_type 1. Returns (scale, L)."""
+    kept (weights qw, or x^2). ggml's make_qx_quants with rmse_type 1. Returns (scale, L).
+    Worked on transposed (n, N)."""
     amax, mx = _signed_absmax(x)
     zero = amax < EPS
     mx = np.where(zero, F(1), mx).astype(F)
-    w = (x * x) if qw is None else qw
+    x = np.ascontiguousarray(x.T, F)
+    w = (x * x) if qw is None else np.ascontiguousarray(qw.T, F)
+    wx = w * x
 
     def fit(iscale):
-        l = np.clip(_rint(iscale[:, None] * x), -nmax, nmax - 1).astype(F)
-        return l, _seqsum((w * x) * l), _seqsum((w * l) * l)
+        l = np.clip(_rint(iscale * x), -nmax, nmax - 1).astype(F)
+        return l, _colsum(wx * l), _colsum((w * l) * l)
 
     iscale = F(-nmax) / mx
     l, sumlx, suml2 = fit(iscale)
@@ -137,11 +153,11 @@ def _qx(x: np.ndarray, nmax: int, qw: np.ndarray | None) -> tuple[np.ndarray, np
             iscale = -(F(nmax) + F(0.1) * F(step)) / mx
             lt, sumlx, suml2 = fit(iscale)
             take = (suml2 > 0) & (sumlx * sumlx > best * suml2)
-            l = np.where(take[:, None], lt, l)
+            l = np.where(take, lt, l)
             scale = np.where(take, sumlx / suml2, scale).astype(F)
             best = np.where(take, scale * sumlx, best).astype(F)
-    L = np.where(zero[:, None], F(0), l + F(nmax))
-    return np.where(zero, F(0), scale).astype(F), L
+    L = np.where(zero, F(0), l + F(nmax))
+    return np.where(zero, F(0), scale).astype(F), np.ascontiguousarray(L.T)
 
 
 def _qp(x: np.ndarray, nmax: int, qw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -387,6 +403,25 @@ def weighted_q8_0(x: np.ndarray, imatrix: np.ndarray) -> np.ndarray:
 _SUPER = {"q4_k": _q4_k, "q5_k": _q5_k, "q6_k": _q6_k}
 _SMALL = {"q5_0": _q5_0, "q5_1": _q5_1, "q4_1": _q4_1, "q8_0": _q8_0}
 PRODUCED = tuple(_SUPER) + tuple(_SMALL)
+
+
+def best_per_block(x: np.ndarray, qtype: str, imatrix: np.ndarray) -> np.ndarray:
+    """Our importance-weighted rounding for the 32-weight formats of int4 (Q4_1) and int8 (Q8_0):
+    per block, whichever of the reference rounding and the weighted search (llama.cpp's Q4_1
+    --imatrix algorithm; for Q8_0 weighted_q8_0) has the lower activation-weighted squared error
+    sum_i E[a_i^2] (w_i - q_i)^2, so weights that already lie on the grid keep it. x (..., n)."""
+    x = np.ascontiguousarray(x, F)
+    plain = quant.quantize(x, qtype)
+    weighted = weighted_q8_0(x, imatrix) if qtype == "q8_0" else quantize(x, qtype, imatrix)
+    size = quant.get(qtype).type_size
+    errs = []
+    for cand in (plain, weighted):
+        d = (quant.dequantize(cand, qtype) - x).reshape(-1, 32)
+        w = np.broadcast_to(imatrix, x.shape).reshape(-1, 32)
+        errs.append(np.einsum("bi,bi->b", w, d * d))
+    take = (errs[1] < errs[0])[:, None]
+    out = np.where(take, weighted.reshape(-1, size), plain.reshape(-1, size))
+    return out.reshape(plain.shape)
 
 
 def quantize(x: np.ndarray, qtype: str | quant.QuantType, imatrix: np.ndarray | None = None) -> np.ndarray:
