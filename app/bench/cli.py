@@ -27,6 +27,7 @@ from pathlib import Path
 
 from app.bench import fuzz as bench_fuzz
 from app.bench import perplexity as bench_perplexity
+from app.bench import quality as bench_quality
 from app.bench import profile as bench_profile
 from app.bench import speed as bench_speed
 from app.bench.models import shape_for_size, write_checkpoint
@@ -124,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     bench_profile.add_parser(sub)
     bench_fuzz.add_parser(sub)
     bench_perplexity.add_parser(sub)
+    bench_quality.add_parser(sub)
     m = sub.add_parser("memory", help="expert cache vs llama.cpp on a Mixtral-style model (peak RSS, tok/s)")
     m.add_argument("--workdir", help="where the benchmark model is built and kept (default ~/.cache/colibri/bench)")
     m.add_argument("--caches", default="8,4,2", help="Colibri expert_cache_size values to run (auto allowed)")

@@ -101,7 +101,8 @@ def _attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, window: int | None) 
     T, H, hd = q.shape
     rep = H // k.shape[1]
     k, v = np.repeat(k, rep, axis=1), np.repeat(v, rep, axis=1)
-    s = np.einsum("thd,shd->hts", q, k) / np.float32(np.sqrt(hd))
+    qh, kh, vh = (np.ascontiguousarray(a.transpose(1, 0, 2)) for a in (q, k, v))  # (H, T, hd)
+    s = np.stack([a @ b.T for a, b in zip(qh, kh)]) / np.float32(np.sqrt(hd))  # (H, T, T); 2-D BLAS per head
     i, j = np.arange(T)[:, None], np.arange(T)[None, :]
     mask = j > i
     if window:
@@ -109,7 +110,7 @@ def _attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, window: int | None) 
     s = np.where(mask[None], np.float32(-np.inf), s)
     p = np.exp(s - s.max(axis=-1, keepdims=True))
     p /= p.sum(axis=-1, keepdims=True)
-    return np.einsum("hts,shd->thd", p, v).reshape(T, H * hd).astype(np.float32)
+    return np.stack([a @ b for a, b in zip(p, vh)]).transpose(1, 0, 2).reshape(T, H * hd).astype(np.float32)
 
 
 def _silu(x: np.ndarray) -> np.ndarray:
@@ -208,3 +209,30 @@ def _mlp(E: _Energy, x: np.ndarray, read: Callable[[str], np.ndarray], names: li
     act = (_silu(x @ read(gate).T) * (x @ read(up).T)).astype(np.float32)
     E.add((down,), act)
     return act @ read(down).T
+
+
+def for_model(model_path: str | Path, text_path: str | Path) -> Calibration:
+    """The calibration colibri-convert --calibration_data computes, for a GGUF file or HF folder."""
+    from engine.convert.convert import calibration_of, open_source, plan
+    src = open_source(Path(model_path))
+    try:
+        return calibration_of(plan(src, src.config, "f32", True), src.config, src, text_path)
+    finally:
+        src.close()
+
+
+def write_llama_imatrix(cal: Calibration, path: str | Path, num_experts: int = 1) -> Path:
+    """The energies as llama.cpp's legacy imatrix file (count, then per entry name, ncall 1, n,
+    float32 values), under GGUF tensor names, for llama-quantize --imatrix. Dense models only."""
+    import struct
+    if num_experts > 1:
+        raise ConversionError("an imatrix file for llama.cpp is written for dense models only")
+    entries = {n.replace(".0.weight", ".weight"): v for n, v in cal.energies.items()}
+    with open(path, "wb") as f:
+        f.write(struct.pack("<i", len(entries)))
+        for name, v in entries.items():
+            b = name.encode()
+            f.write(struct.pack("<i", len(b)) + b + struct.pack("<ii", 1, v.size))
+            f.write(np.ascontiguousarray(v, np.float32).tobytes())
+        f.write(struct.pack("<i", 1) + struct.pack("<i", 6) + b"colibr")
+    return Path(path)

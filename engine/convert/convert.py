@@ -354,7 +354,7 @@ def convert(model_path: str | Path, output_path: str | Path, quantize: str | Non
             cfg = replace(cfg, rope_freq_factors=True)
         _check_vocab(src.tokenizer, cfg)
         items = plan(src, cfg, target, split_experts)
-        cal = _calibrate(items, cfg, src, calibration_data) if calibration_data is not None else None
+        cal = calibration_of(items, cfg, src, calibration_data) if calibration_data is not None else None
         cfg = replace(cfg, rope_scaling=None) if cfg.rope_freq_factors else cfg
         total = sum(i.qtype.nbytes(i.source.shape) for i in items)
         _check_space(dst, total + sum(align_up(1) for _ in items) + (4 << 20))
@@ -402,7 +402,7 @@ def convert(model_path: str | Path, output_path: str | Path, quantize: str | Non
     return ConvertResult(dst, cfg, total, seconds, types, cal.summary() if cal else None)
 
 
-def _calibrate(items: list[_Item], cfg: ModelConfig, src: _Source, text_path: str | Path):
+def calibration_of(items: list[_Item], cfg: ModelConfig, src: _Source, text_path: str | Path):
     """Activation energies of every matrix's inputs on the calibration text (the source weights)."""
     from engine.convert import calibrate
     by_name = {it.name: it.source for it in items}

@@ -1,0 +1,173 @@
+"""colibri-bench quality: what each quantization choice costs, ours next to llama.cpp's.
+
+    colibri-bench quality [--model GGUF] [--text FILE] [--calibration FILE] [--chunks 8] [--json F]
+    colibri-bench quality --table F     (the README's Markdown table from a JSON written before)
+
+The reference is the model converted to f16 (for the default model: its Q4_1 blocks dequantized),
+exported back to an f16 GGUF: the one source of every re-rounding, ours (colibri-convert
+--quantize X [--calibration_data FILE]) and llama.cpp's (llama-quantize F16.gguf X [--imatrix],
+imported block for block). Each is measured against the reference on held-out text as
+colibri-bench perplexity --reference does (ΔPPL, mean/99% KL, top-1 agreement; float activations,
+so the figure is the weights' cost). Default texts: the first `--chunks` x 512 tokens of
+tests/fixtures/texts/en_python_docs.txt are scored, its last 10 KB (never scored) calibrate.
+llama.cpp's --imatrix row is given our calibration's energies (llama.cpp's imatrix tool is not
+built here): its bytes must equal our calibrated Q4_K_M's, and the report says whether they do.
+
+The JSON (app/bench/results/quality.json) is what the wizard reads for each choice's quality cost
+(`expected_cost`).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+RESULTS = Path(__file__).parent / "results" / "quality.json"
+TEXTS = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "texts"
+CALIBRATION_BYTES = 10_000
+# (our --quantize choice, calibrated); llama.cpp's presets beside them
+OURS = [("int8", False), ("int8", True), ("int4", False), ("int4", True), ("q4_k_m", False), ("q4_k_m", True),
+        ("q4_k_s", False), ("q5_k_m", False), ("q6_k", False)]
+LLAMA = [("Q8_0", False), ("Q4_0", False), ("Q4_K_M", False), ("Q4_K_M", True), ("Q6_K", False)]
+LLAMA_QUANTIZE_ENV = "COLIBRI_LLAMA_QUANTIZE"
+
+
+def expected_cost(quantize: str, calibrated: bool = False, path: Path = RESULTS) -> dict | None:
+    """The measured cost of one converter choice on the default model (ΔPPL %, KL, top-1 %), or
+    None where the table has no row for it (e.g. keep, f16: no rounding beyond the source's)."""
+    try:
+        rows = json.loads(path.read_text(encoding="utf-8"))["rows"]
+    except (OSError, ValueError, KeyError):
+        return None
+    for r in rows:
+        if r["by"] == "colibri" and r["format"] == quantize and r["calibrated"] == calibrated:
+            return {k: r[k] for k in ("delta_ppl_pct", "kld_mean", "same_top_pct", "size_mb")}
+    return None
+
+
+def _llama_quantize(flag: str | None) -> str | None:
+    path = flag or os.environ.get(LLAMA_QUANTIZE_ENV) or "/work/llamacpp/build/bin/llama-quantize"
+    return path if Path(path).is_file() else None
+
+
+def _size_mb(model_dir: Path) -> float:
+    return sum(p.stat().st_size for p in model_dir.rglob("*.bin")) / 1e6
+
+
+def run(model: Path, text: Path, calibration: Path | None, chunks: int, workdir: Path,
+        llama_quantize: str | None, ctx: int = 512) -> dict:
+    from app.bench import perplexity as P
+    from engine.convert import calibrate
+    from engine.convert.convert import convert
+    from engine.convert.gguf_export import export_gguf
+    t0 = time.perf_counter()
+    full = text.read_text(encoding="utf-8")
+    if calibration is None:  # the text's tail: never among the scored chunks
+        calibration = workdir / "calibration.txt"
+        calibration.write_text(full[-CALIBRATION_BYTES:], encoding="utf-8")
+        full = full[:-CALIBRATION_BYTES]
+    ref = convert(model, workdir / "f16", "f16", force=True).path
+    f16 = export_gguf(ref, workdir / "f16.gguf")
+    params = {"int8_activations": False}
+    rows = []
+
+    def measure(label: str, by: str, fmt: str, calibrated: bool, model_dir: Path) -> None:
+        r = P.evaluate(model_dir, full, ctx, chunks, reference=ref, threads=2, params=params)
+        row = {"format": fmt, "by": by, "calibrated": calibrated, "size_mb": round(_size_mb(model_dir), 2),
+               **{k: r[k] for k in ("positions", "ppl", "ppl_ref", "delta_ppl_pct", "delta_ppl_pct_err",
+                                    "kld_mean", "kld_p99", "same_top_pct")}}
+        rows.append(row)
+        print(f"{label:28s} ΔPPL {row['delta_ppl_pct']:+7.3f}%  KLD {row['kld_mean']:.5f}  "
+              f"top-1 {row['same_top_pct']:6.2f}%  {row['size_mb']:7.1f} MB", file=sys.stderr)
+
+    cal_summary = None
+    for fmt, calibrated in OURS:
+        out = convert(f16, workdir / f"ours-{fmt}{'-cal' if calibrated else ''}", fmt, force=True,
+                      calibration_data=calibration if calibrated else None)
+        cal_summary = out.calibration or cal_summary
+        measure(f"colibri {fmt}{' +cal' if calibrated else ''}", "colibri", fmt, calibrated, out.path)
+    identical = None
+    if llama_quantize:
+        imatrix = calibrate.write_llama_imatrix(calibrate.for_model(f16, calibration), workdir / "imatrix.dat")
+        for preset, calibrated in LLAMA:
+            gguf = workdir / f"llama-{preset}{'-imatrix' if calibrated else ''}.gguf"
+            cmd = [llama_quantize] + (["--imatrix", str(imatrix)] if calibrated else []) + [str(f16), str(gguf), preset, "2"]
+            subprocess.run(cmd, check=True, capture_output=True)
+            out = convert(gguf, workdir / gguf.stem, "keep", force=True)
+            measure(f"llama.cpp {preset}{' +imatrix' if calibrated else ''}", "llama.cpp", preset.lower(), calibrated,
+                    out.path)
+            if calibrated and preset == "Q4_K_M":
+                identical = _same_tensors(workdir / "ours-q4_k_m-cal", out.path)
+    return {"model": model.name, "text": text.name, "calibration": str(calibration.name), "ctx": ctx, "chunks": chunks,
+            "calibration_summary": cal_summary, "q4_k_m_imatrix_bytes_identical": identical,
+            "cpu": _cpu(), "seconds": round(time.perf_counter() - t0, 1), "rows": rows}
+
+
+def _same_tensors(a: Path, b: Path) -> str:
+    """How many tensors two model folders store byte for byte alike ("N of M")."""
+    from engine.model_dir import open_model_dir
+    ma, mb = open_model_dir(a), open_model_dir(b)
+    same = total = 0
+    for rel, names in ma.files().items():
+        ta, tb = ma.tensor_file(rel), mb.tensor_file(rel)
+        for n in names:
+            total += 1
+            same += bool((ta.tensor(n) == tb.tensor(n)).all()) if ta.infos[n].qtype is tb.infos[n].qtype else 0
+    return f"{same} of {total}"
+
+
+def _cpu() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown"
+
+
+def table(doc: dict) -> str:
+    """The README's table: one row per format, ours and llama.cpp's, without and with calibration."""
+    lines = ["| format | by | calibrated | size MB | ΔPPL vs f16 | mean KL | 99% KL | top-1 same |",
+             "|---|---|---|---:|---:|---:|---:|---:|"]
+    for r in doc["rows"]:
+        lines.append(f"| {r['format']} | {r['by']} | {'yes' if r['calibrated'] else 'no'} | {r['size_mb']:.1f} | "
+                     f"{r['delta_ppl_pct']:+.2f}% ± {r['delta_ppl_pct_err']:.2f} | {r['kld_mean']:.4f} | "
+                     f"{r['kld_p99']:.3f} | {r['same_top_pct']:.1f}% |")
+    return "\n".join(lines)
+
+
+def cmd_quality(args: argparse.Namespace) -> int:
+    if args.table:
+        print(table(json.loads(Path(args.table).read_text(encoding="utf-8"))))
+        return 0
+    from engine.default_model import default_gguf_path
+    model = Path(args.model) if args.model else default_gguf_path()
+    with tempfile.TemporaryDirectory(prefix="colibri-quality-") as tmp:
+        work = Path(args.workdir) if args.workdir else Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        doc = run(model, Path(args.text), Path(args.calibration) if args.calibration else None, args.chunks, work,
+                  _llama_quantize(args.llama_quantize))
+    print(table(doc))
+    if args.json:
+        Path(args.json).write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    return 0
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("quality", help="each quantization's cost against f16, ours next to llama.cpp's",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", help="a GGUF file (default: the default model)")
+    p.add_argument("--text", default=str(TEXTS / "en_python_docs.txt"), help="held-out text (UTF-8)")
+    p.add_argument("--calibration", help="calibration text (default: the last 10 KB of --text, then not scored)")
+    p.add_argument("--chunks", type=int, default=8, help="chunks of 512 tokens scored")
+    p.add_argument("--llama_quantize", help=f"llama.cpp's llama-quantize (default ${LLAMA_QUANTIZE_ENV})")
+    p.add_argument("--workdir", help="keep the converted models here")
+    p.add_argument("--json", help="write the figures here (the wizard reads app/bench/results/quality.json)")
+    p.add_argument("--table", metavar="JSON", help="print the Markdown table of an earlier --json and stop")
+    p.set_defaults(func=cmd_quality)
