@@ -123,3 +123,50 @@ def test_converter_writes_the_preset(tmp_path):
             want = K.preset_type(name, info.shape, "q4_k_m", cfg.num_layers, cfg.num_experts, cfg.tie_word_embeddings)
             assert info.qtype.name == want, name
     assert r.tensor_types.get("q4_k") and r.tensor_types.get("q6_k")
+
+
+TEXT = Path(__file__).parent / "fixtures" / "texts" / "en_python_docs.txt"
+PRESET_GGUF = Path(__file__).parent / "fixtures" / "llamacpp_presets"
+
+
+def test_calibration_energies_of_the_first_layer(tmp_path):
+    """The energy of blk.0's q/k/v input is mean((rmsnorm(embedding) * norm)^2) over the tokens:
+    computed here straight from the GGUF, independently of the calibration forward."""
+    from gguf import GGUFReader
+
+    from engine.convert import calibrate
+    text = tmp_path / "cal.txt"
+    text.write_text(TEXT.read_text(encoding="utf-8")[:3000], encoding="utf-8")
+    src = PRESET_GGUF / "tiny-q8_0.gguf"
+    cal = calibrate.for_model(src, text)
+    t = {x.name: x for x in GGUFReader(str(src)).tensors}
+    emb = quant.dequantize(np.asarray(t["token_embd.weight"].data), "q8_0")
+    norm = np.asarray(t["blk.0.attn_norm.weight"].data, np.float32)
+    from engine.convert.convert import open_source
+    s = open_source(src)
+    try:
+        chunks = calibrate.token_chunks(text.read_text(encoding="utf-8"), s.tokenizer.tokenizer_json, None)
+    finally:
+        s.close()
+    x = emb[np.concatenate(chunks)]
+    x = x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + 1e-5) * norm
+    want = np.mean(x.astype(np.float64) ** 2, axis=0)
+    assert cal.tokens == sum(len(c) for c in chunks) and cal.chunks == len(chunks)
+    for name in ("blk.0.attn_q.weight", "blk.0.attn_k.weight", "blk.0.attn_v.weight"):
+        np.testing.assert_allclose(cal.energies[name], want, rtol=2e-3)
+    assert cal.energies["blk.1.ffn_down.0.weight"].shape == (160,) and "token_embd.weight" not in cal.energies
+    assert len(cal.energies) == 2 * 7 + 1  # q k v o gate up down per layer, and the output head
+
+
+def test_calibrated_conversion_of_a_moe(tmp_path):
+    """Experts the text never reaches keep weight-only rounding, and the result says how many."""
+    from engine.convert.convert import convert
+    text = tmp_path / "cal.txt"
+    text.write_text(TEXT.read_text(encoding="utf-8")[:400], encoding="utf-8")  # a few tokens: some experts idle
+    r = convert(PRESET_GGUF / "tiny-moe-mxfp4_moe.gguf", tmp_path / "m", "q4_k_m", calibration_data=text)
+    c = r.calibration
+    assert c["expert_matrices"] == 12 and c["tokens"] >= 16
+    assert c["weighted_matrices"] == 5 + 12 - c["unrouted_expert_matrices"]
+    with pytest.raises(Exception, match="calibration text has"):
+        (tmp_path / "short.txt").write_text("hi", encoding="utf-8")
+        convert(PRESET_GGUF / "tiny-q8_0.gguf", tmp_path / "n", "int4", calibration_data=tmp_path / "short.txt")

@@ -32,8 +32,8 @@ TEXTS = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "texts"
 CALIBRATION_BYTES = 10_000
 # (our --quantize choice, calibrated); llama.cpp's presets beside them
 OURS = [("int8", False), ("int8", True), ("int4", False), ("int4", True), ("q4_k_m", False), ("q4_k_m", True),
-        ("q4_k_s", False), ("q5_k_m", False), ("q6_k", False)]
-LLAMA = [("Q8_0", False), ("Q4_0", False), ("Q4_K_M", False), ("Q4_K_M", True), ("Q6_K", False)]
+        ("q6_k", False)]
+LLAMA = [("Q8_0", False), ("Q4_K_M", False), ("Q4_K_M", True)]
 LLAMA_QUANTIZE_ENV = "COLIBRI_LLAMA_QUANTIZE"
 
 
@@ -71,8 +71,20 @@ def run(model: Path, text: Path, calibration: Path | None, chunks: int, workdir:
         calibration = workdir / "calibration.txt"
         calibration.write_text(full[-CALIBRATION_BYTES:], encoding="utf-8")
         full = full[:-CALIBRATION_BYTES]
-    ref = convert(model, workdir / "f16", "f16", force=True).path
-    f16 = export_gguf(ref, workdir / "f16.gguf")
+    imatrix_done = workdir / "imatrix.dat"
+    def converted(src: Path, name: str, target: str, cal: Path | None = None) -> tuple[Path, dict | None]:
+        """A conversion in the work folder, reused when a finished one is there (manifest written last)."""
+        out = workdir / name
+        if (out / "manifest.json").exists():
+            meta = json.loads((out / "config.json").read_text())
+            return out, meta.get("quantization", {}).get("calibration")
+        r = convert(src, out, target, force=True, calibration_data=cal)
+        return r.path, r.calibration
+
+    ref, _ = converted(model, "f16", "f16")
+    f16 = workdir / "f16.gguf"
+    if not f16.exists():
+        export_gguf(ref, f16)
     params = {"int8_activations": False}
     rows = []
 
@@ -87,22 +99,25 @@ def run(model: Path, text: Path, calibration: Path | None, chunks: int, workdir:
 
     cal_summary = None
     for fmt, calibrated in OURS:
-        out = convert(f16, workdir / f"ours-{fmt}{'-cal' if calibrated else ''}", fmt, force=True,
-                      calibration_data=calibration if calibrated else None)
-        cal_summary = out.calibration or cal_summary
-        measure(f"colibri {fmt}{' +cal' if calibrated else ''}", "colibri", fmt, calibrated, out.path)
+        path, summary = converted(f16, f"ours-{fmt}{'-cal' if calibrated else ''}", fmt,
+                                  calibration if calibrated else None)
+        cal_summary = summary or cal_summary
+        measure(f"colibri {fmt}{' +cal' if calibrated else ''}", "colibri", fmt, calibrated, path)
     identical = None
     if llama_quantize:
-        imatrix = calibrate.write_llama_imatrix(calibrate.for_model(f16, calibration), workdir / "imatrix.dat")
+        imatrix = imatrix_done if imatrix_done.exists() else \
+            calibrate.write_llama_imatrix(calibrate.for_model(f16, calibration), imatrix_done)
         for preset, calibrated in LLAMA:
             gguf = workdir / f"llama-{preset}{'-imatrix' if calibrated else ''}.gguf"
-            cmd = [llama_quantize] + (["--imatrix", str(imatrix)] if calibrated else []) + [str(f16), str(gguf), preset, "2"]
-            subprocess.run(cmd, check=True, capture_output=True)
-            out = convert(gguf, workdir / gguf.stem, "keep", force=True)
+            if not gguf.exists():
+                cmd = [llama_quantize, *(["--imatrix", str(imatrix)] if calibrated else []), str(f16), str(gguf),
+                       preset, "2"]
+                subprocess.run(cmd, check=True, capture_output=True)
+            path, _ = converted(gguf, gguf.stem, "keep")
             measure(f"llama.cpp {preset}{' +imatrix' if calibrated else ''}", "llama.cpp", preset.lower(), calibrated,
-                    out.path)
+                    path)
             if calibrated and preset == "Q4_K_M":
-                identical = _same_tensors(workdir / "ours-q4_k_m-cal", out.path)
+                identical = _same_tensors(workdir / "ours-q4_k_m-cal", path)
     return {"model": model.name, "text": text.name, "calibration": str(calibration.name), "ctx": ctx, "chunks": chunks,
             "calibration_summary": cal_summary, "q4_k_m_imatrix_bytes_identical": identical,
             "cpu": _cpu(), "seconds": round(time.perf_counter() - t0, 1), "rows": rows}
