@@ -14,7 +14,7 @@ llama.cpp's --imatrix row is given our calibration's energies (llama.cpp's imatr
 built here): its bytes must equal our calibrated Q4_K_M's, and the report says whether they do.
 
 The JSON (app/bench/results/quality.json) is what the wizard reads for each choice's quality cost
-(`expected_cost`).
+(app/quality_table.py's `expected_cost`).
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-RESULTS = Path(__file__).parent / "results" / "quality.json"
+from app.quality_table import RESULTS  # noqa: F401  (where --json output is committed; the wizard reads it)
 TEXTS = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "texts"
 CALIBRATION_BYTES = 10_000
 # (our --quantize choice, calibrated); llama.cpp's presets beside them
@@ -35,19 +35,6 @@ OURS = [("int8", False), ("int8", True), ("int4", False), ("int4", True), ("q4_k
         ("q6_k", False)]
 LLAMA = [("Q8_0", False), ("Q4_K_M", False), ("Q4_K_M", True)]
 LLAMA_QUANTIZE_ENV = "COLIBRI_LLAMA_QUANTIZE"
-
-
-def expected_cost(quantize: str, calibrated: bool = False, path: Path = RESULTS) -> dict | None:
-    """The measured cost of one converter choice on the default model (ΔPPL %, KL, top-1 %), or
-    None where the table has no row for it (e.g. keep, f16: no rounding beyond the source's)."""
-    try:
-        rows = json.loads(path.read_text(encoding="utf-8"))["rows"]
-    except (OSError, ValueError, KeyError):
-        return None
-    for r in rows:
-        if r["by"] == "colibri" and r["format"] == quantize and r["calibrated"] == calibrated:
-            return {k: r[k] for k in ("delta_ppl_pct", "kld_mean", "same_top_pct", "size_mb")}
-    return None
 
 
 def _llama_quantize(flag: str | None) -> str | None:

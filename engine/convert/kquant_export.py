@@ -471,7 +471,7 @@ def preset_type(name: str, shape: tuple[int, ...], preset: str, n_layers: int, n
     layer = int(m.group(1)) if (m := _LAYER.match(name)) else 0
     if name == "output.weight" or (tied and name == "token_embd.weight"):
         new = "q8_0" if shape[-1] % QK_K else "q6_k"
-        return new
+        return new if shape[-1] % 32 == 0 else "f16"
     if name == "token_embd.weight":
         pass
     elif "attn_v.weight" in name:
@@ -496,4 +496,6 @@ def preset_type(name: str, shape: tuple[int, ...], preset: str, n_layers: int, n
             new = "q5_k"
     if shape[-1] % QK_K and new in FALLBACK:
         new = FALLBACK[new]
+    if shape[-1] % quant.get(new).block_size:
+        new = "f16"  # llama.cpp: "must use F16 due to unusual shape"
     return new
