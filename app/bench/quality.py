@@ -31,9 +31,10 @@ from app.quality_table import RESULTS  # noqa: F401  (where --json output is com
 TEXTS = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "texts"
 CALIBRATION_BYTES = 10_000
 # (our --quantize choice, calibrated); llama.cpp's presets beside them
-OURS = [("int8", False), ("int8", True), ("int4", False), ("int4", True), ("q4_k_m", False), ("q4_k_m", True),
-        ("q6_k", False)]
-LLAMA = [("Q8_0", False), ("Q4_K_M", False), ("Q4_K_M", True)]
+# (by, format, calibrated), in the order measured: the 4-bit rows first
+JOBS = [("colibri", "q4_k_m", False), ("colibri", "q4_k_m", True), ("llama.cpp", "Q4_K_M", False),
+        ("llama.cpp", "Q4_K_M", True), ("colibri", "int4", False), ("colibri", "int4", True),
+        ("colibri", "int8", False), ("colibri", "int8", True)]
 LLAMA_QUANTIZE_ENV = "COLIBRI_LLAMA_QUANTIZE"
 
 
@@ -76,35 +77,50 @@ def run(model: Path, text: Path, calibration: Path | None, chunks: int, workdir:
     rows = []
 
     def measure(label: str, by: str, fmt: str, calibrated: bool, model_dir: Path) -> None:
+        done = model_dir.parent / f"{model_dir.name}.quality-{chunks}.json"  # an earlier run's figures
+        if done.exists():
+            rows.append(json.loads(done.read_text()))
+            print(f"{label:28s} (measured before)", file=sys.stderr)
+            return
         r = P.evaluate(model_dir, full, ctx, chunks, reference=ref, threads=2, params=params)
         row = {"format": fmt, "by": by, "calibrated": calibrated, "size_mb": round(_size_mb(model_dir), 2),
                **{k: r[k] for k in ("positions", "ppl", "ppl_ref", "delta_ppl_pct", "delta_ppl_pct_err",
                                     "kld_mean", "kld_p99", "same_top_pct")}}
         rows.append(row)
+        done.write_text(json.dumps(row))
         print(f"{label:28s} ΔPPL {row['delta_ppl_pct']:+7.3f}%  KLD {row['kld_mean']:.5f}  "
               f"top-1 {row['same_top_pct']:6.2f}%  {row['size_mb']:7.1f} MB", file=sys.stderr)
 
     cal_summary = None
-    for fmt, calibrated in OURS:
-        path, summary = converted(f16, f"ours-{fmt}{'-cal' if calibrated else ''}", fmt,
-                                  calibration if calibrated else None)
-        cal_summary = summary or cal_summary
-        measure(f"colibri {fmt}{' +cal' if calibrated else ''}", "colibri", fmt, calibrated, path)
     identical = None
-    if llama_quantize:
-        imatrix = imatrix_done if imatrix_done.exists() else \
-            calibrate.write_llama_imatrix(calibrate.for_model(f16, calibration), imatrix_done)
-        for preset, calibrated in LLAMA:
-            gguf = workdir / f"llama-{preset}{'-imatrix' if calibrated else ''}.gguf"
-            if not gguf.exists():
-                cmd = [llama_quantize, *(["--imatrix", str(imatrix)] if calibrated else []), str(f16), str(gguf),
-                       preset, "2"]
-                subprocess.run(cmd, check=True, capture_output=True)
-            path, _ = converted(gguf, gguf.stem, "keep")
-            measure(f"llama.cpp {preset}{' +imatrix' if calibrated else ''}", "llama.cpp", preset.lower(), calibrated,
-                    path)
-            if calibrated and preset == "Q4_K_M":
-                identical = _same_tensors(workdir / "ours-q4_k_m-cal", path)
+    for by, fmt, calibrated in JOBS:
+        if by == "colibri":
+            path, summary = converted(f16, f"ours-{fmt}{'-cal' if calibrated else ''}", fmt,
+                                      calibration if calibrated else None)
+            cal_summary = summary or cal_summary
+            measure(f"colibri {fmt}{' +cal' if calibrated else ''}", "colibri", fmt, calibrated, path)
+            continue
+        if not llama_quantize:
+            continue
+        gguf = workdir / f"llama-{fmt}{'-imatrix' if calibrated else ''}.gguf"
+        if not gguf.exists():
+            extra = []
+            if calibrated:  # our calibration's energies (the same text), as llama.cpp's imatrix file
+                imatrix = imatrix_done if imatrix_done.exists() else \
+                    calibrate.write_llama_imatrix(calibrate.for_model(f16, calibration), imatrix_done)
+                extra = ["--imatrix", str(imatrix)]
+            subprocess.run([llama_quantize, *extra, str(f16), str(gguf), fmt, "2"], check=True, capture_output=True)
+        path, _ = converted(gguf, gguf.stem, "keep")
+        ours = workdir / f"ours-{fmt.lower()}-cal"
+        if calibrated and ours.exists():
+            identical = _same_tensors(ours, path)
+            same = identical.split(" of ")
+            if same[0] == same[1]:  # the same bytes as ours: the same figures, not measured twice
+                mine = next(r for r in rows if r["by"] == "colibri" and r["format"] == fmt.lower() and r["calibrated"])
+                rows.append({**mine, "by": "llama.cpp"})
+                print(f"llama.cpp {fmt} +imatrix: {identical} tensors identical to ours", file=sys.stderr)
+                continue
+        measure(f"llama.cpp {fmt}{' +imatrix' if calibrated else ''}", "llama.cpp", fmt.lower(), calibrated, path)
     return {"model": model.name, "text": text.name, "calibration": str(calibration.name), "ctx": ctx, "chunks": chunks,
             "calibration_summary": cal_summary, "q4_k_m_imatrix_bytes_identical": identical,
             "cpu": _cpu(), "seconds": round(time.perf_counter() - t0, 1), "rows": rows}
@@ -167,7 +183,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", help="a GGUF file (default: the default model)")
     p.add_argument("--text", default=str(TEXTS / "en_python_docs.txt"), help="held-out text (UTF-8)")
     p.add_argument("--calibration", help="calibration text (default: the last 10 KB of --text, then not scored)")
-    p.add_argument("--chunks", type=int, default=8, help="chunks of 512 tokens scored")
+    p.add_argument("--chunks", type=int, default=4, help="chunks of 512 tokens scored")
     p.add_argument("--llama_quantize", help=f"llama.cpp's llama-quantize (default ${LLAMA_QUANTIZE_ENV})")
     p.add_argument("--workdir", help="keep the converted models here")
     p.add_argument("--json", help="write the figures here (the wizard reads app/bench/results/quality.json)")

@@ -27,6 +27,19 @@ from engine.model_dir import ModelConfig
 log = logging.getLogger("colibri.calibrate")
 CTX = 512  # tokens per chunk, as llama-imatrix's default
 MAX_TOKENS = 32 * CTX
+CACHE: dict[tuple, "Calibration"] = {}  # (source, text) identity -> result, for this process
+
+
+def cache_key(source: Path, text: str | Path) -> tuple:
+    """Which source and text (path, size, mtime of each): a changed file is a new calibration."""
+    def ident(p: str | Path) -> tuple:
+        p = Path(p).expanduser().resolve()
+        st = p.stat()
+        return str(p), st.st_size, st.st_mtime_ns
+    try:
+        return ident(source) + ident(text)
+    except OSError:
+        return (object(),)  # unreadable: never a hit (the read reports the error)
 
 
 @dataclass
@@ -216,7 +229,7 @@ def for_model(model_path: str | Path, text_path: str | Path) -> Calibration:
     from engine.convert.convert import calibration_of, open_source, plan
     src = open_source(Path(model_path))
     try:
-        return calibration_of(plan(src, src.config, "f32", True), src.config, src, text_path)
+        return calibration_of(plan(src, src.config, "f32", True), src.config, src, text_path, Path(model_path))
     finally:
         src.close()
 

@@ -354,7 +354,7 @@ def convert(model_path: str | Path, output_path: str | Path, quantize: str | Non
             cfg = replace(cfg, rope_freq_factors=True)
         _check_vocab(src.tokenizer, cfg)
         items = plan(src, cfg, target, split_experts)
-        cal = calibration_of(items, cfg, src, calibration_data) if calibration_data is not None else None
+        cal = calibration_of(items, cfg, src, calibration_data, src_path) if calibration_data is not None else None
         cfg = replace(cfg, rope_scaling=None) if cfg.rope_freq_factors else cfg
         total = sum(i.qtype.nbytes(i.source.shape) for i in items)
         _check_space(dst, total + sum(align_up(1) for _ in items) + (4 << 20))
@@ -402,9 +402,14 @@ def convert(model_path: str | Path, output_path: str | Path, quantize: str | Non
     return ConvertResult(dst, cfg, total, seconds, types, cal.summary() if cal else None)
 
 
-def calibration_of(items: list[_Item], cfg: ModelConfig, src: _Source, text_path: str | Path):
-    """Activation energies of every matrix's inputs on the calibration text (the source weights)."""
+def calibration_of(items: list[_Item], cfg: ModelConfig, src: _Source, text_path: str | Path,
+                   src_path: Path | None = None):
+    """Activation energies of every matrix's inputs on the calibration text (the source weights);
+    kept for the process, so converting one source to several targets runs the text once."""
     from engine.convert import calibrate
+    key = calibrate.cache_key(src_path, text_path) if src_path is not None else None
+    if key in calibrate.CACHE:
+        return calibrate.CACHE[key]
     by_name = {it.name: it.source for it in items}
 
     def read(name: str) -> np.ndarray:
@@ -415,6 +420,8 @@ def calibration_of(items: list[_Item], cfg: ModelConfig, src: _Source, text_path
     chunks = calibrate.token_chunks(calibrate.read_text(text_path), src.tokenizer.tokenizer_json, bos)
     cal = calibrate.collect(read, cfg, chunks, has=lambda n: n in by_name)
     log.info("%s", cal.describe())
+    if key is not None:
+        calibrate.CACHE[key] = cal
     return cal
 
 
