@@ -21,6 +21,7 @@ from typing import Callable
 
 import numpy as np
 
+from engine import quant
 from engine.errors import ConversionError
 from engine.model_dir import ModelConfig
 
@@ -224,9 +225,32 @@ def _mlp(E: _Energy, x: np.ndarray, read: Callable[[str], np.ndarray], names: li
     return act @ read(down).T
 
 
+def calibration_of(items: list, cfg: ModelConfig, src, text_path: str | Path,
+                   src_path: Path | None = None) -> Calibration:
+    """Activation energies of every matrix's inputs on the calibration text for convert()'s plan
+    `items` (the source weights) of the opened source `src`;
+    kept for the process, so converting one source to several targets runs the text once."""
+    key = cache_key(src_path, text_path) if src_path is not None else None
+    if key in CACHE:
+        return CACHE[key]
+    by_name = {it.name: it.source for it in items}
+
+    def read(name: str) -> np.ndarray:
+        t = by_name[name]
+        return quant.dequantize(t.read(), t.qtype).reshape(t.shape)
+    meta = src.tokenizer.meta
+    bos = meta.get("bos_token_id") if meta.get("add_bos_token") else None
+    chunks = token_chunks(read_text(text_path), src.tokenizer.tokenizer_json, bos)
+    cal = collect(read, cfg, chunks, has=lambda n: n in by_name)
+    log.info("%s", cal.describe())
+    if key is not None:
+        CACHE[key] = cal
+    return cal
+
+
 def for_model(model_path: str | Path, text_path: str | Path) -> Calibration:
     """The calibration colibri-convert --calibration_data computes, for a GGUF file or HF folder."""
-    from engine.convert.convert import calibration_of, open_source, plan
+    from engine.convert.convert import open_source, plan
     src = open_source(Path(model_path))
     try:
         return calibration_of(plan(src, src.config, "f32", True), src.config, src, text_path, Path(model_path))

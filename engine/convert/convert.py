@@ -354,7 +354,10 @@ def convert(model_path: str | Path, output_path: str | Path, quantize: str | Non
             cfg = replace(cfg, rope_freq_factors=True)
         _check_vocab(src.tokenizer, cfg)
         items = plan(src, cfg, target, split_experts)
-        cal = calibration_of(items, cfg, src, calibration_data, src_path) if calibration_data is not None else None
+        cal = None
+        if calibration_data is not None:
+            from engine.convert.calibrate import calibration_of
+            cal = calibration_of(items, cfg, src, calibration_data, src_path)
         cfg = replace(cfg, rope_scaling=None) if cfg.rope_freq_factors else cfg
         total = sum(i.qtype.nbytes(i.source.shape) for i in items)
         _check_space(dst, total + sum(align_up(1) for _ in items) + (4 << 20))
@@ -400,29 +403,6 @@ def convert(model_path: str | Path, output_path: str | Path, quantize: str | Non
     seconds = time.perf_counter() - t0
     log.info("converted %s -> %s: %.1f MB in %.1f s", src_path, dst, total / 1e6, seconds)
     return ConvertResult(dst, cfg, total, seconds, types, cal.summary() if cal else None)
-
-
-def calibration_of(items: list[_Item], cfg: ModelConfig, src: _Source, text_path: str | Path,
-                   src_path: Path | None = None):
-    """Activation energies of every matrix's inputs on the calibration text (the source weights);
-    kept for the process, so converting one source to several targets runs the text once."""
-    from engine.convert import calibrate
-    key = calibrate.cache_key(src_path, text_path) if src_path is not None else None
-    if key in calibrate.CACHE:
-        return calibrate.CACHE[key]
-    by_name = {it.name: it.source for it in items}
-
-    def read(name: str) -> np.ndarray:
-        t = by_name[name]
-        return quant.dequantize(t.read(), t.qtype).reshape(t.shape)
-    meta = src.tokenizer.meta
-    bos = meta.get("bos_token_id") if meta.get("add_bos_token") else None
-    chunks = calibrate.token_chunks(calibrate.read_text(text_path), src.tokenizer.tokenizer_json, bos)
-    cal = calibrate.collect(read, cfg, chunks, has=lambda n: n in by_name)
-    log.info("%s", cal.describe())
-    if key is not None:
-        calibrate.CACHE[key] = cal
-    return cal
 
 
 def _check_vocab(tok: TokenizerBundle, cfg: ModelConfig) -> None:
