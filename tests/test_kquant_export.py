@@ -170,3 +170,16 @@ def test_calibrated_conversion_of_a_moe(tmp_path):
     with pytest.raises(Exception, match="calibration text has"):
         (tmp_path / "short.txt").write_text("hi", encoding="utf-8")
         convert(PRESET_GGUF / "tiny-q8_0.gguf", tmp_path / "n", "int4", calibration_data=tmp_path / "short.txt")
+
+
+def test_the_wizard_reads_the_measured_table(tmp_path):
+    """app/bench/results/quality.json (colibri-bench quality) holds each choice's measured cost."""
+    from app.bench.quality import table
+    from app.quality_table import RESULTS, expected_cost
+    plain, cal = expected_cost("q4_k_m"), expected_cost("q4_k_m", calibrated=True)
+    assert plain and cal and cal["kld_mean"] < plain["kld_mean"]
+    assert expected_cost("int8")["same_top_pct"] > plain["same_top_pct"]
+    assert expected_cost("keep") is None and expected_cost("int8", path=tmp_path / "none.json") is None
+    doc = json.loads(RESULTS.read_text(encoding="utf-8"))
+    assert doc["q4_k_m_imatrix_bytes_identical"] == "272 of 272"
+    assert len(table(doc).splitlines()) == len(doc["rows"]) + 2  # a header, a rule, a row each
