@@ -33,6 +33,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--output_path", required=True, help="the model directory to create")
     ap.add_argument("--quantize", choices=QUANTIZE_CHOICES, default=None,
                     help="weight format; default: keep a GGUF's own formats, int8 for float checkpoints")
+    ap.add_argument("--calibration_data", metavar="FILE",
+                    help="a text file (UTF-8) whose activations weight the rounding (importance-weighted, "
+                         "as llama.cpp's imatrix); for int4, int8 and the K presets")
     ap.add_argument("--split_experts", action=argparse.BooleanOptionalAction, default=True,
                     help="one file per expert (default), or --no-split_experts for one file per layer")
     ap.add_argument("--num_experts", type=int, help="check the source has this many experts per layer")
@@ -57,7 +60,8 @@ def main(argv: list[str] | None = None) -> int:
             return _moefy(args)
         result = convert(args.model_path, args.output_path, args.quantize, split_experts=args.split_experts,
                          num_experts=args.num_experts, top_k=args.top_k, force=args.force,
-                         progress=None if args.quiet else _progress_printer())
+                         progress=None if args.quiet else _progress_printer(),
+                         calibration_data=args.calibration_data)
     except KeyboardInterrupt:
         print("\ncolibri-convert: interrupted; nothing was written", file=sys.stderr)
         return 130
@@ -69,6 +73,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nwrote {result.path}: {result.config.architecture}, {result.config.num_layers} layers, "
           f"{result.config.num_experts} expert(s), {mb:.1f} MB in {result.seconds:.1f} s "
           f"({mb / max(result.seconds, 1e-9):.0f} MB/s); tensors: {types}")
+    if result.calibration:
+        c = result.calibration
+        print(f"calibration: {c['tokens']} tokens, {c['weighted_matrices']} matrices importance-weighted"
+              + (f", {c['unrouted_expert_matrices']} of {c['expert_matrices']} expert matrices never routed to "
+                 f"(weight-only rounding)" if c["expert_matrices"] else ""))
     return 0
 
 

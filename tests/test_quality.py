@@ -105,3 +105,51 @@ def test_re_rounding_to_q4_0_is_bounded(measured):
     assert r["same_top_pct"] >= 60
     assert r["delta_ppl_pct"] <= 20
     assert measured["int8"]["kld_mean"] * 20 < r["kld_mean"] <= 0.45
+
+
+# --- K-quant export and calibration (issue 20 items 2-4) -----------------------------------------
+# Every re-rounding starts from the f16 reference exported as a GGUF; the calibration text is the
+# tail of the same file (never among the scored chunks, which are its first 512 tokens).
+CALIBRATION_CHARS = 3000  # about 700 tokens: one chunk of 512 through the calibration forward
+
+
+@pytest.fixture(scope="module")
+def kquant_measured(chunks_and_reference):
+    root, ref_dir, chunks, ref = chunks_and_reference
+    f16 = export_gguf(ref_dir, root / "f16.gguf")
+    cal = root / "calibration.txt"
+    cal.write_text(TEXT.read_text(encoding="utf-8")[-CALIBRATION_CHARS:], encoding="utf-8")
+    out = {}
+    for target, calibrated in (("q4_k_m", False), ("q4_k_m", True), ("int4", False), ("int4", True)):
+        name = f"{target}{' +cal' if calibrated else ''}"
+        r = convert(f16, root / f"k-{name.replace(' +', '-')}", target, calibration_data=cal if calibrated else None)
+        out[name] = _measure(r.path, chunks, ref)
+        out[name]["calibration"] = r.calibration
+        res = out[name]
+        print(f"{name}: dPPL {res['delta_ppl_pct']:+.3f}%, KLD {res['kld_mean']:.5f}, same top {res['same_top_pct']:.2f}%")
+    return out
+
+
+def test_q4_k_m_bounds(kquant_measured):
+    # our Q4_K_M (byte for byte llama-quantize's: tests/test_kquant_export.py) on the real model;
+    # measured on this slice: +5.84%, KLD 0.061, same top 83.5% (on 1,020 positions of 512-token
+    # chunks: +4.63%, 87.8%): llama.cpp's own Q4_K_M is these same bytes, so 85% is not held here
+    r = kquant_measured["q4_k_m"]
+    assert r["delta_ppl_pct"] <= 6
+    assert r["same_top_pct"] >= 80
+
+
+def test_calibration_lowers_the_4_bit_cost(kquant_measured):
+    plain, cal = kquant_measured["q4_k_m"], kquant_measured["q4_k_m +cal"]
+    assert cal["calibration"]["weighted_matrices"] == 211 and cal["calibration"]["tokens"] == 512
+    assert cal["delta_ppl_pct"] < plain["delta_ppl_pct"]
+    assert cal["kld_mean"] < plain["kld_mean"]
+    assert cal["same_top_pct"] >= 85
+
+
+def test_calibrated_int4_keeps_the_grid(kquant_measured):
+    # the weights lie on a Q4_1 grid, which plain rounding recovers (dPPL ~ 0); the calibrated
+    # rounding keeps a block's plain rounding unless the weighted error is lower, so it cannot lose
+    plain, cal = kquant_measured["int4"], kquant_measured["int4 +cal"]
+    assert cal["kld_mean"] <= plain["kld_mean"] * 1.05 + 1e-6
+    assert cal["same_top_pct"] >= 85

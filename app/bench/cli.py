@@ -28,6 +28,7 @@ from pathlib import Path
 
 from app.bench import fuzz as bench_fuzz
 from app.bench import perplexity as bench_perplexity
+from app.bench import quality as bench_quality
 from app.bench import profile as bench_profile
 from app.bench import routing as bench_routing
 from app.bench import serve as bench_serve
@@ -129,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     bench_perplexity.add_parser(sub)
     bench_serve.add_parser(sub)
     bench_routing.add_parser(sub)
+    bench_quality.add_parser(sub)
     m = sub.add_parser("memory", help="expert cache vs llama.cpp on a Mixtral-style model (peak RSS, tok/s)")
     m.add_argument("--workdir", help="where the benchmark model is built and kept (default ~/.cache/colibri/bench)")
     m.add_argument("--caches", default="auto,2", help="Colibri expert_cache_size values for uncapped runs (auto allowed; "

@@ -24,6 +24,7 @@ import numpy as np
 
 from engine import quant
 from engine.convert import hf as hf_src
+from engine.convert import kquant_export
 from engine.convert.gguf_file import GGUFModel
 from engine.convert.names import HF_FAMILY, gguf_names, hf_names, split_slice
 from engine.convert.source import SourceTensor
@@ -37,7 +38,7 @@ from engine.tensorfile import TensorFileWriter, TensorPlan, align_up
 
 log = logging.getLogger("colibri.convert")
 
-QUANTIZE_CHOICES = ("f32", "f16", "int8", "int4", "keep")
+QUANTIZE_CHOICES = ("f32", "f16", "int8", "int4", "keep", *kquant_export.PRESETS)  # + llama.cpp's K presets
 CHUNK_BYTES = 16 << 20  # float32 bytes converted per slice of a large tensor
 _PARTIAL = ".partial-"
 _OLD = ".old-"  # a replaced model set aside for a moment (only where an atomic swap is impossible)
@@ -62,6 +63,7 @@ class ConvertResult:
     bytes_written: int
     seconds: float
     tensor_types: dict[str, int]  # format name -> tensor count
+    calibration: dict | None = None  # calibrate.Calibration.summary() when --calibration_data was given
 
 
 @dataclass
@@ -177,13 +179,19 @@ def _memory_tensor(name: str, values: np.ndarray) -> SourceTensor:
     return SourceTensor(name, values.shape, quant.get("f32"), lambda a, b: values)
 
 
-def choose_type(name: str, src: quant.QuantType, shape: tuple[int, ...], target: str) -> quant.QuantType:
-    """The stored format of one tensor: vectors and routers stay exact, quantized families are kept."""
+def choose_type(name: str, src: quant.QuantType, shape: tuple[int, ...], target: str,
+                cfg: ModelConfig | None = None) -> quant.QuantType:
+    """The stored format of one tensor: vectors and routers stay exact, quantized families are kept
+    (a K preset re-rounds every matrix to the type llama-quantize's preset gives it)."""
     floats = {"f32", "f16", "bf16"}
     if len(shape) == 1 or name.endswith("ffn_gate_inp.weight"):
         return quant.get("f32") if src.name in floats else src
     if target == "keep":
         return src
+    if target in kquant_export.PRESETS:
+        return quant.get(kquant_export.preset_type(name, shape, target, cfg.num_layers if cfg else 1,
+                                                   cfg.num_experts if cfg else 1,
+                                                   bool(cfg and cfg.tie_word_embeddings)))
     if target == "int4" and name in ("token_embd.weight", "output.weight"):
         target = "int8"  # the embedding and output matrices are the most sensitive: 8 bits
     if src.name in quant.FAMILY[target]:
@@ -224,7 +232,7 @@ def plan(src: _Source, cfg: ModelConfig, target: str, split_experts: bool) -> li
                 else:
                     raise ConfigError(f"tensor {t.name!r} has shape {list(t.shape)} but the config implies "
                                       f"{list(shape)} for {name!r}")
-            items.append(_Item(rel, name, t, choose_type(name, t.qtype, shape, target)))
+            items.append(_Item(rel, name, t, choose_type(name, t.qtype, shape, target, cfg)))
     if cfg.tie_word_embeddings:
         src.resolve("output.weight", cfg, consumed)  # some checkpoints store the tied copy too
     left = sorted(n for n in src.tensors if n not in consumed and not src.ignorable(n))
@@ -244,7 +252,8 @@ def _candidates(src: _Source, name: str, cfg: ModelConfig) -> list[str]:
 
 # --- writing ---------------------------------------------------------------------------------
 
-def _write_tensor(w: TensorFileWriter, item: _Item, check: Callable[[], None]) -> None:
+def _write_tensor(w: TensorFileWriter, item: _Item, check: Callable[[], None],
+                  imatrix: np.ndarray | None = None, own: bool = False) -> None:
     t, out = item.source, item.qtype
     if len(t.shape) == 1:
         data = t.read()
@@ -254,8 +263,10 @@ def _write_tensor(w: TensorFileWriter, item: _Item, check: Callable[[], None]) -
     for start in range(0, t.rows, step):
         check()
         data = t.read(start, min(t.rows, start + step))
-        if t.qtype is not out:
-            data = quant.quantize(quant.dequantize(data, t.qtype), out)
+        if t.qtype is not out:  # llama.cpp's reference rounding (importance-weighted given an imatrix)
+            x = quant.dequantize(data, t.qtype)
+            data = kquant_export.best_per_block(x, out.name, imatrix) if own and imatrix is not None \
+                else kquant_export.quantize(x, out, imatrix)
         w.write(item.name, data)
 
 
@@ -315,11 +326,13 @@ def _check_space(dst: Path, need: int) -> None:
 def convert(model_path: str | Path, output_path: str | Path, quantize: str | None = None, *,
             split_experts: bool = True, num_experts: int | None = None, top_k: int | None = None,
             force: bool = False, progress: Callable[[Progress], None] | None = None,
-            cancel: threading.Event | Callable[[], bool] | None = None) -> ConvertResult:
+            cancel: threading.Event | Callable[[], bool] | None = None,
+            calibration_data: str | Path | None = None) -> ConvertResult:
     """Convert `model_path` (GGUF file or HF folder) into the Colibri directory `output_path`.
 
     `quantize`: f32, f16, int8, int4 or keep; None keeps a GGUF's formats and makes int8 of a
     float checkpoint. `cancel` (an Event or a callable) is checked between slices of tensors.
+    `calibration_data`: a text file whose activations weight the rounding (engine/convert/calibrate.py).
     """
     t0 = time.perf_counter()
     src_path, dst = Path(model_path).expanduser(), Path(output_path).expanduser().absolute()
@@ -341,6 +354,10 @@ def convert(model_path: str | Path, output_path: str | Path, quantize: str | Non
             cfg = replace(cfg, rope_freq_factors=True)
         _check_vocab(src.tokenizer, cfg)
         items = plan(src, cfg, target, split_experts)
+        cal = None
+        if calibration_data is not None:
+            from engine.convert.calibrate import calibration_of
+            cal = calibration_of(items, cfg, src, calibration_data, src_path)
         cfg = replace(cfg, rope_scaling=None) if cfg.rope_freq_factors else cfg
         total = sum(i.qtype.nbytes(i.source.shape) for i in items)
         _check_space(dst, total + sum(align_up(1) for _ in items) + (4 << 20))
@@ -359,7 +376,8 @@ def convert(model_path: str | Path, output_path: str | Path, quantize: str | Non
             try:
                 for it in file_items:
                     check()
-                    _write_tensor(w, it, check)
+                    _write_tensor(w, it, check, cal.energies.get(it.name) if cal else None,
+                                  own=target in ("int4", "int8"))
                     done += it.qtype.nbytes(it.source.shape)
                     if progress:
                         progress(Progress(done, total, it.name, rel))
@@ -371,7 +389,8 @@ def convert(model_path: str | Path, output_path: str | Path, quantize: str | Non
         types: dict[str, int] = {}
         for it in items:
             types[it.qtype.name] = types.get(it.qtype.name, 0) + 1
-        _write_metadata(tmp, cfg, src, target, split_experts, types, src_path, manifest)
+        _write_metadata(tmp, cfg, src, target, split_experts, types, src_path, manifest,
+                        cal.summary() if cal else None)
         _move_into_place(tmp, dst)
         tmp = None
     except OSError as e:  # a full disk, a vanished folder, a permission: say where
@@ -383,7 +402,7 @@ def convert(model_path: str | Path, output_path: str | Path, quantize: str | Non
             shutil.rmtree(tmp, ignore_errors=True)
     seconds = time.perf_counter() - t0
     log.info("converted %s -> %s: %.1f MB in %.1f s", src_path, dst, total / 1e6, seconds)
-    return ConvertResult(dst, cfg, total, seconds, types)
+    return ConvertResult(dst, cfg, total, seconds, types, cal.summary() if cal else None)
 
 
 def _check_vocab(tok: TokenizerBundle, cfg: ModelConfig) -> None:
@@ -409,14 +428,16 @@ def _apply_overrides(cfg: ModelConfig, num_experts: int | None, top_k: int | Non
 
 
 def _write_metadata(tmp: Path, cfg: ModelConfig, src: _Source, target: str, split: bool,
-                    types: dict[str, int], src_path: Path, manifest: Manifest) -> None:
+                    types: dict[str, int], src_path: Path, manifest: Manifest,
+                    calibration: dict | None = None) -> None:
     (tmp / TOKENIZER_FILE).write_text(src.tokenizer.tokenizer_json, encoding="utf-8")
     manifest.add_file(tmp, TOKENIZER_FILE)
     if src.tokenizer.chat_template is not None:
         (tmp / TEMPLATE_FILE).write_text(src.tokenizer.chat_template, encoding="utf-8")
         manifest.add_file(tmp, TEMPLATE_FILE)
     meta = {
-        "quantization": {"requested": target, "tensor_types": types},
+        "quantization": {"requested": target, "tensor_types": types,
+                         **({"calibration": calibration} if calibration else {})},
         "layout": {"split_experts": split},
         "tokenizer": {"file": TOKENIZER_FILE,
                       "chat_template_file": TEMPLATE_FILE if src.tokenizer.chat_template is not None else None,

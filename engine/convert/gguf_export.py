@@ -35,7 +35,7 @@ def _tokenizer_kv(w, tokenizer_json: Path, meta: dict) -> None:
     special = {a["content"] for a in tok.get("added_tokens", []) if a.get("special")}
     merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]
     w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("default")
+    w.add_tokenizer_pre(meta.get("gguf_pre_tokenizer") or "default")  # the source's split rules, kept
     w.add_token_list(tokens)
     w.add_token_types([gguf.TokenType.CONTROL if t in special else gguf.TokenType.NORMAL for t in tokens])
     w.add_token_merges(merges)
