@@ -13,12 +13,17 @@ from engine.kernels import reference as ref
 FORMATS = list(blocks32.FORMATS)
 
 
-def check_fused(name: str, rows: int, n: int, tokens: int, seed: int) -> None:
+def check_fused(name: str, rows: int, n: int, tokens: int, seed: int, packed: bool = False) -> None:
+    """Stored rows, or (`packed`) the same matrix repacked in 8-row groups (rows a multiple of 8)."""
     w = random_blocks(name, rows, n // 32, seed)
     x = np.random.default_rng(seed + 1).standard_normal((tokens, n)).astype(np.float32)
-    out = np.empty((tokens, rows), np.float32)
-    cpu.matmul(w, quant.get(name).type_id, x, out)
     want = blocks32.matmul_reference(w, name, x)
+    code = quant.get(name).type_id
+    if packed:
+        cpu.repack_x8(w, code)
+        code += cpu.PACKED
+    out = np.empty((tokens, rows), np.float32)
+    cpu.matmul(w, code, x, out)
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
 
 
@@ -26,6 +31,27 @@ def check_fused(name: str, rows: int, n: int, tokens: int, seed: int) -> None:
 @pytest.mark.parametrize("tokens", [1, 2, cpu.TOKENS + 3])  # decode, decode of a few, prefill with a tail
 def test_fused_kernels_match_the_numpy_twin(name, tokens):
     check_fused(name, 37, 32 * 11, tokens, seed=tokens)  # an odd block count: the decode loop's tail
+
+
+@pytest.mark.parametrize("name", FORMATS)
+@pytest.mark.parametrize("tokens", [1, cpu.TOKENS + 3])
+def test_fused_group_kernels_match_the_numpy_twin(name, tokens):
+    """8-row groups (cpu.repack_x8 -> blocks32.repack32): decode and prefill with a tail."""
+    check_fused(name, 24, 32 * 5, tokens, seed=10 + tokens, packed=True)
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_repacked_rows_dequantize_as_stored(name):
+    """The embedding lookup and the float path of a repacked matrix read its rows back exactly."""
+    w = random_blocks(name, 16, 3, seed=7)
+    code = quant.get(name).type_id
+    want = np.empty((16, 96), np.float32)
+    for r in range(16):
+        cpu.dequantize_row(w[r], code, want[r])
+    cpu.repack_x8(w, code)
+    got = np.empty((4, 96), np.float32)
+    cpu.gather_rows(w, code + cpu.PACKED, np.array([0, 5, 9, 15]), got)
+    np.testing.assert_array_equal(got, want[[0, 5, 9, 15]])
 
 
 @pytest.mark.parametrize("name", FORMATS)

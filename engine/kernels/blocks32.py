@@ -25,7 +25,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from engine import quant
-from engine.kernels import simd
+from engine.kernels import kquants, simd
 from engine.kernels.simd import _FAST, _ZERO, F32, I8, I32, TOKENS, _block_dot, _byte_ptr, _load, _splat, _vec
 
 Q5_0, Q5_1, IQ4_NL, MXFP4 = 6, 7, 20, 39  # GGML type ids
@@ -229,3 +229,168 @@ def matmul_reference(w: np.ndarray, qtype: str, x: np.ndarray) -> np.ndarray:
     if m_at is not None:
         out += (f16(blocks[..., m_at:m_at + 2])[None] * xs.astype(np.float64)[:, None, :]).sum(axis=-1)
     return out.astype(np.float32)
+
+
+# --- 8-row groups (repack8 at load): one 4-byte vector lane per row -------------------------------
+# format -> regions (offset, bytes, unit) of a block that kquants.repack8 interleaves over 8 rows:
+# the scale (and q5_1's minimum) halves, or mxfp4's exponent bytes; q5_x's 4 qh bytes; the 16 quant
+# bytes in 4-byte units. A group's block: 8 rows' scales, (minimums), qh words, then 4 chunks of 32
+# quant bytes, chunk c holding bytes 4c..4c+3 of row 0, row 1, ... (the layout of simd's q4_0 groups).
+REGIONS = {"q5_0": [(0, 2, 2), (2, 4, 4), (6, 16, 4)], "q5_1": [(0, 4, 2), (4, 4, 4), (8, 16, 4)],
+           "iq4_nl": [(0, 2, 2), (2, 16, 4)], "mxfp4": [(0, 1, 1), (1, 16, 4)]}
+CODES = {"q5_0": Q5_0, "q5_1": Q5_1, "iq4_nl": IQ4_NL, "mxfp4": MXFP4}
+_REGIONS = np.zeros((40, 4, 3), np.int64)  # GGML id -> its regions, padded with empty ones
+_REGIONS[:] = (0, 0, 1)
+_BLOCK = np.zeros(40, np.int64)
+for _f, _r in REGIONS.items():
+    _REGIONS[CODES[_f], :len(_r)] = _r
+    _BLOCK[CODES[_f]] = FORMATS[_f][0]
+
+
+@njit(cache=True, nogil=True)
+def repack32(w, code):
+    """In place, a q5_0/q5_1/iq4_nl/mxfp4 matrix (rows, row_bytes), rows a multiple of 8 -> 8-row
+    groups (REGIONS; the same bytes, moved)."""
+    kquants.repack8(w, _BLOCK[code], _REGIONS[code])
+
+
+@njit(cache=True, nogil=True)
+def unpack32_row(w, r, code, row):
+    """Row r of a matrix repacked by repack32 (code: the GGML id) -> its stored bytes row (row_bytes,)."""
+    kquants.unpack8_row(w, r, _BLOCK[code], _REGIONS[code], row)
+
+
+def _scales8(builder, blk, fmt):
+    """The 8 rows' weight scales of a group block as <8 x float>: halves, or e8m0 bytes."""
+    vf, vi = _vec(F32, 8), _vec(I32, 8)
+    if FORMATS[fmt][1] == "f16":
+        return builder.fpext(_load(builder, blk, _vec(ir.HalfType(), 8)), vf)
+    e = builder.zext(_load(builder, blk, _vec(I8, 8)), vi)
+    small = builder.icmp_unsigned("<", e, ir.Constant(vi, [2] * 8))
+    bits = builder.select(small, builder.shl(ir.Constant(vi, [0x00200000] * 8), e),
+                          builder.shl(builder.sub(e, ir.Constant(vi, [1] * 8)), ir.Constant(vi, [23] * 8)))
+    return builder.bitcast(bits, vf)
+
+
+def _group_fifth_bits(builder, qh, c, high):
+    """From a group block's qh words (<32 x i8>, row i's 4 bytes in lane i): 16 in byte k of lane i
+    where row i's weight 4c + k (16 + 4c + k if `high`) has its fifth bit set, else 0."""
+    src = [4 * i + 2 * high + c // 2 for i in range(8) for _ in range(4)]
+    spread = builder.shuffle_vector(qh, qh, ir.Constant(_vec(I32, 32), src))
+    mask = ir.Constant(_vec(I8, 32), [1 << (4 * (c % 2) + k) for _ in range(8) for k in range(4)])
+    on = builder.icmp_unsigned("!=", builder.and_(spread, mask), ir.Constant(_vec(I8, 32), None))
+    return builder.select(on, ir.Constant(_vec(I8, 32), [16] * 32), ir.Constant(_vec(I8, 32), None))
+
+
+def _psign(builder, s, sign):
+    """s with the sign of `sign` per byte (0 where it is 0): AVX2's vpsignb."""
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_vec(I8, 32), [_vec(I8, 32)] * 2),
+                                        "llvm.x86.avx2.psign.b")
+    return builder.call(fn, [s, sign])
+
+
+def _group32(fmt: str, tokens: int):
+    """An intrinsic dotting rows 8g..8g+7 of a `fmt` matrix repacked by repack32 with int8
+    activations: one token's (tokens=1) or TOKENS tokens' from t0 on (prefill; each block's
+    weights unpacked once for all of them). Per block and token: 8 vpdpbusd (4 byte lanes of
+    4 broadcast activations each) sum each row in its own lane, then one multiply-add scales
+    the 8 rows. Table formats: vnni/generic take grid + 128 as unsigned bytes (one vpshufb) and
+    start the sum at -128 Σq_x; avx2 (whose pair sums saturate at int16) takes |grid| and moves
+    the sign onto x (vpsignb). Returns a tuple of 8 float32 per token, token by token."""
+    size, _, _, q_at, m_at, grid = FORMATS[fmt]
+    qh_at = {"q5_0": 16, "q5_1": 32}.get(fmt)
+    q8 = 8 * q_at
+    offset = grid is not None and simd.DOT != "avx2"
+
+    def typer(w, g, xq, xd, xs, xi, *t0):
+        def codegen(context, builder, sig, args):
+            nb, per_token = simd._token_pointers(context, builder, sig, args, tokens)
+            g = args[1]
+            base = _byte_ptr(context, builder, sig.args[0], args[0], builder.mul(g, ir.Constant(g.type, 8)), _ZERO)
+            vf, vi = _vec(F32, 8), _vec(I32, 8)
+            accs = [cgutils.alloca_once_value(builder, ir.Constant(vf, None)) for _ in range(tokens)]
+            low, four = ir.Constant(_vec(I8, 32), [15] * 32), ir.Constant(_vec(I8, 32), [4] * 32)
+            with cgutils.for_range(builder, nb) as loop:
+                b = loop.index
+                blk = builder.gep(base, [builder.mul(b, ir.Constant(b.type, 8 * size))])
+                d8 = _scales8(builder, blk, fmt)
+                m8 = builder.fpext(_load(builder, builder.gep(blk, [ir.Constant(b.type, 16)]), _vec(ir.HalfType(), 8)),
+                                   vf) if m_at is not None else None
+                qh = _load(builder, builder.gep(blk, [ir.Constant(b.type, qh_at)]), _vec(I8, 32)) \
+                    if qh_at is not None else None
+                parts = []  # (unsigned weight bytes, activation word, signed weights for vpsignb or None)
+                for c in range(4):
+                    v = _load(builder, builder.gep(blk, [ir.Constant(b.type, q8 + 32 * c)]), _vec(I8, 32))
+                    for high, idx in enumerate((builder.and_(v, low), builder.lshr(v, four))):
+                        word = c + 4 * high
+                        if grid is None:
+                            parts.append((builder.or_(idx, _group_fifth_bits(builder, qh, c, high)), word, None))
+                        elif offset:
+                            parts.append((_lookup(builder, idx, [int(x) + 128 - 256 * (int(x) >= 0) for x in grid]), word, None))
+                        else:
+                            parts.append((_lookup(builder, idx, [abs(int(x)) for x in grid]), word,
+                                          _lookup(builder, idx, grid)))
+                for acc, (qp, dp, sp, ip) in zip(accs, per_token):
+                    x4 = builder.bitcast(builder.gep(qp, [builder.mul(b, ir.Constant(b.type, 32))]), I32.as_pointer())
+                    dots = ir.Constant(vi, None)
+                    if offset:
+                        bias = builder.mul(builder.load(builder.gep(ip, [b])), ir.Constant(I32, -128))
+                        dots = builder.shuffle_vector(builder.insert_element(ir.Constant(vi, None), bias,
+                                                                             ir.Constant(I32, 0)),
+                                                      ir.Constant(vi, None), ir.Constant(vi, [0] * 8))
+                    for u, at, signed in parts:
+                        word = builder.load(builder.gep(x4, [ir.Constant(b.type, at)]), align=1)
+                        s = builder.shuffle_vector(builder.insert_element(ir.Constant(vi, None), word, ir.Constant(I32, 0)),
+                                                   ir.Constant(vi, None), ir.Constant(vi, [0] * 8))
+                        s = builder.bitcast(s, _vec(I8, 32))
+                        if signed is not None:
+                            s = _psign(builder, s, signed)
+                        dots = simd._dot_accumulate(builder, dots, u, s)
+                    xscale = builder.load(builder.gep(dp, [b]))
+                    term = builder.fmul(builder.sitofp(dots, vf), builder.fmul(d8, _splat(builder, xscale), flags=_FAST),
+                                        flags=_FAST)
+                    total = builder.fadd(builder.load(acc), term, flags=_FAST)
+                    if m8 is not None:  # q5_1: + m_w · d_x Σ q_x
+                        total = builder.fadd(total, builder.fmul(m8, _splat(builder, builder.load(builder.gep(sp, [b]))),
+                                                                 flags=_FAST), flags=_FAST)
+                    elif grid is None:  # q5_0: - 16 · d_w d_x Σ q_x
+                        off = builder.fmul(builder.fmul(xscale, builder.sitofp(builder.load(builder.gep(ip, [b])), F32),
+                                                        flags=_FAST), ir.Constant(F32, -16.0), flags=_FAST)
+                        total = builder.fadd(total, builder.fmul(d8, _splat(builder, off), flags=_FAST), flags=_FAST)
+                    builder.store(total, acc)
+            values = []
+            for acc in accs:
+                v = builder.load(acc)
+                values += [builder.extract_element(v, ir.Constant(I32, i)) for i in range(8)]
+            return context.make_tuple(builder, sig.return_type, values)
+        return types.UniTuple(types.float32, 8 * tokens)(w, types.intp, xq, xd, xs, xi, *t0), codegen
+
+    return simd.group_intrinsic(typer, tokens)
+
+
+group_q5_0, group_q5_1, group_iq4_nl, group_mxfp4 = (_group32(f, 1) for f in FORMATS)
+group_tokens_q5_0, group_tokens_q5_1, group_tokens_iq4_nl, group_tokens_mxfp4 = (_group32(f, TOKENS) for f in FORMATS)
+
+
+@njit(cache=True, nogil=True)
+def group_dot(w, g, code, xq, xd, xs, xi):
+    """Rows 8g..8g+7 of a matrix repacked by repack32 (code: the GGML id) · one token (n,)."""
+    if code == Q5_0:
+        return group_q5_0(w, g, xq, xd, xs, xi)
+    if code == Q5_1:
+        return group_q5_1(w, g, xq, xd, xs, xi)
+    if code == IQ4_NL:
+        return group_iq4_nl(w, g, xq, xd, xs, xi)
+    return group_mxfp4(w, g, xq, xd, xs, xi)
+
+
+@njit(cache=True, nogil=True)
+def group_tokens(w, g, code, xq, xd, xs, xi, t0):
+    """Rows 8g..8g+7 of a repacked matrix · tokens t0..t0+TOKENS-1: 8 rows of token t0, then of t0+1, ..."""
+    if code == Q5_0:
+        return group_tokens_q5_0(w, g, xq, xd, xs, xi, t0)
+    if code == Q5_1:
+        return group_tokens_q5_1(w, g, xq, xd, xs, xi, t0)
+    if code == IQ4_NL:
+        return group_tokens_iq4_nl(w, g, xq, xd, xs, xi, t0)
+    return group_tokens_mxfp4(w, g, xq, xd, xs, xi, t0)

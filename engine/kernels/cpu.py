@@ -27,7 +27,7 @@ ROWS_PER_TASK = 16
 PACKED = 1000  # + a GGML id: that format repacked in groups of 8 rows at load (repack_x8); never in a file
 Q4_0X8, Q4_1X8, Q8_0X8 = PACKED + Q4_0, PACKED + Q4_1, PACKED + Q8_0
 Q4_KX8, Q5_KX8, Q6_KX8 = PACKED + Q4_K, PACKED + Q5_K, PACKED + Q6_K
-PACKABLE = (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K)
+PACKABLE = (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K, Q5_0, Q5_1, IQ4_NL, MXFP4)
 INT_CODES = PACKABLE + tuple(PACKED + c for c in PACKABLE)  # formats dotted in integers (int8 activations)
 INT_MAX_T = TOKENS - 1  # up to this many tokens (decode), the fused kernels (matmul_int, swiglu_int) apply
 _F16 = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)  # bits -> value
@@ -51,7 +51,7 @@ def _i8(b):
 def is_int_code(code):
     """Whether `code` (a GGML id, or PACKED + one) has an integer dot product (INT_CODES)."""
     c = code - PACKED if code > PACKED else code
-    return c == Q4_0 or c == Q4_1 or c == Q8_0 or c == Q4_K or c == Q5_K or c == Q6_K
+    return c == Q4_0 or c == Q4_1 or c == Q8_0 or c == Q4_K or c == Q5_K or c == Q6_K or blocks32.fused(c)
 
 
 @njit(inline="always", cache=True)
@@ -239,6 +239,9 @@ def repack_x8(w, code):
     if _is_k(code):
         kquants.repack_k8(w, code)
         return
+    if blocks32.fused(code):
+        blocks32.repack32(w, code)
+        return
     size, halves = _group_block(code)
     regions = np.zeros((4, 3), np.int64)  # (offset, bytes, unit): the halves, the quants; no more
     regions[:, 2] = 1
@@ -254,6 +257,11 @@ def dequantize_x8_row(w, r, code, out):
     if _is_k(base_code):
         row = np.empty(w.shape[1], np.uint8)
         kquants.unpack_k8_row(w, r, base_code, row)
+        dequantize_row(row, base_code, out)
+        return
+    if blocks32.fused(base_code):
+        row = np.empty(w.shape[1], np.uint8)
+        blocks32.unpack32_row(w, r, base_code, row)
         dequantize_row(row, base_code, out)
         return
     size, halves = _group_block(base_code)
@@ -299,8 +307,10 @@ def _tokens_dot(w, r, code, xq, xd, xs, xi, t0):
 def _group_tokens(w, g, code, xq, xd, xs, xi, t0):
     """Rows 8g..8g+7 of a repacked matrix · tokens t0..t0+TOKENS-1 (prefill; simd.py): 8 rows
     of token t0, then of t0+1, ..."""
-    if code > Q8_0X8:
+    if _is_k(code):
         return kquants.group_tokens(w, g, code - PACKED, xq, xd, xs, xi, t0)
+    if blocks32.fused(code - PACKED):
+        return blocks32.group_tokens(w, g, code - PACKED, xq, xd, xs, xi, t0)
     if code == Q4_1X8:
         return group_tokens_q4_1x8(w, g, xq, xd, xs, xi, t0)
     if code == Q8_0X8:
@@ -310,9 +320,12 @@ def _group_tokens(w, g, code, xq, xd, xs, xi, t0):
 
 @njit(inline="always", cache=True)
 def _group_dot(w, g, code, xq, xd, xs, xi):
-    """Rows 8g..8g+7 of a repacked matrix · one token's int8 activations (simd.py, kquants.py)."""
-    if code > Q8_0X8:
+    """Rows 8g..8g+7 of a repacked matrix · one token's int8 activations (simd.py, kquants.py,
+    blocks32.py)."""
+    if _is_k(code):
         return kquants.group_dot(w, g, code - PACKED, xq, xd, xs, xi)
+    if blocks32.fused(code - PACKED):
+        return blocks32.group_dot(w, g, code - PACKED, xq, xd, xs, xi)
     if code == Q4_1X8:
         return group_dot_q4_1x8(w, g, xq, xd, xs, xi)
     if code == Q8_0X8:

@@ -82,7 +82,12 @@ def repack8(w, size, regions):
 @njit(cache=True, nogil=True)
 def unpack_k8_row(w, r, code, row):
     """Row r of a matrix repacked by repack_k8 (code: the GGML id) -> its stored bytes row (row_bytes,)."""
-    size = _BLOCK[code]
+    unpack8_row(w, r, _BLOCK[code], _REGIONS[code], row)
+
+
+@njit(cache=True, nogil=True)
+def unpack8_row(w, r, size, regions, row):
+    """Row r of a matrix repacked by repack8(w, size, regions) -> its stored bytes row (row_bytes,)."""
     rb = w.shape[1]
     flat = w.reshape(-1)
     i = r % 8
@@ -90,7 +95,7 @@ def unpack_k8_row(w, r, code, row):
     for b in range(rb // size):
         src = base + 8 * size * b
         for k in range(4):
-            off, length, unit = _REGIONS[code, k, 0], _REGIONS[code, k, 1], _REGIONS[code, k, 2]
+            off, length, unit = regions[k, 0], regions[k, 1], regions[k, 2]
             for c in range(length // unit):
                 for u in range(unit):
                     row[size * b + off + unit * c + u] = flat[src + 8 * off + 8 * unit * c + unit * i + u]
