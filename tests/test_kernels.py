@@ -115,7 +115,9 @@ for name in ("q4_0", "q4_1", "q8_0", "q4_k", "q5_k", "q6_k"):
 from test_blocks32 import FORMATS, check_fused  # q5_0, q5_1, iq4_nl, mxfp4 (engine/kernels/blocks32.py)
 for name in FORMATS:
     for tokens in (1, 6):
-        check_fused(name, 19, 160, tokens, seed=5)
+        n = 768 if name == "iq4_xs" else 160
+        check_fused(name, 19, n, tokens, seed=5)
+        check_fused(name, 16, n, tokens, seed=6, packed=True)  # 8-row groups (avx2: vpsignb for the grids)
 print("ok")
 """
 

@@ -26,18 +26,22 @@ from numba.extending import intrinsic
 
 from engine import quant
 from engine.kernels import kquants, simd
+from engine.kernels.kquants import _splat_i32
 from engine.kernels.simd import _FAST, _ZERO, F32, I8, I32, TOKENS, _block_dot, _byte_ptr, _load, _splat, _vec
 
-Q5_0, Q5_1, IQ4_NL, MXFP4 = 6, 7, 20, 39  # GGML type ids
-# format -> (block bytes, scale "f16"/"e8m0", qh offset or None, quants offset, minimum offset or None, grid)
+Q5_0, Q5_1, IQ4_NL, MXFP4, IQ4_XS = 6, 7, 20, 39, 23  # GGML type ids
+# format -> (block bytes, scale "f16"/"e8m0", qh offset or None, quants offset, minimum offset or None, grid).
+# IQ4_XS: 256-weight super-blocks (f16 d | u16 scales_h | scales_l[4] | 8 × 16 quant bytes) whose
+# sub-blocks of 32 are IQ4_NL's with a six-bit scale d·(ls - 32): each is dotted as a block of its own.
 FORMATS = {"q5_0": (22, "f16", 2, 6, None, None), "q5_1": (24, "f16", 4, 8, 2, None),
-           "iq4_nl": (18, "f16", None, 2, None, quant.IQ4_GRID), "mxfp4": (17, "e8m0", None, 1, None, quant.MXFP4_GRID)}
+           "iq4_nl": (18, "f16", None, 2, None, quant.IQ4_GRID), "mxfp4": (17, "e8m0", None, 1, None, quant.MXFP4_GRID),
+           "iq4_xs": (136, "f16", None, 8, None, quant.IQ4_GRID)}
 
 
 @njit(inline="always", cache=True)
 def fused(code):
     """Whether matmul dots this format here."""
-    return code == Q5_0 or code == Q5_1 or code == IQ4_NL or code == MXFP4
+    return code == Q5_0 or code == Q5_1 or code == IQ4_NL or code == MXFP4 or code == IQ4_XS
 
 
 def _nibbles(builder, ptr):
@@ -73,11 +77,12 @@ def _lookup(builder, idx, grid):
     return out
 
 
-def _weights(builder, blk, fmt):
+def _weights(builder, blk, fmt, quants=None):
     """A block's 32 weights as bytes for the dot product: (unsigned bytes, None) for q5_x, or
-    (|w|, w < 0) for the table formats (signed; simd._block_dot moves the sign to x)."""
+    (|w|, w < 0) for the table formats (signed; simd._block_dot moves the sign to x). `quants`:
+    where the 16 quant bytes are, if not at the format's offset in blk (IQ4_XS)."""
     _, _, qh_at, q_at, _, grid = FORMATS[fmt]
-    q = _nibbles(builder, builder.gep(blk, [ir.Constant(ir.IntType(64), q_at)]))
+    q = _nibbles(builder, quants if quants is not None else builder.gep(blk, [ir.Constant(ir.IntType(64), q_at)]))
     if grid is None:
         return builder.or_(q, _fifth_bits(builder, builder.gep(blk, [ir.Constant(ir.IntType(64), qh_at)]))), None
     return simd._weights_of(builder, _lookup(builder, q, grid))
@@ -92,6 +97,21 @@ def _scale(builder, blk, fmt):
     bits = builder.select(small, builder.shl(ir.Constant(I32, 0x00200000), e),
                           builder.shl(builder.sub(e, ir.Constant(I32, 1)), ir.Constant(I32, 23)))
     return builder.bitcast(bits, F32)
+
+
+def _xs_scale(builder, sup, j, d):
+    """IQ4_XS sub-block j's scale d·(ls - 32) as float32, ls = 4 bits of scales_l[j/2] | 2 bits of
+    scales_h << 4 (super-block at sup, d its half already widened; j an i64 value)."""
+    j32 = builder.trunc(j, I32)
+    sh = builder.zext(_load(builder, builder.gep(sup, [ir.Constant(ir.IntType(64), 2)]), ir.IntType(16)), I32)
+    sl = builder.zext(_load(builder, builder.gep(sup, [builder.add(builder.sdiv(j, ir.Constant(j.type, 2)),
+                                                                ir.Constant(j.type, 4))]), I8), I32)
+    lo = builder.and_(builder.lshr(sl, builder.mul(builder.and_(j32, ir.Constant(I32, 1)), ir.Constant(I32, 4))),
+                      ir.Constant(I32, 15))
+    hi = builder.shl(builder.and_(builder.lshr(sh, builder.mul(j32, ir.Constant(I32, 2))), ir.Constant(I32, 3)),
+                     ir.Constant(I32, 4))
+    ls = builder.sub(builder.or_(lo, hi), ir.Constant(I32, 32))
+    return builder.fmul(d, builder.sitofp(ls, F32), flags=_FAST)
 
 
 def _dot(fmt: str, tokens: int):
@@ -112,11 +132,19 @@ def _dot(fmt: str, tokens: int):
         extras = [cgutils.alloca_once_value(builder, ir.Constant(F32, 0.0)) for _ in per_token]
 
         def block(b, which):
-            blk = builder.gep(row, [builder.mul(b, ir.Constant(b.type, size))])
-            dw = _scale(builder, blk, fmt)
-            m = builder.fpext(_load(builder, builder.gep(blk, [ir.Constant(b.type, m_at)]), ir.HalfType()), F32) \
-                if m_at is not None else None
-            u, negative = _weights(builder, blk, fmt)  # once for every token
+            if fmt == "iq4_xs":  # b: the 32-weight sub-block (and activation block) b % 8 of super-block b / 8
+                eight = ir.Constant(b.type, 8)
+                blk = builder.gep(row, [builder.mul(builder.sdiv(b, eight), ir.Constant(b.type, size))])
+                j = builder.srem(b, eight)
+                dw = _xs_scale(builder, blk, j, _scale(builder, blk, fmt))
+                quants = builder.gep(blk, [builder.add(builder.mul(j, ir.Constant(b.type, 16)), ir.Constant(b.type, 8))])
+                m, (u, negative) = None, _weights(builder, blk, fmt, quants)
+            else:
+                blk = builder.gep(row, [builder.mul(b, ir.Constant(b.type, size))])
+                dw = _scale(builder, blk, fmt)
+                m = builder.fpext(_load(builder, builder.gep(blk, [ir.Constant(b.type, m_at)]), ir.HalfType()), F32) \
+                    if m_at is not None else None
+                u, negative = _weights(builder, blk, fmt)  # once for every token
             for k in which:
                 qp, dp, sp, ip = per_token[k]
                 s = _load(builder, builder.gep(qp, [builder.mul(b, ir.Constant(b.type, 32))]), _vec(I8, 32))
@@ -173,8 +201,8 @@ def _dot(fmt: str, tokens: int):
     return row_dot_tokens
 
 
-row_dot_q5_0, row_dot_q5_1, row_dot_iq4_nl, row_dot_mxfp4 = (_dot(f, 1) for f in FORMATS)
-tokens_q5_0, tokens_q5_1, tokens_iq4_nl, tokens_mxfp4 = (_dot(f, TOKENS) for f in FORMATS)
+row_dot_q5_0, row_dot_q5_1, row_dot_iq4_nl, row_dot_mxfp4, row_dot_iq4_xs = (_dot(f, 1) for f in FORMATS)
+tokens_q5_0, tokens_q5_1, tokens_iq4_nl, tokens_mxfp4, tokens_iq4_xs = (_dot(f, TOKENS) for f in FORMATS)
 
 
 @njit(inline="always", cache=True)
@@ -186,6 +214,8 @@ def row_dot(w, r, code, xq, xd, xs, xi):
         return row_dot_q5_1(w, r, xq, xd, xs, xi)
     if code == IQ4_NL:
         return row_dot_iq4_nl(w, r, xq, xd, xs, xi)
+    if code == IQ4_XS:
+        return row_dot_iq4_xs(w, r, xq, xd, xs, xi)
     return row_dot_mxfp4(w, r, xq, xd, xs, xi)
 
 
@@ -198,6 +228,8 @@ def tokens_dot(w, r, code, xq, xd, xs, xi, t0):
         return tokens_q5_1(w, r, xq, xd, xs, xi, t0)
     if code == IQ4_NL:
         return tokens_iq4_nl(w, r, xq, xd, xs, xi, t0)
+    if code == IQ4_XS:
+        return tokens_iq4_xs(w, r, xq, xd, xs, xi, t0)
     return tokens_mxfp4(w, r, xq, xd, xs, xi, t0)
 
 
@@ -209,11 +241,21 @@ def matmul_reference(w: np.ndarray, qtype: str, x: np.ndarray) -> np.ndarray:
     xq, xd, xs, _ = quantize_activations(x)
     T, nb = xd.shape
     size = FORMATS[qtype][0]
-    blocks = w.reshape(w.shape[0], nb, size)
     def f16(a):
         return np.ascontiguousarray(a).view(np.float16)[..., 0].astype(np.float64)
 
     _, kind, qh_at, q_at, m_at, grid = FORMATS[qtype]
+    if qtype == "iq4_xs":  # per sub-block of 32: d·(ls - 32) and IQ4_NL's grid values
+        sup = w.reshape(w.shape[0], nb // 8, size)
+        sh = np.ascontiguousarray(sup[..., 2:4]).view(np.uint16)[..., 0].astype(np.int64)
+        j = np.arange(8)
+        ls = (sup[..., 4 + j // 2].astype(np.int64) >> (4 * (j % 2))) & 15 | ((sh[..., None] >> (2 * j)) & 3) << 4
+        d = (f16(sup[..., 0:2])[..., None] * (ls - 32)).reshape(w.shape[0], nb)
+        nib = sup[..., 8:].reshape(w.shape[0], nb, 16)
+        q = grid.astype(np.int64)[np.concatenate([nib & 15, nib >> 4], axis=-1)]
+        isum = np.einsum("rbj,tbj->trb", q, xq.reshape(T, nb, 32).astype(np.int64))
+        return (d[None] * xd.astype(np.float64)[:, None, :] * isum).sum(axis=-1).astype(np.float32)
+    blocks = w.reshape(w.shape[0], nb, size)
     nib = blocks[..., q_at:q_at + 16]
     q = np.concatenate([nib & 15, nib >> 4], axis=-1).astype(np.int64)
     if grid is None:
@@ -237,8 +279,9 @@ def matmul_reference(w: np.ndarray, qtype: str, x: np.ndarray) -> np.ndarray:
 # bytes in 4-byte units. A group's block: 8 rows' scales, (minimums), qh words, then 4 chunks of 32
 # quant bytes, chunk c holding bytes 4c..4c+3 of row 0, row 1, ... (the layout of simd's q4_0 groups).
 REGIONS = {"q5_0": [(0, 2, 2), (2, 4, 4), (6, 16, 4)], "q5_1": [(0, 4, 2), (4, 4, 4), (8, 16, 4)],
-           "iq4_nl": [(0, 2, 2), (2, 16, 4)], "mxfp4": [(0, 1, 1), (1, 16, 4)]}
-CODES = {"q5_0": Q5_0, "q5_1": Q5_1, "iq4_nl": IQ4_NL, "mxfp4": MXFP4}
+           "iq4_nl": [(0, 2, 2), (2, 16, 4)], "mxfp4": [(0, 1, 1), (1, 16, 4)],
+           "iq4_xs": [(0, 2, 2), (2, 2, 2), (4, 4, 4), (8, 128, 4)]}  # d | scales_h | scales_l | qs: 1088 bytes
+CODES = {"q5_0": Q5_0, "q5_1": Q5_1, "iq4_nl": IQ4_NL, "mxfp4": MXFP4, "iq4_xs": IQ4_XS}
 _REGIONS = np.zeros((40, 4, 3), np.int64)  # GGML id -> its regions, padded with empty ones
 _REGIONS[:] = (0, 0, 1)
 _BLOCK = np.zeros(40, np.int64)
@@ -299,7 +342,6 @@ def _group32(fmt: str, tokens: int):
     the sign onto x (vpsignb). Returns a tuple of 8 float32 per token, token by token."""
     size, _, _, q_at, m_at, grid = FORMATS[fmt]
     qh_at = {"q5_0": 16, "q5_1": 32}.get(fmt)
-    q8 = 8 * q_at
     offset = grid is not None and simd.DOT != "avx2"
 
     def typer(w, g, xq, xd, xs, xi, *t0):
@@ -312,8 +354,24 @@ def _group32(fmt: str, tokens: int):
             low, four = ir.Constant(_vec(I8, 32), [15] * 32), ir.Constant(_vec(I8, 32), [4] * 32)
             with cgutils.for_range(builder, nb) as loop:
                 b = loop.index
-                blk = builder.gep(base, [builder.mul(b, ir.Constant(b.type, 8 * size))])
-                d8 = _scales8(builder, blk, fmt)
+                if fmt == "iq4_xs":  # sub-block j = b % 8 of the 8 rows' super-block b / 8
+                    eight = ir.Constant(b.type, 8)
+                    sup = builder.gep(base, [builder.mul(builder.sdiv(b, eight), ir.Constant(b.type, 8 * size))])
+                    j = builder.trunc(builder.srem(b, eight), I32)
+                    sh = builder.zext(_load(builder, builder.gep(sup, [ir.Constant(b.type, 16)]), _vec(ir.IntType(16), 8)), vi)
+                    sl = _load(builder, builder.gep(sup, [ir.Constant(b.type, 32)]), vi)
+                    lo = builder.and_(builder.lshr(sl, _splat_i32(builder, builder.mul(j, ir.Constant(I32, 4)))),
+                                      ir.Constant(vi, [15] * 8))
+                    hi = builder.shl(builder.and_(builder.lshr(sh, _splat_i32(builder, builder.mul(j, ir.Constant(I32, 2)))),
+                                                  ir.Constant(vi, [3] * 8)), ir.Constant(vi, [4] * 8))
+                    ls = builder.sub(builder.or_(lo, hi), ir.Constant(vi, [32] * 8))
+                    d8 = builder.fmul(_scales8(builder, sup, fmt), builder.sitofp(ls, vf), flags=_FAST)
+                    blk = builder.gep(sup, [builder.mul(builder.zext(j, b.type), ir.Constant(b.type, 128))])
+                    q8 = 64  # the sub-block's 4 quant chunks follow at blk + 64
+                else:
+                    blk = builder.gep(base, [builder.mul(b, ir.Constant(b.type, 8 * size))])
+                    d8 = _scales8(builder, blk, fmt)
+                    q8 = 8 * q_at
                 m8 = builder.fpext(_load(builder, builder.gep(blk, [ir.Constant(b.type, 16)]), _vec(ir.HalfType(), 8)),
                                    vf) if m_at is not None else None
                 qh = _load(builder, builder.gep(blk, [ir.Constant(b.type, qh_at)]), _vec(I8, 32)) \
@@ -368,8 +426,9 @@ def _group32(fmt: str, tokens: int):
     return simd.group_intrinsic(typer, tokens)
 
 
-group_q5_0, group_q5_1, group_iq4_nl, group_mxfp4 = (_group32(f, 1) for f in FORMATS)
-group_tokens_q5_0, group_tokens_q5_1, group_tokens_iq4_nl, group_tokens_mxfp4 = (_group32(f, TOKENS) for f in FORMATS)
+group_q5_0, group_q5_1, group_iq4_nl, group_mxfp4, group_iq4_xs = (_group32(f, 1) for f in FORMATS)
+group_tokens_q5_0, group_tokens_q5_1, group_tokens_iq4_nl, group_tokens_mxfp4, group_tokens_iq4_xs = (
+    _group32(f, TOKENS) for f in FORMATS)
 
 
 @njit(cache=True, nogil=True)
@@ -381,6 +440,8 @@ def group_dot(w, g, code, xq, xd, xs, xi):
         return group_q5_1(w, g, xq, xd, xs, xi)
     if code == IQ4_NL:
         return group_iq4_nl(w, g, xq, xd, xs, xi)
+    if code == IQ4_XS:
+        return group_iq4_xs(w, g, xq, xd, xs, xi)
     return group_mxfp4(w, g, xq, xd, xs, xi)
 
 
@@ -393,4 +454,6 @@ def group_tokens(w, g, code, xq, xd, xs, xi, t0):
         return group_tokens_q5_1(w, g, xq, xd, xs, xi, t0)
     if code == IQ4_NL:
         return group_tokens_iq4_nl(w, g, xq, xd, xs, xi, t0)
+    if code == IQ4_XS:
+        return group_tokens_iq4_xs(w, g, xq, xd, xs, xi, t0)
     return group_tokens_mxfp4(w, g, xq, xd, xs, xi, t0)
