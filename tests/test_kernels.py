@@ -11,7 +11,7 @@ from engine.kernels import reference as ref
 
 FORMATS = ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k",
            "iq4_nl", "iq4_xs", "mxfp4"]
-INT_FORMATS = ["q4_0", "q4_1", "q8_0", "q4_k", "q5_k", "q6_k"]  # decoded with int8 activations (llama.cpp's scheme)
+INT_FORMATS = ["q4_0", "q4_1", "q8_0", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k"]  # decoded with int8 activations (llama.cpp's scheme)
 PACK_FORMATS = ["q4_0", "q4_1", "q8_0"]  # repacked into 8-row groups when resident
 
 
@@ -94,7 +94,7 @@ from engine import quant
 from engine.kernels import cpu, simd
 from engine.kernels import reference as ref
 assert simd.DOT == sys.argv[1], simd.DOT
-for name in ("q4_0", "q4_1", "q8_0", "q4_k", "q5_k", "q6_k"):
+for name in ("q4_0", "q4_1", "q8_0", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k"):
     n = 256 if name.endswith("_k") else 128  # (K-quants: stored rows and groups, decode and prefill)
     w = stored_matrix(name, 19, n, seed=2)
     x = np.random.default_rng(4).standard_normal((1, n)).astype(np.float32)

@@ -28,7 +28,7 @@ PACKED = 1000  # + a GGML id: that format repacked in groups of 8 rows at load (
 Q4_0X8, Q4_1X8, Q8_0X8 = PACKED + Q4_0, PACKED + Q4_1, PACKED + Q8_0
 Q4_KX8, Q5_KX8, Q6_KX8 = PACKED + Q4_K, PACKED + Q5_K, PACKED + Q6_K
 PACKABLE = (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K, Q5_0, Q5_1, IQ4_NL, MXFP4, IQ4_XS)
-INT_CODES = PACKABLE + tuple(PACKED + c for c in PACKABLE)  # formats dotted in integers (int8 activations)
+INT_CODES = PACKABLE + (Q2_K, Q3_K) + tuple(PACKED + c for c in PACKABLE)  # dotted in integers (int8 activations)
 INT_MAX_T = TOKENS - 1  # up to this many tokens (decode), the fused kernels (matmul_int, swiglu_int) apply
 _F16 = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)  # bits -> value
 _E8M0 = quant.e8m0_half(np.arange(256))  # MXFP4 exponent byte -> its scale
@@ -51,7 +51,7 @@ def _i8(b):
 def is_int_code(code):
     """Whether `code` (a GGML id, or PACKED + one) has an integer dot product (INT_CODES)."""
     c = code - PACKED if code > PACKED else code
-    return c == Q4_0 or c == Q4_1 or c == Q8_0 or c == Q4_K or c == Q5_K or c == Q6_K or blocks32.fused(c)
+    return c == Q4_0 or c == Q4_1 or c == Q8_0 or _is_k(c) or c == Q2_K or c == Q3_K or blocks32.fused(c)
 
 
 @njit(inline="always", cache=True)
@@ -291,7 +291,7 @@ def _tokens_dot(w, r, code, xq, xd, xs, xi, t0):
     simd.py; K-quants a token at a time)."""
     if blocks32.fused(code):
         return blocks32.tokens_dot(w, r, code, xq, xd, xs, xi, t0)
-    if _is_k(code):
+    if _is_k(code) or code == Q2_K or code == Q3_K:
         return (kquants.row_dot(w, r, code, xq[t0], xd[t0], xs[t0], xi[t0]),
                 kquants.row_dot(w, r, code, xq[t0 + 1], xd[t0 + 1], xs[t0 + 1], xi[t0 + 1]),
                 kquants.row_dot(w, r, code, xq[t0 + 2], xd[t0 + 2], xs[t0 + 2], xi[t0 + 2]),
@@ -340,7 +340,7 @@ def _int_dot(w, r, code, xq, xd, xs, xi):
     blocks32.py; K-quants: kquants.py)."""
     if blocks32.fused(code):
         return blocks32.row_dot(w, r, code, xq, xd, xs, xi)
-    if _is_k(code):
+    if _is_k(code) or code == Q2_K or code == Q3_K:  # (Q2_K, Q3_K: stored rows only)
         return kquants.row_dot(w, r, code, xq, xd, xs, xi)
     if code == Q4_1:
         return row_dot_q4_1(w, r, xq, xd, xs, xi)
