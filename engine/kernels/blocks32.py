@@ -1,7 +1,9 @@
 """Fused dot products for the 32-weight block formats llama.cpp writes beside the K-quants:
 Q5_0 and Q5_1 (its fallbacks for rows that are not a multiple of 256), IQ4_NL and MXFP4 (gpt-oss
-experts), read straight from the blocks and dotted with int8 activations, as simd.py does for
-q4_0/q4_1/q8_0 (numba intrinsics emitting LLVM vector code; simd.DOT picks the instructions).
+experts), and IQ4_XS (IQ4_NL blocks under six-bit scales per 256), read straight from the blocks
+and dotted with int8 activations, as simd.py does for q4_0/q4_1/q8_0 (numba intrinsics emitting
+LLVM vector code; simd.DOT picks the instructions): rows as stored, or 8-row groups repacked at
+load (repack32; one 4-byte vector lane per row, as simd's q4_0 groups).
 
 Per block, the 32 weights become 32 bytes, their byte dot product with the block's 32 int8
 activations lands in int32 lanes, and the block is scaled once:

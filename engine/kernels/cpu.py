@@ -1,6 +1,8 @@
-"""CPU kernels in Numba. Weights stay in their stored format (no float copy) and are read in
-groups of four rows: decode dots q4_0/q4_1/q8_0 straight from the blocks, prefill dequantizes a
-group once into a small buffer and dots it with every token of the batch.
+"""CPU kernels in Numba. Weights stay in their stored format (no float copy): the formats in
+INT_CODES are dotted straight from their blocks with int8 activations (a row, or an 8-row group
+repacked at load, at a time; prefill TOKENS tokens per loaded block), the others are dequantized
+four rows at a time into a small buffer and dotted in float. engine/kernels/table.py lists which
+module holds each format's code, its numpy twin and its tolerance.
 
 Layout: a weight matrix is uint8 (rows, row_bytes): row r holds output feature r's weights over
 the input dimension, as consecutive blocks of its format (see engine.quant). Activations are
@@ -231,11 +233,12 @@ def _group_block(code):
 
 @njit(cache=True, nogil=True)
 def repack_x8(w, code):
-    """In place, a q4_0/q4_1/q8_0 matrix (rows, row_bytes), rows a multiple of 8 -> groups of 8
+    """In place, a PACKABLE matrix (rows, row_bytes), rows a multiple of 8 -> groups of 8
     rows stored block by block: the 8 rows' head halves (d; d then m for q4_1: 16 bytes each),
     then their quants in chunks of 32 bytes (4 for q4, 8 for q8_0), chunk c holding bytes
     4c..4c+3 of row 0, then of row 1, ... (the same size in all). Layout of simd's group dot
-    products: one 4-byte vector lane per row. K-quants: kquants.repack_k8 (their own regions)."""
+    products: one 4-byte vector lane per row (q4_0/q4_1/q8_0 here). K-quants: kquants.repack_k8;
+    q5_0/q5_1/iq4_nl/mxfp4/iq4_xs: blocks32.repack32 (their own regions)."""
     if _is_k(code):
         kquants.repack_k8(w, code)
         return
@@ -335,7 +338,7 @@ def _group_dot(w, g, code, xq, xd, xs, xi):
 
 @njit(inline="always", cache=True)
 def _int_dot(w, r, code, xq, xd, xs, xi):
-    """Row r of a q4_0/q4_1/q8_0 matrix · int8 activations xq (n,), block by block:
+    """Row r of a stored matrix in an INT_CODES format · int8 activations xq (n,), block by block:
     d_w·d_x·Σ q_w q_x, plus m_w·s_x (q4_1) or minus 8·d_w·d_x·Σ q_x (q4_0) (simd.py; Q5_x, IQ4_NL, MXFP4:
     blocks32.py; K-quants: kquants.py)."""
     if blocks32.fused(code):
@@ -366,7 +369,8 @@ def _f32_dot4(buf, x):
 def matmul(w, code, x, out, exact=False):
     """out (T, rows) = x (T, n) @ W.T; W (rows, row_bytes) stored.
 
-    q4_0/q4_1/q8_0 (plain or repacked) and q5_0/q5_1/iq4_nl/mxfp4 (blocks32.py) unless `exact`: x is quantized to int8 blocks once and
+    Formats in INT_CODES (plain or repacked; engine/kernels/table.py lists which module dots each)
+    unless `exact`: x is quantized to int8 blocks once and
     rows are dotted in integers straight from their blocks (llama.cpp's scheme: byte dot
     products, one float multiply per 32 weights) — for a few tokens a row (or an 8-row group)
     at a time, for more TOKENS tokens per loaded block. Otherwise (other formats, or `exact`)
@@ -425,7 +429,7 @@ def matmul(w, code, x, out, exact=False):
 
 @njit(parallel=True, fastmath=True, cache=True, nogil=True)
 def matmul_int(ws, codes, x, outs):
-    """outs[i] (T, rows_i) = x (T, n) @ W_i.T for several q4_0/q4_1/q8_0 matrices (plain or
+    """outs[i] (T, rows_i) = x (T, n) @ W_i.T for several matrices in INT_CODES formats (plain or
     repacked) that read the same x (attention's q, k and v): x is quantized once, and one
     parallel loop covers every matrix's rows. T <= INT_MAX_T."""
     T, n = x.shape
@@ -453,7 +457,7 @@ def matmul_int(ws, codes, x, outs):
 
 @njit(parallel=True, fastmath=True, cache=True, nogil=True)
 def swiglu_int(wg, cg, wu, cu, x, out):
-    """out (T, rows) = silu(x @ Wg.T) * (x @ Wu.T) for q4_0/q4_1/q8_0 gate and up matrices: the
+    """out (T, rows) = silu(x @ Wg.T) * (x @ Wu.T) for gate and up matrices in INT_CODES formats: the
     SwiGLU feed-forward's first half in one pass, x quantized once. T <= INT_MAX_T."""
     T, n = x.shape
     xq, xd, xs, xi = quantized(x)
@@ -480,7 +484,7 @@ def moe_int(gates, ups, downs, cg, cu, cd, mix, x, act, out):
     """out (1, n) = Σ_e mix[e] · down_e(silu(gate_e x) · up_e x) over one token's k experts
     (decode), in two parallel loops: every expert's gate and up rows, then the down rows, each
     output row summing its experts. gates, ups, downs: tuples of k matrices in the formats cg,
-    cu, cd (q4_0/q4_1/q8_0, plain or repacked; gate and up both repacked or neither); x (1, n);
+    cu, cd (INT_CODES, plain or repacked; gate and up both repacked or neither); x (1, n);
     act (k, ff) scratch. One call per MoE layer instead of two per expert."""
     n, k, ff = x.shape[1], len(gates), gates[0].shape[0]
     xq, xd, xs, xi = quantized(x)
