@@ -6,13 +6,21 @@ import pytest
 from test_quant import random_blocks
 
 from engine import quant
-from engine.kernels import blocks32, cpu
+from engine.kernels import cpu, table
 from engine.kernels import reference as ref
 
-FORMATS = ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k",
-           "iq4_nl", "iq4_xs", "mxfp4"]
-INT_FORMATS = ["q4_0", "q4_1", "q8_0", "q4_k", "q5_k", "q6_k"]  # decoded with int8 activations (llama.cpp's scheme)
-PACK_FORMATS = ["q4_0", "q4_1", "q8_0"]  # repacked into 8-row groups when resident
+# What is tested comes from the kernel table (engine/kernels/table.py): its formats, twins and tolerances.
+FORMATS = list(table.ALL)
+INT_FORMATS = list(table.int_formats())  # decoded with int8 activations (llama.cpp's scheme)
+PACK_FORMATS = list(table.packed_formats())  # repacked into 8-row groups when resident
+
+
+def twin(name: str, w: np.ndarray, x: np.ndarray, op: str = "matmul") -> tuple[np.ndarray, float, float]:
+    """The table's numpy twin of `op` on `name` weights, with the (rtol, atol) it is held to."""
+    k = table.lookup(op, name)
+    fn = table.resolve(k.twin)
+    want = fn(w, name, x.shape[1], x) if k.twin == "engine.kernels.reference:matmul" else fn(w, name, x)
+    return want, k.rtol, k.atol
 
 
 def stored_matrix(name: str, rows: int, n: int, seed: int) -> np.ndarray:
@@ -31,13 +39,12 @@ def test_matmul_matches_numpy(name, tokens):
     x = np.random.default_rng(9).standard_normal((tokens, n)).astype(np.float32)
     out = np.empty((tokens, rows), np.float32)
     cpu.matmul(w, quant.get(name).type_id, x, out)
-    want = ref.matmul_int(w, name, x) if name in INT_FORMATS else \
-        blocks32.matmul_reference(w, name, x) if name in blocks32.FORMATS else ref.matmul(w, name, n, x)
-    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    want, rtol, atol = twin(name, w, x)
+    np.testing.assert_allclose(out, want, rtol=rtol, atol=atol * np.abs(want).max())
     exact = np.empty_like(out)  # int8_activations off: float activations, the float reference
     cpu.matmul(w, quant.get(name).type_id, x, exact, True)
-    want = ref.matmul(w, name, n, x)
-    np.testing.assert_allclose(exact, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    want, rtol, atol = twin(name, w, x, "matmul_exact")
+    np.testing.assert_allclose(exact, want, rtol=rtol, atol=atol * np.abs(want).max())
 
 
 def test_activation_quantization_is_the_numpy_twin_bit_for_bit():
@@ -94,7 +101,7 @@ from engine import quant
 from engine.kernels import cpu, simd
 from engine.kernels import reference as ref
 assert simd.DOT == sys.argv[1], simd.DOT
-for name in ("q4_0", "q4_1", "q8_0", "q4_k", "q5_k", "q6_k"):
+for name in ("q4_0", "q4_1", "q8_0", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k"):
     n = 256 if name.endswith("_k") else 128  # (K-quants: stored rows and groups, decode and prefill)
     w = stored_matrix(name, 19, n, seed=2)
     x = np.random.default_rng(4).standard_normal((1, n)).astype(np.float32)
@@ -115,7 +122,9 @@ for name in ("q4_0", "q4_1", "q8_0", "q4_k", "q5_k", "q6_k"):
 from test_blocks32 import FORMATS, check_fused  # q5_0, q5_1, iq4_nl, mxfp4 (engine/kernels/blocks32.py)
 for name in FORMATS:
     for tokens in (1, 6):
-        check_fused(name, 19, 160, tokens, seed=5)
+        n = 768 if name == "iq4_xs" else 160
+        check_fused(name, 19, n, tokens, seed=5)
+        check_fused(name, 16, n, tokens, seed=6, packed=True)  # 8-row groups (avx2: vpsignb for the grids)
 print("ok")
 """
 
@@ -286,11 +295,11 @@ def check_repacked(name: str, rows: int, n: int):
         x = rng.standard_normal((T, n)).astype(np.float32)
         out = np.empty((T, rows), np.float32)
         cpu.matmul(packed, code + cpu.PACKED, x, out)
-        want = ref.matmul_int(w, name, x)  # (K-quants: ref.matmul_int_k)
-        np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+        want, rtol, atol = twin(name, w, x)
+        np.testing.assert_allclose(out, want, rtol=rtol, atol=atol * np.abs(want).max())
         cpu.matmul(packed, code + cpu.PACKED, x, out, True)
-        want = ref.matmul(w, name, n, x)
-        np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+        want, rtol, atol = twin(name, w, x, "matmul_exact")
+        np.testing.assert_allclose(out, want, rtol=rtol, atol=atol * np.abs(want).max())
     return w, packed, code, rng
 
 
@@ -306,7 +315,7 @@ def test_repacked_matrices_give_the_same_products(name):
     x = rng.standard_normal((1, n)).astype(np.float32)
     out = np.empty((1, rows), np.float32)
     cpu.swiglu_int(packed, code + cpu.PACKED, up_packed, code + cpu.PACKED, x, out)
-    want = ref.swiglu(ref.matmul_int(w, name, x).astype(np.float64), ref.matmul_int(up, name, x))
+    want = ref.swiglu(twin(name, w, x)[0].astype(np.float64), twin(name, up, x)[0])
     np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-5 * np.abs(want).max())
 
 

@@ -1,7 +1,9 @@
 """Fused dot products for the 32-weight block formats llama.cpp writes beside the K-quants:
 Q5_0 and Q5_1 (its fallbacks for rows that are not a multiple of 256), IQ4_NL and MXFP4 (gpt-oss
-experts), read straight from the blocks and dotted with int8 activations, as simd.py does for
-q4_0/q4_1/q8_0 (numba intrinsics emitting LLVM vector code; simd.DOT picks the instructions).
+experts), and IQ4_XS (IQ4_NL blocks under six-bit scales per 256), read straight from the blocks
+and dotted with int8 activations, as simd.py does for q4_0/q4_1/q8_0 (numba intrinsics emitting
+LLVM vector code; simd.DOT picks the instructions): rows as stored, or 8-row groups repacked at
+load (repack32; one 4-byte vector lane per row, as simd's q4_0 groups).
 
 Per block, the 32 weights become 32 bytes, their byte dot product with the block's 32 int8
 activations lands in int32 lanes, and the block is scaled once:
@@ -25,19 +27,23 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from engine import quant
-from engine.kernels import simd
+from engine.kernels import kquants, simd
+from engine.kernels.kquants import _splat_i32
 from engine.kernels.simd import _FAST, _ZERO, F32, I8, I32, TOKENS, _block_dot, _byte_ptr, _load, _splat, _vec
 
-Q5_0, Q5_1, IQ4_NL, MXFP4 = 6, 7, 20, 39  # GGML type ids
-# format -> (block bytes, scale "f16"/"e8m0", qh offset or None, quants offset, minimum offset or None, grid)
+Q5_0, Q5_1, IQ4_NL, MXFP4, IQ4_XS = 6, 7, 20, 39, 23  # GGML type ids
+# format -> (block bytes, scale "f16"/"e8m0", qh offset or None, quants offset, minimum offset or None, grid).
+# IQ4_XS: 256-weight super-blocks (f16 d | u16 scales_h | scales_l[4] | 8 × 16 quant bytes) whose
+# sub-blocks of 32 are IQ4_NL's with a six-bit scale d·(ls - 32): each is dotted as a block of its own.
 FORMATS = {"q5_0": (22, "f16", 2, 6, None, None), "q5_1": (24, "f16", 4, 8, 2, None),
-           "iq4_nl": (18, "f16", None, 2, None, quant.IQ4_GRID), "mxfp4": (17, "e8m0", None, 1, None, quant.MXFP4_GRID)}
+           "iq4_nl": (18, "f16", None, 2, None, quant.IQ4_GRID), "mxfp4": (17, "e8m0", None, 1, None, quant.MXFP4_GRID),
+           "iq4_xs": (136, "f16", None, 8, None, quant.IQ4_GRID)}
 
 
 @njit(inline="always", cache=True)
 def fused(code):
     """Whether matmul dots this format here."""
-    return code == Q5_0 or code == Q5_1 or code == IQ4_NL or code == MXFP4
+    return code == Q5_0 or code == Q5_1 or code == IQ4_NL or code == MXFP4 or code == IQ4_XS
 
 
 def _nibbles(builder, ptr):
@@ -73,11 +79,12 @@ def _lookup(builder, idx, grid):
     return out
 
 
-def _weights(builder, blk, fmt):
+def _weights(builder, blk, fmt, quants=None):
     """A block's 32 weights as bytes for the dot product: (unsigned bytes, None) for q5_x, or
-    (|w|, w < 0) for the table formats (signed; simd._block_dot moves the sign to x)."""
+    (|w|, w < 0) for the table formats (signed; simd._block_dot moves the sign to x). `quants`:
+    where the 16 quant bytes are, if not at the format's offset in blk (IQ4_XS)."""
     _, _, qh_at, q_at, _, grid = FORMATS[fmt]
-    q = _nibbles(builder, builder.gep(blk, [ir.Constant(ir.IntType(64), q_at)]))
+    q = _nibbles(builder, quants if quants is not None else builder.gep(blk, [ir.Constant(ir.IntType(64), q_at)]))
     if grid is None:
         return builder.or_(q, _fifth_bits(builder, builder.gep(blk, [ir.Constant(ir.IntType(64), qh_at)]))), None
     return simd._weights_of(builder, _lookup(builder, q, grid))
@@ -92,6 +99,21 @@ def _scale(builder, blk, fmt):
     bits = builder.select(small, builder.shl(ir.Constant(I32, 0x00200000), e),
                           builder.shl(builder.sub(e, ir.Constant(I32, 1)), ir.Constant(I32, 23)))
     return builder.bitcast(bits, F32)
+
+
+def _xs_scale(builder, sup, j, d):
+    """IQ4_XS sub-block j's scale d·(ls - 32) as float32, ls = 4 bits of scales_l[j/2] | 2 bits of
+    scales_h << 4 (super-block at sup, d its half already widened; j an i64 value)."""
+    j32 = builder.trunc(j, I32)
+    sh = builder.zext(_load(builder, builder.gep(sup, [ir.Constant(ir.IntType(64), 2)]), ir.IntType(16)), I32)
+    sl = builder.zext(_load(builder, builder.gep(sup, [builder.add(builder.sdiv(j, ir.Constant(j.type, 2)),
+                                                                ir.Constant(j.type, 4))]), I8), I32)
+    lo = builder.and_(builder.lshr(sl, builder.mul(builder.and_(j32, ir.Constant(I32, 1)), ir.Constant(I32, 4))),
+                      ir.Constant(I32, 15))
+    hi = builder.shl(builder.and_(builder.lshr(sh, builder.mul(j32, ir.Constant(I32, 2))), ir.Constant(I32, 3)),
+                     ir.Constant(I32, 4))
+    ls = builder.sub(builder.or_(lo, hi), ir.Constant(I32, 32))
+    return builder.fmul(d, builder.sitofp(ls, F32), flags=_FAST)
 
 
 def _dot(fmt: str, tokens: int):
@@ -112,11 +134,19 @@ def _dot(fmt: str, tokens: int):
         extras = [cgutils.alloca_once_value(builder, ir.Constant(F32, 0.0)) for _ in per_token]
 
         def block(b, which):
-            blk = builder.gep(row, [builder.mul(b, ir.Constant(b.type, size))])
-            dw = _scale(builder, blk, fmt)
-            m = builder.fpext(_load(builder, builder.gep(blk, [ir.Constant(b.type, m_at)]), ir.HalfType()), F32) \
-                if m_at is not None else None
-            u, negative = _weights(builder, blk, fmt)  # once for every token
+            if fmt == "iq4_xs":  # b: the 32-weight sub-block (and activation block) b % 8 of super-block b / 8
+                eight = ir.Constant(b.type, 8)
+                blk = builder.gep(row, [builder.mul(builder.sdiv(b, eight), ir.Constant(b.type, size))])
+                j = builder.srem(b, eight)
+                dw = _xs_scale(builder, blk, j, _scale(builder, blk, fmt))
+                quants = builder.gep(blk, [builder.add(builder.mul(j, ir.Constant(b.type, 16)), ir.Constant(b.type, 8))])
+                m, (u, negative) = None, _weights(builder, blk, fmt, quants)
+            else:
+                blk = builder.gep(row, [builder.mul(b, ir.Constant(b.type, size))])
+                dw = _scale(builder, blk, fmt)
+                m = builder.fpext(_load(builder, builder.gep(blk, [ir.Constant(b.type, m_at)]), ir.HalfType()), F32) \
+                    if m_at is not None else None
+                u, negative = _weights(builder, blk, fmt)  # once for every token
             for k in which:
                 qp, dp, sp, ip = per_token[k]
                 s = _load(builder, builder.gep(qp, [builder.mul(b, ir.Constant(b.type, 32))]), _vec(I8, 32))
@@ -173,8 +203,8 @@ def _dot(fmt: str, tokens: int):
     return row_dot_tokens
 
 
-row_dot_q5_0, row_dot_q5_1, row_dot_iq4_nl, row_dot_mxfp4 = (_dot(f, 1) for f in FORMATS)
-tokens_q5_0, tokens_q5_1, tokens_iq4_nl, tokens_mxfp4 = (_dot(f, TOKENS) for f in FORMATS)
+row_dot_q5_0, row_dot_q5_1, row_dot_iq4_nl, row_dot_mxfp4, row_dot_iq4_xs = (_dot(f, 1) for f in FORMATS)
+tokens_q5_0, tokens_q5_1, tokens_iq4_nl, tokens_mxfp4, tokens_iq4_xs = (_dot(f, TOKENS) for f in FORMATS)
 
 
 @njit(inline="always", cache=True)
@@ -186,6 +216,8 @@ def row_dot(w, r, code, xq, xd, xs, xi):
         return row_dot_q5_1(w, r, xq, xd, xs, xi)
     if code == IQ4_NL:
         return row_dot_iq4_nl(w, r, xq, xd, xs, xi)
+    if code == IQ4_XS:
+        return row_dot_iq4_xs(w, r, xq, xd, xs, xi)
     return row_dot_mxfp4(w, r, xq, xd, xs, xi)
 
 
@@ -198,6 +230,8 @@ def tokens_dot(w, r, code, xq, xd, xs, xi, t0):
         return tokens_q5_1(w, r, xq, xd, xs, xi, t0)
     if code == IQ4_NL:
         return tokens_iq4_nl(w, r, xq, xd, xs, xi, t0)
+    if code == IQ4_XS:
+        return tokens_iq4_xs(w, r, xq, xd, xs, xi, t0)
     return tokens_mxfp4(w, r, xq, xd, xs, xi, t0)
 
 
@@ -209,11 +243,21 @@ def matmul_reference(w: np.ndarray, qtype: str, x: np.ndarray) -> np.ndarray:
     xq, xd, xs, _ = quantize_activations(x)
     T, nb = xd.shape
     size = FORMATS[qtype][0]
-    blocks = w.reshape(w.shape[0], nb, size)
     def f16(a):
         return np.ascontiguousarray(a).view(np.float16)[..., 0].astype(np.float64)
 
     _, kind, qh_at, q_at, m_at, grid = FORMATS[qtype]
+    if qtype == "iq4_xs":  # per sub-block of 32: d·(ls - 32) and IQ4_NL's grid values
+        sup = w.reshape(w.shape[0], nb // 8, size)
+        sh = np.ascontiguousarray(sup[..., 2:4]).view(np.uint16)[..., 0].astype(np.int64)
+        j = np.arange(8)
+        ls = (sup[..., 4 + j // 2].astype(np.int64) >> (4 * (j % 2))) & 15 | ((sh[..., None] >> (2 * j)) & 3) << 4
+        d = (f16(sup[..., 0:2])[..., None] * (ls - 32)).reshape(w.shape[0], nb)
+        nib = sup[..., 8:].reshape(w.shape[0], nb, 16)
+        q = grid.astype(np.int64)[np.concatenate([nib & 15, nib >> 4], axis=-1)]
+        isum = np.einsum("rbj,tbj->trb", q, xq.reshape(T, nb, 32).astype(np.int64))
+        return (d[None] * xd.astype(np.float64)[:, None, :] * isum).sum(axis=-1).astype(np.float32)
+    blocks = w.reshape(w.shape[0], nb, size)
     nib = blocks[..., q_at:q_at + 16]
     q = np.concatenate([nib & 15, nib >> 4], axis=-1).astype(np.int64)
     if grid is None:
@@ -229,3 +273,189 @@ def matmul_reference(w: np.ndarray, qtype: str, x: np.ndarray) -> np.ndarray:
     if m_at is not None:
         out += (f16(blocks[..., m_at:m_at + 2])[None] * xs.astype(np.float64)[:, None, :]).sum(axis=-1)
     return out.astype(np.float32)
+
+
+# --- 8-row groups (repack8 at load): one 4-byte vector lane per row -------------------------------
+# format -> regions (offset, bytes, unit) of a block that kquants.repack8 interleaves over 8 rows:
+# the scale (and q5_1's minimum) halves, or mxfp4's exponent bytes; q5_x's 4 qh bytes; the 16 quant
+# bytes in 4-byte units. A group's block: 8 rows' scales, (minimums), qh words, then 4 chunks of 32
+# quant bytes, chunk c holding bytes 4c..4c+3 of row 0, row 1, ... (the layout of simd's q4_0 groups).
+REGIONS = {"q5_0": [(0, 2, 2), (2, 4, 4), (6, 16, 4)], "q5_1": [(0, 4, 2), (4, 4, 4), (8, 16, 4)],
+           "iq4_nl": [(0, 2, 2), (2, 16, 4)], "mxfp4": [(0, 1, 1), (1, 16, 4)],
+           "iq4_xs": [(0, 2, 2), (2, 2, 2), (4, 4, 4), (8, 128, 4)]}  # d | scales_h | scales_l | qs: 1088 bytes
+CODES = {"q5_0": Q5_0, "q5_1": Q5_1, "iq4_nl": IQ4_NL, "mxfp4": MXFP4, "iq4_xs": IQ4_XS}
+_REGIONS = np.zeros((40, 4, 3), np.int64)  # GGML id -> its regions, padded with empty ones
+_REGIONS[:] = (0, 0, 1)
+_BLOCK = np.zeros(40, np.int64)
+for _f, _r in REGIONS.items():
+    _REGIONS[CODES[_f], :len(_r)] = _r
+    _BLOCK[CODES[_f]] = FORMATS[_f][0]
+
+
+@njit(cache=True, nogil=True)
+def repack32(w, code):
+    """In place, a q5_0/q5_1/iq4_nl/mxfp4 matrix (rows, row_bytes), rows a multiple of 8 -> 8-row
+    groups (REGIONS; the same bytes, moved)."""
+    kquants.repack8(w, _BLOCK[code], _REGIONS[code])
+
+
+@njit(cache=True, nogil=True)
+def unpack32_row(w, r, code, row):
+    """Row r of a matrix repacked by repack32 (code: the GGML id) -> its stored bytes row (row_bytes,)."""
+    kquants.unpack8_row(w, r, _BLOCK[code], _REGIONS[code], row)
+
+
+def _scales8(builder, blk, fmt):
+    """The 8 rows' weight scales of a group block as <8 x float>: halves, or e8m0 bytes."""
+    vf, vi = _vec(F32, 8), _vec(I32, 8)
+    if FORMATS[fmt][1] == "f16":
+        return builder.fpext(_load(builder, blk, _vec(ir.HalfType(), 8)), vf)
+    e = builder.zext(_load(builder, blk, _vec(I8, 8)), vi)
+    small = builder.icmp_unsigned("<", e, ir.Constant(vi, [2] * 8))
+    bits = builder.select(small, builder.shl(ir.Constant(vi, [0x00200000] * 8), e),
+                          builder.shl(builder.sub(e, ir.Constant(vi, [1] * 8)), ir.Constant(vi, [23] * 8)))
+    return builder.bitcast(bits, vf)
+
+
+def _group_fifth_bits(builder, qh, c, high):
+    """From a group block's qh words (<32 x i8>, row i's 4 bytes in lane i): 16 in byte k of lane i
+    where row i's weight 4c + k (16 + 4c + k if `high`) has its fifth bit set, else 0."""
+    src = [4 * i + 2 * high + c // 2 for i in range(8) for _ in range(4)]
+    spread = builder.shuffle_vector(qh, qh, ir.Constant(_vec(I32, 32), src))
+    mask = ir.Constant(_vec(I8, 32), [1 << (4 * (c % 2) + k) for _ in range(8) for k in range(4)])
+    on = builder.icmp_unsigned("!=", builder.and_(spread, mask), ir.Constant(_vec(I8, 32), None))
+    return builder.select(on, ir.Constant(_vec(I8, 32), [16] * 32), ir.Constant(_vec(I8, 32), None))
+
+
+def _psign(builder, s, sign):
+    """s with the sign of `sign` per byte (0 where it is 0): AVX2's vpsignb."""
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_vec(I8, 32), [_vec(I8, 32)] * 2),
+                                        "llvm.x86.avx2.psign.b")
+    return builder.call(fn, [s, sign])
+
+
+def _group32(fmt: str, tokens: int):
+    """An intrinsic dotting rows 8g..8g+7 of a `fmt` matrix repacked by repack32 with int8
+    activations: one token's (tokens=1) or TOKENS tokens' from t0 on (prefill; each block's
+    weights unpacked once for all of them). Per block and token: 8 vpdpbusd (4 byte lanes of
+    4 broadcast activations each) sum each row in its own lane, then one multiply-add scales
+    the 8 rows. Table formats: vnni/generic take grid + 128 as unsigned bytes (one vpshufb) and
+    start the sum at -128 Σq_x; avx2 (whose pair sums saturate at int16) takes |grid| and moves
+    the sign onto x (vpsignb). Returns a tuple of 8 float32 per token, token by token."""
+    size, _, _, q_at, m_at, grid = FORMATS[fmt]
+    qh_at = {"q5_0": 16, "q5_1": 32}.get(fmt)
+    offset = grid is not None and simd.DOT != "avx2"
+
+    def typer(w, g, xq, xd, xs, xi, *t0):
+        def codegen(context, builder, sig, args):
+            nb, per_token = simd._token_pointers(context, builder, sig, args, tokens)
+            g = args[1]
+            base = _byte_ptr(context, builder, sig.args[0], args[0], builder.mul(g, ir.Constant(g.type, 8)), _ZERO)
+            vf, vi = _vec(F32, 8), _vec(I32, 8)
+            accs = [cgutils.alloca_once_value(builder, ir.Constant(vf, None)) for _ in range(tokens)]
+            low, four = ir.Constant(_vec(I8, 32), [15] * 32), ir.Constant(_vec(I8, 32), [4] * 32)
+            with cgutils.for_range(builder, nb) as loop:
+                b = loop.index
+                if fmt == "iq4_xs":  # sub-block j = b % 8 of the 8 rows' super-block b / 8
+                    eight = ir.Constant(b.type, 8)
+                    sup = builder.gep(base, [builder.mul(builder.sdiv(b, eight), ir.Constant(b.type, 8 * size))])
+                    j = builder.trunc(builder.srem(b, eight), I32)
+                    sh = builder.zext(_load(builder, builder.gep(sup, [ir.Constant(b.type, 16)]), _vec(ir.IntType(16), 8)), vi)
+                    sl = _load(builder, builder.gep(sup, [ir.Constant(b.type, 32)]), vi)
+                    lo = builder.and_(builder.lshr(sl, _splat_i32(builder, builder.mul(j, ir.Constant(I32, 4)))),
+                                      ir.Constant(vi, [15] * 8))
+                    hi = builder.shl(builder.and_(builder.lshr(sh, _splat_i32(builder, builder.mul(j, ir.Constant(I32, 2)))),
+                                                  ir.Constant(vi, [3] * 8)), ir.Constant(vi, [4] * 8))
+                    ls = builder.sub(builder.or_(lo, hi), ir.Constant(vi, [32] * 8))
+                    d8 = builder.fmul(_scales8(builder, sup, fmt), builder.sitofp(ls, vf), flags=_FAST)
+                    blk = builder.gep(sup, [builder.mul(builder.zext(j, b.type), ir.Constant(b.type, 128))])
+                    q8 = 64  # the sub-block's 4 quant chunks follow at blk + 64
+                else:
+                    blk = builder.gep(base, [builder.mul(b, ir.Constant(b.type, 8 * size))])
+                    d8 = _scales8(builder, blk, fmt)
+                    q8 = 8 * q_at
+                m8 = builder.fpext(_load(builder, builder.gep(blk, [ir.Constant(b.type, 16)]), _vec(ir.HalfType(), 8)),
+                                   vf) if m_at is not None else None
+                qh = _load(builder, builder.gep(blk, [ir.Constant(b.type, qh_at)]), _vec(I8, 32)) \
+                    if qh_at is not None else None
+                parts = []  # (unsigned weight bytes, activation word, signed weights for vpsignb or None)
+                for c in range(4):
+                    v = _load(builder, builder.gep(blk, [ir.Constant(b.type, q8 + 32 * c)]), _vec(I8, 32))
+                    for high, idx in enumerate((builder.and_(v, low), builder.lshr(v, four))):
+                        word = c + 4 * high
+                        if grid is None:
+                            parts.append((builder.or_(idx, _group_fifth_bits(builder, qh, c, high)), word, None))
+                        elif offset:
+                            parts.append((_lookup(builder, idx, [int(x) + 128 - 256 * (int(x) >= 0) for x in grid]), word, None))
+                        else:
+                            parts.append((_lookup(builder, idx, [abs(int(x)) for x in grid]), word,
+                                          _lookup(builder, idx, grid)))
+                for acc, (qp, dp, sp, ip) in zip(accs, per_token):
+                    x4 = builder.bitcast(builder.gep(qp, [builder.mul(b, ir.Constant(b.type, 32))]), I32.as_pointer())
+                    dots = ir.Constant(vi, None)
+                    if offset:
+                        bias = builder.mul(builder.load(builder.gep(ip, [b])), ir.Constant(I32, -128))
+                        dots = builder.shuffle_vector(builder.insert_element(ir.Constant(vi, None), bias,
+                                                                             ir.Constant(I32, 0)),
+                                                      ir.Constant(vi, None), ir.Constant(vi, [0] * 8))
+                    for u, at, signed in parts:
+                        word = builder.load(builder.gep(x4, [ir.Constant(b.type, at)]), align=1)
+                        s = builder.shuffle_vector(builder.insert_element(ir.Constant(vi, None), word, ir.Constant(I32, 0)),
+                                                   ir.Constant(vi, None), ir.Constant(vi, [0] * 8))
+                        s = builder.bitcast(s, _vec(I8, 32))
+                        if signed is not None:
+                            s = _psign(builder, s, signed)
+                        dots = simd._dot_accumulate(builder, dots, u, s)
+                    xscale = builder.load(builder.gep(dp, [b]))
+                    term = builder.fmul(builder.sitofp(dots, vf), builder.fmul(d8, _splat(builder, xscale), flags=_FAST),
+                                        flags=_FAST)
+                    total = builder.fadd(builder.load(acc), term, flags=_FAST)
+                    if m8 is not None:  # q5_1: + m_w · d_x Σ q_x
+                        total = builder.fadd(total, builder.fmul(m8, _splat(builder, builder.load(builder.gep(sp, [b]))),
+                                                                 flags=_FAST), flags=_FAST)
+                    elif grid is None:  # q5_0: - 16 · d_w d_x Σ q_x
+                        off = builder.fmul(builder.fmul(xscale, builder.sitofp(builder.load(builder.gep(ip, [b])), F32),
+                                                        flags=_FAST), ir.Constant(F32, -16.0), flags=_FAST)
+                        total = builder.fadd(total, builder.fmul(d8, _splat(builder, off), flags=_FAST), flags=_FAST)
+                    builder.store(total, acc)
+            values = []
+            for acc in accs:
+                v = builder.load(acc)
+                values += [builder.extract_element(v, ir.Constant(I32, i)) for i in range(8)]
+            return context.make_tuple(builder, sig.return_type, values)
+        return types.UniTuple(types.float32, 8 * tokens)(w, types.intp, xq, xd, xs, xi, *t0), codegen
+
+    return simd.group_intrinsic(typer, tokens)
+
+
+group_q5_0, group_q5_1, group_iq4_nl, group_mxfp4, group_iq4_xs = (_group32(f, 1) for f in FORMATS)
+group_tokens_q5_0, group_tokens_q5_1, group_tokens_iq4_nl, group_tokens_mxfp4, group_tokens_iq4_xs = (
+    _group32(f, TOKENS) for f in FORMATS)
+
+
+@njit(cache=True, nogil=True)
+def group_dot(w, g, code, xq, xd, xs, xi):
+    """Rows 8g..8g+7 of a matrix repacked by repack32 (code: the GGML id) · one token (n,)."""
+    if code == Q5_0:
+        return group_q5_0(w, g, xq, xd, xs, xi)
+    if code == Q5_1:
+        return group_q5_1(w, g, xq, xd, xs, xi)
+    if code == IQ4_NL:
+        return group_iq4_nl(w, g, xq, xd, xs, xi)
+    if code == IQ4_XS:
+        return group_iq4_xs(w, g, xq, xd, xs, xi)
+    return group_mxfp4(w, g, xq, xd, xs, xi)
+
+
+@njit(cache=True, nogil=True)
+def group_tokens(w, g, code, xq, xd, xs, xi, t0):
+    """Rows 8g..8g+7 of a repacked matrix · tokens t0..t0+TOKENS-1: 8 rows of token t0, then of t0+1, ..."""
+    if code == Q5_0:
+        return group_tokens_q5_0(w, g, xq, xd, xs, xi, t0)
+    if code == Q5_1:
+        return group_tokens_q5_1(w, g, xq, xd, xs, xi, t0)
+    if code == IQ4_NL:
+        return group_tokens_iq4_nl(w, g, xq, xd, xs, xi, t0)
+    if code == IQ4_XS:
+        return group_tokens_iq4_xs(w, g, xq, xd, xs, xi, t0)
+    return group_tokens_mxfp4(w, g, xq, xd, xs, xi, t0)

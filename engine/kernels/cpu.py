@@ -1,6 +1,8 @@
-"""CPU kernels in Numba. Weights stay in their stored format (no float copy) and are read in
-groups of four rows: decode dots q4_0/q4_1/q8_0 straight from the blocks, prefill dequantizes a
-group once into a small buffer and dots it with every token of the batch.
+"""CPU kernels in Numba. Weights stay in their stored format (no float copy): the formats in
+INT_CODES are dotted straight from their blocks with int8 activations (a row, or an 8-row group
+repacked at load, at a time; prefill TOKENS tokens per loaded block), the others are dequantized
+four rows at a time into a small buffer and dotted in float. engine/kernels/table.py lists which
+module holds each format's code, its numpy twin and its tolerance.
 
 Layout: a weight matrix is uint8 (rows, row_bytes): row r holds output feature r's weights over
 the input dimension, as consecutive blocks of its format (see engine.quant). Activations are
@@ -27,8 +29,8 @@ ROWS_PER_TASK = 16
 PACKED = 1000  # + a GGML id: that format repacked in groups of 8 rows at load (repack_x8); never in a file
 Q4_0X8, Q4_1X8, Q8_0X8 = PACKED + Q4_0, PACKED + Q4_1, PACKED + Q8_0
 Q4_KX8, Q5_KX8, Q6_KX8 = PACKED + Q4_K, PACKED + Q5_K, PACKED + Q6_K
-PACKABLE = (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K)
-INT_CODES = PACKABLE + tuple(PACKED + c for c in PACKABLE)  # formats dotted in integers (int8 activations)
+PACKABLE = (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K, Q5_0, Q5_1, IQ4_NL, MXFP4, IQ4_XS)
+INT_CODES = PACKABLE + (Q2_K, Q3_K) + tuple(PACKED + c for c in PACKABLE)  # dotted in integers (int8 activations)
 INT_MAX_T = TOKENS - 1  # up to this many tokens (decode), the fused kernels (matmul_int, swiglu_int) apply
 _F16 = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)  # bits -> value
 _E8M0 = quant.e8m0_half(np.arange(256))  # MXFP4 exponent byte -> its scale
@@ -51,7 +53,7 @@ def _i8(b):
 def is_int_code(code):
     """Whether `code` (a GGML id, or PACKED + one) has an integer dot product (INT_CODES)."""
     c = code - PACKED if code > PACKED else code
-    return c == Q4_0 or c == Q4_1 or c == Q8_0 or c == Q4_K or c == Q5_K or c == Q6_K
+    return c == Q4_0 or c == Q4_1 or c == Q8_0 or _is_k(c) or c == Q2_K or c == Q3_K or blocks32.fused(c)
 
 
 @njit(inline="always", cache=True)
@@ -231,13 +233,17 @@ def _group_block(code):
 
 @njit(cache=True, nogil=True)
 def repack_x8(w, code):
-    """In place, a q4_0/q4_1/q8_0 matrix (rows, row_bytes), rows a multiple of 8 -> groups of 8
+    """In place, a PACKABLE matrix (rows, row_bytes), rows a multiple of 8 -> groups of 8
     rows stored block by block: the 8 rows' head halves (d; d then m for q4_1: 16 bytes each),
     then their quants in chunks of 32 bytes (4 for q4, 8 for q8_0), chunk c holding bytes
     4c..4c+3 of row 0, then of row 1, ... (the same size in all). Layout of simd's group dot
-    products: one 4-byte vector lane per row. K-quants: kquants.repack_k8 (their own regions)."""
+    products: one 4-byte vector lane per row (q4_0/q4_1/q8_0 here). K-quants: kquants.repack_k8;
+    q5_0/q5_1/iq4_nl/mxfp4/iq4_xs: blocks32.repack32 (their own regions)."""
     if _is_k(code):
         kquants.repack_k8(w, code)
+        return
+    if blocks32.fused(code):
+        blocks32.repack32(w, code)
         return
     size, halves = _group_block(code)
     regions = np.zeros((4, 3), np.int64)  # (offset, bytes, unit): the halves, the quants; no more
@@ -254,6 +260,11 @@ def dequantize_x8_row(w, r, code, out):
     if _is_k(base_code):
         row = np.empty(w.shape[1], np.uint8)
         kquants.unpack_k8_row(w, r, base_code, row)
+        dequantize_row(row, base_code, out)
+        return
+    if blocks32.fused(base_code):
+        row = np.empty(w.shape[1], np.uint8)
+        blocks32.unpack32_row(w, r, base_code, row)
         dequantize_row(row, base_code, out)
         return
     size, halves = _group_block(base_code)
@@ -283,7 +294,7 @@ def _tokens_dot(w, r, code, xq, xd, xs, xi, t0):
     simd.py; K-quants a token at a time)."""
     if blocks32.fused(code):
         return blocks32.tokens_dot(w, r, code, xq, xd, xs, xi, t0)
-    if _is_k(code):
+    if _is_k(code) or code == Q2_K or code == Q3_K:
         return (kquants.row_dot(w, r, code, xq[t0], xd[t0], xs[t0], xi[t0]),
                 kquants.row_dot(w, r, code, xq[t0 + 1], xd[t0 + 1], xs[t0 + 1], xi[t0 + 1]),
                 kquants.row_dot(w, r, code, xq[t0 + 2], xd[t0 + 2], xs[t0 + 2], xi[t0 + 2]),
@@ -299,8 +310,10 @@ def _tokens_dot(w, r, code, xq, xd, xs, xi, t0):
 def _group_tokens(w, g, code, xq, xd, xs, xi, t0):
     """Rows 8g..8g+7 of a repacked matrix · tokens t0..t0+TOKENS-1 (prefill; simd.py): 8 rows
     of token t0, then of t0+1, ..."""
-    if code > Q8_0X8:
+    if _is_k(code):
         return kquants.group_tokens(w, g, code - PACKED, xq, xd, xs, xi, t0)
+    if blocks32.fused(code - PACKED):
+        return blocks32.group_tokens(w, g, code - PACKED, xq, xd, xs, xi, t0)
     if code == Q4_1X8:
         return group_tokens_q4_1x8(w, g, xq, xd, xs, xi, t0)
     if code == Q8_0X8:
@@ -310,9 +323,12 @@ def _group_tokens(w, g, code, xq, xd, xs, xi, t0):
 
 @njit(inline="always", cache=True)
 def _group_dot(w, g, code, xq, xd, xs, xi):
-    """Rows 8g..8g+7 of a repacked matrix · one token's int8 activations (simd.py, kquants.py)."""
-    if code > Q8_0X8:
+    """Rows 8g..8g+7 of a repacked matrix · one token's int8 activations (simd.py, kquants.py,
+    blocks32.py)."""
+    if _is_k(code):
         return kquants.group_dot(w, g, code - PACKED, xq, xd, xs, xi)
+    if blocks32.fused(code - PACKED):
+        return blocks32.group_dot(w, g, code - PACKED, xq, xd, xs, xi)
     if code == Q4_1X8:
         return group_dot_q4_1x8(w, g, xq, xd, xs, xi)
     if code == Q8_0X8:
@@ -322,12 +338,12 @@ def _group_dot(w, g, code, xq, xd, xs, xi):
 
 @njit(inline="always", cache=True)
 def _int_dot(w, r, code, xq, xd, xs, xi):
-    """Row r of a q4_0/q4_1/q8_0 matrix · int8 activations xq (n,), block by block:
+    """Row r of a stored matrix in an INT_CODES format · int8 activations xq (n,), block by block:
     d_w·d_x·Σ q_w q_x, plus m_w·s_x (q4_1) or minus 8·d_w·d_x·Σ q_x (q4_0) (simd.py; Q5_x, IQ4_NL, MXFP4:
     blocks32.py; K-quants: kquants.py)."""
     if blocks32.fused(code):
         return blocks32.row_dot(w, r, code, xq, xd, xs, xi)
-    if _is_k(code):
+    if _is_k(code) or code == Q2_K or code == Q3_K:  # (Q2_K, Q3_K: stored rows only)
         return kquants.row_dot(w, r, code, xq, xd, xs, xi)
     if code == Q4_1:
         return row_dot_q4_1(w, r, xq, xd, xs, xi)
@@ -353,7 +369,8 @@ def _f32_dot4(buf, x):
 def matmul(w, code, x, out, exact=False):
     """out (T, rows) = x (T, n) @ W.T; W (rows, row_bytes) stored.
 
-    q4_0/q4_1/q8_0 (plain or repacked) and q5_0/q5_1/iq4_nl/mxfp4 (blocks32.py) unless `exact`: x is quantized to int8 blocks once and
+    Formats in INT_CODES (plain or repacked; engine/kernels/table.py lists which module dots each)
+    unless `exact`: x is quantized to int8 blocks once and
     rows are dotted in integers straight from their blocks (llama.cpp's scheme: byte dot
     products, one float multiply per 32 weights) — for a few tokens a row (or an 8-row group)
     at a time, for more TOKENS tokens per loaded block. Otherwise (other formats, or `exact`)
@@ -412,7 +429,7 @@ def matmul(w, code, x, out, exact=False):
 
 @njit(parallel=True, fastmath=True, cache=True, nogil=True)
 def matmul_int(ws, codes, x, outs):
-    """outs[i] (T, rows_i) = x (T, n) @ W_i.T for several q4_0/q4_1/q8_0 matrices (plain or
+    """outs[i] (T, rows_i) = x (T, n) @ W_i.T for several matrices in INT_CODES formats (plain or
     repacked) that read the same x (attention's q, k and v): x is quantized once, and one
     parallel loop covers every matrix's rows. T <= INT_MAX_T."""
     T, n = x.shape
@@ -440,7 +457,7 @@ def matmul_int(ws, codes, x, outs):
 
 @njit(parallel=True, fastmath=True, cache=True, nogil=True)
 def swiglu_int(wg, cg, wu, cu, x, out):
-    """out (T, rows) = silu(x @ Wg.T) * (x @ Wu.T) for q4_0/q4_1/q8_0 gate and up matrices: the
+    """out (T, rows) = silu(x @ Wg.T) * (x @ Wu.T) for gate and up matrices in INT_CODES formats: the
     SwiGLU feed-forward's first half in one pass, x quantized once. T <= INT_MAX_T."""
     T, n = x.shape
     xq, xd, xs, xi = quantized(x)
@@ -467,7 +484,7 @@ def moe_int(gates, ups, downs, cg, cu, cd, mix, x, act, out):
     """out (1, n) = Σ_e mix[e] · down_e(silu(gate_e x) · up_e x) over one token's k experts
     (decode), in two parallel loops: every expert's gate and up rows, then the down rows, each
     output row summing its experts. gates, ups, downs: tuples of k matrices in the formats cg,
-    cu, cd (q4_0/q4_1/q8_0, plain or repacked; gate and up both repacked or neither); x (1, n);
+    cu, cd (INT_CODES, plain or repacked; gate and up both repacked or neither); x (1, n);
     act (k, ff) scratch. One call per MoE layer instead of two per expert."""
     n, k, ff = x.shape[1], len(gates), gates[0].shape[0]
     xq, xd, xs, xi = quantized(x)

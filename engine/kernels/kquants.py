@@ -31,7 +31,7 @@ import engine.kernels  # noqa: F401  (numba settings first)
 from engine.kernels.simd import (_FAST, _ZERO, F32, I8, I32, TOKENS, _activations, _byte_ptr, _dot_accumulate, _load,
                                  _splat, _token_pointers, _vec, copy4, group_intrinsic)
 
-Q4_K, Q5_K, Q6_K = 12, 13, 14
+Q2_K, Q3_K, Q4_K, Q5_K, Q6_K = 10, 11, 12, 13, 14
 # GGML id -> block bytes, and per row of a block the regions (offset, bytes, unit) that
 # repack_k8 interleaves over 8 rows: unit k of row i goes to 8·offset + 8·unit·k + unit·i
 BLOCK = {Q4_K: 144, Q5_K: 176, Q6_K: 210}
@@ -82,7 +82,12 @@ def repack8(w, size, regions):
 @njit(cache=True, nogil=True)
 def unpack_k8_row(w, r, code, row):
     """Row r of a matrix repacked by repack_k8 (code: the GGML id) -> its stored bytes row (row_bytes,)."""
-    size = _BLOCK[code]
+    unpack8_row(w, r, _BLOCK[code], _REGIONS[code], row)
+
+
+@njit(cache=True, nogil=True)
+def unpack8_row(w, r, size, regions, row):
+    """Row r of a matrix repacked by repack8(w, size, regions) -> its stored bytes row (row_bytes,)."""
     rb = w.shape[1]
     flat = w.reshape(-1)
     i = r % 8
@@ -90,7 +95,7 @@ def unpack_k8_row(w, r, code, row):
     for b in range(rb // size):
         src = base + 8 * size * b
         for k in range(4):
-            off, length, unit = _REGIONS[code, k, 0], _REGIONS[code, k, 1], _REGIONS[code, k, 2]
+            off, length, unit = regions[k, 0], regions[k, 1], regions[k, 2]
             for c in range(length // unit):
                 for u in range(unit):
                     row[size * b + off + unit * c + u] = flat[src + 8 * off + 8 * unit * c + unit * i + u]
@@ -373,13 +378,92 @@ def _row_k(code: int):
 _row_q4_k, _row_q5_k, _row_q6_k = (_row_k(c) for c in (Q4_K, Q5_K, Q6_K))
 
 
+def _row_low_k(code: int):
+    """An intrinsic dotting one stored row of a Q2_K or Q3_K matrix with one token's int8
+    activations. Per activation block j (32 weights: sub-blocks 2j, 2j+1 of 16, in lanes 0-3 and
+    4-7 of the <8 x i32> byte dot product) the weights are 2-bit (Q2_K: q; Q3_K: q + 4h - 4 with
+    the high bit h from hmask, taken as q | h << 2 and - 4·Σx) and each half's integer sum is
+    multiplied by its sub-block scale in integers; Q2_K's minimum is dmin·m·d_x·Σx per half (the
+    4-sums of x from a dot with ones). Layouts (engine.quant): Q2_K scales[16] (scale | min << 4) |
+    qs[64] | d | dmin, 84 bytes; Q3_K hmask[32] | qs[64] | scales[12] (six bits, - 32) | d, 110
+    bytes; weight 32j + i is bits 2(j % 4) of qs[32(j / 4) + i]."""
+    size, qs_at = (84, 16) if code == Q2_K else (110, 32)
+    vi = _vec(I32, 8)
+    halves = ir.Constant(_vec(ir.IntType(1), 8), [1] * 4 + [0] * 4)
+
+    @intrinsic
+    def row_dot(typingctx, w, r, xq, xd, xs, xi):
+        def codegen(context, builder, sig, args):
+            nb, qp, dp, _, _ = _activations(context, builder, sig, args, 1)
+            row = _byte_ptr(context, builder, sig.args[0], args[0], args[1], _ZERO)
+            vf = _vec(F32, 8)
+            acc = cgutils.alloca_once_value(builder, ir.Constant(vf, None))
+            c = lambda n: ir.Constant(I32, n)  # noqa: E731
+            byte = lambda blk, k: builder.zext(_load(builder, _at(builder, blk, k), I8), I32)  # noqa: E731
+            pair = lambda a, b: builder.select(halves, _splat_i32(builder, a), _splat_i32(builder, b))  # noqa: E731
+            with cgutils.for_range(builder, builder.sdiv(nb, ir.Constant(nb.type, 8))) as loop:
+                sb = loop.index
+                blk = builder.gep(row, [builder.mul(sb, ir.Constant(sb.type, size))])
+                b0 = builder.mul(sb, ir.Constant(sb.type, 8))
+                xq0 = builder.gep(qp, [builder.mul(sb, ir.Constant(sb.type, 256))])
+                hm = _load(builder, blk, _vec(I8, 32)) if code == Q3_K else None
+                sums = ir.Constant(vf, None)  # Σ_j d_x · (scaled integer sums): the d terms
+                mins = ir.Constant(vf, None)  # Q2_K: Σ_j d_x · m · Σx: the dmin terms
+                for j in range(8):
+                    v = _load(builder, _at(builder, blk, qs_at + 32 * (j // 4)), _vec(I8, 32))
+                    u = builder.and_(builder.lshr(v, _c8(2 * (j % 4))), _c8(3)) if j % 4 else builder.and_(v, _c8(3))
+                    x = _load(builder, _at(builder, xq0, 32 * j), _vec(I8, 32))
+                    ones = _dot_accumulate(builder, ir.Constant(vi, None), _c8(1), x)  # 4-sums of x
+                    dx = _splat(builder, builder.load(builder.gep(dp, [builder.add(b0, ir.Constant(b0.type, j))])))
+                    if code == Q3_K:
+                        u = builder.or_(u, builder.shl(builder.and_(builder.lshr(hm, _c8(j)), _c8(1)), _c8(2)))
+                    dots = _dot_accumulate(builder, ir.Constant(vi, None), u, x)
+                    if code == Q2_K:
+                        s0, s1 = byte(blk, 2 * j), byte(blk, 2 * j + 1)
+                        sc = pair(builder.and_(s0, c(15)), builder.and_(s1, c(15)))
+                        mn = pair(builder.lshr(s0, c(4)), builder.lshr(s1, c(4)))
+                        mins = builder.fadd(mins, builder.fmul(builder.sitofp(builder.mul(ones, mn), vf), dx, flags=_FAST),
+                                            flags=_FAST)
+                    else:
+                        scs = []
+                        for k in (2 * j, 2 * j + 1):
+                            lo = builder.and_(builder.lshr(byte(blk, 96 + k % 8), c(4 * (k // 8))), c(15))
+                            hi = builder.and_(builder.lshr(byte(blk, 104 + k % 4), c(2 * (k // 4))), c(3))
+                            scs.append(builder.sub(builder.or_(lo, builder.shl(hi, c(4))), c(32)))
+                        sc = pair(*scs)
+                        dots = builder.sub(dots, builder.shl(ones, _splat_i32(builder, c(2))))  # - 4 Σx
+                    sums = builder.fadd(sums, builder.fmul(builder.sitofp(builder.mul(dots, sc), vf), dx, flags=_FAST),
+                                        flags=_FAST)
+                d_at = 80 if code == Q2_K else 108
+                d = _splat(builder, builder.fpext(_load(builder, _at(builder, blk, d_at), ir.HalfType()), F32))
+                total = builder.fmul(d, sums, flags=_FAST)
+                if code == Q2_K:
+                    dmin = _splat(builder, builder.fpext(_load(builder, _at(builder, blk, 82), ir.HalfType()), F32))
+                    total = builder.fsub(total, builder.fmul(dmin, mins, flags=_FAST), flags=_FAST)
+                builder.store(builder.fadd(builder.load(acc), total, flags=_FAST), acc)
+            v = builder.load(acc)
+            out = builder.extract_element(v, ir.Constant(I32, 0))
+            for i in range(1, 8):
+                out = builder.fadd(out, builder.extract_element(v, ir.Constant(I32, i)), flags=_FAST)
+            return out
+        return types.float32(w, types.intp, xq, xd, xs, xi), codegen
+    return row_dot
+
+
+_row_q2_k, _row_q3_k = _row_low_k(Q2_K), _row_low_k(Q3_K)
+
+
 # --- what cpu.py calls: one compiled copy each, however many kernels call it --------------------
 
 @njit(cache=True, nogil=True)
 def row_dot(w, r, code, xq, xd, xs, xi):
-    """Row r of a stored Q4_K/Q5_K/Q6_K matrix · one token's int8 activations (n,)."""
+    """Row r of a stored Q2_K/Q3_K/Q4_K/Q5_K/Q6_K matrix · one token's int8 activations (n,)."""
     if code == Q4_K:
         return _row_q4_k(w, r, xq, xd, xs, xi)
+    if code == Q2_K:
+        return _row_q2_k(w, r, xq, xd, xs, xi)
+    if code == Q3_K:
+        return _row_q3_k(w, r, xq, xd, xs, xi)
     if code == Q5_K:
         return _row_q5_k(w, r, xq, xd, xs, xi)
     return _row_q6_k(w, r, xq, xd, xs, xi)

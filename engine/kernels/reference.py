@@ -59,6 +59,8 @@ def matmul_int(w: np.ndarray, qtype: str, x: np.ndarray) -> np.ndarray:
     (K-quants: matmul_int_k)."""
     if qtype in ("q4_k", "q5_k", "q6_k"):
         return matmul_int_k(w, qtype, x)
+    if qtype in ("q2_k", "q3_k"):
+        return matmul_int_low_k(w, qtype, x)
     xq, xd, xs, xi = quantize_activations(x)
     T, nb = xd.shape
     t = quant.get(qtype)
@@ -133,4 +135,36 @@ def matmul_int_k(w: np.ndarray, qtype: str, x: np.ndarray) -> np.ndarray:
     isum = np.einsum("rsjk,tsjk->trsj", q, xq.reshape(T, S, 8, 32).astype(np.int64))
     out = (d[None, :, :, None] * sc[None] * dx[:, None] * isum).sum(axis=(2, 3))
     out -= (dmin[None, :, :, None] * m[None] * (dx * xi.reshape(T, S, 8))[:, None]).sum(axis=(2, 3))
+    return out.astype(np.float32)
+
+
+def matmul_int_low_k(w: np.ndarray, qtype: str, x: np.ndarray) -> np.ndarray:
+    """x @ W.T for a Q2_K/Q3_K matrix the way kquants' kernels compute it: x quantized per 32, per
+    sub-block k of 16 the exact integer sum Σ q_w q_x times d·sc_k·d_x (Q3_K: q_w = q + 4h - 4,
+    sc six bits - 32; Q2_K: q_w = q, sc the low nibble), minus Q2_K's dmin·m_k·d_x·Σ q_x. Float64."""
+    xq, xd, _, _ = quantize_activations(x)
+    T = x.shape[0]
+    t = quant.get(qtype)
+    b = w.reshape(w.shape[0], -1, t.type_size)
+    R, S = b.shape[:2]
+    f16 = lambda a: a.copy().view(np.float16)[..., 0].astype(np.float64)  # noqa: E731
+    qs_at = 16 if qtype == "q2_k" else 32
+    qs = b[..., qs_at:qs_at + 64].reshape(R, S, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(4, 1)
+    q = (qs & 3).astype(np.int64).reshape(R, S, 8, 32)  # activation block j = 4c + s: bits 2s of qs[32c + i]
+    if qtype == "q2_k":
+        sc, m = (b[..., :16] & 15).astype(np.int64), (b[..., :16] >> 4).astype(np.int64)
+        d, dmin = f16(b[..., 80:82]), f16(b[..., 82:84])
+    else:
+        h = (b[..., None, :32].astype(np.int64) >> np.arange(8).reshape(8, 1)) & 1  # (R, S, j, i)
+        q = q + 4 * h - 4
+        k = np.arange(16)
+        lo = (b[..., 96 + k % 8].astype(np.int64) >> (4 * (k // 8))) & 15
+        hi = (b[..., 104 + k % 4].astype(np.int64) >> (2 * (k // 4))) & 3
+        sc, m, d, dmin = (lo | hi << 4) - 32, None, f16(b[..., 108:110]), None
+    xs = xq.reshape(T, S, 16, 16).astype(np.int64)
+    isum = np.einsum("rsjk,tsjk->trsj", q.reshape(R, S, 16, 16), xs)
+    dx = np.repeat(xd.astype(np.float64).reshape(T, S, 8), 2, axis=-1)[:, None]
+    out = (d[None, :, :, None] * sc[None] * dx * isum).sum(axis=(2, 3))
+    if m is not None:
+        out -= (dmin[None, :, :, None] * m[None] * dx * xs.sum(axis=-1)[:, None]).sum(axis=(2, 3))
     return out.astype(np.float32)

@@ -1,0 +1,48 @@
+"""The kernel table (engine/kernels/table.py) is the one list of what computes what: it must agree
+with the formats the engine reads and with the integer and repacked formats cpu.py dispatches, and
+every name in it must resolve. tests/test_kernels.py iterates it (each kernel against its twin at
+its tolerance, stored and repacked, on every instruction path)."""
+from __future__ import annotations
+
+import pytest
+
+from engine import quant
+from engine.kernels import cpu, table
+
+
+def test_every_stored_format_has_its_kernels():
+    names = {t.name for t in quant._TYPES}
+    assert set(table.ALL) == names
+    for op in ("matmul", "matmul_exact", "dequantize_row", "gather_rows"):
+        assert {f for k in table.TABLE if k.op == op for f in k.formats} == names, op
+
+
+def test_table_and_cpu_dispatch_agree():
+    """The formats the table says are dotted in integers (and in 8-row groups) are exactly those
+    cpu.INT_CODES (and cpu.PACKABLE) send to the integer kernels."""
+    ids = lambda names: {quant.get(n).type_id for n in names}  # noqa: E731
+    assert ids(table.int_formats()) == {c for c in cpu.INT_CODES if c < cpu.PACKED}
+    assert ids(table.packed_formats()) == set(cpu.PACKABLE)
+    assert {c - cpu.PACKED for c in cpu.INT_CODES if c > cpu.PACKED} == set(cpu.PACKABLE)
+    for code in cpu.INT_CODES:
+        assert cpu.is_int_code(code), code
+    for name in set(table.ALL) - set(table.int_formats()):
+        assert not cpu.is_int_code(quant.get(name).type_id), name
+
+
+def test_every_entry_resolves_and_is_well_formed():
+    for k in table.TABLE:
+        assert callable(table.resolve(k.driver)) and callable(table.resolve(k.twin)), k.op
+        __import__(k.inner)
+        assert set(k.layouts) <= set(table.LAYOUTS) and k.rtol >= 0 and k.atol >= 0
+        assert set(k.paths) <= set(table.PATHS) or k.paths == ("any",)
+    seen = [(k.op, f) for k in table.TABLE for f in k.formats or ("",)]
+    assert len(seen) == len(set(seen))  # one entry per operation and format
+
+
+def test_lookup_and_describe():
+    assert table.lookup("matmul", "iq4_xs").inner == "engine.kernels.blocks32"
+    assert table.lookup("rmsnorm").twin == "engine.kernels.reference:rmsnorm"
+    assert table.describe("q4_k").startswith("kquants (") and table.describe("f16") == "cpu (float)"
+    with pytest.raises(KeyError, match="iq2_xxs"):
+        table.lookup("matmul", "iq2_xxs")
