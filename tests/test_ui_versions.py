@@ -33,8 +33,14 @@ def test_a_thinking_reply_folds_into_a_block_with_its_count_and_the_switch_turns
     w = open_window(qtbot, thinker, max_tokens=12)
     assert w.thinking_button.isVisibleTo(w) and w.thinking_button.isChecked()
     assert w.thinking_button.accessibleName() == "Thinking" and w.thinking_button.text() == "Thinking: on"
-    seen = []  # the view after each streaming re-render (the timer's slot runs first)
-    w.view.render_timer.timeout.connect(lambda: seen.append(w.view.toPlainText()))
+    seen = []  # the view rendered after each piece of streamed text: a loaded machine may send the
+    append = w.view.append  # whole reply between two ticks of the render timer, so render each piece here
+
+    def rendered(text: str) -> None:
+        append(text)
+        w.view.render_stream()
+        seen.append(w.view.toPlainText())
+    w.view.append = rendered
     send(qtbot, w, "What is 2+2?")
     assert any("▾ Thinking…" in t for t in seen)  # open, and counting, while it thinks
     m = w.history.messages(w.conv_id)[-1]
