@@ -15,8 +15,6 @@ DENSE, MIXTRAL = frozenset({"dense"}), frozenset({"mixtral"})
 QWEN_MOE, OLMOE = frozenset({"qwen_moe"}), frozenset({"olmoe"})
 MLP_EXPERTS = QWEN_MOE | OLMOE
 
-HF_FAMILY = {"llama": "dense", "mistral": "dense", "qwen2": "dense", "qwen3": "dense",
-             "mixtral": "mixtral", "qwen2_moe": "qwen_moe", "qwen3_moe": "qwen_moe", "olmoe": "olmoe"}
 
 _L = "model.layers.{L}"
 _ROUTER = f"{_L}.mlp.gate.weight"
