@@ -24,7 +24,7 @@ import psutil
 from engine import params as P
 from engine.errors import ColibriError, ModelFormatError
 from engine.scheduler import ScheduleSnapshot, attach
-from engine.experts import CacheStats, plan_expert_cache, replan
+from engine.experts import CacheStats, ExpertCache, ExpertStore, plan_expert_cache, replan
 from engine.hardware import EnergyReading, HardwareMonitor, HardwareSnapshot
 from engine.kvcache import KVCache
 from engine.mempool import MemoryPool, PoolStats
@@ -233,8 +233,9 @@ class Engine:
         self.pool = MemoryPool()
         self.cache_plan = plan_expert_cache(self.model, self.params, self.context_limit, refuse=True)
         self._planned_at = time.monotonic()
-        self.weights = ModelWeights(self.model, self.pool, self.cache_plan, self.params["prefetch_window"],
-                                    repack=self.params["gpu_layers"] == 0)  # a GPU reads the stored layout
+        repack = self.params["gpu_layers"] == 0  # a GPU reads the stored layout
+        store = ExpertStore(self.model)
+        self.weights = ModelWeights(self.model, self.pool, store, self._expert_cache(store, repack), repack)
         self.net = model_class(self.cfg.architecture)(self.cfg, self.weights)
         self.net.exact = not self.params["int8_activations"]
         self.scheduler = attach(self)  # gpu_layers > 0 and a GPU: matmuls are offered to it
@@ -284,6 +285,13 @@ class Engine:
         self.tokens = []
         self._turn = None  # a suspended generate() finds its cache gone and ends
 
+    def _expert_cache(self, store: ExpertStore, repack: bool) -> ExpertCache:
+        """An empty expert cache sized by the current plan; `repack`: resident q4 experts go into
+        the CPU kernels' 8-row groups."""
+        c, plan = self.cfg, self.cache_plan
+        return ExpertCache(store, self.pool, c.num_layers, c.num_experts, plan.cache_bytes,
+                           self.params["prefetch_window"], c.top_k, repack, plan.per_layer)
+
     def set_param(self, name: str, value: Any) -> None:
         """Change one parameter; engine settings that size the cache rebuild it (the conversation
         cache is dropped, the next turn prefills again)."""
@@ -310,7 +318,8 @@ class Engine:
                 self.hw.apply_affinity(self.params["affinity"])
             if name in ("expert_cache_size", "expert_cache_bytes", "prefetch_window"):
                 self.cache_plan = plan_expert_cache(self.model, self.params, self.context_limit)
-                self.weights.reset_experts(self.cache_plan, self.params["prefetch_window"])
+                self.weights.experts.close()  # a new, empty expert cache with the new settings
+                self.weights.experts = self._expert_cache(self.weights.store, self.weights.repack)
             elif not p.live:
                 self._new_cache()
             if name == "log_level":
