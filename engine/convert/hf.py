@@ -1,63 +1,22 @@
 """Hugging Face checkpoints: a folder of safetensors (one file or sharded) with config.json.
 
-The safetensors header is parsed here rather than by the `safetensors` package: its numpy API
-cannot read BF16, and we want each lie in a header (sizes, offsets, dtypes) named precisely.
-Weights are never unpickled: `.bin`/`.pt` checkpoints are refused.
+The safetensors header is parsed by engine.convert.safetensors_file (the one reader). Weights
+are never unpickled: `.bin`/`.pt` checkpoints are refused.
 """
 from __future__ import annotations
 
 import json
-import struct
 from pathlib import Path
-
-import numpy as np
 
 from engine import quant
 from engine.arch import HF_CLASSES
 from engine.convert.names import HF_IGNORED
+from engine.convert.safetensors_file import read_safetensors_header
 from engine.convert.source import FileReader, SourceTensor
 from engine.errors import (ConfigError, SourceFormatError, UnsupportedArchitectureError)
 from engine.model_dir import ModelConfig
 
 _DTYPES = {"F32": "f32", "F16": "f16", "BF16": "bf16"}
-_ITEMSIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
-             "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
-
-
-def read_safetensors_header(path: Path) -> tuple[dict[str, dict], int, int]:
-    """(tensor entries, data start, file size); every entry checked against the file."""
-    size = path.stat().st_size
-    with open(path, "rb") as f:
-        head = f.read(8)
-        if len(head) < 8:
-            raise SourceFormatError(f"{path}: not a safetensors file ({size} bytes, no header)")
-        (hlen,) = struct.unpack("<Q", head)
-        if hlen > size - 8 or hlen > 100_000_000:
-            raise SourceFormatError(f"{path}: safetensors header claims {hlen} bytes but the file has "
-                                    f"{size} (truncated or not a safetensors file)")
-        try:
-            doc = json.loads(f.read(hlen))
-        except (ValueError, UnicodeDecodeError) as e:
-            raise SourceFormatError(f"{path}: safetensors header is not valid JSON: {e}") from None
-    if not isinstance(doc, dict):
-        raise SourceFormatError(f"{path}: safetensors header is not a JSON object")
-    doc.pop("__metadata__", None)
-    data_start, data_size = 8 + hlen, size - 8 - hlen
-    for name, e in doc.items():
-        try:
-            dtype, shape, (begin, end) = e["dtype"], [int(d) for d in e["shape"]], e["data_offsets"]
-        except (KeyError, TypeError, ValueError):
-            raise SourceFormatError(f"{path}: tensor {name!r} has a malformed header entry: {e!r}") from None
-        if dtype not in _ITEMSIZE:
-            raise SourceFormatError(f"{path}: tensor {name!r} has unknown dtype {dtype!r}")
-        want = int(np.prod(shape, dtype=np.int64)) * _ITEMSIZE[dtype]
-        if end - begin != want or begin < 0:
-            raise SourceFormatError(f"{path}: tensor {name!r} is {dtype}{shape} = {want} bytes but its "
-                                    f"header offsets [{begin}, {end}) span {end - begin}")
-        if end > data_size:
-            raise SourceFormatError(f"{path}: tensor {name!r} ends at data byte {end} but the file holds "
-                                    f"only {data_size} data bytes (truncated?)")
-    return doc, data_start, size
 
 
 class HFCheckpoint:
