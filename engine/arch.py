@@ -129,6 +129,7 @@ class ArchSpec:
                                     ("o_bias", self.o_bias), ("expert_bias", self.expert_bias),
                                     ("attention_sinks", self.attention_sinks), ("logit_softcap", self.logit_softcap),
                                     ("swiglu_clamp", self.swiglu_clamp), ("partial_rotary", self.partial_rotary),
+                                    ("dense_leading_layers", self.dense_leading_layers),
                                     ("norm:offset", self.norm_weight == "offset"),
                                     ("norm:sandwich", self.norm_place == "sandwich")) if on}
         return frozenset(f)

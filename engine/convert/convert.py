@@ -25,8 +25,7 @@ import numpy as np
 from engine import quant
 from engine.convert import hf as hf_src
 from engine.convert.gguf_file import GGUFModel
-from engine.arch import spec
-from engine.convert.names import gguf_names, hf_names, split_slice
+from engine.convert.names import HF_FAMILY, gguf_names, hf_names, split_slice
 from engine.convert.source import SourceTensor
 from engine.convert.tokenizer_import import TokenizerBundle, from_hf_folder
 from engine.errors import (ConfigError, ConversionCancelled, ConversionError, DiskSpaceError,
@@ -131,7 +130,7 @@ def open_source(path: Path) -> _Source:
     if path.is_dir():
         cfg = hf_src.config_from_hf(path)
         ckpt = hf_src.HFCheckpoint(path)
-        family = spec(cfg.architecture).family
+        family = HF_FAMILY[cfg.architecture]
         try:
             tok = from_hf_folder(path)
         except BaseException:
@@ -240,7 +239,7 @@ def plan(src: _Source, cfg: ModelConfig, target: str, split_experts: bool) -> li
 def _candidates(src: _Source, name: str, cfg: ModelConfig) -> list[str]:
     if src.kind == "gguf":
         return gguf_names(name, cfg.num_experts == 1) or [name]
-    return hf_names(name, spec(cfg.architecture).family) or [name]
+    return hf_names(name, HF_FAMILY[cfg.architecture]) or [name]
 
 
 # --- writing ---------------------------------------------------------------------------------

@@ -14,11 +14,11 @@ from pathlib import Path
 import numpy as np
 
 from engine import quant
-from engine.arch import GGUF_ARCHS, gguf_spec
 from engine.convert.source import FileReader, SourceTensor
 from engine.convert.tokenizer_import import TokenizerBundle, from_gguf_fields
 from engine.errors import ConfigError, SourceFormatError, UnsupportedArchitectureError
 from engine.model_dir import ModelConfig
+from engine.arch import GGUF_ARCHS, gguf_spec  # what each GGUF architecture is
 
 # Bounds of the integer hyper-parameters (arch.KEY): far beyond any real model, far below what
 # would make an allocation fail or a loop run for hours.
