@@ -14,7 +14,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import engine.kernels  # noqa: F401  (sets NUMBA_CACHE_DIR etc. before numba is imported)
 import numba
@@ -29,8 +29,7 @@ from engine.hardware import EnergyReading, HardwareMonitor, HardwareSnapshot
 from engine.kvcache import KVCache
 from engine.mempool import MemoryPool, PoolStats
 from engine.model_dir import open_model_dir
-from engine.models import model_class
-from engine.models.base import before_layer
+from engine.models import Transformer
 from engine.sampling import Sampler
 from engine.sysmem import MemoryBudget
 from engine.throttle import ThrottleEvent
@@ -91,13 +90,10 @@ class _Run:
                 if not self._owner() or e._cancelled(self.cancel):
                     return None
                 chunk = self.ids[self.done:self.done + bs]
-                token = before_layer.set(self._check_stop)
                 try:
-                    logits = e._prefill(chunk, e.cache, self.done, all_logits=False)[-1]
+                    logits = e._prefill(chunk, e.cache, self.done, all_logits=False, before_layer=self._check_stop)[-1]
                 except _Interrupted:
                     return None
-                finally:
-                    before_layer.reset(token)
                 self.done += len(chunk)
                 e.tokens = self.ids[:self.done]
             if progress and self.done < len(self.ids):
@@ -236,7 +232,7 @@ class Engine:
         repack = self.params["gpu_layers"] == 0  # a GPU reads the stored layout
         store = ExpertStore(self.model)
         self.weights = ModelWeights(self.model, self.pool, store, self._expert_cache(store, repack), repack)
-        self.net = model_class(self.cfg.architecture)(self.cfg, self.weights)
+        self.net = Transformer(self.cfg, self.weights)  # what the architecture is: engine.arch
         self.net.exact = not self.params["int8_activations"]
         self.scheduler = attach(self)  # gpu_layers > 0 and a GPU: matmuls are offered to it
         self._lock = threading.Lock()  # one computation at a time; never held across a yield
@@ -357,7 +353,8 @@ class Engine:
         if new.warning and not plan.warning:
             log.warning("%s", new.warning)
 
-    def _prefill(self, ids: Sequence[int], cache: KVCache, pos0: int, all_logits: bool) -> np.ndarray:
+    def _prefill(self, ids: Sequence[int], cache: KVCache, pos0: int, all_logits: bool,
+                 before_layer: Callable[[int], None] | None = None) -> np.ndarray:
         numba.set_num_threads(self.hw.governor.update())  # per calling thread; fewer while too hot
         self._check_budget()
         # MoE: the whole prompt goes through each layer at once, so every expert is loaded at
@@ -365,7 +362,7 @@ class Engine:
         out, bs = [], max(len(ids), 1) if self.cfg.is_moe else self.params["batch_size"]
         for a in range(0, len(ids), bs):
             chunk = np.asarray(ids[a:a + bs], np.int64)
-            out.append(self.net.forward(chunk, cache, pos0 + a, all_logits=all_logits))
+            out.append(self.net.forward(chunk, cache, pos0 + a, all_logits=all_logits, before_layer=before_layer))
         return np.concatenate(out) if all_logits else out[-1]
 
     def _check_ids(self, ids: Sequence[int]) -> None:
