@@ -1,9 +1,10 @@
 """What an architecture is: one frozen `ArchSpec` per architecture, the single source for what
 differs between them.
 
-The converters (engine.convert.hf, gguf_file, names), the model-directory layout
-(engine.model_dir.expected_tensors), the forward pass (engine.models.base) and the fused decode
-(engine.models.fused) all read the spec; none of them holds a table of architectures of its own.
+The converters (engine.convert.hf, gguf_file, names) read it to build a model's `ModelConfig`
+(whose flags the model-directory layout, engine.model_dir.expected_tensors, follows); the forward
+pass (engine.models.base) and the fused decode (engine.models.fused) read it at load. None of
+them holds a table of architectures of its own.
 
 A spec says which *kinds* of parts a family has (layer kinds, router function, shared expert,
 norms, biases, rope variants); the numbers of one model (sizes, eps, theta, top-k, window,
