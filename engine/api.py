@@ -14,7 +14,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import engine.kernels  # noqa: F401  (sets NUMBA_CACHE_DIR etc. before numba is imported)
 import numba
@@ -24,13 +24,12 @@ import psutil
 from engine import params as P
 from engine.errors import ColibriError, ModelFormatError
 from engine.scheduler import ScheduleSnapshot, attach
-from engine.experts import CacheStats, plan_expert_cache, replan
+from engine.experts import CacheStats, ExpertCache, ExpertStore, plan_expert_cache, replan
 from engine.hardware import EnergyReading, HardwareMonitor, HardwareSnapshot
 from engine.kvcache import KVCache
 from engine.mempool import MemoryPool, PoolStats
 from engine.model_dir import open_model_dir
-from engine.models import model_class
-from engine.models.base import before_layer
+from engine.models import Transformer
 from engine.sampling import Sampler
 from engine.sysmem import MemoryBudget
 from engine.throttle import ThrottleEvent
@@ -91,13 +90,10 @@ class _Run:
                 if not self._owner() or e._cancelled(self.cancel):
                     return None
                 chunk = self.ids[self.done:self.done + bs]
-                token = before_layer.set(self._check_stop)
                 try:
-                    logits = e._prefill(chunk, e.cache, self.done, all_logits=False)[-1]
+                    logits = e._prefill(chunk, e.cache, self.done, all_logits=False, before_layer=self._check_stop)[-1]
                 except _Interrupted:
                     return None
-                finally:
-                    before_layer.reset(token)
                 self.done += len(chunk)
                 e.tokens = self.ids[:self.done]
             if progress and self.done < len(self.ids):
@@ -234,9 +230,10 @@ class Engine:
         self.pool = MemoryPool()
         self.cache_plan = plan_expert_cache(self.model, self.params, self.context_limit, refuse=True)
         self._planned_at = time.monotonic()
-        self.weights = ModelWeights(self.model, self.pool, self.cache_plan, self.params["prefetch_window"],
-                                    repack=self.params["gpu_layers"] == 0)  # a GPU reads the stored layout
-        self.net = model_class(self.cfg.architecture)(self.cfg, self.weights)
+        repack = self.params["gpu_layers"] == 0  # a GPU reads the stored layout
+        store = ExpertStore(self.model)
+        self.weights = ModelWeights(self.model, self.pool, store, self._expert_cache(store, repack), repack)
+        self.net = Transformer(self.cfg, self.weights)  # what the architecture is: engine.arch
         self.net.exact = not self.params["int8_activations"]
         self.scheduler = attach(self)  # gpu_layers > 0 and a GPU: matmuls are offered to it
         self._lock = threading.Lock()  # one computation at a time; never held across a yield
@@ -285,6 +282,13 @@ class Engine:
         self.tokens = []
         self._turn = None  # a suspended generate() finds its cache gone and ends
 
+    def _expert_cache(self, store: ExpertStore, repack: bool) -> ExpertCache:
+        """An empty expert cache sized by the current plan; `repack`: resident q4 experts go into
+        the CPU kernels' 8-row groups."""
+        c, plan = self.cfg, self.cache_plan
+        return ExpertCache(store, self.pool, c.num_layers, c.num_experts, plan.cache_bytes,
+                           self.params["prefetch_window"], c.top_k, repack, plan.per_layer)
+
     def set_param(self, name: str, value: Any) -> None:
         """Change one parameter; engine settings that size the cache rebuild it (the conversation
         cache is dropped, the next turn prefills again)."""
@@ -311,7 +315,8 @@ class Engine:
                 self.hw.apply_affinity(self.params["affinity"])
             if name in ("expert_cache_size", "expert_cache_bytes", "prefetch_window"):
                 self.cache_plan = plan_expert_cache(self.model, self.params, self.context_limit)
-                self.weights.reset_experts(self.cache_plan, self.params["prefetch_window"])
+                self.weights.experts.close()  # a new, empty expert cache with the new settings
+                self.weights.experts = self._expert_cache(self.weights.store, self.weights.repack)
             elif not p.live:
                 self._new_cache()
             if name == "log_level":
@@ -350,7 +355,8 @@ class Engine:
         if new.warning and not plan.warning:
             log.warning("%s", new.warning)
 
-    def _prefill(self, ids: Sequence[int], cache: KVCache, pos0: int, all_logits: bool) -> np.ndarray:
+    def _prefill(self, ids: Sequence[int], cache: KVCache, pos0: int, all_logits: bool,
+                 before_layer: Callable[[int], None] | None = None) -> np.ndarray:
         numba.set_num_threads(self.hw.governor.update())  # per calling thread; fewer while too hot
         self._check_budget()
         # MoE: the whole prompt goes through each layer at once, so every expert is loaded at
@@ -358,7 +364,7 @@ class Engine:
         out, bs = [], max(len(ids), 1) if self.cfg.is_moe else self.params["batch_size"]
         for a in range(0, len(ids), bs):
             chunk = np.asarray(ids[a:a + bs], np.int64)
-            out.append(self.net.forward(chunk, cache, pos0 + a, all_logits=all_logits))
+            out.append(self.net.forward(chunk, cache, pos0 + a, all_logits=all_logits, before_layer=before_layer))
         return np.concatenate(out) if all_logits else out[-1]
 
     def _check_ids(self, ids: Sequence[int]) -> None:

@@ -43,7 +43,7 @@ from engine.kernels import cpu
 from engine.mempool import Block, MemoryPool, resident_bytes
 from engine.model_dir import ModelDir, expert_file
 from engine.sysmem import MemoryBudget
-from engine.weights import ExpertWeights, Matrix
+from engine.weight_types import ExpertWeights, Matrix
 
 log = logging.getLogger("colibri.experts")
 PARTS = ("gate", "up", "down")

@@ -31,7 +31,6 @@ FORMAT_VERSION = 1
 CONFIG_FILE, MANIFEST_FILE = "config.json", "manifest.json"
 TOKENIZER_FILE, TEMPLATE_FILE = "tokenizer.json", "chat_template.jinja"
 
-ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe")
 
 
 @dataclass(frozen=True)

@@ -6,27 +6,15 @@ float32. Experts are not mapped: they are loaded on demand into the expert cache
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from engine.model_dir import ModelDir
 from engine.tensorfile import TensorFile
+from engine.weight_types import ExpertWeights, LayerWeights, Matrix
 
-
-@dataclass(frozen=True)
-class Matrix:
-    """A stored weight matrix: uint8 (rows, row_bytes) blocks of format `code` (GGML type id)."""
-    name: str
-    data: np.ndarray
-    code: int
-    rows: int
-    cols: int
-
-    @property
-    def nbytes(self) -> int:
-        return self.data.nbytes
+__all__ = ["ExpertWeights", "LayerWeights", "Matrix", "ModelWeights", "load_matrix", "load_vector"]
 
 
 def load_matrix(tf: TensorFile, name: str) -> Matrix:
@@ -40,46 +28,20 @@ def load_vector(tf: TensorFile, name: str) -> np.ndarray:
     return np.ascontiguousarray(tf.dequantize(name), dtype=np.float32).reshape(-1)
 
 
-@dataclass(frozen=True)
-class ExpertWeights:
-    gate: Matrix
-    up: Matrix
-    down: Matrix
-
-
-@dataclass(frozen=True)
-class LayerWeights:
-    attn_norm: np.ndarray
-    q: Matrix
-    k: Matrix
-    v: Matrix
-    o: Matrix
-    ffn_norm: np.ndarray
-    q_bias: np.ndarray | None = None
-    k_bias: np.ndarray | None = None
-    v_bias: np.ndarray | None = None
-    q_norm: np.ndarray | None = None
-    k_norm: np.ndarray | None = None
-    router: Matrix | None = None
-    shared_gate: np.ndarray | None = None  # Qwen2-MoE: sigmoid gate of the shared expert
-    shared: ExpertWeights | None = None
-
-
 class ModelWeights:
-    def __init__(self, model: ModelDir, pool, plan, prefetch_window: int, repack: bool = True):
-        """`plan`: the expert cache's budget (engine.experts.CachePlan). `repack`: resident q4
-        experts go into the CPU kernels' 8-row groups (engine.experts); off when a GPU may take
-        expert matmuls (its kernels read the stored layout)."""
-        from engine.experts import ExpertStore
+    def __init__(self, model: ModelDir, pool, store, experts, repack: bool = True):
+        """`store` (engine.experts.ExpertStore) reads experts from the model directory; `experts`
+        (engine.experts.ExpertCache over it) is the expert cache, built by the Engine, which
+        replaces it when its settings change. `repack`: q4/q8_0 matrices go into the CPU
+        kernels' 8-row groups; off when a GPU may take matmuls (its kernels read the stored layout)."""
         cfg = model.config
         self.files: list[TensorFile] = []
         self.pool = pool
-        self.store = ExpertStore(model)
+        self.store = store
+        self.experts = experts
         self._shared_blocks = []
         self._packed_blocks = []  # repacked copies of mapped matrices (_repacked)
-        self.top_k = cfg.top_k
         self.repack = repack
-        self.experts = self._expert_cache(cfg.num_layers, cfg.num_experts, plan, prefetch_window)
         emb = self._open(model.path / "embeddings.bin")
         self.token_embd = load_matrix(emb, "token_embd.weight")  # a few rows a token: stays mapped
         if cfg.tie_word_embeddings:  # also the output head, read whole every token: repacked
@@ -148,17 +110,6 @@ class ModelWeights:
     def nbytes(self) -> int:
         """Bytes of all weight files (every expert, resident or not)."""
         return self._bytes
-
-    def reset_experts(self, plan, prefetch_window: int) -> None:
-        """A new, empty expert cache with other settings."""
-        old = self.experts
-        old.close()
-        self.experts = self._expert_cache(len(self.layers), old.num_experts, plan, prefetch_window)
-
-    def _expert_cache(self, num_layers: int, num_experts: int, plan, prefetch_window: int):
-        from engine.experts import ExpertCache
-        return ExpertCache(self.store, self.pool, num_layers, num_experts, plan.cache_bytes, prefetch_window,
-                           self.top_k, self.repack, plan.per_layer)
 
     def close(self) -> None:
         self.experts.close()

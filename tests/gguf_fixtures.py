@@ -139,33 +139,11 @@ _LLAMA_QUANTIZE_FALLBACK = {Q.Q4_K: Q.Q5_0, Q.Q5_K: Q.Q5_1, Q.Q6_K: Q.Q8_0}
 # safetensors (own reader: the numpy API of safetensors cannot load BF16)
 # ---------------------------------------------------------------------------------------
 
-_ST_DTYPES = {
-    "F64": "<f8", "F32": "<f4", "F16": "<f2", "I64": "<i8", "I32": "<i4", "I16": "<i2",
-    "I8": "i1", "U8": "u1", "BOOL": "?",
-}
-
-
 def read_safetensors(path: Path | str) -> dict[str, tuple[np.ndarray, str]]:
-    """Return ``{name: (array, dtype_str)}`` in header order. BF16 is widened to float32."""
-    data = Path(path).read_bytes()
-    (n,) = struct.unpack("<Q", data[:8])
-    header = json.loads(data[8:8 + n])
-    base = 8 + n
-    out: dict[str, tuple[np.ndarray, str]] = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        start, end = info["data_offsets"]
-        raw = np.frombuffer(data, dtype=np.uint8, count=end - start, offset=base + start)
-        dt = info["dtype"]
-        if dt == "BF16":
-            arr = (raw.view("<u2").astype(np.uint32) << 16).view(np.float32)
-        elif dt in _ST_DTYPES:
-            arr = raw.view(np.dtype(_ST_DTYPES[dt]))
-        else:
-            raise ValueError(f"{path}: unsupported safetensors dtype {dt} for {name}")
-        out[name] = (arr.reshape(info["shape"]).copy(), dt)
-    return out
+    """Return ``{name: (array, dtype_str)}`` in header order. BF16 is widened to float32
+    (engine.convert.safetensors_file: the one safetensors reader)."""
+    from engine.convert.safetensors_file import read_tensors
+    return {name: (arr, dt) for name, (dt, arr) in read_tensors(path).items()}
 
 
 def load_hf_tensors(hf_dir: Path | str) -> dict[str, tuple[np.ndarray, str]]:

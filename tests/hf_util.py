@@ -1,4 +1,4 @@
-"""Reading and rewriting Hugging Face fixture checkpoints in tests (independent of engine/)."""
+"""Reading and rewriting Hugging Face fixture checkpoints in tests."""
 from __future__ import annotations
 
 import json
@@ -8,23 +8,17 @@ from pathlib import Path
 
 import numpy as np
 
+from engine.convert.safetensors_file import read_tensors
+
 _NP = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "I32": np.int32}
 
 
 def read_safetensors(path: Path) -> dict[str, tuple[str, np.ndarray]]:
-    """name -> (dtype, values as float32; raw integers for integer dtypes)."""
-    raw = path.read_bytes()
-    (n,) = struct.unpack("<Q", raw[:8])
-    head = json.loads(raw[8:8 + n])
-    head.pop("__metadata__", None)
-    out = {}
-    for name, e in head.items():
-        a, b = e["data_offsets"]
-        arr = np.frombuffer(raw[8 + n + a:8 + n + b], _NP[e["dtype"]]).reshape(e["shape"])
-        if e["dtype"] == "BF16":
-            arr = (arr.astype(np.uint32) << 16).view(np.float32)
-        out[name] = (e["dtype"], arr.astype(np.float32) if e["dtype"] != "I32" else arr)
-    return out
+    """name -> (dtype, values as float32; raw integers for integer dtypes), through the engine's
+    one safetensors reader (engine.convert.safetensors_file, itself held to the `safetensors`
+    package in test_convert_hf)."""
+    return {name: (dt, arr if dt.startswith(("I", "U", "BOOL")) else arr.astype(np.float32))
+            for name, (dt, arr) in read_tensors(path).items()}
 
 
 def read_folder(folder: Path) -> dict[str, np.ndarray]:

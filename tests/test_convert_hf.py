@@ -202,3 +202,21 @@ def test_experts_and_top_k_options(tmp_path):
     out = convert(HF_FIXTURES / "mixtral", tmp_path / "c", num_experts=8, top_k=1).path
     assert open_model_dir(out).config.top_k == 1
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_the_one_safetensors_reader_agrees_with_the_safetensors_package(tmp_path):
+    """engine.convert.safetensors_file against the `safetensors` package's numpy writer; BF16
+    (which that package's numpy API cannot hold) against hand-made bits: 0x3F80 = 1.0, 0xC040 = -3.0."""
+    from safetensors.numpy import save_file
+
+    from engine.convert.safetensors_file import read_tensors
+    rng = np.random.default_rng(0)
+    want = {"a": rng.standard_normal((3, 5)).astype(np.float32), "b": rng.standard_normal(7).astype(np.float16),
+            "c": np.arange(6, dtype=np.int32).reshape(2, 3)}
+    save_file(want, str(tmp_path / "x.safetensors"))
+    got = read_tensors(tmp_path / "x.safetensors")
+    assert [got[k][0] for k in want] == ["F32", "F16", "I32"]
+    for k, v in want.items():
+        assert got[k][1].dtype == v.dtype and np.array_equal(got[k][1], v)
+    write_safetensors(tmp_path / "bf16.safetensors", {"w": ("BF16", np.array([0x3F80, 0xC040], np.uint16))})
+    assert read_tensors(tmp_path / "bf16.safetensors")["w"][1].tolist() == [1.0, -3.0]

@@ -12,12 +12,13 @@ import time
 
 import numpy as np
 import pytest
-from conftest import HF_FIXTURES
+from conftest import HF_ARCHS, HF_FIXTURES
 from gguf_fixtures import make_random_hf
 
 import engine.models.fused as fused_module
 from engine.api import Engine
 from engine.convert.convert import convert
+from engine.models.base import Step
 
 
 @pytest.fixture(scope="module")
@@ -122,6 +123,22 @@ def test_sliding_window(tmp_path, calls):
     assert calls[0] == len(tokens)
 
 
+def test_clip_qkv(tmp_path, calls):
+    """OLMoE with a q/k/v clip small enough to bite: the fused kernel clips the same values."""
+    hf = tmp_path / "hf"
+    shutil.copytree(HF_FIXTURES / "olmoe", hf)
+    cfg = json.loads((hf / "config.json").read_text())
+    (hf / "config.json").write_text(json.dumps({**cfg, "clip_qkv": 0.05}))
+    eng = resident(Engine(convert(hf, tmp_path / "model", "int8").path), [1, 2, 3, 4])
+    assert eng.cfg.clip_qkv == 0.05 and eng.net.fused is not None
+    dump: dict = {}
+    eng.logits([1, 2, 3], dump=dump)
+    assert np.isclose(np.abs(dump["blk.0.v"]).max(), 0.05)  # the clip bites (v is not rotated after it)
+    tokens = [9, 8, 7, 6]
+    assert_same(decode(eng, tokens, True, 4), decode(eng, tokens, False, 4))
+    assert calls[0] == len(tokens)
+
+
 def test_the_real_default_model(default_converted, calls):
     """SmolLM2's Q4_1 weights, repacked: greedy tokens and logits as the layered path gives them."""
     eng = Engine(default_converted, context_length=256)
@@ -146,10 +163,34 @@ def test_the_real_default_model(default_converted, calls):
     assert calls[0] >= 5
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "qwen3", "qwen2_moe", "olmoe"])
-def test_not_taken_by_what_it_does_not_compute(models, arch):
-    """Biases, q/k norms, a shared expert: these stay on the layered path."""
-    assert Engine(models(arch, "int8")).net.fused is None
+@pytest.mark.parametrize("arch", HF_ARCHS)
+def test_every_architecture_decodes_alike_on_both_paths(models, calls, arch):
+    """Each architecture's fixture: the fused decode gives the layered path's logits and KV cache
+    bit for bit and the same greedy tokens — or, where the spec has a part the kernel does not
+    compute, it is refused at load naming that part, and every token runs layer by layer."""
+    eng = Engine(models(arch, "int8"))
+    prompt, tokens = [1, 5, 9, 14, 3], [11, 2, 30, 4, 17]
+    if arch == "qwen2_moe":  # its sigmoid-gated shared expert
+        assert eng.net.fused is None and "shared_expert:sigmoid_gate" in eng.net.fused_refusal
+        eng.forward(prompt)
+        eng.forward([tokens[0]])
+        assert calls[0] == 0
+        return
+    assert eng.net.fused_refusal is None
+    eng = resident(eng, prompt)
+    start = eng.cache.length
+    assert_same(decode(eng, tokens, True, start), decode(eng, tokens, False, start))
+    greedy = {}
+    for fused in (True, False):
+        eng.net.fused_decode = fused
+        eng.cache.truncate(start)
+        eng.tokens = prompt
+        got = [eng.forward([tokens[0]])]
+        for _ in range(4):
+            got.append(eng.forward([got[-1]]))
+        greedy[fused] = got
+    assert greedy[True] == greedy[False]
+    assert calls[0] == 2 * len(tokens)
 
 
 def test_not_taken_without_integer_weights_or_with_float_activations(models, calls):
@@ -191,8 +232,8 @@ def test_a_full_kv_cache_is_left_to_the_layered_path(models, calls):
     """The kernel writes the cache without bounds checks: a position past its end never reaches it."""
     eng = resident(Engine(models("llama", "int8")), [1, 2, 3])
     cache = eng.cache
-    assert not eng.net.fused.run(np.zeros((1, eng.cfg.hidden_size), np.float32), cache, cache.capacity,
-                                 *eng.net.rotary(np.array([cache.capacity])))
+    cos, sin = eng.net.rotary(np.array([cache.capacity]))
+    assert not eng.net.fused.run(np.zeros((1, eng.cfg.hidden_size), np.float32), Step(cache, cache.capacity, cos, sin))
     assert calls[0] == 0
 
 
@@ -215,3 +256,26 @@ def test_the_kernels_kv_store_is_kvcache_write(kind):
         _store_kv(k[0], stored[0, 2], got.k_scale[0], 2, kind == "int8")
         np.testing.assert_array_equal(got.k, want.k)
         np.testing.assert_array_equal(got.k_scale, want.k_scale)
+
+
+def test_the_timing_hook_times_each_operation_without_replacing_any(models):
+    """engine.timing.OpTimer on Transformer.timer: a prompt's kernels by name, its matmuls by
+    tensor, the fused decode as one row; exclusive times add up to no more than the wall time."""
+    import time as _time
+
+    from engine.timing import OpTimer
+    eng = resident(Engine(models("mixtral", "int8")), [])
+    timer = eng.net.timer = OpTimer()
+    t0 = _time.perf_counter()
+    eng.forward([1, 5, 9])
+    eng.forward([4])
+    wall = _time.perf_counter() - t0
+    L = eng.cfg.num_layers
+    assert timer.calls["rmsnorm"] == 2 * L + 2 and timer.calls["attention"] == L and timer.calls["rope"] == 2 * L
+    assert timer.calls["blk.0.attn_q.weight"] == 1 and timer.calls["blk.1.ffn_gate_inp.weight"] >= 1
+    assert timer.calls["decode_layers (fused)"] == 1 and timer.calls["output.weight"] == 2
+    assert 0 < sum(timer.spent.values()) <= wall
+    eng.net.timer = None
+    timer.reset()
+    eng.forward([7])
+    assert not timer.calls

@@ -24,7 +24,6 @@ import re
 import resource
 import shutil
 import signal
-import struct
 import tempfile
 import time
 import traceback
@@ -109,7 +108,8 @@ def _header_end(path: Path) -> int:
     if head[:4] == b"GGUF":
         import gguf
         return int(gguf.GGUFReader(path).data_offset)
-    return 8 + struct.unpack("<Q", head)[0]
+    from engine.convert.safetensors_file import read_safetensors_header
+    return read_safetensors_header(path)[1]
 
 
 def _mutation(rng: random.Random, size: int, header: int) -> tuple[str, list[tuple[int, bytes]] | int]:

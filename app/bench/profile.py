@@ -4,8 +4,8 @@ One process, one model: a prompt, a few untimed tokens, then `--tokens` decode s
 gets them (with the fused kernel that runs every layer of a token in one call, where it applies:
 engine.models.fused), the time inside that kernel, and the same steps on the layer-by-layer
 path. Kernels cannot be timed inside the fused call, so the breakdown comes from the
-layer-by-layer path, which does the same arithmetic: every kernel call timed (a perf_counter
-pair around each, about a microsecond), matmuls grouped by the tensor they read (`attn_qkv`,
+layer-by-layer path, which does the same arithmetic: every kernel call timed through the engine's timing hook
+(engine.timing: a perf_counter pair around each, about a microsecond), matmuls grouped by the tensor they read (`attn_qkv`,
 `attn_output`, `ffn_gate+up`, `ffn_down`, `ffn_gate_inp`, `output`; a MoE token's experts take
 one call per layer). Whatever the kernels do not account for is the Python around them
 (routing, the expert cache, buffers, the KV cache writes) — what the fused kernel removes.
@@ -38,10 +38,8 @@ def _group(name: str) -> str:
 
 def profile(model: str, threads: int, prompt_tokens: int, tokens: int) -> dict:
     from engine.api import Engine
-    from engine.kernels import cpu
     from engine.model_dir import open_model_dir
-    from engine.models import base
-    from engine.models import fused as fused_module
+    from engine.timing import OpTimer
     cfg = open_model_dir(model).config
     eng = Engine(model, threads=threads, context_length=prompt_tokens + 4 * tokens + 16,
                  **({"expert_cache_size": cfg.num_experts} if cfg.is_moe else {}))
@@ -51,10 +49,8 @@ def profile(model: str, threads: int, prompt_tokens: int, tokens: int) -> dict:
     nxt = eng.forward(prompt)
     for _ in range(4):
         nxt = eng.forward([nxt])
-    if eng.net.fused is not None:  # room for every expert: wait until the rest are loaded
-        deadline = time.monotonic() + 120
-        while not eng.net.fused.ready() and time.monotonic() < deadline:
-            time.sleep(0.05)
+    if eng.net.fused is not None:  # room for every expert: the rest are loaded (ready() waits for them)
+        eng.net.fused.ready()
 
     def decode() -> float:
         nonlocal nxt
@@ -63,66 +59,31 @@ def profile(model: str, threads: int, prompt_tokens: int, tokens: int) -> dict:
             nxt = eng.forward([nxt])
         return (time.perf_counter() - t0) / tokens
 
-    in_kernel = [0.0, 0]
-    real_kernel = fused_module.decode_layers
-
-    def kernel(*args):
-        start = time.perf_counter()
-        try:
-            return real_kernel(*args)
-        finally:
-            in_kernel[0] += time.perf_counter() - start
-            in_kernel[1] += 1
     untimed = decode()  # four passes of `tokens` below: the context is sized for them
-    fused_module.decode_layers = kernel
-    try:
-        decode()
-    finally:
-        fused_module.decode_layers = real_kernel
+    timer = OpTimer()  # the engine's timing hook (engine.timing): nothing is replaced
+    eng.net.timer = timer
+    decode()
+    fused_label = "decode_layers (fused)"
+    in_kernel = (timer.spent.get(fused_label, 0.0), timer.calls.get(fused_label, 0))
+    eng.net.timer = None
     eng.net.fused_decode = False
     layered = decode()
-
-    spent: dict[str, float] = defaultdict(float)
-    calls: dict[str, int] = defaultdict(int)
-    originals = {name: getattr(cpu, name) for name in KERNELS}
-    patched = {"linear": base.linear, "linears": base.linears, "expert_mlp": base.expert_mlp}
-
-    inner: list[float] = []  # time spent in timed calls nested in the running one (exclusive times)
-
-    def timed(label, fn, *args):
-        start = time.perf_counter()
-        inner.append(0.0)
-        try:
-            return fn(*args)
-        finally:
-            elapsed, nested = time.perf_counter() - start, inner.pop()
-            spent[label] += elapsed - nested
-            calls[label] += 1
-            if inner:
-                inner[-1] += elapsed
-
-    def linear(x, m):
-        return timed(_group(m.name), patched["linear"], x, m)
-
-    def linears(x, ms):
-        return timed(_group(ms[0].name), patched["linears"], x, ms)
-
-    def expert_mlp(h, e):  # the fused gate+up kernel; down is its own (nested) linear
-        return timed("ffn_gate+up", patched["expert_mlp"], h, e)
-
-    for name, fn in originals.items():
-        setattr(cpu, name, lambda *a, _n=KERNELS[name], _f=fn: timed(_n, _f, *a))
-    base.linear, base.linears, base.expert_mlp = linear, linears, expert_mlp
+    timer.reset()
+    eng.net.timer = timer
     try:
         t0 = time.perf_counter()
         for _ in range(tokens):
             nxt = eng.forward([nxt])
         total = (time.perf_counter() - t0) / tokens
     finally:
-        for name, fn in originals.items():
-            setattr(cpu, name, fn)
-        base.linear, base.linears, base.expert_mlp = patched["linear"], patched["linears"], patched["expert_mlp"]
+        eng.net.timer = None
         eng.close()
+    spent: dict[str, float] = defaultdict(float)
+    calls: dict[str, int] = defaultdict(int)
+    for label, seconds in timer.spent.items():
+        group = KERNELS.get(label) or _group(label)
+        spent[group] += seconds
+        calls[group] += timer.calls[label]
     rows = {k: {"ms_per_token": 1e3 * v / tokens, "calls_per_token": calls[k] / tokens}
             for k, v in sorted(spent.items(), key=lambda kv: -kv[1]) if calls[k]}
     rows["python and the rest"] = {"ms_per_token": 1e3 * (total - sum(spent.values()) / tokens),

@@ -20,12 +20,8 @@ from engine.convert.source import FileReader, SourceTensor
 from engine.convert.tokenizer_import import TokenizerBundle, from_gguf_fields
 from engine.errors import ConfigError, SourceFormatError, UnsupportedArchitectureError
 from engine.model_dir import ModelConfig
+from engine.arch import GGUF_ARCHS, gguf_spec  # what each GGUF architecture is
 
-# general.architecture -> our architecture (llama with experts is Mixtral-style)
-GGUF_ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen2moe": "qwen2_moe",
-                      "qwen3moe": "qwen3_moe", "olmoe": "olmoe"}
-NORM_TOPK = {"mixtral": True, "qwen2_moe": False, "qwen3_moe": True, "olmoe": False}
-PERMUTED_QK = {"llama"}  # GGUF archs whose q/k rows llama.cpp's converter permuted
 # Bounds of the integer hyper-parameters (arch.KEY): far beyond any real model, far below what
 # would make an allocation fail or a loop run for hours.
 LIMITS = {"block_count": (1, 4096), "embedding_length": (1, 1 << 20), "attention.head_count": (1, 4096),
@@ -220,12 +216,13 @@ class GGUFModel:
 
     def config(self) -> ModelConfig:
         garch = self.fields.get("general.architecture")
-        if garch not in GGUF_ARCHITECTURES:
+        if garch not in GGUF_ARCHS:
             raise UnsupportedArchitectureError(
                 f"{self.path}: GGUF architecture {garch!r} is not supported; supported: "
-                f"{', '.join(GGUF_ARCHITECTURES)}")
+                f"{', '.join(GGUF_ARCHS)}")
         experts = self._int("expert_count", 0)
-        arch = "mixtral" if garch == "llama" and experts > 1 else GGUF_ARCHITECTURES[garch]
+        sp = gguf_spec(garch, experts)  # llama with experts is Mixtral-style
+        arch = sp.name
         hidden = self._int("embedding_length", required=True)
         heads = self._int("attention.head_count", required=True)
         kv_heads = self._int("attention.head_count_kv", heads)
@@ -255,9 +252,9 @@ class GGUFModel:
             intermediate_size=self._int(ff_key, required=True),
             num_experts=experts if moe else 1,
             top_k=self._int("expert_used_count", required=moe, high=experts) if moe else 1,
-            norm_topk_prob=bool(self._get("expert_weights_norm", NORM_TOPK.get(arch, False))),
+            norm_topk_prob=bool(self._get("expert_weights_norm", sp.gguf_renormalise)),
             shared_expert_intermediate_size=self._int("expert_shared_feed_forward_length", 0)
-            if arch == "qwen2_moe" else 0,
+            if sp.shared_expert != "none" else 0,
             rms_norm_eps=self._positive("attention.layer_norm_rms_epsilon", 1e-6),
             rope_theta=self._positive("rope.freq_base", 10000.0),
             rope_scaling=scaling,
@@ -265,14 +262,15 @@ class GGUFModel:
             max_position_embeddings=self._int("context_length", 4096),
             tie_word_embeddings="output.weight" not in self.tensors,
             attention_bias="blk.0.attn_q.bias" in self.tensors,
-            qk_norm={"qwen3": "head", "qwen3_moe": "head", "olmoe": "full"}.get(arch, "none"),
+            qk_norm=sp.qk_norm,
         )
 
     def source_tensor(self, name: str, cfg: ModelConfig) -> SourceTensor:
         """A GGUF tensor in Hugging Face row order (undoes llama.cpp's q/k permutation)."""
         t = self.tensors[name]
         garch = self.fields.get("general.architecture")
-        if garch in PERMUTED_QK and name.endswith((".attn_q.weight", ".attn_k.weight")):
+        sp = GGUF_ARCHS.get(garch)
+        if sp is not None and sp.gguf_permuted_qk and name.endswith((".attn_q.weight", ".attn_k.weight")):
             heads = cfg.num_heads if ".attn_q." in name else cfg.num_kv_heads
             if t.rows % (2 * heads) or not t.rows:
                 raise ConfigError(f"{self.path}: tensor {name!r} has {t.rows} rows, which do not split into "

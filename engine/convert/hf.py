@@ -1,68 +1,22 @@
 """Hugging Face checkpoints: a folder of safetensors (one file or sharded) with config.json.
 
-The safetensors header is parsed here rather than by the `safetensors` package: its numpy API
-cannot read BF16, and we want each lie in a header (sizes, offsets, dtypes) named precisely.
-Weights are never unpickled: `.bin`/`.pt` checkpoints are refused.
+The safetensors header is parsed by engine.convert.safetensors_file (the one reader). Weights
+are never unpickled: `.bin`/`.pt` checkpoints are refused.
 """
 from __future__ import annotations
 
 import json
-import struct
 from pathlib import Path
 
-import numpy as np
-
 from engine import quant
-from engine.convert.names import HF_FAMILY, HF_IGNORED
+from engine.arch import HF_CLASSES
+from engine.convert.names import HF_IGNORED
+from engine.convert.safetensors_file import read_safetensors_header
 from engine.convert.source import FileReader, SourceTensor
 from engine.errors import (ConfigError, SourceFormatError, UnsupportedArchitectureError)
 from engine.model_dir import ModelConfig
 
-# Hugging Face class -> our architecture name
-HF_ARCHITECTURES = {
-    "LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2",
-    "Qwen3ForCausalLM": "qwen3", "MixtralForCausalLM": "mixtral", "Qwen2MoeForCausalLM": "qwen2_moe",
-    "Qwen3MoeForCausalLM": "qwen3_moe", "OlmoeForCausalLM": "olmoe",
-}
 _DTYPES = {"F32": "f32", "F16": "f16", "BF16": "bf16"}
-_ITEMSIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
-             "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
-
-
-def read_safetensors_header(path: Path) -> tuple[dict[str, dict], int, int]:
-    """(tensor entries, data start, file size); every entry checked against the file."""
-    size = path.stat().st_size
-    with open(path, "rb") as f:
-        head = f.read(8)
-        if len(head) < 8:
-            raise SourceFormatError(f"{path}: not a safetensors file ({size} bytes, no header)")
-        (hlen,) = struct.unpack("<Q", head)
-        if hlen > size - 8 or hlen > 100_000_000:
-            raise SourceFormatError(f"{path}: safetensors header claims {hlen} bytes but the file has "
-                                    f"{size} (truncated or not a safetensors file)")
-        try:
-            doc = json.loads(f.read(hlen))
-        except (ValueError, UnicodeDecodeError) as e:
-            raise SourceFormatError(f"{path}: safetensors header is not valid JSON: {e}") from None
-    if not isinstance(doc, dict):
-        raise SourceFormatError(f"{path}: safetensors header is not a JSON object")
-    doc.pop("__metadata__", None)
-    data_start, data_size = 8 + hlen, size - 8 - hlen
-    for name, e in doc.items():
-        try:
-            dtype, shape, (begin, end) = e["dtype"], [int(d) for d in e["shape"]], e["data_offsets"]
-        except (KeyError, TypeError, ValueError):
-            raise SourceFormatError(f"{path}: tensor {name!r} has a malformed header entry: {e!r}") from None
-        if dtype not in _ITEMSIZE:
-            raise SourceFormatError(f"{path}: tensor {name!r} has unknown dtype {dtype!r}")
-        want = int(np.prod(shape, dtype=np.int64)) * _ITEMSIZE[dtype]
-        if end - begin != want or begin < 0:
-            raise SourceFormatError(f"{path}: tensor {name!r} is {dtype}{shape} = {want} bytes but its "
-                                    f"header offsets [{begin}, {end}) span {end - begin}")
-        if end > data_size:
-            raise SourceFormatError(f"{path}: tensor {name!r} ends at data byte {end} but the file holds "
-                                    f"only {data_size} data bytes (truncated?)")
-    return doc, data_start, size
 
 
 class HFCheckpoint:
@@ -166,11 +120,12 @@ def config_from_hf(folder: Path) -> ModelConfig:
     except ValueError as e:
         raise ConfigError(f"{path}: not valid JSON: {e}") from None
     classes = cfg.get("architectures") or []
-    arch = next((HF_ARCHITECTURES[c] for c in classes if c in HF_ARCHITECTURES), None)
-    if arch is None:
+    sp = next((HF_CLASSES[c] for c in classes if c in HF_CLASSES), None)
+    if sp is None:
         raise UnsupportedArchitectureError(
             f"{path}: architecture {classes or cfg.get('model_type')!r} is not supported; supported: "
-            f"{', '.join(HF_ARCHITECTURES)}")
+            f"{', '.join(HF_CLASSES)}")
+    arch = sp.name
     for key, (lo, hi) in HF_LIMITS.items():  # before anything is sized from them
         v = cfg.get(key)
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi):
@@ -178,8 +133,7 @@ def config_from_hf(folder: Path) -> ModelConfig:
                               f"{lo} to {hi})")
     heads = int(_need(cfg, "num_attention_heads", path))
     hidden = int(_need(cfg, "hidden_size", path))
-    family = HF_FAMILY[arch]
-    moe = family != "dense"
+    moe = sp.moe
     if cfg.get("mlp_only_layers") or cfg.get("decoder_sparse_step", 1) != 1:
         raise ConfigError(f"{path}: models that mix dense and MoE layers (mlp_only_layers / "
                           f"decoder_sparse_step) are not supported yet")
@@ -187,7 +141,6 @@ def config_from_hf(folder: Path) -> ModelConfig:
     experts = cfg.get("num_experts") or cfg.get("num_local_experts")  # names vary by version
     if moe and not experts:
         raise ConfigError(f"{path}: config.json has no 'num_experts' / 'num_local_experts'")
-    ff_key = "moe_intermediate_size" if family == "qwen_moe" else "intermediate_size"
     return ModelConfig(
         architecture=arch,
         vocab_size=int(_need(cfg, "vocab_size", path)),
@@ -196,21 +149,20 @@ def config_from_hf(folder: Path) -> ModelConfig:
         num_heads=heads,
         num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
         head_dim=int(cfg.get("head_dim") or hidden // heads),
-        intermediate_size=int(_need(cfg, ff_key, path)),
+        intermediate_size=int(_need(cfg, sp.hf_ff_key, path)),
         num_experts=int(experts) if moe else 1,
         top_k=int(_need(cfg, "num_experts_per_tok", path)) if moe else 1,
-        norm_topk_prob=True if arch == "mixtral" else bool(cfg.get("norm_topk_prob", False)),
+        norm_topk_prob=bool(cfg.get(sp.renormalise_key, sp.renormalise) if sp.renormalise_key else sp.renormalise),
         shared_expert_intermediate_size=int(cfg.get("shared_expert_intermediate_size") or 0)
-        if arch == "qwen2_moe" else 0,
+        if sp.shared_expert != "none" else 0,
         rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
         rope_theta=theta,
         rope_scaling=scaling,
         max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        attention_bias=arch == "qwen2" or bool(cfg.get("qkv_bias", True) if arch == "qwen2_moe"
-                                               else cfg.get("attention_bias", False)),
+        attention_bias=bool(cfg.get(sp.qkv_bias_key, sp.qkv_bias) if sp.qkv_bias_key else sp.qkv_bias),
         sliding_window=int(cfg["sliding_window"]) if cfg.get("sliding_window") and
         cfg.get("use_sliding_window", True) else None,
-        qk_norm={"qwen3": "head", "qwen3_moe": "head", "olmoe": "full"}.get(arch, "none"),
+        qk_norm=sp.qk_norm,
         clip_qkv=cfg.get("clip_qkv"),
     )

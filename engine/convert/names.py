@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import re
 
+from engine.arch import SPECS
+
 ALL = frozenset({"dense", "mixtral", "qwen_moe", "olmoe"})
 DENSE, MIXTRAL = frozenset({"dense"}), frozenset({"mixtral"})
 QWEN_MOE, OLMOE = frozenset({"qwen_moe"}), frozenset({"olmoe"})
 MLP_EXPERTS = QWEN_MOE | OLMOE
 
-HF_FAMILY = {"llama": "dense", "mistral": "dense", "qwen2": "dense", "qwen3": "dense",
-             "mixtral": "mixtral", "qwen2_moe": "qwen_moe", "qwen3_moe": "qwen_moe", "olmoe": "olmoe"}
+HF_FAMILY = {s.name: s.family for s in SPECS.values()}  # architecture -> its table's family (engine.arch)
+
 
 _L = "model.layers.{L}"
 _ROUTER = f"{_L}.mlp.gate.weight"

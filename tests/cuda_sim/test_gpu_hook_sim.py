@@ -58,16 +58,9 @@ def test_expert_on_gpu_matches_cpu(model):
         sched = Scheduler.create(eng.cfg, eng.weights, 1, profile=FAST_GPU, allow_simulator=True)
         h = rng.standard_normal((2, eng.cfg.hidden_size)).astype(np.float32)
         ew = eng.weights.layers[0].shared
-        exact = base._exact.set(True)  # float activations, as the GPU kernels use
-        try:
-            want = base.expert_mlp(h, ew)
-            token = base._gpu.set(sched.runner)
-            try:
-                got = base.expert_mlp(h, ew)
-            finally:
-                base._gpu.reset(token)
-        finally:
-            base._exact.reset(exact)
+        # float activations, as the GPU kernels use
+        want = base.expert_mlp(h, ew, base.Step(exact=True))
+        got = base.expert_mlp(h, ew, base.Step(exact=True, gpu=sched.runner))
         snap = sched.snapshot()
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
     assert snap.layers[0].ffn == "gpu" and snap.layers[0].gpu_matmuls == 3, snap.layers[0]

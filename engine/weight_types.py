@@ -1,0 +1,50 @@
+"""The weight value types every part of the engine passes around: a stored matrix, one expert,
+one layer. Their own module so that the loaders (engine.weights), the expert cache
+(engine.experts) and the forward pass import them without importing each other.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Matrix:
+    """A stored weight matrix: uint8 (rows, row_bytes) blocks of format `code` (GGML type id)."""
+    name: str
+    data: np.ndarray
+    code: int
+    rows: int
+    cols: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.nbytes
+
+
+@dataclass(frozen=True)
+class ExpertWeights:
+    """One SwiGLU MLP (a routed expert, the shared one, or a dense model's MLP as expert 0)."""
+    gate: Matrix
+    up: Matrix
+    down: Matrix
+
+
+@dataclass(frozen=True)
+class LayerWeights:
+    """A decoder layer's resident weights (its routed experts live in the expert cache)."""
+    attn_norm: np.ndarray
+    q: Matrix
+    k: Matrix
+    v: Matrix
+    o: Matrix
+    ffn_norm: np.ndarray
+    q_bias: np.ndarray | None = None
+    k_bias: np.ndarray | None = None
+    v_bias: np.ndarray | None = None
+    q_norm: np.ndarray | None = None
+    k_norm: np.ndarray | None = None
+    router: Matrix | None = None
+    shared_gate: np.ndarray | None = None  # Qwen2-MoE: sigmoid gate of the shared expert
+    shared: ExpertWeights | None = None
