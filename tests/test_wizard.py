@@ -190,3 +190,58 @@ def test_a_gguf_is_read_header_only_with_progress(qtbot, wizard, default_gguf, m
     wizard._reading_path = str(default_gguf)
     wizard._reading()
     assert wizard.source_status.text() == f"Reading the header of {default_gguf.name} (98.4 MB): 43%"
+
+
+def test_each_choice_shows_its_size_memory_and_measured_quality_cost(qtbot, wizard, tmp_path):
+    """Issue 20 item 5: the quality cost from app/bench/results/quality.json, said to be one model's."""
+    from app.quality_table import expected_cost
+    inspect(qtbot, wizard, HF_FIXTURES / "mixtral")
+    wizard._next()
+    b = wizard.quant_buttons
+    cost = expected_cost("q4_k_m")
+    want = f"measured on the default model: {cost['delta_ppl_pct']:+.1f}% perplexity, {cost['same_top_pct']:.0f}% same"
+    assert want in b["q4_k_m"].text() and want.startswith("measured on the default model: +4.6% perplexity, 88% same")
+    assert " on disk · from " in b["q4_k_m"].text() and " of memory — " in b["q4_k_m"].text()
+    assert "measured" not in b["keep"].text() and "measured" not in b["f16"].text()  # no row: no figure
+    assert "stored this way already" in b["int4"].text()  # the default model's source was Q4_1: no loss there
+    assert b["q4_k_m"].accessibleDescription().startswith("measured on the default model")
+    assert wizard.quality_note.isVisibleTo(wizard) and "one model's" in wizard.quality_note.text()
+    assert "SmolLM2" in wizard.quality_note.text()
+    b["q4_k_m"].setChecked(True)
+    assert wizard.calibration_edit.isEnabled() and wizard.calibration == ""
+    wizard.calibration_edit.setText(str(tmp_path / "nowhere.txt"))
+    assert "No file at" in wizard.calibration_note.text() and not wizard.next_button.isEnabled()
+    text = tmp_path / "cal.txt"
+    text.write_text("Some text.", encoding="utf-8")
+    wizard.calibration_edit.setText(str(text))
+    assert wizard.next_button.isEnabled() and wizard.calibration == str(text)
+    cal = expected_cost("q4_k_m", calibrated=True)
+    assert f"calibrated: {cal['delta_ppl_pct']:+.1f}% perplexity" in b["q4_k_m"].text()
+    b["f16"].setChecked(True)  # nothing to round: the option is off and nothing is passed on
+    assert not wizard.calibration_edit.isEnabled() and wizard.calibration == ""
+    assert "needs no calibration" in wizard.calibration_note.text()
+
+
+def test_a_calibrated_conversion_says_what_calibration_did(qtbot, wizard, tmp_path):
+    """The calibration text travels with the convert request; the done page names its tokens and the
+    expert matrices the text never reached (a tiny MoE, a short text: some experts stay idle)."""
+    text = tmp_path / "cal.txt"
+    cal = (HF_FIXTURES.parent / "texts" / "calibration_en_code.txt").read_text(encoding="utf-8")[:600]
+    text.write_text(cal, encoding="utf-8")
+    inspect(qtbot, wizard, HF_FIXTURES / "mixtral")
+    wizard._next()
+    wizard.quant_buttons["int4"].setChecked(True)
+    wizard.calibration_edit.setText(str(text))
+    requests = []
+    wizard.convert_requested.connect(lambda *args: requests.append(args))
+    qtbot.mouseClick(wizard.next_button, Qt.LeftButton)
+    assert "calibration text cal.txt" in wizard.tensor_label.text()  # the forward reports no progress: say so
+    qtbot.waitUntil(lambda: wizard.state in ("done", "failed"), timeout=60_000)
+    assert wizard.state == "done", wizard.outcome.text()
+    assert requests and requests[0][2:] == ("int4", True, str(text))
+    c = wizard.result.calibration
+    assert c["tokens"] > 0 and c["expert_matrices"] > 0
+    outcome = wizard.outcome.text()
+    assert f"Calibrated on {c['tokens']:,} tokens: {c['weighted_matrices']} matrices" in outcome
+    assert f"{c['unrouted_expert_matrices']} of {c['expert_matrices']} expert matrices were never routed" in outcome
+    open_model_dir(wizard.target, verify=True)

@@ -1,7 +1,8 @@
 """The model conversion wizard: pick a source, see what it is, choose how to store it, convert.
 
 Three pages: Source (a GGUF file or a Hugging Face folder, and what it holds), Options
-(quantization, expert files, name; the memory each expert cache size needs) and Convert
+(quantization with each choice's size, memory and measured quality cost, an optional calibration
+text, expert files, name; the memory each expert cache size needs) and Convert
 (progress with Cancel, then "Open in chat"). Inspection and conversion run on the wizard's own
 thread through app.worker.ConvertWorker, so chatting goes on; Cancel sets its threading.Event and
 the converter leaves nothing behind.
@@ -18,10 +19,12 @@ from PySide6.QtWidgets import (QAbstractItemView, QButtonGroup, QDialog, QFileDi
                                QStackedWidget, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget)
 
 from app.model_info import CONTEXT, QUANTIZE, QUANTIZE_HELP, ModelSummary, default_target, human_bytes, size_note
+from app.quality_table import already_stored, expected_cost, measured_on
 from app.worker import ConvertWorker
 from ui import pyside_refcount
 
 SOURCE, OPTIONS, CONVERT = range(3)
+CALIBRATED = ("int8", "q4_k_m", "int4")  # the choices whose rounding a calibration text weights
 
 
 def _muted(text: str = "", name: str = "") -> QLabel:
@@ -39,7 +42,8 @@ def eta_text(elapsed: float, fraction: float) -> str:
 
 class ConvertWizard(QDialog):
     inspect_requested = Signal(str)
-    convert_requested = Signal(str, str, str, bool)  # source, target folder, quantization, one file per expert
+    # source, target folder, quantization, one file per expert, calibration text ("" for none)
+    convert_requested = Signal(str, str, str, bool, str)
     open_requested = Signal(str)  # "Open in chat": the converted model folder
 
     def __init__(self, parent: QWidget | None, models: Path, source: str | None = None):
@@ -154,6 +158,25 @@ class ConvertWizard(QDialog):
             ql.addWidget(b)
         self.size_note = _muted(name="size_note")
         ql.addWidget(self.size_note)
+        self.quality_note = _muted(name="quality_note")
+        ql.addWidget(self.quality_note)
+        cbox = QGroupBox(self.tr("Calibration (optional)"))
+        cl = QVBoxLayout(cbox)
+        self.calibration_edit = QLineEdit(objectName="calibration_path", clearButtonEnabled=True,
+                                          placeholderText=self.tr("none: every weight counts the same"))
+        self.calibration_edit.setAccessibleName(self.tr("Calibration text"))
+        self.calibration_edit.setAccessibleDescription(self.tr("A text file the converter runs the model over, "
+                                                               "to round the weights that matter most more carefully"))
+        self.calibration_edit.textChanged.connect(lambda _: self._update_options())
+        self.calibration_button = QPushButton(self.tr("Calibration text…"), objectName="calibration_button")
+        self.calibration_button.setAccessibleName(self.tr("Choose a calibration text file"))
+        self.calibration_button.clicked.connect(self._pick_calibration)
+        crow = QHBoxLayout()
+        crow.addWidget(self.calibration_edit, 1)
+        crow.addWidget(self.calibration_button)
+        cl.addLayout(crow)
+        self.calibration_note = _muted(name="calibration_note")
+        cl.addWidget(self.calibration_note)
         ebox = QGroupBox(self.tr("Expert files"))
         el = QVBoxLayout(ebox)
         self.split_expert = QRadioButton(self.tr("One file per expert: a token reads only the experts it uses "
@@ -188,6 +211,7 @@ class ConvertWizard(QDialog):
         nrow.addWidget(self.name_edit, 1)
         lay = QVBoxLayout(page)
         lay.addWidget(qbox)
+        lay.addWidget(cbox)
         lay.addWidget(ebox)
         lay.addWidget(mbox, 1)
         lay.addLayout(nrow)
@@ -343,8 +367,24 @@ class ConvertWizard(QDialog):
         s = self.summary
         if s is None:
             return
+        calibrated = bool(self.calibration)
         for q, b in self.quant_buttons.items():
-            b.setText(f"{q} · {human_bytes(s.sizes[q].total)} — {QUANTIZE_HELP[q]}")
+            fewest = s.memory_table(q)[0].ram_bytes
+            line = self.tr("{q} · {size} on disk · from {memory} of memory — {help}").format(
+                q=q, size=human_bytes(s.sizes[q].total), memory=human_bytes(fewest), help=QUANTIZE_HELP[q])
+            quality = self.quality_text(q, calibrated and q in CALIBRATED)
+            b.setText(f"{line}\n      {quality}" if quality else line)
+            b.setAccessibleDescription(quality)
+        table = measured_on()
+        self.quality_note.setText(self.tr(
+            "Quality figures are one model's: the default model ({model}), converted from that file and compared "
+            "with its f16 over {positions} tokens of English text. They show how the choices compare; another "
+            "model's cost differs.").format(model=table["model"], positions=table["positions"]) if table else "")
+        self.quality_note.setVisible(bool(table))
+        rounds = self.quantize in CALIBRATED
+        self.calibration_edit.setEnabled(rounds)
+        self.calibration_button.setEnabled(rounds)
+        self.calibration_note.setText(self._calibration_note(rounds))
         note = size_note(s, self.quantize)
         self.size_note.setText(f"{self.quantize}: {note}" if note else "")
         self.size_note.setVisible(bool(note))
@@ -364,6 +404,40 @@ class ConvertWizard(QDialog):
             self.name_edit.setText(default_target(self.models, s, self.quantize).name)
         self._update_target()
 
+    def quality_text(self, quantize: str, calibrated: bool = False) -> str:
+        """"measured on the default model: +4.6% perplexity, 88% same next token" ("" without a row)."""
+        cost = expected_cost(quantize, calibrated)
+        if cost is None:
+            return ""
+        text = self.tr("measured on the default model{how}: {ppl:+.1f}% perplexity, {same:.0f}% same next "
+                       "token").format(how=self.tr(", calibrated") if calibrated else "",
+                                       ppl=cost["delta_ppl_pct"], same=cost["same_top_pct"])
+        if already_stored(quantize):
+            text += " " + self.tr("(that model was stored this way already: no loss there, unlike from 16 bits)")
+        return text
+
+    @property
+    def calibration(self) -> str:
+        """The calibration text's path, or "" (none, or a choice it does not apply to)."""
+        return self.calibration_edit.text().strip().strip("'\"") if self.quantize in CALIBRATED else ""
+
+    def _calibration_note(self, rounds: bool) -> str:
+        if not rounds:
+            return self.tr("Only int8, q4_k_m and int4 round weights: {q} needs no calibration.").format(
+                q=self.quantize)
+        path = self.calibration
+        if path and not Path(path).expanduser().is_file():
+            return self.tr("No file at {path}.").format(path=path)
+        return self.tr("A text like the ones you will give the model (a few pages; at most 16,000 tokens are "
+                       "used). The converter runs the model over it first, which adds minutes, and rounds the "
+                       "weights that matter most more carefully.")
+
+    def _pick_calibration(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, self.tr("Choose a calibration text file"), str(Path.home()),
+                                              self.tr("Text (*.txt *.md);;All files (*)"))
+        if path:
+            self.calibration_edit.setText(path)
+
     @property
     def target(self) -> Path:
         return self.models / self.name_edit.text().strip()
@@ -377,7 +451,8 @@ class ConvertWizard(QDialog):
             text += " " + self.tr("A model with this name is in your library already: converting replaces it.")
         self.target_label.setText(text)
         self._update_buttons()
-        self.next_button.setEnabled(self.next_button.isEnabled() and not bad)
+        missing = bool(self.calibration) and not Path(self.calibration).expanduser().is_file()
+        self.next_button.setEnabled(self.next_button.isEnabled() and not bad and not missing)
 
     # --- converting --------------------------------------------------------------------------
     def start_conversion(self) -> None:
@@ -388,12 +463,17 @@ class ConvertWizard(QDialog):
         self.bar.setValue(0)
         self.convert_title.setText(f"Converting {s.name} ({self.quantize}) into {self.target}")
         self.tensor_label.setText(self.tr("Opening {name}…").format(name=s.source.name))  # a big GGUF takes seconds
+        calibration = self.calibration
+        if calibration:  # the float forward over the text reports no progress: say what the wait is
+            self.tensor_label.setText(self.tr("Running {name} over the calibration text {text} (a few minutes)…")
+                                      .format(name=s.source.name, text=Path(calibration).name))
         self.outcome.setText("")
         self.outcome.setStyleSheet("")
         self._go(CONVERT)
         self.worker.arm()  # before the request, so a Cancel pressed at once still counts
         self.convert_requested.emit(str(s.source), str(self.target), self.quantize,
-                                    not s.config.is_moe or self.split_expert.isChecked())
+                                    not s.config.is_moe or self.split_expert.isChecked(),
+                                    str(Path(calibration).expanduser()) if calibration else "")
 
     def cancel(self) -> None:
         if self.state == "converting":
@@ -412,8 +492,20 @@ class ConvertWizard(QDialog):
         self.tensor_label.setText("")
         self.outcome.setText(f"Done: {human_bytes(result.bytes_written)} written in {result.seconds:.1f} s "
                              f"({kinds}). The model is in your library.")
+        if getattr(result, "calibration", None):
+            self.outcome.setText(self.outcome.text() + "\n" + self.calibration_outcome(result.calibration))
         self._update_buttons()
         self.open_button.setFocus()
+
+    def calibration_outcome(self, c: dict) -> str:
+        """What calibration did: the tokens it saw, and the expert matrices it never reached."""
+        text = self.tr("Calibrated on {tokens:,} tokens: {weighted} matrices rounded by importance.").format(
+            tokens=c["tokens"], weighted=c["weighted_matrices"])
+        if c.get("expert_matrices"):
+            text += " " + self.tr("{unrouted} of {experts} expert matrices were never routed to by the text: "
+                                  "they keep weight-only rounding.").format(
+                unrouted=c["unrouted_expert_matrices"], experts=c["expert_matrices"])
+        return text
 
     def _cancelled(self) -> None:
         self.state = "cancelled"
