@@ -194,17 +194,21 @@ def test_a_gguf_is_read_header_only_with_progress(qtbot, wizard, default_gguf, m
 
 def test_each_choice_shows_its_size_memory_and_measured_quality_cost(qtbot, wizard, tmp_path):
     """Issue 20 item 5: the quality cost from app/bench/results/quality.json, said to be one model's."""
+    from app.model_info import human_bytes
     from app.quality_table import expected_cost
     inspect(qtbot, wizard, HF_FIXTURES / "mixtral")
     wizard._next()
-    b = wizard.quant_buttons
+    b, cells = wizard.quant_buttons, {q: [c.text() for c in cs] for q, cs in wizard.quant_cells.items()}
     cost = expected_cost("q4_k_m")
-    want = f"measured on the default model: {cost['delta_ppl_pct']:+.1f}% perplexity, {cost['same_top_pct']:.0f}% same"
-    assert want in b["q4_k_m"].text() and want.startswith("measured on the default model: +4.6% perplexity, 88% same")
-    assert " on disk · from " in b["q4_k_m"].text() and " of memory — " in b["q4_k_m"].text()
-    assert "measured" not in b["keep"].text() and "measured" not in b["f16"].text()  # no row: no figure
-    assert "stored this way already" in b["int4"].text()  # the default model's source was Q4_1: no loss there
-    assert b["q4_k_m"].accessibleDescription().startswith("measured on the default model")
+    want = f"{cost['delta_ppl_pct']:+.1f}% perplexity, {cost['same_top_pct']:.0f}% same next token"
+    assert cells["q4_k_m"][2] == want == "+4.6% perplexity, 88% same next token"
+    summary = wizard.summary
+    assert cells["q4_k_m"][:2] == [human_bytes(summary.sizes["q4_k_m"].total),
+                                   human_bytes(summary.memory_table("q4_k_m")[0].ram_bytes)]
+    assert cells["keep"][2] == cells["f16"][2] == "—"  # no row in the table: no figure
+    assert cells["int4"][2].endswith(" *")  # the default model's source was Q4_1: no loss there
+    assert "* int4 shows no loss there" in wizard.quality_note.text()
+    assert b["q4_k_m"].accessibleDescription().endswith("measured on the default model: " + want)
     assert wizard.quality_note.isVisibleTo(wizard) and "one model's" in wizard.quality_note.text()
     assert "SmolLM2" in wizard.quality_note.text()
     b["q4_k_m"].setChecked(True)
@@ -216,7 +220,7 @@ def test_each_choice_shows_its_size_memory_and_measured_quality_cost(qtbot, wiza
     wizard.calibration_edit.setText(str(text))
     assert wizard.next_button.isEnabled() and wizard.calibration == str(text)
     cal = expected_cost("q4_k_m", calibrated=True)
-    assert f"calibrated: {cal['delta_ppl_pct']:+.1f}% perplexity" in b["q4_k_m"].text()
+    assert wizard.quant_cells["q4_k_m"][2].text().startswith(f"calibrated: {cal['delta_ppl_pct']:+.1f}% perplexity")
     b["f16"].setChecked(True)  # nothing to round: the option is off and nothing is passed on
     assert not wizard.calibration_edit.isEnabled() and wizard.calibration == ""
     assert "needs no calibration" in wizard.calibration_note.text()

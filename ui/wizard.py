@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from PySide6.QtCore import QElapsedTimer, Qt, QThread, QTimer, Signal
-from PySide6.QtWidgets import (QAbstractItemView, QButtonGroup, QDialog, QFileDialog, QGroupBox, QHBoxLayout,
+from PySide6.QtWidgets import (QAbstractItemView, QButtonGroup, QDialog, QFileDialog, QGridLayout, QGroupBox, QHBoxLayout,
                                QHeaderView, QLabel, QLineEdit, QProgressBar, QPushButton, QRadioButton,
                                QStackedWidget, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget)
 
@@ -51,7 +51,7 @@ class ConvertWizard(QDialog):
         pyside_refcount.install()
         self.setObjectName("convert_wizard")
         self.setWindowTitle(self.tr("Convert a model"))
-        self.resize(780, 700)
+        self.resize(900, 760)
         self.models = Path(models)
         self.summary: ModelSummary | None = None
         self.result = None  # the engine's ConvertResult once converted
@@ -149,13 +149,29 @@ class ConvertWizard(QDialog):
         ql = QVBoxLayout(qbox)
         self.quant_group = QButtonGroup(self)
         self.quant_buttons: dict[str, QRadioButton] = {}
-        for q in QUANTIZE:
-            b = QRadioButton(objectName=f"quant_{q}")
+        # one row per choice, as a model list reads: name, what it is, size on disk, memory, measured cost
+        self.quant_cells: dict[str, tuple[QLabel, QLabel, QLabel]] = {}
+        grid = QGridLayout()
+        grid.setHorizontalSpacing(14)
+        grid.setColumnStretch(1, 1)
+        for col, head in ((2, self.tr("on disk")), (3, self.tr("memory from")),
+                          (4, self.tr("measured on the default model"))):
+            grid.addWidget(QLabel(f"<b>{html.escape(head)}</b>", objectName="quant_header"), 0, col)
+        for row, q in enumerate(QUANTIZE, 1):
+            b = QRadioButton(q, objectName=f"quant_{q}")
             self.quant_group.addButton(b)
             b.setAccessibleName(q)
             self.quant_buttons[q] = b
             b.toggled.connect(lambda on: on and self._update_options())
-            ql.addWidget(b)
+            cells = (QLabel(objectName=f"size_{q}"), QLabel(objectName=f"memory_{q}"),
+                     QLabel(objectName=f"quality_{q}"))
+            self.quant_cells[q] = cells
+            grid.addWidget(b, row, 0)
+            grid.addWidget(QLabel(self.tr(QUANTIZE_HELP[q]), objectName="help"), row, 1)
+            for col, cell in enumerate(cells, 2):
+                cell.setAlignment((Qt.AlignLeft if col == 4 else Qt.AlignRight) | Qt.AlignVCenter)
+                grid.addWidget(cell, row, col)
+        ql.addLayout(grid)
         self.size_note = _muted(name="size_note")
         ql.addWidget(self.size_note)
         self.quality_note = _muted(name="quality_note")
@@ -369,17 +385,23 @@ class ConvertWizard(QDialog):
             return
         calibrated = bool(self.calibration)
         for q, b in self.quant_buttons.items():
-            fewest = s.memory_table(q)[0].ram_bytes
-            line = self.tr("{q} · {size} on disk · from {memory} of memory — {help}").format(
-                q=q, size=human_bytes(s.sizes[q].total), memory=human_bytes(fewest), help=QUANTIZE_HELP[q])
-            quality = self.quality_text(q, calibrated and q in CALIBRATED)
-            b.setText(f"{line}\n      {quality}" if quality else line)
-            b.setAccessibleDescription(quality)
+            size, memory, quality = self.quant_cells[q]
+            size.setText(human_bytes(s.sizes[q].total))
+            memory.setText(human_bytes(s.memory_table(q)[0].ram_bytes))  # the fewest experts cached
+            figures = self.quality_figures(q, calibrated and q in CALIBRATED)
+            quality.setText(figures or "—")
+            cost = self.tr("measured on the default model: {figures}").format(figures=figures) if figures else ""
+            b.setAccessibleDescription(self.tr("{help}; {size} on disk, needs from {memory} of memory; {cost}").format(
+                help=self.tr(QUANTIZE_HELP[q]), size=size.text(), memory=memory.text(), cost=cost))
         table = measured_on()
-        self.quality_note.setText(self.tr(
-            "Quality figures are one model's: the default model ({model}), converted from that file and compared "
-            "with its f16 over {positions} tokens of English text. They show how the choices compare; another "
-            "model's cost differs.").format(model=table["model"], positions=table["positions"]) if table else "")
+        note = self.tr("Quality: one model's figures, the default model's ({model}, converted from that file and "
+                       "compared with its f16 over {positions} tokens); another model's cost differs.").format(
+            model=table["model"], positions=table["positions"]) if table else ""
+        stored = [q for q in QUANTIZE if already_stored(q)]
+        if stored:
+            note += " * " + self.tr("{q} shows no loss there because that file was stored in {q}'s format already; "
+                                  "from 16 bits it costs more.").format(q=", ".join(stored))
+        self.quality_note.setText(note)
         self.quality_note.setVisible(bool(table))
         rounds = self.quantize in CALIBRATED
         self.calibration_edit.setEnabled(rounds)
@@ -404,16 +426,17 @@ class ConvertWizard(QDialog):
             self.name_edit.setText(default_target(self.models, s, self.quantize).name)
         self._update_target()
 
-    def quality_text(self, quantize: str, calibrated: bool = False) -> str:
-        """"measured on the default model: +4.6% perplexity, 88% same next token" ("" without a row)."""
+    def quality_figures(self, quantize: str, calibrated: bool = False) -> str:
+        """"+4.6% perplexity, 88% same next token", the table's row for `quantize` ("" without one)."""
         cost = expected_cost(quantize, calibrated)
         if cost is None:
             return ""
-        text = self.tr("measured on the default model{how}: {ppl:+.1f}% perplexity, {same:.0f}% same next "
-                       "token").format(how=self.tr(", calibrated") if calibrated else "",
-                                       ppl=cost["delta_ppl_pct"], same=cost["same_top_pct"])
+        text = self.tr("{ppl:+.1f}% perplexity, {same:.0f}% same next token").format(
+            ppl=cost["delta_ppl_pct"], same=cost["same_top_pct"])
+        if calibrated:
+            text = self.tr("calibrated: {figures}").format(figures=text)
         if already_stored(quantize):
-            text += " " + self.tr("(that model was stored this way already: no loss there, unlike from 16 bits)")
+            text += " *"  # the note under the table says why
         return text
 
     @property
