@@ -249,3 +249,23 @@ def test_a_calibrated_conversion_says_what_calibration_did(qtbot, wizard, tmp_pa
     assert f"Calibrated on {c['tokens']:,} tokens: {c['weighted_matrices']} matrices" in outcome
     assert f"{c['unrouted_expert_matrices']} of {c['expert_matrices']} expert matrices were never routed" in outcome
     open_model_dir(wizard.target, verify=True)
+
+
+def test_in_chinese_the_new_options_read_in_chinese(qtbot, qapp, tmp_path):
+    from ui import i18n
+    from ui.wizard import ConvertWizard
+    translators = i18n.install(qapp, "zh_CN")
+    try:
+        gc.collect()
+        w = ConvertWizard(None, tmp_path)
+        qtbot.addWidget(w)
+        w.show()
+        inspect(qtbot, w, HF_FIXTURES / "mixtral")
+        w._next()
+        assert w.calibration_button.text() == "校准文本…" and w.calibration_edit.accessibleName() == "校准文本"
+        assert w.quant_cells["q4_k_m"][2].text() == "困惑度 +4.6%，88% 下一词元相同"
+        assert "质量：这是单个模型的数据" in w.quality_note.text()
+        assert "损失明显" in w.quant_buttons["int4"].accessibleDescription()
+        w.close()
+    finally:
+        i18n.uninstall(qapp, translators)
