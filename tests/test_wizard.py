@@ -269,3 +269,20 @@ def test_in_chinese_the_new_options_read_in_chinese(qtbot, qapp, tmp_path):
         w.close()
     finally:
         i18n.uninstall(qapp, translators)
+
+
+def test_the_table_says_whose_figures_they_are(tmp_path):
+    """measured_on reads the model's storage format from its file name; a row measured from a file
+    already in a choice's own format (Q4_1 for int4) is flagged, one from an f16 file is not."""
+    import json
+
+    from app.quality_table import already_stored, measured_on
+    rows = [{"by": "colibri", "format": "int4", "calibrated": False, "positions": 510}]
+    for model, stored in (("SmolLM2-135M-Instruct.Q4_1.gguf", True), ("SmolLM2-135M-Instruct.F16.gguf", False),
+                          ("some-model", False)):
+        path = tmp_path / "quality.json"
+        path.write_text(json.dumps({"model": model, "rows": rows}), encoding="utf-8")
+        assert measured_on(path)["model"] == model and measured_on(path)["positions"] == 510
+        assert already_stored("int4", path) is stored and not already_stored("int8", path)
+        assert not already_stored("q4_k_m", path)  # a mix: no single format to have been stored in
+    assert measured_on(tmp_path / "none.json") is None and not already_stored("int4", tmp_path / "none.json")
