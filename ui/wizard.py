@@ -413,15 +413,17 @@ class ConvertWizard(QDialog):
         rows = s.memory_table(self.quantize)
         self.memory_table.setRowCount(len(rows))
         for r, row in enumerate(rows):
-            label = f"{row.experts_per_layer} of {s.config.num_experts}" if s.config.is_moe else "all (dense)"
-            for col, text in enumerate((label, human_bytes(row.ram_bytes), row.note)):
+            label = self.tr("{n} of {experts}").format(n=row.experts_per_layer, experts=s.config.num_experts) \
+                if s.config.is_moe else self.tr("all (dense)")
+            for col, text in enumerate((label, human_bytes(row.ram_bytes), self.tr(row.note) if row.note else "")):
                 item = QTableWidgetItem(text)
                 item.setTextAlignment((Qt.AlignLeft if col == 2 else Qt.AlignRight) | Qt.AlignVCenter)
                 self.memory_table.setItem(r, col, item)
-        self.memory_note.setText(f"Weights always in memory ({human_bytes(s.sizes[self.quantize].dense)}), the "
-                                 f"experts kept, and the KV cache for a {min(CONTEXT, s.config.max_position_embeddings):,}"
-                                 f"-token context in f16 ({human_bytes(s.kv_bytes())}). Set the expert cache "
-                                 f"size in Settings after loading.")
+        self.memory_note.setText(self.tr(
+            "Weights always in memory ({dense}), the experts kept, and the KV cache for a {context:,}-token context "
+            "in f16 ({kv}). Set the expert cache size in Settings after loading.").format(
+            dense=human_bytes(s.sizes[self.quantize].dense), context=min(CONTEXT, s.config.max_position_embeddings),
+            kv=human_bytes(s.kv_bytes())))
         if rename or not self.name_edit.isModified():
             self.name_edit.setText(default_target(self.models, s, self.quantize).name)
         self._update_target()
@@ -484,7 +486,8 @@ class ConvertWizard(QDialog):
         self.progress_seen = []
         self._started = time.monotonic()
         self.bar.setValue(0)
-        self.convert_title.setText(f"Converting {s.name} ({self.quantize}) into {self.target}")
+        self.convert_title.setText(self.tr("Converting {name} ({q}) into {target}").format(
+            name=s.name, q=self.quantize, target=self.target))
         self.tensor_label.setText(self.tr("Opening {name}…").format(name=s.source.name))  # a big GGUF takes seconds
         calibration = self.calibration
         if calibration:  # the float forward over the text reports no progress: say what the wait is
@@ -513,8 +516,9 @@ class ConvertWizard(QDialog):
         self.bar.setValue(1000)
         kinds = ", ".join(f"{k} × {n}" for k, n in sorted(result.tensor_types.items(), key=lambda kv: -kv[1]))
         self.tensor_label.setText("")
-        self.outcome.setText(f"Done: {human_bytes(result.bytes_written)} written in {result.seconds:.1f} s "
-                             f"({kinds}). The model is in your library.")
+        self.outcome.setText(self.tr("Done: {size} written in {seconds:.1f} s ({kinds}). The model is in your "
+                                     "library.").format(size=human_bytes(result.bytes_written),
+                                                        seconds=result.seconds, kinds=kinds))
         if getattr(result, "calibration", None):
             self.outcome.setText(self.outcome.text() + "\n" + self.calibration_outcome(result.calibration))
         self._update_buttons()

@@ -1456,6 +1456,38 @@ Load a Mixture-of-Experts model to see which experts each layer uses.</source>
         <translation>正在读取 {name}{size} 的文件头：{pct:.0%}</translation>
     </message>
     <message>
+        <source>{n} of {experts}</source>
+        <translation>{experts} 个中的 {n} 个</translation>
+    </message>
+    <message>
+        <source>all (dense)</source>
+        <translation>全部（稠密）</translation>
+    </message>
+    <message>
+        <source>the fewest: the others load from disk</source>
+        <translation>最少：其余的从磁盘加载</translation>
+    </message>
+    <message>
+        <source>all experts in memory: never waits for the disk</source>
+        <translation>全部专家在内存中：从不等待磁盘</translation>
+    </message>
+    <message>
+        <source>dense model: all weights stay in memory</source>
+        <translation>稠密模型：所有权重常驻内存</translation>
+    </message>
+    <message>
+        <source>Weights always in memory ({dense}), the experts kept, and the KV cache for a {context:,}-token context in f16 ({kv}). Set the expert cache size in Settings after loading.</source>
+        <translation>常驻内存的权重（{dense}）、缓存的专家，以及 {context:,} 词元上下文的 f16 KV 缓存（{kv}）。加载后可在“设置”中调整专家缓存大小。</translation>
+    </message>
+    <message>
+        <source>Converting {name} ({q}) into {target}</source>
+        <translation>正在把 {name}（{q}）转换到 {target}</translation>
+    </message>
+    <message>
+        <source>Done: {size} written in {seconds:.1f} s ({kinds}). The model is in your library.</source>
+        <translation>完成：{seconds:.1f} 秒内写入 {size}（{kinds}）。模型已在你的模型库中。</translation>
+    </message>
+    <message>
         <source>A text like the ones you will give the model (a few pages; at most 16,000 tokens are used). The converter runs the model over it first, which adds minutes, and rounds the weights that matter most more carefully.</source>
         <translation>一段与你今后交给模型的内容相似的文本（几页即可；最多使用 16,000 个词元）。转换器会先让模型读一遍它，这会多花几分钟，然后更仔细地舍入最重要的权重。</translation>
     </message>
