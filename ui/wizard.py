@@ -528,7 +528,9 @@ class ConvertWizard(QDialog):
         """What calibration did: the tokens it saw, and the expert matrices it never reached."""
         text = self.tr("Calibrated on {tokens:,} tokens: {weighted} matrices rounded by importance.").format(
             tokens=c["tokens"], weighted=c["weighted_matrices"])
-        if c.get("expert_matrices"):
+        if c.get("expert_matrices") and not c.get("unrouted_expert_matrices"):
+            text += " " + self.tr("The text reached all {experts} expert matrices.").format(experts=c["expert_matrices"])
+        elif c.get("expert_matrices"):
             text += " " + self.tr("{unrouted} of {experts} expert matrices were never routed to by the text: "
                                   "they keep weight-only rounding.").format(
                 unrouted=c["unrouted_expert_matrices"], experts=c["expert_matrices"])

@@ -1456,6 +1456,10 @@ Load a Mixture-of-Experts model to see which experts each layer uses.</source>
         <translation>正在读取 {name}{size} 的文件头：{pct:.0%}</translation>
     </message>
     <message>
+        <source>The text reached all {experts} expert matrices.</source>
+        <translation>该文本覆盖了全部 {experts} 个专家矩阵。</translation>
+    </message>
+    <message>
         <source>{n} of {experts}</source>
         <translation>{experts} 个中的 {n} 个</translation>
     </message>
