@@ -18,12 +18,12 @@ from engine.kvcache import kv_cache_bytes
 from engine.model_dir import ModelConfig
 
 QUANTIZE = ("keep", "f16", "int8", "q4_k_m", "int4")  # the wizard's choices, in its order
-QUANTIZE_HELP = {
-    "keep": "as the source stores them (a GGUF's blocks import losslessly)",
+QUANTIZE_HELP = {  # one line each: the wizard shows them in a row beside size, memory and quality
+    "keep": "as the source stores them (a GGUF imports losslessly)",
     "f16": "16-bit floats: practically lossless",
-    "int8": "8 bits per weight: a quarter of f32, a very small quality loss",
-    "q4_k_m": "llama.cpp's Q4_K_M mix: about 5 bits per weight, more bits where they matter most",
-    "int4": "4 bits per weight: an eighth of f32, a noticeable quality loss",
+    "int8": "8 bits per weight: a very small loss",
+    "q4_k_m": "llama.cpp's Q4_K_M: ~5 bits, more where it matters",
+    "int4": "4 bits per weight: a noticeable loss",
 }
 CONTEXT = 4096  # the default context_length the memory estimates assume
 
@@ -114,7 +114,10 @@ class ModelSummary:
 
 
 def _target_bytes(q: str, shape: tuple[int, ...]) -> int:
-    """Bytes of a matrix stored as `q` asks (0 where its rows do not split into that format's blocks)."""
+    """Bytes of a matrix stored as `q` asks (0 where its rows do not split into that format's blocks, or
+    where `q` is a mix with no single target format, as q4_k_m)."""
+    if q not in quant.TARGETS:
+        return 0
     try:
         return quant.get(quant.TARGETS[q]).nbytes(shape)
     except quant.QuantError:

@@ -647,8 +647,9 @@ class ConvertWorker(QObject):
         except Exception as e:  # noqa: BLE001 - an unreadable source is a message in the wizard
             self._fail(f"Reading {Path(source).name}", e)
 
-    @Slot(str, str, str, bool)
-    def convert(self, source: str, target: str, quantize: str, split_experts: bool) -> None:
+    @Slot(str, str, str, bool, str)
+    def convert(self, source: str, target: str, quantize: str, split_experts: bool, calibration: str = "") -> None:
+        """`calibration`: a text file whose activations weight the rounding ("" for none)."""
         from engine.convert.convert import convert
         last = [0.0]
 
@@ -659,7 +660,7 @@ class ConvertWorker(QObject):
                 self.progress.emit(p.fraction, p.tensor)
         try:
             result = convert(source, target, quantize, split_experts=split_experts, force=True,
-                             progress=progress, cancel=self._cancel)
+                             progress=progress, cancel=self._cancel, calibration_data=calibration or None)
             if Path(target).parent == models_dir():
                 model_library.record_source(result.path, source)
             self.converted.emit(result)

@@ -190,3 +190,102 @@ def test_a_gguf_is_read_header_only_with_progress(qtbot, wizard, default_gguf, m
     wizard._reading_path = str(default_gguf)
     wizard._reading()
     assert wizard.source_status.text() == f"Reading the header of {default_gguf.name} (98.4 MB): 43%"
+
+
+def test_each_choice_shows_its_size_memory_and_measured_quality_cost(qtbot, wizard, tmp_path):
+    """Issue 20 item 5: the quality cost from app/bench/results/quality.json, said to be one model's."""
+    from app.model_info import human_bytes
+    from app.quality_table import expected_cost
+    inspect(qtbot, wizard, HF_FIXTURES / "mixtral")
+    wizard._next()
+    b, cells = wizard.quant_buttons, {q: [c.text() for c in cs] for q, cs in wizard.quant_cells.items()}
+    cost = expected_cost("q4_k_m")
+    want = f"{cost['delta_ppl_pct']:+.1f}% perplexity, {cost['same_top_pct']:.0f}% same next token"
+    assert cells["q4_k_m"][2] == want == "+4.6% perplexity, 88% same next token"
+    summary = wizard.summary
+    assert cells["q4_k_m"][:2] == [human_bytes(summary.sizes["q4_k_m"].total),
+                                   human_bytes(summary.memory_table("q4_k_m")[0].ram_bytes)]
+    assert cells["keep"][2] == cells["f16"][2] == "—"  # no row in the table: no figure
+    assert cells["int4"][2].endswith(" *")  # the default model's source was Q4_1: no loss there
+    assert "* int4 shows no loss there" in wizard.quality_note.text()
+    assert b["q4_k_m"].accessibleDescription().endswith("measured on the default model: " + want)
+    assert wizard.quality_note.isVisibleTo(wizard) and "one model's" in wizard.quality_note.text()
+    assert "SmolLM2" in wizard.quality_note.text()
+    b["q4_k_m"].setChecked(True)
+    assert wizard.calibration_edit.isEnabled() and wizard.calibration == ""
+    wizard.calibration_edit.setText(str(tmp_path / "nowhere.txt"))
+    assert "No file at" in wizard.calibration_note.text() and not wizard.next_button.isEnabled()
+    text = tmp_path / "cal.txt"
+    text.write_text("Some text.", encoding="utf-8")
+    wizard.calibration_edit.setText(str(text))
+    assert wizard.next_button.isEnabled() and wizard.calibration == str(text)
+    cal = expected_cost("q4_k_m", calibrated=True)
+    assert wizard.quant_cells["q4_k_m"][2].text().startswith(f"calibrated: {cal['delta_ppl_pct']:+.1f}% perplexity")
+    b["f16"].setChecked(True)  # nothing to round: the option is off and nothing is passed on
+    assert not wizard.calibration_edit.isEnabled() and wizard.calibration == ""
+    assert "needs no calibration" in wizard.calibration_note.text()
+
+
+def test_a_calibrated_conversion_says_what_calibration_did(qtbot, wizard, tmp_path):
+    """The calibration text travels with the convert request; the done page names its tokens and the
+    expert matrices the text never reached (a tiny MoE, a short text: some experts stay idle)."""
+    text = tmp_path / "cal.txt"
+    cal = (HF_FIXTURES.parent / "texts" / "calibration_en_code.txt").read_text(encoding="utf-8")[:120]
+    text.write_text(cal, encoding="utf-8")  # 55 tokens: a few of the tiny qwen3_moe's experts stay idle
+    inspect(qtbot, wizard, HF_FIXTURES / "qwen3_moe")
+    wizard._next()
+    wizard.quant_buttons["int4"].setChecked(True)
+    wizard.calibration_edit.setText(str(text))
+    requests = []
+    wizard.convert_requested.connect(lambda *args: requests.append(args))
+    qtbot.mouseClick(wizard.next_button, Qt.LeftButton)
+    assert "calibration text cal.txt" in wizard.tensor_label.text()  # the forward reports no progress: say so
+    qtbot.waitUntil(lambda: wizard.state in ("done", "failed"), timeout=60_000)
+    assert wizard.state == "done", wizard.outcome.text()
+    assert requests and requests[0][2:] == ("int4", True, str(text))
+    c = wizard.result.calibration
+    assert c["tokens"] > 0 and c["expert_matrices"] > c["unrouted_expert_matrices"] > 0, c
+    outcome = wizard.outcome.text()
+    assert f"Calibrated on {c['tokens']:,} tokens: {c['weighted_matrices']} matrices" in outcome
+    assert f"{c['unrouted_expert_matrices']} of {c['expert_matrices']} expert matrices were never routed" in outcome
+    open_model_dir(wizard.target, verify=True)
+    every = wizard.calibration_outcome({**c, "unrouted_expert_matrices": 0})
+    assert every.endswith(f"The text reached all {c['expert_matrices']} expert matrices.")
+    assert wizard.calibration_outcome({**c, "expert_matrices": 0}).endswith("rounded by importance.")  # dense
+
+
+def test_in_chinese_the_new_options_read_in_chinese(qtbot, qapp, tmp_path):
+    from ui import i18n
+    from ui.wizard import ConvertWizard
+    translators = i18n.install(qapp, "zh_CN")
+    try:
+        gc.collect()
+        w = ConvertWizard(None, tmp_path)
+        qtbot.addWidget(w)
+        w.show()
+        inspect(qtbot, w, HF_FIXTURES / "mixtral")
+        w._next()
+        assert w.calibration_button.text() == "校准文本…" and w.calibration_edit.accessibleName() == "校准文本"
+        assert w.quant_cells["q4_k_m"][2].text() == "困惑度 +4.6%，88% 下一词元相同"
+        assert "质量：这是单个模型的数据" in w.quality_note.text()
+        assert "损失明显" in w.quant_buttons["int4"].accessibleDescription()
+        w.close()
+    finally:
+        i18n.uninstall(qapp, translators)
+
+
+def test_the_table_says_whose_figures_they_are(tmp_path):
+    """measured_on reads the model's storage format from its file name; a row measured from a file
+    already in a choice's own format (Q4_1 for int4) is flagged, one from an f16 file is not."""
+    import json
+
+    from app.quality_table import already_stored, measured_on
+    rows = [{"by": "colibri", "format": "int4", "calibrated": False, "positions": 510}]
+    for model, stored in (("SmolLM2-135M-Instruct.Q4_1.gguf", True), ("SmolLM2-135M-Instruct.F16.gguf", False),
+                          ("some-model", False)):
+        path = tmp_path / "quality.json"
+        path.write_text(json.dumps({"model": model, "rows": rows}), encoding="utf-8")
+        assert measured_on(path)["model"] == model and measured_on(path)["positions"] == 510
+        assert already_stored("int4", path) is stored and not already_stored("int8", path)
+        assert not already_stored("q4_k_m", path)  # a mix: no single format to have been stored in
+    assert measured_on(tmp_path / "none.json") is None and not already_stored("int4", tmp_path / "none.json")

@@ -1,7 +1,8 @@
 """The model conversion wizard: pick a source, see what it is, choose how to store it, convert.
 
 Three pages: Source (a GGUF file or a Hugging Face folder, and what it holds), Options
-(quantization, expert files, name; the memory each expert cache size needs) and Convert
+(quantization with each choice's size, memory and measured quality cost, an optional calibration
+text, expert files, name; the memory each expert cache size needs) and Convert
 (progress with Cancel, then "Open in chat"). Inspection and conversion run on the wizard's own
 thread through app.worker.ConvertWorker, so chatting goes on; Cancel sets its threading.Event and
 the converter leaves nothing behind.
@@ -13,15 +14,17 @@ import time
 from pathlib import Path
 
 from PySide6.QtCore import QElapsedTimer, Qt, QThread, QTimer, Signal
-from PySide6.QtWidgets import (QAbstractItemView, QButtonGroup, QDialog, QFileDialog, QGroupBox, QHBoxLayout,
+from PySide6.QtWidgets import (QAbstractItemView, QButtonGroup, QDialog, QFileDialog, QGridLayout, QGroupBox, QHBoxLayout,
                                QHeaderView, QLabel, QLineEdit, QProgressBar, QPushButton, QRadioButton,
                                QStackedWidget, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget)
 
 from app.model_info import CONTEXT, QUANTIZE, QUANTIZE_HELP, ModelSummary, default_target, human_bytes, size_note
+from app.quality_table import already_stored, expected_cost, measured_on
 from app.worker import ConvertWorker
 from ui import pyside_refcount
 
 SOURCE, OPTIONS, CONVERT = range(3)
+CALIBRATED = ("int8", "q4_k_m", "int4")  # the choices whose rounding a calibration text weights
 
 
 def _muted(text: str = "", name: str = "") -> QLabel:
@@ -39,7 +42,8 @@ def eta_text(elapsed: float, fraction: float) -> str:
 
 class ConvertWizard(QDialog):
     inspect_requested = Signal(str)
-    convert_requested = Signal(str, str, str, bool)  # source, target folder, quantization, one file per expert
+    # source, target folder, quantization, one file per expert, calibration text ("" for none)
+    convert_requested = Signal(str, str, str, bool, str)
     open_requested = Signal(str)  # "Open in chat": the converted model folder
 
     def __init__(self, parent: QWidget | None, models: Path, source: str | None = None):
@@ -47,7 +51,7 @@ class ConvertWizard(QDialog):
         pyside_refcount.install()
         self.setObjectName("convert_wizard")
         self.setWindowTitle(self.tr("Convert a model"))
-        self.resize(780, 700)
+        self.resize(900, 760)
         self.models = Path(models)
         self.summary: ModelSummary | None = None
         self.result = None  # the engine's ConvertResult once converted
@@ -145,15 +149,50 @@ class ConvertWizard(QDialog):
         ql = QVBoxLayout(qbox)
         self.quant_group = QButtonGroup(self)
         self.quant_buttons: dict[str, QRadioButton] = {}
-        for q in QUANTIZE:
-            b = QRadioButton(objectName=f"quant_{q}")
+        # one row per choice, as a model list reads: name, what it is, size on disk, memory, measured cost
+        self.quant_cells: dict[str, tuple[QLabel, QLabel, QLabel]] = {}
+        grid = QGridLayout()
+        grid.setHorizontalSpacing(14)
+        grid.setColumnStretch(1, 1)
+        for col, head in ((2, self.tr("on disk")), (3, self.tr("memory from")),
+                          (4, self.tr("measured on the default model"))):
+            grid.addWidget(QLabel(f"<b>{html.escape(head)}</b>", objectName="quant_header"), 0, col)
+        for row, q in enumerate(QUANTIZE, 1):
+            b = QRadioButton(q, objectName=f"quant_{q}")
             self.quant_group.addButton(b)
             b.setAccessibleName(q)
             self.quant_buttons[q] = b
             b.toggled.connect(lambda on: on and self._update_options())
-            ql.addWidget(b)
+            cells = (QLabel(objectName=f"size_{q}"), QLabel(objectName=f"memory_{q}"),
+                     QLabel(objectName=f"quality_{q}"))
+            self.quant_cells[q] = cells
+            grid.addWidget(b, row, 0)
+            grid.addWidget(QLabel(self.tr(QUANTIZE_HELP[q]), objectName="help"), row, 1)
+            for col, cell in enumerate(cells, 2):
+                cell.setAlignment((Qt.AlignLeft if col == 4 else Qt.AlignRight) | Qt.AlignVCenter)
+                grid.addWidget(cell, row, col)
+        ql.addLayout(grid)
         self.size_note = _muted(name="size_note")
         ql.addWidget(self.size_note)
+        self.quality_note = _muted(name="quality_note")
+        ql.addWidget(self.quality_note)
+        cbox = QGroupBox(self.tr("Calibration (optional)"))
+        cl = QVBoxLayout(cbox)
+        self.calibration_edit = QLineEdit(objectName="calibration_path", clearButtonEnabled=True,
+                                          placeholderText=self.tr("none: every weight counts the same"))
+        self.calibration_edit.setAccessibleName(self.tr("Calibration text"))
+        self.calibration_edit.setAccessibleDescription(self.tr("A text file the converter runs the model over, "
+                                                               "to round the weights that matter most more carefully"))
+        self.calibration_edit.textChanged.connect(lambda _: self._update_options())
+        self.calibration_button = QPushButton(self.tr("Calibration text…"), objectName="calibration_button")
+        self.calibration_button.setAccessibleName(self.tr("Choose a calibration text file"))
+        self.calibration_button.clicked.connect(self._pick_calibration)
+        crow = QHBoxLayout()
+        crow.addWidget(self.calibration_edit, 1)
+        crow.addWidget(self.calibration_button)
+        cl.addLayout(crow)
+        self.calibration_note = _muted(name="calibration_note")
+        cl.addWidget(self.calibration_note)
         ebox = QGroupBox(self.tr("Expert files"))
         el = QVBoxLayout(ebox)
         self.split_expert = QRadioButton(self.tr("One file per expert: a token reads only the experts it uses "
@@ -188,6 +227,7 @@ class ConvertWizard(QDialog):
         nrow.addWidget(self.name_edit, 1)
         lay = QVBoxLayout(page)
         lay.addWidget(qbox)
+        lay.addWidget(cbox)
         lay.addWidget(ebox)
         lay.addWidget(mbox, 1)
         lay.addLayout(nrow)
@@ -343,26 +383,85 @@ class ConvertWizard(QDialog):
         s = self.summary
         if s is None:
             return
+        calibrated = bool(self.calibration)
         for q, b in self.quant_buttons.items():
-            b.setText(f"{q} · {human_bytes(s.sizes[q].total)} — {QUANTIZE_HELP[q]}")
+            size, memory, quality = self.quant_cells[q]
+            size.setText(human_bytes(s.sizes[q].total))
+            memory.setText(human_bytes(s.memory_table(q)[0].ram_bytes))  # the fewest experts cached
+            figures = self.quality_figures(q, calibrated and q in CALIBRATED)
+            quality.setText(figures or "—")
+            cost = self.tr("measured on the default model: {figures}").format(figures=figures) if figures else ""
+            b.setAccessibleDescription(self.tr("{help}; {size} on disk, needs from {memory} of memory; {cost}").format(
+                help=self.tr(QUANTIZE_HELP[q]), size=size.text(), memory=memory.text(), cost=cost))
+        table = measured_on()
+        note = self.tr("Quality: one model's figures, the default model's ({model}, converted from that file and "
+                       "compared with its f16 over {positions} tokens); another model's cost differs.").format(
+            model=table["model"], positions=table["positions"]) if table else ""
+        stored = [q for q in QUANTIZE if already_stored(q)]
+        if stored:
+            note += " * " + self.tr("{q} shows no loss there because that file was stored in {q}'s format already; "
+                                  "from 16 bits it costs more.").format(q=", ".join(stored))
+        self.quality_note.setText(note)
+        self.quality_note.setVisible(bool(table))
+        rounds = self.quantize in CALIBRATED
+        self.calibration_edit.setEnabled(rounds)
+        self.calibration_button.setEnabled(rounds)
+        self.calibration_note.setText(self._calibration_note(rounds))
         note = size_note(s, self.quantize)
         self.size_note.setText(f"{self.quantize}: {note}" if note else "")
         self.size_note.setVisible(bool(note))
         rows = s.memory_table(self.quantize)
         self.memory_table.setRowCount(len(rows))
         for r, row in enumerate(rows):
-            label = f"{row.experts_per_layer} of {s.config.num_experts}" if s.config.is_moe else "all (dense)"
-            for col, text in enumerate((label, human_bytes(row.ram_bytes), row.note)):
+            label = self.tr("{n} of {experts}").format(n=row.experts_per_layer, experts=s.config.num_experts) \
+                if s.config.is_moe else self.tr("all (dense)")
+            for col, text in enumerate((label, human_bytes(row.ram_bytes), self.tr(row.note) if row.note else "")):
                 item = QTableWidgetItem(text)
                 item.setTextAlignment((Qt.AlignLeft if col == 2 else Qt.AlignRight) | Qt.AlignVCenter)
                 self.memory_table.setItem(r, col, item)
-        self.memory_note.setText(f"Weights always in memory ({human_bytes(s.sizes[self.quantize].dense)}), the "
-                                 f"experts kept, and the KV cache for a {min(CONTEXT, s.config.max_position_embeddings):,}"
-                                 f"-token context in f16 ({human_bytes(s.kv_bytes())}). Set the expert cache "
-                                 f"size in Settings after loading.")
+        self.memory_note.setText(self.tr(
+            "Weights always in memory ({dense}), the experts kept, and the KV cache for a {context:,}-token context "
+            "in f16 ({kv}). Set the expert cache size in Settings after loading.").format(
+            dense=human_bytes(s.sizes[self.quantize].dense), context=min(CONTEXT, s.config.max_position_embeddings),
+            kv=human_bytes(s.kv_bytes())))
         if rename or not self.name_edit.isModified():
             self.name_edit.setText(default_target(self.models, s, self.quantize).name)
         self._update_target()
+
+    def quality_figures(self, quantize: str, calibrated: bool = False) -> str:
+        """"+4.6% perplexity, 88% same next token", the table's row for `quantize` ("" without one)."""
+        cost = expected_cost(quantize, calibrated)
+        if cost is None:
+            return ""
+        text = self.tr("{ppl:+.1f}% perplexity, {same:.0f}% same next token").format(
+            ppl=cost["delta_ppl_pct"], same=cost["same_top_pct"])
+        if calibrated:
+            text = self.tr("calibrated: {figures}").format(figures=text)
+        if already_stored(quantize):
+            text += " *"  # the note under the table says why
+        return text
+
+    @property
+    def calibration(self) -> str:
+        """The calibration text's path, or "" (none, or a choice it does not apply to)."""
+        return self.calibration_edit.text().strip().strip("'\"") if self.quantize in CALIBRATED else ""
+
+    def _calibration_note(self, rounds: bool) -> str:
+        if not rounds:
+            return self.tr("Only int8, q4_k_m and int4 round weights: {q} needs no calibration.").format(
+                q=self.quantize)
+        path = self.calibration
+        if path and not Path(path).expanduser().is_file():
+            return self.tr("No file at {path}.").format(path=path)
+        return self.tr("A text like the ones you will give the model (a few pages; at most 16,000 tokens are "
+                       "used). The converter runs the model over it first, which adds minutes, and rounds the "
+                       "weights that matter most more carefully.")
+
+    def _pick_calibration(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, self.tr("Choose a calibration text file"), str(Path.home()),
+                                              self.tr("Text (*.txt *.md);;All files (*)"))
+        if path:
+            self.calibration_edit.setText(path)
 
     @property
     def target(self) -> Path:
@@ -377,7 +476,8 @@ class ConvertWizard(QDialog):
             text += " " + self.tr("A model with this name is in your library already: converting replaces it.")
         self.target_label.setText(text)
         self._update_buttons()
-        self.next_button.setEnabled(self.next_button.isEnabled() and not bad)
+        missing = bool(self.calibration) and not Path(self.calibration).expanduser().is_file()
+        self.next_button.setEnabled(self.next_button.isEnabled() and not bad and not missing)
 
     # --- converting --------------------------------------------------------------------------
     def start_conversion(self) -> None:
@@ -386,14 +486,20 @@ class ConvertWizard(QDialog):
         self.progress_seen = []
         self._started = time.monotonic()
         self.bar.setValue(0)
-        self.convert_title.setText(f"Converting {s.name} ({self.quantize}) into {self.target}")
+        self.convert_title.setText(self.tr("Converting {name} ({q}) into {target}").format(
+            name=s.name, q=self.quantize, target=self.target))
         self.tensor_label.setText(self.tr("Opening {name}…").format(name=s.source.name))  # a big GGUF takes seconds
+        calibration = self.calibration
+        if calibration:  # the float forward over the text reports no progress: say what the wait is
+            self.tensor_label.setText(self.tr("Running {name} over the calibration text {text} (a few minutes)…")
+                                      .format(name=s.source.name, text=Path(calibration).name))
         self.outcome.setText("")
         self.outcome.setStyleSheet("")
         self._go(CONVERT)
         self.worker.arm()  # before the request, so a Cancel pressed at once still counts
         self.convert_requested.emit(str(s.source), str(self.target), self.quantize,
-                                    not s.config.is_moe or self.split_expert.isChecked())
+                                    not s.config.is_moe or self.split_expert.isChecked(),
+                                    str(Path(calibration).expanduser()) if calibration else "")
 
     def cancel(self) -> None:
         if self.state == "converting":
@@ -410,10 +516,25 @@ class ConvertWizard(QDialog):
         self.bar.setValue(1000)
         kinds = ", ".join(f"{k} × {n}" for k, n in sorted(result.tensor_types.items(), key=lambda kv: -kv[1]))
         self.tensor_label.setText("")
-        self.outcome.setText(f"Done: {human_bytes(result.bytes_written)} written in {result.seconds:.1f} s "
-                             f"({kinds}). The model is in your library.")
+        self.outcome.setText(self.tr("Done: {size} written in {seconds:.1f} s ({kinds}). The model is in your "
+                                     "library.").format(size=human_bytes(result.bytes_written),
+                                                        seconds=result.seconds, kinds=kinds))
+        if getattr(result, "calibration", None):
+            self.outcome.setText(self.outcome.text() + "\n" + self.calibration_outcome(result.calibration))
         self._update_buttons()
         self.open_button.setFocus()
+
+    def calibration_outcome(self, c: dict) -> str:
+        """What calibration did: the tokens it saw, and the expert matrices it never reached."""
+        text = self.tr("Calibrated on {tokens:,} tokens: {weighted} matrices rounded by importance.").format(
+            tokens=c["tokens"], weighted=c["weighted_matrices"])
+        if c.get("expert_matrices") and not c.get("unrouted_expert_matrices"):
+            text += " " + self.tr("The text reached all {experts} expert matrices.").format(experts=c["expert_matrices"])
+        elif c.get("expert_matrices"):
+            text += " " + self.tr("{unrouted} of {experts} expert matrices were never routed to by the text: "
+                                  "they keep weight-only rounding.").format(
+                unrouted=c["unrouted_expert_matrices"], experts=c["expert_matrices"])
+        return text
 
     def _cancelled(self) -> None:
         self.state = "cancelled"
