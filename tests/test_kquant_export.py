@@ -183,3 +183,14 @@ def test_the_wizard_reads_the_measured_table(tmp_path):
     doc = json.loads(RESULTS.read_text(encoding="utf-8"))
     assert doc["q4_k_m_imatrix_bytes_identical"] == "272 of 272"
     assert len(table(doc).splitlines()) == len(doc["rows"]) + 2  # a header, a rule, a row each
+
+
+def test_calibrating_a_moe_with_a_gated_shared_expert(tmp_path):
+    """Qwen2-MoE's shared expert has a one-logit sigmoid gate: its calibration forward runs, and the
+    shared expert's matrices (always used) are weighted by their activations."""
+    from engine.convert.convert import convert
+    text = tmp_path / "cal.txt"
+    text.write_text(TEXT.read_text(encoding="utf-8")[:2000], encoding="utf-8")
+    r = convert(Path(__file__).parent / "fixtures" / "hf" / "qwen2_moe", tmp_path / "m", "int8", calibration_data=text)
+    c = r.calibration
+    assert c["tokens"] >= 16 and c["weighted_matrices"] > c["expert_matrices"] - c["unrouted_expert_matrices"]

@@ -205,7 +205,8 @@ def collect(read: Callable[[str], np.ndarray], cfg: ModelConfig, chunks: list[np
                     continue
                 out[rows] += wts[rows, slot][:, None] * _mlp(E, x[rows], read, names)
             if has(b + "ffn_gate_inp_shexp.weight"):
-                g = 1 / (1 + np.exp(-(x @ read(b + "ffn_gate_inp_shexp.weight"))))
+                w = read(b + "ffn_gate_inp_shexp.weight").reshape(-1)  # (1, D) or (D,): one gate logit
+                g = 1 / (1 + np.exp(-(x @ w)))
                 shared = [f"{b}ffn_{part}_shexp.weight" for part in ("gate", "up", "down")]
                 out += g[:, None].astype(np.float32) * _mlp(E, x, read, shared)
         else:

@@ -412,6 +412,8 @@ def best_per_block(x: np.ndarray, qtype: str, imatrix: np.ndarray) -> np.ndarray
     sum_i E[a_i^2] (w_i - q_i)^2, so weights that already lie on the grid keep it. x (..., n)."""
     x = np.ascontiguousarray(x, F)
     plain = quant.quantize(x, qtype)
+    if quant.get(qtype).block_size == 1:  # a float type (f16 for rows no block divides): nothing to weigh
+        return plain
     weighted = weighted_q8_0(x, imatrix) if qtype == "q8_0" else quantize(x, qtype, imatrix)
     size = quant.get(qtype).type_size
     errs = []
