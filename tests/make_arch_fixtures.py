@@ -151,7 +151,7 @@ ARCHS: list[Arch] = [
         config={
             "hidden_size": 72, "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2,
             "head_dim": 24, "layer_types": ["linear_attention", "full_attention", "linear_attention"],
-            "linear_conv_kernel_dim": 4, "linear_key_head_dim": 20, "linear_value_head_dim": 12,
+            "linear_conv_kernel_dim": 4, "linear_key_head_dim": 20, "linear_value_head_dim": 20,
             "linear_num_key_heads": 2, "linear_num_value_heads": 4,
             "moe_intermediate_size": 16, "shared_expert_intermediate_size": 24, "num_experts": 8,
             "num_experts_per_tok": 2, "max_position_embeddings": 256, "rms_norm_eps": 1e-6,
@@ -168,7 +168,9 @@ ARCHS: list[Arch] = [
                "DeltaNet: conv1d (kernel 4, SiLU) over [q|k|v], l2norm(q, k), q /= sqrt(dk), "
                "g = -exp(A_log) * softplus(a + dt_bias), beta = sigmoid(b); value head h reads key head "
                "h // (nv / nk); output = RMSNormGated(core, z) = rmsnorm(core) * w * silu(z)",
-               "MoE: softmax over all experts, top-k renormalised; shared expert * sigmoid(shared_expert_gate)"],
+               "MoE: softmax over all experts, top-k renormalised; shared expert * sigmoid(shared_expert_gate)",
+               "linear value head dim = key head dim (20): llama.cpp's qwen35moe takes both from one "
+               "ssm_d_state and refuses a file where they differ (blk.0.attn_qkv.weight has wrong shape)"],
     ),
     Arch(
         "lfm2_moe", "Lfm2MoeForCausalLM", "Lfm2MoeConfig", seed=1703,
