@@ -1,0 +1,96 @@
+"""Causal attention over keys that carry their absolute positions: one kernel serves a full KV cache,
+a sliding-window ring buffer (slots in any order), attention sinks (gpt_oss) and logit softcapping.
+
+A key at position p is seen by a query at position q when p <= q and (window == 0 or q - p < window)
+(transformers' sliding window: the query and the window-1 keys before it). Empty slots have
+position -1. With sinks, each head's softmax runs over [scores..., sink] and the sink's share is
+dropped, so a head may attend to "nothing" (gpt-oss). GQA: query head h reads KV head h // (H / KVH).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit, prange
+
+import engine.kernels  # noqa: F401  (numba settings first)
+
+
+def attention_ref(q: np.ndarray, k: np.ndarray, v: np.ndarray, qpos: np.ndarray, kpos: np.ndarray,
+                  scale: float, window: int = 0, sinks: np.ndarray | None = None, softcap: float = 0.0
+                  ) -> np.ndarray:
+    """numpy twin of attention(): q (T, H, hd), k (S, KVH, hd), v (S, KVH, hdv), qpos (T,), kpos (S,)."""
+    T, H, _ = q.shape
+    group = H // k.shape[1]
+    out = np.zeros((T, H, v.shape[2]), np.float32)
+    for t in range(T):
+        seen = (kpos >= 0) & (kpos <= qpos[t])
+        if window > 0:
+            seen &= qpos[t] - kpos < window
+        idx = np.nonzero(seen)[0]
+        for h in range(H):
+            s = (k[idx, h // group].astype(np.float64) @ q[t, h].astype(np.float64)) * scale
+            if softcap > 0:
+                s = softcap * np.tanh(s / softcap)
+            m = s.max() if len(s) else -np.inf
+            if sinks is not None:
+                m = max(m, float(sinks[h]))
+            p = np.exp(s - m)
+            total = p.sum() + (math.exp(float(sinks[h]) - m) if sinks is not None else 0.0)
+            out[t, h] = (p / total) @ v[idx, h // group].astype(np.float64)
+    return out
+
+
+@njit(parallel=True, fastmath=True, cache=True, nogil=True)
+def attention(q, k, v, qpos, kpos, scale, window, sinks, use_sinks, softcap, scores, out):
+    # q (T, H, hd), k (S, KVH, hd), v (S, KVH, hdv) f32; qpos (T,), kpos (S,) int64 (-1: empty slot);
+    # sinks (H,) f32 read only if use_sinks; scores (T, H, S) scratch; out (T, H, hdv) written
+    T, H, hd = q.shape
+    S, KVH, hdv = v.shape
+    group = H // KVH
+    for th in prange(T * H):
+        t, h = th // H, th % H
+        g = h // group
+        m = -np.inf
+        for s in range(S):
+            p = kpos[s]
+            if p < 0 or p > qpos[t] or (window > 0 and qpos[t] - p >= window):
+                scores[t, h, s] = -np.inf
+                continue
+            acc = np.float32(0.0)
+            for i in range(hd):
+                acc += q[t, h, i] * k[s, g, i]
+            acc *= scale
+            if softcap > 0:
+                acc = softcap * np.tanh(acc / softcap)
+            scores[t, h, s] = acc
+            m = max(m, acc)
+        if use_sinks:
+            m = max(m, sinks[h])
+        total = np.float32(0.0)
+        for s in range(S):
+            e = np.float32(0.0) if scores[t, h, s] == -np.inf else np.exp(scores[t, h, s] - m)
+            scores[t, h, s] = e
+            total += e
+        if use_sinks:
+            total += np.exp(sinks[h] - m)
+        for i in range(hdv):
+            out[t, h, i] = 0.0
+        for s in range(S):
+            w = scores[t, h, s] / total
+            if w != 0.0:
+                for i in range(hdv):
+                    out[t, h, i] += w * v[s, g, i]
+
+
+def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, qpos: np.ndarray, kpos: np.ndarray, scale: float,
+           window: int = 0, sinks: np.ndarray | None = None, softcap: float = 0.0) -> np.ndarray:
+    """attention() with its scratch and output allocated (tests, prototypes; an engine keeps them)."""
+    T, H, _ = q.shape
+    scores = np.empty((T, H, k.shape[0]), np.float32)
+    out = np.empty((T, H, v.shape[2]), np.float32)
+    s = np.zeros(H, np.float32) if sinks is None else np.ascontiguousarray(sinks, np.float32)
+    attention(np.ascontiguousarray(q, np.float32), np.ascontiguousarray(k, np.float32),
+              np.ascontiguousarray(v, np.float32), qpos.astype(np.int64), kpos.astype(np.int64),
+              np.float32(scale), int(window), s, sinks is not None, np.float32(softcap), scores, out)
+    return out

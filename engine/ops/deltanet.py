@@ -1,0 +1,102 @@
+"""The gated delta rule (Gated DeltaNet, qwen3.5's linear attention), per value head h with key head
+h // (Hv / Hk), q and k L2-normalised, q scaled by dk^-1/2:
+
+    S <- S * exp(g_t)                      (S: dk x dv state, g_t <= 0 the decay)
+    S <- S + k_t (beta_t (v_t - S^T k_t))^T  (the delta rule: write only what S mispredicts)
+    o_t = S^T q_t
+
+The recurrent form is one pass over the tokens (decode: T = 1; prefill: any T, exactly the same
+arithmetic, O(T Hv dk dv)); the chunked form (transformers' torch_chunk_gated_delta_rule, for
+matrix units) is kept as a numpy twin: both must agree with transformers to ~1e-5.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+import engine.kernels  # noqa: F401  (numba settings first)
+
+
+def _prepare(q, k, Hv):
+    rep = Hv // q.shape[1]
+    q = np.repeat(q.astype(np.float64), rep, axis=1)
+    k = np.repeat(k.astype(np.float64), rep, axis=1)
+    q = q / np.sqrt((q * q).sum(-1, keepdims=True) + 1e-6)
+    k = k / np.sqrt((k * k).sum(-1, keepdims=True) + 1e-6)
+    return q / np.sqrt(q.shape[-1]), k
+
+
+def delta_rule_ref(q, k, v, g, beta, state):
+    """numpy twin of delta_rule (recurrent): q, k (T, Hk, dk), v (T, Hv, dv), g, beta (T, Hv),
+    state (Hv, dk, dv) -> out (T, Hv, dv), new state."""
+    q, k = _prepare(q, k, v.shape[1])
+    S = state.astype(np.float64).copy()
+    out = np.zeros(v.shape, np.float64)
+    for t in range(len(v)):
+        S *= np.exp(g[t])[:, None, None]
+        pred = np.einsum("hkv,hk->hv", S, k[t])
+        delta = (v[t] - pred) * beta[t][:, None]
+        S += k[t][:, :, None] * delta[:, None, :]
+        out[t] = np.einsum("hkv,hk->hv", S, q[t])
+    return out.astype(np.float32), S.astype(np.float32)
+
+
+def delta_rule_chunked_ref(q, k, v, g, beta, state, chunk: int = 64):
+    """The chunked form (WY/UT transform per chunk, then a scan over chunks): same result."""
+    q, k = _prepare(q, k, v.shape[1])
+    T, Hv, dv = v.shape
+    S = state.astype(np.float64).copy()
+    out = np.zeros((T, Hv, dv))
+    for c0 in range(0, T, chunk):
+        sl = slice(c0, min(T, c0 + chunk))
+        n = sl.stop - sl.start
+        for h in range(Hv):
+            Q, K, V = q[sl, h], k[sl, h], v[sl, h].astype(np.float64)
+            b, cum = beta[sl, h].astype(np.float64), np.cumsum(g[sl, h].astype(np.float64))
+            decay = np.tril(np.exp(cum[:, None] - cum[None, :]))
+            A = np.eye(n) + np.tril((b[:, None] * K) @ K.T * decay, -1)
+            U = np.linalg.solve(A, b[:, None] * V)                   # the new values
+            W = np.linalg.solve(A, (b * np.exp(cum))[:, None] * K)   # decayed keys reading S
+            Vn = U - W @ S[h]
+            out[sl, h] = (Q * np.exp(cum)[:, None]) @ S[h] + (Q @ K.T * decay) @ Vn
+            S[h] = S[h] * np.exp(cum[-1]) + (K * np.exp(cum[-1] - cum)[:, None]).T @ Vn
+    return out.astype(np.float32), S.astype(np.float32)
+
+
+@njit(parallel=True, fastmath=True, cache=True, nogil=True)
+def delta_rule(q, k, v, g, beta, state, out):
+    # q, k (T, Hk, dk), v (T, Hv, dv), g, beta (T, Hv) f32; state (Hv, dk, dv) updated in place;
+    # out (T, Hv, dv). One value head per thread; tokens in order (the recurrence is sequential).
+    T, Hk, dk = q.shape
+    Hv, dv = v.shape[1], v.shape[2]
+    rep = Hv // Hk
+    for h in prange(Hv):
+        kh = h // rep
+        qn = np.empty(dk, np.float32)
+        kn = np.empty(dk, np.float32)
+        pred = np.empty(dv, np.float32)
+        for t in range(T):
+            sq, sk = np.float32(0.0), np.float32(0.0)
+            for i in range(dk):
+                sq += q[t, kh, i] * q[t, kh, i]
+                sk += k[t, kh, i] * k[t, kh, i]
+            fq = np.float32(1.0) / np.sqrt(sq + np.float32(1e-6)) / np.sqrt(np.float32(dk))
+            fk = np.float32(1.0) / np.sqrt(sk + np.float32(1e-6))
+            for i in range(dk):
+                qn[i] = q[t, kh, i] * fq
+                kn[i] = k[t, kh, i] * fk
+            a = np.exp(g[t, h])
+            for j in range(dv):
+                pred[j] = 0.0
+            for i in range(dk):
+                for j in range(dv):
+                    state[h, i, j] *= a
+                    pred[j] += state[h, i, j] * kn[i]
+            for j in range(dv):
+                pred[j] = (v[t, h, j] - pred[j]) * beta[t, h]
+            for j in range(dv):
+                out[t, h, j] = 0.0
+            for i in range(dk):
+                for j in range(dv):
+                    state[h, i, j] += kn[i] * pred[j]
+                    out[t, h, j] += state[h, i, j] * qn[i]
