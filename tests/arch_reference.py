@@ -31,10 +31,13 @@ def sigmoid(x):
 class Model:
     """Weights + config of one fixture, the caches of one sequence, and its forward pass."""
 
-    def __init__(self, arch: str):
-        self.arch, self.dir = arch, ARCH_FIXTURES / arch
-        self.cfg = json.loads((self.dir / "config.json").read_text())
-        self.w = read_folder(self.dir)
+    def __init__(self, arch: str, weights: dict[str, np.ndarray] | None = None, cfg: dict | None = None,
+                 tiled: bool = False):
+        """weights/cfg: HF-named tensors and config fields (default: the fixture's safetensors and
+        config.json); tiled: DeltaNet value heads in llama.cpp's order."""
+        self.arch, self.dir, self.tiled = arch, ARCH_FIXTURES / arch, tiled
+        self.cfg = json.loads((self.dir / "config.json").read_text()) if cfg is None else cfg
+        self.w = read_folder(self.dir) if weights is None else weights
         c = self.cfg
         self.types = c["layer_types"]
         self.H = c["hidden_size"]
@@ -145,7 +148,7 @@ class Model:
         g = (-np.exp(W[pre + "A_log"].astype(np.float64)) * np.logaddexp(0, a)).astype(np.float32)
         core = np.empty((T, nv, vd), np.float32)
         deltanet.delta_rule(np.ascontiguousarray(q), np.ascontiguousarray(k), np.ascontiguousarray(v), g, beta,
-                            st.s, core)
+                            st.s, self.tiled, core)
         z = (x @ W[pre + "in_proj_z.weight"].T).reshape(T, nv, vd)
         o = norms.gated_rmsnorm(core, z, W[pre + "norm.weight"], self.eps).reshape(T, nv * vd)
         return o @ W[pre + "out_proj.weight"].T

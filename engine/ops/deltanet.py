@@ -1,9 +1,13 @@
-"""The gated delta rule (Gated DeltaNet, qwen3.5's linear attention), per value head h with key head
-h // (Hv / Hk), q and k L2-normalised, q scaled by dk^-1/2:
+"""The gated delta rule (Gated DeltaNet, qwen3.5's linear attention), per value head h with its key head,
+q and k L2-normalised, q scaled by dk^-1/2:
 
     S <- S * exp(g_t)                      (S: dk x dv state, g_t <= 0 the decay)
     S <- S + k_t (beta_t (v_t - S^T k_t))^T  (the delta rule: write only what S mispredicts)
     o_t = S^T q_t
+
+Value heads come in one of two orders: transformers' grouped order (value head h reads key head
+h // (Hv / Hk)) or llama.cpp's tiled order (its converter reorders them so that value head h reads
+key head h % Hk: `tiled`), so a GGUF runs as stored.
 
 The recurrent form is one pass over the tokens (decode: T = 1; prefill: any T, exactly the same
 arithmetic, O(T Hv dk dv)); the chunked form (transformers' torch_chunk_gated_delta_rule, for
@@ -17,19 +21,19 @@ from numba import njit, prange
 import engine.kernels  # noqa: F401  (numba settings first)
 
 
-def _prepare(q, k, Hv):
+def _prepare(q, k, Hv, tiled):
     rep = Hv // q.shape[1]
-    q = np.repeat(q.astype(np.float64), rep, axis=1)
-    k = np.repeat(k.astype(np.float64), rep, axis=1)
+    spread = (lambda a: np.tile(a, (1, rep, 1))) if tiled else (lambda a: np.repeat(a, rep, axis=1))
+    q, k = spread(q.astype(np.float64)), spread(k.astype(np.float64))
     q = q / np.sqrt((q * q).sum(-1, keepdims=True) + 1e-6)
     k = k / np.sqrt((k * k).sum(-1, keepdims=True) + 1e-6)
     return q / np.sqrt(q.shape[-1]), k
 
 
-def delta_rule_ref(q, k, v, g, beta, state):
+def delta_rule_ref(q, k, v, g, beta, state, tiled=False):
     """numpy twin of delta_rule (recurrent): q, k (T, Hk, dk), v (T, Hv, dv), g, beta (T, Hv),
     state (Hv, dk, dv) -> out (T, Hv, dv), new state."""
-    q, k = _prepare(q, k, v.shape[1])
+    q, k = _prepare(q, k, v.shape[1], tiled)
     S = state.astype(np.float64).copy()
     out = np.zeros(v.shape, np.float64)
     for t in range(len(v)):
@@ -41,9 +45,9 @@ def delta_rule_ref(q, k, v, g, beta, state):
     return out.astype(np.float32), S.astype(np.float32)
 
 
-def delta_rule_chunked_ref(q, k, v, g, beta, state, chunk: int = 64):
+def delta_rule_chunked_ref(q, k, v, g, beta, state, chunk: int = 64, tiled=False):
     """The chunked form (WY/UT transform per chunk, then a scan over chunks): same result."""
-    q, k = _prepare(q, k, v.shape[1])
+    q, k = _prepare(q, k, v.shape[1], tiled)
     T, Hv, dv = v.shape
     S = state.astype(np.float64).copy()
     out = np.zeros((T, Hv, dv))
@@ -64,14 +68,15 @@ def delta_rule_chunked_ref(q, k, v, g, beta, state, chunk: int = 64):
 
 
 @njit(parallel=True, fastmath=True, cache=True, nogil=True)
-def delta_rule(q, k, v, g, beta, state, out):
+def delta_rule(q, k, v, g, beta, state, tiled, out):
     # q, k (T, Hk, dk), v (T, Hv, dv), g, beta (T, Hv) f32; state (Hv, dk, dv) updated in place;
-    # out (T, Hv, dv). One value head per thread; tokens in order (the recurrence is sequential).
+    # out (T, Hv, dv); tiled: value head h reads key head h % Hk, else h // (Hv / Hk).
+    # One value head per thread; tokens in order (the recurrence is sequential).
     T, Hk, dk = q.shape
     Hv, dv = v.shape[1], v.shape[2]
     rep = Hv // Hk
     for h in prange(Hv):
-        kh = h // rep
+        kh = h % Hk if tiled else h // rep
         qn = np.empty(dk, np.float32)
         kn = np.empty(dk, np.float32)
         pred = np.empty(dv, np.float32)
