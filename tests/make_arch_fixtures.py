@@ -65,13 +65,14 @@ import transformers
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from make_hf_fixtures import QWEN2_PRETOKENIZE_REGEX, TRAINING_TEXT  # noqa: E402
+from make_hf_fixtures import TRAINING_TEXT  # noqa: E402
 
 torch.set_num_threads(1)
 torch.use_deterministic_algorithms(True)
 
 OUT = Path(__file__).resolve().parent / "fixtures" / "arch"
-VOCAB = 320
+VOCAB = 320  # byte-level BPE fixtures
+SPM_TRAINED = 200  # gemma4: learned tokens (with its specials) beside the 256 byte tokens
 N_GREEDY = 8
 MIN_GREEDY_GAP = 0.05
 MIN_ROUTER_GAP = 2e-3
@@ -88,6 +89,7 @@ class Arch:
     cls_name: str
     config_cls_name: str
     seed: int
+    tokenizer: str  # a key of PRETOKENIZE: the family's own pre-tokenizer (gemma4: SentencePiece-style)
     specials: list[str]
     bos: str | None
     eos: str
@@ -119,7 +121,7 @@ GEMMA4_TEMPLATE = (
 
 ARCHS: list[Arch] = [
     Arch(
-        "gpt_oss", "GptOssForCausalLM", "GptOssConfig", seed=1701,
+        "gpt_oss", "GptOssForCausalLM", "GptOssConfig", seed=1701, tokenizer="o200k",
         specials=["<|endoftext|>", "<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|return|>",
                   "<|call|>", "<|constrain|>"],
         bos=None, eos="<|return|>", pad="<|endoftext|>",
@@ -143,7 +145,7 @@ ARCHS: list[Arch] = [
                "sliding_window 5: a query sees itself and the 4 keys before it"],
     ),
     Arch(
-        "qwen3_5_moe", "Qwen3_5MoeForCausalLM", "Qwen3_5MoeTextConfig", seed=1702,
+        "qwen3_5_moe", "Qwen3_5MoeForCausalLM", "Qwen3_5MoeTextConfig", seed=1702, tokenizer="qwen35",
         specials=["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"],
         bos=None, eos="<|im_end|>", pad="<|endoftext|>",
         prompt="<|im_start|>user\nWhat is 2+3?<|im_end|>\n<|im_start|>assistant\n<think>\n",
@@ -173,7 +175,7 @@ ARCHS: list[Arch] = [
                "ssm_d_state and refuses a file where they differ (blk.0.attn_qkv.weight has wrong shape)"],
     ),
     Arch(
-        "lfm2_moe", "Lfm2MoeForCausalLM", "Lfm2MoeConfig", seed=1703,
+        "lfm2_moe", "Lfm2MoeForCausalLM", "Lfm2MoeConfig", seed=1703, tokenizer="lfm2",
         specials=["<|pad|>", "<|startoftext|>", "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>",
                   "</think>"],
         bos="<|startoftext|>", eos="<|im_end|>", pad="<|pad|>",
@@ -198,7 +200,7 @@ ARCHS: list[Arch] = [
                "final norm is model.embedding_norm; tied embeddings"],
     ),
     Arch(
-        "gemma4", "Gemma4ForCausalLM", "Gemma4TextConfig", seed=1704,
+        "gemma4", "Gemma4ForCausalLM", "Gemma4TextConfig", seed=1704, tokenizer="spm",
         specials=["<pad>", "<eos>", "<bos>", "<|turn>", "<turn|>", "<|channel>", "<channel|>"],
         bos="<bos>", eos="<turn|>", pad="<pad>",
         prompt="<bos><|turn>user\nWhat is 2+3?<turn|>\n<|turn>model\n",
@@ -238,11 +240,33 @@ ARCHS: list[Arch] = [
 # ----------------------------------------------------------------------------------------------
 
 
-def train_tokenizer(specials: list[str]) -> Tokenizer:
-    tok = Tokenizer(models.BPE(unk_token=None, fuse_unk=False, byte_fallback=False))
-    tok.normalizer = normalizers.NFC()
+# The pre-tokenizer regex of each family's tokenizer.json (and the GGUF pre-tokenizer name llama.cpp
+# gives it): o200k (gpt-oss, "gpt-4o"), Qwen3.5's (\\p{M} joins letters, "qwen35"), LFM2's (Llama 3's,
+# merges ignored for whole-word vocabulary hits, "lfm2"). gemma4 is SentencePiece-style BPE instead:
+# spaces become "\u2581", no pre-split, unknown characters fall back to <0xNN> byte tokens.
+PRETOKENIZE = {
+    "o200k": (r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"""
+              r"""|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"""
+              r"""|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"""),
+    "qwen35": (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*"""
+               r"""|\s*[\r\n]+|\s+(?!\S)|\s+"""),
+    "lfm2": (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
+             r"""|\s*[\r\n]+|\s+(?!\S)|\s+"""),
+    "spm": None,
+}
+GGUF_PRE = {"o200k": "gpt-4o", "qwen35": "qwen35", "lfm2": "lfm2", "spm": None}
+
+
+def train_tokenizer(arch: Arch) -> Tokenizer:
+    specials = arch.specials
+    if arch.tokenizer == "spm":
+        return _train_spm(specials)
+    tok = Tokenizer(models.BPE(unk_token=None, fuse_unk=False, byte_fallback=False,
+                               ignore_merges=arch.tokenizer == "lfm2"))
+    if arch.tokenizer == "qwen35":
+        tok.normalizer = normalizers.NFC()
     tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+        pre_tokenizers.Split(Regex(PRETOKENIZE[arch.tokenizer]), behavior="isolated", invert=False),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
     ])
     tok.decoder = decoders.ByteLevel()
@@ -256,10 +280,31 @@ def train_tokenizer(specials: list[str]) -> Tokenizer:
     return tok
 
 
+def _train_spm(specials: list[str]) -> Tokenizer:
+    """Gemma's layout: specials, then the 256 byte tokens, then characters and merges."""
+    tok = Tokenizer(models.BPE(unk_token=None, byte_fallback=True))
+    tok.normalizer = normalizers.Replace(" ", "\u2581")
+    trainer = trainers.BpeTrainer(vocab_size=SPM_TRAINED, min_frequency=2, special_tokens=specials,
+                                  limit_alphabet=64, show_progress=False)
+    tok.train_from_iterator([TRAINING_TEXT], trainer=trainer)
+    spec = json.loads(tok.to_str())
+    learned = sorted(((t, i) for t, i in spec["model"]["vocab"].items() if t not in specials), key=lambda x: x[1])
+    vocab = {t: i for i, t in enumerate(specials + [f"<0x{b:02X}>" for b in range(256)] + [t for t, _ in learned])}
+    merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in spec["model"]["merges"]]
+    out = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token=None, byte_fallback=True, fuse_unk=False))
+    out.normalizer = normalizers.Replace(" ", "\u2581")
+    out.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()])
+    out.add_special_tokens(specials)
+    for i, t in enumerate(specials):
+        assert out.token_to_id(t) == i, t
+    return out
+
+
 def tokenizer_config(arch: Arch) -> dict[str, Any]:
     added = {str(i): {"content": t, "lstrip": False, "normalized": False, "rstrip": False, "single_word": False,
                       "special": True} for i, t in enumerate(arch.specials)}
-    return {"add_prefix_space": False, "added_tokens_decoder": added, "bos_token": arch.bos,
+    return {"add_prefix_space": False, "add_bos_token": arch.bos is not None, "added_tokens_decoder": added,
+            "bos_token": arch.bos,
             "chat_template": arch.chat_template, "clean_up_tokenization_spaces": False, "eos_token": arch.eos,
             "model_max_length": 256, "pad_token": arch.pad, "tokenizer_class": "PreTrainedTokenizerFast",
             "unk_token": None}
@@ -425,7 +470,7 @@ def greedy(model, ids: torch.Tensor, n: int) -> tuple[list[int], float]:
 
 def build_model(arch: Arch, tok: Tokenizer, seed: int):
     cfg = getattr(transformers, arch.config_cls_name)(
-        vocab_size=VOCAB, bos_token_id=tok.token_to_id(arch.bos) if arch.bos else None,
+        vocab_size=tok.get_vocab_size(), bos_token_id=tok.token_to_id(arch.bos) if arch.bos else None,
         eos_token_id=tok.token_to_id(arch.eos), pad_token_id=tok.token_to_id(arch.pad), **arch.config)
     torch.manual_seed(seed)
     model = getattr(transformers, arch.cls_name)._from_config(
@@ -469,7 +514,7 @@ def dedupe(arrays: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], dict[s
 
 @torch.no_grad()
 def build_one(arch: Arch, out_dir: Path) -> dict[str, Any]:
-    tok = train_tokenizer(arch.specials)
+    tok = train_tokenizer(arch)
     enc = tok.encode(arch.prompt)
     assert tok.decode(enc.ids, skip_special_tokens=False) == arch.prompt
     ids = torch.tensor(enc.ids, dtype=torch.long)
@@ -509,7 +554,7 @@ def build_one(arch: Arch, out_dir: Path) -> dict[str, Any]:
 
     # a long random sequence: each mixer's in/out and the logits
     gen = torch.Generator().manual_seed(arch.seed)
-    long_ids = torch.randint(len(arch.specials), VOCAB, (arch.long_len,), generator=gen)
+    long_ids = torch.randint(len(arch.specials), tok.get_vocab_size(), (arch.long_len,), generator=gen)
     cap_long = Capture(model, arch, only_mixers=True)
     try:
         long_out = model(input_ids=long_ids[None], use_cache=False)
@@ -533,7 +578,8 @@ def build_one(arch: Arch, out_dir: Path) -> dict[str, Any]:
         "transformers_version": transformers.__version__, "torch_version": torch.__version__,
         "tokenizers_version": tokenizers.__version__, "storage_dtype": "bfloat16", "compute_dtype": "float32",
         "attn_implementation": "eager", "experts_implementation": "eager", "seed": tries and int(tries[-1].split(":")[0]),
-        "seed_tries": tries, "T": len(ids), "vocab_size": VOCAB, "num_layers": L,
+        "seed_tries": tries, "T": len(ids), "vocab_size": tok.get_vocab_size(), "num_layers": L,
+        "tokenizer": arch.tokenizer, "gguf_pre_tokenizer": GGUF_PRE[arch.tokenizer],
         "layer_types": list(cfg.layer_types), "long_len": arch.long_len,
         "greedy_min_top1_top2_gap": ggap, "router_min_gap": rgap,
         "logits_std_over_vocab_min": float(out.logits[0].std(dim=-1).min()),

@@ -15,13 +15,11 @@ Re-run by hand (the torch venv; nothing in the suite needs llama.cpp, torch or a
     /tmp/venv-formats/bin/python tests/make_arch_llamacpp.py \\
         --llama-cpp /work/llamacpp/llama_cpp_python-0.3.36 --bin /work/llamacpp/build/bin
 
-The fixture tokenizers' pre-tokenizer is Qwen2's regex, which llama.cpp knows by name, not by the
-hash of this tiny vocabulary: the converter is run with its pre-tokenizer name set to "qwen2".
-gemma4's converter reads only a SentencePiece-style BPE (byte fallback, "\u2581" spaces:
-gguf.LlamaHfVocab), which the tiny byte-level fixture tokenizer is not; it is run with the
-byte-level vocabulary writer instead (tokenizer.ggml.model "gpt2" in that one GGUF). The runs feed
-token ids, so no tokenizer is used for them, and every tensor and hyper-parameter is as llama.cpp
-writes it for gemma4.
+Each fixture tokenizer uses its family's pre-tokenizer regex, which llama.cpp knows by the hash of
+the real vocabulary, not of these tiny ones: the converter is run with the pre-tokenizer name set to
+the family's (reference.json's gguf_pre_tokenizer: "gpt-4o", "qwen35", "lfm2"; gemma4's
+SentencePiece-style tokenizer needs none). The GGUFs are then what llama.cpp writes for each family,
+tokenizer included.
 """
 from __future__ import annotations
 
@@ -52,18 +50,17 @@ sys.path.insert(0, {src!r})
 import convert_hf_to_gguf as c
 from conversion import base
 def pre(self, tokenizer):
-    return "qwen2"
+    return {pre!r}
 for cls in (getattr(c, "TextModel", None), getattr(base, "TextModel", None)):
     if cls is not None:
         cls.get_vocab_base_pre = pre
-from conversion import gemma
-gemma.Gemma4Model.set_vocab = lambda self: self._set_vocab_gpt2()  # see the module docstring
 c.main()
 """
 
 
 def convert_f16(hf: Path, out: Path, src: Path, extra: list[str]) -> str:
-    r = subprocess.run([sys.executable, "-c", CONVERT.format(src=str(src)), "convert_hf_to_gguf.py", str(hf),
+    pre = json.loads((hf / "reference.json").read_text())["gguf_pre_tokenizer"]
+    r = subprocess.run([sys.executable, "-c", CONVERT.format(src=str(src), pre=pre), "convert_hf_to_gguf.py", str(hf),
                         "--outtype", "f16", "--outfile", str(out), *extra], capture_output=True, text=True)
     if r.returncode != 0:
         raise RuntimeError("convert_hf_to_gguf.py failed:\n" + r.stderr[-3000:])
