@@ -280,10 +280,16 @@ def train_tokenizer(arch: Arch) -> Tokenizer:
     return tok
 
 
+# runs of newlines and runs of anything else are merged apart, as llama.cpp's gemma4 pre-tokenizer
+# splits them ("[^\n]+|[\n]+"): Gemma's vocabulary has no token mixing the two
+NEWLINES = pre_tokenizers.Split(Regex(r"[^\n]+|[\n]+"), behavior="isolated")
+
+
 def _train_spm(specials: list[str]) -> Tokenizer:
     """Gemma's layout: specials, then the 256 byte tokens, then characters and merges."""
     tok = Tokenizer(models.BPE(unk_token=None, byte_fallback=True))
     tok.normalizer = normalizers.Replace(" ", "\u2581")
+    tok.pre_tokenizer = NEWLINES
     trainer = trainers.BpeTrainer(vocab_size=SPM_TRAINED, min_frequency=2, special_tokens=specials,
                                   limit_alphabet=64, show_progress=False)
     tok.train_from_iterator([TRAINING_TEXT], trainer=trainer)
@@ -293,6 +299,7 @@ def _train_spm(specials: list[str]) -> Tokenizer:
     merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in spec["model"]["merges"]]
     out = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token=None, byte_fallback=True, fuse_unk=False))
     out.normalizer = normalizers.Replace(" ", "\u2581")
+    out.pre_tokenizer = NEWLINES
     out.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()])
     out.add_special_tokens(specials)
     for i, t in enumerate(specials):
@@ -303,8 +310,9 @@ def _train_spm(specials: list[str]) -> Tokenizer:
 def tokenizer_config(arch: Arch) -> dict[str, Any]:
     added = {str(i): {"content": t, "lstrip": False, "normalized": False, "rstrip": False, "single_word": False,
                       "special": True} for i, t in enumerate(arch.specials)}
+    named = {arch.bos, arch.eos, arch.pad}
     return {"add_prefix_space": False, "add_bos_token": arch.bos is not None, "added_tokens_decoder": added,
-            "bos_token": arch.bos,
+            "additional_special_tokens": [t for t in arch.specials if t not in named], "bos_token": arch.bos,
             "chat_template": arch.chat_template, "clean_up_tokenization_spaces": False, "eos_token": arch.eos,
             "model_max_length": 256, "pad_token": arch.pad, "tokenizer_class": "PreTrainedTokenizerFast",
             "unk_token": None}

@@ -4,7 +4,8 @@ argmax runs on it (tests/fixtures/arch/<arch>/llamacpp.json).
 
 Why: Colibri must run the GGUFs people download, laid out as llama.cpp lays them out (its tensor
 names, its fused or split weights, its rope and norm conventions), and agree with llama.cpp. The
-json records, for the fixture prompt and for the fixture's long random sequence, llama.cpp's
+json records llama.cpp's tokenization of a few texts with the GGUF's own tokenizer and, for the
+fixture prompt and for the fixture's long random sequence, llama.cpp's
 teacher-forced argmax at every position with its top-1/top-2 margin, and a greedy continuation of
 the prompt; it also records how often llama.cpp's teacher-forced argmax equals transformers'
 (reference.npz), which says whether llama.cpp itself runs the tiny shapes right. An architecture
@@ -39,6 +40,12 @@ FIXTURES = REPO / "tests" / "fixtures" / "arch"
 GGUF_DIR = REPO / "tests" / "fixtures" / "arch_llamacpp"
 ARCHS = ["gpt_oss", "qwen3_5_moe", "lfm2_moe", "gemma4"]
 MAX_NEW = 16
+# texts llama.cpp tokenizes with the GGUF's own tokenizer (special tokens matched, no BOS added), so a
+# GGUF tokenizer import can be held to llama.cpp's: mixed case, contractions, digits, whitespace runs,
+# CJK, a combining mark, and each fixture's prompt (added in run_one)
+TEXTS = ["Hello, world! What's 2+3? And 12*7?", "The QUICK brown fox's 1234567 jumps... over\n\n  the lazy dog",
+         "  leading spaces,\ttabs and\r\nnew lines\n", "你好，世界！今天天气很好。", "cafe\u0301 na\u00efve",
+         "def fibonacci(n: int) -> list[int]:\n    return values[:n]"]
 # qwen3_5_moe: the converter asserts a multi-token-prediction layer count (mtp_num_hidden_layers, which
 # real Qwen3.5 configs carry and transformers does not write) unless told to leave MTP out
 CONVERT_FLAGS = {"qwen3_5_moe": ["--no-mtp"]}
@@ -126,6 +133,9 @@ def run_one(arch: str, src: Path, gguf_dir: Path) -> dict:
         runs["prompt"]["greedy_ids"], runs["prompt"]["greedy_margins"] = gen, gm
         runs["prompt"]["greedy_agrees_with_transformers_8"] = gen[:8] == [int(i) for i in ref["greedy_ids"]]
         rec["runs"] = runs
+        texts = TEXTS + [str(ref["text"])]
+        rec["tokenize"] = [{"text": t, "ids": [int(i) for i in llm.tokenize(t.encode(), add_bos=False, special=True)]}
+                           for t in texts]
     except Exception as e:  # noqa: BLE001
         rec["refused"] = {"step": "llama.cpp eval", "reason": f"{type(e).__name__}: {e}",
                           "trace": traceback.format_exc()[-1500:]}
