@@ -36,9 +36,12 @@ step's top-1/top-2 gap is >= MIN_GREEDY_GAP and every routing decision's gap (in
 router selects in) is >= MIN_ROUTER_GAP, so an engine that sums in another order picks the same
 tokens and experts.
 
+``--templates`` renders the families' real chat templates (tests/fixtures/templates/*.jinja) with
+transformers into tests/fixtures/templates/rendered.json instead.
+
 Re-run (the torch venv, never the project venv; no network)::
 
-    /tmp/venv-formats/bin/python tests/make_arch_fixtures.py [--only gpt_oss,gemma4]
+    /tmp/venv-formats/bin/python tests/make_arch_fixtures.py [--only gpt_oss,gemma4] [--templates]
 """
 
 from __future__ import annotations
@@ -600,11 +603,50 @@ def build_one(arch: Arch, out_dir: Path) -> dict[str, Any]:
     return ref
 
 
+# ----------------------------------------------------------------------------------------------
+# Chat templates: the families' real templates (tests/fixtures/templates, from llama.cpp's
+# models/templates) rendered by transformers, with the switches each one reads
+# ----------------------------------------------------------------------------------------------
+
+TEMPLATE_FILES = {"gpt_oss": "openai-gpt-oss-120b.jinja", "qwen3_5_moe": "Qwen3.5-4B.jinja",
+                  "lfm2_moe": "LFM2-8B-A1B.jinja", "gemma4": "google-gemma-4-31B-it.jinja"}
+TEMPLATE_CASES = [
+    ("one turn", [{"role": "user", "content": "What is 2+3?"}], {}),
+    ("history with reasoning", [
+        {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello!", "reasoning_content": "greet back", "thinking": "greet back"},
+        {"role": "user", "content": "2+3?"}], {}),
+    ("thinking off", [{"role": "user", "content": "2+3?"}], {"enable_thinking": False}),
+    ("thinking on", [{"role": "user", "content": "2+3?"}], {"enable_thinking": True}),
+    ("effort high", [{"role": "user", "content": "2+3?"}], {"reasoning_effort": "high"}),
+]
+
+
+def render_templates(out: Path) -> None:
+    from transformers.utils.chat_template_utils import render_jinja_template
+    cases = {}
+    for arch, name in TEMPLATE_FILES.items():
+        template = (out / name).read_text()
+        bos = {"gemma4": "<bos>", "lfm2_moe": "<|startoftext|>"}.get(arch, "")
+        for label, messages, kw in TEMPLATE_CASES:
+            rendered, _ = render_jinja_template(conversations=[messages], chat_template=template,
+                                                add_generation_prompt=True, bos_token=bos, **kw)
+            cases.setdefault(arch, []).append({"label": label, "messages": messages, "vars": kw,
+                                               "bos_token": bos, "text": rendered[0]})
+    note = ("transformers " + transformers.__version__ + " render_jinja_template of each template, "
+            "add_generation_prompt=True; gpt-oss's 'Current date:' line is the day it was rendered")
+    (out / "rendered.json").write_text(json.dumps({"note": note, "cases": cases}, indent=1, ensure_ascii=False) + "\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, default=OUT)
     ap.add_argument("--only", default="")
+    ap.add_argument("--templates", action="store_true", help="only render tests/fixtures/templates/*.jinja")
     args = ap.parse_args(argv)
+    if args.templates:
+        render_templates(args.out.parent / "templates")
+        return 0
     transformers.utils.logging.set_verbosity_error()
     only = {s for s in args.only.split(",") if s}
     if only - {a.name for a in ARCHS}:
