@@ -215,10 +215,12 @@ def test_greedy_decode_with_caches_matches_transformers(model, arch):
     assert got == ref["greedy_ids"].tolist()
 
 
+@pytest.mark.parametrize("chunk", [1, 7])
 @pytest.mark.parametrize("arch", ARCHS)
-def test_long_sequence_token_by_token_is_exact_and_memory_flat(model, arch):
-    """4x the sliding window (qwen3.5: 40 tokens of DeltaNet), as a 3-token prefill then one token at a
-    time: each mixer's outputs equal transformers' one-pass outputs, and the ring buffers and
+def test_long_sequence_in_pieces_is_exact_and_memory_flat(model, arch, chunk):
+    """4x the sliding window (qwen3.5: 40 tokens of DeltaNet), as a 3-token prefill then pieces of
+    `chunk` tokens (7: more than the window of 5, so a piece pushes out keys its own first queries
+    need): each mixer's outputs equal transformers' one-pass outputs, and the ring buffers and
     recurrent states stop growing once full."""
     m, long = model(arch), np.load(ARCH_FIXTURES / arch / "long.npz")
     for i, t in enumerate(m.types):
@@ -226,8 +228,8 @@ def test_long_sequence_token_by_token_is_exact_and_memory_flat(model, arch):
         x, want = long[f"L{i}.{name}.in0"], long[f"L{i}.{name}.out0"]
         m.caches[i] = m.new_cache(i)
         sizes, outs = [], [m.mixer(i, x[:3], np.arange(3))]
-        for p in range(3, len(x)):
-            outs.append(m.mixer(i, x[p:p + 1], np.array([p])))
+        for p in range(3, len(x), chunk):
+            outs.append(m.mixer(i, x[p:p + chunk], np.arange(p, min(p + chunk, len(x)))))
             sizes.append(m.caches[i].nbytes)
         assert rel_err(np.concatenate(outs), want) <= 1e-5, f"layer {i} ({t})"
         if t != "full_attention":
