@@ -148,7 +148,7 @@ class Model:
         g = (-np.exp(W[pre + "A_log"].astype(np.float64)) * np.logaddexp(0, a)).astype(np.float32)
         core = np.empty((T, nv, vd), np.float32)
         deltanet.delta_rule(np.ascontiguousarray(q), np.ascontiguousarray(k), np.ascontiguousarray(v), g, beta,
-                            st.s, self.tiled, core)
+                            st.s, self.tiled, deltanet.work_for(nv, kd, vd), core)
         z = (x @ W[pre + "in_proj_z.weight"].T).reshape(T, nv, vd)
         o = norms.gated_rmsnorm(core, z, W[pre + "norm.weight"], self.eps).reshape(T, nv * vd)
         return o @ W[pre + "out_proj.weight"].T

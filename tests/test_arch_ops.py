@@ -97,12 +97,13 @@ def test_delta_rule_recurrent_chunked_and_kernel_agree():
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
     np.testing.assert_allclose(got_s, want_s, rtol=0, atol=1e-5)
     s, out = s0.copy(), np.empty((T, Hv, dv), np.float32)
-    deltanet.delta_rule(q, k, v, g, beta, s, False, out)
+    work = deltanet.work_for(Hv, dk, dv)
+    deltanet.delta_rule(q, k, v, g, beta, s, False, work, out)
     np.testing.assert_allclose(out, want, rtol=0, atol=1e-5)
     np.testing.assert_allclose(s, want_s, rtol=0, atol=1e-5)
     # llama.cpp's tiled value-head order: value head h reads key head h % Hk
     tiled, _ = deltanet.delta_rule_ref(q, k, v, g, beta, s0, tiled=True)
-    deltanet.delta_rule(q, k, v, g, beta, s0.copy(), True, out)
+    deltanet.delta_rule(q, k, v, g, beta, s0.copy(), True, work, out)
     np.testing.assert_allclose(out, tiled, rtol=0, atol=1e-5)
     assert np.allclose(tiled[:, 0], want[:, 0]) and not np.allclose(tiled[:, 1], want[:, 1])
 
@@ -166,7 +167,7 @@ def test_delta_rule_matches_transformers_core():
         q, k, v, g, beta = (got[f"L{i}.delta.{n}"] for n in ("q", "k", "v", "g", "beta"))
         s0 = np.zeros((v.shape[1], q.shape[2], v.shape[2]), np.float32)
         out = np.empty_like(v)
-        deltanet.delta_rule(q, k, v, g, beta, s0.copy(), False, out)
+        deltanet.delta_rule(q, k, v, g, beta, s0.copy(), False, deltanet.work_for(*s0.shape[:2], v.shape[2]), out)
         assert rel_err(out, got[f"L{i}.delta.out"]) <= 1e-5
         assert rel_err(deltanet.delta_rule_chunked_ref(q, k, v, g, beta, s0, chunk=8)[0], got[f"L{i}.delta.out"]) <= 1e-5
 

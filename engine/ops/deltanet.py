@@ -67,19 +67,22 @@ def delta_rule_chunked_ref(q, k, v, g, beta, state, chunk: int = 64, tiled=False
     return out.astype(np.float32), S.astype(np.float32)
 
 
+def work_for(v_heads: int, k_dim: int, v_dim: int) -> np.ndarray:
+    """delta_rule's scratch: per value head the normalised q and k and the delta."""
+    return np.empty((v_heads, 2 * k_dim + v_dim), np.float32)
+
+
 @njit(parallel=True, fastmath=True, cache=True, nogil=True)
-def delta_rule(q, k, v, g, beta, state, tiled, out):
+def delta_rule(q, k, v, g, beta, state, tiled, work, out):
     # q, k (T, Hk, dk), v (T, Hv, dv), g, beta (T, Hv) f32; state (Hv, dk, dv) updated in place;
-    # out (T, Hv, dv); tiled: value head h reads key head h % Hk, else h // (Hv / Hk).
-    # One value head per thread; tokens in order (the recurrence is sequential).
+    # work (Hv, 2 dk + dv) scratch; out (T, Hv, dv); tiled: value head h reads key head h % Hk,
+    # else h // (Hv / Hk). One value head per thread; tokens in order (the recurrence is sequential).
     T, Hk, dk = q.shape
     Hv, dv = v.shape[1], v.shape[2]
     rep = Hv // Hk
     for h in prange(Hv):
         kh = h % Hk if tiled else h // rep
-        qn = np.empty(dk, np.float32)
-        kn = np.empty(dk, np.float32)
-        pred = np.empty(dv, np.float32)
+        qn, kn, pred = work[h, :dk], work[h, dk:2 * dk], work[h, 2 * dk:2 * dk + dv]
         for t in range(T):
             sq, sk = np.float32(0.0), np.float32(0.0)
             for i in range(dk):
