@@ -36,6 +36,9 @@ step's top-1/top-2 gap is >= MIN_GREEDY_GAP and every routing decision's gap (in
 router selects in) is >= MIN_ROUTER_GAP, so an engine that sums in another order picks the same
 tokens and experts.
 
+tests/fixtures/arch/rope_real.npz holds transformers' rope frequencies at the released models' shapes
+(where yarn's truncation and proportional rope show; see real_rope).
+
 ``--templates`` renders the families' real chat templates (tests/fixtures/templates/*.jinja) with
 transformers into tests/fixtures/templates/rendered.json instead.
 
@@ -638,6 +641,32 @@ def render_templates(out: Path) -> None:
     (out / "rendered.json").write_text(json.dumps({"note": note, "cases": cases}, indent=1, ensure_ascii=False) + "\n")
 
 
+def real_rope(out: Path) -> None:
+    """The rope frequencies transformers computes for the released models' shapes (rope_real.npz):
+    the tiny fixtures cannot show where yarn's truncation or proportional rope's head-wide exponents
+    matter (gpt-oss-20b: head 64, theta 150000, factor 32 over 4096 -- HF says truncate false,
+    llama.cpp always truncates; Qwen3.5-35B-A3B: head 256, 1/4 rotary; Gemma-4-26B-A4B: full layers
+    head 512, proportional 1/4, sliding head 256)."""
+    from transformers.models.gemma4.modeling_gemma4 import Gemma4TextRotaryEmbedding
+    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssRotaryEmbedding
+    from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import Qwen3_5MoeTextRotaryEmbedding
+    arrays = {}
+    for truncate in (False, True):
+        cfg = transformers.GptOssConfig(head_dim=64, rope_parameters={
+            "rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+            "truncate": truncate, "original_max_position_embeddings": 4096})
+        r = GptOssRotaryEmbedding(cfg)
+        arrays[f"gpt_oss_truncate_{truncate}"] = r.inv_freq.numpy()
+        arrays[f"gpt_oss_truncate_{truncate}_factor"] = np.array(r.attention_scaling, np.float32)
+    q = Qwen3_5MoeTextRotaryEmbedding(transformers.Qwen3_5MoeTextConfig(rope_parameters={
+        "rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25}))  # the released config
+    arrays["qwen3_5_moe"] = q.inv_freq.numpy()
+    g = Gemma4TextRotaryEmbedding(transformers.Gemma4TextConfig(head_dim=256, global_head_dim=512))
+    arrays["gemma4_full"] = g.full_attention_inv_freq.numpy()
+    arrays["gemma4_sliding"] = g.sliding_attention_inv_freq.numpy()
+    np.savez_compressed(out / "rope_real.npz", **arrays)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, default=OUT)
@@ -647,6 +676,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.templates:
         render_templates(args.out.parent / "templates")
         return 0
+    real_rope(args.out)
     transformers.utils.logging.set_verbosity_error()
     only = {s for s in args.only.split(",") if s}
     if only - {a.name for a in ARCHS}:

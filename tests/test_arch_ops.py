@@ -252,3 +252,18 @@ def test_llamacpp_teacher_forced_argmax_agrees_with_ours(model, arch):
         confident = np.array(run["margins"]) >= 0.05
         agree = (ours == np.array(run["argmax"]))[confident]
         assert agree.mean() >= 0.98, f"{name}: {agree.sum()}/{len(agree)}"
+
+
+def test_rope_frequencies_at_the_released_models_shapes_match_transformers():
+    """rope_real.npz: transformers' frequencies for gpt-oss-20b (yarn, both truncations: they differ
+    by up to 2e-4 rad/token there, which llama.cpp's always-truncating yarn inherits), Qwen3.5-35B-A3B
+    (64 of 256 dims turn) and Gemma-4-26B-A4B (proportional on 512-dim heads, default on 256)."""
+    want = np.load(ARCH_FIXTURES / "rope_real.npz")
+    for truncate in (False, True):
+        inv, factor = rope.yarn_inv_freq(150000.0, 64, 32.0, 4096, 32.0, 1.0, truncate)
+        np.testing.assert_allclose(inv, want[f"gpt_oss_truncate_{truncate}"], rtol=1e-6, atol=0)
+        assert factor == pytest.approx(float(want[f"gpt_oss_truncate_{truncate}_factor"]), rel=1e-6)
+    assert np.abs(want["gpt_oss_truncate_False"] - want["gpt_oss_truncate_True"]).max() > 1e-4
+    np.testing.assert_allclose(rope.default_inv_freq(10000000.0, 256, 0.25), want["qwen3_5_moe"], rtol=1e-6)
+    np.testing.assert_allclose(rope.proportional_inv_freq(1000000.0, 512, 0.25), want["gemma4_full"], rtol=1e-6)
+    np.testing.assert_allclose(rope.default_inv_freq(10000.0, 256), want["gemma4_sliding"], rtol=1e-6)
