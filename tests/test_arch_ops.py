@@ -117,6 +117,20 @@ def test_clamped_swiglu_kernel_matches_twin_beyond_the_limit():
                       8 * 7 / (1 + np.exp(-1.702 * 7)))  # both clamps bite
 
 
+def test_checked_entry_points_name_shapes_that_do_not_fit():
+    z = np.zeros
+    with pytest.raises(ValueError, match=r"attention: q \(2, 3, 8\), k \(4, 2, 8\)"):
+        att.attend(z((2, 3, 8), np.float32), z((4, 2, 8), np.float32), z((4, 2, 8), np.float32), np.arange(2),
+                   np.arange(4), 1.0)  # 2 KV heads do not divide 3 query heads
+    with pytest.raises(ValueError, match=r"gated delta rule: .*state \(4, 8, 5\)"):
+        deltanet.gated_delta(z((1, 2, 8)), z((1, 2, 8)), z((1, 4, 6)), z((1, 4)), z((1, 4)), z((4, 8, 5), np.float32))
+    with pytest.raises(ValueError, match=r"causal conv: x \(3, 5\), w \(4, 3\)"):
+        conv.short_conv(z((3, 5)), z((4, 3)), z((2, 4), np.float32))
+    out = deltanet.gated_delta(z((2, 1, 4)), z((2, 1, 4)), np.ones((2, 2, 3)), z((2, 2)), np.ones((2, 2)),
+                               z((2, 4, 3), np.float32))
+    assert out.shape == (2, 2, 3) and conv.short_conv(np.ones((3, 4)), np.ones((4, 2)), z((1, 4), np.float32)).shape == (3, 4)
+
+
 # ---- the per-layer-type caches -------------------------------------------------------------------
 
 def test_ring_keeps_the_last_window_and_a_chunk_sees_what_it_pushes_out():

@@ -85,8 +85,14 @@ def attention(q, k, v, qpos, kpos, scale, window, sinks, use_sinks, softcap, sco
 
 def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, qpos: np.ndarray, kpos: np.ndarray, scale: float,
            window: int = 0, sinks: np.ndarray | None = None, softcap: float = 0.0) -> np.ndarray:
-    """attention() with its scratch and output allocated (tests, prototypes; an engine keeps them)."""
-    T, H, _ = q.shape
+    """attention() with its shapes checked and its scratch and output allocated (tests, prototypes;
+    an engine keeps the buffers)."""
+    T, H, hd = q.shape
+    if k.ndim != 3 or k.shape[2] != hd or H % k.shape[1] or v.shape[:2] != k.shape[:2] \
+            or len(qpos) != T or len(kpos) != k.shape[0]:
+        raise ValueError(f"attention: q {q.shape}, k {k.shape}, v {v.shape}, qpos ({len(qpos)},), kpos "
+                         f"({len(kpos)},) do not fit: need q (T, H, hd), k (S, KVH, hd) with KVH dividing H, "
+                         "v (S, KVH, hdv), one position per query and per key")
     scores = np.empty((T, H, k.shape[0]), np.float32)
     out = np.empty((T, H, v.shape[2]), np.float32)
     s = np.zeros(H, np.float32) if sinks is None else np.ascontiguousarray(sinks, np.float32)

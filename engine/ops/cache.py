@@ -28,7 +28,8 @@ class FullKV:
     def nbytes(self) -> int:
         return self.k.nbytes + self.v.nbytes + self.pos.nbytes
 
-    def update(self, k_new: np.ndarray, v_new: np.ndarray, pos_new: np.ndarray):
+    def update(self, k_new: np.ndarray, v_new: np.ndarray, pos_new: np.ndarray
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Store the chunk, return every stored (k, v, pos)."""
         n, T = self.length, len(pos_new)
         if n + T > len(self.pos):
@@ -57,7 +58,8 @@ class RingKV:
     def nbytes(self) -> int:
         return self.k.nbytes + self.v.nbytes + self.pos.nbytes
 
-    def update(self, k_new: np.ndarray, v_new: np.ndarray, pos_new: np.ndarray):
+    def update(self, k_new: np.ndarray, v_new: np.ndarray, pos_new: np.ndarray
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Store the chunk's last `window` keys; return what the chunk's queries attend to."""
         seen = None
         if len(pos_new) > 1:

@@ -37,3 +37,14 @@ def causal_conv(x, w, state, silu, out):
         for j in range(K - 1):  # the new tail: the last K-1 inputs of state + x
             src = T - (K - 1) + j
             state[j, c] = x[src, c] if src >= 0 else state[j + T, c]
+
+
+def short_conv(x: np.ndarray, w: np.ndarray, state: np.ndarray, silu: bool = False) -> np.ndarray:
+    """causal_conv() with its shapes checked and its output allocated; the state is updated in place."""
+    C, K = w.shape
+    if x.ndim != 2 or x.shape[1] != C or state.shape != (K - 1, C) or state.dtype != np.float32:
+        raise ValueError(f"causal conv: x {x.shape}, w {w.shape}, state {state.shape} {state.dtype} do not fit: "
+                         "need x (T, C), w (C, K), a float32 state (K-1, C)")
+    out = np.empty(x.shape, np.float32)
+    causal_conv(np.ascontiguousarray(x, np.float32), np.ascontiguousarray(w, np.float32), state, silu, out)
+    return out

@@ -21,7 +21,7 @@ from numba import njit, prange
 import engine.kernels  # noqa: F401  (numba settings first)
 
 
-def _prepare(q, k, Hv, tiled):
+def _prepare(q: np.ndarray, k: np.ndarray, Hv: int, tiled: bool) -> tuple[np.ndarray, np.ndarray]:
     rep = Hv // q.shape[1]
     spread = (lambda a: np.tile(a, (1, rep, 1))) if tiled else (lambda a: np.repeat(a, rep, axis=1))
     q, k = spread(q.astype(np.float64)), spread(k.astype(np.float64))
@@ -30,7 +30,8 @@ def _prepare(q, k, Hv, tiled):
     return q / np.sqrt(q.shape[-1]), k
 
 
-def delta_rule_ref(q, k, v, g, beta, state, tiled=False):
+def delta_rule_ref(q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray, beta: np.ndarray,
+                   state: np.ndarray, tiled: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """numpy twin of delta_rule (recurrent): q, k (T, Hk, dk), v (T, Hv, dv), g, beta (T, Hv),
     state (Hv, dk, dv) -> out (T, Hv, dv), new state."""
     q, k = _prepare(q, k, v.shape[1], tiled)
@@ -45,7 +46,8 @@ def delta_rule_ref(q, k, v, g, beta, state, tiled=False):
     return out.astype(np.float32), S.astype(np.float32)
 
 
-def delta_rule_chunked_ref(q, k, v, g, beta, state, chunk: int = 64, tiled=False):
+def delta_rule_chunked_ref(q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray, beta: np.ndarray,
+                           state: np.ndarray, chunk: int = 64, tiled: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """The chunked form (WY/UT transform per chunk, then a scan over chunks): same result."""
     q, k = _prepare(q, k, v.shape[1], tiled)
     T, Hv, dv = v.shape
@@ -108,3 +110,19 @@ def delta_rule(q, k, v, g, beta, state, tiled, work, out):
                 for j in range(dv):
                     state[h, i, j] += kn[i] * pred[j]
                     out[t, h, j] += state[h, i, j] * qn[i]
+
+
+def gated_delta(q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray, beta: np.ndarray, state: np.ndarray,
+                tiled: bool = False) -> np.ndarray:
+    """delta_rule() with its shapes checked and its buffers allocated; the state is updated in place."""
+    T, Hk, dk = q.shape
+    Hv, dv = v.shape[1], v.shape[2]
+    if k.shape != q.shape or v.shape[0] != T or Hv % Hk or g.shape != (T, Hv) or beta.shape != (T, Hv) \
+            or state.shape != (Hv, dk, dv) or state.dtype != np.float32:
+        raise ValueError(f"gated delta rule: q {q.shape}, k {k.shape}, v {v.shape}, g {g.shape}, beta {beta.shape}, "
+                         f"state {state.shape} {state.dtype} do not fit: need q, k (T, Hk, dk), v (T, Hv, dv) with "
+                         "Hk dividing Hv, g and beta (T, Hv), a float32 state (Hv, dk, dv)")
+    out = np.empty((T, Hv, dv), np.float32)
+    f32 = lambda a: np.ascontiguousarray(a, np.float32)  # noqa: E731
+    delta_rule(f32(q), f32(k), f32(v), f32(g), f32(beta), state, tiled, work_for(Hv, dk, dv), out)
+    return out

@@ -49,7 +49,7 @@ def route_gpt_oss(x: np.ndarray, w: np.ndarray, b: np.ndarray, k: int) -> tuple[
     return logits, ids, (e / e.sum(-1, keepdims=True)).astype(np.float32)
 
 
-def route_softmax(x: np.ndarray, w: np.ndarray, k: int, renormalise: bool = True):
+def route_softmax(x: np.ndarray, w: np.ndarray, k: int, renormalise: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """qwen3.5 (Qwen3-MoE): softmax over all experts, top-k, renormalised."""
     logits = (x @ w.T).astype(np.float32)
     p = np.exp(logits.astype(np.float64) - logits.max(-1, keepdims=True))
@@ -60,7 +60,7 @@ def route_softmax(x: np.ndarray, w: np.ndarray, k: int, renormalise: bool = True
 
 
 def route_sigmoid_bias(x: np.ndarray, w: np.ndarray, bias: np.ndarray, k: int, renormalise: bool = True,
-                       scaling: float = 1.0):
+                       scaling: float = 1.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """lfm2: chosen by sigmoid(logits) + bias; weights are the sigmoids (+1e-6 renormalised) * scaling."""
     logits = (x @ w.T).astype(np.float32)
     s = 1 / (1 + np.exp(-logits.astype(np.float64)))
@@ -72,7 +72,7 @@ def route_sigmoid_bias(x: np.ndarray, w: np.ndarray, bias: np.ndarray, k: int, r
 
 
 def route_gemma4(x: np.ndarray, proj: np.ndarray, scale: np.ndarray, per_expert_scale: np.ndarray, k: int,
-                 eps: float):
+                 eps: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """gemma4: rms(x) (no weight) * scale * H^-1/2 -> proj -> softmax -> top-k renormalised, * per-expert scale.
     Returns the probabilities (what transformers records as router logits), ids, weights."""
     h = rms(x, eps) * scale * np.float32(x.shape[-1] ** -0.5)
