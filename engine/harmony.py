@@ -130,7 +130,7 @@ class HarmonyParser:
                 break
             self._text(self._buf[:i], out)
             self._buf = self._buf[i + len(tok):]
-            self._special(tok)
+            self._special(tok, out)
         return out[0], out[1]
 
     def flush(self) -> tuple[str, str]:
@@ -203,7 +203,7 @@ class HarmonyParser:
         self._state = "body"
         out[1] += text
 
-    def _special(self, tok: str) -> None:
+    def _special(self, tok: str, out: list[str]) -> None:
         if tok == MESSAGE and self._state == "header":
             self.messages.append(_header(self._header))
             self._state = "body"
@@ -217,8 +217,10 @@ class HarmonyParser:
             self._state, self._header, self._prefix = "header", "", ""
         elif self._state == "header":  # <|channel|> / <|constrain|> inside a header
             self._header += tok
+        elif self._state == "between" and tok == CHANNEL:  # a message without its <|start|>assistant
+            self._state, self._header, self._prefix = "header", "assistant " + tok, "assistant "
         elif self._state == "body":  # a stray header token inside a body: kept as text
-            self.messages[-1].text += tok
+            self._text(tok, out)
 
 
 def _visible(m: Message) -> bool:
@@ -227,18 +229,16 @@ def _visible(m: Message) -> bool:
 
 def _header(text: str) -> Message:
     """`assistant to=functions.f<|channel|>commentary <|constrain|>json` -> its fields."""
-    msg = Message()
     head, _, chan = text.partition(CHANNEL)
-    role, *extra = head.split()
-    msg.role = role
-    words = extra + chan.replace(CONSTRAIN, " ").split()
-    if chan:
-        msg.channel = chan.replace(CONSTRAIN, " ").split()[0] if chan.split() else None
-        words = extra + chan.replace(CONSTRAIN, " ").split()[1:]
-    for w in words:
+    words = head.split()
+    msg = Message(role=words.pop(0) if words else "assistant")
+    after = chan.replace(CONSTRAIN, " ").split()
+    if after:
+        msg.channel = after.pop(0)
+    for w in words + after:
         if w.startswith("to="):
             msg.recipient = w[3:]
-        elif w:
+        else:
             msg.content_type = w
     return msg
 

@@ -98,6 +98,13 @@ def test_parser_collects_tool_calls(step):
     assert (m.recipient, m.channel, m.content_type) == ("functions.f", "commentary", "json")
 
 
+def test_parser_tolerates_a_missing_start_and_stray_markers():
+    r, c, p = stream("<|channel|>analysis<|message|>hm<|end|><|channel|>final<|message|>a <|message|> b<|return|>", 2)
+    assert (r, c) == ("hm", "a <|message|> b") and [m.role for m in p.messages] == ["assistant", "assistant"]
+    (m,) = harmony.parse("<|channel|>commentary<|message|>Checking the weather.<|end|>")
+    assert (m.channel, m.recipient, m.complete) == ("commentary", None, True)  # a preamble: shown to the user
+
+
 def test_parser_keeps_text_outside_messages_and_stops_at_return():
     r, c, p = stream("Plain answer without channels", 4)
     assert (r, c) == ("", "Plain answer without channels")
