@@ -150,6 +150,28 @@ def test_full_kv_refuses_to_overflow():
         kv.update(np.zeros((1, 1, 2), np.float32), np.zeros((1, 1, 2), np.float32), np.array([3]))
 
 
+@pytest.mark.parametrize("arch", ARCHS)
+def test_caches_snapshot_and_full_kv_trims_for_prefix_reuse(model, arch):
+    """A turn taken back by restoring a copy() of every cache leaves the next turn's logits as one
+    pass gives them; a full-attention layer trimmed back to a prefix re-runs what follows exactly."""
+    m, ref = model(arch), np.load(ARCH_FIXTURES / arch / "reference.npz")
+    ids, cut = ref["input_ids"], len(ref["input_ids"]) - 4
+    m.forward(ids[:cut])
+    snap, pos = [c.copy() for c in m.caches], m.pos
+    m.forward(np.array([5, 6, 7]))  # a turn that is then taken back
+    m.caches, m.pos = snap, pos
+    assert rel_err(m.forward(ids[cut:]), ref["logits"][cut:]) <= 1e-4
+    long = np.load(ARCH_FIXTURES / arch / "long.npz")
+    i = m.types.index("full_attention")
+    x, want = long[f"L{i}.self_attn.in0"], long[f"L{i}.self_attn.out0"]
+    m.caches[i] = m.new_cache(i)
+    m.mixer(i, x[:12], np.arange(12))
+    m.caches[i].trim(6)  # positions 6.. are edited away, then re-run
+    assert rel_err(m.mixer(i, x[6:], np.arange(6, len(x))), want[6:]) <= 1e-5
+    with pytest.raises(ValueError, match="cannot trim"):
+        m.caches[i].trim(len(x) + 1)
+
+
 # ---- against transformers' modules ---------------------------------------------------------------
 
 @pytest.mark.parametrize("arch", ARCHS)

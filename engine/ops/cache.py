@@ -2,8 +2,9 @@
 sliding-window layer a ring of `window` slots (RingKV), a DeltaNet layer its (H, dk, dv) state plus
 its conv tail, a short-conv layer its conv tail (ConvState). The recurrent ones are fixed-size: a
 conversation of any length costs the same memory. Each exposes nbytes (what the dashboard sums)
-and reset() (a new conversation); trimming a ring or a recurrent state is not possible, so prefix
-reuse there means re-running from the last kept snapshot (copy()).
+reset() (a new conversation) and copy() (a snapshot). Prefix reuse: FullKV.trim(n) forgets every
+position from n on; a ring or a recurrent state cannot be rewound (what it forgot is gone), so a
+conversation that edits its past restarts from a copy() taken where the kept prefix ended.
 
 The attention kernel reads (k, v, kpos) with absolute positions per slot, so a ring's slot order
 never matters. update(k, v, pos) stores a chunk and returns what its queries attend to: for a ring
@@ -42,6 +43,18 @@ class FullKV:
         self.length = 0
         self.pos[:] = -1
 
+    def trim(self, length: int) -> None:
+        """Keep the first `length` positions (prefix reuse: a new turn re-runs only what follows)."""
+        if not 0 <= length <= self.length:
+            raise ValueError(f"FullKV: cannot trim to {length} positions, it holds {self.length}")
+        self.length = length
+        self.pos[length:] = -1
+
+    def copy(self) -> FullKV:
+        new = FullKV.__new__(FullKV)
+        new.k, new.v, new.pos, new.length = self.k.copy(), self.v.copy(), self.pos.copy(), self.length
+        return new
+
 
 class RingKV:
     """A sliding-window layer's keys: `window` slots, position p in slot p % window."""
@@ -73,6 +86,11 @@ class RingKV:
     def reset(self) -> None:
         self.pos[:] = -1
 
+    def copy(self) -> RingKV:
+        new = RingKV.__new__(RingKV)
+        new.window, new.k, new.v, new.pos = self.window, self.k.copy(), self.v.copy(), self.pos.copy()
+        return new
+
 
 class ConvState:
     """The last kernel-1 inputs of a causal depthwise conv (C channels), oldest first."""
@@ -86,6 +104,11 @@ class ConvState:
 
     def reset(self) -> None:
         self.x[:] = 0
+
+    def copy(self) -> ConvState:
+        new = ConvState.__new__(ConvState)
+        new.x = self.x.copy()
+        return new
 
 
 class DeltaState:
@@ -102,3 +125,8 @@ class DeltaState:
     def reset(self) -> None:
         self.s[:] = 0
         self.conv.reset()
+
+    def copy(self) -> DeltaState:
+        new = DeltaState.__new__(DeltaState)
+        new.s, new.conv = self.s.copy(), self.conv.copy()
+        return new
