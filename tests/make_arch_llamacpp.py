@@ -11,6 +11,14 @@ the prompt; it also records how often llama.cpp's teacher-forced argmax equals t
 (reference.npz), which says whether llama.cpp itself runs the tiny shapes right. An architecture
 the converter or the runtime refuses is recorded with the reason instead of failing the script.
 
+What llama.cpp refuses at tiny shapes (found making these): qwen3_5_moe's converter asserts a
+multi-token-prediction layer count unless run with --no-mtp (transformers does not write
+mtp_num_hidden_layers); its runtime takes both DeltaNet head dims from ssm.state_size, so a model whose
+linear value head dim differs from the key head dim does not load ("blk.0.attn_qkv.weight has wrong
+shape") -- the fixture uses equal dims, as the real models do. gemma4's converter reads only a
+SentencePiece-style BPE vocabulary and marks as control tokens only those the tokenizer config names.
+gpt_oss, lfm2_moe: converted and run as they are.
+
 Re-run by hand (the torch venv; nothing in the suite needs llama.cpp, torch or a network)::
 
     /tmp/venv-formats/bin/python tests/make_arch_llamacpp.py \\
