@@ -98,18 +98,17 @@ def delta_rule(q, k, v, g, beta, state, tiled, work, out):
             a = np.exp(g[t, h])
             for j in range(dv):
                 pred[j] = 0.0
-            for i in range(dk):
+            for i in range(dk):  # pass 1 reads S only: (a S)^T k = a (S^T k)
                 for j in range(dv):
-                    state[h, i, j] *= a
                     pred[j] += state[h, i, j] * kn[i]
             for j in range(dv):
-                pred[j] = (v[t, h, j] - pred[j]) * beta[t, h]
-            for j in range(dv):
+                pred[j] = (v[t, h, j] - a * pred[j]) * beta[t, h]
                 out[t, h, j] = 0.0
-            for i in range(dk):
+            for i in range(dk):  # pass 2: decay, write the delta, read the output, in one sweep
                 for j in range(dv):
-                    state[h, i, j] += kn[i] * pred[j]
-                    out[t, h, j] += state[h, i, j] * qn[i]
+                    s = a * state[h, i, j] + kn[i] * pred[j]
+                    state[h, i, j] = s
+                    out[t, h, j] += s * qn[i]
 
 
 def gated_delta(q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray, beta: np.ndarray, state: np.ndarray,
