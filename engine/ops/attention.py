@@ -44,43 +44,48 @@ def attention_ref(q: np.ndarray, k: np.ndarray, v: np.ndarray, qpos: np.ndarray,
 @njit(parallel=True, fastmath=True, cache=True, nogil=True)
 def attention(q, k, v, qpos, kpos, scale, window, sinks, use_sinks, softcap, scores, out):
     # q (T, H, hd), k (S, KVH, hd), v (S, KVH, hdv) f32; qpos (T,), kpos (S,) int64 (-1: empty slot);
-    # sinks (H,) f32 read only if use_sinks; scores (T, H, S) scratch; out (T, H, hdv) written
+    # sinks (H,) f32 read only if use_sinks; scores (T, H, S) scratch; out (T, H, hdv) written.
+    # One thread per (token, KV head): each key and value row is read once for the heads sharing it.
     T, H, hd = q.shape
     S, KVH, hdv = v.shape
     group = H // KVH
-    for th in prange(T * H):
-        t, h = th // H, th % H
-        g = h // group
-        m = -np.inf
+    for tg in prange(T * KVH):
+        t, g = tg // KVH, tg % KVH
+        h0 = g * group
         for s in range(S):
             p = kpos[s]
-            if p < 0 or p > qpos[t] or (window > 0 and qpos[t] - p >= window):
-                scores[t, h, s] = -np.inf
-                continue
-            acc = np.float32(0.0)
-            for i in range(hd):
-                acc += q[t, h, i] * k[s, g, i]
-            acc *= scale
-            if softcap > 0:
-                acc = softcap * np.tanh(acc / softcap)
-            scores[t, h, s] = acc
-            m = max(m, acc)
-        if use_sinks:
-            m = max(m, sinks[h])
-        total = np.float32(0.0)
+            hidden = p < 0 or p > qpos[t] or (window > 0 and qpos[t] - p >= window)
+            for h in range(h0, h0 + group):
+                if hidden:
+                    scores[t, h, s] = np.float32(-np.inf)
+                    continue
+                acc = np.float32(0.0)
+                for i in range(hd):
+                    acc += q[t, h, i] * k[s, g, i]
+                acc *= scale
+                if softcap > 0:
+                    acc = softcap * np.tanh(acc / softcap)
+                scores[t, h, s] = acc
+        for h in range(h0, h0 + group):  # softmax of each head's row (plus its sink)
+            m = sinks[h] if use_sinks else np.float32(-np.inf)
+            for s in range(S):
+                m = max(m, scores[t, h, s])
+            total = np.exp(sinks[h] - m) if use_sinks else np.float32(0.0)
+            for s in range(S):
+                e = np.exp(scores[t, h, s] - m)  # exp(-inf) = 0 for the hidden
+                scores[t, h, s] = e
+                total += e
+            inv = np.float32(1.0) / total
+            for s in range(S):
+                scores[t, h, s] *= inv
+            for i in range(hdv):
+                out[t, h, i] = 0.0
         for s in range(S):
-            e = np.float32(0.0) if scores[t, h, s] == -np.inf else np.exp(scores[t, h, s] - m)
-            scores[t, h, s] = e
-            total += e
-        if use_sinks:
-            total += np.exp(sinks[h] - m)
-        for i in range(hdv):
-            out[t, h, i] = 0.0
-        for s in range(S):
-            w = scores[t, h, s] / total
-            if w != 0.0:
-                for i in range(hdv):
-                    out[t, h, i] += w * v[s, g, i]
+            for h in range(h0, h0 + group):
+                w = scores[t, h, s]
+                if w != 0.0:
+                    for i in range(hdv):
+                        out[t, h, i] += w * v[s, g, i]
 
 
 def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, qpos: np.ndarray, kpos: np.ndarray, scale: float,
