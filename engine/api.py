@@ -80,8 +80,8 @@ class _Run:
                 if a != b:
                     break
                 reuse += 1
-            self.reuse = self.done = min(reuse, len(self.ids) - 1)  # one token must run to get logits
-            e.cache.truncate(self.reuse)
+            # one token must run to get logits; a recurrent cache may keep nothing (KVCache.truncate)
+            self.reuse = self.done = e.cache.truncate(min(reuse, len(self.ids) - 1))
             e.tokens = self.ids[:self.reuse]
         bs = len(self.ids) if e.cfg.is_moe else e.params["batch_size"]  # MoE: one pass, see _prefill
         logits = None

@@ -47,7 +47,7 @@ NormPlace = Literal["pre", "sandwich"]
 # Rope variants (cfg.rope_scaling["type"], or "default" when it is None).
 Rope = Literal["default", "linear", "llama3", "yarn"]
 # Tensor-name families of engine.convert.names (one Hugging Face table per family).
-Family = Literal["dense", "mixtral", "qwen_moe", "olmoe"]
+Family = Literal["dense", "mixtral", "qwen_moe", "olmoe", "lfm2"]
 
 FEATURES = ("attention", "sliding_attention", "linear_attention", "short_conv", "router:softmax_topk",
             "router:topk_softmax", "router:sigmoid_bias", "shared_expert:plain", "shared_expert:sigmoid_gate",
@@ -60,7 +60,8 @@ FEATURES = ("attention", "sliding_attention", "linear_attention", "short_conv", 
 # (llama3 rope is converted into rope_freqs divisors, which a model directory then runs as
 # "default" with rope_freq_factors.)
 IMPLEMENTED = frozenset({"attention", "sliding_attention", "router:softmax_topk", "shared_expert:sigmoid_gate",
-                         "qk_norm:head", "qk_norm:full", "qkv_bias", "rope:default", "rope:linear", "clip_qkv"})
+                         "qk_norm:head", "qk_norm:full", "qkv_bias", "rope:default", "rope:linear", "clip_qkv",
+                         "short_conv", "router:sigmoid_bias", "dense_leading_layers"})
 
 
 class UnsupportedFeatureError(ModelFormatError, NotImplementedError):
@@ -111,6 +112,8 @@ class ArchSpec:
 
     def layer_types(self, cfg: ModelConfig) -> tuple[LayerKind, ...]:
         """The kind of each of the model's layers."""
+        if cfg.layer_types:
+            return tuple(cfg.layer_types)  # type: ignore[arg-type]
         kind: LayerKind = "sliding_attention" if cfg.sliding_window else "attention"
         return (kind,) * cfg.num_layers
 
@@ -130,7 +133,7 @@ class ArchSpec:
                                     ("o_bias", self.o_bias), ("expert_bias", self.expert_bias),
                                     ("attention_sinks", self.attention_sinks), ("logit_softcap", self.logit_softcap),
                                     ("swiglu_clamp", self.swiglu_clamp), ("partial_rotary", self.partial_rotary),
-                                    ("dense_leading_layers", self.dense_leading_layers),
+                                    ("dense_leading_layers", self.dense_leading_layers and cfg.dense_layers > 0),
                                     ("norm:offset", self.norm_weight == "offset"),
                                     ("norm:sandwich", self.norm_place == "sandwich")) if on}
         return frozenset(f)
@@ -162,6 +165,9 @@ SPECS: dict[str, ArchSpec] = {s.name: s for s in (
              qkv_bias_key="attention_bias", hf_ff_key="moe_intermediate_size"),
     ArchSpec("olmoe", ("OlmoeForCausalLM",), "olmoe", "olmoe", moe=True, qk_norm="full",
              qkv_bias_key="attention_bias"),
+    ArchSpec("lfm2_moe", ("Lfm2MoeForCausalLM",), "lfm2moe", "lfm2", layer_kinds=("short_conv", "attention"),
+             qk_norm="head", moe=True, router="sigmoid_bias", renormalise=True, gguf_renormalise=True,
+             dense_leading_layers=True, hf_ff_key="moe_intermediate_size"),
 )}
 ARCHITECTURES = tuple(SPECS)
 HF_CLASSES = {c: s for s in SPECS.values() for c in s.hf_classes}  # Hugging Face class -> spec

@@ -301,7 +301,7 @@ class ExpertCache:
         self.store, self.pool = store, pool
         self.num_layers, self.num_experts, self.top_k = num_layers, num_experts, top_k
         self.per_layer = None if per_layer is None else max(1, min(per_layer, num_experts))
-        self.slot = pool.block_size(store.span(0, 0).slot_bytes) if num_layers else 0  # a routed expert
+        self.slot = pool.block_size(store.span(store.model.config.dense_layers, 0).slot_bytes) if num_layers else 0  # a routed expert
         self.generation = 0  # counts loads and evictions: what a table of expert addresses checks
         self._lock = threading.Lock()
         self._slots: OrderedDict[tuple[int, int], _Slot] = OrderedDict()  # least recently used first

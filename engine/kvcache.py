@@ -26,6 +26,9 @@ class KVCache:
         if kind not in KINDS:
             raise ValueError(f"kv_cache_quantize: {kind!r} is not one of {', '.join(KINDS)}")
         self.kind, self.capacity, self.length = kind, capacity, 0
+        # per layer, the fixed-size state of a layer that is not full attention (engine.ops.cache:
+        # ConvState for short_conv ...), None for the others; set by the forward pass on first use
+        self.states: list | None = None
         self._pool, self._blocks = pool, []
         shape = (layers, capacity, kv_heads, head_dim)
         dtype = {"f32": np.float32, "f16": np.float16, "int8": np.int8}[kind]
@@ -62,7 +65,12 @@ class KVCache:
         per_pos = self.k[0, 0].nbytes * 2 * self.k.shape[0]
         if self.kind == "int8":
             per_pos += self.k_scale[0, 0].nbytes * 2 * self.k.shape[0]
-        return per_pos * self.length
+        return per_pos * self.length + self.state_bytes
+
+    @property
+    def state_bytes(self) -> int:
+        """Bytes of the recurrent states: fixed, whatever the context length."""
+        return sum(s.nbytes for s in self.states or () if s is not None)
 
     def write(self, layer: int, pos0: int, k: np.ndarray, v: np.ndarray) -> None:
         """Store k, v (T, kv_heads, head_dim) at positions pos0..pos0+T-1."""
@@ -87,5 +95,10 @@ class KVCache:
         scaled = self.kind == "int8"
         return k, v, self.k_scale[layer, :length if scaled else 1], self.v_scale[layer, :length if scaled else 1], scaled
 
-    def truncate(self, length: int) -> None:
+    def truncate(self, length: int) -> int:
+        """Forget positions from `length` on; returns the length kept. Recurrent states cannot
+        rewind: a cache holding them keeps all of its positions or none."""
+        if self.states is not None and length < self.length:
+            self.states, length = None, 0
         self.length = min(self.length, length)
+        return self.length

@@ -58,6 +58,12 @@ class ModelConfig:
     qk_norm: str = "none"  # "none", "head" (RMSNorm per head: Qwen3) or "full" (whole q/k: OLMoE)
     clip_qkv: float | None = None
     sliding_window: int | None = None  # attend to at most this many past tokens (Mistral); None = all
+    # --- the 2026 architectures (engine.arch layer kinds, routers) ---
+    layer_types: tuple[str, ...] | None = None  # engine.arch LayerKind per layer; None: spec.layer_types' default
+    dense_layers: int = 0  # the first k layers have a dense MLP (stored as their "shared" expert), no router
+    dense_intermediate_size: int = 0  # those MLPs' width
+    conv_kernel: int = 0  # short_conv layers: the causal conv's taps (LFM2 conv_L_cache)
+    routed_scaling_factor: float = 1.0  # router weights multiplied by this (sigmoid_bias)
 
     @property
     def is_moe(self) -> bool:
@@ -69,6 +75,8 @@ class ModelConfig:
         unknown = sorted(set(d) - names)
         if unknown:
             raise ModelFormatError(f"config.json: unknown model keys {unknown}")
+        if isinstance(d.get("layer_types"), list):
+            d = {**d, "layer_types": tuple(d["layer_types"])}
         try:
             return cls(**d)
         except TypeError as e:
@@ -94,8 +102,16 @@ def expected_tensors(cfg: ModelConfig, split_experts: bool = True) -> dict[str, 
     if cfg.rope_freq_factors:
         emb["rope_freqs.weight"] = (hd // 2,)
     files["embeddings.bin"] = emb
+    kinds = cfg.layer_types or ("attention",) * cfg.num_layers
     for L in range(cfg.num_layers):
         b = f"blk.{L}."
+        if kinds[L] == "short_conv":  # LFM2: in_proj to B, C, x; a depthwise causal conv; out_proj
+            files[f"attention/layer_{L}.bin"] = {
+                b + "attn_norm.weight": (D,), b + "shortconv.in_proj.weight": (3 * D, D),
+                b + "shortconv.conv.weight": (D, cfg.conv_kernel), b + "shortconv.out_proj.weight": (D, D),
+                b + "ffn_norm.weight": (D,)}
+            _ffn_files(files, cfg, L, split_experts)
+            continue
         att = {b + "attn_norm.weight": (D,), b + "attn_q.weight": (q, D), b + "attn_k.weight": (kv, D),
                b + "attn_v.weight": (kv, D), b + "attn_output.weight": (D, q)}
         if cfg.attention_bias:
@@ -105,22 +121,32 @@ def expected_tensors(cfg: ModelConfig, split_experts: bool = True) -> dict[str, 
             att |= {b + "attn_q_norm.weight": (hd if head else q,), b + "attn_k_norm.weight": (hd if head else kv,)}
         att[b + "ffn_norm.weight"] = (D,)
         files[f"attention/layer_{L}.bin"] = att
-        if cfg.is_moe:
-            router = {b + "ffn_gate_inp.weight": (cfg.num_experts, D)}
-            if cfg.shared_expert_intermediate_size:
-                router[b + "ffn_gate_inp_shexp.weight"] = (D,)
-            files[f"router/layer_{L}.bin"] = router
-        F = cfg.intermediate_size
-        for e in range(cfg.num_experts):
-            files.setdefault(expert_file(L, e, split_experts), {}).update({
-                f"{b}ffn_gate.{e}.weight": (F, D), f"{b}ffn_up.{e}.weight": (F, D),
-                f"{b}ffn_down.{e}.weight": (D, F)})
-        if cfg.shared_expert_intermediate_size:
-            S = cfg.shared_expert_intermediate_size
-            files.setdefault(expert_file(L, "shared", split_experts), {}).update({
-                b + "ffn_gate_shexp.weight": (S, D), b + "ffn_up_shexp.weight": (S, D),
-                b + "ffn_down_shexp.weight": (D, S)})
+        _ffn_files(files, cfg, L, split_experts)
     return files
+
+
+def _ffn_files(files: dict, cfg: ModelConfig, L: int, split_experts: bool) -> None:
+    """Layer L's router and experts; a leading dense layer's MLP is its "shared" expert."""
+    from engine.arch import spec
+    D, b = cfg.hidden_size, f"blk.{L}."
+    dense = L < cfg.dense_layers
+    if cfg.is_moe and not dense:
+        router = {b + "ffn_gate_inp.weight": (cfg.num_experts, D)}
+        if cfg.shared_expert_intermediate_size:
+            router[b + "ffn_gate_inp_shexp.weight"] = (D,)
+        if spec(cfg.architecture).router == "sigmoid_bias":  # the per-expert selection bias
+            router[b + "exp_probs_b.bias"] = (cfg.num_experts,)
+        files[f"router/layer_{L}.bin"] = router
+    F = cfg.intermediate_size
+    for e in range(0 if dense else cfg.num_experts):
+        files.setdefault(expert_file(L, e, split_experts), {}).update({
+            f"{b}ffn_gate.{e}.weight": (F, D), f"{b}ffn_up.{e}.weight": (F, D),
+            f"{b}ffn_down.{e}.weight": (D, F)})
+    S = cfg.dense_intermediate_size if dense else cfg.shared_expert_intermediate_size
+    if S:
+        files.setdefault(expert_file(L, "shared", split_experts), {}).update({
+            b + "ffn_gate_shexp.weight": (S, D), b + "ffn_up_shexp.weight": (S, D),
+            b + "ffn_down_shexp.weight": (D, S)})
 
 
 # --- manifest --------------------------------------------------------------------------------

@@ -33,12 +33,13 @@ class ExpertWeights:
 
 @dataclass(frozen=True)
 class LayerWeights:
-    """A decoder layer's resident weights (its routed experts live in the expert cache)."""
+    """A decoder layer's resident weights (its routed experts live in the expert cache). A
+    short_conv layer (LFM2) has conv_in/conv_w/conv_out instead of q/k/v/o."""
     attn_norm: np.ndarray
-    q: Matrix
-    k: Matrix
-    v: Matrix
-    o: Matrix
+    q: Matrix | None
+    k: Matrix | None
+    v: Matrix | None
+    o: Matrix | None
     ffn_norm: np.ndarray
     q_bias: np.ndarray | None = None
     k_bias: np.ndarray | None = None
@@ -48,3 +49,8 @@ class LayerWeights:
     router: Matrix | None = None
     shared_gate: np.ndarray | None = None  # Qwen2-MoE: sigmoid gate of the shared expert
     shared: ExpertWeights | None = None
+    dense: ExpertWeights | None = None  # a leading dense layer's MLP (no router: dense_layers)
+    expert_bias: np.ndarray | None = None  # sigmoid_bias router: added to the scores for selection only
+    conv_in: Matrix | None = None  # short_conv: x -> (B, C, x) rows
+    conv_w: np.ndarray | None = None  # short_conv: (channels, taps) float32
+    conv_out: Matrix | None = None

@@ -63,21 +63,36 @@ class ModelWeights:
         cfg, b = model.config, f"blk.{L}."
         at = self._open(model.path / f"attention/layer_{L}.bin")
         opt = lambda n: load_vector(at, b + n) if b + n in at else None  # noqa: E731
-        router = shared_gate = shared = None
-        if cfg.is_moe:
-            rt = self._open(model.path / f"router/layer_{L}.bin")
-            router = load_matrix(rt, b + "ffn_gate_inp.weight")
-            if cfg.shared_expert_intermediate_size:
-                shared_gate = load_vector(rt, b + "ffn_gate_inp_shexp.weight")
-                shared = self._resident(L, "shared")
         mat = lambda n: self._repacked(load_matrix(at, b + n), at)  # noqa: E731
+        dense = self._resident(L, "shared") if L < cfg.dense_layers else None
+        if cfg.layer_types and cfg.layer_types[L] == "short_conv":
+            rest = self._router(model, L) if cfg.is_moe and dense is None else {}
+            return LayerWeights(attn_norm=load_vector(at, b + "attn_norm.weight"), q=None, k=None, v=None, o=None,
+                                ffn_norm=load_vector(at, b + "ffn_norm.weight"), dense=dense,
+                                conv_in=mat("shortconv.in_proj.weight"), conv_out=mat("shortconv.out_proj.weight"),
+                                conv_w=np.ascontiguousarray(at.dequantize(b + "shortconv.conv.weight"), np.float32),
+                                **rest)
+        rest = self._router(model, L) if cfg.is_moe and dense is None else {}
         return LayerWeights(
             attn_norm=load_vector(at, b + "attn_norm.weight"), q=mat("attn_q.weight"),
             k=mat("attn_k.weight"), v=mat("attn_v.weight"),
             o=mat("attn_output.weight"), ffn_norm=load_vector(at, b + "ffn_norm.weight"),
             q_bias=opt("attn_q.bias"), k_bias=opt("attn_k.bias"), v_bias=opt("attn_v.bias"),
             q_norm=opt("attn_q_norm.weight"), k_norm=opt("attn_k_norm.weight"),
-            router=router, shared_gate=shared_gate, shared=shared)
+            dense=dense, **rest)
+
+    def _router(self, model: ModelDir, L: int) -> dict:
+        """Layer L's router matrix, a sigmoid_bias router's selection bias, and a gated shared
+        expert (Qwen2-MoE) with its gate, as LayerWeights fields."""
+        b = f"blk.{L}."
+        rt = self._open(model.path / f"router/layer_{L}.bin")
+        out = {"router": load_matrix(rt, b + "ffn_gate_inp.weight")}
+        if b + "exp_probs_b.bias" in rt:
+            out["expert_bias"] = load_vector(rt, b + "exp_probs_b.bias")
+        if model.config.shared_expert_intermediate_size:
+            out["shared_gate"] = load_vector(rt, b + "ffn_gate_inp_shexp.weight")
+            out["shared"] = self._resident(L, "shared")
+        return out
 
     def _repacked(self, m: Matrix, source: TensorFile) -> Matrix:
         """A q4/q8_0 attention or output matrix (a tied embedding table too) copied out of its

@@ -141,6 +141,8 @@ def config_from_hf(folder: Path) -> ModelConfig:
     experts = cfg.get("num_experts") or cfg.get("num_local_experts")  # names vary by version
     if moe and not experts:
         raise ConfigError(f"{path}: config.json has no 'num_experts' / 'num_local_experts'")
+    kinds = _layer_kinds(cfg, sp, path)
+    dense = int(cfg.get("num_dense_layers") or 0) if sp.dense_leading_layers else 0
     return ModelConfig(
         architecture=arch,
         vocab_size=int(_need(cfg, "vocab_size", path)),
@@ -155,7 +157,7 @@ def config_from_hf(folder: Path) -> ModelConfig:
         norm_topk_prob=bool(cfg.get(sp.renormalise_key, sp.renormalise) if sp.renormalise_key else sp.renormalise),
         shared_expert_intermediate_size=int(cfg.get("shared_expert_intermediate_size") or 0)
         if sp.shared_expert != "none" else 0,
-        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+        rms_norm_eps=float(cfg.get("rms_norm_eps", cfg.get("norm_eps", 1e-6))),
         rope_theta=theta,
         rope_scaling=scaling,
         max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
@@ -165,4 +167,29 @@ def config_from_hf(folder: Path) -> ModelConfig:
         cfg.get("use_sliding_window", True) else None,
         qk_norm=sp.qk_norm,
         clip_qkv=cfg.get("clip_qkv"),
+        layer_types=kinds,
+        dense_layers=dense,
+        dense_intermediate_size=int(_need(cfg, "intermediate_size", path)) if dense else 0,
+        conv_kernel=int(cfg.get("conv_L_cache") or 0) if kinds and "short_conv" in kinds else 0,
+        routed_scaling_factor=float(cfg.get("routed_scaling_factor") or 1.0),
     )
+
+
+# Hugging Face layer_types words -> engine.arch layer kinds
+_HF_KINDS = {"full_attention": "attention", "sliding_attention": "sliding_attention",
+             "linear_attention": "linear_attention", "conv": "short_conv"}
+
+
+def _layer_kinds(cfg: dict, sp, path: Path) -> tuple[str, ...] | None:
+    """Each layer's kind, for architectures whose layers are not all attention (None otherwise:
+    spec.layer_types derives them)."""
+    if set(sp.layer_kinds) <= {"attention", "sliding_attention"}:
+        return None
+    types = cfg.get("layer_types")
+    if not isinstance(types, list) or len(types) != cfg.get("num_hidden_layers"):
+        raise ConfigError(f"{path}: config.json layer_types must list one kind per layer")
+    bad = sorted({t for t in types if _HF_KINDS.get(t) not in sp.layer_kinds})
+    if bad:
+        raise ConfigError(f"{path}: config.json layer_types {bad} are not layer kinds of {sp.name} "
+                          f"({', '.join(sp.layer_kinds)})")
+    return tuple(_HF_KINDS[t] for t in types)

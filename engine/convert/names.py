@@ -16,6 +16,7 @@ ALL = frozenset({"dense", "mixtral", "qwen_moe", "olmoe"})
 DENSE, MIXTRAL = frozenset({"dense"}), frozenset({"mixtral"})
 QWEN_MOE, OLMOE = frozenset({"qwen_moe"}), frozenset({"olmoe"})
 MLP_EXPERTS = QWEN_MOE | OLMOE
+LFM2 = frozenset({"lfm2"})
 
 HF_FAMILY = {s.name: s.family for s in SPECS.values()}  # architecture -> its table's family (engine.arch)
 
@@ -55,6 +56,33 @@ HF_NAMES: list[tuple[str, tuple[str, ...], frozenset[str]]] = [
     ("blk.{L}.ffn_gate_shexp.weight",    (f"{_L}.mlp.shared_expert.gate_proj.weight",),             QWEN_MOE),
     ("blk.{L}.ffn_up_shexp.weight",      (f"{_L}.mlp.shared_expert.up_proj.weight",),               QWEN_MOE),
     ("blk.{L}.ffn_down_shexp.weight",    (f"{_L}.mlp.shared_expert.down_proj.weight",),             QWEN_MOE),
+    # LFM2-MoE: the final norm is model.embedding_norm (applied after the last layer); tied output;
+    # a leading dense layer's MLP (feed_forward.w1/w3/w2) is stored as its shared expert
+    ("token_embd.weight",                ("model.embed_tokens.weight",),                            LFM2),
+    ("output_norm.weight",               ("model.embedding_norm.weight",),                          LFM2),
+    ("output.weight",                    ("lm_head.weight",),                                       LFM2),
+    ("blk.{L}.attn_norm.weight",         (f"{_L}.operator_norm.weight",),                           LFM2),
+    ("blk.{L}.ffn_norm.weight",          (f"{_L}.ffn_norm.weight",),                                LFM2),
+    ("blk.{L}.attn_q.weight",            (f"{_L}.self_attn.q_proj.weight",),                        LFM2),
+    ("blk.{L}.attn_k.weight",            (f"{_L}.self_attn.k_proj.weight",),                        LFM2),
+    ("blk.{L}.attn_v.weight",            (f"{_L}.self_attn.v_proj.weight",),                        LFM2),
+    ("blk.{L}.attn_output.weight",       (f"{_L}.self_attn.out_proj.weight",),                      LFM2),
+    ("blk.{L}.attn_q_norm.weight",       (f"{_L}.self_attn.q_layernorm.weight",),                   LFM2),
+    ("blk.{L}.attn_k_norm.weight",       (f"{_L}.self_attn.k_layernorm.weight",),                   LFM2),
+    ("blk.{L}.shortconv.in_proj.weight", (f"{_L}.conv.in_proj.weight",),                            LFM2),
+    ("blk.{L}.shortconv.conv.weight",    (f"{_L}.conv.conv.weight",),                               LFM2),
+    ("blk.{L}.shortconv.out_proj.weight", (f"{_L}.conv.out_proj.weight",),                          LFM2),
+    ("blk.{L}.ffn_gate_shexp.weight",    (f"{_L}.feed_forward.w1.weight",),                         LFM2),
+    ("blk.{L}.ffn_up_shexp.weight",      (f"{_L}.feed_forward.w3.weight",),                         LFM2),
+    ("blk.{L}.ffn_down_shexp.weight",    (f"{_L}.feed_forward.w2.weight",),                         LFM2),
+    ("blk.{L}.ffn_gate_inp.weight",      (f"{_L}.feed_forward.gate.weight",),                       LFM2),
+    ("blk.{L}.exp_probs_b.bias",         (f"{_L}.feed_forward.expert_bias",),                       LFM2),
+    ("blk.{L}.ffn_gate.{E}.weight",      (f"{_L}.feed_forward.experts.{{E}}.w1.weight",
+                                          f"{_L}.feed_forward.experts.gate_up_proj[{{E}}]#0/2"),    LFM2),
+    ("blk.{L}.ffn_up.{E}.weight",        (f"{_L}.feed_forward.experts.{{E}}.w3.weight",
+                                          f"{_L}.feed_forward.experts.gate_up_proj[{{E}}]#1/2"),    LFM2),
+    ("blk.{L}.ffn_down.{E}.weight",      (f"{_L}.feed_forward.experts.{{E}}.w2.weight",
+                                          f"{_L}.feed_forward.experts.down_proj[{{E}}]"),           LFM2),
 ]
 # Present in some checkpoints, derived by the engine: consumed without being stored.
 HF_IGNORED = (re.compile(r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq"),)
@@ -63,7 +91,7 @@ _B = "blk.{L}"
 # internal name                          GGUF name(s): stacked experts first, old per-expert second
 GGUF_NAMES: list[tuple[str, tuple[str, ...]]] = [
     ("token_embd.weight",                ("token_embd.weight",)),
-    ("output_norm.weight",               ("output_norm.weight",)),
+    ("output_norm.weight",               ("output_norm.weight", "token_embd_norm.weight")),  # (the second: LFM2)
     ("output.weight",                    ("output.weight",)),
     ("rope_freqs.weight",                ("rope_freqs.weight",)),
     ("blk.{L}.attn_norm.weight",         (f"{_B}.attn_norm.weight",)),
@@ -82,9 +110,14 @@ GGUF_NAMES: list[tuple[str, tuple[str, ...]]] = [
     ("blk.{L}.ffn_up.{E}.weight",        (f"{_B}.ffn_up_exps.weight[{{E}}]", f"{_B}.ffn_up.{{E}}.weight")),
     ("blk.{L}.ffn_down.{E}.weight",      (f"{_B}.ffn_down_exps.weight[{{E}}]", f"{_B}.ffn_down.{{E}}.weight")),
     ("blk.{L}.ffn_gate_inp_shexp.weight", (f"{_B}.ffn_gate_inp_shexp.weight",)),
-    ("blk.{L}.ffn_gate_shexp.weight",    (f"{_B}.ffn_gate_shexp.weight",)),
-    ("blk.{L}.ffn_up_shexp.weight",      (f"{_B}.ffn_up_shexp.weight",)),
-    ("blk.{L}.ffn_down_shexp.weight",    (f"{_B}.ffn_down_shexp.weight",)),
+    # a shared expert, or (second) a leading dense layer's MLP in an MoE model (LFM2-MoE)
+    ("blk.{L}.ffn_gate_shexp.weight",    (f"{_B}.ffn_gate_shexp.weight", f"{_B}.ffn_gate.weight")),
+    ("blk.{L}.ffn_up_shexp.weight",      (f"{_B}.ffn_up_shexp.weight", f"{_B}.ffn_up.weight")),
+    ("blk.{L}.ffn_down_shexp.weight",    (f"{_B}.ffn_down_shexp.weight", f"{_B}.ffn_down.weight")),
+    ("blk.{L}.exp_probs_b.bias",         (f"{_B}.exp_probs_b.bias",)),
+    ("blk.{L}.shortconv.in_proj.weight", (f"{_B}.shortconv.in_proj.weight",)),
+    ("blk.{L}.shortconv.conv.weight",    (f"{_B}.shortconv.conv.weight",)),
+    ("blk.{L}.shortconv.out_proj.weight", (f"{_B}.shortconv.out_proj.weight",)),
 ]
 # A dense GGUF model's MLP is our expert 0.
 GGUF_DENSE_MLP = {"blk.{L}.ffn_gate.0.weight": f"{_B}.ffn_gate.weight",

@@ -25,6 +25,8 @@ from engine.kvcache import KVCache
 from engine.mempool import Arena
 from engine.model_dir import ModelConfig
 from engine.models.fused import FusedDecode
+from engine.ops import cache as states
+from engine.ops import conv, ffn
 from engine.timing import Kernels, OpTimer
 from engine.weight_types import ExpertWeights, LayerWeights, Matrix
 
@@ -157,12 +159,16 @@ class Transformer:
         self.scale = np.float32(1.0 / math.sqrt(hd))
         self.arena = Arena(weights.pool)  # activation buffers, reused by every pass
         self.renormalise = self.spec.renormalises(cfg)
+        self.kinds = self.spec.layer_types(cfg)
+        self.recurrent = any(k == "short_conv" for k in self.kinds)  # the cache carries per-layer states
         why = FusedDecode.refusal(self)
         self.fused = FusedDecode(self) if why is None else None
         self.fused_refusal = why  # why a decoded token runs layer by layer (None: it need not)
 
     # --- the feed-forward block, as the spec says ---------------------------------------------
     def ffn(self, L: int, h: np.ndarray, lw: LayerWeights, step: Step) -> np.ndarray:
+        if lw.dense is not None:  # a leading dense layer of an MoE (spec.dense_leading_layers)
+            return expert_mlp(h, lw.dense, step)
         if not self.cfg.is_moe:  # a dense MLP is the model directory's expert 0
             with self.w.experts.use(L, 0) as e:
                 return expert_mlp(h, e, step)
@@ -172,8 +178,12 @@ class Transformer:
             out += gate[:, None].astype(np.float32) * expert_mlp(h, lw.shared, step)
         return out
 
-    def route(self, logits: np.ndarray, step: Step) -> tuple[np.ndarray, np.ndarray]:
-        """(T, E) router logits -> (T, k) weights and expert ids (spec.router "softmax_topk")."""
+    def route(self, logits: np.ndarray, lw: LayerWeights, step: Step) -> tuple[np.ndarray, np.ndarray]:
+        """(T, E) router logits -> (T, k) weights and expert ids, by spec.router."""
+        if self.spec.router == "sigmoid_bias":  # E <= 256 per token: numpy
+            ids, weights = ffn.pick_sigmoid_bias(logits, lw.expert_bias, self.cfg.top_k, self.renormalise,
+                                                 self.cfg.routed_scaling_factor)
+            return weights, ids.astype(np.int64)
         return softmax_top_k(logits, self.cfg.top_k, self.renormalise, step)
 
     def sparse_moe(self, L: int, h: np.ndarray, lw: LayerWeights, step: Step) -> np.ndarray:
@@ -181,7 +191,7 @@ class Transformer:
         loaded and read once per layer, however many tokens chose it."""
         cache = self.w.experts
         logits = linear(h, lw.router, step)
-        weights, ids = self.route(logits, step)
+        weights, ids = self.route(logits, lw, step)
         cache.record(L, ids)
         if h.shape[0] <= PREFETCH_MAX_TOKENS:
             self.prefetch(L, h, logits, step)
@@ -241,7 +251,24 @@ class Transformer:
         ranked = np.argsort(-logits, axis=-1)
         cache.prefetch(L, np.unique(ranked[:, k:k + 1]), spare_only=True)
 
-    # --- attention ----------------------------------------------------------------------------
+    # --- the token mixers ----------------------------------------------------------------------
+    def new_states(self) -> list:
+        """A sequence's fixed-size per-layer states (None for attention layers: the KV cache)."""
+        D = self.cfg.hidden_size
+        return [states.ConvState(self.cfg.conv_kernel, D) if k == "short_conv" else None for k in self.kinds]
+
+    def short_conv(self, L: int, h: np.ndarray, lw: LayerWeights, step: Step) -> np.ndarray:
+        """LFM2: B, C, x = in_proj h; y = C * causal_conv(B * x) over the carried tail; out_proj y."""
+        D, T = self.cfg.hidden_size, h.shape[0]
+        bcx = linear(h, lw.conv_in, step)
+        bx = np.ascontiguousarray(bcx[:, :D] * bcx[:, 2 * D:])
+        y = step.empty((T, D))
+        conv.causal_conv(bx, lw.conv_w, step.cache.states[L].x, False, y)
+        y *= bcx[:, D:2 * D]
+        if step.dump is not None:
+            step.dump[f"blk.{L}.attn_out"] = y.copy()
+        return linear(y, lw.conv_out, step)
+
     def attention(self, L: int, h: np.ndarray, lw: LayerWeights, step: Step) -> np.ndarray:
         cfg, T = self.cfg, h.shape[0]
         H, KV, hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
@@ -287,6 +314,10 @@ class Transformer:
         """
         cfg, T, arena = self.cfg, len(ids), self.arena
         arena.reset()
+        if self.recurrent and (cache.states is None or pos0 == 0):
+            cache.states = self.new_states()
+        elif self.recurrent and pos0 != cache.length:
+            raise ValueError(f"a recurrent model's cache holds {cache.length} positions; cannot run from {pos0}")
         cos, sin = self.rotary(np.arange(pos0, pos0 + T))
         step = Step(cache, pos0, cos, sin, dump, arena, self.gpu, self.exact, before_layer if T > 1 else None,
                     self.timer)
@@ -295,17 +326,23 @@ class Transformer:
         if dump is not None:
             dump["token_embd"] = x.copy()
         fused = T == 1 and self.takes_fused(step) and self.fused.run(x, step)
-        for L, lw in enumerate(self.w.layers if not fused else ()):
-            if step.before_layer is not None:
-                step.before_layer(L)
-            mark = arena.mark()
-            x += self.attention(L, rmsnorm(x, lw.attn_norm, cfg.rms_norm_eps, step), lw, step)
-            f = self.ffn(L, rmsnorm(x, lw.ffn_norm, cfg.rms_norm_eps, step), lw, step)
-            x += f
-            if dump is not None:
-                dump[f"blk.{L}.ffn_out"] = f.copy()
-                dump[f"blk.{L}.out"] = x.copy()
-            arena.release(mark)  # the layer's buffers are dead: the next layer reuses them
+        try:
+            for L, lw in enumerate(self.w.layers if not fused else ()):
+                if step.before_layer is not None:
+                    step.before_layer(L)
+                mark = arena.mark()
+                mixer = self.short_conv if self.kinds[L] == "short_conv" else self.attention
+                x += mixer(L, rmsnorm(x, lw.attn_norm, cfg.rms_norm_eps, step), lw, step)
+                f = self.ffn(L, rmsnorm(x, lw.ffn_norm, cfg.rms_norm_eps, step), lw, step)
+                x += f
+                if dump is not None:
+                    dump[f"blk.{L}.ffn_out"] = f.copy()
+                    dump[f"blk.{L}.out"] = x.copy()
+                arena.release(mark)  # the layer's buffers are dead: the next layer reuses them
+        except BaseException:
+            if self.recurrent:  # states half-advanced (a Stop mid-prompt): the sequence restarts
+                cache.states, cache.length = None, 0
+            raise
         cache.length = pos0 + T
         h = rmsnorm(x if all_logits else x[-1:], self.w.output_norm, cfg.rms_norm_eps, step)
         logits = linear(h, self.w.output, step)

@@ -63,12 +63,20 @@ def route_sigmoid_bias(x: np.ndarray, w: np.ndarray, bias: np.ndarray, k: int, r
                        scaling: float = 1.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """lfm2: chosen by sigmoid(logits) + bias; weights are the sigmoids (+1e-6 renormalised) * scaling."""
     logits = (x @ w.T).astype(np.float32)
+    ids, weights = pick_sigmoid_bias(logits, bias, k, renormalise, scaling)
+    return logits, ids, weights
+
+
+def pick_sigmoid_bias(logits: np.ndarray, bias: np.ndarray, k: int, renormalise: bool = True,
+                      scaling: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+    """(T, E) router logits -> ids (T, k) chosen by sigmoid + bias, weights (T, k) from the
+    unbiased sigmoids (renormalised with +1e-6 as transformers does, times scaling)."""
     s = 1 / (1 + np.exp(-logits.astype(np.float64)))
     ids = _topk(s + bias, k)
     top = np.take_along_axis(s, ids, -1)
     if renormalise:
         top = top / (top.sum(-1, keepdims=True) + 1e-6)
-    return logits, ids, (top * scaling).astype(np.float32)
+    return ids, (top * scaling).astype(np.float32)
 
 
 def route_gemma4(x: np.ndarray, proj: np.ndarray, scale: np.ndarray, per_expert_scale: np.ndarray, k: int,
