@@ -26,7 +26,8 @@ LIMITS = {"block_count": (1, 4096), "embedding_length": (1, 1 << 20), "attention
           "attention.head_count_kv": (1, 4096), "attention.key_length": (1, 1 << 16),
           "feed_forward_length": (1, 1 << 22), "expert_feed_forward_length": (1, 1 << 22),
           "expert_shared_feed_forward_length": (0, 1 << 22), "expert_count": (0, 1 << 16),
-          "expert_used_count": (1, 1 << 16), "vocab_size": (1, 1 << 24), "context_length": (1, 1 << 24)}
+          "expert_used_count": (1, 1 << 16), "vocab_size": (1, 1 << 24), "context_length": (1, 1 << 24),
+          "leading_dense_block_count": (0, 4096), "shortconv.l_cache": (2, 64)}
 
 
 def unpermute_order(n_head: int, rows: int) -> np.ndarray:
@@ -227,7 +228,7 @@ class GGUFModel:
         arch = sp.name
         hidden = self._int("embedding_length", required=True)
         heads = self._int("attention.head_count", required=True)
-        kv_heads = self._int("attention.head_count_kv", heads)
+        kv_heads, kinds = self._kv_heads(sp, heads)
         if heads % kv_heads:
             raise ConfigError(f"{self.path}: GGUF metadata {garch}.attention.head_count = {heads} is not a multiple "
                               f"of {garch}.attention.head_count_kv = {kv_heads}")
@@ -236,6 +237,7 @@ class GGUFModel:
         ff_key = "expert_feed_forward_length" if moe and self._get("expert_feed_forward_length") else \
             "feed_forward_length"
         tokens = self.fields.get("tokenizer.ggml.tokens") or []
+        dense = self._int("leading_dense_block_count", 0) if sp.dense_leading_layers else 0
         scaling = None
         kind = self._get("rope.scaling.type")
         if kind and kind != "none":
@@ -265,7 +267,25 @@ class GGUFModel:
             tie_word_embeddings="output.weight" not in self.tensors,
             attention_bias="blk.0.attn_q.bias" in self.tensors,
             qk_norm=sp.qk_norm,
+            layer_types=kinds,
+            dense_layers=dense,
+            dense_intermediate_size=self._int("feed_forward_length", required=True) if dense else 0,
+            conv_kernel=self._int("shortconv.l_cache", required=True) if kinds and "short_conv" in kinds else 0,
         )
+
+    def _kv_heads(self, sp, heads: int) -> tuple[int, tuple[str, ...] | None]:
+        """KV heads, and each layer's kind where head_count_kv is a per-layer list (LFM2: 0
+        marks a short-conv layer)."""
+        value = self._get("attention.head_count_kv", heads)
+        if not isinstance(value, list):
+            return self._int("attention.head_count_kv", heads), None
+        arch = self.fields.get("general.architecture")
+        per = [int(v) for v in value]
+        used = sorted({v for v in per if v})
+        if len(per) != self._int("block_count", required=True) or len(used) != 1 or "short_conv" not in sp.layer_kinds:
+            raise ConfigError(f"{self.path}: GGUF metadata {arch}.attention.head_count_kv = {per} is not one "
+                              f"KV head count per layer (0 for a short-conv layer) that this engine runs")
+        return used[0], tuple("attention" if v else "short_conv" for v in per)
 
     def source_tensor(self, name: str, cfg: ModelConfig) -> SourceTensor:
         """A GGUF tensor in Hugging Face row order (undoes llama.cpp's q/k permutation)."""
