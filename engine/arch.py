@@ -47,7 +47,7 @@ NormPlace = Literal["pre", "sandwich"]
 # Rope variants (cfg.rope_scaling["type"], or "default" when it is None).
 Rope = Literal["default", "linear", "llama3", "yarn"]
 # Tensor-name families of engine.convert.names (one Hugging Face table per family).
-Family = Literal["dense", "mixtral", "qwen_moe", "olmoe", "lfm2"]
+Family = Literal["dense", "mixtral", "qwen_moe", "olmoe", "lfm2", "gpt_oss"]
 
 FEATURES = ("attention", "sliding_attention", "linear_attention", "short_conv", "router:softmax_topk",
             "router:topk_softmax", "router:sigmoid_bias", "shared_expert:plain", "shared_expert:sigmoid_gate",
@@ -61,7 +61,8 @@ FEATURES = ("attention", "sliding_attention", "linear_attention", "short_conv", 
 # "default" with rope_freq_factors.)
 IMPLEMENTED = frozenset({"attention", "sliding_attention", "router:softmax_topk", "shared_expert:sigmoid_gate",
                          "qk_norm:head", "qk_norm:full", "qkv_bias", "rope:default", "rope:linear", "clip_qkv",
-                         "short_conv", "router:sigmoid_bias", "dense_leading_layers"})
+                         "short_conv", "router:sigmoid_bias", "dense_leading_layers", "router:topk_softmax",
+                         "o_bias", "expert_bias", "attention_sinks", "swiglu_clamp", "rope:yarn"})
 
 
 class UnsupportedFeatureError(ModelFormatError, NotImplementedError):
@@ -80,6 +81,7 @@ class ArchSpec:
     family: Family  # which Hugging Face tensor-name table (engine.convert.names)
     # --- decoder layers ---
     layer_kinds: tuple[LayerKind, ...] = ("attention", "sliding_attention")  # kinds it may use
+    layer_types_key: str | None = None  # HF config key listing each layer's kind (None: all one kind)
     norm_weight: NormWeight = "weight"
     norm_place: NormPlace = "pre"
     qk_norm: QKNorm = "none"
@@ -166,8 +168,13 @@ SPECS: dict[str, ArchSpec] = {s.name: s for s in (
     ArchSpec("olmoe", ("OlmoeForCausalLM",), "olmoe", "olmoe", moe=True, qk_norm="full",
              qkv_bias_key="attention_bias"),
     ArchSpec("lfm2_moe", ("Lfm2MoeForCausalLM",), "lfm2moe", "lfm2", layer_kinds=("short_conv", "attention"),
+             layer_types_key="layer_types",
              qk_norm="head", moe=True, router="sigmoid_bias", renormalise=True, gguf_renormalise=True,
              dense_leading_layers=True, hf_ff_key="moe_intermediate_size"),
+    ArchSpec("gpt_oss", ("GptOssForCausalLM",), "gpt-oss", "gpt_oss", layer_types_key="layer_types", qkv_bias=True,
+             qkv_bias_key="attention_bias", o_bias=True, attention_sinks=True, rope=("default", "yarn"), moe=True,
+             router="topk_softmax", renormalise=True, renormalise_key=None, gguf_renormalise=True, expert_bias=True,
+             swiglu_clamp=True),
 )}
 ARCHITECTURES = tuple(SPECS)
 HF_CLASSES = {c: s for s in SPECS.values() for c in s.hf_classes}  # Hugging Face class -> spec

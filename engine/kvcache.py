@@ -62,15 +62,27 @@ class KVCache:
 
     @property
     def nbytes_used(self) -> int:
-        per_pos = self.k[0, 0].nbytes * 2 * self.k.shape[0]
+        layers = self.k.shape[0] if self.states is None else sum(s is None for s in self.states)  # in the block
+        per_pos = self.k[0, 0].nbytes * 2 * layers
         if self.kind == "int8":
-            per_pos += self.k_scale[0, 0].nbytes * 2 * self.k.shape[0]
+            per_pos += self.k_scale[0, 0].nbytes * 2 * layers
         return per_pos * self.length + self.state_bytes
 
     @property
     def state_bytes(self) -> int:
-        """Bytes of the recurrent states: fixed, whatever the context length."""
-        return sum(s.nbytes for s in self.states or () if s is not None)
+        """Bytes the per-layer states hold: fixed for rings and recurrent states, the filled
+        positions of a per-layer full KV cache."""
+        total = 0
+        for s in self.states or ():
+            if s is not None:
+                n = getattr(s, "length", None)  # engine.ops.cache.FullKV grows with the context
+                total += s.nbytes if n is None else (s.k[:n].nbytes + s.v[:n].nbytes + s.pos[:n].nbytes)
+        return total
+
+    @property
+    def fixed_state_bytes(self) -> int:
+        """Bytes of the states that do not grow with the context (rings, conv tails, DeltaNet)."""
+        return sum(s.nbytes for s in self.states or () if s is not None and not hasattr(s, "length"))
 
     def write(self, layer: int, pos0: int, k: np.ndarray, v: np.ndarray) -> None:
         """Store k, v (T, kv_heads, head_dim) at positions pos0..pos0+T-1."""

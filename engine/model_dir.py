@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from engine import tensorfile
+from engine.arch import spec
 from engine.errors import (BadHeaderError, ChecksumMismatchError, MissingFileError,
                            ModelFormatError, NewerFormatError, SizeMismatchError)
 
@@ -64,6 +65,8 @@ class ModelConfig:
     dense_intermediate_size: int = 0  # those MLPs' width
     conv_kernel: int = 0  # short_conv layers: the causal conv's taps (LFM2 conv_L_cache)
     routed_scaling_factor: float = 1.0  # router weights multiplied by this (sigmoid_bias)
+    swiglu_alpha: float = 1.702  # clamped SwiGLU (spec.swiglu_clamp, gpt-oss): (up + 1) * g * sigmoid(alpha g)
+    swiglu_limit: float = 7.0  # ... with g <= limit and -limit <= up <= limit
 
     @property
     def is_moe(self) -> bool:
@@ -116,6 +119,11 @@ def expected_tensors(cfg: ModelConfig, split_experts: bool = True) -> dict[str, 
                b + "attn_v.weight": (kv, D), b + "attn_output.weight": (D, q)}
         if cfg.attention_bias:
             att |= {b + "attn_q.bias": (q,), b + "attn_k.bias": (kv,), b + "attn_v.bias": (kv,)}
+        sp = spec(cfg.architecture)
+        if sp.o_bias:
+            att[b + "attn_output.bias"] = (D,)
+        if sp.attention_sinks:
+            att[b + "attn_sinks.weight"] = (cfg.num_heads,)
         if cfg.qk_norm != "none":
             head = cfg.qk_norm == "head"
             att |= {b + "attn_q_norm.weight": (hd if head else q,), b + "attn_k_norm.weight": (hd if head else kv,)}
@@ -127,15 +135,21 @@ def expected_tensors(cfg: ModelConfig, split_experts: bool = True) -> dict[str, 
 
 def _ffn_files(files: dict, cfg: ModelConfig, L: int, split_experts: bool) -> None:
     """Layer L's router and experts; a leading dense layer's MLP is its "shared" expert."""
-    from engine.arch import spec
     D, b = cfg.hidden_size, f"blk.{L}."
     dense = L < cfg.dense_layers
     if cfg.is_moe and not dense:
         router = {b + "ffn_gate_inp.weight": (cfg.num_experts, D)}
         if cfg.shared_expert_intermediate_size:
             router[b + "ffn_gate_inp_shexp.weight"] = (D,)
-        if spec(cfg.architecture).router == "sigmoid_bias":  # the per-expert selection bias
+        sp = spec(cfg.architecture)
+        if sp.router == "sigmoid_bias":  # the per-expert selection bias
             router[b + "exp_probs_b.bias"] = (cfg.num_experts,)
+        if sp.router == "topk_softmax":  # gpt-oss: a biased router
+            router[b + "ffn_gate_inp.bias"] = (cfg.num_experts,)
+        if sp.expert_bias:  # the experts' biases, resident beside the router (they are small)
+            E, F = cfg.num_experts, cfg.intermediate_size
+            router |= {b + "ffn_gate_exps.bias": (E, F), b + "ffn_up_exps.bias": (E, F),
+                       b + "ffn_down_exps.bias": (E, D)}
         files[f"router/layer_{L}.bin"] = router
     F = cfg.intermediate_size
     for e in range(0 if dense else cfg.num_experts):

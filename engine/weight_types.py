@@ -54,3 +54,7 @@ class LayerWeights:
     conv_in: Matrix | None = None  # short_conv: x -> (B, C, x) rows
     conv_w: np.ndarray | None = None  # short_conv: (channels, taps) float32
     conv_out: Matrix | None = None
+    o_bias: np.ndarray | None = None  # gpt-oss: the output projection's bias
+    sinks: np.ndarray | None = None  # gpt-oss: (heads,) a logit in each head's softmax denominator
+    router_bias: np.ndarray | None = None  # gpt-oss: added to the router logits
+    expert_biases: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # gpt-oss: (E, F), (E, F), (E, D)

@@ -79,7 +79,7 @@ class ModelWeights:
             o=mat("attn_output.weight"), ffn_norm=load_vector(at, b + "ffn_norm.weight"),
             q_bias=opt("attn_q.bias"), k_bias=opt("attn_k.bias"), v_bias=opt("attn_v.bias"),
             q_norm=opt("attn_q_norm.weight"), k_norm=opt("attn_k_norm.weight"),
-            dense=dense, **rest)
+            o_bias=opt("attn_output.bias"), sinks=opt("attn_sinks.weight"), dense=dense, **rest)
 
     def _router(self, model: ModelDir, L: int) -> dict:
         """Layer L's router matrix, a sigmoid_bias router's selection bias, and a gated shared
@@ -89,6 +89,12 @@ class ModelWeights:
         out = {"router": load_matrix(rt, b + "ffn_gate_inp.weight")}
         if b + "exp_probs_b.bias" in rt:
             out["expert_bias"] = load_vector(rt, b + "exp_probs_b.bias")
+        if b + "ffn_gate_inp.bias" in rt:
+            out["router_bias"] = load_vector(rt, b + "ffn_gate_inp.bias")
+        if b + "ffn_gate_exps.bias" in rt:
+            E = model.config.num_experts
+            out["expert_biases"] = tuple(load_vector(rt, f"{b}ffn_{p}_exps.bias").reshape(E, -1)
+                                         for p in ("gate", "up", "down"))
         if model.config.shared_expert_intermediate_size:
             out["shared_gate"] = load_vector(rt, b + "ffn_gate_inp_shexp.weight")
             out["shared"] = self._resident(L, "shared")

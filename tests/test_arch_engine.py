@@ -15,7 +15,7 @@ from engine.convert.convert import convert
 from engine.kvcache import KVCache
 
 GGUFS = Path(__file__).resolve().parent / "fixtures" / "arch_llamacpp"
-WIRED = ["lfm2_moe"]  # the architectures the Engine runs end to end (the rest: engine.arch refuses them)
+WIRED = ["lfm2_moe", "gpt_oss"]  # the architectures the Engine runs end to end (the rest: engine.arch refuses them)
 
 
 @pytest.fixture(scope="module")
@@ -70,8 +70,8 @@ def test_llamacpp_gguf_agrees_with_llamacpp(engines, arch):
 
 @pytest.mark.parametrize("arch", WIRED)
 def test_long_conversation_token_by_token(engines, arch):
-    """The 4x-window sequence a token at a time equals the one-pass logits, and the recurrent
-    states stay the same size however long the conversation."""
+    """The 4x-window sequence a token at a time equals the one-pass logits, and the rings and
+    recurrent states stay the same size however long the conversation."""
     ids = np.load(ARCH_FIXTURES / arch / "long.npz")["input_ids"]
     e = engines(arch, "hf")
     whole = e.logits(ids.tolist())
@@ -81,7 +81,7 @@ def test_long_conversation_token_by_token(engines, arch):
     for p, t in enumerate(ids):
         step = e.net.forward(np.array([t]), cache, p)
         np.testing.assert_allclose(step[0], whole[p], atol=1e-5 * np.abs(whole).max())
-        sizes.append(cache.state_bytes)
+        sizes.append(cache.fixed_state_bytes)
     assert cache.length == len(ids) and len(set(sizes)) == 1 and sizes[0] > 0
 
 

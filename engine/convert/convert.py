@@ -25,7 +25,7 @@ import numpy as np
 from engine import quant
 from engine.convert import hf as hf_src
 from engine.convert.gguf_file import GGUFModel
-from engine.convert.names import HF_FAMILY, gguf_names, hf_names, split_slice
+from engine.convert.names import HF_FAMILY, gguf_names, hf_names, split_slice, split_transforms
 from engine.convert.source import SourceTensor
 from engine.convert.tokenizer_import import TokenizerBundle, from_hf_folder
 from engine.errors import (ConfigError, ConversionCancelled, ConversionError, DiskSpaceError,
@@ -117,11 +117,14 @@ def _hf_generation(folder: Path) -> dict:
 def _lookup(tensors: dict[str, SourceTensor], candidates: Iterable[str],
             consumed: set[str]) -> SourceTensor | None:
     for cand in candidates:
-        base, index, part = split_slice(cand)
+        sliced, cols, transpose = split_transforms(cand)
+        base, index, part = split_slice(sliced)
         if base in tensors:
             consumed.add(base)
             t = tensors[base] if index is None else tensors[base].expert(index)
-            return t if part is None else t.row_part(*part)
+            t = t if part is None else t.row_part(*part)
+            t = t if cols is None else t.columns(*cols)
+            return t.transposed() if transpose else t
     return None
 
 

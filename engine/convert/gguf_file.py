@@ -238,6 +238,11 @@ class GGUFModel:
             "feed_forward_length"
         tokens = self.fields.get("tokenizer.ggml.tokens") or []
         dense = self._int("leading_dense_block_count", 0) if sp.dense_leading_layers else 0
+        window = self._get("attention.sliding_window")
+        if sp.attention_sinks and window:  # gpt-oss (llama.cpp fixes it in code): even layers slide, from 0
+            n = self._int("block_count", required=True)
+            kinds = tuple("sliding_attention" if i % 2 == 0 else "attention" for i in range(n))
+        window = int(window) if window and kinds and "sliding_attention" in kinds else None
         scaling = None
         kind = self._get("rope.scaling.type")
         if kind and kind != "none":
@@ -245,6 +250,10 @@ class GGUFModel:
                 raise ConfigError(f"{self.path}: rope scaling {kind!r} is not supported (linear, yarn)")
             scaling = {"type": kind, "factor": self._positive("rope.scaling.factor", 1.0),
                        "original_max_position_embeddings": self._get("rope.scaling.original_context_length")}
+            if kind == "yarn":  # (not in the file: gpt-oss's Hugging Face config says truncate false)
+                scaling |= {"beta_fast": self._positive("rope.scaling.yarn_beta_fast", 32.0),
+                            "beta_slow": self._positive("rope.scaling.yarn_beta_slow", 1.0),
+                            "truncate": not sp.attention_sinks}
         return ModelConfig(
             architecture=arch,
             vocab_size=self._int("vocab_size", len(tokens)) or len(tokens),
@@ -268,6 +277,7 @@ class GGUFModel:
             attention_bias="blk.0.attn_q.bias" in self.tensors,
             qk_norm=sp.qk_norm,
             layer_types=kinds,
+            sliding_window=window,
             dense_layers=dense,
             dense_intermediate_size=self._int("feed_forward_length", required=True) if dense else 0,
             conv_kernel=self._int("shortconv.l_cache", required=True) if kinds and "short_conv" in kinds else 0,

@@ -172,6 +172,8 @@ def config_from_hf(folder: Path) -> ModelConfig:
         dense_intermediate_size=int(_need(cfg, "intermediate_size", path)) if dense else 0,
         conv_kernel=int(cfg.get("conv_L_cache") or 0) if kinds and "short_conv" in kinds else 0,
         routed_scaling_factor=float(cfg.get("routed_scaling_factor") or 1.0),
+        swiglu_alpha=float(cfg.get("swiglu_alpha", 1.702)),
+        swiglu_limit=float(cfg.get("swiglu_limit", 7.0)),
     )
 
 
@@ -183,9 +185,9 @@ _HF_KINDS = {"full_attention": "attention", "sliding_attention": "sliding_attent
 def _layer_kinds(cfg: dict, sp, path: Path) -> tuple[str, ...] | None:
     """Each layer's kind, for architectures whose layers are not all attention (None otherwise:
     spec.layer_types derives them)."""
-    if set(sp.layer_kinds) <= {"attention", "sliding_attention"}:
+    if sp.layer_types_key is None:
         return None
-    types = cfg.get("layer_types")
+    types = cfg.get(sp.layer_types_key)
     if not isinstance(types, list) or len(types) != cfg.get("num_hidden_layers"):
         raise ConfigError(f"{path}: config.json layer_types must list one kind per layer")
     bad = sorted({t for t in types if _HF_KINDS.get(t) not in sp.layer_kinds})

@@ -12,11 +12,11 @@ import re
 
 from engine.arch import SPECS
 
-ALL = frozenset({"dense", "mixtral", "qwen_moe", "olmoe"})
+ALL = frozenset({"dense", "mixtral", "qwen_moe", "olmoe", "gpt_oss"})
 DENSE, MIXTRAL = frozenset({"dense"}), frozenset({"mixtral"})
 QWEN_MOE, OLMOE = frozenset({"qwen_moe"}), frozenset({"olmoe"})
 MLP_EXPERTS = QWEN_MOE | OLMOE
-LFM2 = frozenset({"lfm2"})
+LFM2, GPT_OSS = frozenset({"lfm2"}), frozenset({"gpt_oss"})
 
 HF_FAMILY = {s.name: s.family for s in SPECS.values()}  # architecture -> its table's family (engine.arch)
 
@@ -41,6 +41,18 @@ HF_NAMES: list[tuple[str, tuple[str, ...], frozenset[str]]] = [
     ("blk.{L}.attn_q_norm.weight",       (f"{_L}.self_attn.q_norm.weight",),                        ALL),
     ("blk.{L}.attn_k_norm.weight",       (f"{_L}.self_attn.k_norm.weight",),                        ALL),
     ("blk.{L}.ffn_norm.weight",          (f"{_L}.post_attention_layernorm.weight",),                ALL),
+    # gpt-oss: o bias, sinks, a biased router; experts (E, in, out) with gate/up interleaved along
+    # the columns of gate_up_proj: "~p/n" takes columns p::n, "'" transposes the slice
+    ("blk.{L}.attn_output.bias",         (f"{_L}.self_attn.o_proj.bias",),                          GPT_OSS),
+    ("blk.{L}.attn_sinks.weight",        (f"{_L}.self_attn.sinks",),                                GPT_OSS),
+    ("blk.{L}.ffn_gate_inp.weight",      (f"{_L}.mlp.router.weight",),                              GPT_OSS),
+    ("blk.{L}.ffn_gate_inp.bias",        (f"{_L}.mlp.router.bias",),                                GPT_OSS),
+    ("blk.{L}.ffn_gate.{E}.weight",      (f"{_L}.mlp.experts.gate_up_proj[{{E}}]~0/2'",),           GPT_OSS),
+    ("blk.{L}.ffn_up.{E}.weight",        (f"{_L}.mlp.experts.gate_up_proj[{{E}}]~1/2'",),           GPT_OSS),
+    ("blk.{L}.ffn_down.{E}.weight",      (f"{_L}.mlp.experts.down_proj[{{E}}]'",),                  GPT_OSS),
+    ("blk.{L}.ffn_gate_exps.bias",       (f"{_L}.mlp.experts.gate_up_proj_bias~0/2",),              GPT_OSS),
+    ("blk.{L}.ffn_up_exps.bias",         (f"{_L}.mlp.experts.gate_up_proj_bias~1/2",),              GPT_OSS),
+    ("blk.{L}.ffn_down_exps.bias",       (f"{_L}.mlp.experts.down_proj_bias",),                     GPT_OSS),
     ("blk.{L}.ffn_gate.0.weight",        (f"{_L}.mlp.gate_proj.weight",),                           DENSE),
     ("blk.{L}.ffn_up.0.weight",          (f"{_L}.mlp.up_proj.weight",),                             DENSE),
     ("blk.{L}.ffn_down.0.weight",        (f"{_L}.mlp.down_proj.weight",),                           DENSE),
@@ -104,7 +116,7 @@ GGUF_NAMES: list[tuple[str, tuple[str, ...]]] = [
     ("blk.{L}.attn_v.bias",              (f"{_B}.attn_v.bias",)),
     ("blk.{L}.attn_q_norm.weight",       (f"{_B}.attn_q_norm.weight",)),
     ("blk.{L}.attn_k_norm.weight",       (f"{_B}.attn_k_norm.weight",)),
-    ("blk.{L}.ffn_norm.weight",          (f"{_B}.ffn_norm.weight",)),
+    ("blk.{L}.ffn_norm.weight",          (f"{_B}.ffn_norm.weight", f"{_B}.post_attention_norm.weight")),  # (gpt-oss)
     ("blk.{L}.ffn_gate_inp.weight",      (f"{_B}.ffn_gate_inp.weight",)),
     ("blk.{L}.ffn_gate.{E}.weight",      (f"{_B}.ffn_gate_exps.weight[{{E}}]", f"{_B}.ffn_gate.{{E}}.weight")),
     ("blk.{L}.ffn_up.{E}.weight",        (f"{_B}.ffn_up_exps.weight[{{E}}]", f"{_B}.ffn_up.{{E}}.weight")),
@@ -115,6 +127,12 @@ GGUF_NAMES: list[tuple[str, tuple[str, ...]]] = [
     ("blk.{L}.ffn_up_shexp.weight",      (f"{_B}.ffn_up_shexp.weight", f"{_B}.ffn_up.weight")),
     ("blk.{L}.ffn_down_shexp.weight",    (f"{_B}.ffn_down_shexp.weight", f"{_B}.ffn_down.weight")),
     ("blk.{L}.exp_probs_b.bias",         (f"{_B}.exp_probs_b.bias",)),
+    ("blk.{L}.attn_output.bias",         (f"{_B}.attn_output.bias",)),
+    ("blk.{L}.attn_sinks.weight",        (f"{_B}.attn_sinks.weight",)),
+    ("blk.{L}.ffn_gate_inp.bias",        (f"{_B}.ffn_gate_inp.bias",)),
+    ("blk.{L}.ffn_gate_exps.bias",       (f"{_B}.ffn_gate_exps.bias",)),
+    ("blk.{L}.ffn_up_exps.bias",         (f"{_B}.ffn_up_exps.bias",)),
+    ("blk.{L}.ffn_down_exps.bias",       (f"{_B}.ffn_down_exps.bias",)),
     ("blk.{L}.shortconv.in_proj.weight", (f"{_B}.shortconv.in_proj.weight",)),
     ("blk.{L}.shortconv.conv.weight",    (f"{_B}.shortconv.conv.weight",)),
     ("blk.{L}.shortconv.out_proj.weight", (f"{_B}.shortconv.out_proj.weight",)),
@@ -152,6 +170,13 @@ def gguf_names(internal: str, dense: bool) -> list[str]:
         if m := pat.match(internal):
             return _fill(srcs, m)
     return []
+
+
+def split_transforms(source_name: str) -> tuple[str, tuple[int, int] | None, bool]:
+    """'x[3]~0/2\'' -> ('x[3]', (0, 2), True): columns 0::2 of the slice, then transposed."""
+    m = re.fullmatch(r"(.*?)(?:~(\d+)/(\d+))?('?)", source_name)
+    cols = (int(m.group(2)), int(m.group(3))) if m.group(2) else None
+    return m.group(1), cols, bool(m.group(4))
 
 
 def split_slice(source_name: str) -> tuple[str, int | None, tuple[int, int] | None]:

@@ -65,6 +65,26 @@ class SourceTensor:
         return SourceTensor(f"{self.name}#{part}/{parts}", (n, self.shape[1]), self.qtype,
                             lambda a, b: self.read_rows(part * n + a, part * n + b))
 
+    def columns(self, part: int, parts: int) -> SourceTensor:
+        """Columns part, part + parts, ... of a float tensor (gpt-oss interleaves gate and up)."""
+        if self.qtype.name not in ("f32", "f16", "bf16") or self.shape[-1] % parts:
+            raise ConversionError(f"{self.name}: shape {list(self.shape)} {self.qtype.name} does not split in "
+                                  f"{parts} interleaved column sets")
+        shape = self.shape[:-1] + (self.shape[-1] // parts,)
+        if len(self.shape) == 1:
+            return SourceTensor(f"{self.name}~{part}/{parts}", shape, self.qtype,
+                                lambda a, b: self.read_rows(0, 1)[part::parts])
+        return SourceTensor(f"{self.name}~{part}/{parts}", shape, self.qtype,
+                            lambda a, b: np.ascontiguousarray(self.read(a, b)[:, part::parts]).reshape(-1))
+
+    def transposed(self) -> SourceTensor:
+        """A float matrix with its two axes swapped (read whole: one expert's slice)."""
+        if len(self.shape) != 2 or self.qtype.name not in ("f32", "f16", "bf16"):
+            raise ConversionError(f"{self.name}: shape {list(self.shape)} {self.qtype.name} cannot be transposed")
+        def read(a: int, b: int) -> np.ndarray:
+            return np.ascontiguousarray(self.read().T[a:b]).reshape(-1)
+        return SourceTensor(f"{self.name}'", self.shape[::-1], self.qtype, read)
+
     def permute_rows(self, order: np.ndarray) -> SourceTensor:
         """Rows reordered: new row i is old row order[i] (a lossless move of whole rows)."""
         def read(a: int, b: int) -> np.ndarray:

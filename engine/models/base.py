@@ -25,8 +25,9 @@ from engine.kvcache import KVCache
 from engine.mempool import Arena
 from engine.model_dir import ModelConfig
 from engine.models.fused import FusedDecode
+from engine.ops import attention as op_attention
 from engine.ops import cache as states
-from engine.ops import conv, ffn
+from engine.ops import conv, ffn, rope
 from engine.timing import Kernels, OpTimer
 from engine.weight_types import ExpertWeights, LayerWeights, Matrix
 
@@ -153,14 +154,23 @@ class Transformer:
         inv = np.float32(1.0) / (np.float32(cfg.rope_theta) ** (np.arange(0, hd, 2, dtype=np.float32) / np.float32(hd)))
         if weights.rope_freqs is not None:
             inv = inv / weights.rope_freqs
-        if cfg.rope_scaling:  # linear: positions divided by the factor
-            inv = inv / np.float32(cfg.rope_scaling["factor"])
+        self.rope_factor = 1.0  # cos and sin are multiplied by it (yarn's attention factor)
+        s = cfg.rope_scaling or {}
+        if s.get("type") == "linear":  # positions divided by the factor
+            inv = inv / np.float32(s["factor"])
+        elif s.get("type") == "yarn":
+            inv, self.rope_factor = rope.yarn_inv_freq(cfg.rope_theta, hd, s["factor"],
+                                                       s["original_max_position_embeddings"], s.get("beta_fast", 32.0),
+                                                       s.get("beta_slow", 1.0), s.get("truncate", True))
         self.inv_freq = inv.astype(np.float32)
         self.scale = np.float32(1.0 / math.sqrt(hd))
         self.arena = Arena(weights.pool)  # activation buffers, reused by every pass
         self.renormalise = self.spec.renormalises(cfg)
         self.kinds = self.spec.layer_types(cfg)
-        self.recurrent = any(k == "short_conv" for k in self.kinds)  # the cache carries per-layer states
+        # attention sinks: every layer attends through engine.ops over its own f32 cache (a ring
+        # for sliding layers); short_conv layers carry a conv tail. Both live in KVCache.states.
+        self.op_attention = self.spec.attention_sinks
+        self.recurrent = self.op_attention or any(k == "short_conv" for k in self.kinds)
         why = FusedDecode.refusal(self)
         self.fused = FusedDecode(self) if why is None else None
         self.fused_refusal = why  # why a decoded token runs layer by layer (None: it need not)
@@ -180,6 +190,9 @@ class Transformer:
 
     def route(self, logits: np.ndarray, lw: LayerWeights, step: Step) -> tuple[np.ndarray, np.ndarray]:
         """(T, E) router logits -> (T, k) weights and expert ids, by spec.router."""
+        if self.spec.router == "topk_softmax":  # gpt-oss (its bias is in the logits already)
+            ids, weights = ffn.pick_topk_softmax(logits, self.cfg.top_k)
+            return weights, ids.astype(np.int64)
         if self.spec.router == "sigmoid_bias":  # E <= 256 per token: numpy
             ids, weights = ffn.pick_sigmoid_bias(logits, lw.expert_bias, self.cfg.top_k, self.renormalise,
                                                  self.cfg.routed_scaling_factor)
@@ -191,6 +204,8 @@ class Transformer:
         loaded and read once per layer, however many tokens chose it."""
         cache = self.w.experts
         logits = linear(h, lw.router, step)
+        if lw.router_bias is not None:
+            logits += lw.router_bias
         weights, ids = self.route(logits, lw, step)
         cache.record(L, ids)
         if h.shape[0] <= PREFETCH_MAX_TOKENS:
@@ -199,7 +214,7 @@ class Transformer:
             step.dump[f"blk.{L}.router_logits"] = logits.copy()
             step.dump[f"blk.{L}.expert_ids"] = ids.copy()
         one = h.shape[0] == 1  # decode: no grouping needed, each pick is one expert
-        if one and self._fusable(L, ids[0].tolist()) and _integer_path(h, (), step) and \
+        if one and lw.expert_biases is None and self._fusable(L, ids[0].tolist()) and _integer_path(h, (), step) and \
                 cache.all_ready(L, ids[0].tolist()):
             return self._experts_in_one_call(L, h, ids[0].tolist(), weights[0], step)
         out = step.empty(h.shape)
@@ -211,15 +226,30 @@ class Transformer:
                 cache.load_ahead(L, order[i + 1])  # the next one loads while this one computes
             if one:
                 with cache.use(L, e) as ew:
-                    y = expert_mlp(h, ew, step)
+                    y = self.expert(h, ew, lw, e, step)
                 y *= pick[e]
                 out += y
                 continue
             rows, slot = np.nonzero(ids == e)
             with cache.use(L, e) as ew:
-                y = expert_mlp(h[rows], ew, step)
+                y = self.expert(h[rows], ew, lw, e, step)
             out[rows] += weights[rows, slot, None] * y
         return out
+
+    def expert(self, h: np.ndarray, ew: ExpertWeights, lw: LayerWeights, e: int, step: Step) -> np.ndarray:
+        """Routed expert e of this layer: SwiGLU, or with biases and a clamped SwiGLU (gpt-oss)."""
+        if lw.expert_biases is None:
+            return expert_mlp(h, ew, step)
+        gb, ub, db = lw.expert_biases
+        T, F = h.shape[0], ew.gate.rows
+        gu = step.empty((T, 2 * F))  # gate, up interleaved: the layout clamped_swiglu reads
+        gu[:, 0::2] = linear(h, ew.gate, step) + gb[e]
+        gu[:, 1::2] = linear(h, ew.up, step) + ub[e]
+        act = step.empty((T, F))
+        ffn.clamped_swiglu(gu, np.float32(self.cfg.swiglu_alpha), np.float32(self.cfg.swiglu_limit), act)
+        y = linear(act, ew.down, step)
+        y += db[e]
+        return y
 
     def _fusable(self, L: int, experts: list[int]) -> bool:
         """Whether these experts are stored in one integer-dot format per matrix (gate, up, down),
@@ -252,10 +282,34 @@ class Transformer:
         cache.prefetch(L, np.unique(ranked[:, k:k + 1]), spare_only=True)
 
     # --- the token mixers ----------------------------------------------------------------------
-    def new_states(self) -> list:
-        """A sequence's fixed-size per-layer states (None for attention layers: the KV cache)."""
-        D = self.cfg.hidden_size
-        return [states.ConvState(self.cfg.conv_kernel, D) if k == "short_conv" else None for k in self.kinds]
+    def new_states(self, capacity: int) -> list:
+        """A sequence's per-layer caches beside the KV block: a short_conv layer's conv tail; with
+        op_attention a ring of sliding_window positions or a FullKV of `capacity`; None: the block."""
+        cfg = self.cfg
+        out = []
+        for k in self.kinds:
+            if k == "short_conv":
+                out.append(states.ConvState(cfg.conv_kernel, cfg.hidden_size))
+            elif self.op_attention and k == "sliding_attention":
+                out.append(states.RingKV(cfg.sliding_window, cfg.num_kv_heads, cfg.head_dim))
+            elif self.op_attention:
+                out.append(states.FullKV(capacity, cfg.num_kv_heads, cfg.head_dim))
+            else:
+                out.append(None)
+        return out
+
+    def _op_attention(self, L: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, lw: LayerWeights,
+                      step: Step) -> np.ndarray:
+        """Attention through engine.ops over layer L's own cache: sinks, a per-layer window."""
+        T, H = q.shape[:2]
+        qpos = np.arange(step.pos0, step.pos0 + T, dtype=np.int64)
+        ks, vs, kpos = step.cache.states[L].update(np.ascontiguousarray(k), np.ascontiguousarray(v), qpos)
+        window = self.cfg.sliding_window if self.kinds[L] == "sliding_attention" else 0
+        sinks = lw.sinks if lw.sinks is not None else np.zeros(H, np.float32)
+        out, scores = step.empty(q.shape), step.empty((T, H, len(kpos)))
+        op_attention.attention(np.ascontiguousarray(q), ks, vs, qpos, kpos, self.scale, int(window or 0), sinks,
+                               lw.sinks is not None, np.float32(0.0), scores, out)
+        return out
 
     def short_conv(self, L: int, h: np.ndarray, lw: LayerWeights, step: Step) -> np.ndarray:
         """LFM2: B, C, x = in_proj h; y = C * causal_conv(B * x) over the carried tail; out_proj y."""
@@ -287,22 +341,33 @@ class Transformer:
                 np.clip(a, -cfg.clip_qkv, cfg.clip_qkv, out=a)
         step.k.rope(q, step.cos, step.sin)
         step.k.rope(k, step.cos, step.sin)
+        if self.op_attention:
+            out = self._op_attention(L, q, k, v, lw, step)
+        else:
+            out = self._block_attention(L, q, k, v, step)
+        if step.dump is not None:
+            step.dump |= {f"blk.{L}.q": q.copy(), f"blk.{L}.k": k.copy(), f"blk.{L}.v": v.copy(),
+                          f"blk.{L}.attn_out": out.reshape(T, -1).copy()}
+        o = linear(out.reshape(T, H * hd), lw.o, step)
+        if lw.o_bias is not None:
+            o += lw.o_bias
+        return o
+
+    def _block_attention(self, L: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, step: Step) -> np.ndarray:
+        """Attention over the KV cache's block (f32, f16 or int8), the engine's attention kernel."""
+        T, H = q.shape[:2]
         step.cache.write(L, step.pos0, k, v)
         keys, values, ks, vs, scaled = step.cache.views(L, step.pos0 + T)
         out = step.empty(q.shape)
         for a in range(0, T, ATTENTION_BLOCK):  # query blocks bound the scores buffer on long prompts
             b = min(T, a + ATTENTION_BLOCK)
             scores = step.empty(((b - a) * H, step.pos0 + b))
-            step.k.attention(q[a:b], keys, values, ks, vs, scaled, step.pos0 + a, cfg.sliding_window or 0,
+            step.k.attention(q[a:b], keys, values, ks, vs, scaled, step.pos0 + a, self.cfg.sliding_window or 0,
                              self.scale, scores, out[a:b])
-        if step.dump is not None:
-            step.dump |= {f"blk.{L}.q": q.copy(), f"blk.{L}.k": k.copy(), f"blk.{L}.v": v.copy(),
-                          f"blk.{L}.attn_out": out.reshape(T, -1).copy()}
-        return linear(out.reshape(T, H * hd), lw.o, step)
+        return out
 
     def rotary(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        angles = positions.astype(np.float32)[:, None] * self.inv_freq[None, :]
-        return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+        return rope.tables(self.inv_freq, positions, self.rope_factor)
 
     # --- the decoder loop ---------------------------------------------------------------------
     def forward(self, ids: np.ndarray, cache: KVCache, pos0: int, all_logits: bool = False,
@@ -315,7 +380,7 @@ class Transformer:
         cfg, T, arena = self.cfg, len(ids), self.arena
         arena.reset()
         if self.recurrent and (cache.states is None or pos0 == 0):
-            cache.states = self.new_states()
+            cache.states = self.new_states(cache.capacity)
         elif self.recurrent and pos0 != cache.length:
             raise ValueError(f"a recurrent model's cache holds {cache.length} positions; cannot run from {pos0}")
         cos, sin = self.rotary(np.arange(pos0, pos0 + T))

@@ -43,10 +43,16 @@ def _topk(scores: np.ndarray, k: int) -> np.ndarray:
 def route_gpt_oss(x: np.ndarray, w: np.ndarray, b: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """-> logits (T, E), ids (T, k), weights (T, k): softmax over the k chosen logits."""
     logits = (x @ w.T + b).astype(np.float32)
+    ids, weights = pick_topk_softmax(logits, k)
+    return logits, ids, weights
+
+
+def pick_topk_softmax(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """(T, E) router logits -> ids (T, k) of the k largest, weights (T, k) their softmax."""
     ids = _topk(logits, k)
     top = np.take_along_axis(logits, ids, -1).astype(np.float64)
     e = np.exp(top - top.max(-1, keepdims=True))
-    return logits, ids, (e / e.sum(-1, keepdims=True)).astype(np.float32)
+    return ids, (e / e.sum(-1, keepdims=True)).astype(np.float32)
 
 
 def route_softmax(x: np.ndarray, w: np.ndarray, k: int, renormalise: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
