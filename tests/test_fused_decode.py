@@ -256,3 +256,26 @@ def test_the_kernels_kv_store_is_kvcache_write(kind):
         _store_kv(k[0], stored[0, 2], got.k_scale[0], 2, kind == "int8")
         np.testing.assert_array_equal(got.k, want.k)
         np.testing.assert_array_equal(got.k_scale, want.k_scale)
+
+
+def test_the_timing_hook_times_each_operation_without_replacing_any(models):
+    """engine.timing.OpTimer on Transformer.timer: a prompt's kernels by name, its matmuls by
+    tensor, the fused decode as one row; exclusive times add up to no more than the wall time."""
+    import time as _time
+
+    from engine.timing import OpTimer
+    eng = resident(Engine(models("mixtral", "int8")), [])
+    timer = eng.net.timer = OpTimer()
+    t0 = _time.perf_counter()
+    eng.forward([1, 5, 9])
+    eng.forward([4])
+    wall = _time.perf_counter() - t0
+    L = eng.cfg.num_layers
+    assert timer.calls["rmsnorm"] == 2 * L + 2 and timer.calls["attention"] == L and timer.calls["rope"] == 2 * L
+    assert timer.calls["blk.0.attn_q.weight"] == 1 and timer.calls["blk.1.ffn_gate_inp.weight"] >= 1
+    assert timer.calls["decode_layers (fused)"] == 1 and timer.calls["output.weight"] == 2
+    assert 0 < sum(timer.spent.values()) <= wall
+    eng.net.timer = None
+    timer.reset()
+    eng.forward([7])
+    assert not timer.calls

@@ -12,6 +12,7 @@ layer by layer.
 """
 from __future__ import annotations
 
+import logging
 import math
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -33,6 +34,8 @@ from engine.weight_types import ExpertWeights, LayerWeights, Matrix
 
 if TYPE_CHECKING:
     from engine.weights import ModelWeights
+
+log = logging.getLogger("colibri.engine")
 
 ATTENTION_BLOCK = 256  # query tokens per attention call
 PREFETCH_MAX_TOKENS = 4  # prefetch while decoding; a prompt's union of experts is most of them
@@ -174,6 +177,8 @@ class Transformer:
         why = FusedDecode.refusal(self)
         self.fused = FusedDecode(self) if why is None else None
         self.fused_refusal = why  # why a decoded token runs layer by layer (None: it need not)
+        if why is not None:
+            log.info("decoding layer by layer (no one-call decode): %s", why)
 
     # --- the feed-forward block, as the spec says ---------------------------------------------
     def ffn(self, L: int, h: np.ndarray, lw: LayerWeights, step: Step) -> np.ndarray:
