@@ -47,13 +47,13 @@ NormPlace = Literal["pre", "sandwich"]
 # Rope variants (cfg.rope_scaling["type"], or "default" when it is None).
 Rope = Literal["default", "linear", "llama3", "yarn"]
 # Tensor-name families of engine.convert.names (one Hugging Face table per family).
-Family = Literal["dense", "mixtral", "qwen_moe", "olmoe", "lfm2", "gpt_oss"]
+Family = Literal["dense", "mixtral", "qwen_moe", "olmoe", "lfm2", "gpt_oss", "qwen3_5"]
 
 FEATURES = ("attention", "sliding_attention", "linear_attention", "short_conv", "router:softmax_topk",
             "router:topk_softmax", "router:sigmoid_bias", "shared_expert:plain", "shared_expert:sigmoid_gate",
             "qk_norm:head", "qk_norm:full", "qkv_bias", "o_bias", "expert_bias", "attention_sinks",
             "dense_leading_layers", "swiglu_clamp", "logit_softcap", "norm:offset", "norm:sandwich",
-            "rope:default", "rope:linear", "rope:llama3", "rope:yarn", "partial_rotary", "clip_qkv")
+            "rope:default", "rope:linear", "rope:llama3", "rope:yarn", "partial_rotary", "clip_qkv", "attention_gate")
 """Every feature name a spec can resolve to for a model (`ArchSpec.features`)."""
 
 # What engine.models.base computes today; anything else a model needs is refused by check().
@@ -62,7 +62,9 @@ FEATURES = ("attention", "sliding_attention", "linear_attention", "short_conv", 
 IMPLEMENTED = frozenset({"attention", "sliding_attention", "router:softmax_topk", "shared_expert:sigmoid_gate",
                          "qk_norm:head", "qk_norm:full", "qkv_bias", "rope:default", "rope:linear", "clip_qkv",
                          "short_conv", "router:sigmoid_bias", "dense_leading_layers", "router:topk_softmax",
-                         "o_bias", "expert_bias", "attention_sinks", "swiglu_clamp", "rope:yarn"})
+                         "o_bias", "expert_bias", "attention_sinks", "swiglu_clamp", "rope:yarn",
+                         "linear_attention", "attention_gate", "partial_rotary", "norm:offset"})
+# (norm:offset is folded into the stored norm weights (1 + w) by the converter, as llama.cpp stores them)
 
 
 class UnsupportedFeatureError(ModelFormatError, NotImplementedError):
@@ -92,6 +94,7 @@ class ArchSpec:
     logit_softcap: bool = False  # final logits c·tanh(x / c) (Gemma)
     rope: tuple[Rope, ...] = ("default", "linear", "llama3", "yarn")  # variants a config may ask for
     partial_rotary: bool = False  # rope on the first fraction of head_dim only
+    attention_gate: bool = False  # q_proj also gives a per-head output gate: out * sigmoid(gate) (Qwen3.5)
     # --- feed-forward ---
     moe: bool = False
     router: Router = "softmax_topk"
@@ -135,6 +138,7 @@ class ArchSpec:
                                     ("o_bias", self.o_bias), ("expert_bias", self.expert_bias),
                                     ("attention_sinks", self.attention_sinks), ("logit_softcap", self.logit_softcap),
                                     ("swiglu_clamp", self.swiglu_clamp), ("partial_rotary", self.partial_rotary),
+                                    ("attention_gate", self.attention_gate),
                                     ("dense_leading_layers", self.dense_leading_layers and cfg.dense_layers > 0),
                                     ("norm:offset", self.norm_weight == "offset"),
                                     ("norm:sandwich", self.norm_place == "sandwich")) if on}
@@ -175,6 +179,11 @@ SPECS: dict[str, ArchSpec] = {s.name: s for s in (
              qkv_bias_key="attention_bias", o_bias=True, attention_sinks=True, rope=("default", "yarn"), moe=True,
              router="topk_softmax", renormalise=True, renormalise_key=None, gguf_renormalise=True, expert_bias=True,
              swiglu_clamp=True),
+    ArchSpec("qwen3_5_moe", ("Qwen3_5MoeForCausalLM",), "qwen35moe", "qwen3_5",
+             layer_kinds=("linear_attention", "attention"), layer_types_key="layer_types", norm_weight="offset",
+             qk_norm="head", qkv_bias_key="attention_bias", partial_rotary=True, attention_gate=True,
+             rope=("default",), moe=True, renormalise=True, gguf_renormalise=True, shared_expert="sigmoid_gate",
+             hf_ff_key="moe_intermediate_size"),
 )}
 ARCHITECTURES = tuple(SPECS)
 HF_CLASSES = {c: s for s in SPECS.values() for c in s.hf_classes}  # Hugging Face class -> spec

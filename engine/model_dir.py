@@ -67,6 +67,12 @@ class ModelConfig:
     routed_scaling_factor: float = 1.0  # router weights multiplied by this (sigmoid_bias)
     swiglu_alpha: float = 1.702  # clamped SwiGLU (spec.swiglu_clamp, gpt-oss): (up + 1) * g * sigmoid(alpha g)
     swiglu_limit: float = 7.0  # ... with g <= limit and -limit <= up <= limit
+    partial_rotary_factor: float = 1.0  # rope turns the first head_dim * this dims only
+    linear_key_heads: int = 0  # linear_attention (gated DeltaNet) layers: key heads, value heads, their dims
+    linear_value_heads: int = 0
+    linear_key_dim: int = 0
+    linear_value_dim: int = 0
+    delta_tiled: bool = False  # DeltaNet value heads in llama.cpp's tiled order (a GGUF's), else grouped
 
     @property
     def is_moe(self) -> bool:
@@ -115,11 +121,22 @@ def expected_tensors(cfg: ModelConfig, split_experts: bool = True) -> dict[str, 
                 b + "ffn_norm.weight": (D,)}
             _ffn_files(files, cfg, L, split_experts)
             continue
-        att = {b + "attn_norm.weight": (D,), b + "attn_q.weight": (q, D), b + "attn_k.weight": (kv, D),
+        if kinds[L] == "linear_attention":  # gated DeltaNet (names as llama.cpp's)
+            nk, nv, dk, dv = cfg.linear_key_heads, cfg.linear_value_heads, cfg.linear_key_dim, cfg.linear_value_dim
+            C = 2 * nk * dk + nv * dv
+            files[f"attention/layer_{L}.bin"] = {
+                b + "attn_norm.weight": (D,), b + "attn_qkv.weight": (C, D), b + "attn_gate.weight": (nv * dv, D),
+                b + "ssm_beta.weight": (nv, D), b + "ssm_alpha.weight": (nv, D), b + "ssm_a": (nv,),
+                b + "ssm_dt.bias": (nv,), b + "ssm_conv1d.weight": (C, cfg.conv_kernel), b + "ssm_norm.weight": (dv,),
+                b + "ssm_out.weight": (D, nv * dv), b + "ffn_norm.weight": (D,)}
+            _ffn_files(files, cfg, L, split_experts)
+            continue
+        sp = spec(cfg.architecture)
+        att = {b + "attn_norm.weight": (D,), b + "attn_q.weight": (2 * q if sp.attention_gate else q, D),
+               b + "attn_k.weight": (kv, D),
                b + "attn_v.weight": (kv, D), b + "attn_output.weight": (D, q)}
         if cfg.attention_bias:
             att |= {b + "attn_q.bias": (q,), b + "attn_k.bias": (kv,), b + "attn_v.bias": (kv,)}
-        sp = spec(cfg.architecture)
         if sp.o_bias:
             att[b + "attn_output.bias"] = (D,)
         if sp.attention_sinks:

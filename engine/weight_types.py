@@ -58,3 +58,18 @@ class LayerWeights:
     sinks: np.ndarray | None = None  # gpt-oss: (heads,) a logit in each head's softmax denominator
     router_bias: np.ndarray | None = None  # gpt-oss: added to the router logits
     expert_biases: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # gpt-oss: (E, F), (E, F), (E, D)
+    delta: DeltaWeights | None = None  # a linear_attention layer's (instead of q/k/v/o)
+
+
+@dataclass(frozen=True)
+class DeltaWeights:
+    """A gated DeltaNet layer (Qwen3.5): llama.cpp's names and value-head order of the source."""
+    qkv: Matrix  # x -> q | k | v rows (conv input)
+    z: Matrix  # x -> the output gate (attn_gate)
+    beta: Matrix  # x -> (Hv,) write strengths, through a sigmoid
+    alpha: Matrix  # x -> (Hv,) decay inputs
+    a: np.ndarray  # (Hv,) A = -exp(A_log)
+    dt_bias: np.ndarray  # (Hv,)
+    conv: np.ndarray  # (channels, taps) float32
+    norm: np.ndarray  # (dv,) the output RMSNorm's weight (plain)
+    out: Matrix

@@ -12,7 +12,7 @@ import numpy as np
 
 from engine.model_dir import ModelDir
 from engine.tensorfile import TensorFile
-from engine.weight_types import ExpertWeights, LayerWeights, Matrix
+from engine.weight_types import DeltaWeights, ExpertWeights, LayerWeights, Matrix
 
 __all__ = ["ExpertWeights", "LayerWeights", "Matrix", "ModelWeights", "load_matrix", "load_vector"]
 
@@ -73,6 +73,14 @@ class ModelWeights:
                                 conv_w=np.ascontiguousarray(at.dequantize(b + "shortconv.conv.weight"), np.float32),
                                 **rest)
         rest = self._router(model, L) if cfg.is_moe and dense is None else {}
+        if cfg.layer_types and cfg.layer_types[L] == "linear_attention":
+            vec = lambda n: load_vector(at, b + n)  # noqa: E731
+            delta = DeltaWeights(mat("attn_qkv.weight"), mat("attn_gate.weight"), mat("ssm_beta.weight"),
+                                 mat("ssm_alpha.weight"), vec("ssm_a"), vec("ssm_dt.bias"),
+                                 np.ascontiguousarray(at.dequantize(b + "ssm_conv1d.weight"), np.float32),
+                                 vec("ssm_norm.weight"), mat("ssm_out.weight"))
+            return LayerWeights(attn_norm=vec("attn_norm.weight"), q=None, k=None, v=None, o=None,
+                                ffn_norm=vec("ffn_norm.weight"), delta=delta, **rest)
         return LayerWeights(
             attn_norm=load_vector(at, b + "attn_norm.weight"), q=mat("attn_q.weight"),
             k=mat("attn_k.weight"), v=mat("attn_v.weight"),

@@ -117,14 +117,15 @@ def _hf_generation(folder: Path) -> dict:
 def _lookup(tensors: dict[str, SourceTensor], candidates: Iterable[str],
             consumed: set[str]) -> SourceTensor | None:
     for cand in candidates:
-        sliced, cols, transpose = split_transforms(cand)
+        sliced, cols, transpose, fn = split_transforms(cand)
         base, index, part = split_slice(sliced)
         if base in tensors:
             consumed.add(base)
             t = tensors[base] if index is None else tensors[base].expert(index)
             t = t if part is None else t.row_part(*part)
             t = t if cols is None else t.columns(*cols)
-            return t.transposed() if transpose else t
+            t = t.transposed() if transpose else t
+            return t if fn is None else t.mapped(fn)
     return None
 
 

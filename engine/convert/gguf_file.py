@@ -27,7 +27,9 @@ LIMITS = {"block_count": (1, 4096), "embedding_length": (1, 1 << 20), "attention
           "feed_forward_length": (1, 1 << 22), "expert_feed_forward_length": (1, 1 << 22),
           "expert_shared_feed_forward_length": (0, 1 << 22), "expert_count": (0, 1 << 16),
           "expert_used_count": (1, 1 << 16), "vocab_size": (1, 1 << 24), "context_length": (1, 1 << 24),
-          "leading_dense_block_count": (0, 4096), "shortconv.l_cache": (2, 64)}
+          "leading_dense_block_count": (0, 4096), "shortconv.l_cache": (2, 64), "ssm.conv_kernel": (2, 64),
+          "ssm.time_step_rank": (1, 4096), "ssm.group_count": (1, 4096), "ssm.state_size": (1, 1 << 16),
+          "ssm.inner_size": (1, 1 << 22), "rope.dimension_count": (2, 1 << 16)}
 
 
 def unpermute_order(n_head: int, rows: int) -> np.ndarray:
@@ -238,6 +240,10 @@ class GGUFModel:
             "feed_forward_length"
         tokens = self.fields.get("tokenizer.ggml.tokens") or []
         dense = self._int("leading_dense_block_count", 0) if sp.dense_leading_layers else 0
+        head_dim = self._int("attention.key_length", hidden // heads)
+        recurrent = self._get("attention.recurrent_layers")
+        if "linear_attention" in sp.layer_kinds and isinstance(recurrent, list):  # Qwen3.5
+            kinds = tuple("linear_attention" if r else "attention" for r in recurrent)
         window = self._get("attention.sliding_window")
         if sp.attention_sinks and window:  # gpt-oss (llama.cpp fixes it in code): even layers slide, from 0
             n = self._int("block_count", required=True)
@@ -261,7 +267,7 @@ class GGUFModel:
             num_layers=self._int("block_count", required=True),
             num_heads=heads,
             num_kv_heads=kv_heads,
-            head_dim=self._int("attention.key_length", hidden // heads),
+            head_dim=head_dim,
             intermediate_size=self._int(ff_key, required=True),
             num_experts=experts if moe else 1,
             top_k=self._int("expert_used_count", required=moe, high=experts) if moe else 1,
@@ -280,8 +286,20 @@ class GGUFModel:
             sliding_window=window,
             dense_layers=dense,
             dense_intermediate_size=self._int("feed_forward_length", required=True) if dense else 0,
-            conv_kernel=self._int("shortconv.l_cache", required=True) if kinds and "short_conv" in kinds else 0,
+            conv_kernel=self._int("shortconv.l_cache", required=True) if kinds and "short_conv" in kinds else
+            self._int("ssm.conv_kernel", required=True) if kinds and "linear_attention" in kinds else 0,
+            partial_rotary_factor=self._int("rope.dimension_count", head_dim) / head_dim if sp.partial_rotary else 1.0,
+            **self._linear_attention(kinds),
         )
+
+    def _linear_attention(self, kinds: tuple[str, ...] | None) -> dict:
+        """Gated DeltaNet dims from the ssm.* metadata; llama.cpp's value heads are tiled."""
+        if not kinds or "linear_attention" not in kinds:
+            return {}
+        nv = self._int("ssm.time_step_rank", required=True)
+        return {"linear_key_heads": self._int("ssm.group_count", required=True), "linear_value_heads": nv,
+                "linear_key_dim": self._int("ssm.state_size", required=True),
+                "linear_value_dim": self._int("ssm.inner_size", required=True) // nv, "delta_tiled": True}
 
     def _kv_heads(self, sp, heads: int) -> tuple[int, tuple[str, ...] | None]:
         """KV heads, and each layer's kind where head_count_kv is a per-layer list (LFM2: 0

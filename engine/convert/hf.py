@@ -170,11 +170,28 @@ def config_from_hf(folder: Path) -> ModelConfig:
         layer_types=kinds,
         dense_layers=dense,
         dense_intermediate_size=int(_need(cfg, "intermediate_size", path)) if dense else 0,
-        conv_kernel=int(cfg.get("conv_L_cache") or 0) if kinds and "short_conv" in kinds else 0,
+        conv_kernel=int(cfg.get("conv_L_cache") or 0) if kinds and "short_conv" in kinds else
+        int(cfg.get("linear_conv_kernel_dim") or 0) if kinds and "linear_attention" in kinds else 0,
+        partial_rotary_factor=float((cfg.get("rope_parameters") or {}).get("partial_rotary_factor",
+                                                                         cfg.get("partial_rotary_factor", 1.0)))
+        if sp.partial_rotary else 1.0,
+        **_linear_attention(cfg, kinds, path),
         routed_scaling_factor=float(cfg.get("routed_scaling_factor") or 1.0),
         swiglu_alpha=float(cfg.get("swiglu_alpha", 1.702)),
         swiglu_limit=float(cfg.get("swiglu_limit", 7.0)),
     )
+
+
+def _linear_attention(cfg: dict, kinds: tuple[str, ...] | None, path: Path) -> dict:
+    """Gated DeltaNet dims (ModelConfig.linear_*) when the model has linear_attention layers."""
+    if not kinds or "linear_attention" not in kinds:
+        return {}
+    keys = {"linear_key_heads": "linear_num_key_heads", "linear_value_heads": "linear_num_value_heads",
+            "linear_key_dim": "linear_key_head_dim", "linear_value_dim": "linear_value_head_dim"}
+    out = {ours: int(_need(cfg, theirs, path)) for ours, theirs in keys.items()}
+    if out["linear_value_heads"] % out["linear_key_heads"]:
+        raise ConfigError(f"{path}: config.json linear_num_value_heads must be a multiple of linear_num_key_heads")
+    return out
 
 
 # Hugging Face layer_types words -> engine.arch layer kinds

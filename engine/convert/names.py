@@ -12,11 +12,11 @@ import re
 
 from engine.arch import SPECS
 
-ALL = frozenset({"dense", "mixtral", "qwen_moe", "olmoe", "gpt_oss"})
+ALL = frozenset({"dense", "mixtral", "qwen_moe", "olmoe", "gpt_oss", "qwen3_5"})
 DENSE, MIXTRAL = frozenset({"dense"}), frozenset({"mixtral"})
-QWEN_MOE, OLMOE = frozenset({"qwen_moe"}), frozenset({"olmoe"})
+QWEN_MOE, OLMOE = frozenset({"qwen_moe", "qwen3_5"}), frozenset({"olmoe"})
 MLP_EXPERTS = QWEN_MOE | OLMOE
-LFM2, GPT_OSS = frozenset({"lfm2"}), frozenset({"gpt_oss"})
+LFM2, GPT_OSS, QWEN35 = frozenset({"lfm2"}), frozenset({"gpt_oss"}), frozenset({"qwen3_5"})
 
 HF_FAMILY = {s.name: s.family for s in SPECS.values()}  # architecture -> its table's family (engine.arch)
 
@@ -27,6 +27,22 @@ _GATE, _UP = f"{_L}.mlp.experts.gate_up_proj[{{E}}]#0/2", f"{_L}.mlp.experts.gat
 _DOWN = f"{_L}.mlp.experts.down_proj[{{E}}]"  # transformers 5 fused layout, saved with save_original_format=False
 # internal name                          Hugging Face name(s)                                      families
 HF_NAMES: list[tuple[str, tuple[str, ...], frozenset[str]]] = [
+    # Qwen3.5-MoE (first: these rows win over the shared ones below). Its norms are zero-centred:
+    # "@plus1" stores 1 + w as llama.cpp does; "@negexp" stores A = -exp(A_log) (llama.cpp's ssm_a)
+    ("output_norm.weight",               ("model.norm.weight@plus1",),                              QWEN35),
+    ("blk.{L}.attn_norm.weight",         (f"{_L}.input_layernorm.weight@plus1",),                   QWEN35),
+    ("blk.{L}.ffn_norm.weight",          (f"{_L}.post_attention_layernorm.weight@plus1",),          QWEN35),
+    ("blk.{L}.attn_q_norm.weight",       (f"{_L}.self_attn.q_norm.weight@plus1",),                  QWEN35),
+    ("blk.{L}.attn_k_norm.weight",       (f"{_L}.self_attn.k_norm.weight@plus1",),                  QWEN35),
+    ("blk.{L}.attn_qkv.weight",          (f"{_L}.linear_attn.in_proj_qkv.weight",),                 QWEN35),
+    ("blk.{L}.attn_gate.weight",         (f"{_L}.linear_attn.in_proj_z.weight",),                   QWEN35),
+    ("blk.{L}.ssm_beta.weight",          (f"{_L}.linear_attn.in_proj_b.weight",),                   QWEN35),
+    ("blk.{L}.ssm_alpha.weight",         (f"{_L}.linear_attn.in_proj_a.weight",),                   QWEN35),
+    ("blk.{L}.ssm_a",                    (f"{_L}.linear_attn.A_log@negexp",),                       QWEN35),
+    ("blk.{L}.ssm_dt.bias",              (f"{_L}.linear_attn.dt_bias",),                            QWEN35),
+    ("blk.{L}.ssm_conv1d.weight",        (f"{_L}.linear_attn.conv1d.weight",),                      QWEN35),
+    ("blk.{L}.ssm_norm.weight",          (f"{_L}.linear_attn.norm.weight",),                        QWEN35),
+    ("blk.{L}.ssm_out.weight",           (f"{_L}.linear_attn.out_proj.weight",),                    QWEN35),
     ("token_embd.weight",                ("model.embed_tokens.weight",),                            ALL),
     ("output_norm.weight",               ("model.norm.weight",),                                    ALL),
     ("output.weight",                    ("lm_head.weight",),                                       ALL),
@@ -128,6 +144,15 @@ GGUF_NAMES: list[tuple[str, tuple[str, ...]]] = [
     ("blk.{L}.ffn_down_shexp.weight",    (f"{_B}.ffn_down_shexp.weight", f"{_B}.ffn_down.weight")),
     ("blk.{L}.exp_probs_b.bias",         (f"{_B}.exp_probs_b.bias",)),
     ("blk.{L}.attn_output.bias",         (f"{_B}.attn_output.bias",)),
+    ("blk.{L}.attn_qkv.weight",          (f"{_B}.attn_qkv.weight",)),
+    ("blk.{L}.attn_gate.weight",         (f"{_B}.attn_gate.weight",)),
+    ("blk.{L}.ssm_beta.weight",          (f"{_B}.ssm_beta.weight",)),
+    ("blk.{L}.ssm_alpha.weight",         (f"{_B}.ssm_alpha.weight",)),
+    ("blk.{L}.ssm_a",                    (f"{_B}.ssm_a",)),
+    ("blk.{L}.ssm_dt.bias",              (f"{_B}.ssm_dt.bias",)),
+    ("blk.{L}.ssm_conv1d.weight",        (f"{_B}.ssm_conv1d.weight",)),
+    ("blk.{L}.ssm_norm.weight",          (f"{_B}.ssm_norm.weight",)),
+    ("blk.{L}.ssm_out.weight",           (f"{_B}.ssm_out.weight",)),
     ("blk.{L}.attn_sinks.weight",        (f"{_B}.attn_sinks.weight",)),
     ("blk.{L}.ffn_gate_inp.bias",        (f"{_B}.ffn_gate_inp.bias",)),
     ("blk.{L}.ffn_gate_exps.bias",       (f"{_B}.ffn_gate_exps.bias",)),
@@ -172,11 +197,12 @@ def gguf_names(internal: str, dense: bool) -> list[str]:
     return []
 
 
-def split_transforms(source_name: str) -> tuple[str, tuple[int, int] | None, bool]:
-    """'x[3]~0/2\'' -> ('x[3]', (0, 2), True): columns 0::2 of the slice, then transposed."""
-    m = re.fullmatch(r"(.*?)(?:~(\d+)/(\d+))?('?)", source_name)
+def split_transforms(source_name: str) -> tuple[str, tuple[int, int] | None, bool, str | None]:
+    """"x[3]~0/2'" -> ("x[3]", (0, 2), True, None): columns 0::2 of the slice, then transposed;
+    "x@plus1" -> ("x", None, False, "plus1"): the values mapped (SourceTensor.mapped)."""
+    m = re.fullmatch(r"(.*?)(?:~(\d+)/(\d+))?('?)(?:@(\w+))?", source_name)
     cols = (int(m.group(2)), int(m.group(3))) if m.group(2) else None
-    return m.group(1), cols, bool(m.group(4))
+    return m.group(1), cols, bool(m.group(4)), m.group(5)
 
 
 def split_slice(source_name: str) -> tuple[str, int | None, tuple[int, int] | None]:

@@ -85,6 +85,19 @@ class SourceTensor:
             return np.ascontiguousarray(self.read().T[a:b]).reshape(-1)
         return SourceTensor(f"{self.name}'", self.shape[::-1], self.qtype, read)
 
+    def mapped(self, fn: str) -> SourceTensor:
+        """The values through `fn`, as float32: "plus1" (a zero-centred norm's 1 + w), "negexp"
+        (-exp(x): Qwen3.5's A from A_log)."""
+        funcs = {"plus1": lambda x: x + np.float32(1), "negexp": lambda x: -np.exp(x)}
+        if fn not in funcs or self.qtype.name not in ("f32", "f16", "bf16"):
+            raise ConversionError(f"{self.name}: cannot map {self.qtype.name} values through {fn!r}")
+        f32 = quant.get("f32")
+
+        def read(a: int, b: int) -> np.ndarray:
+            x = quant.dequantize(self.read_rows(a, b) if len(self.shape) > 1 else self.read_rows(0, 1), self.qtype)
+            return funcs[fn](np.asarray(x, np.float32).reshape(-1)).astype(np.float32)
+        return SourceTensor(f"{self.name}@{fn}", self.shape, f32, read)
+
     def permute_rows(self, order: np.ndarray) -> SourceTensor:
         """Rows reordered: new row i is old row order[i] (a lossless move of whole rows)."""
         def read(a: int, b: int) -> np.ndarray:

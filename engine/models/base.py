@@ -28,7 +28,7 @@ from engine.model_dir import ModelConfig
 from engine.models.fused import FusedDecode
 from engine.ops import attention as op_attention
 from engine.ops import cache as states
-from engine.ops import conv, ffn, rope
+from engine.ops import conv, deltanet, ffn, norms, rope
 from engine.timing import Kernels, OpTimer
 from engine.weight_types import ExpertWeights, LayerWeights, Matrix
 
@@ -161,6 +161,8 @@ class Transformer:
         s = cfg.rope_scaling or {}
         if s.get("type") == "linear":  # positions divided by the factor
             inv = inv / np.float32(s["factor"])
+        elif cfg.partial_rotary_factor < 1:  # Qwen3.5: the first head_dim * factor dims turn
+            inv = rope.default_inv_freq(cfg.rope_theta, hd, cfg.partial_rotary_factor)
         elif s.get("type") == "yarn":
             inv, self.rope_factor = rope.yarn_inv_freq(cfg.rope_theta, hd, s["factor"],
                                                        s["original_max_position_embeddings"], s.get("beta_fast", 32.0),
@@ -173,7 +175,10 @@ class Transformer:
         # attention sinks: every layer attends through engine.ops over its own f32 cache (a ring
         # for sliding layers); short_conv layers carry a conv tail. Both live in KVCache.states.
         self.op_attention = self.spec.attention_sinks
-        self.recurrent = self.op_attention or any(k == "short_conv" for k in self.kinds)
+        self.recurrent = self.op_attention or any(k in ("short_conv", "linear_attention") for k in self.kinds)
+        self.partial_rope = cfg.partial_rotary_factor < 1  # engine.ops' rope: the rest of each head passes
+        if "linear_attention" in self.kinds:
+            self.delta_work = deltanet.work_for(cfg.linear_value_heads, cfg.linear_key_dim, cfg.linear_value_dim)
         why = FusedDecode.refusal(self)
         self.fused = FusedDecode(self) if why is None else None
         self.fused_refusal = why  # why a decoded token runs layer by layer (None: it need not)
@@ -295,6 +300,9 @@ class Transformer:
         for k in self.kinds:
             if k == "short_conv":
                 out.append(states.ConvState(cfg.conv_kernel, cfg.hidden_size))
+            elif k == "linear_attention":
+                nk, nv, dk, dv = cfg.linear_key_heads, cfg.linear_value_heads, cfg.linear_key_dim, cfg.linear_value_dim
+                out.append(states.DeltaState(nv, dk, dv, cfg.conv_kernel, 2 * nk * dk + nv * dv))
             elif self.op_attention and k == "sliding_attention":
                 out.append(states.RingKV(cfg.sliding_window, cfg.num_kv_heads, cfg.head_dim))
             elif self.op_attention:
@@ -302,6 +310,29 @@ class Transformer:
             else:
                 out.append(None)
         return out
+
+    def linear_attention(self, L: int, h: np.ndarray, lw: LayerWeights, step: Step) -> np.ndarray:
+        """Qwen3.5's gated DeltaNet: conv (SiLU) over q|k|v with its carried tail, the delta rule
+        over the layer's (Hv, dk, dv) state, rms(core) * w * silu(z), out_proj."""
+        cfg, d, T = self.cfg, lw.delta, h.shape[0]
+        nk, nv, dk, dv = cfg.linear_key_heads, cfg.linear_value_heads, cfg.linear_key_dim, cfg.linear_value_dim
+        st = step.cache.states[L]
+        qkv = linear(h, d.qkv, step)
+        mixed = step.empty(qkv.shape)
+        conv.causal_conv(qkv, d.conv, st.conv.x, True, mixed)
+        q = np.ascontiguousarray(mixed[:, :nk * dk].reshape(T, nk, dk))
+        k = np.ascontiguousarray(mixed[:, nk * dk:2 * nk * dk].reshape(T, nk, dk))
+        v = np.ascontiguousarray(mixed[:, 2 * nk * dk:].reshape(T, nv, dv))
+        beta = (1 / (1 + np.exp(-linear(h, d.beta, step).astype(np.float64)))).astype(np.float32)
+        a = (linear(h, d.alpha, step) + d.dt_bias).astype(np.float64)
+        g = (d.a.astype(np.float64) * np.logaddexp(0, a)).astype(np.float32)  # A * softplus(a + dt_bias)
+        core = step.empty((T, nv, dv))
+        deltanet.delta_rule(q, k, v, g, beta, st.s, cfg.delta_tiled, self.delta_work, core)
+        z = linear(h, d.z, step).reshape(T, nv, dv)
+        o = norms.gated_rmsnorm(core, z, d.norm, cfg.rms_norm_eps).reshape(T, nv * dv)
+        if step.dump is not None:
+            step.dump[f"blk.{L}.attn_out"] = o.copy()
+        return linear(o, d.out, step)
 
     def _op_attention(self, L: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, lw: LayerWeights,
                       step: Step) -> np.ndarray:
@@ -332,6 +363,10 @@ class Transformer:
         cfg, T = self.cfg, h.shape[0]
         H, KV, hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         q, k, v = linears(h, (lw.q, lw.k, lw.v), step)
+        gate = None
+        if self.spec.attention_gate:  # Qwen3.5: per head [q | gate]
+            qg = q.reshape(T, H, 2 * hd)
+            q, gate = np.ascontiguousarray(qg[..., :hd]).reshape(T, H * hd), qg[..., hd:].reshape(T, H * hd)
         if lw.q_bias is not None:
             q += lw.q_bias
             k += lw.k_bias
@@ -344,8 +379,9 @@ class Transformer:
         if cfg.clip_qkv:
             for a in (q, k, v):
                 np.clip(a, -cfg.clip_qkv, cfg.clip_qkv, out=a)
-        step.k.rope(q, step.cos, step.sin)
-        step.k.rope(k, step.cos, step.sin)
+        turn = rope.rope if self.partial_rope else step.k.rope
+        turn(q, step.cos, step.sin)
+        turn(k, step.cos, step.sin)
         if self.op_attention:
             out = self._op_attention(L, q, k, v, lw, step)
         else:
@@ -353,6 +389,8 @@ class Transformer:
         if step.dump is not None:
             step.dump |= {f"blk.{L}.q": q.copy(), f"blk.{L}.k": k.copy(), f"blk.{L}.v": v.copy(),
                           f"blk.{L}.attn_out": out.reshape(T, -1).copy()}
+        if gate is not None:
+            out = out.reshape(T, H * hd) * (1 / (1 + np.exp(-gate.astype(np.float64)))).astype(np.float32)
         o = linear(out.reshape(T, H * hd), lw.o, step)
         if lw.o_bias is not None:
             o += lw.o_bias
@@ -401,7 +439,8 @@ class Transformer:
                 if step.before_layer is not None:
                     step.before_layer(L)
                 mark = arena.mark()
-                mixer = self.short_conv if self.kinds[L] == "short_conv" else self.attention
+                mixer = {"short_conv": self.short_conv, "linear_attention": self.linear_attention}.get(
+                    self.kinds[L], self.attention)
                 x += mixer(L, rmsnorm(x, lw.attn_norm, cfg.rms_norm_eps, step), lw, step)
                 f = self.ffn(L, rmsnorm(x, lw.ffn_norm, cfg.rms_norm_eps, step), lw, step)
                 x += f
