@@ -73,10 +73,20 @@ class ModelConfig:
     linear_key_dim: int = 0
     linear_value_dim: int = 0
     delta_tiled: bool = False  # DeltaNet value heads in llama.cpp's tiled order (a GGUF's), else grouped
+    full_head_dim: int = 0  # full-attention layers' own head_dim and KV heads where they differ (Gemma 4)
+    full_kv_heads: int = 0
+    rope_theta_full: float = 0.0  # full-attention layers' own rope theta (0: rope_theta)
+    final_logit_softcap: float = 0.0  # logits c * tanh(x / c); 0: none
 
     @property
     def is_moe(self) -> bool:
         return self.num_experts > 1
+
+    def attention_shape(self, layer: int) -> tuple[int, int]:
+        """(KV heads, head_dim) of an attention layer: full layers may have their own (Gemma 4)."""
+        if self.full_head_dim and (self.layer_types or ())[layer:layer + 1] == ("attention",):
+            return self.full_kv_heads, self.full_head_dim
+        return self.num_kv_heads, self.head_dim
 
     @classmethod
     def from_dict(cls, d: dict) -> ModelConfig:
@@ -132,9 +142,13 @@ def expected_tensors(cfg: ModelConfig, split_experts: bool = True) -> dict[str, 
             _ffn_files(files, cfg, L, split_experts)
             continue
         sp = spec(cfg.architecture)
+        kvh, hd = cfg.attention_shape(L)
+        q, kv = cfg.num_heads * hd, kvh * hd
         att = {b + "attn_norm.weight": (D,), b + "attn_q.weight": (2 * q if sp.attention_gate else q, D),
                b + "attn_k.weight": (kv, D),
                b + "attn_v.weight": (kv, D), b + "attn_output.weight": (D, q)}
+        if sp.k_eq_v and kinds[L] == "attention":
+            del att[b + "attn_v.weight"]
         if cfg.attention_bias:
             att |= {b + "attn_q.bias": (q,), b + "attn_k.bias": (kv,), b + "attn_v.bias": (kv,)}
         if sp.o_bias:
@@ -145,6 +159,10 @@ def expected_tensors(cfg: ModelConfig, split_experts: bool = True) -> dict[str, 
             head = cfg.qk_norm == "head"
             att |= {b + "attn_q_norm.weight": (hd if head else q,), b + "attn_k_norm.weight": (hd if head else kv,)}
         att[b + "ffn_norm.weight"] = (D,)
+        if sp.norm_place == "sandwich":  # Gemma 4: post-norms, the experts' own pre/post norms, a scalar
+            att |= {b + n: (D,) for n in ("post_attention_norm.weight", "post_ffw_norm_1.weight",
+                                          "pre_ffw_norm_2.weight", "post_ffw_norm_2.weight", "post_ffw_norm.weight")}
+            att[b + "layer_output_scale.weight"] = (1,)
         files[f"attention/layer_{L}.bin"] = att
         _ffn_files(files, cfg, L, split_experts)
     return files
@@ -163,6 +181,8 @@ def _ffn_files(files: dict, cfg: ModelConfig, L: int, split_experts: bool) -> No
             router[b + "exp_probs_b.bias"] = (cfg.num_experts,)
         if sp.router == "topk_softmax":  # gpt-oss: a biased router
             router[b + "ffn_gate_inp.bias"] = (cfg.num_experts,)
+        if sp.router == "gemma4":  # the router's input scale and each expert's output scale
+            router |= {b + "ffn_gate_inp.scale": (D,), b + "ffn_down_exps.scale": (cfg.num_experts,)}
         if sp.expert_bias:  # the experts' biases, resident beside the router (they are small)
             E, F = cfg.num_experts, cfg.intermediate_size
             router |= {b + "ffn_gate_exps.bias": (E, F), b + "ffn_up_exps.bias": (E, F),
@@ -173,7 +193,8 @@ def _ffn_files(files: dict, cfg: ModelConfig, L: int, split_experts: bool) -> No
         files.setdefault(expert_file(L, e, split_experts), {}).update({
             f"{b}ffn_gate.{e}.weight": (F, D), f"{b}ffn_up.{e}.weight": (F, D),
             f"{b}ffn_down.{e}.weight": (D, F)})
-    S = cfg.dense_intermediate_size if dense else cfg.shared_expert_intermediate_size
+    S = cfg.dense_intermediate_size if dense or spec(cfg.architecture).parallel_dense else \
+        cfg.shared_expert_intermediate_size
     if S:
         files.setdefault(expert_file(L, "shared", split_experts), {}).update({
             b + "ffn_gate_shexp.weight": (S, D), b + "ffn_up_shexp.weight": (S, D),

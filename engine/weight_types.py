@@ -59,6 +59,7 @@ class LayerWeights:
     router_bias: np.ndarray | None = None  # gpt-oss: added to the router logits
     expert_biases: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # gpt-oss: (E, F), (E, F), (E, D)
     delta: DeltaWeights | None = None  # a linear_attention layer's (instead of q/k/v/o)
+    sandwich: SandwichNorms | None = None  # Gemma 4's extra norms and scales
 
 
 @dataclass(frozen=True)
@@ -73,3 +74,17 @@ class DeltaWeights:
     conv: np.ndarray  # (channels, taps) float32
     norm: np.ndarray  # (dv,) the output RMSNorm's weight (plain)
     out: Matrix
+
+
+@dataclass(frozen=True)
+class SandwichNorms:
+    """Gemma 4: norms after the attention and around the dense MLP and the experts, the
+    layer's output scalar, and the router's scales."""
+    post_attention: np.ndarray
+    post_ffw_1: np.ndarray  # after the dense MLP
+    pre_ffw_2: np.ndarray  # before the experts (on the raw residual)
+    post_ffw_2: np.ndarray  # after the experts
+    post_ffw: np.ndarray  # after their sum
+    layer_scale: float
+    router_scale: np.ndarray  # (D,) times the unweighted rms of the residual
+    expert_scale: np.ndarray  # (E,) each expert's output weight

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import numpy as np
 
+from engine.arch import spec
 from engine.model_dir import ModelDir
 from engine.tensorfile import TensorFile
-from engine.weight_types import DeltaWeights, ExpertWeights, LayerWeights, Matrix
+from engine.weight_types import DeltaWeights, ExpertWeights, LayerWeights, Matrix, SandwichNorms
 
 __all__ = ["ExpertWeights", "LayerWeights", "Matrix", "ModelWeights", "load_matrix", "load_vector"]
 
@@ -64,15 +65,17 @@ class ModelWeights:
         at = self._open(model.path / f"attention/layer_{L}.bin")
         opt = lambda n: load_vector(at, b + n) if b + n in at else None  # noqa: E731
         mat = lambda n: self._repacked(load_matrix(at, b + n), at)  # noqa: E731
-        dense = self._resident(L, "shared") if L < cfg.dense_layers else None
+        sp = spec(cfg.architecture)
+        dense = self._resident(L, "shared") if L < cfg.dense_layers or sp.parallel_dense else None
+        routed = cfg.is_moe and L >= cfg.dense_layers
         if cfg.layer_types and cfg.layer_types[L] == "short_conv":
-            rest = self._router(model, L) if cfg.is_moe and dense is None else {}
+            rest = self._router(model, L) if routed else {}
             return LayerWeights(attn_norm=load_vector(at, b + "attn_norm.weight"), q=None, k=None, v=None, o=None,
                                 ffn_norm=load_vector(at, b + "ffn_norm.weight"), dense=dense,
                                 conv_in=mat("shortconv.in_proj.weight"), conv_out=mat("shortconv.out_proj.weight"),
                                 conv_w=np.ascontiguousarray(at.dequantize(b + "shortconv.conv.weight"), np.float32),
                                 **rest)
-        rest = self._router(model, L) if cfg.is_moe and dense is None else {}
+        rest = self._router(model, L) if routed else {}
         if cfg.layer_types and cfg.layer_types[L] == "linear_attention":
             vec = lambda n: load_vector(at, b + n)  # noqa: E731
             delta = DeltaWeights(mat("attn_qkv.weight"), mat("attn_gate.weight"), mat("ssm_beta.weight"),
@@ -81,9 +84,16 @@ class ModelWeights:
                                  vec("ssm_norm.weight"), mat("ssm_out.weight"))
             return LayerWeights(attn_norm=vec("attn_norm.weight"), q=None, k=None, v=None, o=None,
                                 ffn_norm=vec("ffn_norm.weight"), delta=delta, **rest)
+        if sp.norm_place == "sandwich":
+            rt = self.files[-1]  # the router file _router opened
+            vec = lambda n: load_vector(at, b + n)  # noqa: E731
+            rest["sandwich"] = SandwichNorms(
+                vec("post_attention_norm.weight"), vec("post_ffw_norm_1.weight"), vec("pre_ffw_norm_2.weight"),
+                vec("post_ffw_norm_2.weight"), vec("post_ffw_norm.weight"), float(vec("layer_output_scale.weight")[0]),
+                load_vector(rt, b + "ffn_gate_inp.scale"), load_vector(rt, b + "ffn_down_exps.scale"))
         return LayerWeights(
             attn_norm=load_vector(at, b + "attn_norm.weight"), q=mat("attn_q.weight"),
-            k=mat("attn_k.weight"), v=mat("attn_v.weight"),
+            k=mat("attn_k.weight"), v=mat("attn_v.weight") if b + "attn_v.weight" in at else None,
             o=mat("attn_output.weight"), ffn_norm=load_vector(at, b + "ffn_norm.weight"),
             q_bias=opt("attn_q.bias"), k_bias=opt("attn_k.bias"), v_bias=opt("attn_v.bias"),
             q_norm=opt("attn_q_norm.weight"), k_norm=opt("attn_k_norm.weight"),

@@ -15,7 +15,7 @@ from engine.convert.convert import convert
 from engine.kvcache import KVCache
 
 GGUFS = Path(__file__).resolve().parent / "fixtures" / "arch_llamacpp"
-WIRED = ["lfm2_moe", "gpt_oss", "qwen3_5_moe"]  # the architectures the Engine runs end to end (the rest: engine.arch refuses them)
+WIRED = ["lfm2_moe", "gpt_oss", "qwen3_5_moe", "gemma4"]  # the architectures the Engine runs end to end (the rest: engine.arch refuses them)
 
 
 @pytest.fixture(scope="module")

@@ -158,7 +158,9 @@ def open_source(path: Path) -> _Source:
             if t is not None and "[" not in t.name and t.name in g.tensors:
                 return g.source_tensor(t.name, c)
             return t
-        return _Source("gguf", cfg, tok, g.tensors, resolve, lambda n: False, g.close,
+        # (Gemma 4's rope_freqs only mark its proportional rope, which the config now describes)
+        ignorable = lambda n: n == "rope_freqs.weight" and not cfg.rope_freq_factors  # noqa: E731
+        return _Source("gguf", cfg, tok, g.tensors, resolve, ignorable, g.close,
                        generation_defaults(g.fields, GGUF_SAMPLING, str(path)))
     raise SourceFormatError(f"{path}: no such file or folder (give a .gguf file or a Hugging Face folder)")
 

@@ -29,7 +29,8 @@ LIMITS = {"block_count": (1, 4096), "embedding_length": (1, 1 << 20), "attention
           "expert_used_count": (1, 1 << 16), "vocab_size": (1, 1 << 24), "context_length": (1, 1 << 24),
           "leading_dense_block_count": (0, 4096), "shortconv.l_cache": (2, 64), "ssm.conv_kernel": (2, 64),
           "ssm.time_step_rank": (1, 4096), "ssm.group_count": (1, 4096), "ssm.state_size": (1, 1 << 16),
-          "ssm.inner_size": (1, 1 << 22), "rope.dimension_count": (2, 1 << 16)}
+          "ssm.inner_size": (1, 1 << 22), "rope.dimension_count": (2, 1 << 16),
+          "attention.key_length_swa": (1, 1 << 16)}
 
 
 def unpermute_order(n_head: int, rows: int) -> np.ndarray:
@@ -260,14 +261,14 @@ class GGUFModel:
                 scaling |= {"beta_fast": self._positive("rope.scaling.yarn_beta_fast", 32.0),
                             "beta_slow": self._positive("rope.scaling.yarn_beta_slow", 1.0),
                             "truncate": not sp.attention_sinks}
-        return ModelConfig(
+        fields = dict(
             architecture=arch,
             vocab_size=self._int("vocab_size", len(tokens)) or len(tokens),
             hidden_size=hidden,
             num_layers=self._int("block_count", required=True),
             num_heads=heads,
             num_kv_heads=kv_heads,
-            head_dim=head_dim,
+            head_dim=self._int("attention.key_length_swa", head_dim) if sp.full_rope != "same" else head_dim,
             intermediate_size=self._int(ff_key, required=True),
             num_experts=experts if moe else 1,
             top_k=self._int("expert_used_count", required=moe, high=experts) if moe else 1,
@@ -291,6 +292,23 @@ class GGUFModel:
             partial_rotary_factor=self._int("rope.dimension_count", head_dim) / head_dim if sp.partial_rotary else 1.0,
             **self._linear_attention(kinds),
         )
+        return ModelConfig(**(fields | self._gemma4(sp, head_dim)))  # type: ignore[arg-type]
+
+    def _gemma4(self, sp, head_dim: int) -> dict:
+        """Gemma 4's full layers (own head_dim, KV heads, theta; proportional rope: rope_freqs holds 1
+        for the pairs that turn, 1e30 for the rest), the dense MLP's width and the final softcap."""
+        if sp.full_rope == "same":
+            return {}
+        freqs = self.tensors.get("rope_freqs.weight")
+        turning = int((np.asarray(quant.dequantize(freqs.read(), freqs.qtype)).reshape(-1) == 1).sum()) \
+            if freqs is not None else head_dim // 2
+        return {"full_head_dim": head_dim, "full_kv_heads": getattr(self, "_full_kv", 0) or 1,
+                "rope_theta": self._positive("rope.freq_base_swa", 10000.0),
+                "rope_theta_full": self._positive("rope.freq_base", 10000.0),
+                "partial_rotary_factor": 2 * turning / head_dim,
+                "dense_intermediate_size": self._int("feed_forward_length", required=True),
+                "final_logit_softcap": float(self._get("final_logit_softcapping") or 0.0),
+                "rope_freq_factors": False}
 
     def _linear_attention(self, kinds: tuple[str, ...] | None) -> dict:
         """Gated DeltaNet dims from the ssm.* metadata; llama.cpp's value heads are tiled."""
@@ -309,6 +327,11 @@ class GGUFModel:
             return self._int("attention.head_count_kv", heads), None
         arch = self.fields.get("general.architecture")
         per = [int(v) for v in value]
+        swa = self._get("attention.sliding_window_pattern")
+        if sp.full_rope != "same" and isinstance(swa, list) and len(swa) == len(per):  # Gemma 4
+            kinds = tuple("sliding_attention" if s else "attention" for s in swa)
+            self._full_kv = max((v for v, s in zip(per, swa, strict=True) if not s), default=0)
+            return max((v for v, s in zip(per, swa, strict=True) if s), default=per[0]), kinds
         used = sorted({v for v in per if v})
         if len(per) != self._int("block_count", required=True) or len(used) != 1 or "short_conv" not in sp.layer_kinds:
             raise ConfigError(f"{self.path}: GGUF metadata {arch}.attention.head_count_kv = {per} is not one "

@@ -137,6 +137,14 @@ def config_from_hf(folder: Path) -> ModelConfig:
     if cfg.get("mlp_only_layers") or cfg.get("decoder_sparse_step", 1) != 1:
         raise ConfigError(f"{path}: models that mix dense and MoE layers (mlp_only_layers / "
                           f"decoder_sparse_step) are not supported yet")
+    per_kind = cfg.get("rope_parameters") or {}
+    if sp.full_rope != "same" and "sliding_attention" in per_kind:  # Gemma 4: rope parameters per layer kind
+        full = per_kind.get("full_attention") or {}
+        cfg = {**cfg, "rope_parameters": per_kind["sliding_attention"], "partial_rotary_factor":
+               full.get("partial_rotary_factor", 1.0)}
+        theta_full = float(full.get("rope_theta", 10000.0))
+    else:
+        theta_full = 0.0
     theta, scaling = _rope(cfg, path)
     experts = cfg.get("num_experts") or cfg.get("num_local_experts")  # names vary by version
     if moe and not experts:
@@ -153,7 +161,7 @@ def config_from_hf(folder: Path) -> ModelConfig:
         head_dim=int(cfg.get("head_dim") or hidden // heads),
         intermediate_size=int(_need(cfg, sp.hf_ff_key, path)),
         num_experts=int(experts) if moe else 1,
-        top_k=int(_need(cfg, "num_experts_per_tok", path)) if moe else 1,
+        top_k=int(cfg.get("num_experts_per_tok") or _need(cfg, "top_k_experts", path)) if moe else 1,
         norm_topk_prob=bool(cfg.get(sp.renormalise_key, sp.renormalise) if sp.renormalise_key else sp.renormalise),
         shared_expert_intermediate_size=int(cfg.get("shared_expert_intermediate_size") or 0)
         if sp.shared_expert != "none" else 0,
@@ -169,17 +177,34 @@ def config_from_hf(folder: Path) -> ModelConfig:
         clip_qkv=cfg.get("clip_qkv"),
         layer_types=kinds,
         dense_layers=dense,
-        dense_intermediate_size=int(_need(cfg, "intermediate_size", path)) if dense else 0,
+        dense_intermediate_size=int(_need(cfg, "intermediate_size", path)) if dense or sp.parallel_dense else 0,
+        rope_theta_full=theta_full,
+        final_logit_softcap=float(cfg.get("final_logit_softcapping") or 0.0) if sp.logit_softcap else 0.0,
+        **_full_attention_shape(cfg, kinds, path),
         conv_kernel=int(cfg.get("conv_L_cache") or 0) if kinds and "short_conv" in kinds else
         int(cfg.get("linear_conv_kernel_dim") or 0) if kinds and "linear_attention" in kinds else 0,
         partial_rotary_factor=float((cfg.get("rope_parameters") or {}).get("partial_rotary_factor",
                                                                          cfg.get("partial_rotary_factor", 1.0)))
-        if sp.partial_rotary else 1.0,
+        if sp.partial_rotary or sp.full_rope != "same" else 1.0,
         **_linear_attention(cfg, kinds, path),
         routed_scaling_factor=float(cfg.get("routed_scaling_factor") or 1.0),
         swiglu_alpha=float(cfg.get("swiglu_alpha", 1.702)),
         swiglu_limit=float(cfg.get("swiglu_limit", 7.0)),
     )
+
+
+def _full_attention_shape(cfg: dict, kinds: tuple[str, ...] | None, path: Path) -> dict:
+    """Full-attention layers' own head_dim and KV heads (Gemma 4: per_layer_config, or
+    global_head_dim / num_global_key_value_heads)."""
+    if not kinds or "attention" not in kinds or "sliding_attention" not in kinds:
+        return {}
+    full = kinds.index("attention")
+    per = (cfg.get("per_layer_config") or {}).get(str(full)) or {}
+    hd = per.get("head_dim") or cfg.get("global_head_dim")
+    kv = per.get("num_key_value_heads") or cfg.get("num_global_key_value_heads")
+    if not hd or hd == cfg.get("head_dim") and kv in (None, cfg.get("num_key_value_heads")):
+        return {}
+    return {"full_head_dim": int(hd), "full_kv_heads": int(kv or cfg.get("num_key_value_heads"))}
 
 
 def _linear_attention(cfg: dict, kinds: tuple[str, ...] | None, path: Path) -> dict:

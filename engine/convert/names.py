@@ -17,6 +17,7 @@ DENSE, MIXTRAL = frozenset({"dense"}), frozenset({"mixtral"})
 QWEN_MOE, OLMOE = frozenset({"qwen_moe", "qwen3_5"}), frozenset({"olmoe"})
 MLP_EXPERTS = QWEN_MOE | OLMOE
 LFM2, GPT_OSS, QWEN35 = frozenset({"lfm2"}), frozenset({"gpt_oss"}), frozenset({"qwen3_5"})
+GEMMA4 = frozenset({"gemma4"})
 
 HF_FAMILY = {s.name: s.family for s in SPECS.values()}  # architecture -> its table's family (engine.arch)
 
@@ -84,6 +85,34 @@ HF_NAMES: list[tuple[str, tuple[str, ...], frozenset[str]]] = [
     ("blk.{L}.ffn_gate_shexp.weight",    (f"{_L}.mlp.shared_expert.gate_proj.weight",),             QWEN_MOE),
     ("blk.{L}.ffn_up_shexp.weight",      (f"{_L}.mlp.shared_expert.up_proj.weight",),               QWEN_MOE),
     ("blk.{L}.ffn_down_shexp.weight",    (f"{_L}.mlp.shared_expert.down_proj.weight",),             QWEN_MOE),
+    # Gemma 4: sandwich norms, a dense MLP beside the experts (stored as the shared expert), the
+    # router's scales; full layers have no v_proj (k_eq_v); tied output
+    ("token_embd.weight",                ("model.embed_tokens.weight",),                            GEMMA4),
+    ("output_norm.weight",               ("model.norm.weight",),                                    GEMMA4),
+    ("output.weight",                    ("lm_head.weight",),                                       GEMMA4),
+    ("blk.{L}.attn_norm.weight",         (f"{_L}.input_layernorm.weight",),                         GEMMA4),
+    ("blk.{L}.post_attention_norm.weight", (f"{_L}.post_attention_layernorm.weight",),              GEMMA4),
+    ("blk.{L}.ffn_norm.weight",          (f"{_L}.pre_feedforward_layernorm.weight",),               GEMMA4),
+    ("blk.{L}.post_ffw_norm_1.weight",   (f"{_L}.post_feedforward_layernorm_1.weight",),            GEMMA4),
+    ("blk.{L}.pre_ffw_norm_2.weight",    (f"{_L}.pre_feedforward_layernorm_2.weight",),             GEMMA4),
+    ("blk.{L}.post_ffw_norm_2.weight",   (f"{_L}.post_feedforward_layernorm_2.weight",),            GEMMA4),
+    ("blk.{L}.post_ffw_norm.weight",     (f"{_L}.post_feedforward_layernorm.weight",),              GEMMA4),
+    ("blk.{L}.layer_output_scale.weight", (f"{_L}.layer_scalar",),                                  GEMMA4),
+    ("blk.{L}.attn_q.weight",            (f"{_L}.self_attn.q_proj.weight",),                        GEMMA4),
+    ("blk.{L}.attn_k.weight",            (f"{_L}.self_attn.k_proj.weight",),                        GEMMA4),
+    ("blk.{L}.attn_v.weight",            (f"{_L}.self_attn.v_proj.weight",),                        GEMMA4),
+    ("blk.{L}.attn_output.weight",       (f"{_L}.self_attn.o_proj.weight",),                        GEMMA4),
+    ("blk.{L}.attn_q_norm.weight",       (f"{_L}.self_attn.q_norm.weight",),                        GEMMA4),
+    ("blk.{L}.attn_k_norm.weight",       (f"{_L}.self_attn.k_norm.weight",),                        GEMMA4),
+    ("blk.{L}.ffn_gate_inp.weight",      (f"{_L}.router.proj.weight",),                             GEMMA4),
+    ("blk.{L}.ffn_gate_inp.scale",       (f"{_L}.router.scale",),                                   GEMMA4),
+    ("blk.{L}.ffn_down_exps.scale",      (f"{_L}.router.per_expert_scale",),                        GEMMA4),
+    ("blk.{L}.ffn_gate_shexp.weight",    (f"{_L}.mlp.gate_proj.weight",),                           GEMMA4),
+    ("blk.{L}.ffn_up_shexp.weight",      (f"{_L}.mlp.up_proj.weight",),                             GEMMA4),
+    ("blk.{L}.ffn_down_shexp.weight",    (f"{_L}.mlp.down_proj.weight",),                           GEMMA4),
+    ("blk.{L}.ffn_gate.{E}.weight",      (f"{_L}.experts.gate_up_proj[{{E}}]#0/2",),                GEMMA4),
+    ("blk.{L}.ffn_up.{E}.weight",        (f"{_L}.experts.gate_up_proj[{{E}}]#1/2",),                GEMMA4),
+    ("blk.{L}.ffn_down.{E}.weight",      (f"{_L}.experts.down_proj[{{E}}]",),                       GEMMA4),
     # LFM2-MoE: the final norm is model.embedding_norm (applied after the last layer); tied output;
     # a leading dense layer's MLP (feed_forward.w1/w3/w2) is stored as its shared expert
     ("token_embd.weight",                ("model.embed_tokens.weight",),                            LFM2),
@@ -134,8 +163,10 @@ GGUF_NAMES: list[tuple[str, tuple[str, ...]]] = [
     ("blk.{L}.attn_k_norm.weight",       (f"{_B}.attn_k_norm.weight",)),
     ("blk.{L}.ffn_norm.weight",          (f"{_B}.ffn_norm.weight", f"{_B}.post_attention_norm.weight")),  # (gpt-oss)
     ("blk.{L}.ffn_gate_inp.weight",      (f"{_B}.ffn_gate_inp.weight",)),
-    ("blk.{L}.ffn_gate.{E}.weight",      (f"{_B}.ffn_gate_exps.weight[{{E}}]", f"{_B}.ffn_gate.{{E}}.weight")),
-    ("blk.{L}.ffn_up.{E}.weight",        (f"{_B}.ffn_up_exps.weight[{{E}}]", f"{_B}.ffn_up.{{E}}.weight")),
+    ("blk.{L}.ffn_gate.{E}.weight",      (f"{_B}.ffn_gate_exps.weight[{{E}}]", f"{_B}.ffn_gate.{{E}}.weight",
+                                          f"{_B}.ffn_gate_up_exps.weight[{{E}}]#0/2")),  # (the third: Gemma 4)
+    ("blk.{L}.ffn_up.{E}.weight",        (f"{_B}.ffn_up_exps.weight[{{E}}]", f"{_B}.ffn_up.{{E}}.weight",
+                                          f"{_B}.ffn_gate_up_exps.weight[{{E}}]#1/2")),
     ("blk.{L}.ffn_down.{E}.weight",      (f"{_B}.ffn_down_exps.weight[{{E}}]", f"{_B}.ffn_down.{{E}}.weight")),
     ("blk.{L}.ffn_gate_inp_shexp.weight", (f"{_B}.ffn_gate_inp_shexp.weight",)),
     # a shared expert, or (second) a leading dense layer's MLP in an MoE model (LFM2-MoE)
@@ -145,6 +176,14 @@ GGUF_NAMES: list[tuple[str, tuple[str, ...]]] = [
     ("blk.{L}.exp_probs_b.bias",         (f"{_B}.exp_probs_b.bias",)),
     ("blk.{L}.attn_output.bias",         (f"{_B}.attn_output.bias",)),
     ("blk.{L}.attn_qkv.weight",          (f"{_B}.attn_qkv.weight",)),
+    ("blk.{L}.post_attention_norm.weight", (f"{_B}.post_attention_norm.weight",)),
+    ("blk.{L}.post_ffw_norm_1.weight",   (f"{_B}.post_ffw_norm_1.weight",)),
+    ("blk.{L}.pre_ffw_norm_2.weight",    (f"{_B}.pre_ffw_norm_2.weight",)),
+    ("blk.{L}.post_ffw_norm_2.weight",   (f"{_B}.post_ffw_norm_2.weight",)),
+    ("blk.{L}.post_ffw_norm.weight",     (f"{_B}.post_ffw_norm.weight",)),
+    ("blk.{L}.layer_output_scale.weight", (f"{_B}.layer_output_scale.weight",)),
+    ("blk.{L}.ffn_gate_inp.scale",       (f"{_B}.ffn_gate_inp.scale",)),
+    ("blk.{L}.ffn_down_exps.scale",      (f"{_B}.ffn_down_exps.scale",)),
     ("blk.{L}.attn_gate.weight",         (f"{_B}.attn_gate.weight",)),
     ("blk.{L}.ssm_beta.weight",          (f"{_B}.ssm_beta.weight",)),
     ("blk.{L}.ssm_alpha.weight",         (f"{_B}.ssm_alpha.weight",)),

@@ -161,22 +161,28 @@ class Transformer:
         s = cfg.rope_scaling or {}
         if s.get("type") == "linear":  # positions divided by the factor
             inv = inv / np.float32(s["factor"])
-        elif cfg.partial_rotary_factor < 1:  # Qwen3.5: the first head_dim * factor dims turn
+        elif cfg.partial_rotary_factor < 1 and self.spec.full_rope == "same":  # Qwen3.5: the first head_dim * factor dims turn
             inv = rope.default_inv_freq(cfg.rope_theta, hd, cfg.partial_rotary_factor)
         elif s.get("type") == "yarn":
             inv, self.rope_factor = rope.yarn_inv_freq(cfg.rope_theta, hd, s["factor"],
                                                        s["original_max_position_embeddings"], s.get("beta_fast", 32.0),
                                                        s.get("beta_slow", 1.0), s.get("truncate", True))
         self.inv_freq = inv.astype(np.float32)
-        self.scale = np.float32(1.0 / math.sqrt(hd))
+        self.full_tables: tuple[np.ndarray, np.ndarray] | None = None  # this pass's full-layer rope (Gemma 4)
+        sc = self.spec.attention_scale
+        self.scale = np.float32(1.0 / math.sqrt(hd) if sc is None else sc)
+        if self.spec.full_rope == "proportional":  # Gemma 4's full layers: their own theta, head_dim
+            self.inv_full = rope.proportional_inv_freq(cfg.rope_theta_full or cfg.rope_theta,
+                                                       cfg.full_head_dim or hd, cfg.partial_rotary_factor)
         self.arena = Arena(weights.pool)  # activation buffers, reused by every pass
         self.renormalise = self.spec.renormalises(cfg)
         self.kinds = self.spec.layer_types(cfg)
         # attention sinks: every layer attends through engine.ops over its own f32 cache (a ring
         # for sliding layers); short_conv layers carry a conv tail. Both live in KVCache.states.
-        self.op_attention = self.spec.attention_sinks
+        self.op_attention = self.spec.attention_sinks or cfg.full_head_dim > 0  # (or per-layer head dims)
         self.recurrent = self.op_attention or any(k in ("short_conv", "linear_attention") for k in self.kinds)
-        self.partial_rope = cfg.partial_rotary_factor < 1  # engine.ops' rope: the rest of each head passes
+        # engine.ops' rope: the rest of each head passes
+        self.partial_rope = cfg.partial_rotary_factor < 1 and self.spec.full_rope == "same"
         if "linear_attention" in self.kinds:
             self.delta_work = deltanet.work_for(cfg.linear_value_heads, cfg.linear_key_dim, cfg.linear_value_dim)
         why = FusedDecode.refusal(self)
@@ -188,7 +194,7 @@ class Transformer:
     # --- the feed-forward block, as the spec says ---------------------------------------------
     def ffn(self, L: int, h: np.ndarray, lw: LayerWeights, step: Step) -> np.ndarray:
         if lw.dense is not None:  # a leading dense layer of an MoE (spec.dense_leading_layers)
-            return expert_mlp(h, lw.dense, step)
+            return self.mlp(h, lw.dense, step)
         if not self.cfg.is_moe:  # a dense MLP is the model directory's expert 0
             with self.w.experts.use(L, 0) as e:
                 return expert_mlp(h, e, step)
@@ -200,6 +206,9 @@ class Transformer:
 
     def route(self, logits: np.ndarray, lw: LayerWeights, step: Step) -> tuple[np.ndarray, np.ndarray]:
         """(T, E) router logits -> (T, k) weights and expert ids, by spec.router."""
+        if self.spec.router == "gemma4":
+            ids, weights = ffn.pick_gemma4(logits, lw.sandwich.expert_scale, self.cfg.top_k)
+            return weights, ids.astype(np.int64)
         if self.spec.router == "topk_softmax":  # gpt-oss (its bias is in the logits already)
             ids, weights = ffn.pick_topk_softmax(logits, self.cfg.top_k)
             return weights, ids.astype(np.int64)
@@ -209,11 +218,12 @@ class Transformer:
             return weights, ids.astype(np.int64)
         return softmax_top_k(logits, self.cfg.top_k, self.renormalise, step)
 
-    def sparse_moe(self, L: int, h: np.ndarray, lw: LayerWeights, step: Step) -> np.ndarray:
+    def sparse_moe(self, L: int, h: np.ndarray, lw: LayerWeights, step: Step,
+                   route_in: np.ndarray | None = None) -> np.ndarray:
         """Each token's top-k experts, weighted; tokens grouped by expert so each expert is
         loaded and read once per layer, however many tokens chose it."""
         cache = self.w.experts
-        logits = linear(h, lw.router, step)
+        logits = linear(h if route_in is None else route_in, lw.router, step)
         if lw.router_bias is not None:
             logits += lw.router_bias
         weights, ids = self.route(logits, lw, step)
@@ -224,7 +234,7 @@ class Transformer:
             step.dump[f"blk.{L}.router_logits"] = logits.copy()
             step.dump[f"blk.{L}.expert_ids"] = ids.copy()
         one = h.shape[0] == 1  # decode: no grouping needed, each pick is one expert
-        if one and lw.expert_biases is None and self._fusable(L, ids[0].tolist()) and _integer_path(h, (), step) and \
+        if one and lw.expert_biases is None and self.spec.activation == "silu" and self._fusable(L, ids[0].tolist()) and _integer_path(h, (), step) and \
                 cache.all_ready(L, ids[0].tolist()):
             return self._experts_in_one_call(L, h, ids[0].tolist(), weights[0], step)
         out = step.empty(h.shape)
@@ -249,7 +259,7 @@ class Transformer:
     def expert(self, h: np.ndarray, ew: ExpertWeights, lw: LayerWeights, e: int, step: Step) -> np.ndarray:
         """Routed expert e of this layer: SwiGLU, or with biases and a clamped SwiGLU (gpt-oss)."""
         if lw.expert_biases is None:
-            return expert_mlp(h, ew, step)
+            return self.mlp(h, ew, step)
         gb, ub, db = lw.expert_biases
         T, F = h.shape[0], ew.gate.rows
         gu = step.empty((T, 2 * F))  # gate, up interleaved: the layout clamped_swiglu reads
@@ -291,6 +301,27 @@ class Transformer:
         ranked = np.argsort(-logits, axis=-1)
         cache.prefetch(L, np.unique(ranked[:, k:k + 1]), spare_only=True)
 
+    def sandwich_layer(self, L: int, x: np.ndarray, lw: LayerWeights, mixer, step: Step) -> np.ndarray:
+        """Gemma 4, in place on x: x += post(mixer(pre x)); a dense MLP on ffn_norm(x) beside the
+        experts on pre_ffw_norm_2(x) (routed from the raw x), each post-normed, their sum
+        post-normed and added; x *= the layer scalar. Returns what the feed-forward part added."""
+        eps, sw = self.cfg.rms_norm_eps, lw.sandwich
+        x += rmsnorm(mixer(L, rmsnorm(x, lw.attn_norm, eps, step), lw, step), sw.post_attention, eps, step)
+        m1 = rmsnorm(self.mlp(rmsnorm(x, lw.ffn_norm, eps, step), lw.dense, step), sw.post_ffw_1, eps, step)
+        route_in = norms.rms(x, eps) * sw.router_scale * np.float32(self.cfg.hidden_size ** -0.5)
+        m2 = self.sparse_moe(L, rmsnorm(x, sw.pre_ffw_2, eps, step), lw, step, route_in)
+        f = rmsnorm(m1 + rmsnorm(m2, sw.post_ffw_2, eps, step), sw.post_ffw, eps, step)
+        x += f
+        x *= np.float32(sw.layer_scale)
+        return f
+
+    def mlp(self, h: np.ndarray, ew: ExpertWeights, step: Step) -> np.ndarray:
+        """A gated MLP with the spec's activation: act(gate h) * up h -> down."""
+        if self.spec.activation == "silu":
+            return expert_mlp(h, ew, step)
+        act = ffn.gelu_tanh(linear(h, ew.gate, step)) * linear(h, ew.up, step)
+        return linear(act, ew.down, step)
+
     # --- the token mixers ----------------------------------------------------------------------
     def new_states(self, capacity: int) -> list:
         """A sequence's per-layer caches beside the KV block: a short_conv layer's conv tail; with
@@ -304,9 +335,9 @@ class Transformer:
                 nk, nv, dk, dv = cfg.linear_key_heads, cfg.linear_value_heads, cfg.linear_key_dim, cfg.linear_value_dim
                 out.append(states.DeltaState(nv, dk, dv, cfg.conv_kernel, 2 * nk * dk + nv * dv))
             elif self.op_attention and k == "sliding_attention":
-                out.append(states.RingKV(cfg.sliding_window, cfg.num_kv_heads, cfg.head_dim))
+                out.append(states.RingKV(cfg.sliding_window, *cfg.attention_shape(len(out))))
             elif self.op_attention:
-                out.append(states.FullKV(capacity, cfg.num_kv_heads, cfg.head_dim))
+                out.append(states.FullKV(capacity, *cfg.attention_shape(len(out))))
             else:
                 out.append(None)
         return out
@@ -361,8 +392,12 @@ class Transformer:
 
     def attention(self, L: int, h: np.ndarray, lw: LayerWeights, step: Step) -> np.ndarray:
         cfg, T = self.cfg, h.shape[0]
-        H, KV, hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        q, k, v = linears(h, (lw.q, lw.k, lw.v), step)
+        H, (KV, hd) = cfg.num_heads, cfg.attention_shape(L)
+        if lw.v is None:  # k_eq_v (Gemma 4's full layers): v is the raw k projection
+            q, k = linears(h, (lw.q, lw.k), step)
+            v = k.copy()
+        else:
+            q, k, v = linears(h, (lw.q, lw.k, lw.v), step)
         gate = None
         if self.spec.attention_gate:  # Qwen3.5: per head [q | gate]
             qg = q.reshape(T, H, 2 * hd)
@@ -376,12 +411,16 @@ class Transformer:
         q, k, v = q.reshape(T, H, hd), k.reshape(T, KV, hd), v.reshape(T, KV, hd)
         if cfg.qk_norm == "head":  # Qwen3: a norm per head
             q, k = rmsnorm(q, lw.q_norm, cfg.rms_norm_eps, step), rmsnorm(k, lw.k_norm, cfg.rms_norm_eps, step)
+        if self.spec.v_norm:  # Gemma 4: v RMS-normalised per head, no weight
+            v = norms.rms(v, cfg.rms_norm_eps)
         if cfg.clip_qkv:
             for a in (q, k, v):
                 np.clip(a, -cfg.clip_qkv, cfg.clip_qkv, out=a)
         turn = rope.rope if self.partial_rope else step.k.rope
-        turn(q, step.cos, step.sin)
-        turn(k, step.cos, step.sin)
+        cos, sin = (step.cos, step.sin) if self.kinds[L] != "attention" or self.full_tables is None else \
+            self.full_tables
+        turn(q, cos, sin)
+        turn(k, cos, sin)
         if self.op_attention:
             out = self._op_attention(L, q, k, v, lw, step)
         else:
@@ -427,10 +466,14 @@ class Transformer:
         elif self.recurrent and pos0 != cache.length:
             raise ValueError(f"a recurrent model's cache holds {cache.length} positions; cannot run from {pos0}")
         cos, sin = self.rotary(np.arange(pos0, pos0 + T))
+        self.full_tables = rope.tables(self.inv_full, np.arange(pos0, pos0 + T)) \
+            if self.spec.full_rope == "proportional" else None
         step = Step(cache, pos0, cos, sin, dump, arena, self.gpu, self.exact, before_layer if T > 1 else None,
                     self.timer)
         x = step.empty((T, cfg.hidden_size))
         step.k.gather_rows(self.w.token_embd.data, self.w.token_embd.code, np.asarray(ids, np.int64), x)
+        if self.spec.embed_scale:  # Gemma: embeddings times sqrt(hidden_size)
+            x *= np.float32(cfg.hidden_size ** 0.5)
         if dump is not None:
             dump["token_embd"] = x.copy()
         fused = T == 1 and self.takes_fused(step) and self.fused.run(x, step)
@@ -441,9 +484,12 @@ class Transformer:
                 mark = arena.mark()
                 mixer = {"short_conv": self.short_conv, "linear_attention": self.linear_attention}.get(
                     self.kinds[L], self.attention)
-                x += mixer(L, rmsnorm(x, lw.attn_norm, cfg.rms_norm_eps, step), lw, step)
-                f = self.ffn(L, rmsnorm(x, lw.ffn_norm, cfg.rms_norm_eps, step), lw, step)
-                x += f
+                if lw.sandwich is not None:
+                    f = self.sandwich_layer(L, x, lw, mixer, step)
+                else:
+                    x += mixer(L, rmsnorm(x, lw.attn_norm, cfg.rms_norm_eps, step), lw, step)
+                    f = self.ffn(L, rmsnorm(x, lw.ffn_norm, cfg.rms_norm_eps, step), lw, step)
+                    x += f
                 if dump is not None:
                     dump[f"blk.{L}.ffn_out"] = f.copy()
                     dump[f"blk.{L}.out"] = x.copy()
@@ -455,6 +501,8 @@ class Transformer:
         cache.length = pos0 + T
         h = rmsnorm(x if all_logits else x[-1:], self.w.output_norm, cfg.rms_norm_eps, step)
         logits = linear(h, self.w.output, step)
+        if cfg.final_logit_softcap:
+            logits = norms.softcap(logits, cfg.final_logit_softcap)
         if dump is not None:
             dump["output_norm"] = h.copy()
             dump["logits"] = logits.copy()

@@ -93,7 +93,16 @@ def route_gemma4(x: np.ndarray, proj: np.ndarray, scale: np.ndarray, per_expert_
     logits = (h @ proj.T).astype(np.float64)
     p = np.exp(logits - logits.max(-1, keepdims=True))
     p /= p.sum(-1, keepdims=True)
+    ids, weights = pick_gemma4(logits, per_expert_scale, k)
+    return p.astype(np.float32), ids, weights
+
+
+def pick_gemma4(logits: np.ndarray, per_expert_scale: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """(T, E) router logits -> ids (T, k) of the top-k softmax, weights (T, k) renormalised to sum
+    1 and times each expert's scale."""
+    logits = logits.astype(np.float64)
+    p = np.exp(logits - logits.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
     ids = _topk(p, k)
     top = np.take_along_axis(p, ids, -1)
-    top = top / top.sum(-1, keepdims=True) * per_expert_scale[ids]
-    return p.astype(np.float32), ids, top.astype(np.float32)
+    return ids, (top / top.sum(-1, keepdims=True) * per_expert_scale[ids]).astype(np.float32)
