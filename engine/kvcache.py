@@ -20,6 +20,36 @@ def kv_cache_bytes(layers: int, capacity: int, kv_heads: int, head_dim: int, kin
     return 2 * layers * capacity * kv_heads * per_head
 
 
+def own_attention_caches(cfg) -> bool:
+    """Whether every attention layer keeps its own float32 cache (engine.ops.cache: a ring of
+    sliding_window positions on sliding layers) instead of a slice of the shared block: models
+    with attention sinks or per-layer head shapes (gpt-oss, Gemma 4)."""
+    from engine.arch import spec
+    return spec(cfg.architecture).attention_sinks or cfg.full_head_dim > 0
+
+
+def model_cache_bytes(cfg, context: int, kind: str = "f16") -> int:
+    """Bytes one conversation of `context` tokens holds in the caches, per layer kind: the KV block
+    for attention layers (kind: f32/f16/int8), or each layer's own f32 cache: a full layer's grows
+    with the context, a ring (sliding window) and the recurrent states (short conv, DeltaNet) do not."""
+    kinds = cfg.layer_types or ("attention",) * cfg.num_layers
+    own = own_attention_caches(cfg)
+    total = 0
+    for L, k in enumerate(kinds):
+        if k == "short_conv":
+            total += (cfg.conv_kernel - 1) * cfg.hidden_size * 4
+        elif k == "linear_attention":
+            nk, nv, dk, dv = cfg.linear_key_heads, cfg.linear_value_heads, cfg.linear_key_dim, cfg.linear_value_dim
+            total += nv * dk * dv * 4 + (cfg.conv_kernel - 1) * (2 * nk * dk + nv * dv) * 4
+        elif own:
+            kvh, hd = cfg.attention_shape(L)
+            n = min(context, cfg.sliding_window) if k == "sliding_attention" and cfg.sliding_window else context
+            total += n * (2 * kvh * hd * 4 + 8)
+        else:
+            total += kv_cache_bytes(1, context, cfg.num_kv_heads, cfg.head_dim, kind)
+    return total
+
+
 class KVCache:
     def __init__(self, layers: int, capacity: int, kv_heads: int, head_dim: int, kind: str = "f16",
                  pool: MemoryPool | None = None):

@@ -22,7 +22,7 @@ import numpy as np
 
 from engine import arch
 from engine.kernels import cpu
-from engine.kvcache import KVCache
+from engine.kvcache import KVCache, own_attention_caches
 from engine.mempool import Arena
 from engine.model_dir import ModelConfig
 from engine.models.fused import FusedDecode
@@ -179,7 +179,7 @@ class Transformer:
         self.kinds = self.spec.layer_types(cfg)
         # attention sinks: every layer attends through engine.ops over its own f32 cache (a ring
         # for sliding layers); short_conv layers carry a conv tail. Both live in KVCache.states.
-        self.op_attention = self.spec.attention_sinks or cfg.full_head_dim > 0  # (or per-layer head dims)
+        self.op_attention = own_attention_caches(cfg)
         self.recurrent = self.op_attention or any(k in ("short_conv", "linear_attention") for k in self.kinds)
         # engine.ops' rope: the rest of each head passes
         self.partial_rope = cfg.partial_rotary_factor < 1 and self.spec.full_rope == "same"
