@@ -102,3 +102,11 @@ def test_recurrent_cache_rewinds_to_zero_only(engines):
     e.net.forward(np.array(ids[:10]), cache, 0)
     again = e.net.forward(np.array(ids[10:]), cache, 10)
     np.testing.assert_allclose(again, fresh, atol=1e-5 * np.abs(fresh).max())
+
+    def stop(layer: int) -> None:  # a Stop during a long prompt, after some layers advanced their states
+        if layer == 2:
+            raise KeyboardInterrupt
+    e.net.forward(np.array(ids[:10]), cache, 0)
+    with pytest.raises(KeyboardInterrupt):
+        e.net.forward(np.array(ids[10:]), cache, 10, before_layer=stop)
+    assert cache.length == 0 and cache.states is None  # half-advanced states are dropped, not kept
