@@ -186,7 +186,7 @@ def _memory_tensor(name: str, values: np.ndarray) -> SourceTensor:
 def choose_type(name: str, src: quant.QuantType, shape: tuple[int, ...], target: str) -> quant.QuantType:
     """The stored format of one tensor: vectors and routers stay exact, quantized families are kept."""
     floats = {"f32", "f16", "bf16"}
-    if len(shape) == 1 or name.endswith(("ffn_gate_inp.weight", "conv.weight")):  # (a conv's few taps too)
+    if len(shape) == 1 or name.endswith(("ffn_gate_inp.weight", "conv.weight", "conv1d.weight")):  # (convs' taps)
         return quant.get("f32") if src.name in floats else src
     if target == "keep":
         return src
