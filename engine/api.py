@@ -98,6 +98,9 @@ class _Run:
                 e.tokens = self.ids[:self.done]
             if progress and self.done < len(self.ids):
                 yield self.step("", None, kind="prompt")
+        with e._lock:
+            if self._owner():
+                e.cache.snapshot()  # rings/recurrent states: the next turn may rewind to here
         t = time.perf_counter()
         self.prefill_tok_s = (len(self.ids) - self.reuse) / max(t - self.t0, 1e-9)
         e._totals["prefilled"] += len(self.ids) - self.reuse

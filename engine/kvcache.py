@@ -59,6 +59,7 @@ class KVCache:
         # per layer, the fixed-size state of a layer that is not full attention (engine.ops.cache:
         # ConvState for short_conv ...), None for the others; set by the forward pass on first use
         self.states: list | None = None
+        self._snapshot: tuple[int, list] | None = None  # (length, copies of the fixed-size states)
         self._pool, self._blocks = pool, []
         shape = (layers, capacity, kv_heads, head_dim)
         dtype = {"f32": np.float32, "f16": np.float16, "int8": np.int8}[kind]
@@ -138,9 +139,32 @@ class KVCache:
         return k, v, self.k_scale[layer, :length if scaled else 1], self.v_scale[layer, :length if scaled else 1], scaled
 
     def truncate(self, length: int) -> int:
-        """Forget positions from `length` on; returns the length kept. Recurrent states cannot
-        rewind: a cache holding them keeps all of its positions or none."""
+        """Forget positions from `length` on; returns the length kept. Rings and recurrent states
+        cannot rewind: a cache holding them goes back to its snapshot if `length` reaches it,
+        else to 0."""
         if self.states is not None and length < self.length:
-            self.states, length = None, 0
+            snap = self._snapshot
+            if snap is None or snap[0] > length:
+                self.states, self._snapshot, length = None, None, 0
+            else:
+                length = snap[0]
+                for i, (live, kept) in enumerate(zip(self.states, snap[1], strict=True)):
+                    if hasattr(live, "trim"):  # a layer's own full KV cache forgets what follows
+                        live.trim(length)
+                    elif kept is not None:  # a ring or a recurrent state: its copy comes back
+                        self.states[i] = kept.copy()
         self.length = min(self.length, length)
         return self.length
+
+    def snapshot(self) -> None:
+        """Remember the fixed-size states at the current length (the end of a prompt), so a next
+        prompt that starts with this one rewinds here instead of to 0 (a copy of each ring and
+        recurrent state: their fixed size again)."""
+        if self.states is not None:
+            self._snapshot = (self.length, [None if s is None or hasattr(s, "trim") else s.copy()
+                                            for s in self.states])
+
+    def overwrite(self, pos0: int) -> None:
+        """Positions from pos0 on are being written anew: a snapshot past pos0 no longer holds."""
+        if self._snapshot is not None and pos0 < self._snapshot[0]:
+            self._snapshot = None

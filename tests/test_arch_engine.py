@@ -94,7 +94,7 @@ def test_recurrent_cache_rewinds_to_zero_only(engines):
     cache = KVCache(c.num_layers, len(ids), c.num_kv_heads, c.head_dim, "f32")
     e.net.forward(np.array(ids[:10]), cache, 0)
     assert cache.truncate(10) == 10 and cache.states is not None
-    assert cache.truncate(7) == 0 and cache.states is None
+    assert cache.truncate(7) == 0 and cache.states is None  # no snapshot: back to the start
     with pytest.raises(ValueError, match="recurrent"):
         e.net.forward(np.array(ids[:10]), cache, 0)  # (fills it again from 0: fine)
         e.net.forward(np.array(ids[12:14]), cache, 12)  # a gap: refused
@@ -110,3 +110,24 @@ def test_recurrent_cache_rewinds_to_zero_only(engines):
     with pytest.raises(KeyboardInterrupt):
         e.net.forward(np.array(ids[10:]), cache, 10, before_layer=stop)
     assert cache.length == 0 and cache.states is None  # half-advanced states are dropped, not kept
+
+
+@pytest.mark.parametrize("arch", WIRED)
+def test_next_prompt_rewinds_to_the_snapshot(engines, arch):
+    """A snapshot at the end of a prompt (the Engine takes one after each prefill) lets the next
+    prompt that starts with it rewind there, not to 0, and go on exactly; writing before it
+    drops it."""
+    e = engines(arch, "hf")
+    ids = np.load(ARCH_FIXTURES / arch / "reference.npz")["input_ids"].tolist()
+    c = e.cfg
+    new = lambda: KVCache(c.num_layers, len(ids), c.num_kv_heads, c.head_dim, "f32")  # noqa: E731
+    fresh = e.net.forward(np.array(ids), new(), 0, all_logits=True)
+    cache, a = new(), len(ids) // 2
+    e.net.forward(np.array(ids[:a]), cache, 0)
+    cache.snapshot()
+    e.net.forward(np.array(ids[a:a + 3]), cache, a)  # a reply the next prompt does not repeat
+    assert cache.truncate(a + 1) == a
+    again = e.net.forward(np.array(ids[a:]), cache, a, all_logits=True)
+    np.testing.assert_allclose(again, fresh[a:], atol=1e-5 * np.abs(fresh).max())
+    e.net.forward(np.array(ids[:5]), cache, 0)  # a new conversation over the old positions
+    assert cache.truncate(3) == 0

@@ -461,6 +461,8 @@ class Transformer:
         """
         cfg, T, arena = self.cfg, len(ids), self.arena
         arena.reset()
+        if self.recurrent:
+            cache.overwrite(pos0)
         if self.recurrent and (cache.states is None or pos0 == 0):
             cache.states = self.new_states(cache.capacity)
         elif self.recurrent and pos0 != cache.length:
@@ -497,6 +499,7 @@ class Transformer:
         except BaseException:
             if self.recurrent:  # states half-advanced (a Stop mid-prompt): the sequence restarts
                 cache.states, cache.length = None, 0
+                cache.overwrite(0)
             raise
         cache.length = pos0 + T
         h = rmsnorm(x if all_logits else x[-1:], self.w.output_norm, cfg.rms_norm_eps, step)
