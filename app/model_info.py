@@ -14,7 +14,7 @@ from pathlib import Path
 
 from engine import quant
 from engine.convert.convert import open_source, plan
-from engine.kvcache import kv_cache_bytes
+from engine.kvcache import model_cache_bytes
 from engine.model_dir import ModelConfig
 
 QUANTIZE = ("keep", "f16", "int8", "q4_k_m", "int4")  # the wizard's choices, in its order
@@ -74,7 +74,7 @@ class ModelSummary:
     def kv_bytes(self, context: int = CONTEXT, kind: str = "f16") -> int:
         c = self.config
         ctx = min(context, c.max_position_embeddings)
-        return kv_cache_bytes(c.num_layers, ctx, c.num_kv_heads, c.head_dim, kind)
+        return model_cache_bytes(c, ctx, kind)  # per layer kind: KV, ring, or fixed recurrent state
 
     def memory_table(self, quantize: str, context: int = CONTEXT, kv: str = "f16") -> list[CacheRow]:
         """Expert cache size (experts kept per layer) -> memory the model needs, for `quantize`."""
@@ -87,7 +87,7 @@ class ModelSummary:
         for n in (n for n in counts if c.top_k <= n <= c.num_experts):
             note = ("the fewest: the others load from disk" if n == c.top_k else
                     "all experts in memory: never waits for the disk" if n == c.num_experts else "")
-            rows.append(CacheRow(n, base + n * s.one_expert * c.num_layers, note))
+            rows.append(CacheRow(n, base + n * s.one_expert * (c.num_layers - c.dense_layers), note))
         return rows
 
     def facts(self) -> list[tuple[str, str]]:
@@ -99,6 +99,11 @@ class ModelSummary:
                 ("Architecture", c.architecture),
                 ("Layers", f"{c.num_layers} (hidden size {c.hidden_size}, {c.num_heads} heads, "
                            f"{c.num_kv_heads} KV heads)")]
+        if c.layer_types and len(set(c.layer_types)) > 1:  # the 2026 hybrids: say what each layer keeps
+            words = {"attention": "full attention", "sliding_attention": f"sliding window of {c.sliding_window}",
+                     "linear_attention": "linear attention (fixed state)", "short_conv": "short conv (fixed state)"}
+            counts = {k: c.layer_types.count(k) for k in dict.fromkeys(c.layer_types)}
+            rows.append(("Layer kinds", ", ".join(f"{n} {words.get(k, k)}" for k, n in counts.items())))
         if c.is_moe:
             shared = f", plus a shared expert of width {c.shared_expert_intermediate_size}" \
                 if c.shared_expert_intermediate_size else ""
@@ -185,7 +190,8 @@ def inspect(path: str | Path, progress: Callable[[float], None] | None = None) -
                 if q in quant.FAMILY and len(it.source.shape) > 1 and it.qtype.name not in quant.FAMILY[q] \
                         and n > _target_bytes(q, it.source.shape):
                     kept[it.name] = n  # e.g. int4's token embeddings kept 8-bit, a row too short for blocks
-            sizes[q] = Sizes(dense, experts, experts // max(1, cfg.num_layers * cfg.num_experts) if cfg.is_moe else 0,
+            moe_layers = cfg.num_layers - cfg.dense_layers  # (leading dense layers have no experts)
+            sizes[q] = Sizes(dense, experts, experts // max(1, moe_layers * cfg.num_experts) if cfg.is_moe else 0,
                              kept)
         for it in items:
             count = 1

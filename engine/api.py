@@ -80,8 +80,8 @@ class _Run:
                 if a != b:
                     break
                 reuse += 1
-            self.reuse = self.done = min(reuse, len(self.ids) - 1)  # one token must run to get logits
-            e.cache.truncate(self.reuse)
+            # one token must run to get logits; a recurrent cache may keep nothing (KVCache.truncate)
+            self.reuse = self.done = e.cache.truncate(min(reuse, len(self.ids) - 1))
             e.tokens = self.ids[:self.reuse]
         bs = len(self.ids) if e.cfg.is_moe else e.params["batch_size"]  # MoE: one pass, see _prefill
         logits = None
@@ -98,6 +98,9 @@ class _Run:
                 e.tokens = self.ids[:self.done]
             if progress and self.done < len(self.ids):
                 yield self.step("", None, kind="prompt")
+        with e._lock:
+            if self._owner():
+                e.cache.snapshot()  # rings/recurrent states: the next turn may rewind to here
         t = time.perf_counter()
         self.prefill_tok_s = (len(self.ids) - self.reuse) / max(t - self.t0, 1e-9)
         e._totals["prefilled"] += len(self.ids) - self.reuse

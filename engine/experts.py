@@ -311,7 +311,7 @@ class ExpertCache:
         self._heat = np.zeros((num_layers, num_experts))
         self.num_layers, self.num_experts, self.top_k = num_layers, num_experts, top_k
         self.per_layer = None if per_layer is None else max(1, min(per_layer, num_experts))
-        self.slot = pool.block_size(store.span(0, 0).slot_bytes) if num_layers else 0  # a routed expert
+        self.slot = pool.block_size(store.span(store.model.config.dense_layers, 0).slot_bytes) if num_layers else 0  # a routed expert
         self.generation = 0  # counts loads and evictions: what a table of expert addresses checks
         self._lock = threading.Lock()
         self._slots: OrderedDict[tuple[int, int], _Slot] = OrderedDict()  # least recently used first
@@ -786,15 +786,15 @@ def plan_expert_cache(model: ModelDir, params: dict, context_limit: int,
     layer, or expert_cache_bytes), or (auto) the room left after dense weights, the KV cache,
     activations and a margin (engine.sysmem.plan; `refuse`: a model below dense + 200 MB). The
     one estimate of a model's memory: the engine sizes its cache from it, the app's fit check shows it."""
-    from engine.kvcache import kv_cache_bytes
+    from engine.kvcache import model_cache_bytes
     cfg, files = model.config, model.manifest["files"]
-    E, L, k = cfg.num_experts, cfg.num_layers, cfg.top_k
+    E, L, k = cfg.num_experts, cfg.num_layers - cfg.dense_layers, cfg.top_k  # L: the layers with experts
     routed = lambda rel: rel.startswith("experts/") and not rel.endswith("_shared.bin")  # noqa: E731
     expert_files = sum(e["size"] for rel, e in files.items() if routed(rel))
     # a slot: one expert's span widened to whole pages (O_DIRECT), as the memory pool rounds it
     pages = -(-(expert_files // max(1, E * L)) // DIRECT_ALIGN) + 1  # the file's, and one the span may cross
     one = MemoryPool.block_size(pages * DIRECT_ALIGN)
-    kv = kv_cache_bytes(L, context_limit, cfg.num_kv_heads, cfg.head_dim, params.get("kv_cache_quantize") or "f16")
+    kv = model_cache_bytes(cfg, context_limit, params.get("kv_cache_quantize") or "f16")
     resident = sum(e["size"] for rel, e in files.items() if rel.endswith(".bin") and (E == 1 or not routed(rel)))
     if not cfg.tie_word_embeddings:  # the embedding table stays mapped: a token reads its one row
         resident -= _tensor_bytes(model.path / "embeddings.bin", "token_embd.weight")

@@ -20,12 +20,46 @@ def kv_cache_bytes(layers: int, capacity: int, kv_heads: int, head_dim: int, kin
     return 2 * layers * capacity * kv_heads * per_head
 
 
+def own_attention_caches(cfg) -> bool:
+    """Whether every attention layer keeps its own float32 cache (engine.ops.cache: a ring of
+    sliding_window positions on sliding layers) instead of a slice of the shared block: models
+    with attention sinks or per-layer head shapes (gpt-oss, Gemma 4)."""
+    from engine.arch import spec
+    return spec(cfg.architecture).attention_sinks or cfg.full_head_dim > 0
+
+
+def model_cache_bytes(cfg, context: int, kind: str = "f16") -> int:
+    """Bytes one conversation of `context` tokens holds in the caches, per layer kind: the KV block
+    for attention layers (kind: f32/f16/int8), or each layer's own f32 cache: a full layer's grows
+    with the context, a ring (sliding window) and the recurrent states (short conv, DeltaNet) do not."""
+    kinds = cfg.layer_types or ("attention",) * cfg.num_layers
+    own = own_attention_caches(cfg)
+    total = 0
+    for L, k in enumerate(kinds):
+        if k == "short_conv":
+            total += (cfg.conv_kernel - 1) * cfg.hidden_size * 4
+        elif k == "linear_attention":
+            nk, nv, dk, dv = cfg.linear_key_heads, cfg.linear_value_heads, cfg.linear_key_dim, cfg.linear_value_dim
+            total += nv * dk * dv * 4 + (cfg.conv_kernel - 1) * (2 * nk * dk + nv * dv) * 4
+        elif own:
+            kvh, hd = cfg.attention_shape(L)
+            n = min(context, cfg.sliding_window) if k == "sliding_attention" and cfg.sliding_window else context
+            total += n * (2 * kvh * hd * 4 + 8)
+        else:
+            total += kv_cache_bytes(1, context, cfg.num_kv_heads, cfg.head_dim, kind)
+    return total
+
+
 class KVCache:
     def __init__(self, layers: int, capacity: int, kv_heads: int, head_dim: int, kind: str = "f16",
                  pool: MemoryPool | None = None):
         if kind not in KINDS:
             raise ValueError(f"kv_cache_quantize: {kind!r} is not one of {', '.join(KINDS)}")
         self.kind, self.capacity, self.length = kind, capacity, 0
+        # per layer, the fixed-size state of a layer that is not full attention (engine.ops.cache:
+        # ConvState for short_conv ...), None for the others; set by the forward pass on first use
+        self.states: list | None = None
+        self._snapshot: tuple[int, list] | None = None  # (length, copies of the fixed-size states)
         self._pool, self._blocks = pool, []
         shape = (layers, capacity, kv_heads, head_dim)
         dtype = {"f32": np.float32, "f16": np.float16, "int8": np.int8}[kind]
@@ -59,10 +93,27 @@ class KVCache:
 
     @property
     def nbytes_used(self) -> int:
-        per_pos = self.k[0, 0].nbytes * 2 * self.k.shape[0]
+        layers = self.k.shape[0] if self.states is None else sum(s is None for s in self.states)  # in the block
+        per_pos = self.k[0, 0].nbytes * 2 * layers
         if self.kind == "int8":
-            per_pos += self.k_scale[0, 0].nbytes * 2 * self.k.shape[0]
-        return per_pos * self.length
+            per_pos += self.k_scale[0, 0].nbytes * 2 * layers
+        return per_pos * self.length + self.state_bytes
+
+    @property
+    def state_bytes(self) -> int:
+        """Bytes the per-layer states hold: fixed for rings and recurrent states, the filled
+        positions of a per-layer full KV cache."""
+        total = 0
+        for s in self.states or ():
+            if s is not None:
+                n = getattr(s, "length", None)  # engine.ops.cache.FullKV grows with the context
+                total += s.nbytes if n is None else (s.k[:n].nbytes + s.v[:n].nbytes + s.pos[:n].nbytes)
+        return total
+
+    @property
+    def fixed_state_bytes(self) -> int:
+        """Bytes of the states that do not grow with the context (rings, conv tails, DeltaNet)."""
+        return sum(s.nbytes for s in self.states or () if s is not None and not hasattr(s, "length"))
 
     def write(self, layer: int, pos0: int, k: np.ndarray, v: np.ndarray) -> None:
         """Store k, v (T, kv_heads, head_dim) at positions pos0..pos0+T-1."""
@@ -87,5 +138,33 @@ class KVCache:
         scaled = self.kind == "int8"
         return k, v, self.k_scale[layer, :length if scaled else 1], self.v_scale[layer, :length if scaled else 1], scaled
 
-    def truncate(self, length: int) -> None:
+    def truncate(self, length: int) -> int:
+        """Forget positions from `length` on; returns the length kept. Rings and recurrent states
+        cannot rewind: a cache holding them goes back to its snapshot if `length` reaches it,
+        else to 0."""
+        if self.states is not None and length < self.length:
+            snap = self._snapshot
+            if snap is None or snap[0] > length:
+                self.states, self._snapshot, length = None, None, 0
+            else:
+                length = snap[0]
+                for i, (live, kept) in enumerate(zip(self.states, snap[1], strict=True)):
+                    if hasattr(live, "trim"):  # a layer's own full KV cache forgets what follows
+                        live.trim(length)
+                    elif kept is not None:  # a ring or a recurrent state: its copy comes back
+                        self.states[i] = kept.copy()
         self.length = min(self.length, length)
+        return self.length
+
+    def snapshot(self) -> None:
+        """Remember the fixed-size states at the current length (the end of a prompt), so a next
+        prompt that starts with this one rewinds here instead of to 0 (a copy of each ring and
+        recurrent state: their fixed size again)."""
+        if self.states is not None:
+            self._snapshot = (self.length, [None if s is None or hasattr(s, "trim") else s.copy()
+                                            for s in self.states])
+
+    def overwrite(self, pos0: int) -> None:
+        """Positions from pos0 on are being written anew: a snapshot past pos0 no longer holds."""
+        if self._snapshot is not None and pos0 < self._snapshot[0]:
+            self._snapshot = None

@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from engine import tensorfile
+from engine.arch import spec
 from engine.errors import (BadHeaderError, ChecksumMismatchError, MissingFileError,
                            ModelFormatError, NewerFormatError, SizeMismatchError)
 
@@ -58,10 +59,34 @@ class ModelConfig:
     qk_norm: str = "none"  # "none", "head" (RMSNorm per head: Qwen3) or "full" (whole q/k: OLMoE)
     clip_qkv: float | None = None
     sliding_window: int | None = None  # attend to at most this many past tokens (Mistral); None = all
+    # --- the 2026 architectures (engine.arch layer kinds, routers) ---
+    layer_types: tuple[str, ...] | None = None  # engine.arch LayerKind per layer; None: spec.layer_types' default
+    dense_layers: int = 0  # the first k layers have a dense MLP (stored as their "shared" expert), no router
+    dense_intermediate_size: int = 0  # those MLPs' width
+    conv_kernel: int = 0  # short_conv layers: the causal conv's taps (LFM2 conv_L_cache)
+    routed_scaling_factor: float = 1.0  # router weights multiplied by this (sigmoid_bias)
+    swiglu_alpha: float = 1.702  # clamped SwiGLU (spec.swiglu_clamp, gpt-oss): (up + 1) * g * sigmoid(alpha g)
+    swiglu_limit: float = 7.0  # ... with g <= limit and -limit <= up <= limit
+    partial_rotary_factor: float = 1.0  # rope turns the first head_dim * this dims only
+    linear_key_heads: int = 0  # linear_attention (gated DeltaNet) layers: key heads, value heads, their dims
+    linear_value_heads: int = 0
+    linear_key_dim: int = 0
+    linear_value_dim: int = 0
+    delta_tiled: bool = False  # DeltaNet value heads in llama.cpp's tiled order (a GGUF's), else grouped
+    full_head_dim: int = 0  # full-attention layers' own head_dim and KV heads where they differ (Gemma 4)
+    full_kv_heads: int = 0
+    rope_theta_full: float = 0.0  # full-attention layers' own rope theta (0: rope_theta)
+    final_logit_softcap: float = 0.0  # logits c * tanh(x / c); 0: none
 
     @property
     def is_moe(self) -> bool:
         return self.num_experts > 1
+
+    def attention_shape(self, layer: int) -> tuple[int, int]:
+        """(KV heads, head_dim) of an attention layer: full layers may have their own (Gemma 4)."""
+        if self.full_head_dim and (self.layer_types or ())[layer:layer + 1] == ("attention",):
+            return self.full_kv_heads, self.full_head_dim
+        return self.num_kv_heads, self.head_dim
 
     @classmethod
     def from_dict(cls, d: dict) -> ModelConfig:
@@ -69,6 +94,8 @@ class ModelConfig:
         unknown = sorted(set(d) - names)
         if unknown:
             raise ModelFormatError(f"config.json: unknown model keys {unknown}")
+        if isinstance(d.get("layer_types"), list):
+            d = {**d, "layer_types": tuple(d["layer_types"])}
         try:
             return cls(**d)
         except TypeError as e:
@@ -94,33 +121,84 @@ def expected_tensors(cfg: ModelConfig, split_experts: bool = True) -> dict[str, 
     if cfg.rope_freq_factors:
         emb["rope_freqs.weight"] = (hd // 2,)
     files["embeddings.bin"] = emb
+    kinds = cfg.layer_types or ("attention",) * cfg.num_layers
     for L in range(cfg.num_layers):
         b = f"blk.{L}."
-        att = {b + "attn_norm.weight": (D,), b + "attn_q.weight": (q, D), b + "attn_k.weight": (kv, D),
+        if kinds[L] == "short_conv":  # LFM2: in_proj to B, C, x; a depthwise causal conv; out_proj
+            files[f"attention/layer_{L}.bin"] = {
+                b + "attn_norm.weight": (D,), b + "shortconv.in_proj.weight": (3 * D, D),
+                b + "shortconv.conv.weight": (D, cfg.conv_kernel), b + "shortconv.out_proj.weight": (D, D),
+                b + "ffn_norm.weight": (D,)}
+            _ffn_files(files, cfg, L, split_experts)
+            continue
+        if kinds[L] == "linear_attention":  # gated DeltaNet (names as llama.cpp's)
+            nk, nv, dk, dv = cfg.linear_key_heads, cfg.linear_value_heads, cfg.linear_key_dim, cfg.linear_value_dim
+            C = 2 * nk * dk + nv * dv
+            files[f"attention/layer_{L}.bin"] = {
+                b + "attn_norm.weight": (D,), b + "attn_qkv.weight": (C, D), b + "attn_gate.weight": (nv * dv, D),
+                b + "ssm_beta.weight": (nv, D), b + "ssm_alpha.weight": (nv, D), b + "ssm_a": (nv,),
+                b + "ssm_dt.bias": (nv,), b + "ssm_conv1d.weight": (C, cfg.conv_kernel), b + "ssm_norm.weight": (dv,),
+                b + "ssm_out.weight": (D, nv * dv), b + "ffn_norm.weight": (D,)}
+            _ffn_files(files, cfg, L, split_experts)
+            continue
+        sp = spec(cfg.architecture)
+        kvh, hd = cfg.attention_shape(L)
+        q, kv = cfg.num_heads * hd, kvh * hd
+        att = {b + "attn_norm.weight": (D,), b + "attn_q.weight": (2 * q if sp.attention_gate else q, D),
+               b + "attn_k.weight": (kv, D),
                b + "attn_v.weight": (kv, D), b + "attn_output.weight": (D, q)}
+        if sp.k_eq_v and kinds[L] == "attention":
+            del att[b + "attn_v.weight"]
         if cfg.attention_bias:
             att |= {b + "attn_q.bias": (q,), b + "attn_k.bias": (kv,), b + "attn_v.bias": (kv,)}
+        if sp.o_bias:
+            att[b + "attn_output.bias"] = (D,)
+        if sp.attention_sinks:
+            att[b + "attn_sinks.weight"] = (cfg.num_heads,)
         if cfg.qk_norm != "none":
             head = cfg.qk_norm == "head"
             att |= {b + "attn_q_norm.weight": (hd if head else q,), b + "attn_k_norm.weight": (hd if head else kv,)}
         att[b + "ffn_norm.weight"] = (D,)
+        if sp.norm_place == "sandwich":  # Gemma 4: post-norms, the experts' own pre/post norms, a scalar
+            att |= {b + n: (D,) for n in ("post_attention_norm.weight", "post_ffw_norm_1.weight",
+                                          "pre_ffw_norm_2.weight", "post_ffw_norm_2.weight", "post_ffw_norm.weight")}
+            att[b + "layer_output_scale.weight"] = (1,)
         files[f"attention/layer_{L}.bin"] = att
-        if cfg.is_moe:
-            router = {b + "ffn_gate_inp.weight": (cfg.num_experts, D)}
-            if cfg.shared_expert_intermediate_size:
-                router[b + "ffn_gate_inp_shexp.weight"] = (D,)
-            files[f"router/layer_{L}.bin"] = router
-        F = cfg.intermediate_size
-        for e in range(cfg.num_experts):
-            files.setdefault(expert_file(L, e, split_experts), {}).update({
-                f"{b}ffn_gate.{e}.weight": (F, D), f"{b}ffn_up.{e}.weight": (F, D),
-                f"{b}ffn_down.{e}.weight": (D, F)})
-        if cfg.shared_expert_intermediate_size:
-            S = cfg.shared_expert_intermediate_size
-            files.setdefault(expert_file(L, "shared", split_experts), {}).update({
-                b + "ffn_gate_shexp.weight": (S, D), b + "ffn_up_shexp.weight": (S, D),
-                b + "ffn_down_shexp.weight": (D, S)})
+        _ffn_files(files, cfg, L, split_experts)
     return files
+
+
+def _ffn_files(files: dict, cfg: ModelConfig, L: int, split_experts: bool) -> None:
+    """Layer L's router and experts; a leading dense layer's MLP is its "shared" expert."""
+    D, b = cfg.hidden_size, f"blk.{L}."
+    dense = L < cfg.dense_layers
+    if cfg.is_moe and not dense:
+        router = {b + "ffn_gate_inp.weight": (cfg.num_experts, D)}
+        if cfg.shared_expert_intermediate_size:
+            router[b + "ffn_gate_inp_shexp.weight"] = (D,)
+        sp = spec(cfg.architecture)
+        if sp.router == "sigmoid_bias":  # the per-expert selection bias
+            router[b + "exp_probs_b.bias"] = (cfg.num_experts,)
+        if sp.router == "topk_softmax":  # gpt-oss: a biased router
+            router[b + "ffn_gate_inp.bias"] = (cfg.num_experts,)
+        if sp.router == "gemma4":  # the router's input scale and each expert's output scale
+            router |= {b + "ffn_gate_inp.scale": (D,), b + "ffn_down_exps.scale": (cfg.num_experts,)}
+        if sp.expert_bias:  # the experts' biases, resident beside the router (they are small)
+            E, F = cfg.num_experts, cfg.intermediate_size
+            router |= {b + "ffn_gate_exps.bias": (E, F), b + "ffn_up_exps.bias": (E, F),
+                       b + "ffn_down_exps.bias": (E, D)}
+        files[f"router/layer_{L}.bin"] = router
+    F = cfg.intermediate_size
+    for e in range(0 if dense else cfg.num_experts):
+        files.setdefault(expert_file(L, e, split_experts), {}).update({
+            f"{b}ffn_gate.{e}.weight": (F, D), f"{b}ffn_up.{e}.weight": (F, D),
+            f"{b}ffn_down.{e}.weight": (D, F)})
+    S = cfg.dense_intermediate_size if dense or spec(cfg.architecture).parallel_dense else \
+        cfg.shared_expert_intermediate_size
+    if S:
+        files.setdefault(expert_file(L, "shared", split_experts), {}).update({
+            b + "ffn_gate_shexp.weight": (S, D), b + "ffn_up_shexp.weight": (S, D),
+            b + "ffn_down_shexp.weight": (D, S)})
 
 
 # --- manifest --------------------------------------------------------------------------------

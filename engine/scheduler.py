@@ -309,8 +309,8 @@ class Scheduler:
                allow_simulator: bool = False, backend: Any = None, device: str = "") -> Scheduler:
         """The scheduler for a loaded model: CPU-only (with its reason) unless gpu_layers > 0 and a
         GPU is usable. `profile`/`backend` are injected by tests; otherwise detected and measured."""
-        att = [sum(m.nbytes for m in (lw.q, lw.k, lw.v, lw.o)) for lw in weights.layers]
-        codes = [tuple(m.code for m in (lw.q, lw.k, lw.v, lw.o)) for lw in weights.layers]
+        att = [sum(m.nbytes for m in (lw.q, lw.k, lw.v, lw.o) if m is not None) for lw in weights.layers]
+        codes = [tuple(m.code for m in (lw.q, lw.k, lw.v, lw.o) if m is not None) for lw in weights.layers]
         if gpu_layers <= 0:
             return cls(att, 0, reason="gpu_layers is 0: everything on the CPU")
         if backend is None:

@@ -33,12 +33,13 @@ class ExpertWeights:
 
 @dataclass(frozen=True)
 class LayerWeights:
-    """A decoder layer's resident weights (its routed experts live in the expert cache)."""
+    """A decoder layer's resident weights (its routed experts live in the expert cache). A
+    short_conv layer (LFM2) has conv_in/conv_w/conv_out instead of q/k/v/o."""
     attn_norm: np.ndarray
-    q: Matrix
-    k: Matrix
-    v: Matrix
-    o: Matrix
+    q: Matrix | None
+    k: Matrix | None
+    v: Matrix | None
+    o: Matrix | None
     ffn_norm: np.ndarray
     q_bias: np.ndarray | None = None
     k_bias: np.ndarray | None = None
@@ -48,3 +49,42 @@ class LayerWeights:
     router: Matrix | None = None
     shared_gate: np.ndarray | None = None  # Qwen2-MoE: sigmoid gate of the shared expert
     shared: ExpertWeights | None = None
+    dense: ExpertWeights | None = None  # a leading dense layer's MLP (no router: dense_layers)
+    expert_bias: np.ndarray | None = None  # sigmoid_bias router: added to the scores for selection only
+    conv_in: Matrix | None = None  # short_conv: x -> (B, C, x) rows
+    conv_w: np.ndarray | None = None  # short_conv: (channels, taps) float32
+    conv_out: Matrix | None = None
+    o_bias: np.ndarray | None = None  # gpt-oss: the output projection's bias
+    sinks: np.ndarray | None = None  # gpt-oss: (heads,) a logit in each head's softmax denominator
+    router_bias: np.ndarray | None = None  # gpt-oss: added to the router logits
+    expert_biases: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # gpt-oss: (E, F), (E, F), (E, D)
+    delta: DeltaWeights | None = None  # a linear_attention layer's (instead of q/k/v/o)
+    sandwich: SandwichNorms | None = None  # Gemma 4's extra norms and scales
+
+
+@dataclass(frozen=True)
+class DeltaWeights:
+    """A gated DeltaNet layer (Qwen3.5): llama.cpp's names and value-head order of the source."""
+    qkv: Matrix  # x -> q | k | v rows (conv input)
+    z: Matrix  # x -> the output gate (attn_gate)
+    beta: Matrix  # x -> (Hv,) write strengths, through a sigmoid
+    alpha: Matrix  # x -> (Hv,) decay inputs
+    a: np.ndarray  # (Hv,) A = -exp(A_log)
+    dt_bias: np.ndarray  # (Hv,)
+    conv: np.ndarray  # (channels, taps) float32
+    norm: np.ndarray  # (dv,) the output RMSNorm's weight (plain)
+    out: Matrix
+
+
+@dataclass(frozen=True)
+class SandwichNorms:
+    """Gemma 4: norms after the attention and around the dense MLP and the experts, the
+    layer's output scalar, and the router's scales."""
+    post_attention: np.ndarray
+    post_ffw_1: np.ndarray  # after the dense MLP
+    pre_ffw_2: np.ndarray  # before the experts (on the raw residual)
+    post_ffw_2: np.ndarray  # after the experts
+    post_ffw: np.ndarray  # after their sum
+    layer_scale: float
+    router_scale: np.ndarray  # (D,) times the unweighted rms of the residual
+    expert_scale: np.ndarray  # (E,) each expert's output weight

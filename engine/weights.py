@@ -10,9 +10,10 @@ from pathlib import Path
 
 import numpy as np
 
+from engine.arch import spec
 from engine.model_dir import ModelDir
 from engine.tensorfile import TensorFile
-from engine.weight_types import ExpertWeights, LayerWeights, Matrix
+from engine.weight_types import DeltaWeights, ExpertWeights, LayerWeights, Matrix, SandwichNorms
 
 __all__ = ["ExpertWeights", "LayerWeights", "Matrix", "ModelWeights", "load_matrix", "load_vector"]
 
@@ -63,21 +64,59 @@ class ModelWeights:
         cfg, b = model.config, f"blk.{L}."
         at = self._open(model.path / f"attention/layer_{L}.bin")
         opt = lambda n: load_vector(at, b + n) if b + n in at else None  # noqa: E731
-        router = shared_gate = shared = None
-        if cfg.is_moe:
-            rt = self._open(model.path / f"router/layer_{L}.bin")
-            router = load_matrix(rt, b + "ffn_gate_inp.weight")
-            if cfg.shared_expert_intermediate_size:
-                shared_gate = load_vector(rt, b + "ffn_gate_inp_shexp.weight")
-                shared = self._resident(L, "shared")
         mat = lambda n: self._repacked(load_matrix(at, b + n), at)  # noqa: E731
+        sp = spec(cfg.architecture)
+        dense = self._resident(L, "shared") if L < cfg.dense_layers or sp.parallel_dense else None
+        routed = cfg.is_moe and L >= cfg.dense_layers
+        if cfg.layer_types and cfg.layer_types[L] == "short_conv":
+            rest = self._router(model, L) if routed else {}
+            return LayerWeights(attn_norm=load_vector(at, b + "attn_norm.weight"), q=None, k=None, v=None, o=None,
+                                ffn_norm=load_vector(at, b + "ffn_norm.weight"), dense=dense,
+                                conv_in=mat("shortconv.in_proj.weight"), conv_out=mat("shortconv.out_proj.weight"),
+                                conv_w=np.ascontiguousarray(at.dequantize(b + "shortconv.conv.weight"), np.float32),
+                                **rest)
+        rest = self._router(model, L) if routed else {}
+        if cfg.layer_types and cfg.layer_types[L] == "linear_attention":
+            vec = lambda n: load_vector(at, b + n)  # noqa: E731
+            delta = DeltaWeights(mat("attn_qkv.weight"), mat("attn_gate.weight"), mat("ssm_beta.weight"),
+                                 mat("ssm_alpha.weight"), vec("ssm_a"), vec("ssm_dt.bias"),
+                                 np.ascontiguousarray(at.dequantize(b + "ssm_conv1d.weight"), np.float32),
+                                 vec("ssm_norm.weight"), mat("ssm_out.weight"))
+            return LayerWeights(attn_norm=vec("attn_norm.weight"), q=None, k=None, v=None, o=None,
+                                ffn_norm=vec("ffn_norm.weight"), delta=delta, **rest)
+        if sp.norm_place == "sandwich":
+            rt = self.files[-1]  # the router file _router opened
+            vec = lambda n: load_vector(at, b + n)  # noqa: E731
+            rest["sandwich"] = SandwichNorms(
+                vec("post_attention_norm.weight"), vec("post_ffw_norm_1.weight"), vec("pre_ffw_norm_2.weight"),
+                vec("post_ffw_norm_2.weight"), vec("post_ffw_norm.weight"), float(vec("layer_output_scale.weight")[0]),
+                load_vector(rt, b + "ffn_gate_inp.scale"), load_vector(rt, b + "ffn_down_exps.scale"))
         return LayerWeights(
             attn_norm=load_vector(at, b + "attn_norm.weight"), q=mat("attn_q.weight"),
-            k=mat("attn_k.weight"), v=mat("attn_v.weight"),
+            k=mat("attn_k.weight"), v=mat("attn_v.weight") if b + "attn_v.weight" in at else None,
             o=mat("attn_output.weight"), ffn_norm=load_vector(at, b + "ffn_norm.weight"),
             q_bias=opt("attn_q.bias"), k_bias=opt("attn_k.bias"), v_bias=opt("attn_v.bias"),
             q_norm=opt("attn_q_norm.weight"), k_norm=opt("attn_k_norm.weight"),
-            router=router, shared_gate=shared_gate, shared=shared)
+            o_bias=opt("attn_output.bias"), sinks=opt("attn_sinks.weight"), dense=dense, **rest)
+
+    def _router(self, model: ModelDir, L: int) -> dict:
+        """Layer L's router matrix, a sigmoid_bias router's selection bias, and a gated shared
+        expert (Qwen2-MoE) with its gate, as LayerWeights fields."""
+        b = f"blk.{L}."
+        rt = self._open(model.path / f"router/layer_{L}.bin")
+        out = {"router": load_matrix(rt, b + "ffn_gate_inp.weight")}
+        if b + "exp_probs_b.bias" in rt:
+            out["expert_bias"] = load_vector(rt, b + "exp_probs_b.bias")
+        if b + "ffn_gate_inp.bias" in rt:
+            out["router_bias"] = load_vector(rt, b + "ffn_gate_inp.bias")
+        if b + "ffn_gate_exps.bias" in rt:
+            E = model.config.num_experts
+            out["expert_biases"] = tuple(load_vector(rt, f"{b}ffn_{p}_exps.bias").reshape(E, -1)
+                                         for p in ("gate", "up", "down"))
+        if model.config.shared_expert_intermediate_size:
+            out["shared_gate"] = load_vector(rt, b + "ffn_gate_inp_shexp.weight")
+            out["shared"] = self._resident(L, "shared")
+        return out
 
     def _repacked(self, m: Matrix, source: TensorFile) -> Matrix:
         """A q4/q8_0 attention or output matrix (a tied embedding table too) copied out of its

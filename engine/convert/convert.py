@@ -26,7 +26,7 @@ from engine import quant
 from engine.convert import hf as hf_src
 from engine.convert import kquant_export
 from engine.convert.gguf_file import GGUFModel
-from engine.convert.names import HF_FAMILY, gguf_names, hf_names, split_slice
+from engine.convert.names import HF_FAMILY, gguf_names, hf_names, split_slice, split_transforms
 from engine.convert.source import SourceTensor
 from engine.convert.tokenizer_import import TokenizerBundle, from_hf_folder
 from engine.errors import (ConfigError, ConversionCancelled, ConversionError, DiskSpaceError,
@@ -119,11 +119,15 @@ def _hf_generation(folder: Path) -> dict:
 def _lookup(tensors: dict[str, SourceTensor], candidates: Iterable[str],
             consumed: set[str]) -> SourceTensor | None:
     for cand in candidates:
-        base, index, part = split_slice(cand)
+        sliced, cols, transpose, fn = split_transforms(cand)
+        base, index, part = split_slice(sliced)
         if base in tensors:
             consumed.add(base)
             t = tensors[base] if index is None else tensors[base].expert(index)
-            return t if part is None else t.row_part(*part)
+            t = t if part is None else t.row_part(*part)
+            t = t if cols is None else t.columns(*cols)
+            t = t.transposed() if transpose else t
+            return t if fn is None else t.mapped(fn)
     return None
 
 
@@ -156,7 +160,9 @@ def open_source(path: Path, progress: Callable[[float], None] | None = None) -> 
             if t is not None and "[" not in t.name and t.name in g.tensors:
                 return g.source_tensor(t.name, c)
             return t
-        return _Source("gguf", cfg, tok, g.tensors, resolve, lambda n: False, g.close,
+        # (Gemma 4's rope_freqs only mark its proportional rope, which the config now describes)
+        ignorable = lambda n: n == "rope_freqs.weight" and not cfg.rope_freq_factors  # noqa: E731
+        return _Source("gguf", cfg, tok, g.tensors, resolve, ignorable, g.close,
                        generation_defaults(g.fields, GGUF_SAMPLING, str(path)))
     raise SourceFormatError(f"{path}: no such file or folder (give a .gguf file or a Hugging Face folder)")
 
@@ -184,7 +190,7 @@ def choose_type(name: str, src: quant.QuantType, shape: tuple[int, ...], target:
     """The stored format of one tensor: vectors and routers stay exact, quantized families are kept
     (a K preset re-rounds every matrix to the type llama-quantize's preset gives it)."""
     floats = {"f32", "f16", "bf16"}
-    if len(shape) == 1 or name.endswith("ffn_gate_inp.weight"):
+    if len(shape) == 1 or name.endswith(("ffn_gate_inp.weight", "conv.weight", "conv1d.weight")):  # (convs' taps)
         return quant.get("f32") if src.name in floats else src
     if target == "keep":
         return src

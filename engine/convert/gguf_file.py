@@ -28,7 +28,11 @@ LIMITS = {"block_count": (1, 4096), "embedding_length": (1, 1 << 20), "attention
           "attention.head_count_kv": (1, 4096), "attention.key_length": (1, 1 << 16),
           "feed_forward_length": (1, 1 << 22), "expert_feed_forward_length": (1, 1 << 22),
           "expert_shared_feed_forward_length": (0, 1 << 22), "expert_count": (0, 1 << 16),
-          "expert_used_count": (1, 1 << 16), "vocab_size": (1, 1 << 24), "context_length": (1, 1 << 24)}
+          "expert_used_count": (1, 1 << 16), "vocab_size": (1, 1 << 24), "context_length": (1, 1 << 24),
+          "leading_dense_block_count": (0, 4096), "shortconv.l_cache": (2, 64), "ssm.conv_kernel": (2, 64),
+          "ssm.time_step_rank": (1, 4096), "ssm.group_count": (1, 4096), "ssm.state_size": (1, 1 << 16),
+          "ssm.inner_size": (1, 1 << 22), "rope.dimension_count": (2, 1 << 16),
+          "attention.key_length_swa": (1, 1 << 16)}
 
 
 def unpermute_order(n_head: int, rows: int) -> np.ndarray:
@@ -225,7 +229,7 @@ class GGUFModel:
         arch = sp.name
         hidden = self._int("embedding_length", required=True)
         heads = self._int("attention.head_count", required=True)
-        kv_heads = self._int("attention.head_count_kv", heads)
+        kv_heads, kinds = self._kv_heads(sp, heads)
         if heads % kv_heads:
             raise ConfigError(f"{self.path}: GGUF metadata {garch}.attention.head_count = {heads} is not a multiple "
                               f"of {garch}.attention.head_count_kv = {kv_heads}")
@@ -234,6 +238,16 @@ class GGUFModel:
         ff_key = "expert_feed_forward_length" if moe and self._get("expert_feed_forward_length") else \
             "feed_forward_length"
         tokens = self.fields.get("tokenizer.ggml.tokens") or []
+        dense = self._int("leading_dense_block_count", 0) if sp.dense_leading_layers else 0
+        head_dim = self._int("attention.key_length", hidden // heads)
+        recurrent = self._get("attention.recurrent_layers")
+        if "linear_attention" in sp.layer_kinds and isinstance(recurrent, list):  # Qwen3.5
+            kinds = tuple("linear_attention" if r else "attention" for r in recurrent)
+        window = self._get("attention.sliding_window")
+        if sp.attention_sinks and window:  # gpt-oss (llama.cpp fixes it in code): even layers slide, from 0
+            n = self._int("block_count", required=True)
+            kinds = tuple("sliding_attention" if i % 2 == 0 else "attention" for i in range(n))
+        window = int(window) if window and kinds and "sliding_attention" in kinds else None
         scaling = None
         kind = self._get("rope.scaling.type")
         if kind and kind != "none":
@@ -241,14 +255,18 @@ class GGUFModel:
                 raise ConfigError(f"{self.path}: rope scaling {kind!r} is not supported (linear, yarn)")
             scaling = {"type": kind, "factor": self._positive("rope.scaling.factor", 1.0),
                        "original_max_position_embeddings": self._get("rope.scaling.original_context_length")}
-        return ModelConfig(
+            if kind == "yarn":  # (not in the file: gpt-oss's Hugging Face config says truncate false)
+                scaling |= {"beta_fast": self._positive("rope.scaling.yarn_beta_fast", 32.0),
+                            "beta_slow": self._positive("rope.scaling.yarn_beta_slow", 1.0),
+                            "truncate": not sp.attention_sinks}
+        fields = dict(
             architecture=arch,
             vocab_size=self._int("vocab_size", len(tokens)) or len(tokens),
             hidden_size=hidden,
             num_layers=self._int("block_count", required=True),
             num_heads=heads,
             num_kv_heads=kv_heads,
-            head_dim=self._int("attention.key_length", hidden // heads),
+            head_dim=self._int("attention.key_length_swa", head_dim) if sp.full_rope != "same" else head_dim,
             intermediate_size=self._int(ff_key, required=True),
             num_experts=experts if moe else 1,
             top_k=self._int("expert_used_count", required=moe, high=experts) if moe else 1,
@@ -263,7 +281,60 @@ class GGUFModel:
             tie_word_embeddings="output.weight" not in self.tensors,
             attention_bias="blk.0.attn_q.bias" in self.tensors,
             qk_norm=sp.qk_norm,
+            layer_types=kinds,
+            sliding_window=window,
+            dense_layers=dense,
+            dense_intermediate_size=self._int("feed_forward_length", required=True) if dense else 0,
+            conv_kernel=self._int("shortconv.l_cache", required=True) if kinds and "short_conv" in kinds else
+            self._int("ssm.conv_kernel", required=True) if kinds and "linear_attention" in kinds else 0,
+            partial_rotary_factor=self._int("rope.dimension_count", head_dim) / head_dim if sp.partial_rotary else 1.0,
+            **self._linear_attention(kinds),
         )
+        return ModelConfig(**(fields | self._gemma4(sp, head_dim)))  # type: ignore[arg-type]
+
+    def _gemma4(self, sp, head_dim: int) -> dict:
+        """Gemma 4's full layers (own head_dim, KV heads, theta; proportional rope: rope_freqs holds 1
+        for the pairs that turn, 1e30 for the rest), the dense MLP's width and the final softcap."""
+        if sp.full_rope == "same":
+            return {}
+        freqs = self.tensors.get("rope_freqs.weight")
+        turning = int((np.asarray(quant.dequantize(freqs.read(), freqs.qtype)).reshape(-1) == 1).sum()) \
+            if freqs is not None else head_dim // 2
+        return {"full_head_dim": head_dim, "full_kv_heads": getattr(self, "_full_kv", 0) or 1,
+                "rope_theta": self._positive("rope.freq_base_swa", 10000.0),
+                "rope_theta_full": self._positive("rope.freq_base", 10000.0),
+                "partial_rotary_factor": 2 * turning / head_dim,
+                "dense_intermediate_size": self._int("feed_forward_length", required=True),
+                "final_logit_softcap": float(self._get("final_logit_softcapping") or 0.0),
+                "rope_freq_factors": False}
+
+    def _linear_attention(self, kinds: tuple[str, ...] | None) -> dict:
+        """Gated DeltaNet dims from the ssm.* metadata; llama.cpp's value heads are tiled."""
+        if not kinds or "linear_attention" not in kinds:
+            return {}
+        nv = self._int("ssm.time_step_rank", required=True)
+        return {"linear_key_heads": self._int("ssm.group_count", required=True), "linear_value_heads": nv,
+                "linear_key_dim": self._int("ssm.state_size", required=True),
+                "linear_value_dim": self._int("ssm.inner_size", required=True) // nv, "delta_tiled": True}
+
+    def _kv_heads(self, sp, heads: int) -> tuple[int, tuple[str, ...] | None]:
+        """KV heads, and each layer's kind where head_count_kv is a per-layer list (LFM2: 0
+        marks a short-conv layer)."""
+        value = self._get("attention.head_count_kv", heads)
+        if not isinstance(value, list):
+            return self._int("attention.head_count_kv", heads), None
+        arch = self.fields.get("general.architecture")
+        per = [int(v) for v in value]
+        swa = self._get("attention.sliding_window_pattern")
+        if sp.full_rope != "same" and isinstance(swa, list) and len(swa) == len(per):  # Gemma 4
+            kinds = tuple("sliding_attention" if s else "attention" for s in swa)
+            self._full_kv = max((v for v, s in zip(per, swa, strict=True) if not s), default=0)
+            return max((v for v, s in zip(per, swa, strict=True) if s), default=per[0]), kinds
+        used = sorted({v for v in per if v})
+        if len(per) != self._int("block_count", required=True) or len(used) != 1 or "short_conv" not in sp.layer_kinds:
+            raise ConfigError(f"{self.path}: GGUF metadata {arch}.attention.head_count_kv = {per} is not one "
+                              f"KV head count per layer (0 for a short-conv layer) that this engine runs")
+        return used[0], tuple("attention" if v else "short_conv" for v in per)
 
     def source_tensor(self, name: str, cfg: ModelConfig) -> SourceTensor:
         """A GGUF tensor in Hugging Face row order (undoes llama.cpp's q/k permutation)."""

@@ -137,10 +137,20 @@ def config_from_hf(folder: Path) -> ModelConfig:
     if cfg.get("mlp_only_layers") or cfg.get("decoder_sparse_step", 1) != 1:
         raise ConfigError(f"{path}: models that mix dense and MoE layers (mlp_only_layers / "
                           f"decoder_sparse_step) are not supported yet")
+    per_kind = cfg.get("rope_parameters") or {}
+    if sp.full_rope != "same" and "sliding_attention" in per_kind:  # Gemma 4: rope parameters per layer kind
+        full = per_kind.get("full_attention") or {}
+        cfg = {**cfg, "rope_parameters": per_kind["sliding_attention"], "partial_rotary_factor":
+               full.get("partial_rotary_factor", 1.0)}
+        theta_full = float(full.get("rope_theta", 10000.0))
+    else:
+        theta_full = 0.0
     theta, scaling = _rope(cfg, path)
     experts = cfg.get("num_experts") or cfg.get("num_local_experts")  # names vary by version
     if moe and not experts:
         raise ConfigError(f"{path}: config.json has no 'num_experts' / 'num_local_experts'")
+    kinds = _layer_kinds(cfg, sp, path)
+    dense = int(cfg.get("num_dense_layers") or 0) if sp.dense_leading_layers else 0
     return ModelConfig(
         architecture=arch,
         vocab_size=int(_need(cfg, "vocab_size", path)),
@@ -151,11 +161,11 @@ def config_from_hf(folder: Path) -> ModelConfig:
         head_dim=int(cfg.get("head_dim") or hidden // heads),
         intermediate_size=int(_need(cfg, sp.hf_ff_key, path)),
         num_experts=int(experts) if moe else 1,
-        top_k=int(_need(cfg, "num_experts_per_tok", path)) if moe else 1,
+        top_k=int(cfg.get("num_experts_per_tok") or _need(cfg, "top_k_experts", path)) if moe else 1,
         norm_topk_prob=bool(cfg.get(sp.renormalise_key, sp.renormalise) if sp.renormalise_key else sp.renormalise),
         shared_expert_intermediate_size=int(cfg.get("shared_expert_intermediate_size") or 0)
         if sp.shared_expert != "none" else 0,
-        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+        rms_norm_eps=float(cfg.get("rms_norm_eps", cfg.get("norm_eps", 1e-6))),
         rope_theta=theta,
         rope_scaling=scaling,
         max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
@@ -165,4 +175,65 @@ def config_from_hf(folder: Path) -> ModelConfig:
         cfg.get("use_sliding_window", True) else None,
         qk_norm=sp.qk_norm,
         clip_qkv=cfg.get("clip_qkv"),
+        layer_types=kinds,
+        dense_layers=dense,
+        dense_intermediate_size=int(_need(cfg, "intermediate_size", path)) if dense or sp.parallel_dense else 0,
+        rope_theta_full=theta_full,
+        final_logit_softcap=float(cfg.get("final_logit_softcapping") or 0.0) if sp.logit_softcap else 0.0,
+        **_full_attention_shape(cfg, kinds, path),
+        conv_kernel=int(cfg.get("conv_L_cache") or 0) if kinds and "short_conv" in kinds else
+        int(cfg.get("linear_conv_kernel_dim") or 0) if kinds and "linear_attention" in kinds else 0,
+        partial_rotary_factor=float((cfg.get("rope_parameters") or {}).get("partial_rotary_factor",
+                                                                         cfg.get("partial_rotary_factor", 1.0)))
+        if sp.partial_rotary or sp.full_rope != "same" else 1.0,
+        **_linear_attention(cfg, kinds, path),
+        routed_scaling_factor=float(cfg.get("routed_scaling_factor") or 1.0),
+        swiglu_alpha=float(cfg.get("swiglu_alpha", 1.702)),
+        swiglu_limit=float(cfg.get("swiglu_limit", 7.0)),
     )
+
+
+def _full_attention_shape(cfg: dict, kinds: tuple[str, ...] | None, path: Path) -> dict:
+    """Full-attention layers' own head_dim and KV heads (Gemma 4: per_layer_config, or
+    global_head_dim / num_global_key_value_heads)."""
+    if not kinds or "attention" not in kinds or "sliding_attention" not in kinds:
+        return {}
+    full = kinds.index("attention")
+    per = (cfg.get("per_layer_config") or {}).get(str(full)) or {}
+    hd = per.get("head_dim") or cfg.get("global_head_dim")
+    kv = per.get("num_key_value_heads") or cfg.get("num_global_key_value_heads")
+    if not hd or hd == cfg.get("head_dim") and kv in (None, cfg.get("num_key_value_heads")):
+        return {}
+    return {"full_head_dim": int(hd), "full_kv_heads": int(kv or cfg.get("num_key_value_heads"))}
+
+
+def _linear_attention(cfg: dict, kinds: tuple[str, ...] | None, path: Path) -> dict:
+    """Gated DeltaNet dims (ModelConfig.linear_*) when the model has linear_attention layers."""
+    if not kinds or "linear_attention" not in kinds:
+        return {}
+    keys = {"linear_key_heads": "linear_num_key_heads", "linear_value_heads": "linear_num_value_heads",
+            "linear_key_dim": "linear_key_head_dim", "linear_value_dim": "linear_value_head_dim"}
+    out = {ours: int(_need(cfg, theirs, path)) for ours, theirs in keys.items()}
+    if out["linear_value_heads"] % out["linear_key_heads"]:
+        raise ConfigError(f"{path}: config.json linear_num_value_heads must be a multiple of linear_num_key_heads")
+    return out
+
+
+# Hugging Face layer_types words -> engine.arch layer kinds
+_HF_KINDS = {"full_attention": "attention", "sliding_attention": "sliding_attention",
+             "linear_attention": "linear_attention", "conv": "short_conv"}
+
+
+def _layer_kinds(cfg: dict, sp, path: Path) -> tuple[str, ...] | None:
+    """Each layer's kind, for architectures whose layers are not all attention (None otherwise:
+    spec.layer_types derives them)."""
+    if sp.layer_types_key is None:
+        return None
+    types = cfg.get(sp.layer_types_key)
+    if not isinstance(types, list) or len(types) != cfg.get("num_hidden_layers"):
+        raise ConfigError(f"{path}: config.json layer_types must list one kind per layer")
+    bad = sorted({t for t in types if _HF_KINDS.get(t) not in sp.layer_kinds})
+    if bad:
+        raise ConfigError(f"{path}: config.json layer_types {bad} are not layer kinds of {sp.name} "
+                          f"({', '.join(sp.layer_kinds)})")
+    return tuple(_HF_KINDS[t] for t in types)

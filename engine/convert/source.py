@@ -65,6 +65,39 @@ class SourceTensor:
         return SourceTensor(f"{self.name}#{part}/{parts}", (n, self.shape[1]), self.qtype,
                             lambda a, b: self.read_rows(part * n + a, part * n + b))
 
+    def columns(self, part: int, parts: int) -> SourceTensor:
+        """Columns part, part + parts, ... of a float tensor (gpt-oss interleaves gate and up)."""
+        if self.qtype.name not in ("f32", "f16", "bf16") or self.shape[-1] % parts:
+            raise ConversionError(f"{self.name}: shape {list(self.shape)} {self.qtype.name} does not split in "
+                                  f"{parts} interleaved column sets")
+        shape = self.shape[:-1] + (self.shape[-1] // parts,)
+        if len(self.shape) == 1:
+            return SourceTensor(f"{self.name}~{part}/{parts}", shape, self.qtype,
+                                lambda a, b: self.read_rows(0, 1)[part::parts])
+        return SourceTensor(f"{self.name}~{part}/{parts}", shape, self.qtype,
+                            lambda a, b: np.ascontiguousarray(self.read(a, b)[:, part::parts]).reshape(-1))
+
+    def transposed(self) -> SourceTensor:
+        """A float matrix with its two axes swapped (read whole: one expert's slice)."""
+        if len(self.shape) != 2 or self.qtype.name not in ("f32", "f16", "bf16"):
+            raise ConversionError(f"{self.name}: shape {list(self.shape)} {self.qtype.name} cannot be transposed")
+        def read(a: int, b: int) -> np.ndarray:
+            return np.ascontiguousarray(self.read().T[a:b]).reshape(-1)
+        return SourceTensor(f"{self.name}'", self.shape[::-1], self.qtype, read)
+
+    def mapped(self, fn: str) -> SourceTensor:
+        """The values through `fn`, as float32: "plus1" (a zero-centred norm's 1 + w), "negexp"
+        (-exp(x): Qwen3.5's A from A_log)."""
+        funcs = {"plus1": lambda x: x + np.float32(1), "negexp": lambda x: -np.exp(x)}
+        if fn not in funcs or self.qtype.name not in ("f32", "f16", "bf16"):
+            raise ConversionError(f"{self.name}: cannot map {self.qtype.name} values through {fn!r}")
+        f32 = quant.get("f32")
+
+        def read(a: int, b: int) -> np.ndarray:
+            x = quant.dequantize(self.read_rows(a, b) if len(self.shape) > 1 else self.read_rows(0, 1), self.qtype)
+            return funcs[fn](np.asarray(x, np.float32).reshape(-1)).astype(np.float32)
+        return SourceTensor(f"{self.name}@{fn}", self.shape, f32, read)
+
     def permute_rows(self, order: np.ndarray) -> SourceTensor:
         """Rows reordered: new row i is old row order[i] (a lossless move of whole rows)."""
         def read(a: int, b: int) -> np.ndarray:

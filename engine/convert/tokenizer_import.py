@@ -15,6 +15,7 @@ from jinja2 import TemplateSyntaxError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 
+from engine.convert.tokenizer_spm import SPM_MODELS, spm_bpe
 from engine.errors import ConfigError, SourceFormatError
 
 _GPT2 = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
@@ -22,13 +23,22 @@ _LLAMA3 = (r"""(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\
            r"""| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""")
 _QWEN2 = (r"""(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"""
           r"""| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""")
+_O200K = (r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"""
+          r"""|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"""
+          r"""|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+""")
+_QWEN35 = (r"""(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"""
+           r"""| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""")
 # GGUF `tokenizer.ggml.pre` -> the regex splits applied before byte-level BPE, in order
 PRE_TOKENIZERS: dict[str, tuple[str, ...]] = {
     "default": (_GPT2,), "gpt-2": (_GPT2,), "gpt2": (_GPT2,), "olmo": (_GPT2,),
     "smollm": (r"\p{N}", _GPT2),
     "llama-bpe": (_LLAMA3,), "llama3": (_LLAMA3,),
     "qwen2": (_QWEN2,),
+    "gpt-4o": (_O200K,), "qwen35": (_QWEN35,), "lfm2": (_LLAMA3,),  # gpt-oss (o200k), Qwen3.5, LFM2
 }
+# pre-tokenizers whose words found whole in the vocabulary skip the merges (llama.cpp's ignore_merges;
+# llama.cpp also sets it for llama-bpe/llama3, which are kept as they were here)
+IGNORE_MERGES = frozenset({"lfm2"})
 _CONTROL, _USER_DEFINED = 3, 4
 
 
@@ -91,11 +101,12 @@ def from_hf_folder(folder: Path) -> TokenizerBundle:
 def from_gguf_fields(f: dict, where: str) -> TokenizerBundle:
     """`f`: the GGUF's `tokenizer.ggml.*` / `tokenizer.chat_template` values."""
     model = f.get("tokenizer.ggml.model")
-    if model != "gpt2":
+    if model != "gpt2" and model not in SPM_MODELS:
         raise SourceFormatError(f"{where}: GGUF tokenizer model {model!r} is not supported yet; "
-                                f"supported: 'gpt2' (byte-level BPE)")
+                                f"supported: 'gpt2' (byte-level BPE), {', '.join(map(repr, SPM_MODELS))} "
+                                "(SentencePiece-style BPE)")
     pre = f.get("tokenizer.ggml.pre", "default")
-    if pre not in PRE_TOKENIZERS:
+    if model == "gpt2" and pre not in PRE_TOKENIZERS:
         raise SourceFormatError(f"{where}: GGUF pre-tokenizer {pre!r} is not supported; supported: "
                                 f"{', '.join(sorted(PRE_TOKENIZERS))}")
     tokens, merges = f.get("tokenizer.ggml.tokens"), f.get("tokenizer.ggml.merges")
@@ -109,13 +120,18 @@ def from_gguf_fields(f: dict, where: str) -> TokenizerBundle:
     vocab = {t: i for i, t in enumerate(tokens)}
     pairs = [tuple(m.split(" ", 1)) for m in merges]
     try:
-        tok = Tokenizer(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False, byte_fallback=False))
+        if model in SPM_MODELS:
+            tok = spm_bpe(vocab, pairs)
+        else:
+            tok = Tokenizer(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False, byte_fallback=False,
+                                       ignore_merges=pre in IGNORE_MERGES))
     except Exception as e:  # tokenizers raises a bare Exception (a merge of tokens not in the vocabulary)
         raise SourceFormatError(f"{where}: GGUF tokenizer.ggml.merges do not fit tokenizer.ggml.tokens: {e}") from None
-    tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in PRE_TOKENIZERS[pre]]
-        + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-    tok.decoder = decoders.ByteLevel()
+    if model == "gpt2":
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in PRE_TOKENIZERS[pre]]
+            + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+        tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
                             for t, k in zip(tokens, types) if k == _CONTROL])
     tok.add_tokens([AddedToken(t, special=False, normalized=False)

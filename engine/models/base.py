@@ -22,10 +22,13 @@ import numpy as np
 
 from engine import arch
 from engine.kernels import cpu
-from engine.kvcache import KVCache
+from engine.kvcache import KVCache, own_attention_caches
 from engine.mempool import Arena
 from engine.model_dir import ModelConfig
 from engine.models.fused import FusedDecode
+from engine.ops import attention as op_attention
+from engine.ops import cache as states
+from engine.ops import conv, deltanet, ffn, norms, rope
 from engine.timing import Kernels, OpTimer
 from engine.weight_types import ExpertWeights, LayerWeights, Matrix
 
@@ -154,12 +157,34 @@ class Transformer:
         inv = np.float32(1.0) / (np.float32(cfg.rope_theta) ** (np.arange(0, hd, 2, dtype=np.float32) / np.float32(hd)))
         if weights.rope_freqs is not None:
             inv = inv / weights.rope_freqs
-        if cfg.rope_scaling:  # linear: positions divided by the factor
-            inv = inv / np.float32(cfg.rope_scaling["factor"])
+        self.rope_factor = 1.0  # cos and sin are multiplied by it (yarn's attention factor)
+        s = cfg.rope_scaling or {}
+        if s.get("type") == "linear":  # positions divided by the factor
+            inv = inv / np.float32(s["factor"])
+        elif cfg.partial_rotary_factor < 1 and self.spec.full_rope == "same":  # Qwen3.5: the first head_dim * factor dims turn
+            inv = rope.default_inv_freq(cfg.rope_theta, hd, cfg.partial_rotary_factor)
+        elif s.get("type") == "yarn":
+            inv, self.rope_factor = rope.yarn_inv_freq(cfg.rope_theta, hd, s["factor"],
+                                                       s["original_max_position_embeddings"], s.get("beta_fast", 32.0),
+                                                       s.get("beta_slow", 1.0), s.get("truncate", True))
         self.inv_freq = inv.astype(np.float32)
-        self.scale = np.float32(1.0 / math.sqrt(hd))
+        self.full_tables: tuple[np.ndarray, np.ndarray] | None = None  # this pass's full-layer rope (Gemma 4)
+        sc = self.spec.attention_scale
+        self.scale = np.float32(1.0 / math.sqrt(hd) if sc is None else sc)
+        if self.spec.full_rope == "proportional":  # Gemma 4's full layers: their own theta, head_dim
+            self.inv_full = rope.proportional_inv_freq(cfg.rope_theta_full or cfg.rope_theta,
+                                                       cfg.full_head_dim or hd, cfg.partial_rotary_factor)
         self.arena = Arena(weights.pool)  # activation buffers, reused by every pass
         self.renormalise = self.spec.renormalises(cfg)
+        self.kinds = self.spec.layer_types(cfg)
+        # attention sinks: every layer attends through engine.ops over its own f32 cache (a ring
+        # for sliding layers); short_conv layers carry a conv tail. Both live in KVCache.states.
+        self.op_attention = own_attention_caches(cfg)
+        self.recurrent = self.op_attention or any(k in ("short_conv", "linear_attention") for k in self.kinds)
+        # engine.ops' rope: the rest of each head passes
+        self.partial_rope = cfg.partial_rotary_factor < 1 and self.spec.full_rope == "same"
+        if "linear_attention" in self.kinds:
+            self.delta_work = deltanet.work_for(cfg.linear_value_heads, cfg.linear_key_dim, cfg.linear_value_dim)
         why = FusedDecode.refusal(self)
         self.fused = FusedDecode(self) if why is None else None
         self.fused_refusal = why  # why a decoded token runs layer by layer (None: it need not)
@@ -168,6 +193,8 @@ class Transformer:
 
     # --- the feed-forward block, as the spec says ---------------------------------------------
     def ffn(self, L: int, h: np.ndarray, lw: LayerWeights, step: Step) -> np.ndarray:
+        if lw.dense is not None:  # a leading dense layer of an MoE (spec.dense_leading_layers)
+            return self.mlp(h, lw.dense, step)
         if not self.cfg.is_moe:  # a dense MLP is the model directory's expert 0
             with self.w.experts.use(L, 0) as e:
                 return expert_mlp(h, e, step)
@@ -177,16 +204,29 @@ class Transformer:
             out += gate[:, None].astype(np.float32) * expert_mlp(h, lw.shared, step)
         return out
 
-    def route(self, logits: np.ndarray, step: Step) -> tuple[np.ndarray, np.ndarray]:
-        """(T, E) router logits -> (T, k) weights and expert ids (spec.router "softmax_topk")."""
+    def route(self, logits: np.ndarray, lw: LayerWeights, step: Step) -> tuple[np.ndarray, np.ndarray]:
+        """(T, E) router logits -> (T, k) weights and expert ids, by spec.router."""
+        if self.spec.router == "gemma4":
+            ids, weights = ffn.pick_gemma4(logits, lw.sandwich.expert_scale, self.cfg.top_k)
+            return weights, ids.astype(np.int64)
+        if self.spec.router == "topk_softmax":  # gpt-oss (its bias is in the logits already)
+            ids, weights = ffn.pick_topk_softmax(logits, self.cfg.top_k)
+            return weights, ids.astype(np.int64)
+        if self.spec.router == "sigmoid_bias":  # E <= 256 per token: numpy
+            ids, weights = ffn.pick_sigmoid_bias(logits, lw.expert_bias, self.cfg.top_k, self.renormalise,
+                                                 self.cfg.routed_scaling_factor)
+            return weights, ids.astype(np.int64)
         return softmax_top_k(logits, self.cfg.top_k, self.renormalise, step)
 
-    def sparse_moe(self, L: int, h: np.ndarray, lw: LayerWeights, step: Step) -> np.ndarray:
+    def sparse_moe(self, L: int, h: np.ndarray, lw: LayerWeights, step: Step,
+                   route_in: np.ndarray | None = None) -> np.ndarray:
         """Each token's top-k experts, weighted; tokens grouped by expert so each expert is
         loaded and read once per layer, however many tokens chose it."""
         cache = self.w.experts
-        logits = linear(h, lw.router, step)
-        weights, ids = self.route(logits, step)
+        logits = linear(h if route_in is None else route_in, lw.router, step)
+        if lw.router_bias is not None:
+            logits += lw.router_bias
+        weights, ids = self.route(logits, lw, step)
         cache.record(L, ids)
         if h.shape[0] <= PREFETCH_MAX_TOKENS:
             self.prefetch(L, h, logits, step)
@@ -194,7 +234,7 @@ class Transformer:
             step.dump[f"blk.{L}.router_logits"] = logits.copy()
             step.dump[f"blk.{L}.expert_ids"] = ids.copy()
         one = h.shape[0] == 1  # decode: no grouping needed, each pick is one expert
-        if one and self._fusable(L, ids[0].tolist()) and _integer_path(h, (), step) and \
+        if one and lw.expert_biases is None and self.spec.activation == "silu" and self._fusable(L, ids[0].tolist()) and _integer_path(h, (), step) and \
                 cache.all_ready(L, ids[0].tolist()):
             return self._experts_in_one_call(L, h, ids[0].tolist(), weights[0], step)
         out = step.empty(h.shape)
@@ -206,15 +246,30 @@ class Transformer:
                 cache.load_ahead(L, order[i + 1])  # the next one loads while this one computes
             if one:
                 with cache.use(L, e) as ew:
-                    y = expert_mlp(h, ew, step)
+                    y = self.expert(h, ew, lw, e, step)
                 y *= pick[e]
                 out += y
                 continue
             rows, slot = np.nonzero(ids == e)
             with cache.use(L, e) as ew:
-                y = expert_mlp(h[rows], ew, step)
+                y = self.expert(h[rows], ew, lw, e, step)
             out[rows] += weights[rows, slot, None] * y
         return out
+
+    def expert(self, h: np.ndarray, ew: ExpertWeights, lw: LayerWeights, e: int, step: Step) -> np.ndarray:
+        """Routed expert e of this layer: SwiGLU, or with biases and a clamped SwiGLU (gpt-oss)."""
+        if lw.expert_biases is None:
+            return self.mlp(h, ew, step)
+        gb, ub, db = lw.expert_biases
+        T, F = h.shape[0], ew.gate.rows
+        gu = step.empty((T, 2 * F))  # gate, up interleaved: the layout clamped_swiglu reads
+        gu[:, 0::2] = linear(h, ew.gate, step) + gb[e]
+        gu[:, 1::2] = linear(h, ew.up, step) + ub[e]
+        act = step.empty((T, F))
+        ffn.clamped_swiglu(gu, np.float32(self.cfg.swiglu_alpha), np.float32(self.cfg.swiglu_limit), act)
+        y = linear(act, ew.down, step)
+        y += db[e]
+        return y
 
     def _fusable(self, L: int, experts: list[int]) -> bool:
         """Whether these experts are stored in one integer-dot format per matrix (gate, up, down),
@@ -246,11 +301,107 @@ class Transformer:
         ranked = np.argsort(-logits, axis=-1)
         cache.prefetch(L, np.unique(ranked[:, k:k + 1]), spare_only=True)
 
-    # --- attention ----------------------------------------------------------------------------
+    def sandwich_layer(self, L: int, x: np.ndarray, lw: LayerWeights, mixer, step: Step) -> np.ndarray:
+        """Gemma 4, in place on x: x += post(mixer(pre x)); a dense MLP on ffn_norm(x) beside the
+        experts on pre_ffw_norm_2(x) (routed from the raw x), each post-normed, their sum
+        post-normed and added; x *= the layer scalar. Returns what the feed-forward part added."""
+        eps, sw = self.cfg.rms_norm_eps, lw.sandwich
+        x += rmsnorm(mixer(L, rmsnorm(x, lw.attn_norm, eps, step), lw, step), sw.post_attention, eps, step)
+        m1 = rmsnorm(self.mlp(rmsnorm(x, lw.ffn_norm, eps, step), lw.dense, step), sw.post_ffw_1, eps, step)
+        route_in = norms.rms(x, eps) * sw.router_scale * np.float32(self.cfg.hidden_size ** -0.5)
+        m2 = self.sparse_moe(L, rmsnorm(x, sw.pre_ffw_2, eps, step), lw, step, route_in)
+        f = rmsnorm(m1 + rmsnorm(m2, sw.post_ffw_2, eps, step), sw.post_ffw, eps, step)
+        x += f
+        x *= np.float32(sw.layer_scale)
+        return f
+
+    def mlp(self, h: np.ndarray, ew: ExpertWeights, step: Step) -> np.ndarray:
+        """A gated MLP with the spec's activation: act(gate h) * up h -> down."""
+        if self.spec.activation == "silu":
+            return expert_mlp(h, ew, step)
+        act = ffn.gelu_tanh(linear(h, ew.gate, step)) * linear(h, ew.up, step)
+        return linear(act, ew.down, step)
+
+    # --- the token mixers ----------------------------------------------------------------------
+    def new_states(self, capacity: int) -> list:
+        """A sequence's per-layer caches beside the KV block: a short_conv layer's conv tail; with
+        op_attention a ring of sliding_window positions or a FullKV of `capacity`; None: the block."""
+        cfg = self.cfg
+        out = []
+        for k in self.kinds:
+            if k == "short_conv":
+                out.append(states.ConvState(cfg.conv_kernel, cfg.hidden_size))
+            elif k == "linear_attention":
+                nk, nv, dk, dv = cfg.linear_key_heads, cfg.linear_value_heads, cfg.linear_key_dim, cfg.linear_value_dim
+                out.append(states.DeltaState(nv, dk, dv, cfg.conv_kernel, 2 * nk * dk + nv * dv))
+            elif self.op_attention and k == "sliding_attention":
+                out.append(states.RingKV(cfg.sliding_window, *cfg.attention_shape(len(out))))
+            elif self.op_attention:
+                out.append(states.FullKV(capacity, *cfg.attention_shape(len(out))))
+            else:
+                out.append(None)
+        return out
+
+    def linear_attention(self, L: int, h: np.ndarray, lw: LayerWeights, step: Step) -> np.ndarray:
+        """Qwen3.5's gated DeltaNet: conv (SiLU) over q|k|v with its carried tail, the delta rule
+        over the layer's (Hv, dk, dv) state, rms(core) * w * silu(z), out_proj."""
+        cfg, d, T = self.cfg, lw.delta, h.shape[0]
+        nk, nv, dk, dv = cfg.linear_key_heads, cfg.linear_value_heads, cfg.linear_key_dim, cfg.linear_value_dim
+        st = step.cache.states[L]
+        qkv = linear(h, d.qkv, step)
+        mixed = step.empty(qkv.shape)
+        conv.causal_conv(qkv, d.conv, st.conv.x, True, mixed)
+        q = np.ascontiguousarray(mixed[:, :nk * dk].reshape(T, nk, dk))
+        k = np.ascontiguousarray(mixed[:, nk * dk:2 * nk * dk].reshape(T, nk, dk))
+        v = np.ascontiguousarray(mixed[:, 2 * nk * dk:].reshape(T, nv, dv))
+        beta = (1 / (1 + np.exp(-linear(h, d.beta, step).astype(np.float64)))).astype(np.float32)
+        a = (linear(h, d.alpha, step) + d.dt_bias).astype(np.float64)
+        g = (d.a.astype(np.float64) * np.logaddexp(0, a)).astype(np.float32)  # A * softplus(a + dt_bias)
+        core = step.empty((T, nv, dv))
+        deltanet.delta_rule(q, k, v, g, beta, st.s, cfg.delta_tiled, self.delta_work, core)
+        z = linear(h, d.z, step).reshape(T, nv, dv)
+        o = norms.gated_rmsnorm(core, z, d.norm, cfg.rms_norm_eps).reshape(T, nv * dv)
+        if step.dump is not None:
+            step.dump[f"blk.{L}.attn_out"] = o.copy()
+        return linear(o, d.out, step)
+
+    def _op_attention(self, L: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, lw: LayerWeights,
+                      step: Step) -> np.ndarray:
+        """Attention through engine.ops over layer L's own cache: sinks, a per-layer window."""
+        T, H = q.shape[:2]
+        qpos = np.arange(step.pos0, step.pos0 + T, dtype=np.int64)
+        ks, vs, kpos = step.cache.states[L].update(np.ascontiguousarray(k), np.ascontiguousarray(v), qpos)
+        window = self.cfg.sliding_window if self.kinds[L] == "sliding_attention" else 0
+        sinks = lw.sinks if lw.sinks is not None else np.zeros(H, np.float32)
+        out, scores = step.empty(q.shape), step.empty((T, H, len(kpos)))
+        op_attention.attention(np.ascontiguousarray(q), ks, vs, qpos, kpos, self.scale, int(window or 0), sinks,
+                               lw.sinks is not None, np.float32(0.0), scores, out)
+        return out
+
+    def short_conv(self, L: int, h: np.ndarray, lw: LayerWeights, step: Step) -> np.ndarray:
+        """LFM2: B, C, x = in_proj h; y = C * causal_conv(B * x) over the carried tail; out_proj y."""
+        D, T = self.cfg.hidden_size, h.shape[0]
+        bcx = linear(h, lw.conv_in, step)
+        bx = np.ascontiguousarray(bcx[:, :D] * bcx[:, 2 * D:])
+        y = step.empty((T, D))
+        conv.causal_conv(bx, lw.conv_w, step.cache.states[L].x, False, y)
+        y *= bcx[:, D:2 * D]
+        if step.dump is not None:
+            step.dump[f"blk.{L}.attn_out"] = y.copy()
+        return linear(y, lw.conv_out, step)
+
     def attention(self, L: int, h: np.ndarray, lw: LayerWeights, step: Step) -> np.ndarray:
         cfg, T = self.cfg, h.shape[0]
-        H, KV, hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        q, k, v = linears(h, (lw.q, lw.k, lw.v), step)
+        H, (KV, hd) = cfg.num_heads, cfg.attention_shape(L)
+        if lw.v is None:  # k_eq_v (Gemma 4's full layers): v is the raw k projection
+            q, k = linears(h, (lw.q, lw.k), step)
+            v = k.copy()
+        else:
+            q, k, v = linears(h, (lw.q, lw.k, lw.v), step)
+        gate = None
+        if self.spec.attention_gate:  # Qwen3.5: per head [q | gate]
+            qg = q.reshape(T, H, 2 * hd)
+            q, gate = np.ascontiguousarray(qg[..., :hd]).reshape(T, H * hd), qg[..., hd:].reshape(T, H * hd)
         if lw.q_bias is not None:
             q += lw.q_bias
             k += lw.k_bias
@@ -260,27 +411,45 @@ class Transformer:
         q, k, v = q.reshape(T, H, hd), k.reshape(T, KV, hd), v.reshape(T, KV, hd)
         if cfg.qk_norm == "head":  # Qwen3: a norm per head
             q, k = rmsnorm(q, lw.q_norm, cfg.rms_norm_eps, step), rmsnorm(k, lw.k_norm, cfg.rms_norm_eps, step)
+        if self.spec.v_norm:  # Gemma 4: v RMS-normalised per head, no weight
+            v = norms.rms(v, cfg.rms_norm_eps)
         if cfg.clip_qkv:
             for a in (q, k, v):
                 np.clip(a, -cfg.clip_qkv, cfg.clip_qkv, out=a)
-        step.k.rope(q, step.cos, step.sin)
-        step.k.rope(k, step.cos, step.sin)
+        turn = rope.rope if self.partial_rope else step.k.rope
+        cos, sin = (step.cos, step.sin) if self.kinds[L] != "attention" or self.full_tables is None else \
+            self.full_tables
+        turn(q, cos, sin)
+        turn(k, cos, sin)
+        if self.op_attention:
+            out = self._op_attention(L, q, k, v, lw, step)
+        else:
+            out = self._block_attention(L, q, k, v, step)
+        if step.dump is not None:
+            step.dump |= {f"blk.{L}.q": q.copy(), f"blk.{L}.k": k.copy(), f"blk.{L}.v": v.copy(),
+                          f"blk.{L}.attn_out": out.reshape(T, -1).copy()}
+        if gate is not None:
+            out = out.reshape(T, H * hd) * (1 / (1 + np.exp(-gate.astype(np.float64)))).astype(np.float32)
+        o = linear(out.reshape(T, H * hd), lw.o, step)
+        if lw.o_bias is not None:
+            o += lw.o_bias
+        return o
+
+    def _block_attention(self, L: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, step: Step) -> np.ndarray:
+        """Attention over the KV cache's block (f32, f16 or int8), the engine's attention kernel."""
+        T, H = q.shape[:2]
         step.cache.write(L, step.pos0, k, v)
         keys, values, ks, vs, scaled = step.cache.views(L, step.pos0 + T)
         out = step.empty(q.shape)
         for a in range(0, T, ATTENTION_BLOCK):  # query blocks bound the scores buffer on long prompts
             b = min(T, a + ATTENTION_BLOCK)
             scores = step.empty(((b - a) * H, step.pos0 + b))
-            step.k.attention(q[a:b], keys, values, ks, vs, scaled, step.pos0 + a, cfg.sliding_window or 0,
+            step.k.attention(q[a:b], keys, values, ks, vs, scaled, step.pos0 + a, self.cfg.sliding_window or 0,
                              self.scale, scores, out[a:b])
-        if step.dump is not None:
-            step.dump |= {f"blk.{L}.q": q.copy(), f"blk.{L}.k": k.copy(), f"blk.{L}.v": v.copy(),
-                          f"blk.{L}.attn_out": out.reshape(T, -1).copy()}
-        return linear(out.reshape(T, H * hd), lw.o, step)
+        return out
 
     def rotary(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        angles = positions.astype(np.float32)[:, None] * self.inv_freq[None, :]
-        return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+        return rope.tables(self.inv_freq, positions, self.rope_factor)
 
     # --- the decoder loop ---------------------------------------------------------------------
     def forward(self, ids: np.ndarray, cache: KVCache, pos0: int, all_logits: bool = False,
@@ -292,28 +461,51 @@ class Transformer:
         """
         cfg, T, arena = self.cfg, len(ids), self.arena
         arena.reset()
+        if self.recurrent:
+            cache.overwrite(pos0)
+        if self.recurrent and (cache.states is None or pos0 == 0):
+            cache.states = self.new_states(cache.capacity)
+        elif self.recurrent and pos0 != cache.length:
+            raise ValueError(f"a recurrent model's cache holds {cache.length} positions; cannot run from {pos0}")
         cos, sin = self.rotary(np.arange(pos0, pos0 + T))
+        self.full_tables = rope.tables(self.inv_full, np.arange(pos0, pos0 + T)) \
+            if self.spec.full_rope == "proportional" else None
         step = Step(cache, pos0, cos, sin, dump, arena, self.gpu, self.exact, before_layer if T > 1 else None,
                     self.timer)
         x = step.empty((T, cfg.hidden_size))
         step.k.gather_rows(self.w.token_embd.data, self.w.token_embd.code, np.asarray(ids, np.int64), x)
+        if self.spec.embed_scale:  # Gemma: embeddings times sqrt(hidden_size)
+            x *= np.float32(cfg.hidden_size ** 0.5)
         if dump is not None:
             dump["token_embd"] = x.copy()
         fused = T == 1 and self.takes_fused(step) and self.fused.run(x, step)
-        for L, lw in enumerate(self.w.layers if not fused else ()):
-            if step.before_layer is not None:
-                step.before_layer(L)
-            mark = arena.mark()
-            x += self.attention(L, rmsnorm(x, lw.attn_norm, cfg.rms_norm_eps, step), lw, step)
-            f = self.ffn(L, rmsnorm(x, lw.ffn_norm, cfg.rms_norm_eps, step), lw, step)
-            x += f
-            if dump is not None:
-                dump[f"blk.{L}.ffn_out"] = f.copy()
-                dump[f"blk.{L}.out"] = x.copy()
-            arena.release(mark)  # the layer's buffers are dead: the next layer reuses them
+        try:
+            for L, lw in enumerate(self.w.layers if not fused else ()):
+                if step.before_layer is not None:
+                    step.before_layer(L)
+                mark = arena.mark()
+                mixer = {"short_conv": self.short_conv, "linear_attention": self.linear_attention}.get(
+                    self.kinds[L], self.attention)
+                if lw.sandwich is not None:
+                    f = self.sandwich_layer(L, x, lw, mixer, step)
+                else:
+                    x += mixer(L, rmsnorm(x, lw.attn_norm, cfg.rms_norm_eps, step), lw, step)
+                    f = self.ffn(L, rmsnorm(x, lw.ffn_norm, cfg.rms_norm_eps, step), lw, step)
+                    x += f
+                if dump is not None:
+                    dump[f"blk.{L}.ffn_out"] = f.copy()
+                    dump[f"blk.{L}.out"] = x.copy()
+                arena.release(mark)  # the layer's buffers are dead: the next layer reuses them
+        except BaseException:
+            if self.recurrent:  # states half-advanced (a Stop mid-prompt): the sequence restarts
+                cache.states, cache.length = None, 0
+                cache.overwrite(0)
+            raise
         cache.length = pos0 + T
         h = rmsnorm(x if all_logits else x[-1:], self.w.output_norm, cfg.rms_norm_eps, step)
         logits = linear(h, self.w.output, step)
+        if cfg.final_logit_softcap:
+            logits = norms.softcap(logits, cfg.final_logit_softcap)
         if dump is not None:
             dump["output_norm"] = h.copy()
             dump["logits"] = logits.copy()
