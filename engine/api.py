@@ -352,6 +352,7 @@ class Engine:
 
     def _prefill(self, ids: Sequence[int], cache: KVCache, pos0: int, all_logits: bool) -> np.ndarray:
         numba.set_num_threads(self.hw.governor.update())  # per calling thread; fewer while too hot
+        self.weights.check_files()  # a weight file cut short since loading: an error here, not SIGBUS below
         self._check_budget()
         # MoE: the whole prompt goes through each layer at once, so every expert is loaded at
         # most once per layer per prompt (attention works in query blocks inside the layer)
@@ -432,6 +433,10 @@ class Engine:
         sampler = Sampler(**(self.sampling | sampling))
         max_tokens = P.check("max_tokens", sampling.get("max_tokens", self.sampling["max_tokens"]))
         ids = self.prompt_ids(prompt, template_vars, resume)
+        if not ids:  # as llama-cli: a model that adds BOS starts from it; any other empty prompt is an error
+            if not self.codec.add_bos:
+                raise ValueError("the prompt is empty (no tokens): give some text to continue")
+            ids = [self.codec.bos_id]
         self._check_ids(ids)
         limit = self.context_limit
         if len(ids) >= limit:

@@ -160,6 +160,12 @@ class ModelWeights:
         return ExpertCache(self.store, self.pool, num_layers, num_experts, plan.cache_bytes, prefetch_window,
                            self.top_k, self.repack, plan.per_layer)
 
+    def check_files(self) -> None:
+        """Each mapped weight file still as long as when it was opened (TensorFile.check); the
+        expert files the store reads on demand are not covered."""
+        for f in self.files:
+            f.check()
+
     def close(self) -> None:
         self.experts.close()
         self.store.close()
