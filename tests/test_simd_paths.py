@@ -52,6 +52,12 @@ def test_the_measurement_is_cached_and_reused_until_the_key_changes(home):
     assert calls[6:] == ["avx2", "generic"]
 
 
+def test_a_close_second_keeps_the_first_path():
+    assert isa.choose({"vnni": {"a": 1.04}, "avx2": {"a": 1.0}}) == "vnni"
+    assert isa.choose({"vnni": {"a": 1.06}, "avx2": {"a": 1.0}}) == "avx2"
+    assert isa.choose({"vnni": {}, "avx2": {"a": None}}) == "generic"
+
+
 def test_a_wrong_or_failed_path_is_excluded(home):
     run, _ = runner_of({"vnni": {"q4_0": 0.5, "q4_k": None}, "avx2": {}, "generic": {"q4_0": 3.0, "q4_k": 3.0}})
     path, how, data = isa.decide("v1", VNNI, runner=run)  # vnni fastest but wrong on q4_k; avx2 crashed
