@@ -106,3 +106,12 @@ def test_stats_names_the_path_and_the_kernel_per_format(tmp_path):
     assert snap.simd_path == f"{simd.DOT} ({isa.SOURCE})"
     assert snap.kernels and all(v == table.describe(k) for k, v in snap.kernels.items())
     assert np.all([k in table.ALL for k in snap.kernels])
+
+
+def test_the_dashboard_shows_what_runs_in_one_line():
+    from types import SimpleNamespace
+
+    from ui.dashboard import _kernels_line
+    snap = SimpleNamespace(simd_path="vnni (measured)", kernels={"q4_k": "kquants (vnni)", "f32": "cpu (float)"})
+    assert _kernels_line(snap) == " · kernels vnni (measured): q4_k kquants, f32 cpu"
+    assert _kernels_line(SimpleNamespace()) == ""  # a remote endpoint's stats: nothing to show
