@@ -26,6 +26,7 @@ from engine.errors import ColibriError, ModelFormatError
 from engine.scheduler import ScheduleSnapshot, attach
 from engine.experts import CacheStats, ExpertCache, ExpertStore, plan_expert_cache, replan
 from engine.hardware import EnergyReading, HardwareMonitor, HardwareSnapshot
+from engine.kernels import isa
 from engine.kvcache import KVCache
 from engine.mempool import MemoryPool, PoolStats
 from engine.model_dir import open_model_dir
@@ -212,6 +213,8 @@ class StatsSnapshot:
     memory_budget: MemoryBudget | None = None  # auto sizing: the room measured and how it was split
     memory_warning: str | None = None  # plain words when the expert budget is below one token's experts
     remote: Any = None  # app.remote.RemoteStats when the model runs on a remote endpoint (else None)
+    simd_path: str = ""  # the byte dot-product path and how it was chosen: "vnni (measured)" (engine.kernels.isa)
+    kernels: dict[str, str] = field(default_factory=dict)  # format -> what runs for x @ W.T ("blocks32 (vnni)")
 
 
 class Engine:
@@ -254,6 +257,9 @@ class Engine:
         if self.params["simd"] != kernels.SIMD_REQUESTED:
             log.warning("simd %s takes effect at the next start (this process compiled for %s)",
                         self.params["simd"], kernels.SIMD)
+        if self.params["simd_path"] not in ("auto", isa.in_effect().split()[0]):
+            log.warning("simd_path %s takes effect at the next start with COLIBRI_SIMD_PATH=%s (this process runs "
+                        "%s)", self.params["simd_path"], self.params["simd_path"], isa.in_effect())
         log.info("loaded %s: %s, %d layers, %d expert(s), context %d, kv %s, %d threads; expert cache: %s",
                  path.name, self.cfg.architecture, self.cfg.num_layers, self.cfg.num_experts, self.context_limit,
                  self.params["kv_cache_quantize"], self.threads, self.cache_plan.reason)
@@ -361,6 +367,7 @@ class Engine:
     def _prefill(self, ids: Sequence[int], cache: KVCache, pos0: int, all_logits: bool,
                  before_layer: Callable[[int], None] | None = None) -> np.ndarray:
         numba.set_num_threads(self.hw.governor.update())  # per calling thread; fewer while too hot
+        self.weights.check_files()  # a weight file cut short since loading: an error here, not SIGBUS below
         self._check_budget()
         # MoE: the whole prompt goes through each layer at once, so every expert is loaded at
         # most once per layer per prompt (attention works in query blocks inside the layer)
@@ -441,6 +448,10 @@ class Engine:
         sampler = Sampler(**(self.sampling | sampling))
         max_tokens = P.check("max_tokens", sampling.get("max_tokens", self.sampling["max_tokens"]))
         ids = self.prompt_ids(prompt, template_vars, resume)
+        if not ids:  # as llama-cli: a model that adds BOS starts from it; any other empty prompt is an error
+            if not self.codec.add_bos:
+                raise ValueError("the prompt is empty (no tokens): give some text to continue")
+            ids = [self.codec.bos_id]
         self._check_ids(ids)
         limit = self.context_limit
         if len(ids) >= limit:
@@ -531,7 +542,8 @@ class Engine:
             throttle_events=self.hw.governor.events, energy=self._energy,
             joules_per_token=None if self._energy is None else self._energy.joules_per_token,
             params={**self.params, **self.sampling}, memory_budget=self.cache_plan.budget,
-            memory_warning=self.cache_plan.warning, **self._last)
+            memory_warning=self.cache_plan.warning, simd_path=isa.in_effect(), kernels=isa.model_kernels(self.weights),
+            **self._last)
 
     def mem_pool_defrag(self) -> int:
         """Free the expert cache's spare slots and return the pool's free pages to the OS (nothing

@@ -81,6 +81,9 @@ PARAMS: dict[str, Param] = {p.name: p for p in [
     Param("simd", str, "auto", "instruction set the kernels are compiled for: auto (avx512 on AMD, where it "
           "measured faster; avx2 elsewhere, as many Intel CPUs clock down under AVX-512), avx2, or avx512; "
           "applied at the next start (COLIBRI_SIMD)", choices=("auto", "avx2", "avx512"), live=False),
+    Param("simd_path", str, "auto", "byte dot-product instructions of the int8 kernels: auto (the fastest correct "
+          "path, measured once per CPU and cached), vnni, avx2, or generic; applied at the next start "
+          "(COLIBRI_SIMD_PATH)", choices=("auto", "vnni", "avx2", "generic"), live=False),
     Param("log_level", str, "INFO", "log verbosity", choices=("DEBUG", "INFO", "WARN", "WARNING", "ERROR")),
     Param("power_limit", float, None, "CPU package power limit in watts (Linux RAPL, long-term limit; "
           "needs root); auto = leave it as is; a limit we set is put back on exit", min=1.0, max=10_000.0,

@@ -222,6 +222,20 @@ class TensorFile:
         self.infos, self.meta = read_header(self.path)
         with open(self.path, "rb") as f:
             self._mmap = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        self._fd = os.open(self.path, os.O_RDONLY)  # the mapped file itself (os.stat would follow a rename)
+        self._size = len(self._mmap)
+
+    def check(self) -> None:
+        """Raise SizeMismatchError if the mapped file has shrunk since it was opened: touching its
+        mapped pages past the new end would kill the process with SIGBUS. One fstat (about a
+        microsecond). The window that remains: a truncation between this check and the reads of the
+        step that follows can still fault."""
+        if self._fd < 0:
+            return
+        size = os.fstat(self._fd).st_size
+        if size < self._size:
+            raise SizeMismatchError(f"{self.path}: the weight file shrank from {self._size} to {size} bytes "
+                                    f"while the model was loaded (changed on disk?): load the model again")
 
     def __contains__(self, name: str) -> bool:
         return name in self.infos
@@ -253,6 +267,9 @@ class TensorFile:
         return quant.dequantize(self.tensor(name), self.infos[name].qtype)
 
     def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
         try:
             self._mmap.close()
         except BufferError:

@@ -150,6 +150,12 @@ class ModelWeights:
         """Bytes of all weight files (every expert, resident or not)."""
         return self._bytes
 
+    def check_files(self) -> None:
+        """Each mapped weight file still as long as when it was opened (TensorFile.check); the
+        expert files the store reads on demand are not covered."""
+        for f in self.files:
+            f.check()
+
     def close(self) -> None:
         self.experts.close()
         self.store.close()

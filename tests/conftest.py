@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+os.environ.setdefault("COLIBRI_SIMD_BENCH", "0")  # no dot-path measurement in tests (engine.kernels.isa)
 TESTS = Path(__file__).parent
 sys.path.insert(0, str(TESTS))  # test helpers (gguf_fixtures, kquant_ref) import as plain modules
 

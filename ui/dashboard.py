@@ -62,6 +62,14 @@ def _pct(x: float | None) -> str:
     return "—" if x is None else f"{x:.0%}"
 
 
+def _kernels_line(snap) -> str:
+    """What runs: the dot-product path and how it was chosen, the inner kernel per format (stats())."""
+    path, kernels = getattr(snap, "simd_path", ""), getattr(snap, "kernels", None) or {}
+    if not path:
+        return ""
+    per = ", ".join(f"{fmt} {k.split(' ')[0]}" for fmt, k in kernels.items())
+    return f" · kernels {path}" + (f": {per}" if per else "")
+
 class Dashboard(QWidget):
     """The dashboard's panels (the main window puts them in a dock); `worker` is the app's
     EngineWorker (its signals in, requests out)."""
@@ -522,7 +530,7 @@ class Dashboard(QWidget):
                                 f"{ec.resident} experts in memory ({_mb(ec.resident_bytes)}), "
                                 f"{_mb(ec.bytes_loaded)} loaded · {snap.expert_cache_plan}")
         self.rss_text.setText(f"RSS {_mb(snap.rss_bytes)} · weights {_mb(snap.weights_bytes)} · KV cache "
-                              f"{_mb(snap.kv_cache_bytes)}")
+                              f"{_mb(snap.kv_cache_bytes)}" + _kernels_line(snap))
         configured, effective = A.configured_threads(snap), A.effective_threads(snap)
         temp = f"{hw.cpu_temp_c:.0f} °C ({hw.cpu_temp_sensor})" if hw is not None and hw.cpu_temp_c is not None \
             else f"CPU temperature {A.missing(snap, 'cpu_temp')}"

@@ -91,3 +91,13 @@ def _apply_simd(choice: str) -> str:
 _requested = os.environ.get("COLIBRI_SIMD", "auto").lower()
 SIMD_REQUESTED = _requested if _requested in SIMD_CHOICES else "auto"
 SIMD = _apply_simd(SIMD_REQUESTED)  # what this process compiles for
+
+
+def choose_dot(bench: bool = True) -> str:
+    """Decide the byte dot-product path before simd.py is imported (engine.kernels.isa): the
+    override, else the choice measured for this CPU (measured now on the first start)."""
+    from engine.kernels import isa
+    return isa.apply(_sources_digest(), bench)
+
+
+choose_dot()

@@ -1,0 +1,268 @@
+"""The byte dot-product path (simd.DOT: vnni, avx2, generic) measured, not assumed.
+
+Why: which instructions are fastest depends on the CPU (VNNI is not always the winner, e.g. where
+it runs at half rate), and a path that computes wrong numbers on some CPU must never run. So on
+the first import of engine.kernels on a CPU (and kernel version) each path this CPU
+can execute multiplies a small matrix per int8 format, checked against the format's numpy twin
+(engine.kernels.table): a wrong path is excluded, the fastest correct one is chosen (the smallest
+total over the formats: numba compiles one path per process, so one path serves all formats).
+
+Design (the cheapest honest one): simd.DOT is fixed when simd.py is imported, so each path runs
+in its own child process (`python -m engine.kernels.isa PATH`), with its own numba cache folder
+(engine.kernels appends "-dot-PATH"), so the timing itself is well under a second per path once
+compiled; the first start pays numba's compile of cpu.matmul once per path (measured on 2 cores:
+about 30-50 s a path cold, 1.3 s warm). The result is cached as JSON in the user data folder, keyed
+by CPU model name + the features that decide the path + the kernels' source digest, and measured
+again when the key changes. COLIBRI_SIMD_BENCH=0 skips the measurement (the test suite: simd.py's
+own pick then runs, as before).
+
+Override: the `simd_path` parameter (read from COLIBRI_SIMD_PATH at import, as `simd`): auto (the measured choice,
+else simd.py's own pick), vnni, avx2 or generic. COLIBRI_DOT (tests, benchmarks) wins over both.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import platformdirs
+
+PATHS = ("vnni", "avx2", "generic")  # as engine.kernels.table.PATHS (importing the table here is avoided)
+CHOICES = ("auto",) + PATHS
+FORMATS = ("q4_0", "q4_1", "q8_0", "q5_0", "q5_1", "iq4_nl", "mxfp4", "iq4_xs", "q2_k", "q3_k", "q4_k",
+           "q5_k", "q6_k")  # table.int_formats()
+_DECIDING = ("avx2", "avx512f", "avx512vl", "avx512vnni", "avxvnni")  # the features simd._mode reads
+CACHE_NAME = "simd_paths.json"
+
+# The outcome of this process's choice, for stats(): how DOT was decided ("override", "measured",
+# "forced", "default") and the cached measurement ({path: {format: seconds or None}}), if any.
+SOURCE = "default"
+MEASURED: dict = {}
+
+
+def _features() -> dict[str, bool]:
+    """The features numba compiles for (as simd._features, without importing numba)."""
+    if os.environ.get("NUMBA_CPU_FEATURES"):
+        return {f[1:]: f[0] == "+" for f in os.environ["NUMBA_CPU_FEATURES"].split(",") if f[:1] in "+-"}
+    import llvmlite.binding as llvm
+    return dict(llvm.get_host_cpu_features())
+
+
+def executable(feats: dict[str, bool]) -> tuple[str, ...]:
+    """The paths this CPU (these features) can execute, best first."""
+    out = []
+    if (feats.get("avx512vnni") and feats.get("avx512vl")) or feats.get("avxvnni"):
+        out.append("vnni")
+    if feats.get("avx2"):
+        out.append("avx2")
+    return tuple(out) + ("generic",)
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            name = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+    except OSError:
+        name = ""
+    import platform
+    return name or platform.processor() or platform.machine()
+
+
+def cache_key(digest: str, feats: dict[str, bool] | None = None) -> str:
+    """CPU model + the deciding features + the kernels' source digest: a new CPU, target or kernel
+    version measures again."""
+    feats = _features() if feats is None else feats
+    flags = ",".join(f for f in _DECIDING if feats.get(f))
+    return f"{cpu_model()} | {flags} | {digest}"
+
+
+def cache_path() -> Path:
+    home = os.environ.get("COLIBRI_HOME")
+    return Path(home) / CACHE_NAME if home else Path(platformdirs.user_data_dir("colibri", appauthor=False)) / CACHE_NAME
+
+
+def load(key: str) -> dict | None:
+    """The cached measurement for `key`, or None (absent, unreadable, or another key)."""
+    try:
+        data = json.loads(cache_path().read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and data.get("key") == key and data.get("choice") in PATHS else None
+
+
+def choose(times: dict[str, dict[str, float | None]]) -> str:
+    """The path with the smallest total time over the formats, among those correct on every
+    format (a None = a wrong result or a failed run); generic when none is. `times` is in
+    executable() order: the first correct path stays unless another beats it by over 5% (on the
+    2-core Sapphire Rapids VM vnni and avx2 measured 6% apart, within a noisy neighbour's reach)."""
+    ok = {p: sum(t.values()) for p, t in times.items() if t and all(v is not None for v in t.values())}
+    if not ok:
+        return "generic"
+    first, best = next(iter(ok)), min(ok, key=ok.get)
+    return first if ok[first] <= 1.05 * ok[best] else best
+
+
+def run_child(path: str) -> dict[str, float | None]:
+    """One path measured in a fresh process (simd.DOT is fixed per process); {} if it failed."""
+    env = dict(os.environ, COLIBRI_DOT=path, PYTHONPATH=os.pathsep.join(sys.path))
+    try:
+        r = subprocess.run([sys.executable, "-c", "import engine.kernels.isa as m, sys; m.child_main(sys.argv[1])",
+                            path], env=env, capture_output=True, text=True, timeout=600)
+        return json.loads(r.stdout.strip().splitlines()[-1]) if r.returncode == 0 else {}
+    except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
+        return {}
+
+
+def measure(digest: str, feats: dict[str, bool], runner: Callable[[str], dict[str, float | None]] = run_child) -> dict:
+    """Every path these features can execute timed (`runner`: a path -> {format: seconds or
+    None}), the choice written to the cache; returns the cache's content."""
+    times = {p: runner(p) for p in executable(feats)}
+    data = {"key": cache_key(digest, feats), "choice": choose(times), "times": times, "measured_at": time.time()}
+    p = cache_path()
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        tmp = p.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data, indent=1))
+        os.replace(tmp, p)
+    except OSError:
+        pass  # a read-only home: measured again at the next start
+    return data
+
+
+def _set(path: str, natural: str) -> None:
+    """Force `path` for this process unless it is what simd.py picks by itself (whose numba cache
+    folder is shared with every run that forces nothing)."""
+    if path != natural:
+        os.environ["COLIBRI_DOT"] = path
+        os.environ["NUMBA_CACHE_DIR"] += "-dot-" + path
+
+
+def decide(digest: str, feats: dict[str, bool], wanted: str = "auto", bench: bool = True,
+           runner: Callable[[str], dict] = run_child) -> tuple[str | None, str, dict]:
+    """(path, how, measurement): the override `wanted` if it names a path; else the cached choice
+    for this key, measured first if absent and `bench`; else (None, "default", {}): simd.py's pick."""
+    paths = executable(feats)
+    if wanted in PATHS:
+        if wanted not in paths:
+            raise ValueError(f"simd_path {wanted}: this CPU ({cpu_model()}) runs only {', '.join(paths)}")
+        return wanted, "override", {}
+    if wanted != "auto":
+        raise ValueError(f"simd_path {wanted!r}: one of {', '.join(CHOICES)}")
+    data = load(cache_key(digest, feats))
+    if data is None and bench and os.environ.get("COLIBRI_SIMD_BENCH", "1") != "0":
+        import logging
+        logging.getLogger("colibri").info("measuring the dot-product paths %s once for this CPU and kernel "
+                                          "version (%s)", ", ".join(paths), cache_path())
+        data = measure(digest, feats, runner)
+    if data is not None and data["choice"] in paths:
+        return data["choice"], "measured", data
+    return None, "default", {}
+
+
+def apply(digest: str, bench: bool = True) -> str:
+    """Decide this process's path before simd.py is imported (COLIBRI_DOT, which tests and
+    benchmarks set, wins); returns how (SOURCE)."""
+    global SOURCE, MEASURED
+    if SOURCE != "default" or "engine.kernels.simd" in sys.modules:  # decided already
+        return SOURCE
+    if os.environ.get("COLIBRI_DOT"):
+        SOURCE = "forced"
+        return SOURCE
+    feats = _features()
+    path, SOURCE, MEASURED = decide(digest, feats, os.environ.get("COLIBRI_SIMD_PATH", "auto").lower(), bench)
+    if path is not None:
+        _set(path, executable(feats)[0])
+    return SOURCE
+
+
+def _random_blocks(name: str, rows: int, n: int, rng) -> "np.ndarray":  # noqa: F821
+    """Random blocks with sane f16 scales (the offsets of each format's scale fields)."""
+    import numpy as np
+
+    from engine import quant
+    offsets = {"q8_0": [0], "q4_0": [0], "q4_1": [0, 2], "q5_0": [0], "q5_1": [0, 2], "q2_k": [80, 82],
+               "q3_k": [108], "q4_k": [0, 2], "q5_k": [0, 2], "q6_k": [208], "iq4_nl": [0], "iq4_xs": [0],
+               "mxfp4": []}
+    t = quant.get(name)
+    nb = n // t.block_size
+    raw = rng.integers(0, 256, size=(rows, nb, t.type_size), dtype=np.uint8)
+    for off in offsets[name]:
+        raw[:, :, off:off + 2] = rng.normal(0, 0.05, size=(rows, nb)).astype(np.float16).view(np.uint8) \
+            .reshape(rows, nb, 2)
+    if name == "mxfp4":
+        raw[:, :, 0] = rng.integers(121, 128, size=(rows, nb), dtype=np.uint8)
+    return raw.reshape(rows, -1)
+
+
+def _child(path: str) -> dict[str, float | None]:
+    """In the child: per format, x (1, 2048) @ W.T for W (128, 2048) checked against the twin at
+    the table's tolerance (None if wrong), then the best of 20 timed calls on one thread (the
+    instructions are measured, not the thread pool's wake-up)."""
+    import numba
+    import numpy as np
+
+    from engine import quant
+    from engine.kernels import cpu, simd, table
+    assert simd.DOT == path, (simd.DOT, path)
+    numba.set_num_threads(1)
+    rng = np.random.default_rng(0)
+    out: dict[str, float | None] = {}
+    for name in FORMATS:
+        w = _random_blocks(name, 128, 2048, rng)
+        x = rng.standard_normal((1, 2048)).astype(np.float32)
+        y = np.empty((1, 128), np.float32)
+        k = table.lookup("matmul", name)
+        cpu.matmul(w, quant.get(name).type_id, x, y)
+        want = table.resolve(k.twin)(w, name, x)
+        if not np.allclose(y, want, rtol=k.rtol, atol=k.atol * np.abs(want).max()):
+            out[name] = None
+            continue
+        best = float("inf")
+        for _ in range(20):
+            t0 = time.perf_counter()
+            cpu.matmul(w, quant.get(name).type_id, x, y)
+            best = min(best, time.perf_counter() - t0)
+        out[name] = best
+    return out
+
+
+def child_main(path: str) -> None:
+    print(json.dumps(_child(path)))
+
+
+def in_effect() -> str:
+    """This process's path and how it was decided, e.g. "vnni (measured)"."""
+    from engine.kernels import simd
+    return f"{simd.DOT} ({SOURCE})"
+
+
+def model_kernels(weights) -> dict[str, str]:
+    """{format: what runs for x @ W.T on it (table.describe)} for the formats of a model's mapped
+    and resident matrices (engine.weights.ModelWeights; MoE experts read on demand not included)."""
+    from dataclasses import fields, is_dataclass
+
+    from engine import quant
+    from engine.kernels import cpu, table
+    codes = set()
+
+    def visit(obj) -> None:
+        if hasattr(obj, "code") and hasattr(obj, "data"):  # a Matrix
+            codes.add(obj.code - cpu.PACKED if obj.code >= cpu.PACKED else obj.code)
+        elif is_dataclass(obj):
+            for f in fields(obj):
+                visit(getattr(obj, f.name))
+
+    for m in (weights.token_embd, weights.output, *weights.layers):
+        visit(m)
+    out = {}
+    for code in sorted(codes):
+        name = quant.get(int(code)).name
+        try:
+            out[name] = table.describe(name)
+        except KeyError:
+            out[name] = "?"
+    return out

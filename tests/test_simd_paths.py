@@ -1,0 +1,117 @@
+"""The dot-product path is measured per CPU and cached (engine.kernels.isa): the cache is
+written and reused, measured again when the key changes, a wrong path is excluded, the override
+wins, and stats() names what runs."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from conftest import HF_FIXTURES
+
+from engine.kernels import isa, simd, table
+
+VNNI = {"avx2": True, "avx512f": True, "avx512vl": True, "avx512vnni": True}  # a CPU with all three paths
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("COLIBRI_HOME", str(tmp_path))
+    monkeypatch.setenv("COLIBRI_SIMD_BENCH", "1")
+    return tmp_path
+
+
+def runner_of(times: dict[str, dict]):
+    calls = []
+
+    def run(path: str) -> dict:
+        calls.append(path)
+        return times[path]
+    return run, calls
+
+
+def test_the_paths_a_cpu_can_execute():
+    assert isa.executable(VNNI) == ("vnni", "avx2", "generic")
+    assert isa.executable({"avx2": True, "avxvnni": True}) == ("vnni", "avx2", "generic")
+    assert isa.executable({"avx2": True}) == ("avx2", "generic")
+    assert isa.executable({}) == ("generic",)
+
+
+def test_the_measurement_is_cached_and_reused_until_the_key_changes(home):
+    run, calls = runner_of({"vnni": {"q4_0": 2.0, "q4_k": 2.0}, "avx2": {"q4_0": 1.0, "q4_k": 1.5},
+                            "generic": {"q4_0": 9.0, "q4_k": 9.0}})
+    assert isa.decide("v1", VNNI, runner=run)[:2] == ("avx2", "measured")  # the fastest, not the newest
+    assert calls == ["vnni", "avx2", "generic"]
+    data = json.loads((home / isa.CACHE_NAME).read_text())
+    assert data["key"] == isa.cache_key("v1", VNNI) and data["choice"] == "avx2"
+    assert isa.cpu_model() in data["key"] and "avx512vnni" in data["key"]
+    assert isa.decide("v1", VNNI, runner=run)[:2] == ("avx2", "measured") and len(calls) == 3  # reused
+    isa.decide("v2", VNNI, runner=run)  # the kernels changed: measured again
+    assert len(calls) == 6
+    isa.decide("v2", {"avx2": True}, runner=run)  # another CPU (features): measured again
+    assert calls[6:] == ["avx2", "generic"]
+
+
+def test_a_close_second_keeps_the_first_path():
+    assert isa.choose({"vnni": {"a": 1.04}, "avx2": {"a": 1.0}}) == "vnni"
+    assert isa.choose({"vnni": {"a": 1.06}, "avx2": {"a": 1.0}}) == "avx2"
+    assert isa.choose({"vnni": {}, "avx2": {"a": None}}) == "generic"
+
+
+def test_a_wrong_or_failed_path_is_excluded(home):
+    run, _ = runner_of({"vnni": {"q4_0": 0.5, "q4_k": None}, "avx2": {}, "generic": {"q4_0": 3.0, "q4_k": 3.0}})
+    path, how, data = isa.decide("v1", VNNI, runner=run)  # vnni fastest but wrong on q4_k; avx2 crashed
+    assert (path, how) == ("generic", "measured") and data["times"]["vnni"]["q4_k"] is None
+
+
+def test_the_child_excludes_a_kernel_that_disagrees_with_its_twin(monkeypatch):
+    import numba
+    right = table.resolve
+    wrong = {"q4_0"}
+
+    def resolve(name):
+        f = right(name)
+        return (lambda w, fmt, x: f(w, fmt, x) * (1.01 if fmt in wrong else 1.0)) if "reference" in name else f
+    monkeypatch.setattr(table, "resolve", resolve)
+    monkeypatch.setattr(isa, "FORMATS", ("q4_0", "q8_0"))
+    threads = numba.get_num_threads()
+    try:
+        out = isa._child(simd.DOT)  # this process's path, in process (the kernels are compiled already)
+    finally:
+        numba.set_num_threads(threads)
+    assert out["q4_0"] is None and out["q8_0"] > 0
+
+
+def test_the_override_wins_over_the_measurement(home):
+    run, calls = runner_of({"vnni": {"q4_0": 1.0}, "avx2": {"q4_0": 2.0}, "generic": {"q4_0": 3.0}})
+    assert isa.decide("v1", VNNI, runner=run)[0] == "vnni"
+    assert isa.decide("v1", VNNI, "generic", runner=run)[:2] == ("generic", "override")
+    with pytest.raises(ValueError, match="simd_path vnni: this CPU .* runs only avx2, generic"):
+        isa.decide("v1", {"avx2": True}, "vnni", runner=run)
+    with pytest.raises(ValueError, match="simd_path 'sse'"):
+        isa.decide("v1", VNNI, "sse", runner=run)
+
+
+def test_without_a_measurement_simd_py_picks(home, monkeypatch):
+    monkeypatch.setenv("COLIBRI_SIMD_BENCH", "0")
+    run, calls = runner_of({})
+    assert isa.decide("v1", VNNI, runner=run) == (None, "default", {}) and calls == []
+
+
+def test_stats_names_the_path_and_the_kernel_per_format(tmp_path):
+    from engine.api import Engine
+    from engine.convert.convert import convert
+    eng = Engine(convert(HF_FIXTURES / "llama", tmp_path / "m", "int4").path)
+    snap = eng.stats()
+    assert snap.simd_path == f"{simd.DOT} ({isa.SOURCE})"
+    assert snap.kernels and all(v == table.describe(k) for k, v in snap.kernels.items())
+    assert np.all([k in table.ALL for k in snap.kernels])
+
+
+def test_the_dashboard_shows_what_runs_in_one_line():
+    from types import SimpleNamespace
+
+    from ui.dashboard import _kernels_line
+    snap = SimpleNamespace(simd_path="vnni (measured)", kernels={"q4_k": "kquants (vnni)", "f32": "cpu (float)"})
+    assert _kernels_line(snap) == " · kernels vnni (measured): q4_k kquants, f32 cpu"
+    assert _kernels_line(SimpleNamespace()) == ""  # a remote endpoint's stats: nothing to show
