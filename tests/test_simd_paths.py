@@ -115,3 +115,23 @@ def test_the_dashboard_shows_what_runs_in_one_line():
     snap = SimpleNamespace(simd_path="vnni (measured)", kernels={"q4_k": "kquants (vnni)", "f32": "cpu (float)"})
     assert _kernels_line(snap) == " · kernels vnni (measured): q4_k kquants, f32 cpu"
     assert _kernels_line(SimpleNamespace()) == ""  # a remote endpoint's stats: nothing to show
+
+
+def test_a_first_start_measures_in_the_background_once(home, monkeypatch):
+    """Without a cached choice, the measurement is a detached low-priority process (a first start
+    is not held up by numba compiling every path); a second one is not started while it runs."""
+    started = []
+
+    class Popen:
+        def __init__(self, args, **kw):
+            started.append((args, kw))
+    monkeypatch.setattr(isa.subprocess, "Popen", Popen)
+    assert isa.measure_in_background("v1") and len(started) == 1
+    args, kw = started[0]
+    assert kw["start_new_session"] and kw["env"]["COLIBRI_SIMD_BENCH"] == "0" and "os.nice(10)" in args[2]
+    lock = isa.cache_path().with_suffix(".lock")
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    lock.write_text(str(__import__("os").getpid()))  # a live measurer holds the lock
+    assert not isa.measure_in_background("v1") and len(started) == 1
+    lock.write_text("999999999")  # a dead one does not
+    assert isa.measure_in_background("v1") and len(started) == 2

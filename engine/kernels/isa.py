@@ -13,8 +13,9 @@ in its own child process (`python -m engine.kernels.isa PATH`), with its own num
 compiled; the first start pays numba's compile of cpu.matmul once per path (measured on 2 cores:
 about 30-50 s a path cold, 1.3 s warm). The result is cached as JSON in the user data folder, keyed
 by CPU model name + the features that decide the path + the kernels' source digest, and measured
-again when the key changes. COLIBRI_SIMD_BENCH=0 skips the measurement (the test suite: simd.py's
-own pick then runs, as before).
+again when the key changes. The measurement runs in a detached, niced process so that a first start is
+not held up: that start runs simd.py's own pick, and the next one the measured choice.
+COLIBRI_SIMD_BENCH=0 skips the measurement (the test suite: simd.py's own pick then runs, as before).
 
 Override: the `simd_path` parameter (read from COLIBRI_SIMD_PATH at import, as `simd`): auto (the measured choice,
 else simd.py's own pick), vnni, avx2 or generic. COLIBRI_DOT (tests, benchmarks) wins over both.
@@ -163,9 +164,38 @@ def decide(digest: str, feats: dict[str, bool], wanted: str = "auto", bench: boo
     return None, "default", {}
 
 
+def _measuring_elsewhere() -> bool:
+    """A background measurement of this CPU is running (its lock file names a live process)."""
+    try:
+        pid = int(cache_path().with_suffix(".lock").read_text())
+    except (OSError, ValueError):
+        return False
+    return Path(f"/proc/{pid}").exists() if sys.platform.startswith("linux") else True
+
+
+def measure_in_background(digest: str) -> bool:
+    """Start the measurement in a detached, low-priority process that writes the cache for the
+    next start, so a first start is not held up by numba compiling every path (minutes on 2
+    cores cold). False if one is already running or it cannot start."""
+    if _measuring_elsewhere():
+        return False
+    code = ("import os, sys; os.nice(10); import engine.kernels.isa as m; "
+            "m.cache_path().parent.mkdir(parents=True, exist_ok=True); "
+            "lock = m.cache_path().with_suffix('.lock'); lock.write_text(str(os.getpid())); "
+            "m.measure(sys.argv[1], m._features()); lock.unlink(missing_ok=True)")
+    env = dict(os.environ, COLIBRI_SIMD_BENCH="0", PYTHONPATH=os.pathsep.join(sys.path))  # its own import: no recursion
+    try:
+        subprocess.Popen([sys.executable, "-c", code, digest], env=env, stdin=subprocess.DEVNULL,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    except OSError:
+        return False
+    return True
+
+
 def apply(digest: str, bench: bool = True) -> str:
     """Decide this process's path before simd.py is imported (COLIBRI_DOT, which tests and
-    benchmarks set, wins); returns how (SOURCE)."""
+    benchmarks set, wins); returns how (SOURCE). Without a cached measurement this process runs
+    simd.py's own pick and the measurement runs in the background, for the next start."""
     global SOURCE, MEASURED
     if SOURCE != "default" or "engine.kernels.simd" in sys.modules:  # decided already
         return SOURCE
@@ -173,7 +203,10 @@ def apply(digest: str, bench: bool = True) -> str:
         SOURCE = "forced"
         return SOURCE
     feats = _features()
-    path, SOURCE, MEASURED = decide(digest, feats, os.environ.get("COLIBRI_SIMD_PATH", "auto").lower(), bench)
+    path, SOURCE, MEASURED = decide(digest, feats, os.environ.get("COLIBRI_SIMD_PATH", "auto").lower(), bench=False)
+    if SOURCE == "default" and bench and os.environ.get("COLIBRI_SIMD_BENCH", "1") != "0" \
+            and measure_in_background(digest):
+        SOURCE = "default; measuring for the next start"
     if path is not None:
         _set(path, executable(feats)[0])
     return SOURCE
