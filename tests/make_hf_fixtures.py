@@ -319,6 +319,29 @@ ARCHS: list[Arch] = [
         notes=["q_norm/k_norm are RMSNorm over head_dim (per head), applied before RoPE"],
     ),
     Arch(
+        "qwen3_yarn",
+        "Qwen3ForCausalLM",
+        "Qwen3Config",
+        seed=1006,
+        dtype="bfloat16",
+        config_style="legacy",
+        config={
+            "num_hidden_layers": 2,
+            "intermediate_size": 96,
+            "rms_norm_eps": 1e-6,
+            "tie_word_embeddings": True,
+            "attention_bias": False,
+            "use_sliding_window": False,
+            "rope_parameters": _rope(1000000.0, rope_type="yarn", factor=4.0, original_max_position_embeddings=8),
+        },
+        notes=[
+            (
+                "yarn rope scaling (factor 4 over 8 original positions, as Qwen3's long-context configs "
+                "write it in rope_scaling): its frequency ramp and attention factor 0.1*ln(4)+1"
+            )
+        ],
+    ),
+    Arch(
         "mixtral",
         "MixtralForCausalLM",
         "MixtralConfig",

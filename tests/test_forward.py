@@ -37,7 +37,12 @@ def rel_err(a, b):
     return float(np.abs(a - b).max() / np.abs(b).max())
 
 
-@pytest.mark.parametrize("arch", HF_ARCHS)
+# checkpoints of an architecture above with another option: qwen3_yarn's rope_scaling is yarn (issue 17
+# item 6: such a model converted, then failed at load with a bare NotImplementedError)
+VARIANTS = ("qwen3_yarn",)
+
+
+@pytest.mark.parametrize("arch", HF_ARCHS + VARIANTS)
 def test_logits_match_transformers(models, arch):
     ref = reference(arch)
     eng = Engine(models(arch), kv_cache_quantize="f32")
@@ -58,7 +63,7 @@ def test_logits_match_transformers(models, arch):
             assert rel_err(dump[f"blk.{L}.router_logits"], ref["router_logits"][L]) <= 1e-5
 
 
-@pytest.mark.parametrize("arch", HF_ARCHS)
+@pytest.mark.parametrize("arch", HF_ARCHS + VARIANTS)
 def test_greedy_continuation_matches_transformers(models, arch):
     ref = reference(arch)
     eng = Engine(models(arch), kv_cache_quantize="f32")
