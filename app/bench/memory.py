@@ -100,7 +100,7 @@ def replay_routing(eng, trace_path: str) -> None:
                          f"{L} layers, top-{K}")
     state = {"call": 0, "tok": 0}
 
-    def route(logits):
+    def route(logits, lw=None, step=None):  # Transformer.route's signature
         T, layer = logits.shape[0], state["call"] % L
         rows = (state["tok"] + np.arange(T)) % len(ids)
         state["call"] += 1
