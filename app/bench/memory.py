@@ -108,7 +108,7 @@ def replay_routing(eng, trace_path: str) -> None:
             state["tok"] += T
         return np.full((T, K), 1.0 / K, np.float32), ids[rows, layer, :K] % E
 
-    def prefetch(layer, h, logits):
+    def prefetch(layer, h, logits, step=None):  # Transformer.prefetch's signature
         cache = net.w.experts
         if layer + 1 < L and not cache.holds_all():
             rows = (state["tok"] + np.arange(h.shape[0])) % len(ids)
