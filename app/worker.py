@@ -582,7 +582,7 @@ class EngineWorker(QObject):
         if self.engine is None:
             self.served.emit("", "no model is loaded yet")
             return
-        if getattr(self.engine, "remote", False):
+        if _remote(self.engine):
             self.served.emit("", "the chat uses a remote endpoint, which is a server already: load a local model "
                                  "to serve it here")
             return
