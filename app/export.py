@@ -1,12 +1,15 @@
 """A conversation as a file: Markdown to read and share, JSON to keep everything.
 
 Markdown holds the path that is shown, each reply with its thinking folded in a `<details>` block
-and a line of facts (model, sampling, figures); JSON holds every message of the tree (all
-versions and branches) with its parent, thinking, facts and figures, and which path was shown.
+and a line of facts (model, sampling, figures), each message's attachments listed (name, kind,
+tokens) with their text folded in a `<details>` block; JSON holds every message of the tree (all
+versions and branches) with its parent, thinking, facts, figures and attachments, and which path
+was shown.
 """
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +35,8 @@ def facts_line(m: Message) -> str:
     if s.get("finish_reason") in ("length", "context", "cancelled"):
         parts.append({"length": "hit the token limit", "context": "the context was full",
                       "cancelled": "stopped"}[s["finish_reason"]])
+    elif s.get("finish_reason") == "interrupted":
+        parts.append("interrupted: the app closed while it was written")
     return " · ".join(str(p) for p in parts)
 
 
@@ -49,9 +54,19 @@ def to_markdown(history: History, cid: int) -> str:
             tokens = m.stats.get("thinking_tokens")
             summary = f"Thinking ({tokens} tokens)" if tokens else "Thinking"
             body = f"<details><summary>{summary}</summary>\n\n{m.reasoning}\n\n</details>\n\n{body}"
+        body += "".join(_attachment_md(a) for a in m.attachments)
         line = facts_line(m) if m.role == "assistant" else ""
         parts.append(f"## {head}\n\n{body}\n" + (f"\n*{line}*\n" if line else ""))
     return "\n".join(parts)
+
+
+def _attachment_md(a: dict[str, Any]) -> str:
+    """An attached file: its name, kind and tokens, its text folded (fenced, so Markdown in it stays text)."""
+    kind = {"pdf": "PDF", "markdown": "Markdown"}.get(a["kind"], a["kind"])
+    tokens = f", {a['tokens']:,} tokens" if a.get("tokens") is not None else ""
+    fence = "`" * max(3, 1 + max((len(r) for r in re.findall(r"`+", a["text"])), default=0))
+    return (f"\n\n<details><summary>Attached: {a['name']} ({kind}{tokens})</summary>\n\n{fence}\n{a['text']}\n{fence}"
+            f"\n\n</details>")
 
 
 def _message_doc(m: Message) -> dict[str, Any]:
@@ -63,6 +78,7 @@ def to_json(history: History, cid: int) -> str:
     the ids of the messages shown, first to last."""
     conv = history.conversation(cid)
     by_id, _ = history.tree(cid)
+    history.attach_files(cid, list(by_id.values()))
     doc = {"format": FORMAT, "version": VERSION, **asdict(conv),
            "path": [m.id for m in history.messages(cid)],
            "messages": [_message_doc(m) for m in by_id.values()]}

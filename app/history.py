@@ -5,7 +5,8 @@ reply is a sibling of the earlier ones (its versions, browsable) and an edited u
 starts a branch. A conversation's `leaf_id` ends the path that is shown and sent to the model.
 Each reply keeps its thinking apart from its answer and the facts of what wrote it (model,
 sampling). Every write is one committed transaction: a process killed mid-reply loses at most
-that reply. Plain dataclasses come out; the UI puts thin Qt models over them. A database that cannot be
+that reply. A reply being written is saved apart (`save_partial`, about once a second) and, when
+the app died before it ended, becomes an "interrupted" reply the next time the history opens. Plain dataclasses come out; the UI puts thin Qt models over them. A database that cannot be
 read is never deleted: it is renamed aside (`history.db.corrupt-<time>`), a fresh one is
 created and `History.notice` says what happened and where the old file is.
 """
@@ -65,6 +66,15 @@ CREATE TABLE IF NOT EXISTS attachments (
     tokens INTEGER                             -- counted by the model it was attached for
 );
 CREATE INDEX IF NOT EXISTS attachments_by_message ON attachments (message_id, id);
+CREATE TABLE IF NOT EXISTS partial_replies (  -- a reply being written, saved about once a second
+    conversation_id INTEGER PRIMARY KEY REFERENCES conversations(id) ON DELETE CASCADE,
+    parent_id INTEGER,                         -- the message it answers (NULL: a first message)
+    resumes INTEGER,                           -- the reply Continue resumes (content is all of it), or NULL
+    content TEXT NOT NULL,
+    reasoning TEXT NOT NULL,
+    stats TEXT NOT NULL,
+    facts TEXT NOT NULL
+);
 """
 # schema 1 -> 2: the linear order becomes parent links, the last message the leaf
 MIGRATE_1_2 = """
@@ -141,6 +151,7 @@ class History:
             self.notice = (f"The conversation history could not be read ({e}). It was kept as {aside} "
                            f"and a new, empty history was started.")
             self.db = self._open()
+        self.recovered = self._recover_partials()  # replies a killed app was writing, now "interrupted"
 
     def _open(self) -> sqlite3.Connection:
         db = sqlite3.connect(self.path)
@@ -252,7 +263,7 @@ class History:
         while at is not None and at in by_id:
             path.append(by_id[at])
             at = by_id[at].parent_id
-        return self._with_attachments(cid, path[::-1])
+        return self.attach_files(cid, path[::-1])
 
     def message(self, message_id: int) -> Message:
         row = self.db.execute("SELECT * FROM messages WHERE id = ?", (message_id,)).fetchone()
@@ -281,6 +292,8 @@ class History:
                                   (cid, role, content, now, json.dumps(stats or {}), parent, reasoning,
                                    json.dumps(facts or {})))
             self._add_attachments(cur.lastrowid, attachments)
+            if role == "assistant":  # the reply is whole now: its partial copy goes in the same commit
+                self.db.execute("DELETE FROM partial_replies WHERE conversation_id = ?", (cid,))
             self.db.execute("UPDATE conversations SET updated = ?, leaf_id = ? WHERE id = ?",
                             (now, cur.lastrowid, cid))
         m = self.message(cur.lastrowid)
@@ -296,7 +309,49 @@ class History:
                             (content, reasoning, json.dumps(stats), json.dumps(m.facts if facts is None else facts),
                              message_id))
             self.db.execute("UPDATE conversations SET updated = ? WHERE id = ?", (time.time(), m.conversation_id))
+            self.db.execute("DELETE FROM partial_replies WHERE conversation_id = ?", (m.conversation_id,))
         return self.message(message_id)
+
+    # --- a reply being written (durability: a kill loses at most its last second) --------------
+    def save_partial(self, cid: int, parent: int | None, content: str, reasoning: str, stats: dict[str, Any],
+                     facts: dict[str, Any], resumes: int | None = None) -> None:
+        """The reply written so far for `cid`, replacing the last save (one committed row)."""
+        with self.db:
+            self.db.execute("INSERT OR REPLACE INTO partial_replies VALUES (?, ?, ?, ?, ?, ?, ?)",
+                            (cid, parent, resumes, content, reasoning, json.dumps(stats), json.dumps(facts)))
+
+    def drop_partial(self, cid: int) -> None:
+        """The reply ended with nothing to keep (stopped before a token, failed)."""
+        with self.db:
+            self.db.execute("DELETE FROM partial_replies WHERE conversation_id = ?", (cid,))
+
+    def _recover_partials(self) -> int:
+        """Replies the app was writing when it died become messages marked `finish_reason`
+        "interrupted" (a resumed one gets its text so far); one transaction."""
+        rows = self.db.execute("SELECT * FROM partial_replies").fetchall()
+        if not rows:
+            return 0
+        now = time.time()
+        with self.db:
+            for r in rows:
+                stats = json.loads(r["stats"]) | {"finish_reason": "interrupted"}
+                old = self.db.execute("SELECT id FROM messages WHERE id = ?", (r["resumes"],)).fetchone() \
+                    if r["resumes"] is not None else None
+                if old is not None:
+                    self.db.execute("UPDATE messages SET content = ?, reasoning = ?, stats = ? WHERE id = ?",
+                                    (r["content"], r["reasoning"], json.dumps(stats), r["resumes"]))
+                    leaf = r["resumes"]
+                else:
+                    parent = r["parent_id"] if r["parent_id"] is not None and self.db.execute(
+                        "SELECT 1 FROM messages WHERE id = ?", (r["parent_id"],)).fetchone() else None
+                    leaf = self.db.execute("INSERT INTO messages (conversation_id, role, content, created, stats, "
+                                           "parent_id, reasoning, facts) VALUES (?, 'assistant', ?, ?, ?, ?, ?, ?)",
+                                           (r["conversation_id"], r["content"], now, json.dumps(stats), parent,
+                                            r["reasoning"], r["facts"])).lastrowid
+                self.db.execute("UPDATE conversations SET leaf_id = ?, updated = ? WHERE id = ?",
+                                (leaf, now, r["conversation_id"]))
+            self.db.execute("DELETE FROM partial_replies")
+        return len(rows)
 
     def select(self, cid: int, message_id: int | None, descend: bool = True) -> None:
         """Show the path through `message_id`: with `descend`, down to its newest descendant
@@ -309,7 +364,7 @@ class History:
             self.db.execute("UPDATE conversations SET leaf_id = ? WHERE id = ?", (message_id, cid))
 
     # --- attachments and the context policy (app/attachments.py, app/context_policy.py) --------
-    def _with_attachments(self, cid: int, messages: list[Message]) -> list[Message]:
+    def attach_files(self, cid: int, messages: list[Message]) -> list[Message]:
         """Fill each message's `attachments` (one query for the conversation)."""
         files: dict[int, list[dict[str, Any]]] = {}
         for r in self.db.execute("SELECT a.* FROM attachments a JOIN messages m ON m.id = a.message_id "

@@ -486,8 +486,9 @@ class EngineWorker(QObject):
 
     @Slot(int, list)
     @Slot(int, list, str, str)
+    @Slot(int, list, str, str, dict)
     def count_context(self, conversation: int, messages: list, policy: str = context_policy.DEFAULT_POLICY,
-                      what: str = "chat") -> None:
+                      what: str = "chat", template_vars: dict | None = None) -> None:
         """How much of the context this conversation's next prompt takes with the loaded model (its
         template and tokenizer) under its context policy: `counted` (the meter of a chat opened
         before it sends anything) and `planned` (what would be left out: the chat's marker; for a
@@ -495,7 +496,7 @@ class EngineWorker(QObject):
         if self.engine is None or _remote(self.engine):  # an endpoint counts in its replies
             return
         try:
-            plan = plan_context(self.engine, messages, policy)
+            plan = plan_context(self.engine, messages, policy, template_vars or None)  # as the reply is written
         except Exception as e:  # noqa: BLE001 - a meter that cannot count says so, nothing else
             log.warning("counting the context of conversation %d: %s", conversation, e)
             return

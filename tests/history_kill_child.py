@@ -1,5 +1,5 @@
 """The chat app, to be killed: two exchanges are written, then a third reply streams until the
-parent test SIGKILLs this process (tests/test_history_durability.py). Prints one line per stage.
+parent test SIGKILLs this process, once the reply so far has been saved (tests/test_history_durability.py). Prints one line per stage.
 
 Its engine writes a token every 20 ms (a sleep wrapped around Engine.generate), so "streaming"
 lasts long enough for the kill to land mid-reply; everything else is the app's own code."""
@@ -42,6 +42,8 @@ def main(model: str) -> None:
         if w.flow.model is None or w.busy:
             if w.request == 3 and w.view.streaming:
                 print("streaming", flush=True)
+                if w.history.db.execute("SELECT COUNT(*) FROM partial_replies").fetchone()[0]:
+                    print("partial saved", flush=True)  # the reply so far is in the database
             return
         if prompts:
             text = prompts.pop(0)

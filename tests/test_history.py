@@ -217,3 +217,53 @@ def test_a_database_written_by_schema_1_colibri_opens_with_its_chats_whole(db):
     assert h.messages(birds.id)[1].stats == {"generated_tokens": 2, "finish_reason": "stop"}
     h.add_message(birds.id, "assistant", "Sparrow", parent=h.messages(birds.id)[2].id)  # a version, at once
     assert [(m.content, m.version, m.versions) for m in h.messages(birds.id)][-1] == ("Sparrow", 2, 2)
+
+
+def test_a_partial_reply_left_by_a_killed_app_opens_as_an_interrupted_reply(db):
+    h = History(db)
+    c = h.create()
+    q = h.add_message(c.id, "user", "Tell me a story")
+    h.save_partial(c.id, q.id, "Once upon", "", {"generated_tokens": 2}, {"model": "m"})
+    h.save_partial(c.id, q.id, "Once upon a time", "plot", {"generated_tokens": 4}, {"model": "m"})  # replaces it
+    h.db.close()  # as a kill leaves it: no finish
+    h = History(db)
+    assert h.recovered == 1
+    user, reply = h.messages(c.id)
+    assert (user.id, reply.role, reply.parent_id) == (q.id, "assistant", q.id)
+    assert (reply.content, reply.reasoning, reply.facts) == ("Once upon a time", "plot", {"model": "m"})
+    assert reply.stats == {"generated_tokens": 4, "finish_reason": "interrupted"}
+    h.close()
+    assert History(db).recovered == 0  # recovered once, not again
+
+
+def test_a_finished_reply_replaces_its_partial_copy_and_a_resumed_one_keeps_its_place(db):
+    h = History(db)
+    c = h.create()
+    h.add_message(c.id, "user", "Hi")
+    h.save_partial(c.id, None, "Hel", "", {}, {})
+    h.add_message(c.id, "assistant", "Hello!")  # the same commit drops the partial copy
+    old = h.add_message(c.id, "user", "More")
+    cut = h.add_message(c.id, "assistant", "One, two", {"finish_reason": "length", "generated_tokens": 2})
+    assert old.id < cut.id
+    h.save_partial(c.id, None, "One, two, three", "", {"generated_tokens": 3}, {}, resumes=cut.id)  # Continue
+    h.db.close()
+    h = History(db)
+    msgs = h.messages(c.id)
+    assert [m.content for m in msgs] == ["Hi", "Hello!", "More", "One, two, three"] and msgs[-1].id == cut.id
+    assert msgs[-1].stats == {"generated_tokens": 3, "finish_reason": "interrupted"}
+
+
+def test_exports_list_attachments_with_their_text_folded(db):
+    h = History(db)
+    c = h.create(title="files")
+    h.add_message(c.id, "user", "Read this", attachments=[
+        {"name": "notes.md", "kind": "markdown", "text": "# Title\n```code```", "tokens": 12}])
+    h.add_message(c.id, "assistant", "Done.")
+    md = h.export_markdown(c.id)
+    assert "<details><summary>Attached: notes.md (Markdown, 12 tokens)</summary>" in md
+    assert "````\n# Title\n```code```\n````" in md  # a fence longer than any run of backticks inside
+    assert md.index("Read this") < md.index("notes.md") < md.index("Done.")
+    doc = json.loads(h.export_json(c.id))
+    assert doc["messages"][0]["attachments"] == [{"name": "notes.md", "kind": "markdown",
+                                                  "text": "# Title\n```code```", "tokens": 12}]
+    assert doc["messages"][1]["attachments"] == []

@@ -165,3 +165,47 @@ def test_a_file_dropped_on_the_message_box_is_attached(qtbot, home, tmp_path):
     # the window's filter on the message box's viewport is called as Qt would call it
     assert w.eventFilter(w.input.viewport(), drop) is True
     assert [a.name for a in w.tray.items.values()] == ["a.py"] and w.input.toPlainText() == ""
+
+
+def test_the_meter_and_the_status_line_show_one_figure_and_say_when_it_counts_the_draft(qtbot, home, tiny):
+    w = small_window(qtbot, tiny)
+    cid = long_chat(w)
+    w.open_conversation(cid)
+    qtbot.waitUntil(planned(w, cid), timeout=10_000)
+    w._update_status()
+    chat = w.plans[cid].tokens
+    assert w.meter.format() == f"{chat} / {LIMIT}" and w.context_label.text() == f"context {chat} / {LIMIT}"
+    w.input.setPlainText("a message being written " * 3)
+    qtbot.waitUntil(lambda: w.draft_plan is not None, timeout=10_000)
+    w._update_status()
+    draft = w.draft_plan.tokens
+    assert draft != chat  # (more is left out to make room for it): the figure both show is this one
+    assert w.meter.format() == f"{draft} / {LIMIT}"
+    assert w.context_label.text() == f"context with your message {draft} / {LIMIT}"
+    assert w.meter.toolTip().startswith("With the message you are writing") and \
+        w.context_label.toolTip() == w.meter.toolTip()
+    w.input.clear()
+    w._update_status()
+    assert w.context_label.text() == f"context {chat} / {LIMIT}" and w.meter.format() == f"{chat} / {LIMIT}"
+
+
+def test_editing_a_message_with_attachments_keeps_them_in_the_branch(qtbot, home, tiny, tmp_path):
+    w = small_window(qtbot, tiny)
+    note = tmp_path / "note.txt"
+    note.write_text("the answer is 42")
+    key = w.attach(note)
+    qtbot.waitUntil(lambda: w.tray.items[key].tokens is not None, timeout=10_000)
+    M.send(qtbot, w, "What does the note say?")
+    first = w.history.messages(w.conv_id)[0]
+    w.edit_message(first.id)
+    assert [a.name for a in w.tray.items.values()] == ["note.txt"] and w.tray.isVisible()
+    assert w.input.toPlainText() == "What does the note say?"
+    w.input.setPlainText("Summarise the note")
+    qtbot.waitUntil(lambda: all(a.tokens is not None for a in w.tray.items.values()), timeout=10_000)
+    M.send(qtbot, w, "Summarise the note")
+    edited = w.history.messages(w.conv_id)[0]
+    assert edited.id != first.id and (edited.version, edited.versions) == (2, 2)
+    assert edited.attachments == first.attachments  # name, kind, text and tokens: the branch carries them
+    w.edit_message(edited.id)
+    w.stop()  # Esc cancels the edit: its files go with its text
+    assert not w.tray.items and w.input.toPlainText() == ""

@@ -124,3 +124,24 @@ def test_long_thinking_streams_its_tail_and_shows_whole_once_unfolded(qtbot):
     assert "▸ Thought for 3000 tokens" in view.toPlainText() and "w0 " not in view.toPlainText()
     view.anchorClicked.emit(QUrl("think:2"))
     assert "w0 w1" in view.toPlainText() and "w2999" in view.toPlainText()  # all of it, once finished
+
+
+def test_the_context_count_follows_the_thinking_switch(qtbot, home, thinker):
+    w = open_window(qtbot, thinker)
+    from app.history import chat_messages
+    cid = w.conv_id
+    w.history.add_message(cid, "user", "What is 2+2?")
+    w.history.add_message(cid, "assistant", "4")
+    w.history.add_message(cid, "user", "And 3+3?")
+    w.context_counts.clear()
+    w.count_context()
+    qtbot.waitUntil(lambda: w.context_counts.get(cid) is not None, timeout=10_000)
+    on = w.context_counts[cid]
+    engine = w.flow.worker.engine  # read here only to check the count
+    msgs = chat_messages(w.history.conversation(cid), w.history.messages(cid))
+    assert on == len(engine.prompt_ids(msgs, {"enable_thinking": True}))
+    w.context_counts.clear()
+    qtbot.mouseClick(w.thinking_button, Qt.LeftButton)  # off: the template writes an empty thinking block
+    qtbot.waitUntil(lambda: w.context_counts.get(cid) is not None, timeout=10_000)
+    off = len(engine.prompt_ids(msgs, {"enable_thinking": False}))
+    assert w.context_counts[cid] == off != on

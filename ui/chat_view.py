@@ -44,6 +44,8 @@ def stats_line(stats: dict) -> str:
         parts.append(_tr("hit the token limit"))
     elif stats.get("finish_reason") == "context":
         parts.append(_tr("the context is full"))
+    elif stats.get("finish_reason") == "interrupted":
+        parts.append(_tr("interrupted: the app closed while it was written"))
     return " · ".join(parts)
 
 
@@ -165,7 +167,7 @@ class ChatView(QTextBrowser):
         facts = " · ".join(p for p in (stats_line(m.stats), html.escape(m.facts.get("model", ""))) if p)
         links = [v for v in (self._versions(m),) if v]
         if last and self.streaming is None:
-            if m.stats.get("finish_reason") in ("length", "cancelled"):
+            if m.stats.get("finish_reason") in ("length", "cancelled", "interrupted"):
                 links.append(self._link("continue:", self.tr("Continue")))
             links.append(self._link("regenerate:", self.tr("Regenerate")))
             links.append(self._link(f"copymsg:{m.id}", self.tr("Copy")))

@@ -40,7 +40,9 @@ class ContextMeter(QProgressBar):
         self.state = "none"  # "none", "ok", "high", "dropped", "full": the stylesheet's `level`
         self.show_plan(None, None)
 
-    def show_plan(self, used: int | None, limit: int | None, dropped: int = 0, fits: bool = True) -> None:
+    def show_plan(self, used: int | None, limit: int | None, dropped: int = 0, fits: bool = True,
+                  with_draft: bool = False) -> None:
+        """`with_draft`: the figure counts the message being written (and its files) too."""
         if limit is None:
             self.setValue(0)
             self.setFormat(_tr("context —"))
@@ -55,7 +57,9 @@ class ContextMeter(QProgressBar):
             self.setValue(min(1000, round(1000 * used / max(1, limit))))
             self.setFormat(_tr("{used:,} / {limit:,}").format(used=used, limit=limit))
             state = "full" if not fits else "dropped" if dropped else "high" if used > 0.8 * limit else "ok"
-            tip = _tr("This chat's next prompt takes {used:,} of the model's {limit:,} context tokens").format(
+            tip = (_tr("With the message you are writing, this chat's next prompt takes {used:,} of the model's "
+                       "{limit:,} context tokens") if with_draft else
+                   _tr("This chat's next prompt takes {used:,} of the model's {limit:,} context tokens")).format(
                 used=used, limit=limit)
             if dropped:
                 tip += "\n" + _tr("{n} earlier messages are left out to make it fit").format(n=dropped)

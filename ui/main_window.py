@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import time
 from pathlib import Path
 
 import psutil
@@ -31,6 +32,7 @@ log = logging.getLogger("colibri.ui")
 
 STATUS_MS = 500  # the status line is refreshed at this fixed rate, never per token
 DRAFT_MS = 400  # the message being written is counted this long after the last keystroke
+PARTIAL_S = 1.0  # a reply being written is saved to the history this often: a kill loses at most this
 IMPORT = "__import__"
 REMOTE = "remote: "  # ModelFlow.model while the chat goes to a remote endpoint: "remote: MODEL at URL"
 
@@ -76,6 +78,8 @@ class MainWindow(QMainWindow):
         self.regenerating: int | None = None  # the reply a new version is being written for
         self.continuing = None  # the reply being resumed by Continue (a Message), its text so far in `streams`
         self.gen_facts: dict = {}  # model and sampling of the reply being written
+        self.gen_parent: int | None = None  # the message the reply being written answers
+        self.partial_at = 0.0  # when the reply being written was last saved (History.save_partial)
         self.reasons = (False, False)  # the loaded model thinks; its template has a thinking switch
         self.last_step = None  # latest Step of the latest reply
         self.streams: dict[int, str] = {}  # conversation id -> the text so far of the reply it is being written
@@ -415,7 +419,7 @@ class MainWindow(QMainWindow):
             return
         conv = self.history.conversation(self.conv_id)
         self.flow.count_requested.emit(conv.id, chat_messages(conv, self.history.messages(conv.id)),
-                                       self.history.context_policy(conv.id), "chat")
+                                       self.history.context_policy(conv.id), "chat", self._template_vars(conv))
 
     def _on_slowed(self, why: str) -> None:
         """Defect 9: the worker saw decode fall while other programs took the CPU (and capped the
@@ -497,7 +501,8 @@ class MainWindow(QMainWindow):
         conv = self.history.conversation(self.conv_id)
         msgs = chat_messages(conv, self.history.messages(conv.id))
         msgs.append({"role": "user", "content": with_attachments(text, self.tray.records())})
-        self.flow.count_requested.emit(conv.id, msgs, self.history.context_policy(conv.id), "draft")
+        self.flow.count_requested.emit(conv.id, msgs, self.history.context_policy(conv.id), "draft",
+                                       self._template_vars(conv))
 
     def _show_draft_warning(self) -> None:
         p = self.draft_plan
@@ -623,11 +628,13 @@ class MainWindow(QMainWindow):
                           "thinking": self._thinking_on(conv)}
         options = dict(sampling)
         if self.gen_facts["thinking"] is not None:
-            options[TEMPLATE_VARS] = {"enable_thinking": self.gen_facts["thinking"]}
+            options[TEMPLATE_VARS] = self._template_vars(conv)
         self.request += 1
         self.gen_conv = conv.id
         self.last_step, self.prompt_read = None, None
         self.continuing = resume
+        self.gen_parent = path[-1].id if resume is None and path else None
+        self.partial_at = time.monotonic()
         self.streams[conv.id] = ""
         if resume is not None:
             path = path[:-1]
@@ -650,10 +657,26 @@ class MainWindow(QMainWindow):
         self.last_step, self.prompt_read = step, None
         self.context_counts[self.gen_conv] = step.context_used
         self.streams[self.gen_conv] = self.streams.get(self.gen_conv, "") + text
+        before = self.continuing.stats.get("generated_tokens", 0) if self.continuing is not None else 0
         if self.gen_conv == self.conv_id:
-            before = self.continuing.stats.get("generated_tokens", 0) if self.continuing is not None else 0
             self.view.set_stream_tokens(before + step.generated_tokens)
             self.view.append(text)
+        if time.monotonic() - self.partial_at >= PARTIAL_S:
+            self._save_partial(step, before)
+
+    def _save_partial(self, step, before: int) -> None:
+        """The reply so far into the history (throttled by the caller): the app killed now loses at
+        most the last PARTIAL_S of it, and the next start shows it as an interrupted reply."""
+        self.partial_at = time.monotonic()
+        reasoning, content, still = split(self.streams[self.gen_conv])
+        stats = {"generated_tokens": before + step.generated_tokens, "prompt_tokens": step.prompt_tokens,
+                 "decode_tok_s": step.decode_tok_s, "prefill_tok_s": step.prefill_tok_s, "ttft_s": step.ttft_s,
+                 "thinking_open": still, "partial": True}
+        try:
+            self.history.save_partial(self.gen_conv, self.gen_parent, content, reasoning, stats, self.gen_facts,
+                                      self.continuing.id if self.continuing is not None else None)
+        except Exception as e:  # noqa: BLE001 - a full disk must not stop the reply; the final save says more
+            log.warning("saving the reply so far: %s", e)
 
     def _on_finished(self, request: int, reply) -> None:
         if request != self.request or self.closed:  # closed mid-reply: the history is closed too
@@ -681,8 +704,10 @@ class MainWindow(QMainWindow):
                 self.history.update_message(resumed.id, content, reasoning, stats)
             else:
                 self.history.add_message(cid, "assistant", content, stats, reasoning, self.gen_facts)
-        elif regenerating is not None:  # nothing written: the reply it was to replace is shown again
-            self.history.select(cid, regenerating, descend=False)
+        else:
+            self.history.drop_partial(cid)
+            if regenerating is not None:  # nothing written: the reply it was to replace is shown again
+                self.history.select(cid, regenerating, descend=False)
         if s is not None and s.finish_reason == "context":
             self.statusBar().showMessage(self.tr("The reply stopped because the context is full: start a new chat, or "
                                                  "raise the context length in Settings"), 10000)
@@ -703,6 +728,7 @@ class MainWindow(QMainWindow):
             self.editing = None
             self.notice.hide()
             self.input.clear()
+            self.tray.clear()
 
     def _send_or_stop(self) -> None:
         if self.busy == "generating":
@@ -727,7 +753,8 @@ class MainWindow(QMainWindow):
         if self.busy or self.flow.model is None:
             return
         msgs = self.history.messages(self.conv_id)
-        if msgs and msgs[-1].role == "assistant" and msgs[-1].stats.get("finish_reason") in ("length", "cancelled"):
+        if msgs and msgs[-1].role == "assistant" and msgs[-1].stats.get("finish_reason") in (
+                "length", "cancelled", "interrupted"):
             self._generate(resume=msgs[-1])
 
     def show_version(self, message_id: int | None, delta: int) -> None:
@@ -756,6 +783,12 @@ class MainWindow(QMainWindow):
         if target is None:
             return
         self.editing = target.id
+        self.tray.clear()  # the message's own files come back with its text: the branch carries them
+        from app.attachments import Attachment, with_attachments
+        for a in target.attachments:
+            key = self.tray.add(Attachment(a["name"], a["kind"], a["text"], a.get("tokens")))
+            if self.flow.model is not None:
+                self.flow.count_attachment_requested.emit(key, with_attachments("", [self.tray.items[key]]))
         self.input.setPlainText(target.content)
         self.input.setFocus()
         self.notice.setText(self._editing_text())
@@ -769,6 +802,12 @@ class MainWindow(QMainWindow):
     def _on_reasoning(self, path: str, reasons: bool, switchable: bool) -> None:
         self.reasons = (reasons, switchable)
         self._show_thinking_switch()
+
+    def _template_vars(self, conv) -> dict:
+        """What the chat template is told besides the messages (its thinking switch): the same for
+        counting a chat as for writing its reply."""
+        on = self._thinking_on(conv)
+        return {} if on is None else {"enable_thinking": on}
 
     def _thinking_on(self, conv) -> bool | None:
         """The chat's thinking switch as the template gets it (on unless turned off, as the button
@@ -796,7 +835,8 @@ class MainWindow(QMainWindow):
         self._thinking_text()
         if self.conv_id is not None:
             self.history.set_thinking(self.conv_id, on)
-            self.count_context()
+            self.count_context()  # the template's switch changes the prompt: counted again, with the draft
+            self._draft_changed()
 
     def _toggle_last_thinking(self) -> None:
         if self.view.streaming is not None:
@@ -1014,23 +1054,27 @@ class MainWindow(QMainWindow):
             self.speed_label.setText(self.speed_label.text() + " · " + self.tr("⚠ slowed by other programs"))
         self.speed_label.setToolTip(self.slow_reason)
         limit = (s.context_limit if here and s is not None else snap.context_limit) if snap is not None else None
+        # one figure, shown twice: the meter beside the input and the status line say the same number
+        # (the chat's next prompt; with the message being written once that is counted) and say which
         used = self.context_counts.get(self.conv_id)
         plan = self.plans.get(self.conv_id)
         draft = self.draft_plan if not here and (self.tray.items or self.input.toPlainText().strip()) else None
         if draft is not None:  # what sending the message being written would take
-            self.meter.show_plan(draft.tokens, limit, len(draft.dropped), draft.fits)
+            used, dropped, fits = draft.tokens, len(draft.dropped), draft.fits
         else:
-            self.meter.show_plan(used, limit, len(plan.dropped) if plan is not None and not here else 0,
-                                 plan.fits if plan is not None and not here else True)
+            dropped, fits = (len(plan.dropped), plan.fits) if plan is not None and not here else (0, True)
+        self.meter.show_plan(used, limit, dropped, fits, with_draft=draft is not None)
         if limit is None:
             self.context_label.setText(self.tr("context —"))
         elif used is None:
             self.context_label.setText(self.tr("context … / {limit:,}").format(limit=limit))
+        elif draft is not None:
+            self.context_label.setText(self.tr("context with your message {used:,} / {limit:,}")
+                                       .format(used=used, limit=limit))
         else:
             self.context_label.setText(self.tr("context {used:,} / {limit:,}").format(used=used, limit=limit))
         self.context_label.setToolTip(self.tr("Counted when the reply being written ends") if used is None and
-                                      self.gen_conv is not None else self.tr("Tokens of this chat in the model's "
-                                                                             "context, and how many it holds"))
+                                      self.gen_conv is not None else self.meter.toolTip())
         self.memory_label.setText(self.tr("memory {mb:,.0f} MB").format(mb=psutil.Process().memory_info().rss / 2**20))
 
     # --- place ---------------------------------------------------------------------------------

@@ -55,7 +55,8 @@ class ModelFlow(QObject):
     load_requested = Signal(str, dict, bool)
     convert_requested = Signal(str)
     generate_requested = Signal(int, list, dict)
-    count_requested = Signal(int, list, str, str)  # conversation id, messages, policy, "chat"/"draft": `planned`
+    count_requested = Signal(int, list, str, str, dict)  # conversation id, messages, policy, "chat"/"draft",
+    # template variables (the thinking switch): answered by `planned`
     count_attachment_requested = Signal(int, str)  # key, the text as sent: `attachment_counted`
     fit_requested = Signal(str, dict, int)  # model folder, engine settings, extra free bytes: `fit_explained`
     set_param_requested = Signal(str, object)
