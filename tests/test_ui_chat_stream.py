@@ -190,3 +190,46 @@ def test_a_long_code_line_wraps_instead_of_widening_the_chat(qtbot):
     qtbot.waitUntil(lambda: view.document().size().width() > 0, timeout=2_000)
     assert view.horizontalScrollBar().maximum() == 0  # the whole chat no longer scrolls sideways
     assert "abcdefgh" * 60 in view.toPlainText().replace("\n", "").replace("\u2028", "")
+
+
+def test_stop_interrupts_a_prompt_being_read(qtbot, home, tiny, monkeypatch):
+    """Defect 3: Stop (Esc) during "reading your message" ends the reply before its first token."""
+    from engine.api import Engine
+    generate = Engine.generate
+
+    def slow_prompt(self, *args, **kwargs):  # 20 ms per chunk of 4 prompt tokens: Stop lands mid-prompt
+        for s in generate(self, *args, **kwargs):
+            if s.kind == "prompt":
+                threading.Event().wait(0.02)
+            yield s
+    monkeypatch.setattr(Engine, "generate", slow_prompt)
+    w = open_window(qtbot, None, wait=False)
+    w.settings.model, w.settings.engine = tiny, {"batch_size": 4}
+    with qtbot.waitSignal(w.flow.ready, timeout=120_000):
+        w.flow.start()
+    w.input.setPlainText("please read all of this " * 8)  # ~140 tokens: 35 chunks
+    qtbot.keyClick(w.input, Qt.Key_Return)
+    qtbot.waitUntil(lambda: w.prompt_read is not None, timeout=30_000)
+    assert w.busy == "generating" and w.send_button.text() == "Stop"
+    qtbot.keyClick(w.input, Qt.Key_Escape)
+    qtbot.waitUntil(lambda: w.busy == "", timeout=10_000)
+    msgs = w.history.messages(w.conv_id)
+    assert [m.role for m in msgs] == ["user"]  # no reply: none was written, and nothing is left half-saved
+    assert w.history.db.execute("SELECT COUNT(*) FROM partial_replies").fetchone()[0] == 0
+    engine = w.flow.worker.engine
+    assert engine.cache.length < len(engine.prompt_ids(W_prompt(w)))  # the prompt was cut, not read whole
+
+
+def W_prompt(w) -> list:  # noqa: N802 - the chat as the worker sent it
+    from app.history import chat_messages
+    return chat_messages(w.history.conversation(w.conv_id), w.history.messages(w.conv_id))
+
+
+def test_the_footer_says_whether_the_context_or_the_token_limit_ended_a_reply():
+    """Defect 10: a context that fills mid-reply is not reported as max_tokens."""
+    from ui.chat_view import stats_line
+    base = {"generated_tokens": 5, "decode_tok_s": 10.0, "ttft_s": 0.1}
+    assert stats_line(base | {"finish_reason": "context"}).endswith("the context is full")
+    assert stats_line(base | {"finish_reason": "length"}).endswith("hit the token limit")
+    assert stats_line(base | {"finish_reason": "interrupted"}).endswith("interrupted: the app closed while it was "
+                                                                       "written")

@@ -289,3 +289,44 @@ def test_the_table_says_whose_figures_they_are(tmp_path):
         assert already_stored("int4", path) is stored and not already_stored("int8", path)
         assert not already_stored("q4_k_m", path)  # a mix: no single format to have been stored in
     assert measured_on(tmp_path / "none.json") is None and not already_stored("int4", tmp_path / "none.json")
+
+
+@pytest.mark.parametrize("fixture", ["mixtral", "qwen3_moe"])
+def test_a_new_user_converts_an_moe_model_in_the_wizard_and_chats_with_it(qtbot, tmp_path, monkeypatch, fixture):
+    """"Done when": from the chat window's own buttons, an HF MoE folder is converted, opened in the
+    chat, and a message sent gets a streamed reply that is kept in the history."""
+    from app import settings as S
+    from app.history import History
+    from ui.main_window import MainWindow
+    from ui.wizard import ConvertWizard
+    monkeypatch.setenv("COLIBRI_HOME", str(tmp_path))
+    gc.collect()
+    settings = S.load()
+    settings.sampling = {"temperature": 0.0, "max_tokens": 6}
+    w = MainWindow(settings, History())
+    qtbot.addWidget(w)
+    w.show()
+    w.model_picker.activated.emit(w.model_picker.findData("__import__"))  # the picker's "Import…"
+    wizard = w.findChild(ConvertWizard, "convert_wizard")
+    assert wizard is not None and wizard.isVisible()
+    wizard.path_edit.setText(str(HF_FIXTURES / fixture))  # typed or pasted
+    qtbot.keyClick(wizard.path_edit, Qt.Key_Return)
+    qtbot.waitUntil(lambda: wizard.summary is not None, timeout=20_000)
+    assert "expert" in wizard.facts.text().lower() and wizard.next_button.isEnabled()
+    qtbot.mouseClick(wizard.next_button, Qt.LeftButton)
+    wizard.quant_buttons["int4"].click()
+    assert wizard.name_edit.text() == f"{fixture}-int4"
+    qtbot.mouseClick(wizard.next_button, Qt.LeftButton)
+    qtbot.waitUntil(lambda: wizard.state in ("done", "failed"), timeout=60_000)
+    assert wizard.state == "done", wizard.source_status.text()
+    with qtbot.waitSignal(w.flow.ready, timeout=120_000) as ready:
+        qtbot.mouseClick(wizard.open_button, Qt.LeftButton)
+    assert ready.args[0].model == f"{fixture}-int4" and w.model_picker.currentText() == f"{fixture}-int4"
+    w.input.setPlainText("Hello, MoE")
+    qtbot.keyClick(w.input, Qt.Key_Return)
+    qtbot.waitUntil(lambda: w.busy == "", timeout=60_000)
+    user, reply = w.history.messages(w.conv_id)
+    assert user.content == "Hello, MoE" and reply.role == "assistant"
+    assert reply.stats["generated_tokens"] == 6 and reply.facts["model"] == f"{fixture}-int4"
+    assert "6 tokens" in w.view.toPlainText() and "Regenerate" in w.view.toPlainText()
+    w.close()

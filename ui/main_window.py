@@ -524,6 +524,8 @@ class MainWindow(QMainWindow):
             self.tray.set_warning("")
 
     def _on_counted(self, cid: int, tokens: int) -> None:
+        if self.closed:  # a model that finished loading after the window (and its history) closed
+            return
         self.context_counts[cid] = tokens
         if cid == self.conv_id:
             self._update_status()
@@ -800,6 +802,8 @@ class MainWindow(QMainWindow):
 
     # --- thinking ------------------------------------------------------------------------------
     def _on_reasoning(self, path: str, reasons: bool, switchable: bool) -> None:
+        if self.closed:  # a model that finished loading after the window (and its history) closed
+            return
         self.reasons = (reasons, switchable)
         self._show_thinking_switch()
 
@@ -926,6 +930,8 @@ class MainWindow(QMainWindow):
         old.deleteLater()
 
     def _on_ready(self, snapshot) -> None:
+        if self.closed:  # a model that finished loading after the window (and its history) closed
+            return
         self.snapshot = snapshot
         self.last_step = None
         self.context_counts.clear()  # another model counts with its own tokenizer and template
@@ -943,7 +949,7 @@ class MainWindow(QMainWindow):
         self.input.setFocus()
 
     def _on_no_model(self, reason: str) -> None:
-        if self.flow.model is not None:
+        if self.flow.model is not None or self.closed:
             return
         self.view.empty_text = self.tr("No model is loaded. {reason} Pick or import one from the model list "
                                        "above.").format(reason=reason)
