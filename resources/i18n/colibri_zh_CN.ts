@@ -4,6 +4,10 @@
 <context>
     <name>MainWindow</name>
     <message>
+        <source>context with your message {used:,} / {limit:,}</source>
+        <translation>上下文（含正在写的消息）{used:,} / {limit:,}</translation>
+    </message>
+    <message>
         <source>Use a &amp;remote endpoint…</source>
         <translation>使用远程端点(&amp;R)…</translation>
     </message>
@@ -378,6 +382,10 @@
 </context>
 <context>
     <name>ChatView</name>
+    <message>
+        <source>interrupted: the app closed while it was written</source>
+        <translation>已中断：写到一半时应用关闭了</translation>
+    </message>
     <message>
         <source>Conversation</source>
         <translation>对话内容</translation>
@@ -1298,6 +1306,10 @@ Load a Mixture-of-Experts model to see which experts each layer uses.</source>
 </context>
 <context>
     <name>ContextUi</name>
+    <message>
+        <source>With the message you are writing, this chat's next prompt takes {used:,} of the model's {limit:,} context tokens</source>
+        <translation>加上你正在写的消息，此对话的下一个提示占用模型 {limit:,} 个上下文词元中的 {used:,} 个</translation>
+    </message>
     <message>
         <source>From here, {n} messages are not sent to the model: the context is full</source>
         <translation>从这里起的 {n} 条消息不会发送给模型：上下文已满</translation>
