@@ -209,3 +209,18 @@ def test_editing_a_message_with_attachments_keeps_them_in_the_branch(qtbot, home
     w.edit_message(edited.id)
     w.stop()  # Esc cancels the edit: its files go with its text
     assert not w.tray.items and w.input.toPlainText() == ""
+
+
+def test_a_message_being_edited_is_counted_in_place_of_the_one_it_replaces(qtbot, home, tiny):
+    w = small_window(qtbot, tiny)
+    cid = w.conv_id
+    w.history.add_message(cid, "user", "first question")
+    w.history.add_message(cid, "assistant", "first answer " * 5)
+    second = w.history.add_message(cid, "user", "second question")
+    w.history.add_message(cid, "assistant", "second answer " * 5)
+    w.edit_message(second.id)
+    qtbot.waitUntil(lambda: w.draft_plan is not None, timeout=10_000)
+    engine = w.flow.worker.engine  # read here only to check the count
+    branch = [{"role": "user", "content": "first question"}, {"role": "assistant", "content": "first answer " * 5},
+              {"role": "user", "content": "second question"}]
+    assert w.draft_plan.tokens == len(engine.prompt_ids(branch))  # not the whole chat plus the draft

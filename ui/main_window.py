@@ -499,7 +499,11 @@ class MainWindow(QMainWindow):
             return
         from app.attachments import with_attachments
         conv = self.history.conversation(self.conv_id)
-        msgs = chat_messages(conv, self.history.messages(conv.id))
+        path = self.history.messages(conv.id)
+        if self.editing is not None:  # the edited message replaces itself and what follows it (a branch)
+            at = next((i for i, m in enumerate(path) if m.id == self.editing), len(path))
+            path = path[:at]
+        msgs = chat_messages(conv, path)
         msgs.append({"role": "user", "content": with_attachments(text, self.tray.records())})
         self.flow.count_requested.emit(conv.id, msgs, self.history.context_policy(conv.id), "draft",
                                        self._template_vars(conv))
