@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from PySide6.QtCore import QElapsedTimer, Qt, QThread, QTimer, Signal
-from PySide6.QtWidgets import (QAbstractItemView, QButtonGroup, QDialog, QFileDialog, QGridLayout, QGroupBox, QHBoxLayout,
+from PySide6.QtWidgets import (QAbstractItemView, QFrame, QScrollArea, QButtonGroup, QDialog, QFileDialog, QGridLayout, QGroupBox, QHBoxLayout,
                                QHeaderView, QLabel, QLineEdit, QProgressBar, QPushButton, QRadioButton,
                                QStackedWidget, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget)
 
@@ -80,7 +80,11 @@ class ConvertWizard(QDialog):
     def _build(self) -> None:
         self.pages = QStackedWidget()
         self.pages.addWidget(self._source_page())
-        self.pages.addWidget(self._options_page())
+        options = QScrollArea(objectName="options_scroll", widgetResizable=True, frameShape=QFrame.NoFrame)
+        options.setWidget(self._options_page())  # a short screen scrolls the options instead of squeezing rows
+        options.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)  # as wide as its rows need, never sideways
+        self.options_scroll = options
+        self.pages.addWidget(options)
         self.pages.addWidget(self._convert_page())
         self.step_label = QLabel(objectName="title")
         self.back_button = QPushButton(self.tr("Back"))
@@ -379,6 +383,11 @@ class ConvertWizard(QDialog):
     def quantize(self) -> str:
         return next(q for q, b in self.quant_buttons.items() if b.isChecked())
 
+    def _fit_options(self) -> None:
+        """The options page as wide as its filled rows need (the window grows): a narrower page clipped them."""
+        o = self.options_scroll
+        o.setMinimumWidth(o.widget().minimumSizeHint().width() + o.verticalScrollBar().sizeHint().width())
+
     def _update_options(self, rename: bool = False) -> None:
         s = self.summary
         if s is None:
@@ -403,6 +412,7 @@ class ConvertWizard(QDialog):
                                   "from 16 bits it costs more.").format(q=", ".join(stored))
         self.quality_note.setText(note)
         self.quality_note.setVisible(bool(table))
+        self._fit_options()
         rounds = self.quantize in CALIBRATED
         self.calibration_edit.setEnabled(rounds)
         self.calibration_button.setEnabled(rounds)
