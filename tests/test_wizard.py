@@ -330,3 +330,17 @@ def test_a_new_user_converts_an_moe_model_in_the_wizard_and_chats_with_it(qtbot,
     assert reply.stats["generated_tokens"] == 6 and reply.facts["model"] == f"{fixture}-int4"
     assert "6 tokens" in w.view.toPlainText() and "Regenerate" in w.view.toPlainText()
     w.close()
+
+
+def test_the_options_rows_stay_readable_in_a_short_window(qtbot, wizard):
+    """Screenshot 12 of session 24: at 760x560 the quantization rows were drawn over each other."""
+    inspect(qtbot, wizard, HF_FIXTURES / "mixtral")
+    wizard._next()
+    wizard.resize(760, 560)
+    qtbot.wait(50)
+    buttons = list(wizard.quant_buttons.values())
+    tops = [b.mapTo(wizard.options_scroll.widget(), b.rect().topLeft()).y() for b in buttons]
+    assert all(b.height() >= b.sizeHint().height() for b in buttons)
+    assert all(t2 - t1 >= buttons[0].sizeHint().height() for t1, t2 in zip(tops, tops[1:]))
+    cells = [c for row in wizard.quant_cells.values() for c in row]
+    assert all(c.width() >= c.sizeHint().width() for c in cells)  # no figure cut at the right edge
