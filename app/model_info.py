@@ -90,31 +90,35 @@ class ModelSummary:
             rows.append(CacheRow(n, base + n * s.one_expert * (c.num_layers - c.dense_layers), note))
         return rows
 
-    def facts(self) -> list[tuple[str, str]]:
-        """(label, value) rows of what the source is."""
+    def facts(self, tr: Callable[[str], str] = str) -> list[tuple[str, str]]:
+        """(label, value) rows of what the source is; `tr` translates each text before its figures go in
+        (the wizard passes Qt's translate: app/ never imports Qt)."""
         c = self.config
         kinds = ", ".join(f"{k.upper()} × {n}" for k, n in sorted(self.source_types.items(), key=lambda kv: -kv[1]))
-        rows = [("Source", f"{'GGUF file' if self.kind == 'gguf' else 'Hugging Face folder'} · "
-                           f"{human_bytes(self.source_bytes)} · {kinds}"),
-                ("Architecture", c.architecture),
-                ("Layers", f"{c.num_layers} (hidden size {c.hidden_size}, {c.num_heads} heads, "
-                           f"{c.num_kv_heads} KV heads)")]
+        rows = [(tr("Source"), f"{tr('GGUF file') if self.kind == 'gguf' else tr('Hugging Face folder')} · "
+                               f"{human_bytes(self.source_bytes)} · {kinds}"),
+                (tr("Architecture"), c.architecture),
+                (tr("Layers"), tr("{n} (hidden size {hidden}, {heads} heads, {kv} KV heads)").format(
+                    n=c.num_layers, hidden=c.hidden_size, heads=c.num_heads, kv=c.num_kv_heads))]
         if c.layer_types and len(set(c.layer_types)) > 1:  # the 2026 hybrids: say what each layer keeps
-            words = {"attention": "full attention", "sliding_attention": f"sliding window of {c.sliding_window}",
-                     "linear_attention": "linear attention (fixed state)", "short_conv": "short conv (fixed state)"}
+            words = {"attention": tr("full attention"),
+                     "sliding_attention": tr("sliding window of {n}").format(n=c.sliding_window),
+                     "linear_attention": tr("linear attention (fixed state)"),
+                     "short_conv": tr("short conv (fixed state)")}
             counts = {k: c.layer_types.count(k) for k in dict.fromkeys(c.layer_types)}
-            rows.append(("Layer kinds", ", ".join(f"{n} {words.get(k, k)}" for k, n in counts.items())))
+            rows.append((tr("Layer kinds"), ", ".join(f"{n} {words.get(k, k)}" for k, n in counts.items())))
         if c.is_moe:
-            shared = f", plus a shared expert of width {c.shared_expert_intermediate_size}" \
+            shared = tr(", plus a shared expert of width {width}").format(width=c.shared_expert_intermediate_size) \
                 if c.shared_expert_intermediate_size else ""
-            rows += [("Experts", f"{c.num_experts} per layer, width {c.intermediate_size}{shared}"),
-                     ("Top-k", f"{c.top_k} experts picked per token")]
+            rows += [(tr("Experts"), tr("{n} per layer, width {width}").format(n=c.num_experts,
+                                                                              width=c.intermediate_size) + shared),
+                     (tr("Top-k"), tr("{k} experts picked per token").format(k=c.top_k))]
         else:
-            rows.append(("Experts", "none: a dense model (one MLP per layer)"))
-        rows += [("Parameters", f"{human_count(self.params_total)} in all, {human_count(self.params_active)} "
-                                f"used per token"),
-                 ("Vocabulary", f"{c.vocab_size:,} tokens"),
-                 ("Context", f"up to {c.max_position_embeddings:,} tokens")]
+            rows.append((tr("Experts"), tr("none: a dense model (one MLP per layer)")))
+        rows += [(tr("Parameters"), tr("{total} in all, {active} used per token").format(
+                    total=human_count(self.params_total), active=human_count(self.params_active))),
+                 (tr("Vocabulary"), tr("{n:,} tokens").format(n=c.vocab_size)),
+                 (tr("Context"), tr("up to {n:,} tokens").format(n=c.max_position_embeddings))]
         return rows
 
 

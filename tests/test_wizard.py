@@ -264,6 +264,9 @@ def test_in_chinese_the_new_options_read_in_chinese(qtbot, qapp, tmp_path):
         qtbot.addWidget(w)
         w.show()
         inspect(qtbot, w, HF_FIXTURES / "mixtral")
+        facts = w.facts.text()  # the source's facts too (they were English in the Chinese wizard)
+        assert "<b>架构</b>" in facts and "每个词元选用 2 个专家" in facts and "Hugging Face 文件夹" in facts
+        assert "per token" not in facts and "Layers" not in facts
         w._next()
         assert w.calibration_button.text() == "校准文本…" and w.calibration_edit.accessibleName() == "校准文本"
         assert w.quant_cells["q4_k_m"][2].text() == "困惑度 +4.6%，88% 下一词元相同"

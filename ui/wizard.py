@@ -13,7 +13,7 @@ import html
 import time
 from pathlib import Path
 
-from PySide6.QtCore import QElapsedTimer, Qt, QThread, QTimer, Signal
+from PySide6.QtCore import QCoreApplication, QElapsedTimer, Qt, QThread, QTimer, Signal
 from PySide6.QtWidgets import (QAbstractItemView, QFrame, QScrollArea, QButtonGroup, QDialog, QFileDialog, QGridLayout, QGroupBox, QHBoxLayout,
                                QHeaderView, QLabel, QLineEdit, QProgressBar, QPushButton, QRadioButton,
                                QStackedWidget, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget)
@@ -369,7 +369,8 @@ class ConvertWizard(QDialog):
         self.summary, self.state = summary, "idle"
         self.source_status.setText("")
         rows = "".join(f"<tr><td style='padding: 3px 14px 3px 0;'><b>{html.escape(k)}</b></td>"
-                       f"<td style='padding: 3px 0;'>{html.escape(v)}</td></tr>" for k, v in summary.facts())
+                       f"<td style='padding: 3px 0;'>{html.escape(v)}</td></tr>" for k, v in summary.facts(
+                           lambda t: QCoreApplication.translate("ModelInfo", t)))
         self.facts.setText(f"<table>{rows}</table>")
         self.quant_buttons[summary.default_quantize].setChecked(True)
         moe = summary.config.is_moe

@@ -1686,4 +1686,99 @@ Load a Mixture-of-Experts model to see which experts each layer uses.</source>
         <translation>再次点击“连接”仍可使用它。</translation>
     </message>
 </context>
+<context>
+    <name>ModelInfo</name>
+    <message>
+        <source>Source</source>
+        <translation>来源</translation>
+    </message>
+    <message>
+        <source>GGUF file</source>
+        <translation>GGUF 文件</translation>
+    </message>
+    <message>
+        <source>Hugging Face folder</source>
+        <translation>Hugging Face 文件夹</translation>
+    </message>
+    <message>
+        <source>Architecture</source>
+        <translation>架构</translation>
+    </message>
+    <message>
+        <source>Layers</source>
+        <translation>层数</translation>
+    </message>
+    <message>
+        <source>{n} (hidden size {hidden}, {heads} heads, {kv} KV heads)</source>
+        <translation>{n}（隐藏维度 {hidden}，{heads} 个注意力头，{kv} 个 KV 头）</translation>
+    </message>
+    <message>
+        <source>full attention</source>
+        <translation>全注意力</translation>
+    </message>
+    <message>
+        <source>sliding window of {n}</source>
+        <translation>{n} 的滑动窗口</translation>
+    </message>
+    <message>
+        <source>linear attention (fixed state)</source>
+        <translation>线性注意力（固定状态）</translation>
+    </message>
+    <message>
+        <source>short conv (fixed state)</source>
+        <translation>短卷积（固定状态）</translation>
+    </message>
+    <message>
+        <source>Layer kinds</source>
+        <translation>层类型</translation>
+    </message>
+    <message>
+        <source>, plus a shared expert of width {width}</source>
+        <translation>，外加一个宽度为 {width} 的共享专家</translation>
+    </message>
+    <message>
+        <source>Experts</source>
+        <translation>专家</translation>
+    </message>
+    <message>
+        <source>{n} per layer, width {width}</source>
+        <translation>每层 {n} 个，宽度 {width}</translation>
+    </message>
+    <message>
+        <source>Top-k</source>
+        <translation>Top-k</translation>
+    </message>
+    <message>
+        <source>{k} experts picked per token</source>
+        <translation>每个词元选用 {k} 个专家</translation>
+    </message>
+    <message>
+        <source>none: a dense model (one MLP per layer)</source>
+        <translation>无：稠密模型（每层一个 MLP）</translation>
+    </message>
+    <message>
+        <source>Parameters</source>
+        <translation>参数</translation>
+    </message>
+    <message>
+        <source>{total} in all, {active} used per token</source>
+        <translation>共 {total}，每个词元使用 {active}</translation>
+    </message>
+    <message>
+        <source>Vocabulary</source>
+        <translation>词表</translation>
+    </message>
+    <message>
+        <source>{n:,} tokens</source>
+        <translation>{n:,} 个词元</translation>
+    </message>
+    <message>
+        <source>Context</source>
+        <translation>上下文</translation>
+    </message>
+    <message>
+        <source>up to {n:,} tokens</source>
+        <translation>最多 {n:,} 个词元</translation>
+    </message>
+</context>
 </TS>
