@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 from pathlib import Path
 
@@ -160,8 +159,7 @@ def main(argv: list[str] | None = None) -> int:
             if engine is None:
                 return 0
         else:
-            if "simd" in engine_p:  # read when the kernels are first imported, just below
-                os.environ["COLIBRI_SIMD"] = engine_p["simd"]
+            P.apply_at_import(engine_p)  # before the kernels are first imported, just below
             from engine.api import Engine
             engine = Engine(resolve_model(args.model), **engine_p)
             print("warming up…", end="", file=sys.stderr, flush=True)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 
 from app import server as S
@@ -46,8 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         engine_p, sampling = P.from_args(args, "engine"), P.from_args(args, "sampling")
         engine_p.setdefault("log_level", "WARN")
-        if "simd" in engine_p:
-            os.environ["COLIBRI_SIMD"] = engine_p["simd"]
+        P.apply_at_import(engine_p)  # before the kernels are first imported, just below
         from app.cli_chat import resolve_model
         from engine.api import Engine
 

@@ -7,6 +7,7 @@ generation request (`sampling`). `live` says whether a running engine applies a 
 from __future__ import annotations
 
 import argparse
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -155,3 +156,25 @@ def add_arguments(parser: argparse.ArgumentParser, scopes: tuple[str, ...] = ("e
 def from_args(args: argparse.Namespace, scope: str) -> dict[str, Any]:
     return validate({p.name: getattr(args, p.name) for p in PARAMS.values()
                      if p.scope == scope and getattr(args, p.name, None) is not None})
+
+
+# Parameters read from the environment when the kernels are first imported (engine.kernels), not
+# by Engine: a program must put them there before its first `import engine.api`.
+AT_IMPORT = {"simd": "COLIBRI_SIMD", "simd_path": "COLIBRI_SIMD_PATH"}
+
+
+def apply_at_import(values: dict[str, Any]) -> list[str]:
+    """Put the import-time parameters of `values` (a CLI's flags, the GUI's settings) into the
+    environment, so the kernels this process compiles follow them; "auto" leaves what the user's
+    environment says. Returns the names that can no longer take effect in this process (the
+    kernels were imported already): they apply at the next start."""
+    import sys
+    late = []
+    for name, var in AT_IMPORT.items():
+        value = values.get(name)
+        if value is None or value == "auto":
+            continue
+        os.environ[var] = str(check(name, value))
+        if "engine.kernels" in sys.modules:
+            late.append(name)
+    return late

@@ -75,3 +75,28 @@ def test_help_lists_every_parameter():
     r = run("--help")
     assert r.returncode == 0, r.stderr
     assert all(f"--{name}" in r.stdout for name in PARAMS)
+
+
+STUB_ENGINE = """
+import sys, types
+def stop(*args, **kwargs):
+    from engine.kernels import isa, simd
+    print("path", simd.DOT, isa.SOURCE, "target", __import__("engine.kernels").kernels.SIMD)
+    raise SystemExit(0)
+sys.modules["engine.api"] = types.SimpleNamespace(Engine=stop)
+import app.cli_chat
+app.cli_chat.main(sys.argv[1:])
+"""
+
+
+@pytest.mark.parametrize("flags,want", [(["--simd_path", "generic"], "path generic override"),
+                                        (["--simd", "avx512"], "target avx512")])
+def test_kernel_flags_reach_the_kernels_at_import(tmp_path, flags, want):
+    """--simd and --simd_path are read when the kernels are first imported: the CLI puts them in
+    the environment before that, so this run (not the next) compiles for them. The engine is a
+    stub that reports what the kernels chose; nothing is compiled."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("COLIBRI_SIMD", "COLIBRI_DOT", "NUMBA_CPU"))}
+    r = subprocess.run([sys.executable, "-c", STUB_ENGINE, "--model", str(tmp_path), *flags, "--prompt", "hi"],
+                       capture_output=True, text=True, env={**env, "COLIBRI_HOME": str(tmp_path)}, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert want in r.stdout, r.stdout
