@@ -296,7 +296,8 @@ class Engine:
         the CPU kernels' 8-row groups."""
         c, plan = self.cfg, self.cache_plan
         return ExpertCache(store, self.pool, c.num_layers, c.num_experts, plan.cache_bytes,
-                           self.params["prefetch_window"], c.top_k, repack, plan.per_layer)
+                           self.params["prefetch_window"], c.top_k, repack, plan.per_layer,
+                           self.params["expert_cache_policy"])
 
     def set_param(self, name: str, value: Any) -> None:
         """Change one parameter; engine settings that size the cache rebuild it (the conversation

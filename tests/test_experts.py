@@ -95,7 +95,7 @@ def simulate(table, tokens, capacity):
 @pytest.mark.parametrize("capacity", [1, 2, 3, 4])
 def test_counts_match_an_lru_model_exactly(routed_model, capacity):
     path, table = routed_model
-    eng = Engine(path, expert_cache_size=capacity, prefetch_window=0)
+    eng = Engine(path, expert_cache_size=capacity, prefetch_window=0, expert_cache_policy="lru")
     tokens = [int(t) for t in np.random.default_rng(capacity).integers(0, D, 40)]
     eng.forward(tokens[:1])
     for t in tokens[1:]:
@@ -220,7 +220,7 @@ def test_one_byte_budget_shared_by_all_layers_is_one_lru(routed_model, slots):
     path, table = routed_model
     probe = ExpertStore(open_model_dir(path))
     slot = MemoryPool.block_size(probe.span(0, 0).slot_bytes)
-    eng = Engine(path, expert_cache_bytes=(slots + SPARE_SLOTS) * slot, prefetch_window=0)
+    eng = Engine(path, expert_cache_bytes=(slots + SPARE_SLOTS) * slot, prefetch_window=0, expert_cache_policy="lru")
     tokens = [int(t) for t in np.random.default_rng(slots).integers(0, D, 40)]
     eng.forward(tokens[:1])
     for t in tokens[1:]:
@@ -230,6 +230,25 @@ def test_one_byte_budget_shared_by_all_layers_is_one_lru(routed_model, slots):
     assert st.per_layer == simulate_global(table, tokens, slots)
     assert st.resident_bytes <= st.budget_bytes
     eng.close()
+
+
+def test_lfu_is_the_default_policy_and_lru_a_choice(routed_model):
+    """LFU beat LRU on the MoEfied default model's routing trace (74.4 against 66.3% at 3 of 8 slots
+    a layer): the engine evicts by it unless asked for LRU, and its misses then differ from LRU's."""
+    path, table = routed_model
+    probe = ExpertStore(open_model_dir(path))
+    slot = MemoryPool.block_size(probe.span(0, 0).slot_bytes)
+    tokens = [int(t) for t in np.random.default_rng(11).integers(0, D, 60)]
+    seen = {}
+    for policy in ("lfu", "lru"):
+        eng = Engine(path, expert_cache_bytes=(3 + SPARE_SLOTS) * slot, prefetch_window=0,
+                     **({} if policy == "lfu" else {"expert_cache_policy": "lru"}))
+        assert eng.params["expert_cache_policy"] == policy and eng.weights.experts.policy == policy
+        for t in tokens:
+            eng.forward([t])
+        seen[policy] = eng.stats().expert_cache.per_layer
+        eng.close()
+    assert seen["lru"] == simulate_global(table, tokens, 3) != seen["lfu"]
 
 
 def test_fill_and_warmup_are_not_counted(routed_model):
