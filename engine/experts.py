@@ -806,7 +806,8 @@ def plan_expert_cache(model: ModelDir, params: dict, context_limit: int,
     measured = None if available is None else (available, "given")
     everything = one * E * L + SPARE_SLOTS * one
     if E == 1:  # dense: the MLP is resident like everything else (ExpertCache keeps all of them)
-        b = sysmem.plan(resident, kv, activation_bytes(cfg), 0, 0, 0, measured, refuse=refuse)
+        b = sysmem.plan(resident, kv, activation_bytes(cfg), 0, 0, 0, measured, refuse=refuse,
+                        compile=sysmem.compile_reserve() if refuse else 0)
         return CachePlan(1, one, "dense model: its one MLP per layer stays in memory", resident, 0, kv, b.room,
                          budget=b)
     if params.get("expert_cache_size"):
@@ -819,7 +820,7 @@ def plan_expert_cache(model: ModelDir, params: dict, context_limit: int,
         return CachePlan(cap, one, f"{nbytes / 1e6:.0f} MB, about {cap} of {E} experts per layer "
                          f"(expert_cache_bytes)", resident, nbytes, kv, sysmem.available_memory())
     b = sysmem.plan(resident, kv, activation_bytes(cfg), L * k * one, everything, min_budget(k, one),
-                    measured, refuse=refuse)
+                    measured, refuse=refuse, compile=sysmem.compile_reserve() if refuse else 0)
     return _auto_plan(b, one, E, L, resident, kv)
 
 

@@ -251,6 +251,28 @@ def test_lfu_is_the_default_policy_and_lru_a_choice(routed_model):
     assert seen["lru"] == simulate_global(table, tokens, 3) != seen["lfu"]
 
 
+def test_auto_sizing_compiles_before_the_cache_fills(routed_model, monkeypatch):
+    """A cold Numba cache's compile takes memory (about 300 MB, more than a tight cap leaves):
+    with auto sizing, warmup() compiles at the cache's working minimum and plans again after, with
+    the room measured then; the next forward decodes with the full budget."""
+    from engine import sysmem
+    path, _ = routed_model
+    eng = Engine(path, prefetch_window=0)
+    ec, plan = eng.weights.experts, eng.cache_plan
+    assert plan.auto and plan.cache_bytes > ec.slot * (SPARE_SLOTS + 2)
+    during = []
+    forward = eng.net.forward
+    monkeypatch.setattr(eng.net, "forward", lambda *a, **k: (during.append(ec.budget), forward(*a, **k))[1])
+    monkeypatch.setattr(sysmem, "room", lambda: (plan.budget.room - 5 * ec.slot, "given"))
+    eng.warmup()
+    assert during and max(during) < plan.cache_bytes  # every warm-up pass ran at the working minimum
+    assert eng.cache_plan.budget.room == plan.budget.room - 5 * ec.slot  # planned again, room measured after
+    assert ec.budget == eng.cache_plan.cache_bytes > max(during)
+    eng.forward([3])
+    assert during[-1] == eng.cache_plan.cache_bytes
+    eng.close()
+
+
 def test_fill_and_warmup_are_not_counted(routed_model):
     path, _ = routed_model
     model = open_model_dir(path)
@@ -406,6 +428,25 @@ def test_engine_refuses_before_loading_below_dense_plus_200mb(routed_model, monk
     monkeypatch.setattr(sysmem, "_rss", lambda: 100 << 20)
     with pytest.raises(sysmem.InsufficientMemoryError, match=r"needs at least \d+ MB \(dense weights"):
         Engine(path)
+
+
+def test_a_first_start_that_cannot_compile_is_refused_before_loading(routed_model, monkeypatch, tmp_path):
+    """A cold Numba cache compiles every kernel (about 700 MB more, measured): where that cannot fit
+    the engine refuses with the memory a first start needs, instead of being OOM-killed compiling."""
+    from engine import sysmem
+    assert sysmem.compile_reserve(str(tmp_path)) == sysmem.COMPILE_BYTES  # nothing compiled yet
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "kernels.matmul-12.py311.nbi").write_bytes(b"")
+    assert sysmem.compile_reserve(str(tmp_path)) == 0
+    path, _ = routed_model
+    monkeypatch.setattr(sysmem, "_rss", lambda: 100 << 20)
+    monkeypatch.setattr(sysmem, "room", lambda: (400 << 20, "cgroup limit"))  # above dense + 200 MB
+    monkeypatch.setattr(sysmem, "compile_reserve", lambda: sysmem.COMPILE_BYTES)
+    with pytest.raises(sysmem.InsufficientMemoryError, match=r"first start: .* compiles its kernels once.* Start it "
+                                                             r"once with more memory; after that \d+ MB suffice"):
+        Engine(path)
+    monkeypatch.setattr(sysmem, "compile_reserve", lambda: 0)  # compiled once: the same memory is enough
+    Engine(path).close()
 
 
 def test_auto_budget_follows_memory_pressure(routed_model, monkeypatch, caplog):
