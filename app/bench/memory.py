@@ -116,6 +116,10 @@ def replay_routing(eng, trace_path: str) -> None:
             cache.prefetch(layer + 1, np.unique(ahead[rows, layer, :K] % E))
 
     net.route, net.prefetch, net.fused_decode = route, prefetch, False
+    cache = net.w.experts
+    if cache.room_for_all:  # all resident means all resident (the fused decode, now off, would fill it)
+        cache.fill()
+        cache.drain(timeout=120)
 
 
 # Runs llama.cpp's own llama-bench (mmap on) in a child and reports its peak RSS and block reads.
@@ -504,7 +508,12 @@ def markdown(results: dict) -> str:
         name = m["engine"] if m["engine"] == "llama.cpp" else f"Colibri ({m['variant']}, {m['routing']} routing)"
         if m["engine"] == "llama.cpp":
             name += " mmap" if m["variant"] == "mmap" else " --no-mmap"
-        dec = fmt(m["decode_tok_s"], ".2f") + (f" ({m['failed']} failed)" if m["failed"] else "")
+        refused = sum("InsufficientMemoryError" in e for e in m["errors"])
+        dec = fmt(m["decode_tok_s"], ".2f") + (f" ({m['failed']} failed)" if m["failed"] and not refused else "")
+        if refused:  # below dense weights + 200 MB: refused before loading, by design (never OOM-killed)
+            dec += " (refused: below dense weights + 200 MB)"
+        elif m["oom_kills"]:
+            dec += f", {m['oom_kills']} OOM-killed"
         lines.append(f"| {m['preset']} | {m['ram_cap'] or 'none'} | {name} | {dec} | {fmt(ratio, '.2f')} | "
                      f"{fmt(m['peak_rss_mb'], '.0f')} | "
                      f"{fmt(m['cgroup_peak_mb'], '.0f')} | {fmt(m['read_mb_per_token'])} | "
