@@ -1045,6 +1045,14 @@ Load a Mixture-of-Experts model to see which experts each layer uses.</source>
         <translation>以字节计的专家缓存预算，代替每层的专家数</translation>
     </message>
     <message>
+        <source>Expert cache policy</source>
+        <translation>专家缓存策略</translation>
+    </message>
+    <message>
+        <source>which expert leaves a full expert cache first: lfu, the one least used lately (fewer misses on real routing), or lru, the one least recently used</source>
+        <translation>专家缓存满时先移出哪个专家：lfu，近来用得最少的（在真实路由上未命中更少）；或 lru，最久未使用的</translation>
+    </message>
+    <message>
         <source>Prefetch window</source>
         <translation>预取窗口</translation>
     </message>
