@@ -531,7 +531,9 @@ def readme_block(results: dict, source: str) -> str:
     sizes = ", ".join(f"{k} {v['gguf_mb']:.0f} MB" for k, v in m.get("presets", {}).items())
     shape = m.get("shape", {})
     mc = results.get("machine") or {}
-    cpu = (f"{mc.get('cpu')} ({mc.get('physical_cores')} cores; {mc.get('flags')}), load average "
+    flags = mc.get("flags")
+    flags = ", ".join(flags) if isinstance(flags, (list, tuple)) else flags
+    cpu = (f"{mc.get('cpu')} ({mc.get('physical_cores')} cores; {flags}), load average "
            f"{results.get('load_before', ['?'])[0]} before and {results.get('load_after', ['?'])[0]} after"
            if mc else "CPU not recorded")
     head = (f"Model: {m.get('params', 0) / 1e9:.2f} B parameters (hidden {shape.get('hidden')}, {shape.get('layers')} "
