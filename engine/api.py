@@ -532,7 +532,7 @@ class Engine:
         finally:
             if auto:  # the room measured again, what the compile kept included
                 self.cache_plan = replan(self.cache_plan, self.cfg.num_experts, self.cfg.num_layers, ec.used_bytes,
-                                         self.cache.nbytes_used)
+                                         self.cache.nbytes_used, settled=True)
                 self._planned_at = time.monotonic()
                 ec.set_budget(self.cache_plan.cache_bytes)
         seconds = time.perf_counter() - t0

@@ -764,6 +764,7 @@ class CachePlan:
     per_layer: int | None = None  # expert_cache_size: at most this many experts of each layer
     budget: MemoryBudget | None = None  # auto: how the room was split (None for an explicit size)
     auto: bool = False  # re-planned when memory pressure changes
+    settled: bool = False  # planned after warm-up: the runtime has grown already (a smaller margin)
 
     @property
     def warning(self) -> str | None:
@@ -831,13 +832,17 @@ def _auto_plan(b: MemoryBudget, one: int, E: int, L: int, resident: int, kv: int
     return CachePlan(cap, one, reason, resident, b.experts, kv, b.room, budget=b, auto=True)
 
 
-def replan(plan: CachePlan, num_experts: int, num_layers: int, cache_used: int, kv_used: int) -> CachePlan:
+def replan(plan: CachePlan, num_experts: int, num_layers: int, cache_used: int, kv_used: int,
+           settled: bool | None = None) -> CachePlan:
     """The auto plan again with the room measured now (memory pressure changed): the expert
-    cache's current bytes and the KV cache's filled part are already inside the usage."""
+    cache's current bytes and the KV cache's filled part are already inside the usage.
+    `settled` (after warm-up; kept by later plans): the runtime has grown, a smaller margin."""
     b, one = plan.budget, plan.expert_bytes
+    settled = plan.settled if settled is None else settled
     free, source = sysmem.room()
     k = b.cycle // max(1, num_layers * one)
-    left = cache_used + free - max(0, b.kv - kv_used) - b.activations - sysmem.margin(free)
+    held_back = sysmem.margin(free, settled)
+    left = cache_used + free - max(0, b.kv - kv_used) - b.activations - held_back
     experts = max(min_budget(k, one), min(b.all_experts, left))
-    nb = replace(b, room=free, limited_by=source, experts=experts)
-    return _auto_plan(nb, one, num_experts, num_layers, plan.resident_bytes, plan.kv_bytes)
+    nb = replace(b, room=free, limited_by=source, experts=experts, margin=held_back)
+    return replace(_auto_plan(nb, one, num_experts, num_layers, plan.resident_bytes, plan.kv_bytes), settled=settled)

@@ -20,14 +20,18 @@ FLOOR_EXTRA = 200_000_000  # below dense weights + this (200 MB), a model is ref
 # runtime growth after planning: loaded kernels and their libraries' pages, thread stacks, Python
 # objects (measured: 62 MB anonymous + 41 MB file pages from import to decode, the moderate bench model)
 MARGIN = 96 * MiB
+# after warm-up that growth has happened: measured 14-17 MB more from warm-up through a 32-token
+# prefill and 16 decoded tokens (moderate bench model, q4_k_m, 2 of 8 experts a layer)
+SETTLED_MARGIN = 32 * MiB
 # the first start of a kernel version compiles every kernel (Numba, LLVM): measured peak RSS 1060 MB
 # with a cold cache against 400 MB warm (the moderate bench model, q8_0, 2 threads), for minutes
 COMPILE_BYTES = 700 * MiB
 
 
-def margin(free: int) -> int:
-    """What the budget holds back for runtime growth when `free` bytes are room: MARGIN + 2%."""
-    return MARGIN + free // 50
+def margin(free: int, settled: bool = False) -> int:
+    """What the budget holds back for runtime growth when `free` bytes are room: MARGIN + 2%
+    (`settled`, planned again after warm-up: SETTLED_MARGIN + 2%)."""
+    return (SETTLED_MARGIN if settled else MARGIN) + free // 50
 
 
 class InsufficientMemoryError(ColibriError, MemoryError):

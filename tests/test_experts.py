@@ -267,6 +267,8 @@ def test_auto_sizing_compiles_before_the_cache_fills(routed_model, monkeypatch):
     eng.warmup()
     assert during and max(during) < plan.cache_bytes  # every warm-up pass ran at the working minimum
     assert eng.cache_plan.budget.room == plan.budget.room - 5 * ec.slot  # planned again, room measured after
+    room = eng.cache_plan.budget.room  # the runtime has grown by now: a smaller margin, kept by later plans
+    assert eng.cache_plan.settled and eng.cache_plan.budget.margin == sysmem.margin(room, True) < sysmem.margin(room)
     assert ec.budget == eng.cache_plan.cache_bytes > max(during)
     eng.forward([3])
     assert during[-1] == eng.cache_plan.cache_bytes
