@@ -296,7 +296,8 @@ class Engine:
         the CPU kernels' 8-row groups."""
         c, plan = self.cfg, self.cache_plan
         return ExpertCache(store, self.pool, c.num_layers, c.num_experts, plan.cache_bytes,
-                           self.params["prefetch_window"], c.top_k, repack, plan.per_layer)
+                           self.params["prefetch_window"], c.top_k, repack, plan.per_layer,
+                           self.params["expert_cache_policy"])
 
     def set_param(self, name: str, value: Any) -> None:
         """Change one parameter; engine settings that size the cache rebuild it (the conversation
@@ -514,15 +515,26 @@ class Engine:
         Its expert lookups are not counted (stats() describes real requests)."""
         t0 = time.perf_counter()
         probe = [self.codec.bos_id or 0, 1 % self.cfg.vocab_size]
-        with self.weights.experts.quiet():
-            self.logits(probe)
-            if self.net.fused is not None:  # an MoE takes it once every expert is in: compile it now
-                self.net.fused.compile(self.params["kv_cache_quantize"])
-            with self._lock:
-                c = self.cfg
-                cache = KVCache(c.num_layers, 3, c.num_kv_heads, c.head_dim, self.params["kv_cache_quantize"])
-                self._prefill(probe, cache, 0, all_logits=False)
-                self._prefill(probe[:1], cache, 2, all_logits=False)
+        ec, auto = self.weights.experts, self.cache_plan.auto
+        if auto:  # compile before the cache fills: a cold numba cache's compile takes memory the plan gave experts
+            ec.set_budget(0)  # (its working minimum; no re-planning meanwhile)
+            self._planned_at = float("inf")
+        try:
+            with ec.quiet():
+                self.logits(probe)
+                if self.net.fused is not None:  # an MoE takes it once every expert is in: compile it now
+                    self.net.fused.compile(self.params["kv_cache_quantize"])
+                with self._lock:
+                    c = self.cfg
+                    cache = KVCache(c.num_layers, 3, c.num_kv_heads, c.head_dim, self.params["kv_cache_quantize"])
+                    self._prefill(probe, cache, 0, all_logits=False)
+                    self._prefill(probe[:1], cache, 2, all_logits=False)
+        finally:
+            if auto:  # the room measured again, what the compile kept included
+                self.cache_plan = replan(self.cache_plan, self.cfg.num_experts, self.cfg.num_layers, ec.used_bytes,
+                                         self.cache.nbytes_used, settled=True)
+                self._planned_at = time.monotonic()
+                ec.set_budget(self.cache_plan.cache_bytes)
         seconds = time.perf_counter() - t0
         log.info("warmup took %.2f s", seconds)
         return seconds

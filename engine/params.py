@@ -70,6 +70,9 @@ PARAMS: dict[str, Param] = {p.name: p for p in [
           "cache from free memory, the model and the KV cache", min=1, max=4096, nullable=True, live=False),
     Param("expert_cache_bytes", int, None, "expert cache budget in bytes, instead of a count per layer",
           min=1, max=1 << 50, nullable=True, live=False),
+    Param("expert_cache_policy", str, "lfu", "which expert leaves a full expert cache first: lfu, the one "
+          "least used lately (fewer misses on real routing), or lru, the one least recently used",
+          choices=("lfu", "lru"), live=False),
     Param("prefetch_window", int, 16, "tokens whose expert choices guide prefetching; 0 = no prefetch "
           "(experts load when needed)", min=0, max=4096, live=False),
     Param("gpu_layers", int, 0, "layers whose attention runs on the NVIDIA GPU (numba-cuda), first layers "

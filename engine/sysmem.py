@@ -7,6 +7,7 @@ working set, as the kernel's own pressure accounting and the kubelet count it).
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,11 +20,18 @@ FLOOR_EXTRA = 200_000_000  # below dense weights + this (200 MB), a model is ref
 # runtime growth after planning: loaded kernels and their libraries' pages, thread stacks, Python
 # objects (measured: 62 MB anonymous + 41 MB file pages from import to decode, the moderate bench model)
 MARGIN = 96 * MiB
+# after warm-up that growth has happened: measured 14-17 MB more from warm-up through a 32-token
+# prefill and 16 decoded tokens (moderate bench model, q4_k_m, 2 of 8 experts a layer)
+SETTLED_MARGIN = 32 * MiB
+# the first start of a kernel version compiles every kernel (Numba, LLVM): measured peak RSS 1060 MB
+# with a cold cache against 400 MB warm (the moderate bench model, q8_0, 2 threads), for minutes
+COMPILE_BYTES = 700 * MiB
 
 
-def margin(free: int) -> int:
-    """What the budget holds back for runtime growth when `free` bytes are room: MARGIN + 2%."""
-    return MARGIN + free // 50
+def margin(free: int, settled: bool = False) -> int:
+    """What the budget holds back for runtime growth when `free` bytes are room: MARGIN + 2%
+    (`settled`, planned again after warm-up: SETTLED_MARGIN + 2%)."""
+    return (SETTLED_MARGIN if settled else MARGIN) + free // 50
 
 
 class InsufficientMemoryError(ColibriError, MemoryError):
@@ -89,6 +97,18 @@ def _rss() -> int:
     return min(cg[1], mi.rss) if cg is not None else mi.rss - getattr(mi, "shared", 0)
 
 
+def compile_reserve(cache_dir: str | None = None) -> int:
+    """COMPILE_BYTES while this kernel version's Numba cache holds nothing yet (the first start
+    after an install or an upgrade compiles everything), else 0."""
+    cache_dir = cache_dir or os.environ.get("NUMBA_CACHE_DIR")
+    if not cache_dir:
+        return 0
+    for _, _, files in os.walk(cache_dir):
+        if any(f.endswith(".nbi") for f in files):
+            return 0
+    return COMPILE_BYTES
+
+
 def available_memory() -> int:
     return room()[0]
 
@@ -123,10 +143,12 @@ class MemoryBudget:
 
 
 def plan(dense: int, kv: int, activations: int, cycle: int, all_experts: int, minimum: int,
-         measured: tuple[int, str] | None = None, process: int | None = None, refuse: bool = False) -> MemoryBudget:
+         measured: tuple[int, str] | None = None, process: int | None = None, refuse: bool = False,
+         compile: int = 0) -> MemoryBudget:
     """The budget for the expert cache: room - dense - KV - activations - margin, within
     [minimum, all_experts]. `refuse` (the engine, before it loads; a fit check only reports):
-    InsufficientMemoryError when this process may use less in all than dense weights + 200 MB."""
+    InsufficientMemoryError when this process may use less in all than dense weights + 200 MB,
+    or than that + `compile` (compile_reserve(): a first start, whose compile would be OOM-killed)."""
     free, source = measured or room()
     rss = _rss() if process is None else process
     held_back = margin(free)
@@ -137,4 +159,10 @@ def plan(dense: int, kv: int, activations: int, cycle: int, all_experts: int, mi
             f"not enough memory for this model: it needs at least {b.floor / 1e6:.0f} MB (dense weights "
             f"{dense / 1e6:.0f} MB + 200 MB), and this process may use {(free + rss) / 1e6:.0f} MB in all "
             f"({free / 1e6:.0f} MB free, {source}). Close other programs or raise the memory limit.")
+    if refuse and free + rss < b.floor + compile:
+        raise InsufficientMemoryError(
+            f"not enough memory for a first start: this version compiles its kernels once, which takes about "
+            f"{compile / 1e6:.0f} MB more for a few minutes, so it needs {(b.floor + compile) / 1e6:.0f} MB now and "
+            f"this process may use {(free + rss) / 1e6:.0f} MB ({free / 1e6:.0f} MB free, {source}). Start it once "
+            f"with more memory; after that {b.floor / 1e6:.0f} MB suffice (dense weights {dense / 1e6:.0f} MB + 200 MB).")
     return b

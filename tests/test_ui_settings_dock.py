@@ -132,7 +132,7 @@ def test_decode_and_prefill_have_their_own_axes_and_defrag_says_what_changed(qtb
                  d.speed_plot.getAxis("bottom")):  # axis titles in the text colour (they were border-grey)
         assert axis.labelStyle["color"] == text, (axis.labelText, axis.labelStyle)
     tip = d.pool_table.horizontalHeaderItem(3).toolTip()
-    assert "slab pages" in tip and "Defrag compacts" in tip  # "small 100% fragmented" explained
+    assert "slab pages" in tip and "Defrag cannot lower it" in tip  # "small 100% fragmented" explained
     d.show()
     d.resize(500, 800)
     qtbot.waitUntil(lambda: d.columns == 1, timeout=2_000)  # a narrow dock: one column that scrolls

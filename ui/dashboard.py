@@ -256,12 +256,13 @@ class Dashboard(QWidget):
                 self.tr("Live buffers"),
                 self.tr("Share of the free memory that is scattered: small tier, free slots in slab pages that "
                         "still hold live buffers (they cannot go back to the system); medium tier, free memory "
-                        "outside its largest free piece. Defrag compacts the medium tier")]):
+                        "outside its largest free piece. Nothing is ever moved, so Defrag cannot lower it")]):
             self.pool_table.horizontalHeaderItem(col).setToolTip(tip)
         self.pool_text = self._caption("pool_text")
         self.defrag_button = QPushButton(self.tr("&Defrag"), objectName="defrag")
         self.defrag_button.setAccessibleName(self.tr("Defragment the memory pool"))
-        self.defrag_button.setToolTip(self.tr("Compact the memory pool and give its free memory back to the system"))
+        self.defrag_button.setToolTip(self.tr("Free the expert cache's spare slots and give the pool's free pages "
+                                              "back to the system (nothing is moved)"))
         self.defrag_button.setAccessibleDescription(self.defrag_button.toolTip())
         self.defrag_button.clicked.connect(self.request_defrag)
         self.defrag_text = self._caption("defrag_text")
@@ -498,7 +499,7 @@ class Dashboard(QWidget):
                                f"system {_mb(pool.reserved)} · " + _tr(
                                    "fragmented: the share of free memory that is scattered (small: free slots in "
                                    "slab pages still in use, normal for slabs; medium: outside its largest free "
-                                   "piece; Defrag compacts it)"))
+                                   "piece; nothing is moved, so Defrag cannot lower it)"))
 
     def _draw_text(self, snap, step) -> None:
         ec, hw, g = snap.expert_cache, A.hardware(snap), A.gpu(snap)

@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     m = sub.add_parser("memory", help="expert cache vs llama.cpp on a Mixtral-style model (peak RSS, tok/s)")
     m.add_argument("--workdir", help="where the benchmark model is built and kept (default ~/.cache/colibri/bench)")
     m.add_argument("--caches", default="auto,2", help="Colibri expert_cache_size values for uncapped runs (auto allowed; "
-                        "'2/p0': prefetch_window 0, for a prefetch A/B; '2/lfu': LFU eviction)")
+                        "'2/p0': prefetch_window 0, for a prefetch A/B; '2/lru': LRU eviction instead of the default LFU)")
     m.add_argument("--ram_cap", help="comma-separated fractions of the model size: run each engine in a memory "
                                      "cgroup that small (needs root), e.g. none,0.75,0.5")
     m.add_argument("--matrix", action="store_true", help="caps none,0.9,0.75,0.6,0.5,0.35 (overrides --ram_cap)")
@@ -143,12 +143,17 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--repeats", type=int, default=3, help="rounds over every run (medians are reported)")
     m.add_argument("--trace", help="also run Colibri with this routing trace replayed (colibri-bench routing --trace)")
     m.add_argument("--markdown", help="write the median table (the README's memory section) to this file")
+    m.add_argument("--readme", help="regenerate this README's generated memory block from the run (or --from_json)")
+    m.add_argument("--from_json", help="no run: read this earlier --json result (with --readme: regenerate the README)")
     m.add_argument("--shape", choices=("large", "moderate"), default="large",
                    help="large: 1.75B parameters (1.9 GB in Q8_0); moderate: 0.68B (0.72 GB)")
     m.add_argument("--engine_root", help="run Colibri from this checkout instead (e.g. main, for before/after)")
     m.add_argument("--no_llama", action="store_true", help="Colibri runs only")
     m.add_argument("--threads", type=int, default=2)
     m.add_argument("--decode_tokens", type=int, default=48)
+    m.add_argument("--prompt_tokens", type=int, default=128, help="prompt length of each run (prefill)")
+    m.add_argument("--decode_seconds", type=float, default=float("inf"),
+                   help="a run's decode stops after this many seconds (at least 3 tokens): bounds a thrashing cap")
     m.add_argument("--timeout", type=float, default=900, help="seconds per run before it counts as failed")
     m.add_argument("--json", help="also write the results to this file")
     m.set_defaults(func=lambda a: __import__("app.bench.memory", fromlist=["main"]).main(a))

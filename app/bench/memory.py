@@ -47,15 +47,16 @@ import json, sys, time, numpy as np
 from engine.api import Engine
 path, cache, threads, prompt_n, decode_n = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 trace = sys.argv[6] if len(sys.argv) > 6 else ""
+max_s = float(sys.argv[7]) if len(sys.argv) > 7 else float("inf")  # decode stops after this (3 tokens at least)
 def io_read():  # bytes this process made the block layer read (page-cache hits do not count)
     return int(next(l for l in open('/proc/self/io') if l.startswith('read_bytes')).split()[1])
 t0 = time.perf_counter()
-cache, *opts = cache.split("/")  # "2/p0/lfu": expert_cache_size 2, prefetch_window 0, LFU eviction
+cache, *opts = cache.split("/")  # "2/p0/lru": expert_cache_size 2, prefetch_window 0, LRU eviction
 window = [int(o[1:]) for o in opts if o.startswith("p")]
+policy = [o for o in opts if o in ("lfu", "lru")]
 eng = Engine(path, threads=threads, expert_cache_size=None if cache == "auto" else int(cache), context_length=1024,
-             log_level="WARN", **({"prefetch_window": window[0]} if window else {}))
-if "lfu" in opts:  # benchmark hook until the policy is an engine parameter
-    eng.weights.experts.policy = "lfu"
+             log_level="WARN", **({"prefetch_window": window[0]} if window else {}),
+             **({"expert_cache_policy": policy[0]} if policy else {}))
 eng.warmup(); eng.reset()
 if trace:  # benchmark-only hook: routing and look-ahead replayed from a real model's trace
     from app.bench.memory import replay_routing
@@ -64,10 +65,10 @@ load_s = time.perf_counter() - t0
 ids = [int(i) for i in np.random.default_rng(0).integers(300, eng.cfg.vocab_size, prompt_n)]
 t = time.perf_counter(); nxt = eng.forward(ids); prefill = prompt_n / (time.perf_counter() - t)
 r0, l0 = io_read(), eng.stats().expert_cache.bytes_loaded
-t = time.perf_counter()
-for _ in range(decode_n):
-    nxt = eng.forward([nxt])
-decode = decode_n / (time.perf_counter() - t)
+t, n = time.perf_counter(), 0
+while n < decode_n and (n < 3 or time.perf_counter() - t < max_s):
+    nxt = eng.forward([nxt]); n += 1
+decode = n / (time.perf_counter() - t)
 st = eng.stats(); ec = st.expert_cache
 acts = np.array(ec.activations, dtype=float)
 p = acts / np.maximum(acts.sum(axis=1, keepdims=True), 1)
@@ -76,8 +77,8 @@ hwm = int(next(l for l in open('/proc/self/status') if l.startswith('VmHWM')).sp
 print(json.dumps({"engine": "colibri", "cache": ec.capacity_per_layer, "plan": st.expert_cache_plan,
     "budget_mb": getattr(ec, "budget_bytes", 0) / 1e6, "warning": getattr(st, "memory_warning", None),
     "load_s": load_s, "prefill_tok_s": prefill, "decode_tok_s": decode, "peak_rss_mb": hwm / 1e6,
-    "read_mb_per_token": (io_read() - r0) / decode_n / 1e6,
-    "missed_mb_per_token": (ec.bytes_loaded - l0) / decode_n / 1e6,
+    "read_mb_per_token": (io_read() - r0) / n / 1e6, "decode_tokens": n,
+    "missed_mb_per_token": (ec.bytes_loaded - l0) / n / 1e6,
     "hit_rate": ec.hit_rate, "served_without_wait": ec.served_without_wait,
     "prefetch_accuracy": ec.prefetch_accuracy, "routing_entropy_bits": entropy,
     "max_entropy_bits": float(np.log2(acts.shape[1])), "top4_share": float(np.sort(p, axis=1)[:, -4:].sum(1).mean())}))
@@ -115,6 +116,10 @@ def replay_routing(eng, trace_path: str) -> None:
             cache.prefetch(layer + 1, np.unique(ahead[rows, layer, :K] % E))
 
     net.route, net.prefetch, net.fused_decode = route, prefetch, False
+    cache = net.w.experts
+    if cache.room_for_all:  # all resident means all resident (the fused decode, now off, would fill it)
+        cache.fill()
+        cache.drain(timeout=120)
 
 
 # Runs llama.cpp's own llama-bench (mmap on) in a child and reports its peak RSS and block reads.
@@ -126,29 +131,36 @@ out = subprocess.run([exe, "-m", path, "-t", threads, "-p", prompt_n, "-n", deco
 rows = json.loads(out)
 ru = resource.getrusage(resource.RUSAGE_CHILDREN)
 tok_s = {("prefill" if r["n_prompt"] else "decode"): r["avg_ts"] for r in rows}
-tokens = sum(r["n_prompt"] + r["n_gen"] for r in rows) * 2  # llama-bench runs each test once more to warm up
+# llama-bench warms up with the whole prompt again and one generated token
+tokens = sum(2 * r["n_prompt"] + r["n_gen"] + (r["n_gen"] > 0) for r in rows)
 print(json.dumps({"engine": "llama.cpp", "mmap": mode == "mmap", "prefill_tok_s": tok_s.get("prefill", 0.0),
     "decode_tok_s": tok_s.get("decode", 0.0), "peak_rss_mb": ru.ru_maxrss * 1024 / 1e6,
     "read_mb_total": ru.ru_inblock * 512 / 1e6, "tokens_run": tokens}))
 """
 
+# llama.cpp through its Python binding (the same libllama as llama-bench): decode stops after
+# max_s seconds like Colibri's, and /proc/self/io counts the reads of the decode alone.
 _LLAMA = r"""
 import json, sys, time, numpy as np
 from llama_cpp import Llama
 path, threads, prompt_n, decode_n, mmap_on = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5] == "1"
+max_s = float(sys.argv[6]) if len(sys.argv) > 6 else float("inf")
+def io_read():
+    return int(next(l for l in open('/proc/self/io') if l.startswith('read_bytes')).split()[1])
 t0 = time.perf_counter()
-m = Llama(path, n_ctx=1024, n_threads=threads, n_batch=512, use_mmap=mmap_on, verbose=False)
+m = Llama(path, n_ctx=1024, n_threads=threads, n_threads_batch=threads, n_batch=512, use_mmap=mmap_on, verbose=False)
 load_s = time.perf_counter() - t0
 ids = [int(i) for i in np.random.default_rng(0).integers(300, m.n_vocab(), prompt_n)]
 t = time.perf_counter(); m.eval(ids); prefill = prompt_n / (time.perf_counter() - t)
 nxt = int(np.argmax(m.scores[m.n_tokens - 1]))
-t = time.perf_counter()
-for _ in range(decode_n):
-    m.eval([nxt]); nxt = int(np.argmax(m.scores[m.n_tokens - 1]))
-decode = decode_n / (time.perf_counter() - t)
+r0, t, n = io_read(), time.perf_counter(), 0
+while n < decode_n and (n < 3 or time.perf_counter() - t < max_s):
+    m.eval([nxt]); nxt = int(np.argmax(m.scores[m.n_tokens - 1])); n += 1
+decode = n / (time.perf_counter() - t)
 hwm = int(next(l for l in open('/proc/self/status') if l.startswith('VmHWM')).split()[1]) * 1024
 print(json.dumps({"engine": "llama.cpp", "mmap": mmap_on, "load_s": load_s, "prefill_tok_s": prefill,
-    "decode_tok_s": decode, "peak_rss_mb": hwm / 1e6}))
+    "decode_tok_s": decode, "peak_rss_mb": hwm / 1e6, "read_mb_per_token": (io_read() - r0) / n / 1e6,
+    "decode_tokens": n}))
 """
 
 
@@ -363,7 +375,8 @@ def colibri_import(gguf: Path) -> Path:
 def run_suite(workdir: Path, caches: list[str], threads: int, ram_caps: list[float | None], decode_tokens: int,
               timeout: float, shape: MixtralShape = BENCH_SHAPE, engine_root: Path | None = None,
               with_llama: bool = True, presets: tuple[str, ...] = ("q8_0",), repeats: int = 1,
-              trace: Path | None = None, capped: tuple[str, ...] = ("auto",)) -> dict:
+              trace: Path | None = None, capped: tuple[str, ...] = ("auto",),
+              prompt_tokens: int = PROMPT_TOKENS, decode_s: float = math.inf) -> dict:
     """Every (preset, cap, engine) run `repeats` times, the engines' order reversed every other
     round so that neither always runs first; capped runs start with the model's files evicted
     from the page cache. Uncapped, Colibri runs once per entry of `caches`; capped, with its auto
@@ -379,13 +392,18 @@ def run_suite(workdir: Path, caches: list[str], threads: int, ram_caps: list[flo
                                    "colibri_mb": sum(p.stat().st_size for p in ours.rglob("*") if p.is_file()) / 1e6}
     first = models[presets[0]][1]
     info["disk_mb_s"] = disk_bandwidth(sorted((first / "experts").glob("*.bin"))) / 1e6
-    bench_exe, py_llama = llama_bench(), llama_python()
+    bench_exe = llama_bench()
+    if bench_exe is not None:  # the binding loads the libllama built beside llama-bench
+        os.environ.setdefault("LLAMA_CPP_LIB_PATH", str(bench_exe.parent))
+    py_llama = llama_python()
     results = {"model": info, "threads": threads, "engine_root": str(engine_root or ""), "repeats": repeats,
                "trace": str(trace or ""), "runs": []}
-    for preset in presets:  # Numba compiles on the first run (with a cold cache ~300 MB more): not under a cap
-        r = run_child([sys.executable, "-c", _COLIBRI, str(models[preset][1]), "auto", str(threads), "8", "2", ""],
-                      None, timeout, engine_root)
-        results["compile_run_s"] = r.get("load_s")
+    for preset in presets:  # Numba compiles on the first run (with a cold cache ~300 MB more): not under a cap;
+        # all resident (the fused decode) and streaming (the layered path, trace replay) compile apart
+        for cache, tr in (("auto", ""), ("2", str(trace or ""))):
+            r = run_child([sys.executable, "-c", _COLIBRI, str(models[preset][1]), cache, str(threads), "8", "2", tr],
+                          None, timeout, engine_root)
+            results.setdefault("compile_run_s", []).append(r.get("load_s"))
     for rep in range(repeats):
         for preset in presets:
             gguf, ours = models[preset]
@@ -396,7 +414,8 @@ def run_suite(workdir: Path, caches: list[str], threads: int, ram_caps: list[flo
                     plan += [("llama.cpp", "mmap", "model"), ("llama.cpp", "none", "model")]
                 for engine, arg, routing in plan[::-1] if rep % 2 else plan:
                     r = _one_run(engine, arg, routing, cap, gguf, ours, info["presets"][preset], threads,
-                                 decode_tokens, timeout, engine_root, bench_exe, py_llama, trace)
+                                 decode_tokens, timeout, engine_root, bench_exe, py_llama, trace, prompt_tokens,
+                                 decode_s)
                     r |= {"preset": preset, "repeat": rep}
                     if r.get("missed_mb_per_token"):
                         r["io_bound_tok_s"] = info["disk_mb_s"] / r["missed_mb_per_token"]
@@ -408,11 +427,12 @@ def run_suite(workdir: Path, caches: list[str], threads: int, ram_caps: list[flo
 
 def _one_run(engine: str, arg: str, routing: str, cap: float | None, gguf: Path, ours: Path, sizes: dict,
              threads: int, decode_tokens: int, timeout: float, engine_root: Path | None, bench_exe: Path | None,
-             py_llama: str | None, trace: Path | None) -> dict:
+             py_llama: str | None, trace: Path | None, prompt_tokens: int = PROMPT_TOKENS,
+             decode_s: float = math.inf) -> dict:
     """One engine in a fresh process (in a cgroup of `cap` x the model's size, cold page cache)."""
     base = {"engine": engine, "ram_cap": cap, "variant": arg, "routing": routing}
-    if engine == "llama.cpp" and bench_exe is None and (py_llama is None or arg != "mmap"):
-        return base | {"error": "llama-bench not found"}
+    if engine == "llama.cpp" and bench_exe is None and py_llama is None:
+        return base | {"error": "llama.cpp not found (its Python binding or llama-bench)"}
     files = sorted(ours.rglob("*.bin")) if engine == "colibri" else [gguf]
     size = (sizes["colibri_mb"] if engine == "colibri" else sizes["gguf_mb"]) * 1e6
     group, left = None, 0
@@ -425,13 +445,14 @@ def _one_run(engine: str, arg: str, routing: str, cap: float | None, gguf: Path,
         except OSError as e:
             return base | {"error": f"no cgroup: {e}"}
     if engine == "colibri":
-        cmd = [sys.executable, "-c", _COLIBRI, str(ours), arg, str(threads), str(PROMPT_TOKENS), str(decode_tokens),
-               str(trace) if routing == "trace" else ""]
-    elif bench_exe is not None:
-        cmd = [sys.executable, "-c", _LLAMA_BENCH, str(bench_exe), str(gguf), str(threads), str(PROMPT_TOKENS),
-               str(decode_tokens), arg]
+        cmd = [sys.executable, "-c", _COLIBRI, str(ours), arg, str(threads), str(prompt_tokens), str(decode_tokens),
+               str(trace) if routing == "trace" else "", str(decode_s)]
+    elif py_llama is not None:  # the binding: a decode bounded in time, its reads counted alone
+        cmd = [py_llama, "-c", _LLAMA, str(gguf), str(threads), str(prompt_tokens), str(decode_tokens),
+               "1" if arg == "mmap" else "0", str(decode_s)]
     else:
-        cmd = [py_llama, "-c", _LLAMA, str(gguf), str(threads), str(PROMPT_TOKENS), str(decode_tokens), "1"]
+        cmd = [sys.executable, "-c", _LLAMA_BENCH, str(bench_exe), str(gguf), str(threads), str(prompt_tokens),
+               str(decode_tokens), arg]
     t0 = time.perf_counter()
     r = run_child(cmd, group, timeout, engine_root)
     if group:
@@ -476,17 +497,62 @@ def markdown(results: dict) -> str:
     tok/s and what it cost (peak RSS, the cgroup's peak, bytes read per token)."""
     def fmt(v, spec=".1f"):
         return "–" if v is None else format(v, spec)
-    lines = [f"| model | cap | engine | decode tok/s (median of {results['repeats']}) | peak RSS MB | cgroup peak MB "
-             f"| read MB/token | I/O bound tok/s | hit rate | prefetch acc. |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [f"| model | cap | engine | decode tok/s (median of {results['repeats']}) | × llama.cpp mmap | peak RSS MB "
+             f"| cgroup peak MB | read MB/token | I/O bound tok/s | hit rate | prefetch acc. |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    mmap = {(m["preset"], m["ram_cap"]): m["decode_tok_s"] for m in results["medians"]
+            if m["engine"] == "llama.cpp" and m["variant"] == "mmap"}
     for m in results["medians"]:
+        peer = mmap.get((m["preset"], m["ram_cap"]))
+        ratio = m["decode_tok_s"] / peer if m["engine"] == "colibri" and peer and m["decode_tok_s"] else None
         name = m["engine"] if m["engine"] == "llama.cpp" else f"Colibri ({m['variant']}, {m['routing']} routing)"
         if m["engine"] == "llama.cpp":
             name += " mmap" if m["variant"] == "mmap" else " --no-mmap"
-        dec = fmt(m["decode_tok_s"], ".2f") + (f" ({m['failed']} failed)" if m["failed"] else "")
-        lines.append(f"| {m['preset']} | {m['ram_cap'] or 'none'} | {name} | {dec} | {fmt(m['peak_rss_mb'], '.0f')} | "
+        refused = sum("InsufficientMemoryError" in e for e in m["errors"])
+        dec = fmt(m["decode_tok_s"], ".2f") + (f" ({m['failed']} failed)" if m["failed"] and not refused else "")
+        if refused:  # below dense weights + 200 MB: refused before loading, by design (never OOM-killed)
+            dec += " (refused: below dense weights + 200 MB)"
+        elif m["oom_kills"]:
+            dec += f", {m['oom_kills']} OOM-killed"
+        lines.append(f"| {m['preset']} | {m['ram_cap'] or 'none'} | {name} | {dec} | {fmt(ratio, '.2f')} | "
+                     f"{fmt(m['peak_rss_mb'], '.0f')} | "
                      f"{fmt(m['cgroup_peak_mb'], '.0f')} | {fmt(m['read_mb_per_token'])} | "
                      f"{fmt(m['io_bound_tok_s'])} | {fmt(m['hit_rate'], '.2f')} | {fmt(m['prefetch_accuracy'], '.2f')} |")
     return "\n".join(lines) + "\n"
+
+
+README_BEGIN = "<!-- colibri-bench memory: begin (generated from {json}; do not edit) -->"
+README_END = "<!-- colibri-bench memory: end -->"
+
+
+def readme_block(results: dict, source: str) -> str:
+    """The README's generated memory section: how the matrix ran, then its median table."""
+    m = results["model"]
+    sizes = ", ".join(f"{k} {v['gguf_mb']:.0f} MB" for k, v in m.get("presets", {}).items())
+    shape = m.get("shape", {})
+    mc = results.get("machine") or {}
+    flags = mc.get("flags")
+    flags = ", ".join(flags) if isinstance(flags, (list, tuple)) else flags
+    cpu = (f"{mc.get('cpu')} ({mc.get('physical_cores')} cores; {flags}), load average "
+           f"{results.get('load_before', ['?'])[0]} before and {results.get('load_after', ['?'])[0]} after"
+           if mc else "CPU not recorded")
+    head = (f"Model: {m.get('params', 0) / 1e9:.2f} B parameters (hidden {shape.get('hidden')}, {shape.get('layers')} "
+            f"layers, {shape.get('experts')} experts of width {shape.get('ff')}, top-{shape.get('top_k')}), GGUFs by "
+            f"llama.cpp's own tools: {sizes}. {results.get('threads')} threads; {cpu}; "
+            f"disk {m.get('disk_mb_s', 0):.0f} MB/s (O_DIRECT, 4 threads); {results['repeats']} alternating rounds, "
+            f"medians; a {results.get('prompt_tokens', PROMPT_TOKENS)}-token prompt, then up to "
+            f"{results.get('decode_tokens', DECODE_TOKENS)} greedy tokens or {results.get('decode_seconds', 'no')} s "
+            f"of decode; trace: {Path(results['trace']).name if results.get('trace') else 'none'}.")
+    return f"{README_BEGIN.format(json=source)}\n\n{head}\n\n{markdown(results)}\n{README_END}"
+
+
+def write_readme(results: dict, readme: Path, source: str) -> None:
+    """Replace the README's generated memory block (between its markers) with this run's."""
+    text = readme.read_text()
+    start, end = text.find(README_BEGIN.split("{")[0]), text.find(README_END)
+    if start < 0 or end < start:
+        raise SystemExit(f"{readme}: no generated memory block ({README_BEGIN.split('{')[0]!r} ... {README_END!r})")
+    readme.write_text(text[:start] + readme_block(results, source) + text[end + len(README_END):])
 
 
 def _row(r: dict) -> str:
@@ -508,6 +574,12 @@ def _row(r: dict) -> str:
 
 
 def main(args) -> int:
+    if getattr(args, "from_json", None):  # the README regenerated from a finished run
+        res = json.loads(Path(args.from_json).read_text())
+        if args.readme:
+            write_readme(res, Path(args.readme), args.from_json)
+        print(markdown(res))
+        return 0
     shape = getattr(args, "shape", "large")
     default = Path.home() / ".cache" / "colibri" / "bench" / ("" if shape == "large" else shape)
     workdir = Path(args.workdir or default).expanduser()
@@ -523,14 +595,23 @@ def main(args) -> int:
     root = getattr(args, "engine_root", None)
     presets = tuple(getattr(args, "presets", "q8_0").split(","))
     trace = Path(args.trace) if getattr(args, "trace", None) else None
+    load_before = [round(x, 1) for x in os.getloadavg()]
     res = run_suite(workdir, caches, args.threads, caps, args.decode_tokens, args.timeout, SHAPES[shape],
                     Path(root).resolve() if root else None, not getattr(args, "no_llama", False), presets,
-                    getattr(args, "repeats", 1), trace, tuple(getattr(args, "capped", "auto").split(",")))
-    text = json.dumps(res, indent=1)
+                    getattr(args, "repeats", 1), trace, tuple(getattr(args, "capped", "auto").split(",")),
+                    getattr(args, "prompt_tokens", PROMPT_TOKENS), getattr(args, "decode_seconds", math.inf))
+    from app.bench.report import machine
+    res |= {"machine": machine(), "load_before": load_before, "load_after": [round(x, 1) for x in os.getloadavg()],
+            "prompt_tokens": getattr(args, "prompt_tokens", PROMPT_TOKENS),
+            "decode_tokens": args.decode_tokens, "decode_seconds": getattr(args, "decode_seconds", None),
+            "finished": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    text = json.dumps(res, indent=1, default=str)
     if args.json:
         Path(args.json).write_text(text + "\n")
     if getattr(args, "markdown", None):
         Path(args.markdown).write_text(markdown(res))
+    if getattr(args, "readme", None):
+        write_readme(res, Path(args.readme), args.json or "this run")
     print(markdown(res))
     return 0
 

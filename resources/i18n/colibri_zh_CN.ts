@@ -733,8 +733,8 @@
         <translation>整理内存池</translation>
     </message>
     <message>
-        <source>Compact the memory pool and give its free memory back to the system</source>
-        <translation>压缩内存池，并把空闲内存还给系统</translation>
+        <source>Free the expert cache&apos;s spare slots and give the pool&apos;s free pages back to the system (nothing is moved)</source>
+        <translation>释放专家缓存的备用槽，并把内存池的空闲页还给系统（不移动任何内存）</translation>
     </message>
     <message>
         <source>Speed</source>
@@ -797,8 +797,8 @@
         <translation>正在使用的缓冲区</translation>
     </message>
     <message>
-        <source>Share of the free memory that is scattered: small tier, free slots in slab pages that still hold live buffers (they cannot go back to the system); medium tier, free memory outside its largest free piece. Defrag compacts the medium tier</source>
-        <translation>空闲内存中零散部分的比例：小块层是仍有缓冲区在用的 slab 页中的空闲槽（无法还给系统）；中块层是最大空闲块之外的空闲内存。碎片整理会压缩中块层</translation>
+        <source>Share of the free memory that is scattered: small tier, free slots in slab pages that still hold live buffers (they cannot go back to the system); medium tier, free memory outside its largest free piece. Nothing is ever moved, so Defrag cannot lower it</source>
+        <translation>空闲内存中零散部分的比例：小块层是仍有缓冲区在用的 slab 页中的空闲槽（无法还给系统）；中块层是最大空闲块之外的空闲内存。内存从不移动，所以碎片整理无法降低它</translation>
     </message>
     <message>
         <source>Dashboard panels</source>
@@ -835,8 +835,8 @@ Load a Mixture-of-Experts model to see which experts each layer uses.</source>
 加载混合专家（MoE）模型即可查看每层使用了哪些专家。</translation>
     </message>
     <message>
-        <source>fragmented: the share of free memory that is scattered (small: free slots in slab pages still in use, normal for slabs; medium: outside its largest free piece; Defrag compacts it)</source>
-        <translation>碎片率：空闲内存中零散部分的比例（小块：仍在使用的 slab 页中的空闲槽，对 slab 来说很正常；中块：最大空闲块之外的部分，碎片整理会压缩它）</translation>
+        <source>fragmented: the share of free memory that is scattered (small: free slots in slab pages still in use, normal for slabs; medium: outside its largest free piece; nothing is moved, so Defrag cannot lower it)</source>
+        <translation>碎片率：空闲内存中零散部分的比例（小块：仍在使用的 slab 页中的空闲槽，对 slab 来说很正常；中块：最大空闲块之外的部分；内存从不移动，所以碎片整理无法降低它）</translation>
     </message>
 </context>
 <context>
@@ -1051,6 +1051,14 @@ Load a Mixture-of-Experts model to see which experts each layer uses.</source>
     <message>
         <source>expert cache budget in bytes, instead of a count per layer</source>
         <translation>以字节计的专家缓存预算，代替每层的专家数</translation>
+    </message>
+    <message>
+        <source>Expert cache policy</source>
+        <translation>专家缓存策略</translation>
+    </message>
+    <message>
+        <source>which expert leaves a full expert cache first: lfu, the one least used lately (fewer misses on real routing), or lru, the one least recently used</source>
+        <translation>专家缓存满时先移出哪个专家：lfu，近来用得最少的（在真实路由上未命中更少）；或 lru，最久未使用的</translation>
     </message>
     <message>
         <source>Prefetch window</source>

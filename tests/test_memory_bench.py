@@ -1,0 +1,52 @@
+"""colibri-bench memory's report: medians per cell, the ratio to llama.cpp's mmap run, and the
+README block regenerated from the JSON (no engine runs here)."""
+from __future__ import annotations
+
+import pytest
+
+from app.bench.memory import README_END, markdown, medians, write_readme
+
+
+def _results():
+    runs = []
+    for rep, (ours, peer) in enumerate(((6.0, 2.0), (9.0, 1.0), (7.0, 4.0))):
+        base = {"preset": "q8_0", "ram_cap": 0.5, "repeat": rep}
+        runs.append(base | {"engine": "colibri", "variant": "auto", "routing": "trace", "decode_tok_s": ours,
+                            "peak_rss_mb": 300.0, "read_mb_per_token": 90.0, "hit_rate": 0.4})
+        runs.append(base | {"engine": "llama.cpp", "variant": "mmap", "routing": "model", "decode_tok_s": peer,
+                            "peak_rss_mb": 360.0})
+        runs.append(base | {"engine": "llama.cpp", "variant": "none", "routing": "model",
+                            "error": "killed (out of memory)", "oom_kills": 1})
+    return {"model": {"params": 6.8e8, "shape": {"hidden": 1024, "layers": 8, "experts": 8, "ff": 2816, "top_k": 2},
+                      "presets": {"q8_0": {"gguf_mb": 719.6}}, "disk_mb_s": 1500.0},
+            "threads": 2, "repeats": 3, "trace": "/x/trace.npz", "runs": runs, "medians": medians(runs)}
+
+
+def test_the_table_holds_medians_and_the_ratio_to_llama_cpp():
+    table = markdown(_results())
+    ours = next(line for line in table.splitlines() if "Colibri (auto, trace routing)" in line)
+    assert "| 7.00 | 3.50 |" in ours  # median 7 of (6, 9, 7) over llama.cpp's median 2 of (2, 1, 4)
+    killed = next(line for line in table.splitlines() if "--no-mmap" in line)
+    assert "(3 failed), 3 OOM-killed" in killed
+    res = _results()
+    for r in res["runs"]:
+        if r["engine"] == "colibri":
+            r.pop("decode_tok_s")
+            r["error"] = ["engine.sysmem.InsufficientMemoryError: not enough memory for this model: ..."]
+    res["medians"] = medians(res["runs"])
+    ours = next(line for line in markdown(res).splitlines() if "Colibri" in line)
+    assert "refused: below dense weights + 200 MB" in ours and "failed" not in ours
+
+
+def test_the_readme_block_is_regenerated_between_its_markers(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text("before\n<!-- colibri-bench memory: begin (generated from old.json; do not edit) -->\nstale "
+                      f"0.11x\n{README_END}\nafter\n")
+    write_readme(_results(), readme, "app/bench/results/memory.json")
+    text = readme.read_text()
+    assert text.startswith("before\n<!-- colibri-bench memory: begin (generated from app/bench/results/memory.json")
+    assert text.endswith(f"{README_END}\nafter\n") and "stale" not in text and "| 7.00 | 3.50 |" in text
+    assert "0.68 B parameters" in text and "trace.npz" in text
+    readme.write_text("no markers\n")
+    with pytest.raises(SystemExit, match="no generated memory block"):
+        write_readme(_results(), readme, "x.json")
