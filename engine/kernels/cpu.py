@@ -388,6 +388,8 @@ def matmul(w, code, x, out, exact=False):
                         out[t, 8 * g + i] = a[i]
             return
         if code > PACKED:  # each block unpacked once for TOKENS tokens, all 8 rows of a group at once
+            if code == Q6_KX8:
+                kquants.first_sums(xq, xs)  # (Q6_K reads no scaled sums: its per-16 sums instead)
             for g in prange(rows // 8):
                 t = 0
                 while t < T:
