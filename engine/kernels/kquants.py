@@ -138,7 +138,7 @@ def _sum16(builder, qp, off):
 
 def _k_scales8(builder, blk, at):
     """The 8 rows' six-bit scales and minimums of sub-blocks 0..7 as <8 x float> each, from the
-    12 interleaved scale bytes at blk + at (byte k of row i at at + 8k + i; cpu._k_scale_min)."""
+    12 interleaved scale bytes at blk + at (byte k of row i at at + 8k + i; formats._k_scale_min)."""
     s = [_load(builder, _at(builder, blk, at + 8 * k), _vec(I8, 8)) for k in range(12)]
     c = lambda v: ir.Constant(_vec(I8, 8), [v] * 8)  # noqa: E731
     vf = _vec(F32, 8)
@@ -457,7 +457,7 @@ def _row_low_k(code: int):
 _row_q2_k, _row_q3_k = _row_low_k(Q2_K), _row_low_k(Q3_K)
 
 
-# --- what cpu.py calls: one compiled copy each, however many kernels call it --------------------
+# --- what matmul.py calls: one compiled copy each, however many kernels call it --------------------
 
 @njit(cache=True, nogil=True)
 def first_sums(xq, xs):
