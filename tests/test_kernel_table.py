@@ -43,6 +43,6 @@ def test_every_entry_resolves_and_is_well_formed():
 def test_lookup_and_describe():
     assert table.lookup("matmul", "iq4_xs").inner == "engine.kernels.blocks32"
     assert table.lookup("rmsnorm").twin == "engine.kernels.reference:rmsnorm"
-    assert table.describe("q4_k").startswith("kquants (") and table.describe("f16") == "cpu (float)"
+    assert table.describe("q4_k").startswith("kquants (") and table.describe("f16") == "formats (float)"
     with pytest.raises(KeyError, match="iq2_xxs"):
         table.lookup("matmul", "iq2_xxs")

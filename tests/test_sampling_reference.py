@@ -118,3 +118,24 @@ def test_frequency_and_presence_penalties():
     assert Sampler(temperature=0.0, presence_penalty=0.5).sample(logits, [1] + [0] * REPEAT_LAST_N) == 1
     with pytest.raises(ValueError, match="frequency_penalty: .* out of range"):
         Sampler(frequency_penalty=3.0)
+
+
+@pytest.mark.parametrize("ties", [False, True])
+def test_one_call_sampler_draws_as_the_numpy_path(ties):
+    """sample_top_k (sample()'s kernel for the chat defaults) against its numpy twin, distribution()
+    and the cumulative search, for the same uniform number: the same token."""
+    from engine.sampling import sample_top_k
+    for temperature, top_k, top_p, min_p in [(0.7, 40, 0.95, 0.05), (1.0, 5, 1.0, 0.0), (1.5, 64, 0.5, 0.0),
+                                             (0.3, 2, 0.9, 0.2)]:
+        s = Sampler(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
+        for _ in range(20):
+            logits = random_logits(3000, ties)
+            idx, p = s.distribution(logits, [])
+            c = np.cumsum(p)
+            for u in RNG.random(5):
+                want = int(idx[min(int(np.searchsorted(c, u * c[-1], side="right")), len(idx) - 1)])
+                assert sample_top_k(logits, top_k, top_p, min_p, temperature, u) == want
+    bad = random_logits(100)
+    bad[7] = np.nan
+    assert sample_top_k(bad, 4, 0.9, 0.0, 1.0, 0.5) == -1
+    assert sample_top_k(np.full(10, -np.inf, np.float32), 4, 0.9, 0.0, 1.0, 0.5) == -2

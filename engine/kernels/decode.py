@@ -29,8 +29,9 @@ from numba import carray, njit, prange, types
 from numba.extending import intrinsic
 
 import engine.kernels  # noqa: F401  (numba settings first)
-from engine.kernels.cpu import (PACKED, Q4_0, Q4_1, Q8_0, _f32_dot4, _group_dot, _int_dot, dequantize_row,
-                                quantize_activations, quantize_block, quantized, softmax_top_k)
+from engine.kernels.formats import PACKED, Q4_0, Q4_1, Q8_0, dequantize_row, quantize_activations, quantize_block, quantized
+from engine.kernels.matmul import _f32_dot4, _group_dot, _int_dot
+from engine.kernels.smallops import softmax_top_k
 from engine.kernels.rows import attend, rmsnorm_row, rope_head, silu
 from engine.kernels.simd import _ieee_divide
 

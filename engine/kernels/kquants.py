@@ -138,7 +138,7 @@ def _sum16(builder, qp, off):
 
 def _k_scales8(builder, blk, at):
     """The 8 rows' six-bit scales and minimums of sub-blocks 0..7 as <8 x float> each, from the
-    12 interleaved scale bytes at blk + at (byte k of row i at at + 8k + i; cpu._k_scale_min)."""
+    12 interleaved scale bytes at blk + at (byte k of row i at at + 8k + i; formats._k_scale_min)."""
     s = [_load(builder, _at(builder, blk, at + 8 * k), _vec(I8, 8)) for k in range(12)]
     c = lambda v: ir.Constant(_vec(I8, 8), [v] * 8)  # noqa: E731
     vf = _vec(F32, 8)
@@ -226,6 +226,7 @@ def _group_k(fmt: str, tokens: int):
                 b0 = builder.mul(sb, ir.Constant(sb.type, 8))  # first activation block of the super-block
                 x0 = builder.mul(sb, ir.Constant(sb.type, 256))
                 xps = [(builder.gep(qp, [x0]), builder.gep(dp, [b0]), builder.gep(ip, [b0])) for qp, dp, _, ip in per_token]
+                sps = [builder.gep(sp, [b0]) for _, _, sp, _ in per_token]
                 sums = [ir.Constant(vf, None)] * tokens  # Σ_j scale_j · d_x · (integer sums): the d terms
                 mins = [ir.Constant(vf, None)] * tokens  # Σ_j m_j · d_x · Σq_x: the dmin terms
 
@@ -248,7 +249,10 @@ def _group_k(fmt: str, tokens: int):
                     for h in range(2):
                         for s in range(4):
                             j = 4 * h + s
-                            first = [_sum16(builder, qp, 32 * j) for qp, _, _ in xps]
+                            if tokens == 1:
+                                first = [_sum16(builder, qp, 32 * j) for qp, _, _ in xps]
+                            else:  # prefill: first_sums put them in xs's place, once per token
+                                first = [builder.fptosi(builder.load(_at(builder, p, j)), I32) for p in sps]
                             second = [builder.sub(builder.load(_at(builder, ip, j)), f) for f, (_, _, ip) in zip(first, xps)]
                             isums = [ir.Constant(vi, None)] * tokens
                             for part, sxs in enumerate((first, second)):
@@ -453,7 +457,22 @@ def _row_low_k(code: int):
 _row_q2_k, _row_q3_k = _row_low_k(Q2_K), _row_low_k(Q3_K)
 
 
-# --- what cpu.py calls: one compiled copy each, however many kernels call it --------------------
+# --- what matmul.py calls: one compiled copy each, however many kernels call it --------------------
+
+@njit(cache=True, nogil=True)
+def first_sums(xq, xs):
+    """xs (T, n/32) = Σ of the first 16 int8 activations of each 32-block of xq (T, n), as float32
+    (exact: at most 2032 in size). The Q6_K prefill kernel reads them in place of the scaled sums
+    (which Q6_K never uses) for the offset of 32 of its first sub-block; the second's is the block
+    sum minus it. Once per token instead of once per 8-row group and token (llama.cpp's Q8_K
+    keeps per-16 sums, bsums, for the same reason)."""
+    T, nb = xs.shape
+    for t in range(T):
+        for b in range(nb):
+            total = 0
+            for i in range(16):
+                total += xq[t, 32 * b + i]
+            xs[t, b] = np.float32(total)
 
 @njit(cache=True, nogil=True)
 def row_dot(w, r, code, xq, xd, xs, xi):
@@ -482,7 +501,7 @@ def group_dot(w, g, code, xq, xd, xs, xi):
 @njit(cache=True, nogil=True)
 def group_tokens(w, g, code, xq, xd, xs, xi, t0):
     """Rows 8g..8g+7 of a repacked matrix · tokens t0..t0+TOKENS-1 of (T, n) activations: 8
-    rows of token t0, then of t0+1, ..."""
+    rows of token t0, then of t0+1, ... (Q6_K: xs holds first_sums, not the scaled sums)."""
     if code == Q4_K:
         return _tokens_q4_k(w, g, xq, xd, xs, xi, t0)
     if code == Q5_K:

@@ -1,4 +1,4 @@
-"""The numpy twin of each kernel in cpu.py: slow, obvious, and what the tests compare against."""
+"""The numpy twin of each kernel in cpu.py (formats, matmul, smallops): slow, obvious, and what the tests compare against."""
 from __future__ import annotations
 
 import numpy as np

@@ -2,7 +2,8 @@
 instruction path -> its numpy twin -> the tolerance its test holds it to.
 
 Why: the per-format kernels are spread over simd.py (q4_0/q4_1/q8_0), blocks32.py (q5_x, iq4_nl,
-mxfp4, iq4_xs), kquants.py (q2_k..q6_k) and cpu.py (the parallel drivers and small ops); this table
+mxfp4, iq4_xs), kquants.py (q2_k..q6_k), formats.py (dequantize, repacking), matmul.py (the parallel
+drivers) and smallops.py (norm, rope, attention); this table
 says which code computes what, the tests iterate it (each kernel against its twin at its
 tolerance: tests/test_kernels.py, tests/test_kernel_table.py), and tools (the profiler's per-op
 timing hook, stats) read its operation names instead of replacing engine functions at run time.
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 PATHS = ("vnni", "avx2", "generic")  # simd.DOT: the byte dot-product instructions
-LAYOUTS = ("stored", "x8")  # rows as in the file; repacked in 8-row groups at load (cpu.repack_x8)
+LAYOUTS = ("stored", "x8")  # rows as in the file; repacked in 8-row groups at load (formats.repack_x8)
 
 
 @dataclass(frozen=True)
@@ -45,37 +46,37 @@ ALL = FLOATS + INT_SIMD + INT_BLOCKS32 + INT_LOW_K + INT_KQUANTS
 
 TABLE: tuple[Kernel, ...] = (
     # --- x @ W.T with int8 activations (decode, prefill; matmul_int, swiglu_int, moe_int and the one-call
-    # decode reach the same inner code through cpu._int_dot / _group_dot / _tokens_dot / _group_tokens)
-    Kernel("matmul", INT_SIMD, "engine.kernels.cpu:matmul", "engine.kernels.simd", "engine.kernels.reference:matmul_int",
+    # decode reach the same inner code through matmul._int_dot / _group_dot / _tokens_dot / _group_tokens)
+    Kernel("matmul", INT_SIMD, "engine.kernels.matmul:matmul", "engine.kernels.simd", "engine.kernels.reference:matmul_int",
            1e-5, 1e-5, LAYOUTS, PATHS, "per block d_w·d_x·Σ q_w q_x (+ m_w·s_x, - 8·d·Σq_x)"),
-    Kernel("matmul", INT_BLOCKS32, "engine.kernels.cpu:matmul", "engine.kernels.blocks32",
+    Kernel("matmul", INT_BLOCKS32, "engine.kernels.matmul:matmul", "engine.kernels.blocks32",
            "engine.kernels.blocks32:matmul_reference", 1e-5, 1e-5, LAYOUTS, PATHS,
            "16-entry grids through vpshufb; q5_x's fifth bits; iq4_xs sub-blocks as iq4_nl blocks"),
-    Kernel("matmul", INT_KQUANTS, "engine.kernels.cpu:matmul", "engine.kernels.kquants",
+    Kernel("matmul", INT_KQUANTS, "engine.kernels.matmul:matmul", "engine.kernels.kquants",
            "engine.kernels.reference:matmul_int_k", 1e-5, 1e-5, LAYOUTS, PATHS, "sub-block scales per 32 (Q6_K: 16)"),
-    Kernel("matmul", INT_LOW_K, "engine.kernels.cpu:matmul", "engine.kernels.kquants",
+    Kernel("matmul", INT_LOW_K, "engine.kernels.matmul:matmul", "engine.kernels.kquants",
            "engine.kernels.reference:matmul_int_low_k", 1e-5, 1e-5, ("stored",), PATHS,
            "2-bit weights, scales applied in integers per 16"),
-    Kernel("matmul", FLOATS, "engine.kernels.cpu:matmul", "engine.kernels.cpu", "engine.kernels.reference:matmul",
+    Kernel("matmul", FLOATS, "engine.kernels.matmul:matmul", "engine.kernels.formats", "engine.kernels.reference:matmul",
            1e-5, 1e-5, ("stored",), ("any",), "rows dequantized 4 at a time, float dots"),
     # --- the same product with float activations (the `exact` switch, and every format's fallback)
-    Kernel("matmul_exact", ALL, "engine.kernels.cpu:matmul", "engine.kernels.cpu", "engine.kernels.reference:matmul",
+    Kernel("matmul_exact", ALL, "engine.kernels.matmul:matmul", "engine.kernels.formats", "engine.kernels.reference:matmul",
            1e-5, 1e-5, ("stored",), ("any",), "dequantize_row, then float dots"),
-    Kernel("dequantize_row", ALL, "engine.kernels.cpu:dequantize_row", "engine.kernels.cpu", "engine.quant:dequantize",
+    Kernel("dequantize_row", ALL, "engine.kernels.formats:dequantize_row", "engine.kernels.formats", "engine.quant:dequantize",
            0.0, 0.0, ("stored",), ("any",), "bit for bit (gguf.quants equals the twin: tests/test_quant.py)"),
-    Kernel("gather_rows", ALL, "engine.kernels.cpu:gather_rows", "engine.kernels.cpu", "engine.quant:dequantize",
+    Kernel("gather_rows", ALL, "engine.kernels.formats:gather_rows", "engine.kernels.formats", "engine.quant:dequantize",
            0.0, 0.0, LAYOUTS, ("any",), "the embedding lookup; repacked tables read back exactly"),
-    Kernel("quantize_activations", (), "engine.kernels.cpu:quantize_activations", "engine.kernels.simd",
+    Kernel("quantize_activations", (), "engine.kernels.formats:quantize_activations", "engine.kernels.simd",
            "engine.kernels.reference:quantize_activations", 0.0, 0.0, note="llama.cpp's Q8_1, bit for bit"),
     # --- small float operations
-    Kernel("rmsnorm", (), "engine.kernels.cpu:rmsnorm", "engine.kernels.rows", "engine.kernels.reference:rmsnorm",
+    Kernel("rmsnorm", (), "engine.kernels.smallops:rmsnorm", "engine.kernels.rows", "engine.kernels.reference:rmsnorm",
            1e-5, 1e-6),
-    Kernel("rope", (), "engine.kernels.cpu:rope", "engine.kernels.rows", "engine.kernels.reference:rope", 1e-5, 1e-6),
-    Kernel("swiglu", (), "engine.kernels.cpu:swiglu", "engine.kernels.rows", "engine.kernels.reference:swiglu",
+    Kernel("rope", (), "engine.kernels.smallops:rope", "engine.kernels.rows", "engine.kernels.reference:rope", 1e-5, 1e-6),
+    Kernel("swiglu", (), "engine.kernels.smallops:swiglu", "engine.kernels.rows", "engine.kernels.reference:swiglu",
            1e-5, 1e-6),
-    Kernel("attention", (), "engine.kernels.cpu:attention", "engine.kernels.float_rows",
+    Kernel("attention", (), "engine.kernels.smallops:attention", "engine.kernels.float_rows",
            "engine.kernels.reference:attention", 1e-5, 1e-5, note="f32, f16 and int8 KV caches"),
-    Kernel("softmax_top_k", (), "engine.kernels.cpu:softmax_top_k", "engine.kernels.cpu",
+    Kernel("softmax_top_k", (), "engine.kernels.smallops:softmax_top_k", "engine.kernels.smallops",
            "engine.kernels.reference:softmax_top_k", 1e-6, 0.0, note="ids exactly (ties: the lower id)"),
 )
 

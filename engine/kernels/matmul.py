@@ -1,0 +1,260 @@
+"""x @ W.T on the CPU for weights in their stored format (no float copy): the formats in
+INT_CODES are dotted straight from their blocks with int8 activations (a row, or an 8-row group
+repacked at load, at a time; prefill TOKENS tokens per loaded block), the others are dequantized
+four rows at a time into a small buffer and dotted in float. The per-format inner code is in
+simd.py (q4_0/q4_1/q8_0), blocks32.py and kquants.py; the formats themselves in formats.py.
+
+Layout: W uint8 (rows, row_bytes), as formats.py describes; activations float32 (tokens, features).
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+import engine.kernels  # noqa: F401  (numba settings first)
+from engine.kernels import blocks32, kquants
+from engine.kernels.formats import (PACKED, Q2_K, Q3_K, Q4_0, Q4_1, Q4_1X8, Q6_KX8, Q8_0X8, _is_k, dequantize_row,
+                                    dequantize_x8_row, is_int_code, quantized)
+from engine.kernels.rows import silu
+from engine.kernels.simd import (TOKENS, group_dot_q4_0x8, group_dot_q4_1x8, group_dot_q8_0x8,
+                                 group_tokens_q4_0x8, group_tokens_q4_1x8, group_tokens_q8_0x8,
+                                 row_dot_q4_0, row_dot_q4_1, row_dot_q8_0, tokens_q4_0, tokens_q4_1, tokens_q8_0)
+
+ROWS_PER_TASK = 16
+INT_MAX_T = TOKENS - 1  # up to this many tokens (decode), the fused kernels (matmul_int, swiglu_int) apply
+
+
+@njit(inline="always", cache=True)
+def _tokens_dot(w, r, code, xq, xd, xs, xi, t0):
+    """Row r · tokens t0..t0+TOKENS-1 of the quantized activations (prefill, rows as stored;
+    simd.py; K-quants a token at a time)."""
+    if blocks32.fused(code):
+        return blocks32.tokens_dot(w, r, code, xq, xd, xs, xi, t0)
+    if _is_k(code) or code == Q2_K or code == Q3_K:
+        return (kquants.row_dot(w, r, code, xq[t0], xd[t0], xs[t0], xi[t0]),
+                kquants.row_dot(w, r, code, xq[t0 + 1], xd[t0 + 1], xs[t0 + 1], xi[t0 + 1]),
+                kquants.row_dot(w, r, code, xq[t0 + 2], xd[t0 + 2], xs[t0 + 2], xi[t0 + 2]),
+                kquants.row_dot(w, r, code, xq[t0 + 3], xd[t0 + 3], xs[t0 + 3], xi[t0 + 3]))
+    if code == Q4_1:
+        return tokens_q4_1(w, r, xq, xd, xs, xi, t0)
+    if code == Q4_0:
+        return tokens_q4_0(w, r, xq, xd, xs, xi, t0)
+    return tokens_q8_0(w, r, xq, xd, xs, xi, t0)
+
+
+@njit(inline="always", cache=True)
+def _group_tokens(w, g, code, xq, xd, xs, xi, t0):
+    """Rows 8g..8g+7 of a repacked matrix · tokens t0..t0+TOKENS-1 (prefill; simd.py): 8 rows
+    of token t0, then of t0+1, ..."""
+    if _is_k(code):
+        return kquants.group_tokens(w, g, code - PACKED, xq, xd, xs, xi, t0)
+    if blocks32.fused(code - PACKED):
+        return blocks32.group_tokens(w, g, code - PACKED, xq, xd, xs, xi, t0)
+    if code == Q4_1X8:
+        return group_tokens_q4_1x8(w, g, xq, xd, xs, xi, t0)
+    if code == Q8_0X8:
+        return group_tokens_q8_0x8(w, g, xq, xd, xs, xi, t0)
+    return group_tokens_q4_0x8(w, g, xq, xd, xs, xi, t0)
+
+
+@njit(inline="always", cache=True)
+def _group_dot(w, g, code, xq, xd, xs, xi):
+    """Rows 8g..8g+7 of a repacked matrix · one token's int8 activations (simd.py, kquants.py,
+    blocks32.py)."""
+    if _is_k(code):
+        return kquants.group_dot(w, g, code - PACKED, xq, xd, xs, xi)
+    if blocks32.fused(code - PACKED):
+        return blocks32.group_dot(w, g, code - PACKED, xq, xd, xs, xi)
+    if code == Q4_1X8:
+        return group_dot_q4_1x8(w, g, xq, xd, xs, xi)
+    if code == Q8_0X8:
+        return group_dot_q8_0x8(w, g, xq, xd, xs, xi)
+    return group_dot_q4_0x8(w, g, xq, xd, xs, xi)
+
+
+@njit(inline="always", cache=True)
+def _int_dot(w, r, code, xq, xd, xs, xi):
+    """Row r of a stored matrix in an INT_CODES format · int8 activations xq (n,), block by block:
+    d_w·d_x·Σ q_w q_x, plus m_w·s_x (q4_1) or minus 8·d_w·d_x·Σ q_x (q4_0) (simd.py; Q5_x, IQ4_NL, MXFP4:
+    blocks32.py; K-quants: kquants.py)."""
+    if blocks32.fused(code):
+        return blocks32.row_dot(w, r, code, xq, xd, xs, xi)
+    if _is_k(code) or code == Q2_K or code == Q3_K:  # (Q2_K, Q3_K: stored rows only)
+        return kquants.row_dot(w, r, code, xq, xd, xs, xi)
+    if code == Q4_1:
+        return row_dot_q4_1(w, r, xq, xd, xs, xi)
+    if code == Q4_0:
+        return row_dot_q4_0(w, r, xq, xd, xs, xi)
+    return row_dot_q8_0(w, r, xq, xd, xs, xi)
+
+
+@njit(inline="always", cache=True)
+def _f32_dot4(buf, x):
+    """Dots of the four float rows buf (4, n) with x (n,): x is loaded once for four rows."""
+    a0 = a1 = a2 = a3 = np.float32(0.0)
+    for j in range(x.shape[0]):
+        xv = x[j]
+        a0 += buf[0, j] * xv
+        a1 += buf[1, j] * xv
+        a2 += buf[2, j] * xv
+        a3 += buf[3, j] * xv
+    return a0, a1, a2, a3
+
+
+@njit(parallel=True, fastmath=True, cache=True, nogil=True)
+def matmul(w, code, x, out, exact=False):
+    """out (T, rows) = x (T, n) @ W.T; W (rows, row_bytes) stored.
+
+    Formats in INT_CODES (plain or repacked; engine/kernels/table.py lists which module dots each)
+    unless `exact`: x is quantized to int8 blocks once and
+    rows are dotted in integers straight from their blocks (llama.cpp's scheme: byte dot
+    products, one float multiply per 32 weights) — for a few tokens a row (or an 8-row group)
+    at a time, for more TOKENS tokens per loaded block. Otherwise (other formats, or `exact`)
+    each group of 4 rows is dequantized once into a (4, n) float buffer and dotted with every
+    token in float.
+    """
+    rows, T, n = w.shape[0], x.shape[0], x.shape[1]
+    if not exact and (is_int_code(code) or blocks32.fused(code)):
+        xq, xd, xs, xi = quantized(x)
+        if code > PACKED and T < TOKENS:
+            for g in prange(rows // 8):
+                for t in range(T):
+                    a = _group_dot(w, g, code, xq[t], xd[t], xs[t], xi[t])
+                    for i in range(8):
+                        out[t, 8 * g + i] = a[i]
+            return
+        if code > PACKED:  # each block unpacked once for TOKENS tokens, all 8 rows of a group at once
+            if code == Q6_KX8:
+                kquants.first_sums(xq, xs)  # (Q6_K reads no scaled sums: its per-16 sums instead)
+            for g in prange(rows // 8):
+                t = 0
+                while t < T:
+                    t0 = min(t, T - TOKENS)  # a short tail re-does some tokens: same values
+                    a = _group_tokens(w, g, code, xq, xd, xs, xi, t0)
+                    for k in range(TOKENS):
+                        for i in range(8):
+                            out[t0 + k, 8 * g + i] = a[8 * k + i]
+                    t = t0 + TOKENS
+            return
+        for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+            for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
+                t = 0
+                while t < T:
+                    if T - t >= TOKENS:
+                        t0 = min(t, T - TOKENS)  # a short tail re-does some tokens: same values
+                        a4 = _tokens_dot(w, r, code, xq, xd, xs, xi, t0)
+                        for k in range(TOKENS):
+                            out[t0 + k, r] = a4[k]
+                        t = t0 + TOKENS
+                    else:
+                        out[t, r] = _int_dot(w, r, code, xq[t], xd[t], xs[t], xi[t])
+                        t += 1
+        return
+    for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+        buf = np.zeros((4, n), np.float32)
+        for r0 in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK), 4):
+            k = min(4, rows - r0)
+            for i in range(k):
+                if code > PACKED:
+                    dequantize_x8_row(w, r0 + i, code, buf[i])
+                else:
+                    dequantize_row(w[r0 + i], code, buf[i])
+            for t in range(T):
+                a = _f32_dot4(buf, x[t])
+                for i in range(k):
+                    out[t, r0 + i] = a[i]
+
+
+@njit(parallel=True, fastmath=True, cache=True, nogil=True)
+def matmul_int(ws, codes, x, outs):
+    """outs[i] (T, rows_i) = x (T, n) @ W_i.T for several matrices in INT_CODES formats (plain or
+    repacked) that read the same x (attention's q, k and v): x is quantized once, and one
+    parallel loop covers every matrix's rows. T <= INT_MAX_T."""
+    T, n = x.shape
+    xq, xd, xs, xi = quantized(x)
+    first = np.zeros(len(ws) + 1, np.int64)  # first task of each matrix
+    for i in range(len(ws)):
+        first[i + 1] = first[i] + (ws[i].shape[0] + ROWS_PER_TASK - 1) // ROWS_PER_TASK
+    for task in prange(first[-1]):
+        i = 0
+        while task >= first[i + 1]:
+            i += 1
+        w, code, out = ws[i], codes[i], outs[i]
+        r0 = (task - first[i]) * ROWS_PER_TASK
+        if code > PACKED:  # 8-row groups (ROWS_PER_TASK is a multiple of 8, and so are the rows)
+            for g in range(r0 // 8, min(w.shape[0], r0 + ROWS_PER_TASK) // 8):
+                for t in range(T):
+                    a = _group_dot(w, g, code, xq[t], xd[t], xs[t], xi[t])
+                    for j in range(8):
+                        out[t, 8 * g + j] = a[j]
+            continue
+        for r in range(r0, min(w.shape[0], r0 + ROWS_PER_TASK)):
+            for t in range(T):
+                out[t, r] = _int_dot(w, r, code, xq[t], xd[t], xs[t], xi[t])
+
+
+@njit(parallel=True, fastmath=True, cache=True, nogil=True)
+def swiglu_int(wg, cg, wu, cu, x, out):
+    """out (T, rows) = silu(x @ Wg.T) * (x @ Wu.T) for gate and up matrices in INT_CODES formats: the
+    SwiGLU feed-forward's first half in one pass, x quantized once. T <= INT_MAX_T."""
+    T, n = x.shape
+    xq, xd, xs, xi = quantized(x)
+    rows = wg.shape[0]
+    if cg > PACKED and cu > PACKED:
+        for grp in prange(rows // 8):
+            for t in range(T):
+                g8 = _group_dot(wg, grp, cg, xq[t], xd[t], xs[t], xi[t])
+                u8 = _group_dot(wu, grp, cu, xq[t], xd[t], xs[t], xi[t])
+                for i in range(8):
+                    g = g8[i]
+                    out[t, 8 * grp + i] = silu(g) * u8[i]
+        return
+    for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+        for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
+            for t in range(T):
+                g = _int_dot(wg, r, cg, xq[t], xd[t], xs[t], xi[t])
+                u = _int_dot(wu, r, cu, xq[t], xd[t], xs[t], xi[t])
+                out[t, r] = silu(g) * u
+
+
+@njit(parallel=True, fastmath=True, cache=True, nogil=True)
+def moe_int(gates, ups, downs, cg, cu, cd, mix, x, act, out):
+    """out (1, n) = Σ_e mix[e] · down_e(silu(gate_e x) · up_e x) over one token's k experts
+    (decode), in two parallel loops: every expert's gate and up rows, then the down rows, each
+    output row summing its experts. gates, ups, downs: tuples of k matrices in the formats cg,
+    cu, cd (INT_CODES, plain or repacked; gate and up both repacked or neither); x (1, n);
+    act (k, ff) scratch. One call per MoE layer instead of two per expert."""
+    n, k, ff = x.shape[1], len(gates), gates[0].shape[0]
+    xq, xd, xs, xi = quantized(x)
+    span = 8 if cg > PACKED else ROWS_PER_TASK
+    tasks = (ff + span - 1) // span
+    for task in prange(k * tasks):
+        e, r0 = task // tasks, (task % tasks) * span
+        if cg > PACKED:
+            g8 = _group_dot(gates[e], r0 // 8, cg, xq[0], xd[0], xs[0], xi[0])
+            u8 = _group_dot(ups[e], r0 // 8, cu, xq[0], xd[0], xs[0], xi[0])
+            for i in range(8):
+                act[e, r0 + i] = silu(g8[i]) * u8[i]
+        else:
+            for r in range(r0, min(ff, r0 + span)):
+                g = _int_dot(gates[e], r, cg, xq[0], xd[0], xs[0], xi[0])
+                u = _int_dot(ups[e], r, cu, xq[0], xd[0], xs[0], xi[0])
+                act[e, r] = silu(g) * u
+    aq, ad, as_, ai = quantized(act)
+    span = 8 if cd > PACKED else ROWS_PER_TASK
+    for task in prange((n + span - 1) // span):
+        r0 = task * span
+        if cd > PACKED:
+            acc = np.zeros(8, np.float32)
+            for e in range(k):
+                d8 = _group_dot(downs[e], r0 // 8, cd, aq[e], ad[e], as_[e], ai[e])
+                for i in range(8):
+                    acc[i] += mix[e] * d8[i]
+            for i in range(8):
+                out[0, r0 + i] = acc[i]
+        else:
+            for r in range(r0, min(n, r0 + span)):
+                total = np.float32(0.0)
+                for e in range(k):
+                    total += mix[e] * _int_dot(downs[e], r, cd, aq[e], ad[e], as_[e], ai[e])
+                out[0, r] = total

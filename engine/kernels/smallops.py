@@ -1,0 +1,89 @@
+"""The small float operations of a layer on the CPU, parallel over rows, tokens or heads:
+RMS norm, rotary embedding, causal attention over the KV cache, SwiGLU and the router's top-k
+softmax (the per-row code they share with the one-call decode is in rows.py and float_rows.py).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit, prange
+
+import engine.kernels  # noqa: F401  (numba settings first)
+from engine.kernels.rows import attend, rmsnorm_row, rope_head, silu
+
+
+@njit(parallel=True, fastmath=True, cache=True, nogil=True)
+def rmsnorm(x, weight, eps, out):
+    """out (R, n) = x / sqrt(mean(x²) + eps) * weight, per row of x (R, n)."""
+    for r in prange(x.shape[0]):
+        rmsnorm_row(x[r], weight, eps, out[r])
+
+
+@njit(parallel=True, fastmath=True, cache=True, nogil=True)
+def rope(x, cos, sin):
+    """In place on x (T, heads, hd): rotate pairs (i, i + hd/2) by angle t·f_i (cos/sin (T, hd/2))."""
+    T, H = x.shape[0], x.shape[1]
+    for th in prange(T * H):
+        t, h = th // H, th % H
+        rope_head(x[t, h], cos[t], sin[t])
+
+
+@njit(parallel=True, fastmath=True, cache=True, nogil=True)
+def attention(q, k, v, ks, vs, scaled, pos0, window, scale, scores, out):
+    """Causal grouped-query attention of new tokens over the cache.
+
+    q (T, H, hd) for positions pos0..pos0+T-1; k, v (S, KV, hd) with S >= pos0 + T, as the cache
+    stores them (float32, f16 bits as uint16, or int8 times the scales ks, vs (S, KV) if
+    `scaled`); query head h reads KV head h // (H / KV). window > 0 limits each token to its
+    last `window` positions. scores (T*H, S) is scratch; out (T, H, hd).
+    """
+    T, H = q.shape[0], q.shape[1]
+    group = H // k.shape[1]
+    for th in prange(T * H):
+        t, h = th // H, th % H
+        last = pos0 + t
+        first = max(0, last - window + 1) if window > 0 else 0
+        attend(q[t, h], k, v, ks, vs, scaled, h // group, first, last, scale, scores[th], out[t, h])
+
+
+@njit(cache=True, nogil=True)
+def softmax_top_k(logits, k, renormalise, weights, ids):
+    """Per row of router logits (T, E): the k largest softmax probabilities, largest first (ties:
+    the lower expert id first, as a stable sort), renormalised to sum to 1 if asked; into
+    weights (T, k) float32 and ids (T, k) int64. One call instead of a handful of numpy ones
+    per layer and token."""
+    T, E = logits.shape
+    p = np.empty(E, np.float32)
+    for t in range(T):
+        top = logits[t, 0]
+        for e in range(1, E):
+            top = max(top, logits[t, e])
+        total = np.float32(0.0)
+        for e in range(E):
+            p[e] = np.float32(math.exp(logits[t, e] - top))
+            total += p[e]
+        for e in range(E):
+            p[e] /= total
+        chosen = np.float32(0.0)
+        for j in range(k):
+            best = -1
+            for e in range(E):
+                if p[e] >= 0 and (best < 0 or p[e] > p[best]):
+                    best = e
+            ids[t, j], weights[t, j] = best, p[best]
+            chosen += p[best]
+            p[best] = -1.0
+        if renormalise:
+            for j in range(k):
+                weights[t, j] /= chosen
+
+
+@njit(parallel=True, fastmath=True, cache=True, nogil=True)
+def swiglu(gate, up, out):
+    """out = silu(gate) * up, elementwise over (T, n)."""
+    T, n = gate.shape
+    for t in prange(T):
+        for j in range(n):
+            g = gate[t, j]
+            out[t, j] = silu(g) * up[t, j]
