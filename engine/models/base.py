@@ -327,9 +327,10 @@ class Transformer:
         return f
 
     # --- the token mixers ----------------------------------------------------------------------
-    def new_states(self, capacity: int) -> list:
+    def new_states(self, capacity: int, kind: str = "f32") -> list:
         """A sequence's per-layer caches beside the KV block: a short_conv layer's conv tail; with
-        op_attention a ring of sliding_window positions or a FullKV of `capacity`; None: the block."""
+        op_attention a ring of sliding_window positions or a FullKV of `capacity`, stored as `kind`
+        (kv_cache_quantize); None: the block."""
         cfg = self.cfg
         out = []
         for k in self.kinds:
@@ -339,9 +340,9 @@ class Transformer:
                 nk, nv, dk, dv = cfg.linear_key_heads, cfg.linear_value_heads, cfg.linear_key_dim, cfg.linear_value_dim
                 out.append(states.DeltaState(nv, dk, dv, cfg.conv_kernel, 2 * nk * dk + nv * dv))
             elif self.op_attention and k == "sliding_attention":
-                out.append(states.RingKV(cfg.sliding_window, *cfg.attention_shape(len(out))))
+                out.append(states.RingKV(cfg.sliding_window, *cfg.attention_shape(len(out)), kind=kind))
             elif self.op_attention:
-                out.append(states.FullKV(capacity, *cfg.attention_shape(len(out))))
+                out.append(states.FullKV(capacity, *cfg.attention_shape(len(out)), kind=kind))
             else:
                 out.append(None)
         return out
@@ -468,7 +469,7 @@ class Transformer:
         if self.recurrent:
             cache.overwrite(pos0)
         if self.recurrent and (cache.states is None or pos0 == 0):
-            cache.states = self.new_states(cache.capacity)
+            cache.states = self.new_states(cache.capacity, cache.kind)
         elif self.recurrent and pos0 != cache.length:
             raise ValueError(f"a recurrent model's cache holds {cache.length} positions; cannot run from {pos0}")
         cos, sin = self.rotary(np.arange(pos0, pos0 + T))
