@@ -364,7 +364,7 @@ class ConvertWizard(QDialog):
         self._stop_reading()
         self.summary, self.state = summary, "idle"
         self.source_status.setText("")
-        rows = "".join(f"<tr><td style='padding: 3px 14px 3px 0;'><b>{html.escape(k)}</b></td>"
+        rows = "".join(f"<tr><td style='padding: 3px 14px 3px 0;'><b>{html.escape(self.tr(k))}</b></td>"
                        f"<td style='padding: 3px 0;'>{html.escape(v)}</td></tr>" for k, v in summary.facts())
         self.facts.setText(f"<table>{rows}</table>")
         self.quant_buttons[summary.default_quantize].setChecked(True)
