@@ -137,7 +137,8 @@ def expert_mlp(h: np.ndarray, e: ExpertWeights, step: Step, act: str = "silu",
         y += db
         return y
     if act == "gelu_tanh":
-        return linear(ffn.gelu_tanh(linear(h, e.gate, step)) * linear(h, e.up, step), e.down, step)
+        g, u = linears(h, (e.gate, e.up), step)  # one kernel call on the integer path
+        return linear(ffn.gelu_tanh(g) * u, e.down, step)
     if _integer_path(h, (e.gate, e.up), step, mixed=False):
         t0 = step.timer.start() if step.timer is not None else 0.0
         a = step.empty((h.shape[0], e.gate.rows))
