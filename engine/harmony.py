@@ -23,6 +23,10 @@ START, END, MESSAGE, CHANNEL = "<|start|>", "<|end|>", "<|message|>", "<|channel
 RETURN, CALL, CONSTRAIN = "<|return|>", "<|call|>", "<|constrain|>"
 SPECIALS = (START, END, MESSAGE, CHANNEL, RETURN, CALL, CONSTRAIN)
 STOPS = (RETURN, CALL)  # with the vocabulary's <|endoftext|>
+# special tokens a decoded reply keeps as text (engine.tokenizer.TextCodec.decode), so that the chat's
+# reasoning splitter (app.reasoning) sees where the analysis channel opens and closes and where
+# the final channel starts; the stops end the reply and never reach the text
+MARKERS = (START, END, MESSAGE, CHANNEL, CONSTRAIN, "<think>", "</think>")
 MODEL_IDENTITY = "You are ChatGPT, a large language model trained by OpenAI."
 KNOWLEDGE_CUTOFF = "2024-06"
 EFFORTS = ("low", "medium", "high")

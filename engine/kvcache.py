@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from engine.mempool import MemoryPool
+from engine.ops.cache import position_bytes
 
 KINDS = ("f32", "f16", "int8")
 ELEMENT_BYTES = {"f32": 4, "f16": 2, "int8": 1}
@@ -30,8 +31,8 @@ def own_attention_caches(cfg) -> bool:
 
 def model_cache_bytes(cfg, context: int, kind: str = "f16") -> int:
     """Bytes one conversation of `context` tokens holds in the caches, per layer kind: the KV block
-    for attention layers (kind: f32/f16/int8), or each layer's own f32 cache: a full layer's grows
-    with the context, a ring (sliding window) and the recurrent states (short conv, DeltaNet) do not."""
+    for attention layers (kind: f32/f16/int8), or each layer's own cache of that kind: a full layer's
+    grows with the context, a ring (sliding window) and the f32 recurrent states (short conv, DeltaNet) do not."""
     kinds = cfg.layer_types or ("attention",) * cfg.num_layers
     own = own_attention_caches(cfg)
     total = 0
@@ -44,7 +45,7 @@ def model_cache_bytes(cfg, context: int, kind: str = "f16") -> int:
         elif own:
             kvh, hd = cfg.attention_shape(L)
             n = min(context, cfg.sliding_window) if k == "sliding_attention" and cfg.sliding_window else context
-            total += n * (2 * kvh * hd * 4 + 8)
+            total += n * position_bytes(kvh, hd, kind=kind)
         else:
             total += kv_cache_bytes(1, context, cfg.num_kv_heads, cfg.head_dim, kind)
     return total
@@ -106,8 +107,7 @@ class KVCache:
         total = 0
         for s in self.states or ():
             if s is not None:
-                n = getattr(s, "length", None)  # engine.ops.cache.FullKV grows with the context
-                total += s.nbytes if n is None else (s.k[:n].nbytes + s.v[:n].nbytes + s.pos[:n].nbytes)
+                total += s.bytes_used() if hasattr(s, "length") else s.nbytes  # a FullKV grows with the context
         return total
 
     @property

@@ -29,6 +29,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
 from engine.errors import ColibriError
+from engine.harmony import MARKERS
 from engine.model_dir import ModelDir
 
 # Used only when a model ships no template: ChatML, the most common layout.
@@ -287,6 +288,7 @@ class TextCodec:
         self.template.root_render_func.__globals__["str_join"] = env.checked_join
         self.template.root_render_func.__globals__["markup_join"] = env.checked_join
         self._special_re, self._bare_re, self.special_ids = _special_patterns(self.tok)
+        self.marker_ids = {self.special_ids[m]: m for m in MARKERS if m in self.special_ids}  # id -> text
         serialized = self.tok.to_str()  # megabytes for a large vocabulary: serialized once
         self._plain = Tokenizer.from_str(serialized)  # special-token strings are plain text here
         self._plain.encode_special_tokens = True
@@ -317,7 +319,19 @@ class TextCodec:
         return ids
 
     def decode(self, ids: list[int], skip_special: bool = True) -> str:
-        return self.tok.decode(list(ids), skip_special_tokens=skip_special)
+        """Text of ids; skip_special drops the special tokens except the reply markers
+        (engine.harmony.MARKERS: harmony's channel tokens, <think>), which the reasoning splitter reads."""
+        ids = list(ids)
+        if not skip_special or not self.marker_ids or self.marker_ids.keys().isdisjoint(ids):
+            return self.tok.decode(ids, skip_special_tokens=skip_special)
+        out, run = [], []
+        for i in ids:
+            if i in self.marker_ids:
+                out += [self.tok.decode(run, skip_special_tokens=True), self.marker_ids[i]]
+                run = []
+            else:
+                run.append(i)
+        return "".join(out + [self.tok.decode(run, skip_special_tokens=True)])
 
     def render(self, messages: list[dict], add_generation_prompt: bool = True,
                template_vars: dict[str, Any] | None = None) -> str:

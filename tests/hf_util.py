@@ -10,7 +10,7 @@ import numpy as np
 
 from engine.convert.safetensors_file import read_tensors
 
-_NP = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "I32": np.int32}
+_NP = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "I32": np.int32, "U8": np.uint8}
 
 
 def read_safetensors(path: Path) -> dict[str, tuple[str, np.ndarray]]:

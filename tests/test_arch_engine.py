@@ -131,3 +131,29 @@ def test_next_prompt_rewinds_to_the_snapshot(engines, arch):
     np.testing.assert_allclose(again, fresh[a:], atol=1e-5 * np.abs(fresh).max())
     e.net.forward(np.array(ids[:5]), cache, 0)  # a new conversation over the old positions
     assert cache.truncate(3) == 0
+
+
+@pytest.mark.parametrize("arch", WIRED)
+def test_kv_cache_quantize_reaches_every_layer_kind_and_the_estimate_counts_it(engines, arch):
+    """f16 and int8 reach the rings and per-layer KV caches (gpt-oss, Gemma 4) as they reach the
+    shared block; the memory estimate (model_cache_bytes) equals what the 4x-window conversation
+    holds for every kind, and the fixed-size states stay flat; argmax as with f32."""
+    from engine.kvcache import model_cache_bytes
+    ids = np.load(ARCH_FIXTURES / arch / "long.npz")["input_ids"]
+    e, c = engines(arch, "hf"), engines(arch, "hf").cfg
+    got, used = {}, {}
+    for kind in ("f32", "f16", "int8"):
+        cache = KVCache(c.num_layers, len(ids), c.num_kv_heads, c.head_dim, kind)
+        sizes, rows = [], []
+        for p, t in enumerate(ids):
+            rows.append(e.net.forward(np.array([t]), cache, p)[0])
+            sizes.append(cache.fixed_state_bytes)
+        got[kind], used[kind] = np.array(rows), cache.nbytes_used
+        assert used[kind] == model_cache_bytes(c, len(ids), kind), kind
+        assert len(set(sizes)) == 1, kind
+        assert all(getattr(s, "kind", kind) == kind for s in cache.states), kind
+    scale = np.abs(got["f32"]).max()
+    assert np.abs(got["f16"] - got["f32"]).max() <= 1e-2 * scale
+    assert np.abs(got["int8"] - got["f32"]).max() <= 1e-1 * scale
+    assert (got["int8"].argmax(-1) == got["f32"].argmax(-1)).all()
+    assert used["int8"] < used["f16"] < used["f32"]

@@ -150,6 +150,27 @@ def test_full_kv_refuses_to_overflow():
         kv.update(np.zeros((1, 1, 2), np.float32), np.zeros((1, 1, 2), np.float32), np.array([3]))
 
 
+@pytest.mark.parametrize("kind, tol", [("f32", 0.0), ("f16", 1e-3), ("int8", 1 / 127)])
+def test_ring_and_full_kv_store_their_kind_and_read_back_float32(kind, tol):
+    """kv_cache_quantize in the per-layer caches: stored as the kind (int8 with a scale per position
+    and head), read back as float32 within the kind's rounding, sized as position_bytes says."""
+    rng = np.random.default_rng(0)
+    k, v = rng.standard_normal((6, 2, 8)).astype(np.float32), rng.standard_normal((6, 2, 4)).astype(np.float32)
+    full, ring = caches.FullKV(6, 2, 8, 4, kind=kind), caches.RingKV(4, 2, 8, 4, kind=kind)
+    ks, vs, _ = full.update(k, v, np.arange(6))
+    assert ks.dtype == np.float32 and full.k.dtype == {"f32": np.float32, "f16": np.float16, "int8": np.int8}[kind]
+    for got, want in ((ks, k), (vs, v)):
+        assert np.abs(got - want).max() <= tol * np.abs(want).max(axis=-1, keepdims=True).max() + 1e-7
+    assert full.nbytes == 6 * caches.position_bytes(2, 8, 4, kind) and full.bytes_used() == full.nbytes
+    ring.update(k[:5], v[:5], np.arange(5))
+    ks, _, kpos = ring.update(k[5:], v[5:], np.array([5]))
+    assert sorted(kpos.tolist()) == [2, 3, 4, 5] and np.allclose(ks[kpos == 5][0], k[5], atol=tol * 4 + 1e-7)
+    assert ring.nbytes == 4 * caches.position_bytes(2, 8, 4, kind)
+    assert np.array_equal(ring.copy().k, ring.k)
+    with pytest.raises(ValueError, match="kv_cache_quantize: 'q4' is not one of f32, f16, int8"):
+        caches.FullKV(2, 1, 2, kind="q4")
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 def test_caches_snapshot_and_full_kv_trims_for_prefix_reuse(model, arch):
     """A turn taken back by restoring a copy() of every cache leaves the next turn's logits as one

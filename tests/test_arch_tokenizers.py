@@ -54,3 +54,27 @@ def test_gguf_tokenizer_models_are_named_when_unsupported():
     with pytest.raises(Exception, match="'gpt2'.*'gemma4'"):
         from_gguf_fields({"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": ["a"],
                           "tokenizer.ggml.merges": []}, "x.gguf")
+
+
+def test_harmony_markers_reach_the_reasoning_splitter_token_by_token():
+    """gpt-oss's channel tokens are special: a decoded reply keeps them as text (engine.harmony
+    MARKERS) so the chat's splitter folds the analysis channel away, streamed one token at a time
+    as generate() streams; other special tokens are still dropped."""
+    from app.reasoning import ThinkSplitter
+    from engine.harmony import MARKERS
+    from engine.tokenizer import StreamDecoder, TextCodec
+    cfg = json.loads((ARCH_FIXTURES / "gpt_oss" / "tokenizer_config.json").read_text())
+    codec = TextCodec(ARCH_FIXTURES / "gpt_oss" / "tokenizer.json", cfg.get("chat_template"), {})
+    reply = "<|channel|>analysis<|message|>Add them.<|end|><|start|>assistant<|channel|>final<|message|>It is 5."
+    ids = codec.encode(reply)
+    assert set(codec.marker_ids.values()) == {m for m in MARKERS if m in reply or m == "<|constrain|>"}
+    assert codec.decode(ids) == reply
+    assert codec.decode(codec.encode("<|endoftext|>It is 5.")) == "It is 5."  # not a marker: dropped
+    dec, split, parts = StreamDecoder(codec), ThinkSplitter(), ["", ""]
+    for i in ids:
+        r, c = split.push(dec.feed(i))
+        parts = [parts[0] + r, parts[1] + c]
+    r, c = split.push(dec.flush())
+    parts = [parts[0] + r, parts[1] + c]
+    r, c = split.flush()
+    assert (parts[0] + r).strip() == "Add them." and (parts[1] + c).strip() == "It is 5."

@@ -2,11 +2,25 @@
 
 The safetensors header is parsed by engine.convert.safetensors_file (the one reader). Weights
 are never unpickled: `.bin`/`.pt` checkpoints are refused.
+
+The released Qwen3.5/3.6-MoE and Gemma 4 checkpoints are `*ForConditionalGeneration`: the text
+model under `model.language_model.` (its config under `text_config`), beside vision/audio towers
+and (Qwen3.5) a multi-token-prediction head `mtp.*`. The text part is read as the `*ForCausalLM`
+layout; the rest is skipped by name (WRAPPER_SKIPPED) and logged: Colibri runs text only and does
+not use the MTP head (it would only speed up decoding by speculation).
+
+gpt-oss ships its experts as MXFP4: `*_blocks` (uint8 [E, rows, groups, 16], element 2i in the low
+nibble) and `*_scales` (uint8 [E, rows, groups], E8M0). They are imported losslessly as our mxfp4
+(ggml's block_mxfp4: the scale byte, then byte j holding elements j and j + 16), only bits moved;
+gate_up's interleaved rows (gate even, up odd) become `gate_proj.mxfp4` and `up_proj.mxfp4`.
 """
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
+
+import numpy as np
 
 from engine import quant
 from engine.arch import HF_CLASSES
@@ -16,7 +30,15 @@ from engine.convert.source import FileReader, SourceTensor
 from engine.errors import (ConfigError, SourceFormatError, UnsupportedArchitectureError)
 from engine.model_dir import ModelConfig
 
+log = logging.getLogger("colibri.convert")
+
 _DTYPES = {"F32": "f32", "F16": "f16", "BF16": "bf16"}
+TEXT_PREFIX = "model.language_model."  # a *ForConditionalGeneration checkpoint's text model
+# what a wrapped checkpoint holds beside its text model: prefix -> what it is (skipped, logged)
+WRAPPER_SKIPPED = {"model.visual.": "vision tower", "model.vision_tower.": "vision tower",
+                   "model.embed_vision.": "vision embedding", "model.multi_modal_projector.": "vision projector",
+                   "model.audio_tower.": "audio tower", "model.embed_audio.": "audio embedding",
+                   "mtp.": "multi-token-prediction head (unused)"}
 
 
 class HFCheckpoint:
@@ -26,6 +48,8 @@ class HFCheckpoint:
         self.folder = folder
         self.readers: list[FileReader] = []
         self.tensors: dict[str, SourceTensor] = {}
+        self.skipped: dict[str, int] = {}  # WRAPPER_SKIPPED's description -> tensors skipped
+        self._mx: dict[str, tuple[tuple[int, ...], FileReader, int]] = {}  # MXFP4 parts: shape, file, offset
         index = folder / "model.safetensors.index.json"
         if index.is_file():
             try:
@@ -46,16 +70,28 @@ class HFCheckpoint:
             self._add_shard(p)
         if weight_map is not None:
             for name, shard in weight_map.items():
-                if name not in self.tensors:
+                if _text_name(name) not in self.tensors and _text_name(name) not in self._mx and _skipped(name) is None:
                     raise SourceFormatError(f"{folder / shard}: tensor {name!r} listed in the index is not in it")
+        self._pair_mxfp4()
+        if self.skipped:
+            log.info("%s: text model only; skipped %s", folder.name,
+                     ", ".join(f"{n} {what} tensor(s)" for what, n in self.skipped.items()))
 
     def _add_shard(self, path: Path) -> None:
         entries, data_start, _ = read_safetensors_header(path)
         reader = FileReader(path)
         self.readers.append(reader)
-        for name, e in entries.items():
-            if name in self.tensors:
+        for stored, e in entries.items():
+            what = _skipped(stored)
+            if what is not None:
+                self.skipped[what] = self.skipped.get(what, 0) + 1
+                continue
+            name = _text_name(stored)
+            if name in self.tensors or name in self._mx:
                 raise SourceFormatError(f"{path}: tensor {name!r} appears in two shards")
+            if e["dtype"] == "U8" and name.endswith(("_blocks", "_scales")):  # MXFP4 (gpt-oss)
+                self._mx[name] = (tuple(int(d) for d in e["shape"]), reader, data_start + e["data_offsets"][0])
+                continue
             if e["dtype"] not in _DTYPES:
                 raise SourceFormatError(f"{path}: tensor {name!r} has dtype {e['dtype']}; Colibri converts "
                                         f"F32, F16 and BF16 checkpoints")
@@ -63,7 +99,29 @@ class HFCheckpoint:
             shape = tuple(int(d) for d in e["shape"]) or (1,)
             row_bytes = qtype.row_bytes(shape[-1])
             self.tensors[name] = SourceTensor(
-                name, shape, qtype, reader.rows(name, data_start + e["data_offsets"][0], row_bytes, qtype.storage))
+                name, shape, qtype, reader.rows(stored, data_start + e["data_offsets"][0], row_bytes, qtype.storage))
+
+    def _pair_mxfp4(self) -> None:
+        """Each X_blocks with its X_scales as one mxfp4 tensor X.mxfp4 [E, rows, groups * 32]."""
+        for name in sorted(n for n in self._mx if n.endswith("_blocks")):
+            base = name[:-len("_blocks")]
+            if base + "_scales" not in self._mx:
+                raise SourceFormatError(f"{self.folder}: MXFP4 tensor {name!r} has no {base + '_scales'!r}")
+            (bshape, breader, boff), (sshape, sreader, soff) = self._mx[name], self._mx[base + "_scales"]
+            if len(bshape) < 3 or bshape[-1] != 16 or tuple(sshape) != bshape[:-1]:
+                raise SourceFormatError(f"{self.folder}: MXFP4 {name!r} {list(bshape)} and its scales "
+                                        f"{list(sshape)} are not [..., groups, 16] and [..., groups]")
+            t = _mxfp4(base + ".mxfp4", bshape, breader.rows(name, boff, bshape[-2] * 16, np.dtype(np.uint8)),
+                       sreader.rows(base + "_scales", soff, bshape[-2], np.dtype(np.uint8)))
+            if base.endswith("gate_up_proj"):  # rows interleaved: gate even, up odd
+                stem = base[:-len("gate_up_proj")]
+                self.tensors[stem + "gate_proj.mxfp4"] = _every_other_row(t, 0, stem + "gate_proj.mxfp4")
+                self.tensors[stem + "up_proj.mxfp4"] = _every_other_row(t, 1, stem + "up_proj.mxfp4")
+            else:
+                self.tensors[base + ".mxfp4"] = t
+        lone = [n for n in self._mx if n.endswith("_scales") and n[:-len("_scales")] + "_blocks" not in self._mx]
+        if lone:
+            raise SourceFormatError(f"{self.folder}: MXFP4 scales without blocks: {', '.join(lone[:4])}")
 
     def ignorable(self, name: str) -> bool:
         return any(p.fullmatch(name) for p in HF_IGNORED)
@@ -71,6 +129,36 @@ class HFCheckpoint:
     def close(self) -> None:
         for r in self.readers:
             r.close()
+
+
+def _mxfp4(name: str, bshape: tuple[int, ...], blocks, scales) -> SourceTensor:
+    """HF MXFP4 parts as rows of ggml block_mxfp4 (17 bytes per 32 values), repacked on read."""
+    groups = bshape[-2]
+
+    def read(a: int, b: int) -> np.ndarray:
+        p, s = blocks(a, b).reshape(b - a, groups, 16), scales(a, b).reshape(b - a, groups)
+        vals = np.stack([p & 0x0F, p >> 4], axis=-1).reshape(b - a, groups, 32)  # element order
+        qs = vals[..., :16] | (vals[..., 16:] << 4)  # byte j: element j low, element j + 16 high
+        return np.concatenate([s[..., None], qs], axis=-1).reshape(-1)
+    return SourceTensor(name, bshape[:-2] + (groups * 32,), quant.get("mxfp4"), read)
+
+
+def _every_other_row(t: SourceTensor, part: int, name: str) -> SourceTensor:
+    """Rows part, part + 2, ... of t [E, 2F, C] as [E, F, C] (flat row r is source row 2r + part)."""
+    def read(a: int, b: int) -> np.ndarray:
+        if a == b:
+            return np.empty(0, np.uint8)
+        return t.read(2 * a + part, 2 * (b - 1) + part + 1)[::2].reshape(-1)
+    return SourceTensor(name, t.shape[:-2] + (t.shape[-2] // 2, t.shape[-1]), t.qtype, read)
+
+
+def _text_name(name: str) -> str:
+    """A wrapped checkpoint's text-model tensor under its *ForCausalLM name."""
+    return "model." + name[len(TEXT_PREFIX):] if name.startswith(TEXT_PREFIX) else name
+
+
+def _skipped(name: str) -> str | None:
+    return next((what for p, what in WRAPPER_SKIPPED.items() if name.startswith(p)), None)
 
 
 # --- config.json -----------------------------------------------------------------------------
@@ -126,6 +214,8 @@ def config_from_hf(folder: Path) -> ModelConfig:
             f"{path}: architecture {classes or cfg.get('model_type')!r} is not supported; supported: "
             f"{', '.join(HF_CLASSES)}")
     arch = sp.name
+    if isinstance(cfg.get("text_config"), dict):  # *ForConditionalGeneration: the text model's config
+        cfg = {**{k: v for k, v in cfg.items() if not k.endswith("_config")}, **cfg["text_config"], "architectures": classes}
     for key, (lo, hi) in HF_LIMITS.items():  # before anything is sized from them
         v = cfg.get(key)
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi):

@@ -64,9 +64,14 @@ HF_NAMES: list[tuple[str, tuple[str, ...], frozenset[str]]] = [
     ("blk.{L}.attn_sinks.weight",        (f"{_L}.self_attn.sinks",),                                GPT_OSS),
     ("blk.{L}.ffn_gate_inp.weight",      (f"{_L}.mlp.router.weight",),                              GPT_OSS),
     ("blk.{L}.ffn_gate_inp.bias",        (f"{_L}.mlp.router.bias",),                                GPT_OSS),
-    ("blk.{L}.ffn_gate.{E}.weight",      (f"{_L}.mlp.experts.gate_up_proj[{{E}}]~0/2'",),           GPT_OSS),
-    ("blk.{L}.ffn_up.{E}.weight",        (f"{_L}.mlp.experts.gate_up_proj[{{E}}]~1/2'",),           GPT_OSS),
-    ("blk.{L}.ffn_down.{E}.weight",      (f"{_L}.mlp.experts.down_proj[{{E}}]'",),                  GPT_OSS),
+    # (the released checkpoints: MXFP4 *_blocks/*_scales, read by engine.convert.hf as `.mxfp4`
+    # tensors (out, in) in ggml's block layout, gate and up rows already taken apart)
+    ("blk.{L}.ffn_gate.{E}.weight",      (f"{_L}.mlp.experts.gate_up_proj[{{E}}]~0/2'",
+                                          f"{_L}.mlp.experts.gate_proj.mxfp4[{{E}}]"),                 GPT_OSS),
+    ("blk.{L}.ffn_up.{E}.weight",        (f"{_L}.mlp.experts.gate_up_proj[{{E}}]~1/2'",
+                                          f"{_L}.mlp.experts.up_proj.mxfp4[{{E}}]"),                   GPT_OSS),
+    ("blk.{L}.ffn_down.{E}.weight",      (f"{_L}.mlp.experts.down_proj[{{E}}]'",
+                                          f"{_L}.mlp.experts.down_proj.mxfp4[{{E}}]"),                 GPT_OSS),
     ("blk.{L}.ffn_gate_exps.bias",       (f"{_L}.mlp.experts.gate_up_proj_bias~0/2",),              GPT_OSS),
     ("blk.{L}.ffn_up_exps.bias",         (f"{_L}.mlp.experts.gate_up_proj_bias~1/2",),              GPT_OSS),
     ("blk.{L}.ffn_down_exps.bias",       (f"{_L}.mlp.experts.down_proj_bias",),                     GPT_OSS),

@@ -33,6 +33,7 @@ from engine.timing import Kernels, OpTimer
 from engine.weight_types import ExpertWeights, LayerWeights, Matrix
 
 if TYPE_CHECKING:
+    from engine.experts import ExpertCache
     from engine.weights import ModelWeights
 
 log = logging.getLogger("colibri.engine")
@@ -115,8 +116,29 @@ def rmsnorm(x: np.ndarray, weight: np.ndarray, eps: float, step: Step) -> np.nda
     return out.reshape(x.shape)
 
 
-def expert_mlp(h: np.ndarray, e: ExpertWeights, step: Step) -> np.ndarray:
-    """SwiGLU: down(silu(gate h) * up h)."""
+def expert_mlp(h: np.ndarray, e: ExpertWeights, step: Step, act: str = "silu",
+               biases: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
+               clamp: tuple[float, float] = (1.702, 7.0)) -> np.ndarray:
+    """The one gated MLP (a routed expert, a shared expert, a dense layer): down(act(gate h) * up h).
+
+    act "silu": SwiGLU, gate and up in one integer kernel where it applies; "gelu_tanh": Gemma's.
+    biases (this expert's gate, up, down rows; gpt-oss): added, and the SwiGLU clamped at
+    clamp = (alpha, limit)."""
+    if biases is not None:
+        gb, ub, db = biases
+        T, F = h.shape[0], e.gate.rows
+        g, u = linears(h, (e.gate, e.up), step)  # one kernel call on the integer path
+        gu = step.empty((T, 2 * F))  # gate, up interleaved: the layout clamped_swiglu reads
+        gu[:, 0::2] = g + gb
+        gu[:, 1::2] = u + ub
+        a = step.empty((T, F))
+        ffn.clamped_swiglu(gu, np.float32(clamp[0]), np.float32(clamp[1]), a)
+        y = linear(a, e.down, step)
+        y += db
+        return y
+    if act == "gelu_tanh":
+        g, u = linears(h, (e.gate, e.up), step)  # one kernel call on the integer path
+        return linear(ffn.gelu_tanh(g) * u, e.down, step)
     if _integer_path(h, (e.gate, e.up), step, mixed=False):
         t0 = step.timer.start() if step.timer is not None else 0.0
         a = step.empty((h.shape[0], e.gate.rows))
@@ -176,6 +198,7 @@ class Transformer:
                                                        cfg.full_head_dim or hd, cfg.partial_rotary_factor)
         self.arena = Arena(weights.pool)  # activation buffers, reused by every pass
         self.renormalise = self.spec.renormalises(cfg)
+        self.act, self.clamp = self.spec.activation, (cfg.swiglu_alpha, cfg.swiglu_limit)  # of expert_mlp
         self.kinds = self.spec.layer_types(cfg)
         # attention sinks: every layer attends through engine.ops over its own f32 cache (a ring
         # for sliding layers); short_conv layers carry a conv tail. Both live in KVCache.states.
@@ -194,10 +217,10 @@ class Transformer:
     # --- the feed-forward block, as the spec says ---------------------------------------------
     def ffn(self, L: int, h: np.ndarray, lw: LayerWeights, step: Step) -> np.ndarray:
         if lw.dense is not None:  # a leading dense layer of an MoE (spec.dense_leading_layers)
-            return self.mlp(h, lw.dense, step)
+            return expert_mlp(h, lw.dense, step, self.act)
         if not self.cfg.is_moe:  # a dense MLP is the model directory's expert 0
             with self.w.experts.use(L, 0) as e:
-                return expert_mlp(h, e, step)
+                return expert_mlp(h, e, step, self.act)
         out = self.sparse_moe(L, h, lw, step)
         if lw.shared is not None:  # spec.shared_expert == "sigmoid_gate" (Qwen2-MoE)
             gate = 1.0 / (1.0 + np.exp(-(h @ lw.shared_gate)))  # (T,)
@@ -222,7 +245,7 @@ class Transformer:
                    route_in: np.ndarray | None = None) -> np.ndarray:
         """Each token's top-k experts, weighted; tokens grouped by expert so each expert is
         loaded and read once per layer, however many tokens chose it."""
-        cache = self.w.experts
+        cache: ExpertCache = self.w.experts
         logits = linear(h if route_in is None else route_in, lw.router, step)
         if lw.router_bias is not None:
             logits += lw.router_bias
@@ -246,30 +269,20 @@ class Transformer:
                 cache.load_ahead(L, order[i + 1])  # the next one loads while this one computes
             if one:
                 with cache.use(L, e) as ew:
-                    y = self.expert(h, ew, lw, e, step)
+                    y = expert_mlp(h, ew, step, self.act, self.biases(lw, e), self.clamp)
                 y *= pick[e]
                 out += y
                 continue
             rows, slot = np.nonzero(ids == e)
             with cache.use(L, e) as ew:
-                y = self.expert(h[rows], ew, lw, e, step)
+                y = expert_mlp(h[rows], ew, step, self.act, self.biases(lw, e), self.clamp)
             out[rows] += weights[rows, slot, None] * y
         return out
 
-    def expert(self, h: np.ndarray, ew: ExpertWeights, lw: LayerWeights, e: int, step: Step) -> np.ndarray:
-        """Routed expert e of this layer: SwiGLU, or with biases and a clamped SwiGLU (gpt-oss)."""
-        if lw.expert_biases is None:
-            return self.mlp(h, ew, step)
-        gb, ub, db = lw.expert_biases
-        T, F = h.shape[0], ew.gate.rows
-        gu = step.empty((T, 2 * F))  # gate, up interleaved: the layout clamped_swiglu reads
-        gu[:, 0::2] = linear(h, ew.gate, step) + gb[e]
-        gu[:, 1::2] = linear(h, ew.up, step) + ub[e]
-        act = step.empty((T, F))
-        ffn.clamped_swiglu(gu, np.float32(self.cfg.swiglu_alpha), np.float32(self.cfg.swiglu_limit), act)
-        y = linear(act, ew.down, step)
-        y += db[e]
-        return y
+    @staticmethod
+    def biases(lw: LayerWeights, e: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """Expert e's gate, up and down bias rows (gpt-oss), or None."""
+        return None if lw.expert_biases is None else tuple(b[e] for b in lw.expert_biases)
 
     def _fusable(self, L: int, experts: list[int]) -> bool:
         """Whether these experts are stored in one integer-dot format per matrix (gate, up, down),
@@ -307,7 +320,7 @@ class Transformer:
         post-normed and added; x *= the layer scalar. Returns what the feed-forward part added."""
         eps, sw = self.cfg.rms_norm_eps, lw.sandwich
         x += rmsnorm(mixer(L, rmsnorm(x, lw.attn_norm, eps, step), lw, step), sw.post_attention, eps, step)
-        m1 = rmsnorm(self.mlp(rmsnorm(x, lw.ffn_norm, eps, step), lw.dense, step), sw.post_ffw_1, eps, step)
+        m1 = rmsnorm(expert_mlp(rmsnorm(x, lw.ffn_norm, eps, step), lw.dense, step, self.act), sw.post_ffw_1, eps, step)
         route_in = norms.rms(x, eps) * sw.router_scale * np.float32(self.cfg.hidden_size ** -0.5)
         m2 = self.sparse_moe(L, rmsnorm(x, sw.pre_ffw_2, eps, step), lw, step, route_in)
         f = rmsnorm(m1 + rmsnorm(m2, sw.post_ffw_2, eps, step), sw.post_ffw, eps, step)
@@ -315,17 +328,11 @@ class Transformer:
         x *= np.float32(sw.layer_scale)
         return f
 
-    def mlp(self, h: np.ndarray, ew: ExpertWeights, step: Step) -> np.ndarray:
-        """A gated MLP with the spec's activation: act(gate h) * up h -> down."""
-        if self.spec.activation == "silu":
-            return expert_mlp(h, ew, step)
-        act = ffn.gelu_tanh(linear(h, ew.gate, step)) * linear(h, ew.up, step)
-        return linear(act, ew.down, step)
-
     # --- the token mixers ----------------------------------------------------------------------
-    def new_states(self, capacity: int) -> list:
+    def new_states(self, capacity: int, kind: str = "f32") -> list:
         """A sequence's per-layer caches beside the KV block: a short_conv layer's conv tail; with
-        op_attention a ring of sliding_window positions or a FullKV of `capacity`; None: the block."""
+        op_attention a ring of sliding_window positions or a FullKV of `capacity`, stored as `kind`
+        (kv_cache_quantize); None: the block."""
         cfg = self.cfg
         out = []
         for k in self.kinds:
@@ -335,9 +342,9 @@ class Transformer:
                 nk, nv, dk, dv = cfg.linear_key_heads, cfg.linear_value_heads, cfg.linear_key_dim, cfg.linear_value_dim
                 out.append(states.DeltaState(nv, dk, dv, cfg.conv_kernel, 2 * nk * dk + nv * dv))
             elif self.op_attention and k == "sliding_attention":
-                out.append(states.RingKV(cfg.sliding_window, *cfg.attention_shape(len(out))))
+                out.append(states.RingKV(cfg.sliding_window, *cfg.attention_shape(len(out)), kind=kind))
             elif self.op_attention:
-                out.append(states.FullKV(capacity, *cfg.attention_shape(len(out))))
+                out.append(states.FullKV(capacity, *cfg.attention_shape(len(out)), kind=kind))
             else:
                 out.append(None)
         return out
@@ -464,7 +471,7 @@ class Transformer:
         if self.recurrent:
             cache.overwrite(pos0)
         if self.recurrent and (cache.states is None or pos0 == 0):
-            cache.states = self.new_states(cache.capacity)
+            cache.states = self.new_states(cache.capacity, cache.kind)
         elif self.recurrent and pos0 != cache.length:
             raise ValueError(f"a recurrent model's cache holds {cache.length} positions; cannot run from {pos0}")
         cos, sin = self.rotary(np.arange(pos0, pos0 + T))

@@ -10,24 +10,98 @@ The attention kernel reads (k, v, kpos) with absolute positions per slot, so a r
 never matters. update(k, v, pos) stores a chunk and returns what its queries attend to: for a ring
 and a chunk of T > 1 tokens, the old slots followed by the new ones (a temporary of window + T
 rows), so queries early in the chunk still see keys that the chunk's own later tokens push out.
+
+Both attention caches honour kv_cache_quantize as the shared KV block does (engine.kvcache): f32,
+f16 (half the memory), int8 with one float32 scale per position and head (a quarter, plus the
+scales). What they return for attention is float32 (the stored values widened), so the attention
+op is the same for every kind; the rounding is where the memory is saved, the widening a copy of
+what attention reads anyway.
 """
 from __future__ import annotations
 
 import numpy as np
 
+KINDS = ("f32", "f16", "int8")
+
+
+def position_bytes(kv_heads: int, head_dim: int, v_dim: int | None = None, kind: str = "f32") -> int:
+    """Bytes one cached position takes in a FullKV or RingKV of this kind: keys, values, their
+    int8 scales and the position itself."""
+    elems = kv_heads * (head_dim + (v_dim or head_dim))
+    scales = 2 * kv_heads * 4 if kind == "int8" else 0
+    return elems * {"f32": 4, "f16": 2, "int8": 1}[kind] + scales + 8
+
+
+class _Store:
+    """Keys or values of `rows` positions stored as `kind`, read back as float32."""
+
+    def __init__(self, rows: int, heads: int, dim: int, kind: str):
+        if kind not in KINDS:
+            raise ValueError(f"kv_cache_quantize: {kind!r} is not one of {', '.join(KINDS)}")
+        self.kind = kind
+        self.x = np.zeros((rows, heads, dim), {"f32": np.float32, "f16": np.float16, "int8": np.int8}[kind])
+        self.scale = np.zeros((rows, heads), np.float32) if kind == "int8" else None
+
+    @property
+    def nbytes(self) -> int:
+        return self.x.nbytes + (0 if self.scale is None else self.scale.nbytes)
+
+    def rows_bytes(self, n: int) -> int:
+        return self.x[:n].nbytes + (0 if self.scale is None else self.scale[:n].nbytes)
+
+    def put(self, rows, x: np.ndarray) -> None:
+        """Store x (n, heads, dim) float32 at `rows` (a slice or an index array)."""
+        if self.scale is None:
+            self.x[rows] = x
+            return
+        s = np.abs(x).max(axis=-1) / np.float32(127.0)  # per position and head, as engine.kvcache
+        self.scale[rows] = s
+        self.x[rows] = np.clip(np.rint(x / np.where(s == 0, 1.0, s)[..., None]), -127, 127)
+
+    def get(self, rows=slice(None)) -> np.ndarray:
+        """float32 (n, heads, dim) of `rows`."""
+        if self.kind == "f32":
+            return self.x[rows]
+        if self.scale is None:
+            return self.x[rows].astype(np.float32)
+        return self.x[rows].astype(np.float32) * self.scale[rows][..., None]
+
+    def copy(self) -> _Store:
+        new = _Store.__new__(_Store)
+        new.kind, new.x, new.scale = self.kind, self.x.copy(), None if self.scale is None else self.scale.copy()
+        return new
+
 
 class FullKV:
-    """Keys/values of every position, in a preallocated (capacity, KVH, hd) buffer."""
+    """Keys/values of every position, in a preallocated (capacity, KVH, hd) buffer of `kind`."""
 
-    def __init__(self, capacity: int, kv_heads: int, head_dim: int, v_dim: int | None = None):
-        self.k = np.zeros((capacity, kv_heads, head_dim), np.float32)
-        self.v = np.zeros((capacity, kv_heads, v_dim or head_dim), np.float32)
+    def __init__(self, capacity: int, kv_heads: int, head_dim: int, v_dim: int | None = None, kind: str = "f32"):
+        self.ks = _Store(capacity, kv_heads, head_dim, kind)
+        self.vs = _Store(capacity, kv_heads, v_dim or head_dim, kind)
         self.pos = np.full(capacity, -1, np.int64)
         self.length = 0
 
     @property
+    def kind(self) -> str:
+        return self.ks.kind
+
+    @property
+    def k(self) -> np.ndarray:
+        """The keys as stored (capacity, KVH, hd)."""
+        return self.ks.x
+
+    @property
+    def v(self) -> np.ndarray:
+        return self.vs.x
+
+    @property
     def nbytes(self) -> int:
-        return self.k.nbytes + self.v.nbytes + self.pos.nbytes
+        return self.ks.nbytes + self.vs.nbytes + self.pos.nbytes
+
+    def bytes_used(self) -> int:
+        """Bytes of the filled positions (what the conversation costs so far)."""
+        n = self.length
+        return self.ks.rows_bytes(n) + self.vs.rows_bytes(n) + self.pos[:n].nbytes
 
     def update(self, k_new: np.ndarray, v_new: np.ndarray, pos_new: np.ndarray
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -35,9 +109,11 @@ class FullKV:
         n, T = self.length, len(pos_new)
         if n + T > len(self.pos):
             raise ValueError(f"FullKV: {n} cached + {T} new positions exceed its capacity {len(self.pos)}")
-        self.k[n:n + T], self.v[n:n + T], self.pos[n:n + T] = k_new, v_new, pos_new
+        self.ks.put(slice(n, n + T), k_new)
+        self.vs.put(slice(n, n + T), v_new)
+        self.pos[n:n + T] = pos_new
         self.length = n + T
-        return self.k[:n + T], self.v[:n + T], self.pos[:n + T]
+        return self.ks.get(slice(0, n + T)), self.vs.get(slice(0, n + T)), self.pos[:n + T]
 
     def reset(self) -> None:
         self.length = 0
@@ -52,43 +128,61 @@ class FullKV:
 
     def copy(self) -> FullKV:
         new = FullKV.__new__(FullKV)
-        new.k, new.v, new.pos, new.length = self.k.copy(), self.v.copy(), self.pos.copy(), self.length
+        new.ks, new.vs, new.pos, new.length = self.ks.copy(), self.vs.copy(), self.pos.copy(), self.length
         return new
 
 
 class RingKV:
     """A sliding-window layer's keys: `window` slots, position p in slot p % window."""
 
-    def __init__(self, window: int, kv_heads: int, head_dim: int, v_dim: int | None = None):
+    def __init__(self, window: int, kv_heads: int, head_dim: int, v_dim: int | None = None, kind: str = "f32"):
         if window <= 0:
             raise ValueError(f"RingKV: window must be positive, got {window}")
         self.window = window
-        self.k = np.zeros((window, kv_heads, head_dim), np.float32)
-        self.v = np.zeros((window, kv_heads, v_dim or head_dim), np.float32)
+        self.ks = _Store(window, kv_heads, head_dim, kind)
+        self.vs = _Store(window, kv_heads, v_dim or head_dim, kind)
         self.pos = np.full(window, -1, np.int64)
 
     @property
+    def kind(self) -> str:
+        return self.ks.kind
+
+    @property
+    def k(self) -> np.ndarray:
+        """The keys as stored (window, KVH, hd)."""
+        return self.ks.x
+
+    @property
+    def v(self) -> np.ndarray:
+        return self.vs.x
+
+    @property
     def nbytes(self) -> int:
-        return self.k.nbytes + self.v.nbytes + self.pos.nbytes
+        return self.ks.nbytes + self.vs.nbytes + self.pos.nbytes
 
     def update(self, k_new: np.ndarray, v_new: np.ndarray, pos_new: np.ndarray
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Store the chunk's last `window` keys; return what the chunk's queries attend to."""
         seen = None
-        if len(pos_new) > 1:
-            seen = (np.concatenate([self.k, k_new]), np.concatenate([self.v, v_new]),
+        if len(pos_new) > 1:  # the chunk's own keys as the ring would round them
+            kq, vq = _Store(len(pos_new), *k_new.shape[1:], self.kind), _Store(len(pos_new), *v_new.shape[1:], self.kind)
+            kq.put(slice(None), k_new)
+            vq.put(slice(None), v_new)
+            seen = (np.concatenate([self.ks.get(), kq.get()]), np.concatenate([self.vs.get(), vq.get()]),
                     np.concatenate([self.pos, pos_new]))
         keep = slice(max(0, len(pos_new) - self.window), len(pos_new))
         slots = pos_new[keep] % self.window
-        self.k[slots], self.v[slots], self.pos[slots] = k_new[keep], v_new[keep], pos_new[keep]
-        return seen or (self.k, self.v, self.pos)  # decode: the ring holds the window itself
+        self.ks.put(slots, k_new[keep])
+        self.vs.put(slots, v_new[keep])
+        self.pos[slots] = pos_new[keep]
+        return seen or (self.ks.get(), self.vs.get(), self.pos)  # decode: the ring holds the window itself
 
     def reset(self) -> None:
         self.pos[:] = -1
 
     def copy(self) -> RingKV:
         new = RingKV.__new__(RingKV)
-        new.window, new.k, new.v, new.pos = self.window, self.k.copy(), self.v.copy(), self.pos.copy()
+        new.window, new.ks, new.vs, new.pos = self.window, self.ks.copy(), self.vs.copy(), self.pos.copy()
         return new
 
 

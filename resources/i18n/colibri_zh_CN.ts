@@ -846,6 +846,42 @@ Load a Mixture-of-Experts model to see which experts each layer uses.</source>
         <translation>转换模型</translation>
     </message>
     <message>
+        <source>Source</source>
+        <translation>来源</translation>
+    </message>
+    <message>
+        <source>Architecture</source>
+        <translation>架构</translation>
+    </message>
+    <message>
+        <source>Layers</source>
+        <translation>层数</translation>
+    </message>
+    <message>
+        <source>Layer kinds</source>
+        <translation>层类型</translation>
+    </message>
+    <message>
+        <source>Experts</source>
+        <translation>专家</translation>
+    </message>
+    <message>
+        <source>Top-k</source>
+        <translation>Top-k</translation>
+    </message>
+    <message>
+        <source>Parameters</source>
+        <translation>参数</translation>
+    </message>
+    <message>
+        <source>Vocabulary</source>
+        <translation>词表</translation>
+    </message>
+    <message>
+        <source>Context</source>
+        <translation>上下文</translation>
+    </message>
+    <message>
         <source>Back</source>
         <translation>上一步</translation>
     </message>
