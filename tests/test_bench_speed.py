@@ -111,8 +111,9 @@ def test_profile_splits_a_token_by_tensor(tmp_path, capsys):
     assert rows[experts]["calls_per_token"] == 2  # 2 layers, their top-2 experts in one call each
     total = sum(r["ms_per_token"] for r in rows.values())
     assert abs(total - report["timed_ms_per_token"]) < 1e-6 and report["untimed_ms_per_token"] > 0
-    # every expert resident: decoded tokens took the one-call kernel, which is timed apart
-    assert 0 < report["fused_kernel_ms_per_token"] < report["untimed_ms_per_token"]
+    # every expert resident: decoded tokens took the one-call kernel, which is timed apart (its
+    # time is not compared with the untimed token's: two timings, which a loaded machine swaps)
+    assert report["fused_kernel_ms_per_token"] > 0
     assert report["layered_ms_per_token"] > 0
     assert "| attn_output |" in capsys.readouterr().out
 

@@ -378,3 +378,17 @@ def test_exp32_is_exp_to_a_few_ulp():
     assert (np.abs(out - want) / want).max() < 1e-6
     run(np.array([-1e4, -np.inf, 1e4], np.float32), out[:3])  # clamped: no overflow, no garbage
     assert 0 <= out[0] < 2e-38 and 0 <= out[1] < 2e-38 and 1e38 < out[2] < np.inf
+
+
+def test_compiled_names_do_not_repeat_across_processes():
+    """Numba's per-process counter in each compiled function's name is replaced by random ids
+    (engine.kernels._RandomUids): two processes never give two different bodies one name, which
+    LLVM's weak merge would confuse once one loads what the other cached (numba issue #10486)."""
+    import subprocess
+    import sys
+    code = ("import engine.kernels, numba\n"
+            "f = numba.njit(lambda x: x + 1)\nf(1)\n"
+            "print(next(iter(f.overloads.values())).fndesc.mangled_name)")
+    names = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+             for _ in range(2)}
+    assert len(names) == 2, names

@@ -101,3 +101,29 @@ def choose_dot(bench: bool = True) -> str:
 
 
 choose_dot()
+
+
+
+class _RandomUids:
+    """Numba names each compiled function after its qualified name, its argument types and a
+    per-process counter (`v<uid>`). A process that loads kernels another process cached then
+    holds two bodies under one name whenever the counters line up on two different functions of
+    the same name (closures, numba's own overload helpers), and LLVM's weak merge calls the wrong
+    one: the one-call decode gave other logits than the layered path after a CLI process had
+    cached it (numba issue #10486, open). Random 64-bit ids keep every name unique."""
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> int:
+        import secrets
+        return secrets.randbits(63)
+
+
+def _unique_compiled_names() -> None:
+    from numba.core.bytecode import FunctionIdentity
+    if not isinstance(FunctionIdentity._unique_ids, _RandomUids):
+        FunctionIdentity._unique_ids = _RandomUids()
+
+
+_unique_compiled_names()  # before anything is compiled or loaded
