@@ -62,6 +62,8 @@ class Step:
     exact: bool = False
     before_layer: Callable[[int], None] | None = None
     timer: OpTimer | None = None
+    seqs: list | None = None  # engine.batch: row i is one sequence's token, (its KVCache, its position)
+    routes: list | None = None  # engine.batch: (layer, expert ids (T, k)) of each MoE layer, appended
 
     def __post_init__(self) -> None:
         self.k = cpu if self.timer is None else Kernels(cpu, self.timer)
@@ -228,6 +230,8 @@ class Transformer:
             logits += lw.router_bias
         weights, ids = self.route(logits, lw, step)
         cache.record(L, ids)
+        if step.routes is not None:
+            step.routes.append((L, ids.copy()))
         if h.shape[0] <= PREFETCH_MAX_TOKENS:
             self.prefetch(L, h, logits, step)
         if step.dump is not None:
@@ -438,6 +442,14 @@ class Transformer:
     def _block_attention(self, L: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, step: Step) -> np.ndarray:
         """Attention over the KV cache's block (f32, f16 or int8), the engine's attention kernel."""
         T, H = q.shape[:2]
+        if step.seqs is not None:  # engine.batch: each row on its own cache, at its own position
+            out = step.empty(q.shape)
+            for i, (cache, pos) in enumerate(step.seqs):
+                cache.write(L, pos, k[i:i + 1], v[i:i + 1])
+                keys, values, ks, vs, scaled = cache.views(L, pos + 1)
+                step.k.attention(q[i:i + 1], keys, values, ks, vs, scaled, pos, self.cfg.sliding_window or 0,
+                                 self.scale, step.empty((H, pos + 1)), out[i:i + 1])
+            return out
         step.cache.write(L, step.pos0, k, v)
         keys, values, ks, vs, scaled = step.cache.views(L, step.pos0 + T)
         out = step.empty(q.shape)
