@@ -47,8 +47,8 @@ def decode_batch(net: Transformer, tokens: Seq[int], caches: Seq[KVCache],
                  routes: list | None = None) -> np.ndarray:
     """The next token of N sequences in one pass: tokens[i] at position caches[i].length on
     caches[i]. Returns logits (N, vocab). One sequence takes the ordinary path (the fused
-    one-call decode); a model that cannot batch runs its sequences one after another.
-    `routes` (a list) receives (layer, expert ids (N, k)) of each MoE layer."""
+    one-call decode) unless `routes` is asked; a model that cannot batch runs its sequences one
+    after another. `routes` (a list) receives (layer, expert ids (N, k)) of each MoE layer."""
     if len(tokens) != len(caches) or not tokens:
         raise ValueError(f"decode_batch needs one cache per token, got {len(tokens)} tokens and {len(caches)} caches")
     if len(set(map(id, caches))) != len(caches):
@@ -56,7 +56,7 @@ def decode_batch(net: Transformer, tokens: Seq[int], caches: Seq[KVCache],
     for c in caches:
         if c.length >= c.capacity:
             raise ValueError(f"a sequence's KV cache is full ({c.capacity} positions)")
-    if len(tokens) == 1 or not batchable(net):
+    if (len(tokens) == 1 and routes is None) or not batchable(net):
         return np.concatenate([net.forward(np.array([t], np.int64), c, c.length) for t, c in zip(tokens, caches)])
     cfg, arena = net.cfg, net.arena
     arena.reset()
