@@ -8,10 +8,13 @@ step however many sequences picked it (`expert_bytes` counts both ways). A `Pref
 the KV of recent prompts, so a request sharing a system prompt or earlier turns skips their
 prefill.
 
-Exactness: up to cpu.INT_MAX_T rows the integer matmul kernels compute each row on its own, as
-a 1-row decode does, so a dense model's logits are the lone decode's bit for bit; wider steps
-take the prefill kernels, and an MoE layer sums its experts in another order than the one-token
-path: logits agree to float rounding and the greedy tokens are the same (tests/test_batch.py).
+Exactness: the integer decode kernels compute each row on its own, up to cpu.INT_MAX_T rows a
+call, so a step's matmuls go through them that many rows at a time (the prefill kernels, for 4
+rows or more, differ by up to 2% of max|logit| on SmolLM2 Q4_1): a dense model's logits are the
+lone decode's bit for bit at any N, and an MoE's with top-2 routing too (two experts' sum does
+not depend on the order); with top-k > 2 the experts add in another order: float rounding, the
+same greedy tokens (tests/test_batch.py). So an expert picked by more than INT_MAX_T rows of a
+step is read once per INT_MAX_T rows, as `expert_bytes` counts.
 """
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ import numba
 import numpy as np
 
 from engine import params as P
+from engine.kernels import cpu
 from engine.kvcache import KVCache
 from engine.models.base import Step as PassStep
 from engine.models.base import linear, rmsnorm
@@ -86,8 +90,9 @@ def decode_batch(net: Transformer, tokens: Seq[int], caches: Seq[KVCache],
 
 
 def expert_bytes(net: Transformer, routes: list) -> tuple[int, int]:
-    """Expert bytes a step read (grouped: each (layer, expert) once) and would have read with
-    each row computing its own experts (ungrouped: once per row and pick), from its routes."""
+    """Expert bytes a step read (grouped: each (layer, expert) once per cpu.INT_MAX_T rows that
+    picked it) and would have read with each row computing its own experts (ungrouped: once per
+    row and pick), from its routes."""
     store, grouped, each = net.w.store, 0, 0
     size: dict[tuple[int, int], int] = {}
     for L, ids in routes:
@@ -96,7 +101,7 @@ def expert_bytes(net: Transformer, routes: list) -> tuple[int, int]:
             b = size.get((L, e))
             if b is None:
                 b = size[(L, e)] = store.span(L, e).nbytes
-            grouped += b
+            grouped += -(-n // cpu.INT_MAX_T) * b
             each += n * b
     return grouped, each
 

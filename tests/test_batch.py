@@ -54,19 +54,12 @@ def together(eng: Engine, n: int, routes: list | None = None) -> list[np.ndarray
     return [np.concatenate(r) for r in rows]
 
 
-@pytest.mark.parametrize("kv", ["f16", "int8"])
-def test_a_dense_batch_is_each_sequence_alone_bit_for_bit(models, kv):
+@pytest.mark.parametrize("kv,n", [("f16", 3), ("int8", 6)])
+def test_a_dense_batch_is_each_sequence_alone_bit_for_bit(models, kv, n):
     eng = models("llama", "int4", kv)
-    n = cpu.INT_MAX_T  # rows the integer decode kernels compute one by one, as for one token
+    assert n <= len(PROMPTS) and cpu.INT_MAX_T == 3  # 6 rows: two calls of the 3-row decode kernels
     for a, b in zip(alone(eng, n), together(eng, n)):
         np.testing.assert_array_equal(a, b)
-
-
-def test_a_wide_batch_agrees_to_rounding_and_greedy(models):
-    eng = models("llama", "int8")
-    for a, b in zip(alone(eng, 6), together(eng, 6)):  # 6 rows: the prefill kernels, another order
-        np.testing.assert_allclose(b, a, rtol=0, atol=2e-3 * np.abs(a).max())
-        np.testing.assert_array_equal(a.argmax(-1), b.argmax(-1))
 
 
 @pytest.mark.parametrize("name", ["mixtral", "qwen3_moe"])
@@ -75,14 +68,15 @@ def test_an_moe_batch_groups_experts_and_matches_alone(models, name):
     routes: list = []
     ref, got = alone(eng, 6), together(eng, 6, routes)
     for a, b in zip(ref, got):
-        np.testing.assert_allclose(b, a, rtol=0, atol=2e-3 * np.abs(a).max())
+        if eng.cfg.top_k == 2:  # two experts add the same in either order
+            np.testing.assert_array_equal(a, b)
+        np.testing.assert_allclose(b, a, rtol=0, atol=1e-5 * np.abs(a).max())
         np.testing.assert_array_equal(a.argmax(-1), b.argmax(-1))
     assert len(routes) == len(FORCED[0]) * eng.cfg.num_layers
     assert all(ids.shape == (6, eng.cfg.top_k) for _, ids in routes)
     grouped, each = expert_bytes(eng.net, routes)
     assert each == 6 * eng.cfg.top_k * len(FORCED[0]) * eng.cfg.num_layers * eng.net.w.store.span(0, 0).nbytes
     assert grouped < each  # six rows over few experts: some are shared, read once
-    assert grouped >= each // min(6, eng.cfg.num_experts // eng.cfg.top_k) // eng.cfg.top_k
 
 
 def test_bad_batches_are_refused(models):

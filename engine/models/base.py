@@ -73,8 +73,18 @@ class Step:
         return np.empty(shape, np.float32) if self.arena is None else self.arena.empty(shape)
 
 
+def _by_rows(fn: Callable, x: np.ndarray, *args: Any) -> Any:
+    """engine.batch: a batched decode step runs its rows through the one-token kernels, at most
+    cpu.INT_MAX_T at a time (the prefill kernels round otherwise), so each row gets what it
+    would decoded alone, bit for bit."""
+    parts = [fn(x[a:a + cpu.INT_MAX_T], *args) for a in range(0, x.shape[0], cpu.INT_MAX_T)]
+    return tuple(map(np.concatenate, zip(*parts))) if isinstance(parts[0], tuple) else np.concatenate(parts)
+
+
 def linear(x: np.ndarray, m: Matrix, step: Step) -> np.ndarray:
     """x (T, cols) @ m.T -> (T, rows)."""
+    if step.seqs is not None and x.shape[0] > cpu.INT_MAX_T:
+        return _by_rows(linear, x, m, step)
     t0 = step.timer.start() if step.timer is not None else 0.0
     y = step.gpu.linear(x, m) if step.gpu is not None else None
     if y is None:
@@ -98,6 +108,8 @@ def _integer_path(x: np.ndarray, ms: tuple[Matrix, ...], step: Step, mixed: bool
 
 def linears(x: np.ndarray, ms: tuple[Matrix, ...], step: Step) -> tuple[np.ndarray, ...]:
     """x @ m.T for each m of ms (one kernel call on the integer path)."""
+    if step.seqs is not None and x.shape[0] > cpu.INT_MAX_T:
+        return _by_rows(linears, x, ms, step)
     if not _integer_path(x, ms, step):
         return tuple(linear(x, m, step) for m in ms)
     t0 = step.timer.start() if step.timer is not None else 0.0
@@ -119,6 +131,8 @@ def rmsnorm(x: np.ndarray, weight: np.ndarray, eps: float, step: Step) -> np.nda
 
 def expert_mlp(h: np.ndarray, e: ExpertWeights, step: Step) -> np.ndarray:
     """SwiGLU: down(silu(gate h) * up h)."""
+    if step.seqs is not None and h.shape[0] > cpu.INT_MAX_T:
+        return _by_rows(expert_mlp, h, e, step)
     if _integer_path(h, (e.gate, e.up), step, mixed=False):
         t0 = step.timer.start() if step.timer is not None else 0.0
         a = step.empty((h.shape[0], e.gate.rows))
