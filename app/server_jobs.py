@@ -29,10 +29,9 @@ log = logging.getLogger("colibri.server")
 
 
 class Turns:
-    """One reply at a time on one engine, first come first served, for every caller (the GUI's
-    chat, the local server). Until continuous batching lets replies share a forward pass, a reply
-    that starts while another runs would take the engine's conversation cache and end the other
-    ("cancelled"); here it waits its turn instead."""
+    """One reply at a time on one engine's conversation cache, first come first served: the GUI's
+    chat replies wait for each other here. The server's BatchScheduler takes no turn (each of its
+    requests has its own KV cache), so a chat reply and served requests run at once."""
 
     def __init__(self, poll_s: float = 0.05):
         self._cond = threading.Condition()
