@@ -292,6 +292,10 @@ def test_a_served_request_does_not_wait_behind_a_chat_reply(engine):
             assert mine
             out = client.completions.create(model=handle.model_id, prompt="1, 2,", max_tokens=5, temperature=0)
             assert out.choices[0].text == local(engine, "1, 2,", max_tokens=5) and turns.waiting == 0
+        deadline = time.monotonic() + 10  # the slot is freed just after the last event is sent
+        while handle.status()["busy"]:
+            assert time.monotonic() < deadline, "the finished request still holds its slot"
+            time.sleep(0.02)
         assert handle.status() == {"url": handle.url, "model": handle.model_id, "busy": False, "waiting": 0}
     finally:
         handle.stop()
