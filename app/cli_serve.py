@@ -33,6 +33,12 @@ def build_parser() -> argparse.ArgumentParser:
                     help="largest max_tokens a request may ask [default: the context length]")
     ap.add_argument("--max_queue", type=int, default=d.max_queue,
                     help="requests waiting for the engine; more get 429 [default: %(default)s]")
+    ap.add_argument("--slots", type=int, default=d.slots,
+                    help="requests decoded together, one forward pass per token for all (continuous "
+                         "batching) [default: %(default)s]")
+    ap.add_argument("--prefix_cache_mb", type=int, default=d.prefix_cache_bytes >> 20,
+                    help="KV of recent prompts kept for requests that share their start (a system prompt, "
+                         "earlier turns); 0: off [default: %(default)s]")
     ap.add_argument("--body_timeout", type=float, default=d.body_timeout_s,
                     help="seconds a request body may take to arrive [default: %(default)s]")
     P.add_arguments(ap)  # engine settings, and the sampling defaults of requests that do not set them
@@ -56,7 +62,8 @@ def main(argv: list[str] | None = None) -> int:
             return engine
         limits = S.Limits(max_body_bytes=args.max_body_bytes, max_prompt_tokens=args.max_prompt_tokens,
                           max_tokens=args.max_reply_tokens, max_queue=args.max_queue,
-                          body_timeout_s=args.body_timeout)
+                          body_timeout_s=args.body_timeout, slots=args.slots,
+                          prefix_cache_bytes=args.prefix_cache_mb << 20)
         # start checks the address (and $COLIBRI_API_KEY) before load runs: no minutes of loading first
         handle = S.start(load, args.host, args.port, args.api_key, limits, log_level="info")
     except (ColibriError, ValueError, OSError) as e:

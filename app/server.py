@@ -35,7 +35,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from app.reasoning import ThinkSplitter, is_reasoning_model, starts_inside
-from app.server_jobs import Job, QueueFull, SerialScheduler, Turns
+from app.server_jobs import BatchScheduler, Job, QueueFull, Turns
 from engine import params as P
 from engine.api import Engine, Step
 from engine.errors import ColibriError
@@ -65,6 +65,8 @@ class Limits:
     keep_alive_s: int = 5
     max_connections: int = 512  # uvicorn's limit_concurrency: more get 503
     heartbeat_s: float = 10.0  # a stream waiting this long for a token sends a comment line
+    slots: int = 8  # requests decoded together (continuous batching: one forward pass per step for all)
+    prefix_cache_bytes: int = 64 << 20  # KV of recent prompts, reused by requests sharing their start
 
 
 class ApiError(Exception):
@@ -167,7 +169,7 @@ class Service:
         self.engine, self.limits, self.api_key, self.loopback_only = engine, limits, api_key, loopback_only
         self.model_id = engine.model.path.name
         self.created = int(time.time())
-        self.scheduler = SerialScheduler(engine, limits.max_queue, turns)
+        self.scheduler = BatchScheduler(engine, limits.max_queue, turns, limits.slots, limits.prefix_cache_bytes)
         codec = engine.codec
         self.reasoning = is_reasoning_model(codec.template_source,
                                             lambda t: codec.tok.token_to_id(t) is not None)

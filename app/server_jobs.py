@@ -1,11 +1,13 @@
 """The server's requests in flight: one `Job` per request, and the scheduler that runs them.
 
-For now one engine runs one job at a time (`SerialScheduler`: a FIFO queue, so requests are
-served in arrival order, and one worker thread, so the engine never runs on the event loop).
-`Turns` is the line in front of the engine that the GUI chat and the server share: a reply waits
-for the one before it instead of interrupting it.
-A continuous-batching scheduler replaces it by taking the same Jobs — `submit`, `cancel`,
-`events` — and stepping many of them per forward pass.
+`BatchScheduler` (the server's): continuous batching. Up to `slots` jobs decode together, one
+forward pass per step for all of them (engine.batch), each on its own KV cache with its own
+seeded sampler; a new job's prompt is prefilled between two decode steps (one prompt at a time),
+and a finished or cancelled job leaves at once, freeing its slot. One worker thread, so the
+engine never runs on the event loop. Its steps take the engine's lock only, so the GUI's chat
+(Engine.generate on the conversation cache) runs at the same time, between them.
+`SerialScheduler`: one job at a time, in arrival order (the same Job API: `submit`, `cancel`,
+`events`). `Turns` is a line in front of the engine: a reply waits for the one before it.
 """
 from __future__ import annotations
 
@@ -21,15 +23,15 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the GUI's worker imports Turns at start: numba loads later, with a model
     from engine.api import Engine, Step
+    from engine.batch import Sequence
 
 log = logging.getLogger("colibri.server")
 
 
 class Turns:
-    """One reply at a time on one engine, first come first served, for every caller (the GUI's
-    chat, the local server). Until continuous batching lets replies share a forward pass, a reply
-    that starts while another runs would take the engine's conversation cache and end the other
-    ("cancelled"); here it waits its turn instead."""
+    """One reply at a time on one engine's conversation cache, first come first served: the GUI's
+    chat replies wait for each other here. The server's BatchScheduler takes no turn (each of its
+    requests has its own KV cache), so a chat reply and served requests run at once."""
 
     def __init__(self, poll_s: float = 0.05):
         self._cond = threading.Condition()
@@ -174,3 +176,143 @@ class SerialScheduler:
         finally:
             if gen is not None:
                 gen.close()  # releases the engine at once
+
+
+class _Left(Exception):
+    """A job's client went away during its prompt's prefill (raised between layers)."""
+
+
+class BatchScheduler:
+    """Continuous batching on one engine: jobs join between decode steps and leave when done."""
+
+    def __init__(self, engine: Engine, max_queue: int, turns: Turns | None = None, slots: int = 8,
+                 prefix_bytes: int = 64 << 20):
+        from engine.batch import Batcher
+        self.engine, self.max_queue, self.slots = engine, max_queue, max(int(slots), 1)
+        self.turns = turns  # kept for callers that pass it; batched jobs need no turn
+        self.batcher = Batcher(engine, prefix_bytes)
+        self._cond = threading.Condition()
+        self._queue: deque[Job] = deque()
+        self.active: list[tuple[Job, Sequence]] = []
+        self._closed = False
+        self._thread = threading.Thread(target=self._work, name="colibri-serve-engine", daemon=True)
+        self._thread.start()
+
+    @property
+    def waiting(self) -> int:
+        return len(self._queue)
+
+    @property
+    def running(self) -> Job | None:
+        """A job decoding now (the first), None when idle."""
+        active = self.active
+        return active[0][0] if active else None
+
+    def submit(self, job: Job) -> None:
+        with self._cond:
+            if self._closed:
+                raise QueueFull("the server is shutting down")
+            if len(self._queue) >= self.max_queue:
+                raise QueueFull(f"{len(self._queue)} requests are already waiting (the limit is "
+                                f"{self.max_queue})")
+            self._queue.append(job)
+            self._cond.notify_all()
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Cancel the running jobs and everything queued, then end the worker thread."""
+        with self._cond:
+            self._closed = True
+            queued = list(self._queue)
+            self._queue.clear()
+            self._cond.notify_all()
+        for job, _ in self.active:
+            job.cancel()
+        for job in queued:
+            job.cancel()
+            job._put(None)
+            job.done.set()
+        self._thread.join(timeout)
+
+    def _work(self) -> None:
+        try:
+            while True:
+                with self._cond:
+                    while not self._closed and not self._queue and not self.active:
+                        self._cond.wait()
+                    if self._closed:
+                        break
+                    job = self._queue.popleft() if self._queue and len(self.active) < self.slots else None
+                if job is not None:
+                    self._admit(job)  # one prompt between two decode steps
+                if self.active:
+                    self._decode()
+        finally:
+            for job, seq in self.active:
+                self._finish(job, seq)
+            self.active = []
+
+    @staticmethod
+    def _finish(job: Job, seq: Sequence | None, error: BaseException | None = None) -> None:
+        job._put(error)
+        if seq is not None:
+            seq.close()
+        job.done.set()
+
+    def _admit(self, job: Job) -> None:
+        if job.cancelled.is_set():  # left while waiting
+            self._finish(job, None)
+            return
+        seq = None
+
+        def check(layer: int) -> None:
+            if job.cancelled.is_set():
+                raise _Left
+
+        try:
+            seq = self.batcher.open(job.prompt, job.stop, cancel=job.cancelled, **job.sampling)
+            step = seq.feed(seq.prefill(check))
+        except _Left:
+            log.info("request cancelled during its prompt (client gone)")
+            job._put(seq.cancelled_step())
+            self._finish(job, seq)
+            return
+        except Exception as e:  # reported to the client; the worker keeps serving
+            log.exception("generation failed")
+            self._finish(job, seq, e)
+            return
+        job._put(step)
+        if seq.finish is None:
+            self.active = self.active + [(job, seq)]
+        else:
+            self._finish(job, seq)
+
+    def _decode(self) -> None:
+        live = []
+        for job, seq in self.active:
+            if job.cancelled.is_set():  # a vanished client frees its slot before the step
+                log.info("request cancelled after %d tokens (client gone)", seq.generated)
+                job._put(seq.cancelled_step())
+                self._finish(job, seq)
+            else:
+                live.append((job, seq))
+        self.active = live
+        if not live:
+            return
+        try:
+            logits = self.batcher.step([seq for _, seq in live])
+        except Exception as e:  # every job of the step gets the error; the worker keeps serving
+            log.exception("a decode step failed")
+            for job, seq in live:
+                self._finish(job, seq, e)
+            self.active = []
+            return
+        still = []
+        for row, (job, seq) in enumerate(live):
+            job._put(seq.feed(logits[row]))
+            if seq.finish == "cancelled":
+                log.info("request cancelled after %d tokens (client gone)", seq.generated)
+            if seq.finish is None:
+                still.append((job, seq))
+            else:
+                self._finish(job, seq)
+        self.active = still

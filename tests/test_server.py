@@ -410,7 +410,7 @@ def wait_for(condition, seconds: float, what: str) -> None:
 
 
 def test_a_full_queue_answers_429_and_requests_run_in_order(engine):
-    handle = S.start(lambda: engine, "127.0.0.1", 0, limits=S.Limits(max_queue=1))  # a factory works too
+    handle = S.start(lambda: engine, "127.0.0.1", 0, limits=S.Limits(max_queue=1, slots=1))  # a factory works too
     try:
         with pytest.raises(OSError):
             S.start(engine, "127.0.0.1", int(handle.url.rsplit(":", 1)[1].split("/")[0]))  # the port is taken
@@ -433,7 +433,7 @@ def test_a_full_queue_answers_429_and_requests_run_in_order(engine):
 
 
 def test_a_stream_waiting_in_the_queue_sends_keep_alive_comments(engine):
-    handle = S.start(engine, "127.0.0.1", 0, limits=S.Limits(heartbeat_s=0.2))
+    handle = S.start(engine, "127.0.0.1", 0, limits=S.Limits(heartbeat_s=0.2, slots=1))
     try:
         running = stream_on_a_socket(handle, 400)
         body = json.dumps({"prompt": REF["raw_counting"]["text"], "max_tokens": 4, "temperature": 0,

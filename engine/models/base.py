@@ -63,6 +63,8 @@ class Step:
     exact: bool = False
     before_layer: Callable[[int], None] | None = None
     timer: OpTimer | None = None
+    seqs: list | None = None  # engine.batch: row i is one sequence's token, (its KVCache, its position)
+    routes: list | None = None  # engine.batch: (layer, expert ids (T, k)) of each MoE layer, appended
 
     def __post_init__(self) -> None:
         self.k = cpu if self.timer is None else Kernels(cpu, self.timer)
@@ -72,8 +74,18 @@ class Step:
         return np.empty(shape, np.float32) if self.arena is None else self.arena.empty(shape)
 
 
+def _by_rows(fn: Callable, x: np.ndarray, *args: Any) -> Any:
+    """engine.batch: a batched decode step runs its rows through the one-token kernels, at most
+    cpu.INT_MAX_T at a time (the prefill kernels round otherwise), so each row gets what it
+    would decoded alone, bit for bit."""
+    parts = [fn(x[a:a + cpu.INT_MAX_T], *args) for a in range(0, x.shape[0], cpu.INT_MAX_T)]
+    return tuple(map(np.concatenate, zip(*parts))) if isinstance(parts[0], tuple) else np.concatenate(parts)
+
+
 def linear(x: np.ndarray, m: Matrix, step: Step) -> np.ndarray:
     """x (T, cols) @ m.T -> (T, rows)."""
+    if step.seqs is not None and x.shape[0] > cpu.INT_MAX_T:
+        return _by_rows(linear, x, m, step)
     t0 = step.timer.start() if step.timer is not None else 0.0
     y = step.gpu.linear(x, m) if step.gpu is not None else None
     if y is None:
@@ -97,6 +109,8 @@ def _integer_path(x: np.ndarray, ms: tuple[Matrix, ...], step: Step, mixed: bool
 
 def linears(x: np.ndarray, ms: tuple[Matrix, ...], step: Step) -> tuple[np.ndarray, ...]:
     """x @ m.T for each m of ms (one kernel call on the integer path)."""
+    if step.seqs is not None and x.shape[0] > cpu.INT_MAX_T:
+        return _by_rows(linears, x, ms, step)
     if not _integer_path(x, ms, step):
         return tuple(linear(x, m, step) for m in ms)
     t0 = step.timer.start() if step.timer is not None else 0.0
@@ -139,6 +153,8 @@ def expert_mlp(h: np.ndarray, e: ExpertWeights, step: Step, act: str = "silu",
     if act == "gelu_tanh":
         g, u = linears(h, (e.gate, e.up), step)  # one kernel call on the integer path
         return linear(ffn.gelu_tanh(g) * u, e.down, step)
+    if step.seqs is not None and h.shape[0] > cpu.INT_MAX_T:  # the SwiGLU kernel below, a row chunk at a time
+        return _by_rows(expert_mlp, h, e, step)
     if _integer_path(h, (e.gate, e.up), step, mixed=False):
         t0 = step.timer.start() if step.timer is not None else 0.0
         a = step.empty((h.shape[0], e.gate.rows))
@@ -251,6 +267,8 @@ class Transformer:
             logits += lw.router_bias
         weights, ids = self.route(logits, lw, step)
         cache.record(L, ids)
+        if step.routes is not None:
+            step.routes.append((L, ids.copy()))
         if h.shape[0] <= PREFETCH_MAX_TOKENS:
             self.prefetch(L, h, logits, step)
         if step.dump is not None:
@@ -445,6 +463,14 @@ class Transformer:
     def _block_attention(self, L: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, step: Step) -> np.ndarray:
         """Attention over the KV cache's block (f32, f16 or int8), the engine's attention kernel."""
         T, H = q.shape[:2]
+        if step.seqs is not None:  # engine.batch: each row on its own cache, at its own position
+            out = step.empty(q.shape)
+            for i, (cache, pos) in enumerate(step.seqs):
+                cache.write(L, pos, k[i:i + 1], v[i:i + 1])
+                keys, values, ks, vs, scaled = cache.views(L, pos + 1)
+                step.k.attention(q[i:i + 1], keys, values, ks, vs, scaled, pos, self.cfg.sliding_window or 0,
+                                 self.scale, step.empty((H, pos + 1)), out[i:i + 1])
+            return out
         step.cache.write(L, step.pos0, k, v)
         keys, values, ks, vs, scaled = step.cache.views(L, step.pos0 + T)
         out = step.empty(q.shape)

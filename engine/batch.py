@@ -1,0 +1,295 @@
+"""Many replies at once on one engine: each `Sequence` has its own KV cache (pool blocks), and
+one decode step runs the next token of every sequence in one forward pass (`decode_batch`).
+
+All matmuls take the N rows together (each weight matrix is read once per step, not once per
+sequence); attention runs per row on that sequence's own cache at its own position; an MoE
+layer groups the step's rows by routed expert, so each expert is read and computed once per
+step however many sequences picked it (`expert_bytes` counts both ways). A `PrefixCache` keeps
+the KV of recent prompts, so a request sharing a system prompt or earlier turns skips their
+prefill.
+
+Exactness: the integer decode kernels compute each row on its own, up to cpu.INT_MAX_T rows a
+call, so a step's matmuls go through them that many rows at a time (the prefill kernels, for 4
+rows or more, differ by up to 2% of max|logit| on SmolLM2 Q4_1): a dense model's logits are the
+lone decode's bit for bit at any N, and an MoE's with top-2 routing too (two experts' sum does
+not depend on the order); with top-k > 2 the experts add in another order: float rounding, the
+same greedy tokens (tests/test_batch.py). So an expert picked by more than INT_MAX_T rows of a
+step is read once per INT_MAX_T rows, as `expert_bytes` counts.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Sequence as Seq
+from typing import TYPE_CHECKING, Any
+
+import numba
+import numpy as np
+
+from engine import params as P
+from engine.kernels import cpu
+from engine.kvcache import KVCache
+from engine.models.base import Step as PassStep
+from engine.models.base import linear, rmsnorm
+from engine.ops import norms, rope
+from engine.sampling import Sampler
+from engine.tokenizer import StopMatcher, StreamDecoder
+
+if TYPE_CHECKING:
+    from engine.api import Engine, Step
+    from engine.models.base import Transformer
+
+
+def batchable(net: Transformer) -> bool:
+    """Whether N sequences can share a forward pass: every layer attends over the shared KV
+    block (no recurrent state, no per-layer own cache: those decode one sequence per pass)."""
+    return not net.recurrent
+
+
+def decode_batch(net: Transformer, tokens: Seq[int], caches: Seq[KVCache],
+                 routes: list | None = None) -> np.ndarray:
+    """The next token of N sequences in one pass: tokens[i] at position caches[i].length on
+    caches[i]. Returns logits (N, vocab). One sequence takes the ordinary path (the fused
+    one-call decode) unless `routes` is asked; a model that cannot batch runs its sequences one
+    after another. `routes` (a list) receives (layer, expert ids (N, k)) of each MoE layer."""
+    if len(tokens) != len(caches) or not tokens:
+        raise ValueError(f"decode_batch needs one cache per token, got {len(tokens)} tokens and {len(caches)} caches")
+    if len(set(map(id, caches))) != len(caches):
+        raise ValueError("decode_batch: two rows share one KV cache")
+    for c in caches:
+        if c.length >= c.capacity:
+            raise ValueError(f"a sequence's KV cache is full ({c.capacity} positions)")
+    if (len(tokens) == 1 and routes is None) or not batchable(net):
+        return np.concatenate([net.forward(np.array([t], np.int64), c, c.length) for t, c in zip(tokens, caches)])
+    cfg, arena = net.cfg, net.arena
+    arena.reset()
+    pos = np.array([c.length for c in caches], np.int64)
+    cos, sin = net.rotary(pos)
+    net.full_tables = rope.tables(net.inv_full, pos) if net.spec.full_rope == "proportional" else None
+    step = PassStep(None, 0, cos, sin, None, arena, net.gpu, net.exact, None, net.timer,
+                    seqs=list(zip(caches, pos.tolist())), routes=routes)
+    x = step.empty((len(tokens), cfg.hidden_size))
+    step.k.gather_rows(net.w.token_embd.data, net.w.token_embd.code, np.asarray(tokens, np.int64), x)
+    if net.spec.embed_scale:
+        x *= np.float32(cfg.hidden_size ** 0.5)
+    for L, lw in enumerate(net.w.layers):  # as Transformer.forward's loop, the mixer always attention
+        mark = arena.mark()
+        if lw.sandwich is not None:
+            net.sandwich_layer(L, x, lw, net.attention, step)
+        else:
+            x += net.attention(L, rmsnorm(x, lw.attn_norm, cfg.rms_norm_eps, step), lw, step)
+            x += net.ffn(L, rmsnorm(x, lw.ffn_norm, cfg.rms_norm_eps, step), lw, step)
+        arena.release(mark)
+    for c in caches:
+        c.length += 1
+    logits = linear(rmsnorm(x, net.w.output_norm, cfg.rms_norm_eps, step), net.w.output, step)
+    if cfg.final_logit_softcap:
+        logits = norms.softcap(logits, cfg.final_logit_softcap)
+    return logits.copy()  # results leave the arena
+
+
+def expert_bytes(net: Transformer, routes: list) -> tuple[int, int]:
+    """Expert bytes a step read (grouped: each (layer, expert) once per cpu.INT_MAX_T rows that
+    picked it) and would have read with each row computing its own experts (ungrouped: once per
+    row and pick), from its routes."""
+    store, grouped, each = net.w.store, 0, 0
+    size: dict[tuple[int, int], int] = {}
+    for L, ids in routes:
+        picks, counts = np.unique(ids, return_counts=True)
+        for e, n in zip(picks.tolist(), counts.tolist()):
+            b = size.get((L, e))
+            if b is None:
+                b = size[(L, e)] = store.span(L, e).nbytes
+            grouped += -(-n // cpu.INT_MAX_T) * b
+            each += n * b
+    return grouped, each
+
+
+class PrefixCache:
+    """The KV of recent prompts by their token ids, least recently used first out, bounded in
+    bytes: a new prompt copies the positions it shares with the best entry instead of
+    prefilling them (causal attention: a position's K and V depend on the tokens up to it only)."""
+
+    def __init__(self, max_bytes: int):
+        self.max_bytes, self.bytes = max_bytes, 0
+        self._entries: OrderedDict[tuple[int, ...], list[np.ndarray]] = OrderedDict()
+        self._lock = threading.Lock()
+        self.hits = self.reused_tokens = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def store(self, ids: Seq[int], cache: KVCache) -> None:
+        """Keep positions 0..len(ids)-1 of `cache` (a copy) under `ids`."""
+        n = len(ids)
+        if n == 0 or cache.length < n:
+            return
+        arrays = [cache.k[:, :n].copy(), cache.v[:, :n].copy()]
+        if cache.kind == "int8":
+            arrays += [cache.k_scale[:, :n].copy(), cache.v_scale[:, :n].copy()]
+        size = sum(a.nbytes for a in arrays)
+        if size > self.max_bytes:
+            return
+        key = tuple(int(i) for i in ids)
+        with self._lock:
+            old = self._entries.pop(key, None)
+            if old is not None:
+                self.bytes -= sum(a.nbytes for a in old)
+            self._entries[key] = arrays
+            self.bytes += size
+            while self.bytes > self.max_bytes:
+                _, gone = self._entries.popitem(last=False)
+                self.bytes -= sum(a.nbytes for a in gone)
+
+    def restore(self, ids: Seq[int], cache: KVCache) -> int:
+        """Copy into an empty `cache` the longest prefix of `ids` an entry holds, leaving at
+        least cpu.INT_MAX_T + 1 tokens to run: a prompt's positions then all come from the
+        prefill kernels, which round otherwise than the decode ones (by up to 2% of max|logit|),
+        so a reply is the same with or without the cache. Returns how many positions."""
+        want = [int(i) for i in ids]
+        best, key = 0, None
+        with self._lock:
+            for k in self._entries:
+                n, m = 0, min(len(k), len(want) - cpu.INT_MAX_T - 1)
+                while n < m and k[n] == want[n]:
+                    n += 1
+                if n > best:
+                    best, key = n, k
+            if key is None:
+                return 0
+            self._entries.move_to_end(key)
+            arrays = self._entries[key]
+            dst = [cache.k, cache.v] + ([cache.k_scale, cache.v_scale] if cache.kind == "int8" else [])
+            for a, d in zip(arrays, dst):
+                d[:, :best] = a[:, :best]
+            self.hits += 1
+            self.reused_tokens += best
+        cache.length = best
+        return best
+
+
+class Sequence:
+    """One reply in a batch: its prompt, its own KV cache, sampler (its own seeded RNG and
+    settings), stream decoder and stop strings. `feed(logits)` samples its next token and gives
+    the `Step` to stream, as Engine.generate's loop does for one reply."""
+
+    def __init__(self, engine: Engine, ids: list[int], sampler: Sampler, max_tokens: int, stop: tuple[str, ...],
+                 cancel: threading.Event | None, prefixes: PrefixCache | None = None):
+        c = engine.cfg
+        self.e, self.ids, self.sampler, self.max_tokens, self.cancel = engine, ids, sampler, max_tokens, cancel
+        self.prefixes = prefixes if batchable(engine.net) else None  # a recurrent state cannot be copied in part
+        self.cache = KVCache(c.num_layers, engine.context_limit, c.num_kv_heads, c.head_dim,
+                             engine.params["kv_cache_quantize"], engine.pool)
+        self.decoder, self.stops, self.history = StreamDecoder(engine.codec), StopMatcher(stop), list(ids)
+        self.generated, self.reused = 0, 0
+        self.token: int | None = None  # the sampled token the next decode step runs
+        self.finish: str | None = None
+        self.t0 = time.perf_counter()
+        self.t_first = self.ttft = self.prefill_tok_s = self.decode_tok_s = 0.0
+
+    def prefill(self, before_layer: Any = None) -> np.ndarray:
+        """The prompt into this sequence's cache (what the prefix cache holds is copied, not run);
+        returns the last prompt token's logits (1, vocab). `before_layer(L)` may raise to stop."""
+        e, prefixes = self.e, self.prefixes
+        if prefixes is not None:
+            self.reused = prefixes.restore(self.ids, self.cache)
+        rest = self.ids[self.reused:]
+        with e._lock:
+            logits = e._prefill(rest, self.cache, self.reused, all_logits=False, before_layer=before_layer)
+        if prefixes is not None:
+            prefixes.store(self.ids, self.cache)
+        self.prefill_tok_s = len(rest) / max(time.perf_counter() - self.t0, 1e-9)
+        return logits
+
+    def feed(self, logits: np.ndarray) -> Step:
+        """Sample the next token from `logits` (vocab,) or (1, vocab); the Step to stream. Sets
+        `finish` when the reply ends, else `token` for the next decode step."""
+        from engine.api import Step
+        logits = logits.reshape(-1)
+        tok = self.sampler.sample(logits, self.history)
+        if self.generated == 0:
+            self.t_first = time.perf_counter()
+            self.ttft = self.t_first - self.t0
+        stop_ids, finish = self.e.codec.stop_ids, None
+        if tok in stop_ids:
+            finish = "stop"
+            piece, _ = self.stops.push(self.decoder.flush())
+            piece += self.stops.flush()
+        else:
+            self.generated += 1
+            self.history.append(tok)
+            piece, hit = self.stops.push(self.decoder.feed(tok))
+            if hit:
+                finish = "stop"
+            elif self.generated >= self.max_tokens:
+                finish = "length"
+            elif self.cache.length + 1 >= self.cache.capacity:
+                finish = "context"
+            elif self.cancel is not None and self.cancel.is_set():
+                finish = "cancelled"
+            if finish not in (None, "stop"):
+                more, _ = self.stops.push(self.decoder.flush())
+                piece += more + self.stops.flush()
+        if self.generated > 1:
+            self.decode_tok_s = (self.generated - 1) / max(time.perf_counter() - self.t_first, 1e-9)
+        self.finish, self.token = finish, None if finish is not None else tok
+        return Step(piece, None if tok in stop_ids else tok, self.generated, len(self.ids), self.reused,
+                    self.prefill_tok_s, self.decode_tok_s, self.ttft, self.cache.length, self.e.context_limit,
+                    finish, "token", len(self.ids))
+
+    def cancelled_step(self) -> Step:
+        """The last Step of a reply stopped from outside (its client went away)."""
+        from engine.api import Step
+        self.finish = "cancelled"
+        return Step("", None, self.generated, len(self.ids), self.reused, self.prefill_tok_s, self.decode_tok_s,
+                    self.ttft, self.cache.length, self.e.context_limit, "cancelled", "token", len(self.ids))
+
+    def close(self) -> None:
+        """Give the KV cache back to the pool."""
+        if self.cache.k is not None:
+            self.cache.free()
+
+
+class Batcher:
+    """The engine side of continuous batching: opens sequences (checked as Engine.generate
+    checks a request) and steps them together. Steps take the engine's lock, so a reply that
+    Engine.generate streams meanwhile (on the conversation cache) interleaves with them."""
+
+    def __init__(self, engine: Engine, prefix_bytes: int = 64 << 20):
+        self.e = engine
+        self.prefixes = PrefixCache(prefix_bytes) if prefix_bytes > 0 else None
+        self.count_experts = False  # expert bytes per step, grouped and not (colibri-bench serve)
+        self.expert_bytes: list[tuple[int, int]] = []
+
+    def open(self, prompt: str | list[dict], stop: Seq[str] = (), *, cancel: threading.Event | None = None,
+             template_vars: dict | None = None, resume: str = "", **sampling: Any) -> Sequence:
+        """A sequence for this request (nothing computed yet); bad input raises as generate()."""
+        e = self.e
+        sampler = Sampler(**(e.sampling | sampling))
+        max_tokens = P.check("max_tokens", sampling.get("max_tokens", e.sampling["max_tokens"]))
+        ids = e.prompt_ids(prompt, template_vars, resume)
+        if not ids:
+            if not e.codec.add_bos:
+                raise ValueError("the prompt is empty (no tokens): give some text to continue")
+            ids = [e.codec.bos_id]
+        e._check_ids(ids)
+        if len(ids) >= e.context_limit:
+            from engine.api import ContextOverflowError
+            raise ContextOverflowError(f"the prompt is {len(ids)} tokens but the context holds {e.context_limit} "
+                                       f"(room is needed for the reply): shorten the conversation or raise "
+                                       f"context_length")
+        return Sequence(e, ids, sampler, max_tokens, tuple(stop), cancel, self.prefixes)
+
+    def step(self, seqs: Seq[Sequence]) -> np.ndarray:
+        """One decode step of every sequence (each has a `token`); logits (N, vocab)."""
+        e = self.e
+        routes: list | None = [] if self.count_experts and e.cfg.is_moe else None
+        with e._lock:
+            numba.set_num_threads(e.hw.governor.update())
+            e.weights.check_files()
+            e._check_budget()
+            logits = decode_batch(e.net, [s.token for s in seqs], [s.cache for s in seqs], routes)
+        if routes:
+            self.expert_bytes.append(expert_bytes(e.net, routes))
+        return logits

@@ -1,0 +1,152 @@
+"""Continuous batching's engine side (engine.batch) against the single-sequence path: N
+sequences per forward pass, each on its own KV cache, give what each gets decoded alone."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import HF_FIXTURES
+
+from engine.api import Engine
+from engine.batch import Batcher, PrefixCache, decode_batch, expert_bytes
+from engine.convert.convert import convert
+from engine.kernels import cpu
+from engine.kvcache import KVCache
+
+PROMPTS = [[1, 5, 9, 14, 3, 7], [2, 8], [4, 4, 6, 10, 12, 3, 9, 1, 5, 2, 11], [7], [13, 2, 5], [3, 3, 3, 9]]
+FORCED = [[11, 2, 30, 4, 17], [5, 6, 7, 8, 9], [21, 1, 3, 3, 2], [9, 9, 8, 1, 4], [2, 4, 6, 8, 10], [1, 2, 1, 2, 1]]
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root, made = tmp_path_factory.mktemp("batch"), {}
+
+    def get(name: str, quantize: str, kv: str = "f16") -> Engine:
+        if (name, quantize) not in made:
+            made[(name, quantize)] = convert(HF_FIXTURES / name, root / f"{name}-{quantize}", quantize).path
+        return Engine(made[(name, quantize)], kv_cache_quantize=kv, context_length=64)
+    return get
+
+
+def new_cache(eng: Engine) -> KVCache:
+    c = eng.cfg
+    return KVCache(c.num_layers, 64, c.num_kv_heads, c.head_dim, eng.params["kv_cache_quantize"], eng.pool)
+
+
+def alone(eng: Engine, n: int) -> list[np.ndarray]:
+    """Each sequence decoded by itself: its prompt, then its forced tokens one at a time."""
+    out = []
+    for prompt, forced in zip(PROMPTS[:n], FORCED[:n]):
+        cache = new_cache(eng)
+        rows = [eng.net.forward(np.array(prompt), cache, 0)]
+        rows += [eng.net.forward(np.array([t]), cache, cache.length) for t in forced]
+        out.append(np.concatenate(rows))
+    return out
+
+
+def together(eng: Engine, n: int, routes: list | None = None) -> list[np.ndarray]:
+    """The same sequences: prompts one at a time, then every decode step in one pass."""
+    caches = [new_cache(eng) for _ in range(n)]
+    rows = [[eng.net.forward(np.array(p), c, 0)] for p, c in zip(PROMPTS[:n], caches)]
+    for j in range(len(FORCED[0])):
+        logits = decode_batch(eng.net, [f[j] for f in FORCED[:n]], caches, routes)
+        for i in range(n):
+            rows[i].append(logits[i:i + 1])
+    return [np.concatenate(r) for r in rows]
+
+
+@pytest.mark.parametrize("kv,n", [("f16", 3), ("int8", 6)])
+def test_a_dense_batch_is_each_sequence_alone_bit_for_bit(models, kv, n):
+    eng = models("llama", "int4", kv)
+    assert n <= len(PROMPTS) and cpu.INT_MAX_T == 3  # 6 rows: two calls of the 3-row decode kernels
+    for a, b in zip(alone(eng, n), together(eng, n)):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("name", ["mixtral", "qwen3_moe"])
+def test_an_moe_batch_groups_experts_and_matches_alone(models, name):
+    eng = models(name, "int8")
+    routes: list = []
+    ref, got = alone(eng, 6), together(eng, 6, routes)
+    for a, b in zip(ref, got):
+        if eng.cfg.top_k == 2:  # two experts add the same in either order
+            np.testing.assert_array_equal(a, b)
+        np.testing.assert_allclose(b, a, rtol=0, atol=1e-5 * np.abs(a).max())
+        np.testing.assert_array_equal(a.argmax(-1), b.argmax(-1))
+    assert len(routes) == len(FORCED[0]) * eng.cfg.num_layers
+    assert all(ids.shape == (6, eng.cfg.top_k) for _, ids in routes)
+    grouped, each = expert_bytes(eng.net, routes)
+    assert each == 6 * eng.cfg.top_k * len(FORCED[0]) * eng.cfg.num_layers * eng.net.w.store.span(0, 0).nbytes
+    assert grouped < each  # six rows over few experts: some are shared, read once
+
+
+def test_bad_batches_are_refused(models):
+    eng = models("llama", "int4")
+    c = new_cache(eng)
+    with pytest.raises(ValueError, match="one cache per token"):
+        decode_batch(eng.net, [1, 2], [c])
+    with pytest.raises(ValueError, match="share one KV cache"):
+        decode_batch(eng.net, [1, 2], [c, c])
+    c.length = c.capacity
+    with pytest.raises(ValueError, match="full"):
+        decode_batch(eng.net, [1], [c])
+
+
+def test_batched_replies_equal_generate_alone(models):
+    eng = models("qwen3_moe", "int8")
+    batcher = Batcher(eng, prefix_bytes=0)
+    requests = [("Once upon", {"temperature": 0.0}), ("The sky", {"temperature": 0.9, "seed": 3}),
+                ("A B C", {"temperature": 0.7, "top_k": 5, "seed": 11})]
+    want = ["".join(s.text for s in eng.generate(p, max_tokens=6, **kw)) for p, kw in requests]
+    seqs = [batcher.open(p, max_tokens=6, **kw) for p, kw in requests]
+    text = [s.feed(s.prefill()).text for s in seqs]
+    while any(s.finish is None for s in seqs):
+        live = [i for i, s in enumerate(seqs) if s.finish is None]
+        logits = batcher.step([seqs[i] for i in live])
+        for row, i in enumerate(live):
+            text[i] += seqs[i].feed(logits[row]).text
+    assert text == want
+    assert all(s.finish == "length" and s.generated == 6 for s in seqs)
+
+
+def test_a_shared_system_prompt_skips_its_prefill_and_keeps_the_tokens(models):
+    eng = models("llama", "int8")
+    system = [{"role": "system", "content": "You are a terse assistant who answers in one word."}]
+    first = system + [{"role": "user", "content": "Hello"}]
+    second = system + [{"role": "user", "content": "Goodbye"}]
+    batcher = Batcher(eng, prefix_bytes=1 << 20)
+
+    def reply(messages) -> tuple[list[int], int]:
+        s = batcher.open(messages, max_tokens=5, temperature=0.0)
+        toks = [s.feed(s.prefill()).token_id]
+        while s.finish is None:
+            toks.append(s.feed(batcher.step([s])).token_id)
+        s.close()
+        return toks, s.reused
+
+    a, reused_a = reply(first)
+    b, reused_b = reply(second)
+    assert reused_a == 0
+    ids_a, ids_b = eng.prompt_ids(first), eng.prompt_ids(second)
+    shared = next(i for i, (x, y) in enumerate(zip(ids_a, ids_b)) if x != y)
+    assert shared > 10 and reused_b == shared  # the system prompt was copied, not run
+    fresh = Batcher(eng, prefix_bytes=0)
+    s = fresh.open(second, max_tokens=5, temperature=0.0)
+    want = [s.feed(s.prefill()).token_id]
+    while s.finish is None:
+        want.append(s.feed(fresh.step([s])).token_id)
+    assert b == want and s.reused == 0
+
+
+def test_the_prefix_cache_stays_within_its_bytes(models):
+    eng = models("llama", "int8")
+    cache = new_cache(eng)
+    eng.net.forward(np.arange(1, 21), cache, 0)
+    per_token = sum(a[:, :1].nbytes for a in (cache.k, cache.v))
+    lru = PrefixCache(per_token * 30)
+    lru.store(list(range(1, 21)), cache)
+    lru.store(list(range(1, 16)), cache)  # 35 positions > 30: the older entry goes
+    assert len(lru) == 1 and lru.bytes == 15 * per_token
+    fresh = new_cache(eng)
+    assert lru.restore(list(range(1, 11)) + [99], fresh) == 7  # 4 tokens left to prefill
+    np.testing.assert_array_equal(fresh.k[:, :7], cache.k[:, :7])
+    assert lru.restore([5, 6], new_cache(eng)) == 0

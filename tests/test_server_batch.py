@@ -1,0 +1,113 @@
+"""colibri-serve's continuous batching (app.server_jobs.BatchScheduler) with real parts: the
+default model, uvicorn on a free port, the official openai client. Concurrent requests share
+decode steps, and each stream is what the same seeded request gives alone."""
+from __future__ import annotations
+
+import threading
+import time
+
+import openai
+import pytest
+
+from app import server as S
+from engine.api import Engine
+
+QUESTIONS = ["Name three colours.", "What is 2 + 2?", "Write a haiku about the sea."]
+
+
+@pytest.fixture(scope="module")
+def engine(default_converted):
+    eng = Engine(default_converted, threads=2, kv_cache_quantize="f16", context_length=512)
+    yield eng
+    eng.close()
+
+
+@pytest.fixture
+def widths(monkeypatch):
+    """How many sequences each decode step ran (the real step: this only records)."""
+    from engine.batch import Batcher
+    seen: list[int] = []
+    real = Batcher.step
+
+    def step(self, seqs):
+        seen.append(len(seqs))
+        return real(self, seqs)
+    monkeypatch.setattr(Batcher, "step", step)
+    return seen
+
+
+def ask(client, model: str, i: int, out: dict, max_tokens: int = 24) -> None:
+    text = ""
+    for chunk in client.chat.completions.create(model=model, messages=[{"role": "user", "content": QUESTIONS[i]}],
+                                                max_tokens=max_tokens, temperature=0.8, seed=100 + i, stream=True):
+        if chunk.choices and chunk.choices[0].delta.content:
+            text += chunk.choices[0].delta.content
+    out[i] = text
+
+
+def test_concurrent_streams_share_steps_and_each_equals_its_request_alone(engine, widths):
+    handle = S.start(engine, "127.0.0.1", 0, limits=S.Limits(slots=3))
+    try:
+        client = openai.OpenAI(base_url=handle.url, api_key="x", max_retries=0, timeout=300)
+        alone: dict = {}
+        for i in range(3):
+            ask(client, handle.model_id, i, alone)
+        assert max(widths) == 1
+        widths.clear()
+        together: dict = {}
+        threads = [threading.Thread(target=ask, args=(client, handle.model_id, i, together)) for i in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(300)
+        assert together == alone and all(alone.values())
+        assert max(widths) >= 2  # the streams shared decode steps
+    finally:
+        handle.stop()
+
+
+def test_a_client_that_leaves_frees_its_slot_and_the_others_go_on(engine):
+    handle = S.start(engine, "127.0.0.1", 0, limits=S.Limits(slots=2))
+    try:
+        client = openai.OpenAI(base_url=handle.url, api_key="x", max_retries=0, timeout=300)
+        want: dict = {}
+        ask(client, handle.model_id, 1, want, max_tokens=40)
+        leaving = client.chat.completions.create(model=handle.model_id, max_tokens=400, stream=True,
+                                                 messages=[{"role": "user", "content": "Count to 1000."}])
+        got: dict = {}
+        other = threading.Thread(target=ask, args=(client, handle.model_id, 1, got, 40))
+        for n, _ in enumerate(leaving):
+            if n == 3:
+                other.start()
+            if n == 8:
+                break
+        leaving.close()  # the client goes away mid-stream
+        sched = handle.service.scheduler
+        deadline = time.monotonic() + 30
+        while len(sched.active) > (1 if other.is_alive() else 0):
+            assert time.monotonic() < deadline, "the vanished client still holds its slot"
+            time.sleep(0.02)
+        other.join(300)
+        assert got == want
+    finally:
+        handle.stop()
+
+
+def test_a_chat_reply_runs_while_requests_are_served(engine):
+    handle = S.start(engine, "127.0.0.1", 0, limits=S.Limits(slots=2))
+    try:
+        client = openai.OpenAI(base_url=handle.url, api_key="x", max_retries=0, timeout=300)
+        chat = [{"role": "user", "content": "Hi"}]
+        alone_chat = "".join(s.text for s in engine.generate(chat, temperature=0.0, max_tokens=30))
+        want: dict = {}
+        ask(client, handle.model_id, 0, want, max_tokens=30)
+        got: dict = {}
+        served = threading.Thread(target=ask, args=(client, handle.model_id, 0, got, 30))
+        served.start()
+        while handle.service.scheduler.running is None and served.is_alive():
+            time.sleep(0.01)
+        reply = "".join(s.text for s in engine.generate(chat, temperature=0.0, max_tokens=30))  # the GUI's path
+        served.join(300)
+        assert reply == alone_chat and got == want
+    finally:
+        handle.stop()
