@@ -16,7 +16,8 @@ any llama.cpp row whose bytes equal ours takes our row's figures instead of bein
 `--formats int8,q4_k_m` keeps only those rows; `--llama_perplexity EXE` measures every row with
 llama-perplexity --kl-divergence on its GGUF (ours exported block for block by export_gguf)
 instead of the engine: the same weights on llama.cpp's forward, fast enough for every chunk of
-the text (rows say "measured_with"). A MoE (the MoEfied default model) gets no --imatrix rows:
+the text (rows say "measured_with"), but llama.cpp's CPU forward rounds the activations of
+quantized matrices to 8-bit blocks, so its figures include that cost on top of the weights'. A MoE (the MoEfied default model) gets no --imatrix rows:
 the legacy imatrix file is written for dense models only.
 
 The JSON (app/bench/results/quality.json) is what the wizard reads for each choice's quality cost
