@@ -11,17 +11,31 @@ from engine.errors import ColibriError
 
 
 def _progress_printer(stream=sys.stderr):
-    last = [0.0]
+    last, stage = [0.0], {"name": "", "t0": 0.0}
 
     def show(p: Progress) -> None:
         now = time.monotonic()
+        if p.stage != stage["name"]:  # each stage's time left is extrapolated from its own start
+            stage.update(name=p.stage, t0=now)
         if now - last[0] < 0.2 and p.done_bytes < p.total_bytes:
             return
         last[0] = now
-        stream.write(f"\r{p.fraction:6.1%}  {p.done_bytes / 1e6:8.1f} / {p.total_bytes / 1e6:.1f} MB  "
-                     f"{p.tensor[:48]:<48}")
+        if p.stage == "calibration":  # layers of the forward over the calibration text
+            stream.write(f"\r{p.fraction:6.1%}  {p.tensor}{_time_left(now - stage['t0'], p.fraction):<24}"
+                         + ("\n" if p.done_bytes == p.total_bytes else ""))
+        else:
+            stream.write(f"\r{p.fraction:6.1%}  {p.done_bytes / 1e6:8.1f} / {p.total_bytes / 1e6:.1f} MB  "
+                         f"{p.tensor[:48]:<48}")
         stream.flush()
     return show
+
+
+def _time_left(elapsed: float, fraction: float) -> str:
+    """', 1 min 20 s left' once a stage has progressed enough to extrapolate from."""
+    if fraction <= 0 or fraction >= 1:
+        return ""
+    left = elapsed * (1 - fraction) / fraction
+    return f", {int(left // 60)} min {int(left % 60)} s left" if left >= 60 else f", {left:.0f} s left"
 
 
 def build_parser() -> argparse.ArgumentParser:

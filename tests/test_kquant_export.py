@@ -194,3 +194,63 @@ def test_calibrating_a_moe_with_a_gated_shared_expert(tmp_path):
     r = convert(Path(__file__).parent / "fixtures" / "hf" / "qwen2_moe", tmp_path / "m", "int8", calibration_data=text)
     c = r.calibration
     assert c["tokens"] >= 16 and c["weighted_matrices"] > c["expert_matrices"] - c["unrouted_expert_matrices"]
+
+
+def test_calibration_reports_its_progress(tmp_path):
+    """The forward over the calibration text reports each layer (the CLI prints it with the time
+    left), then writing reports bytes as before; Cancel is honoured between layers."""
+    import io
+    import threading
+
+    from app.cli_convert import _progress_printer
+    from engine.convert.convert import convert
+    from engine.errors import ConversionCancelled
+    text = tmp_path / "cal.txt"
+    text.write_text(TEXT.read_text(encoding="utf-8")[:2000], encoding="utf-8")
+    seen, out = [], io.StringIO()
+    printer = _progress_printer(out)
+
+    def progress(p):
+        seen.append(p)
+        printer(p)
+    convert(PRESET_GGUF / "tiny-q8_0.gguf", tmp_path / "m", "q4_k_m", calibration_data=text, progress=progress)
+    cal = [p for p in seen if p.stage == "calibration"]
+    layers = cal[0].total_bytes
+    assert [p.done_bytes for p in cal] == list(range(1, layers + 1)) and layers >= 2
+    assert seen[:layers] == cal and all(p.stage == "write" for p in seen[layers:]) and seen[-1].fraction == 1.0
+    assert f"calibration: layer {layers} of {layers} (" in cal[-1].tensor and "tokens)" in cal[-1].tensor
+    assert f"calibration: layer {layers} of {layers}" in out.getvalue() and " MB  " in out.getvalue()
+    other = tmp_path / "cal2.txt"  # another text: not the calibration this process has kept
+    other.write_text(TEXT.read_text(encoding="utf-8")[2000:4000], encoding="utf-8")
+    stop = threading.Event()
+    with pytest.raises(ConversionCancelled):  # Cancel pressed during the first layer
+        convert(PRESET_GGUF / "tiny-q8_0.gguf", tmp_path / "n", "q4_k_m", calibration_data=other,
+                progress=lambda p: stop.set(), cancel=stop)
+    assert not (tmp_path / "n").exists()
+
+
+def test_time_left_is_each_stages_own():
+    from app.cli_convert import _time_left
+    assert _time_left(10, 0.25) == ", 30 s left" and _time_left(60, 0.5) == ", 1 min 0 s left"
+    assert _time_left(5, 0) == "" and _time_left(5, 1) == ""
+
+
+def test_the_wizard_restarts_its_clock_when_writing_follows_calibration(qtbot, tmp_path):
+    """The bar runs over the calibration layers, then over the bytes written: the time left of the
+    second stage is extrapolated from its own start, not from the calibration's."""
+    import gc
+    import time as _time
+
+    from ui.wizard import ConvertWizard
+    gc.collect()
+    w = ConvertWizard(None, tmp_path / "models")
+    qtbot.addWidget(w)
+    w._started = _time.monotonic() - 100  # 100 s of calibration behind
+    w._progress(0.5, "calibration: layer 15 of 30 (5 chunks, 2560 tokens)")
+    assert "calibration: layer 15 of 30" in w.tensor_label.text() and "left" in w.tensor_label.text()
+    w._progress(1.0, "calibration: layer 30 of 30 (5 chunks, 2560 tokens)")
+    before = w._started
+    w._progress(0.1, "blk.0.attn_q.weight")
+    assert w._started > before + 50 and w.bar.value() == 100
+    w.done(0)  # stops the wizard's worker thread (close() of a dialog never shown does not)
+    gc.collect()

@@ -132,8 +132,11 @@ def kquant_measured(chunks_and_reference):
 
 def test_q4_k_m_bounds(kquant_measured):
     # our Q4_K_M (byte for byte llama-quantize's: tests/test_kquant_export.py) on the real model;
-    # measured on this slice: +5.84%, KLD 0.061, same top 83.5% (on 1,020 positions of 512-token
-    # chunks: +4.63%, 87.8%): llama.cpp's own Q4_K_M is these same bytes, so 85% is not held here
+    # measured on this slice: +5.84%, KLD 0.061, same top 83.5% (+/- 4.6 at 95% on 254 positions);
+    # on the bench's 510 (colibri-bench quality): +4.63%, 87.8% +/- 2.8; on all 20 chunks of 512
+    # (5,100 positions, llama-perplexity --kl-divergence on these bytes): +7.4%, 87.7% +/- 0.9. The
+    # >= 85% of the issue holds there; this slice is too small to hold it (2 chunks of 512 pass
+    # every test here, 87.84%, but cost the file 281 s of CPU instead of 120), so it asserts 80%
     r = kquant_measured["q4_k_m"]
     assert r["delta_ppl_pct"] <= 6
     assert r["same_top_pct"] >= 80

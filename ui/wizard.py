@@ -501,7 +501,7 @@ class ConvertWizard(QDialog):
             name=s.name, q=self.quantize, target=self.target))
         self.tensor_label.setText(self.tr("Opening {name}…").format(name=s.source.name))  # a big GGUF takes seconds
         calibration = self.calibration
-        if calibration:  # the float forward over the text reports no progress: say what the wait is
+        if calibration:  # until the forward over the text reports its first layer: say what the wait is
             self.tensor_label.setText(self.tr("Running {name} over the calibration text {text} (a few minutes)…")
                                       .format(name=s.source.name, text=Path(calibration).name))
         self.outcome.setText("")
@@ -518,6 +518,8 @@ class ConvertWizard(QDialog):
             self.tensor_label.setText(self.tr("Cancelling…"))
 
     def _progress(self, fraction: float, tensor: str) -> None:
+        if self.progress_seen and fraction < self.progress_seen[-1]:  # calibration done, writing starts:
+            self._started = time.monotonic()  # the time left is the new stage's own
         self.progress_seen.append(fraction)
         self.bar.setValue(int(fraction * 1000))
         self.tensor_label.setText(f"{tensor}  ({fraction:.0%}{eta_text(time.monotonic() - self._started, fraction)})")

@@ -148,9 +148,12 @@ class _Energy:
 
 
 def collect(read: Callable[[str], np.ndarray], cfg: ModelConfig, chunks: list[np.ndarray],
-            has: Callable[[str], bool] = lambda n: True) -> Calibration:
+            has: Callable[[str], bool] = lambda n: True,
+            progress: Callable[[int, int], None] | None = None) -> Calibration:
     """Run `chunks` through the model whose float32 weights `read(name)` gives; the energies of
-    every matrix's inputs. `has(name)` says whether an optional tensor exists."""
+    every matrix's inputs. `has(name)` says whether an optional tensor exists; `progress(layers
+    done, layers)` is called after each layer (all chunks pass a layer together, so that each
+    layer's weights are dequantized once: the layer is the unit of progress)."""
     if cfg.qk_norm not in ("none", "head", "full"):
         raise ConversionError(f"calibration does not know qk_norm {cfg.qk_norm!r}")
     E = _Energy()
@@ -212,6 +215,8 @@ def collect(read: Callable[[str], np.ndarray], cfg: ModelConfig, chunks: list[np
         else:
             out = _mlp(E, x, read, [f"{b}ffn_{part}.0.weight" for part in ("gate", "up", "down")])
         h = h + out.reshape(C, T, D)
+        if progress:
+            progress(L + 1, cfg.num_layers)
     x = _rmsnorm(h, read("output_norm.weight"), eps)
     E.add(("token_embd.weight" if out_w is not None else "output.weight",), x)
     experts = 3 * cfg.num_experts * cfg.num_layers if cfg.is_moe else 0
@@ -227,10 +232,12 @@ def _mlp(E: _Energy, x: np.ndarray, read: Callable[[str], np.ndarray], names: li
 
 
 def calibration_of(items: list, cfg: ModelConfig, src, text_path: str | Path,
-                   src_path: Path | None = None) -> Calibration:
+                   src_path: Path | None = None,
+                   progress: Callable[[int, int, int, int], None] | None = None) -> Calibration:
     """Activation energies of every matrix's inputs on the calibration text for convert()'s plan
     `items` (the source weights) of the opened source `src`;
-    kept for the process, so converting one source to several targets runs the text once."""
+    kept for the process, so converting one source to several targets runs the text once.
+    `progress(layers done, layers, chunks, tokens)` after each layer of the forward."""
     key = cache_key(src_path, text_path) if src_path is not None else None
     if key in CACHE:
         return CACHE[key]
@@ -242,7 +249,9 @@ def calibration_of(items: list, cfg: ModelConfig, src, text_path: str | Path,
     meta = src.tokenizer.meta
     bos = meta.get("bos_token_id") if meta.get("add_bos_token") else None
     chunks = token_chunks(read_text(text_path), src.tokenizer.tokenizer_json, bos)
-    cal = collect(read, cfg, chunks, has=lambda n: n in by_name)
+    tokens = sum(len(c) for c in chunks)
+    cal = collect(read, cfg, chunks, has=lambda n: n in by_name,
+                  progress=(lambda done, total: progress(done, total, len(chunks), tokens)) if progress else None)
     log.info("%s", cal.describe())
     if key is not None:
         CACHE[key] = cal

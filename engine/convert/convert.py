@@ -46,10 +46,11 @@ _OLD = ".old-"  # a replaced model set aside for a moment (only where an atomic 
 
 @dataclass(frozen=True)
 class Progress:
-    done_bytes: int
+    done_bytes: int  # (for stage "calibration": layers of the calibration forward done, of total_bytes layers)
     total_bytes: int
     tensor: str
     file: str
+    stage: str = "write"  # "calibration" while --calibration_data's text runs through the model
 
     @property
     def fraction(self) -> float:
@@ -363,7 +364,12 @@ def convert(model_path: str | Path, output_path: str | Path, quantize: str | Non
         cal = None
         if calibration_data is not None:
             from engine.convert.calibrate import calibration_of
-            cal = calibration_of(items, cfg, src, calibration_data, src_path)
+            def calibrating(layers_done: int, layers: int, chunks: int, tokens: int) -> None:
+                check()  # Cancel works between layers of the calibration forward too
+                if progress:
+                    progress(Progress(layers_done, layers, f"calibration: layer {layers_done} of {layers} "
+                                      f"({chunks} chunks, {tokens} tokens)", "", "calibration"))
+            cal = calibration_of(items, cfg, src, calibration_data, src_path, progress=calibrating)
         cfg = replace(cfg, rope_scaling=None) if cfg.rope_freq_factors else cfg
         total = sum(i.qtype.nbytes(i.source.shape) for i in items)
         _check_space(dst, total + sum(align_up(1) for _ in items) + (4 << 20))
