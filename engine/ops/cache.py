@@ -72,14 +72,11 @@ class _Store:
         return new
 
 
-class FullKV:
-    """Keys/values of every position, in a preallocated (capacity, KVH, hd) buffer of `kind`."""
-
-    def __init__(self, capacity: int, kv_heads: int, head_dim: int, v_dim: int | None = None, kind: str = "f32"):
-        self.ks = _Store(capacity, kv_heads, head_dim, kind)
-        self.vs = _Store(capacity, kv_heads, v_dim or head_dim, kind)
-        self.pos = np.full(capacity, -1, np.int64)
-        self.length = 0
+class _StoredKV:
+    """What a full and a ring cache share: keys and values in two `_Store`s, their positions in `pos`."""
+    ks: _Store
+    vs: _Store
+    pos: np.ndarray
 
     @property
     def kind(self) -> str:
@@ -87,7 +84,7 @@ class FullKV:
 
     @property
     def k(self) -> np.ndarray:
-        """The keys as stored (capacity, KVH, hd)."""
+        """The keys as stored (slots, KVH, hd)."""
         return self.ks.x
 
     @property
@@ -97,6 +94,16 @@ class FullKV:
     @property
     def nbytes(self) -> int:
         return self.ks.nbytes + self.vs.nbytes + self.pos.nbytes
+
+
+class FullKV(_StoredKV):
+    """Keys/values of every position, in a preallocated (capacity, KVH, hd) buffer of `kind`."""
+
+    def __init__(self, capacity: int, kv_heads: int, head_dim: int, v_dim: int | None = None, kind: str = "f32"):
+        self.ks = _Store(capacity, kv_heads, head_dim, kind)
+        self.vs = _Store(capacity, kv_heads, v_dim or head_dim, kind)
+        self.pos = np.full(capacity, -1, np.int64)
+        self.length = 0
 
     def bytes_used(self) -> int:
         """Bytes of the filled positions (what the conversation costs so far)."""
@@ -132,7 +139,7 @@ class FullKV:
         return new
 
 
-class RingKV:
+class RingKV(_StoredKV):
     """A sliding-window layer's keys: `window` slots, position p in slot p % window."""
 
     def __init__(self, window: int, kv_heads: int, head_dim: int, v_dim: int | None = None, kind: str = "f32"):
@@ -142,23 +149,6 @@ class RingKV:
         self.ks = _Store(window, kv_heads, head_dim, kind)
         self.vs = _Store(window, kv_heads, v_dim or head_dim, kind)
         self.pos = np.full(window, -1, np.int64)
-
-    @property
-    def kind(self) -> str:
-        return self.ks.kind
-
-    @property
-    def k(self) -> np.ndarray:
-        """The keys as stored (window, KVH, hd)."""
-        return self.ks.x
-
-    @property
-    def v(self) -> np.ndarray:
-        return self.vs.x
-
-    @property
-    def nbytes(self) -> int:
-        return self.ks.nbytes + self.vs.nbytes + self.pos.nbytes
 
     def update(self, k_new: np.ndarray, v_new: np.ndarray, pos_new: np.ndarray
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
