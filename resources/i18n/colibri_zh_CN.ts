@@ -846,42 +846,6 @@ Load a Mixture-of-Experts model to see which experts each layer uses.</source>
         <translation>转换模型</translation>
     </message>
     <message>
-        <source>Source</source>
-        <translation>来源</translation>
-    </message>
-    <message>
-        <source>Architecture</source>
-        <translation>架构</translation>
-    </message>
-    <message>
-        <source>Layers</source>
-        <translation>层数</translation>
-    </message>
-    <message>
-        <source>Layer kinds</source>
-        <translation>层类型</translation>
-    </message>
-    <message>
-        <source>Experts</source>
-        <translation>专家</translation>
-    </message>
-    <message>
-        <source>Top-k</source>
-        <translation>Top-k</translation>
-    </message>
-    <message>
-        <source>Parameters</source>
-        <translation>参数</translation>
-    </message>
-    <message>
-        <source>Vocabulary</source>
-        <translation>词表</translation>
-    </message>
-    <message>
-        <source>Context</source>
-        <translation>上下文</translation>
-    </message>
-    <message>
         <source>Back</source>
         <translation>上一步</translation>
     </message>
@@ -1044,6 +1008,154 @@ Load a Mixture-of-Experts model to see which experts each layer uses.</source>
     <message>
         <source>Opening {name}…</source>
         <translation>正在打开 {name}…</translation>
+    </message>
+    <message>
+        <source>Reading the header of {name}{size}: {pct:.0%}</source>
+        <translation>正在读取 {name}{size} 的文件头：{pct:.0%}</translation>
+    </message>
+    <message>
+        <source>The text reached all {experts} expert matrices.</source>
+        <translation>该文本覆盖了全部 {experts} 个专家矩阵。</translation>
+    </message>
+    <message>
+        <source>{n} of {experts}</source>
+        <translation>{experts} 个中的 {n} 个</translation>
+    </message>
+    <message>
+        <source>all (dense)</source>
+        <translation>全部（稠密）</translation>
+    </message>
+    <message>
+        <source>the fewest: the others load from disk</source>
+        <translation>最少：其余的从磁盘加载</translation>
+    </message>
+    <message>
+        <source>all experts in memory: never waits for the disk</source>
+        <translation>全部专家在内存中：从不等待磁盘</translation>
+    </message>
+    <message>
+        <source>dense model: all weights stay in memory</source>
+        <translation>稠密模型：所有权重常驻内存</translation>
+    </message>
+    <message>
+        <source>Weights always in memory ({dense}), the experts kept, and the KV cache for a {context:,}-token context in f16 ({kv}). Set the expert cache size in Settings after loading.</source>
+        <translation>常驻内存的权重（{dense}）、缓存的专家，以及 {context:,} 词元上下文的 f16 KV 缓存（{kv}）。加载后可在“设置”中调整专家缓存大小。</translation>
+    </message>
+    <message>
+        <source>Converting {name} ({q}) into {target}</source>
+        <translation>正在把 {name}（{q}）转换到 {target}</translation>
+    </message>
+    <message>
+        <source>Done: {size} written in {seconds:.1f} s ({kinds}). The model is in your library.</source>
+        <translation>完成：{seconds:.1f} 秒内写入 {size}（{kinds}）。模型已在你的模型库中。</translation>
+    </message>
+    <message>
+        <source>A text like the ones you will give the model (a few pages; at most 16,000 tokens are used). The converter runs the model over it first, which adds minutes, and rounds the weights that matter most more carefully.</source>
+        <translation>一段与你今后交给模型的内容相似的文本（几页即可；最多使用 16,000 个词元）。转换器会先让模型读一遍它，这会多花几分钟，然后更仔细地舍入最重要的权重。</translation>
+    </message>
+    <message>
+        <source>Calibration (optional)</source>
+        <translation>校准（可选）</translation>
+    </message>
+    <message>
+        <source>Calibration text</source>
+        <translation>校准文本</translation>
+    </message>
+    <message>
+        <source>A text file the converter runs the model over, to round the weights that matter most more carefully</source>
+        <translation>转换器让模型读一遍的文本文件，用来更仔细地舍入最重要的权重</translation>
+    </message>
+    <message>
+        <source>Calibration text…</source>
+        <translation>校准文本…</translation>
+    </message>
+    <message>
+        <source>Choose a calibration text file</source>
+        <translation>选择校准文本文件</translation>
+    </message>
+    <message>
+        <source>Text (*.txt *.md);;All files (*)</source>
+        <translation>文本 (*.txt *.md);;所有文件 (*)</translation>
+    </message>
+    <message>
+        <source>on disk</source>
+        <translation>磁盘占用</translation>
+    </message>
+    <message>
+        <source>memory from</source>
+        <translation>内存（最少）</translation>
+    </message>
+    <message>
+        <source>measured on the default model</source>
+        <translation>在默认模型上实测</translation>
+    </message>
+    <message>
+        <source>none: every weight counts the same</source>
+        <translation>无：每个权重同等对待</translation>
+    </message>
+    <message>
+        <source>{ppl:+.1f}% perplexity, {same:.0f}% same next token</source>
+        <translation>困惑度 {ppl:+.1f}%，{same:.0f}% 下一词元相同</translation>
+    </message>
+    <message>
+        <source>Calibrated on {tokens:,} tokens: {weighted} matrices rounded by importance.</source>
+        <translation>已在 {tokens:,} 个词元上校准：{weighted} 个矩阵按重要性舍入。</translation>
+    </message>
+    <message>
+        <source>Quality: one model&apos;s figures, the default model&apos;s ({model}, converted from that file and compared with its f16 over {positions} tokens); another model&apos;s cost differs.</source>
+        <translation>质量：这是单个模型的数据，即默认模型（{model}，由该文件转换，并在 {positions} 个词元上与其 f16 比较）；其他模型的损失会不同。</translation>
+    </message>
+    <message>
+        <source>calibrated: {figures}</source>
+        <translation>校准后：{figures}</translation>
+    </message>
+    <message>
+        <source>Only int8, q4_k_m and int4 round weights: {q} needs no calibration.</source>
+        <translation>只有 int8、q4_k_m 和 int4 会舍入权重：{q} 不需要校准。</translation>
+    </message>
+    <message>
+        <source>No file at {path}.</source>
+        <translation>{path} 处没有文件。</translation>
+    </message>
+    <message>
+        <source>measured on the default model: {figures}</source>
+        <translation>在默认模型上实测：{figures}</translation>
+    </message>
+    <message>
+        <source>{help}; {size} on disk, needs from {memory} of memory; {cost}</source>
+        <translation>{help}；磁盘占用 {size}，至少需要 {memory} 内存；{cost}</translation>
+    </message>
+    <message>
+        <source>{q} shows no loss there because that file was stored in {q}&apos;s format already; from 16 bits it costs more.</source>
+        <translation>{q} 在那里没有损失，因为那个文件本来就以 {q} 的格式存储；从 16 位转换时损失会更大。</translation>
+    </message>
+    <message>
+        <source>Running {name} over the calibration text {text} (a few minutes)…</source>
+        <translation>正在让 {name} 读校准文本 {text}（需要几分钟）…</translation>
+    </message>
+    <message>
+        <source>{unrouted} of {experts} expert matrices were never routed to by the text: they keep weight-only rounding.</source>
+        <translation>{experts} 个专家矩阵中有 {unrouted} 个从未被该文本路由到：它们仅按权重本身舍入。</translation>
+    </message>
+    <message>
+        <source>as the source stores them (a GGUF imports losslessly)</source>
+        <translation>保持源文件的存储方式（GGUF 无损导入）</translation>
+    </message>
+    <message>
+        <source>16-bit floats: practically lossless</source>
+        <translation>16 位浮点：几乎无损</translation>
+    </message>
+    <message>
+        <source>8 bits per weight: a very small loss</source>
+        <translation>每个权重 8 位：损失很小</translation>
+    </message>
+    <message>
+        <source>llama.cpp&apos;s Q4_K_M: ~5 bits, more where it matters</source>
+        <translation>llama.cpp 的 Q4_K_M：约 5 位，关键处更多</translation>
+    </message>
+    <message>
+        <source>4 bits per weight: a noticeable loss</source>
+        <translation>每个权重 4 位：损失明显</translation>
     </message>
 </context>
 <context>
@@ -1503,157 +1615,6 @@ Load a Mixture-of-Experts model to see which experts each layer uses.</source>
     <message>
         <source>Slower than usual: {why}</source>
         <translation>比平时慢：{why}</translation>
-    </message>
-</context>
-<context>
-    <name>ConvertWizard</name>
-    <message>
-        <source>Reading the header of {name}{size}: {pct:.0%}</source>
-        <translation>正在读取 {name}{size} 的文件头：{pct:.0%}</translation>
-    </message>
-    <message>
-        <source>The text reached all {experts} expert matrices.</source>
-        <translation>该文本覆盖了全部 {experts} 个专家矩阵。</translation>
-    </message>
-    <message>
-        <source>{n} of {experts}</source>
-        <translation>{experts} 个中的 {n} 个</translation>
-    </message>
-    <message>
-        <source>all (dense)</source>
-        <translation>全部（稠密）</translation>
-    </message>
-    <message>
-        <source>the fewest: the others load from disk</source>
-        <translation>最少：其余的从磁盘加载</translation>
-    </message>
-    <message>
-        <source>all experts in memory: never waits for the disk</source>
-        <translation>全部专家在内存中：从不等待磁盘</translation>
-    </message>
-    <message>
-        <source>dense model: all weights stay in memory</source>
-        <translation>稠密模型：所有权重常驻内存</translation>
-    </message>
-    <message>
-        <source>Weights always in memory ({dense}), the experts kept, and the KV cache for a {context:,}-token context in f16 ({kv}). Set the expert cache size in Settings after loading.</source>
-        <translation>常驻内存的权重（{dense}）、缓存的专家，以及 {context:,} 词元上下文的 f16 KV 缓存（{kv}）。加载后可在“设置”中调整专家缓存大小。</translation>
-    </message>
-    <message>
-        <source>Converting {name} ({q}) into {target}</source>
-        <translation>正在把 {name}（{q}）转换到 {target}</translation>
-    </message>
-    <message>
-        <source>Done: {size} written in {seconds:.1f} s ({kinds}). The model is in your library.</source>
-        <translation>完成：{seconds:.1f} 秒内写入 {size}（{kinds}）。模型已在你的模型库中。</translation>
-    </message>
-    <message>
-        <source>A text like the ones you will give the model (a few pages; at most 16,000 tokens are used). The converter runs the model over it first, which adds minutes, and rounds the weights that matter most more carefully.</source>
-        <translation>一段与你今后交给模型的内容相似的文本（几页即可；最多使用 16,000 个词元）。转换器会先让模型读一遍它，这会多花几分钟，然后更仔细地舍入最重要的权重。</translation>
-    </message>
-    <message>
-        <source>Calibration (optional)</source>
-        <translation>校准（可选）</translation>
-    </message>
-    <message>
-        <source>Calibration text</source>
-        <translation>校准文本</translation>
-    </message>
-    <message>
-        <source>A text file the converter runs the model over, to round the weights that matter most more carefully</source>
-        <translation>转换器让模型读一遍的文本文件，用来更仔细地舍入最重要的权重</translation>
-    </message>
-    <message>
-        <source>Calibration text…</source>
-        <translation>校准文本…</translation>
-    </message>
-    <message>
-        <source>Choose a calibration text file</source>
-        <translation>选择校准文本文件</translation>
-    </message>
-    <message>
-        <source>Text (*.txt *.md);;All files (*)</source>
-        <translation>文本 (*.txt *.md);;所有文件 (*)</translation>
-    </message>
-    <message>
-        <source>on disk</source>
-        <translation>磁盘占用</translation>
-    </message>
-    <message>
-        <source>memory from</source>
-        <translation>内存（最少）</translation>
-    </message>
-    <message>
-        <source>measured on the default model</source>
-        <translation>在默认模型上实测</translation>
-    </message>
-    <message>
-        <source>none: every weight counts the same</source>
-        <translation>无：每个权重同等对待</translation>
-    </message>
-    <message>
-        <source>{ppl:+.1f}% perplexity, {same:.0f}% same next token</source>
-        <translation>困惑度 {ppl:+.1f}%，{same:.0f}% 下一词元相同</translation>
-    </message>
-    <message>
-        <source>Calibrated on {tokens:,} tokens: {weighted} matrices rounded by importance.</source>
-        <translation>已在 {tokens:,} 个词元上校准：{weighted} 个矩阵按重要性舍入。</translation>
-    </message>
-    <message>
-        <source>Quality: one model&apos;s figures, the default model&apos;s ({model}, converted from that file and compared with its f16 over {positions} tokens); another model&apos;s cost differs.</source>
-        <translation>质量：这是单个模型的数据，即默认模型（{model}，由该文件转换，并在 {positions} 个词元上与其 f16 比较）；其他模型的损失会不同。</translation>
-    </message>
-    <message>
-        <source>calibrated: {figures}</source>
-        <translation>校准后：{figures}</translation>
-    </message>
-    <message>
-        <source>Only int8, q4_k_m and int4 round weights: {q} needs no calibration.</source>
-        <translation>只有 int8、q4_k_m 和 int4 会舍入权重：{q} 不需要校准。</translation>
-    </message>
-    <message>
-        <source>No file at {path}.</source>
-        <translation>{path} 处没有文件。</translation>
-    </message>
-    <message>
-        <source>measured on the default model: {figures}</source>
-        <translation>在默认模型上实测：{figures}</translation>
-    </message>
-    <message>
-        <source>{help}; {size} on disk, needs from {memory} of memory; {cost}</source>
-        <translation>{help}；磁盘占用 {size}，至少需要 {memory} 内存；{cost}</translation>
-    </message>
-    <message>
-        <source>{q} shows no loss there because that file was stored in {q}&apos;s format already; from 16 bits it costs more.</source>
-        <translation>{q} 在那里没有损失，因为那个文件本来就以 {q} 的格式存储；从 16 位转换时损失会更大。</translation>
-    </message>
-    <message>
-        <source>Running {name} over the calibration text {text} (a few minutes)…</source>
-        <translation>正在让 {name} 读校准文本 {text}（需要几分钟）…</translation>
-    </message>
-    <message>
-        <source>{unrouted} of {experts} expert matrices were never routed to by the text: they keep weight-only rounding.</source>
-        <translation>{experts} 个专家矩阵中有 {unrouted} 个从未被该文本路由到：它们仅按权重本身舍入。</translation>
-    </message>
-    <message>
-        <source>as the source stores them (a GGUF imports losslessly)</source>
-        <translation>保持源文件的存储方式（GGUF 无损导入）</translation>
-    </message>
-    <message>
-        <source>16-bit floats: practically lossless</source>
-        <translation>16 位浮点：几乎无损</translation>
-    </message>
-    <message>
-        <source>8 bits per weight: a very small loss</source>
-        <translation>每个权重 8 位：损失很小</translation>
-    </message>
-    <message>
-        <source>llama.cpp&apos;s Q4_K_M: ~5 bits, more where it matters</source>
-        <translation>llama.cpp 的 Q4_K_M：约 5 位，关键处更多</translation>
-    </message>
-    <message>
-        <source>4 bits per weight: a noticeable loss</source>
-        <translation>每个权重 4 位：损失明显</translation>
     </message>
 </context>
 <context>
