@@ -17,6 +17,7 @@ cache keeps one entry per target, so switching back and forth never recompiles t
 from __future__ import annotations
 
 import os
+import secrets
 
 import platformdirs
 
@@ -116,7 +117,6 @@ class _RandomUids:
         return self
 
     def __next__(self) -> int:
-        import secrets
         return secrets.randbits(63)
 
 
