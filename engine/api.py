@@ -27,6 +27,7 @@ from engine.scheduler import ScheduleSnapshot, attach
 from engine.experts import CacheStats, ExpertCache, ExpertStore, plan_expert_cache, replan
 from engine.hardware import EnergyReading, HardwareMonitor, HardwareSnapshot
 from engine.kernels import isa
+from engine.kernels.matmul import INT_MAX_T
 from engine.kvcache import KVCache
 from engine.mempool import MemoryPool, PoolStats
 from engine.model_dir import open_model_dir
@@ -514,21 +515,23 @@ class Engine:
         """Compile (or load) every kernel and touch the hot path; returns the seconds it took.
         Its expert lookups are not counted (stats() describes real requests)."""
         t0 = time.perf_counter()
-        probe = [self.codec.bos_id or 0, 1 % self.cfg.vocab_size]
+        V = self.cfg.vocab_size  # a prompt-sized probe: prompts take the multi-token kernels, decode the fused ones
+        probe = [self.codec.bos_id or 0] + [(1 + i) % V for i in range(INT_MAX_T + 1)]
         ec, auto = self.weights.experts, self.cache_plan.auto
         if auto:  # compile before the cache fills: a cold numba cache's compile takes memory the plan gave experts
             ec.set_budget(0)  # (its working minimum; no re-planning meanwhile)
             self._planned_at = float("inf")
         try:
             with ec.quiet():
-                self.logits(probe)
+                Sampler(**self.sampling).sample(self.logits(probe)[-1], probe)  # the chat's sampling kernel too
                 if self.net.fused is not None:  # an MoE takes it once every expert is in: compile it now
                     self.net.fused.compile(self.params["kv_cache_quantize"])
                 with self._lock:
                     c = self.cfg
-                    cache = KVCache(c.num_layers, 3, c.num_kv_heads, c.head_dim, self.params["kv_cache_quantize"])
+                    cache = KVCache(c.num_layers, len(probe) + 1, c.num_kv_heads, c.head_dim,
+                                    self.params["kv_cache_quantize"])
                     self._prefill(probe, cache, 0, all_logits=False)
-                    self._prefill(probe[:1], cache, 2, all_logits=False)
+                    self._prefill(probe[:1], cache, len(probe), all_logits=False)
         finally:
             if auto:  # the room measured again, what the compile kept included
                 self.cache_plan = replan(self.cache_plan, self.cfg.num_experts, self.cfg.num_layers, ec.used_bytes,

@@ -170,3 +170,37 @@ def test_int8_activations_switch_live(smol):
     assert np.abs(fast - exact).max() < 0.05 * np.abs(exact).max()
     assert (fast[-1].argmax() == exact[-1].argmax())
     np.testing.assert_array_equal(smol.logits(ids), fast)
+
+
+WARM_CHECK = """
+import sys, numba
+from numba.core.registry import CPUDispatcher
+from engine.api import Engine
+
+def overloads():
+    mods = [m for n, m in list(sys.modules.items()) if n.startswith("engine") and m is not None]
+    return {f"{m.__name__}.{k}": len(v.overloads) for m in mods for k, v in list(vars(m).items())
+            if isinstance(v, CPUDispatcher)}
+
+eng = Engine(sys.argv[1], threads=1)
+eng.warmup()
+before = overloads()
+chat = [{"role": "user", "content": "Write two lines about the sea, the wind and the long grey shore."}]
+text = "".join(s.text for s in eng.generate(chat, max_tokens=6))
+after = overloads()
+print(sorted(k for k in after if after[k] != before.get(k, 0)))
+"""
+
+
+def test_warmup_compiles_everything_the_first_chat_reply_runs(default_converted):
+    """The first reply in a fresh window must not compile (or load from the cache) a kernel:
+    warmup() runs a prompt-sized prefill, a decode step and the chat's default sampler. A fresh
+    process, because compiled overloads are per process."""
+    import os
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    r = subprocess.run([sys.executable, "-c", WARM_CHECK, str(default_converted)], cwd=root, capture_output=True,
+                       text=True, timeout=900, env=dict(os.environ, PYTHONPATH=root))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip().splitlines()[-1] == "[]", r.stdout
