@@ -42,6 +42,8 @@ def test_a_short_replys_decode_speed_is_drawn_after_it_ends(qtbot, default_conve
     assert np.isfinite(decode).sum() == 1 and np.isnan(decode[-1])
     x, y = d.decode_dots.getData()
     assert len(y) == 1 and y[0] == pytest.approx(steps[-1].decode_tok_s) and x[0] < 0
+    low, high = d.speed_plot.getPlotItem().getViewBox().viewRange()[1]  # one figure: drawn from zero, not
+    assert low == 0 and y[0] < high <= y[0] * 1.2 + 1                 # on a 1 tok/s range around it
     d.close()
 
 

@@ -70,6 +70,20 @@ def _kernels_line(snap) -> str:
     per = ", ".join(f"{fmt} {k.split(' ')[0]}" for fmt, k in kernels.items())
     return f" · kernels {path}" + (f": {per}" if per else "")
 
+def _fit_y(plot: pg.PlotWidget, values: np.ndarray, low: float | None, min_span: float = 10.0) -> None:
+    """The y range over the finite values: from `low` to 15% above the largest, or (low None) centred
+    on them, at least min_span wide; nothing to show leaves the range as it is."""
+    v = values[np.isfinite(values)]
+    if not len(v):
+        return
+    top, bottom = float(v.max()), float(v.min())
+    if low is not None:
+        plot.setYRange(low, max(low + (top - low) * 1.15, low + 1.0), padding=0)
+    else:
+        mid, half = (top + bottom) / 2, max(top - bottom, min_span) / 2 * 1.15
+        plot.setYRange(mid - half, mid + half, padding=0)
+
+
 class Dashboard(QWidget):
     """The dashboard's panels (the main window puts them in a dock); `worker` is the app's
     EngineWorker (its signals in, requests out)."""
@@ -448,6 +462,13 @@ class Dashboard(QWidget):
                            (self.cpu_w_curve, "cpu_w"), (self.gpu_w_curve, "gpu_w"), (self.load_curve, "cpu_pct"),
                            (self.gpu_curve, "gpu_pct")):
             curve.setData(x, np.asarray(self.history[key], float), connect="finite")
+        # the y axes from zero (or a span of at least 10 °C): near-constant figures autoscaled to a range of
+        # 1 tok/s, which drew a steady reply as a jagged line
+        h = {k: np.asarray(self.history[k], float) for k in ("decode", "rss", "cpu_w", "gpu_w", "temp")}
+        for plot, values, low in ((self.speed_plot, h["decode"], 0.0), (self.rss_plot, h["rss"], 0.0),
+                                  (self.power_plot, np.concatenate([h["cpu_w"], h["gpu_w"]]), 0.0),
+                                  (self.temp_plot, h["temp"], None)):
+            _fit_y(plot, values, low)
         threads = np.asarray(self.history["threads"], float)
         self.threads_curve.setData(x, threads, connect="finite")
         self.threads_view.setYRange(0, max(A.configured_threads(snap), int(np.nanmax(threads)) if len(threads) else 1) + 1)
