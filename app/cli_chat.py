@@ -67,8 +67,10 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def stream_reply(engine, prompt, sampling: dict, out=sys.stdout) -> tuple[str, object]:
-    """Print a reply as it streams; Ctrl-C ends it early. Returns (text, last step)."""
+def stream_reply(engine, prompt, sampling: dict, out=None) -> tuple[str, object]:
+    """Print a reply as it streams; Ctrl-C ends it early. Returns (text, last step). `out` defaults to
+    the sys.stdout of the call, not of the import (an embedding program may swap it)."""
+    out = sys.stdout if out is None else out
     text, step = "", None
     gen = engine.generate(prompt, **sampling)
     try:

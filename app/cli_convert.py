@@ -10,7 +10,8 @@ from engine.convert.convert import QUANTIZE_CHOICES, Progress, convert
 from engine.errors import ColibriError
 
 
-def _progress_printer(stream=sys.stderr):
+def _progress_printer(stream=None):
+    stream = sys.stderr if stream is None else stream  # the stderr of the call, not of the import
     last, stage = [0.0], {"name": "", "t0": 0.0}
 
     def show(p: Progress) -> None:
