@@ -96,12 +96,19 @@ def markdown(report: dict) -> str:
 BEGIN, END = "<!-- colibri-bench speed: begin (generated from {json}; do not edit) -->", "<!-- colibri-bench speed: end -->"
 
 
-def write_readme(report: dict, readme: Path, source: str) -> None:
-    """Replace the generated block of `readme` (between the markers) with this report's tables."""
+def replace_generated(readme: Path, bench: str, source: str, body: str) -> None:
+    """Replace the block `colibri-bench <bench>` generated in `readme` (between its begin and end
+    markers) with `body`, naming the JSON it came from: README figures come from a saved report."""
+    begin = f"<!-- colibri-bench {bench}: begin"
+    end_mark = f"<!-- colibri-bench {bench}: end -->"
     text = readme.read_text()
-    start = next((i for i in range(len(text)) if text.startswith(BEGIN.split("{")[0], i)), -1)
-    end = text.find(END)
+    start, end = text.find(begin), text.find(end_mark)
     if start < 0 or end < start:
-        raise SystemExit(f"{readme}: no generated block (a line starting {BEGIN.split('{')[0]!r} ... {END!r})")
-    block = BEGIN.format(json=source) + "\n\n" + markdown(report) + "\n\n" + END
-    readme.write_text(text[:start] + block + text[end + len(END):])
+        raise SystemExit(f"{readme}: no generated {bench} block (a line starting {begin!r} ... {end_mark!r})")
+    block = f"{begin} (generated from {source}; do not edit) -->\n\n{body.strip()}\n\n{end_mark}"
+    readme.write_text(text[:start] + block + text[end + len(end_mark):])
+
+
+def write_readme(report: dict, readme: Path, source: str) -> None:
+    """Replace the README's generated speed block with this report's tables."""
+    replace_generated(readme, "speed", source, markdown(report))
