@@ -109,6 +109,6 @@ def replace_generated(readme: Path, bench: str, source: str, body: str) -> None:
     readme.write_text(text[:start] + block + text[end + len(end_mark):])
 
 
-def write_readme(report: dict, readme: Path, source: str) -> None:
-    """Replace the README's generated speed block with this report's tables."""
-    replace_generated(readme, "speed", source, markdown(report))
+def write_readme(report: dict, readme: Path, source: str, block: str = "speed") -> None:
+    """Replace the README's generated speed block (or another block of speed tables) with this report's."""
+    replace_generated(readme, block, source, markdown(report))

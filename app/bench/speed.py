@@ -582,8 +582,8 @@ def cmd_speed(args: argparse.Namespace) -> int:
 
 def cmd_readme(args: argparse.Namespace) -> int:
     """Regenerate the README's Performance tables from a saved `speed --json` report."""
-    write_readme(json.loads(Path(args.json).read_text()), Path(args.readme), args.json)
-    print(f"{args.readme}: Performance tables regenerated from {args.json}")
+    write_readme(json.loads(Path(args.json).read_text()), Path(args.readme), args.json, args.block)
+    print(f"{args.readme}: the {args.block} block regenerated from {args.json}")
     return 0
 
 
@@ -614,6 +614,8 @@ def add_parser(sub) -> None:
     r = sub.add_parser("readme", help="regenerate the README's Performance tables from a speed --json report")
     r.add_argument("--json", required=True)
     r.add_argument("--readme", default=str(ROOT / "README.md"))
+    r.add_argument("--block", default="speed", help="which generated block: speed (Performance) or another name "
+                   "marked `<!-- colibri-bench NAME: begin ... -->` (e.g. speed-arch)")
     r.set_defaults(func=cmd_readme)
 
 
