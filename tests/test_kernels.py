@@ -102,7 +102,7 @@ from engine.kernels import cpu, simd
 from engine.kernels import reference as ref
 assert simd.DOT == sys.argv[1], simd.DOT
 for name in ("q4_0", "q4_1", "q8_0", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k"):
-    n = 256 if name.endswith("_k") else 128  # (K-quants: stored rows and groups, decode and prefill)
+    n = 512 if name.endswith("_k") else 128  # (K-quants: stored rows and groups, decode and prefill tiles)
     w = stored_matrix(name, 19, n, seed=2)
     x = np.random.default_rng(4).standard_normal((1, n)).astype(np.float32)
     out = np.empty((1, 19), np.float32)
