@@ -28,7 +28,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 import engine.kernels  # noqa: F401  (numba settings first)
-from engine.kernels.simd import (_FAST, _ZERO, F32, I8, I32, _activations, _byte_ptr, _dot_accumulate, _load,
+from engine.kernels.simd import (_EXACT, _FAST, _ZERO, F32, I8, I32, _activations, _byte_ptr, _dot_accumulate, _load,
                                  _splat, _token_pointers, _vec, copy4, group_intrinsic)
 
 Q2_K, Q3_K, Q4_K, Q5_K, Q6_K = 10, 11, 12, 13, 14
@@ -210,7 +210,9 @@ def _group_k(fmt: str, tokens: int):
     activations: one token's (tokens=1: xq (n,) ...) or TOKENS tokens' from t0 on (xq (T, n) ...),
     each super-block's weights unpacked once for all of them. Returns a tuple of 8 float32 per
     token, token by token. Per sub-block and token: the 8 rows' integer sums in 8 lanes, scaled
-    by (sub-block scales · d_x) in a float vector; per super-block · d (and - dmin · Σ m_j d_x Σq_x)."""
+    by (sub-block scales · d_x) in a float vector; per super-block · d (and - dmin · Σ m_j d_x Σq_x).
+    Its float steps are _EXACT: tiles.py's prefill repeats them, so a token gets the same bits alone
+    or among many."""
     code, gsize = GROUP_FORMATS[fmt]
 
     def typer(w, g, xq, xd, xs, xi, *t0):
@@ -236,12 +238,12 @@ def _group_k(fmt: str, tokens: int):
                         for u, at in parts:
                             dots = _dot_accumulate(builder, dots, u, _broadcast_word(builder, qp, at))
                         dx = builder.load(_at(builder, dp, j))
-                        f = builder.fmul(scale, _splat(builder, dx), flags=_FAST)
-                        sums[k] = builder.fadd(sums[k], builder.fmul(builder.sitofp(dots, vf), f, flags=_FAST),
-                                               flags=_FAST)
+                        f = builder.fmul(scale, _splat(builder, dx), flags=_EXACT)
+                        sums[k] = builder.fadd(sums[k], builder.fmul(builder.sitofp(dots, vf), f, flags=_EXACT),
+                                               flags=_EXACT)
                         qsum = builder.sitofp(builder.load(_at(builder, ip, j)), F32)
-                        e = builder.fmul(minimum, _splat(builder, builder.fmul(dx, qsum, flags=_FAST)), flags=_FAST)
-                        mins[k] = builder.fadd(mins[k], e, flags=_FAST)
+                        e = builder.fmul(minimum, _splat(builder, builder.fmul(dx, qsum, flags=_EXACT)), flags=_EXACT)
+                        mins[k] = builder.fadd(mins[k], e, flags=_EXACT)
 
                 if code == Q6_K:  # per activation block j: the 8 rows' Σ (q - 32) x of its two
                     vi = _vec(I32, 8)  # sub-blocks times their int8 scales, summed in integers
@@ -261,8 +263,8 @@ def _group_k(fmt: str, tokens: int):
                                     isums[k] = builder.add(isums[k], builder.mul(dots, sc))
                             for k, (_, dp, _) in enumerate(xps):
                                 f = _splat(builder, builder.load(_at(builder, dp, j)))
-                                sums[k] = builder.fadd(sums[k], builder.fmul(builder.sitofp(isums[k], vf), f, flags=_FAST),
-                                                       flags=_FAST)
+                                sums[k] = builder.fadd(sums[k], builder.fmul(builder.sitofp(isums[k], vf), f, flags=_EXACT),
+                                                       flags=_EXACT)
                     d8 = builder.fpext(_load(builder, _at(builder, blk, 1664), _vec(ir.HalfType(), 8)), vf)
                     dmin8 = None
                 else:
@@ -275,10 +277,10 @@ def _group_k(fmt: str, tokens: int):
                     d8 = builder.fpext(_load(builder, blk, _vec(ir.HalfType(), 8)), vf)
                     dmin8 = builder.fpext(_load(builder, _at(builder, blk, 16), _vec(ir.HalfType(), 8)), vf)
                 for k in range(tokens):
-                    total = builder.fmul(d8, sums[k], flags=_FAST)
+                    total = builder.fmul(d8, sums[k], flags=_EXACT)
                     if dmin8 is not None:
-                        total = builder.fsub(total, builder.fmul(dmin8, mins[k], flags=_FAST), flags=_FAST)
-                    builder.store(builder.fadd(builder.load(accs[k]), total, flags=_FAST), accs[k])
+                        total = builder.fsub(total, builder.fmul(dmin8, mins[k], flags=_EXACT), flags=_EXACT)
+                    builder.store(builder.fadd(builder.load(accs[k]), total, flags=_EXACT), accs[k])
             values = []
             for acc in accs:
                 v = builder.load(acc)
