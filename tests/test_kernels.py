@@ -275,10 +275,12 @@ def test_decode_and_prefill_paths_agree(name):
 
 def check_rows_alone(name: str) -> None:
     """Each row of a multi-row matmul equals that row's one-row matmul bit for bit (both layouts)."""
+    from engine.kernels import tiles
     n, rows = 512, 64
     code = quant.get(name).type_id
-    x = np.random.default_rng(5).standard_normal((2 * cpu.TOKENS + 1, n)).astype(np.float32)
-    for packed in (False, True) if code in cpu.PACKABLE else (False,):
+    for T, packed in [(2 * cpu.TOKENS + 1, False)] + [(T, True) for T in (2 * cpu.TOKENS + 1, tiles.TILE_MIN_T + 1)
+                                                       if code in cpu.PACKABLE]:  # (a few tokens, and tiles)
+        x = np.random.default_rng(5).standard_normal((T, n)).astype(np.float32)
         w = stored_matrix(name, rows, n, seed=3)
         if packed:
             cpu.repack_x8(w, code)
@@ -288,7 +290,7 @@ def check_rows_alone(name: str) -> None:
         for t in range(x.shape[0]):
             one = np.empty((1, rows), np.float32)
             cpu.matmul(w, c, x[t:t + 1], one)
-            np.testing.assert_array_equal(one[0], many[t], err_msg=f"{name} packed={packed} token {t}")
+            np.testing.assert_array_equal(one[0], many[t], err_msg=f"{name} packed={packed} token {t} of {T}")
 
 
 def check_repacked(name: str, rows: int, n: int):

@@ -427,8 +427,8 @@ def _group32(fmt: str, tokens: int):
 
 
 group_q5_0, group_q5_1, group_iq4_nl, group_mxfp4, group_iq4_xs = (_group32(f, 1) for f in FORMATS)
-group_tokens_q5_0, group_tokens_q5_1, group_tokens_iq4_nl, group_tokens_mxfp4 = (
-    _group32(f, TOKENS) for f in FORMATS if f != "iq4_xs")  # (IQ4_XS prefill: tiles.py)
+group_tokens_q5_0, group_tokens_q5_1, group_tokens_iq4_nl, group_tokens_mxfp4, group_tokens_iq4_xs = (
+    _group32(f, TOKENS) for f in FORMATS)
 
 
 @njit(cache=True, nogil=True)
@@ -447,12 +447,14 @@ def group_dot(w, g, code, xq, xd, xs, xi):
 
 @njit(cache=True, nogil=True)
 def group_tokens(w, g, code, xq, xd, xs, xi, t0):
-    """Rows 8g..8g+7 of a repacked q5_0/q5_1/iq4_nl/mxfp4 matrix · tokens t0..t0+TOKENS-1: 8 rows of
-    token t0, then of t0+1, ... (IQ4_XS: tiles.py)"""
+    """Rows 8g..8g+7 of a repacked matrix · tokens t0..t0+TOKENS-1: 8 rows of token t0, then of
+    t0+1, ... (IQ4_XS: fewer than tiles.TILE_MIN_T tokens)"""
     if code == Q5_0:
         return group_tokens_q5_0(w, g, xq, xd, xs, xi, t0)
     if code == Q5_1:
         return group_tokens_q5_1(w, g, xq, xd, xs, xi, t0)
     if code == IQ4_NL:
         return group_tokens_iq4_nl(w, g, xq, xd, xs, xi, t0)
+    if code == IQ4_XS:
+        return group_tokens_iq4_xs(w, g, xq, xd, xs, xi, t0)
     return group_tokens_mxfp4(w, g, xq, xd, xs, xi, t0)

@@ -13,7 +13,7 @@ dmin·m_j·d_x·Σq_x per sub-block, Q6_K's offset of 32 is taken off the intege
 Two layouts:
 - rows as stored (row_dot_*: one row and one token; rows that are not repacked, such as
   experts streamed through a small cache);
-- 8-row groups (repack_k8 at load, group_dot_*; prefill: tiles.py): each super-block of 8 rows
+- 8-row groups (repack_k8 at load, group_dot_* / group_tokens_*; long prompts: tiles.py): each super-block of 8 rows
   is stored region by region (halves, scale bytes, quants), each region interleaved so that one
   4-byte vector lane is one row: the 8 rows' sums build up in 8 lanes with no sums across lanes
   (llama.cpp interleaves its repacked rows for the same reason), and the sub-block scales of the
@@ -28,7 +28,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 import engine.kernels  # noqa: F401  (numba settings first)
-from engine.kernels.simd import (_EXACT, _FAST, _ZERO, F32, I8, I32, _activations, _byte_ptr, _dot_accumulate, _load,
+from engine.kernels.simd import (_EXACT, _FAST, _ZERO, F32, I8, I32, TOKENS, _activations, _byte_ptr, _dot_accumulate, _load,
                                  _splat, _token_pointers, _vec, copy4, group_intrinsic)
 
 Q2_K, Q3_K, Q4_K, Q5_K, Q6_K = 10, 11, 12, 13, 14
@@ -228,6 +228,7 @@ def _group_k(fmt: str, tokens: int):
                 b0 = builder.mul(sb, ir.Constant(sb.type, 8))  # first activation block of the super-block
                 x0 = builder.mul(sb, ir.Constant(sb.type, 256))
                 xps = [(builder.gep(qp, [x0]), builder.gep(dp, [b0]), builder.gep(ip, [b0])) for qp, dp, _, ip in per_token]
+                sps = [builder.gep(sp, [b0]) for _, _, sp, _ in per_token]
                 sums = [ir.Constant(vf, None)] * tokens  # Σ_j scale_j · d_x · (integer sums): the d terms
                 mins = [ir.Constant(vf, None)] * tokens  # Σ_j m_j · d_x · Σq_x: the dmin terms
 
@@ -250,7 +251,10 @@ def _group_k(fmt: str, tokens: int):
                     for h in range(2):
                         for s in range(4):
                             j = 4 * h + s
-                            first = [_sum16(builder, qp, 32 * j) for qp, _, _ in xps]
+                            if tokens == 1:
+                                first = [_sum16(builder, qp, 32 * j) for qp, _, _ in xps]
+                            else:  # a few tokens: first_sums put them in xs's place, once per token
+                                first = [builder.fptosi(builder.load(_at(builder, p, j)), I32) for p in sps]
                             second = [builder.sub(builder.load(_at(builder, ip, j)), f) for f, (_, _, ip) in zip(first, xps)]
                             isums = [ir.Constant(vi, None)] * tokens
                             for part, sxs in enumerate((first, second)):
@@ -292,7 +296,8 @@ def _group_k(fmt: str, tokens: int):
 
 
 _group_q4_k, _group_q5_k, _group_q6_k = (_group_k(f, 1) for f in ("q4_k", "q5_k", "q6_k"))
-# (prefill, TOKENS tokens and more, takes tiles.py: each group unpacked once for every token)
+# a few tokens at a time (a batch of rows; a long prompt takes tiles.py: each group unpacked once)
+_tokens_q4_k, _tokens_q5_k, _tokens_q6_k = (_group_k(f, TOKENS) for f in ("q4_k", "q5_k", "q6_k"))
 
 
 def _row_k(code: int):
@@ -458,6 +463,22 @@ _row_q2_k, _row_q3_k = _row_low_k(Q2_K), _row_low_k(Q3_K)
 # --- what matmul.py calls: one compiled copy each, however many kernels call it --------------------
 
 @njit(cache=True, nogil=True)
+def first_sums(xq, xs):
+    """xs (T, n/32) = Σ of the first 16 int8 activations of each 32-block of xq (T, n), as float32
+    (exact: at most 2032 in size). The Q6_K few-token kernel reads them in place of the scaled sums
+    (which Q6_K never uses) for the offset of 32 of its first sub-block; the second's is the block
+    sum minus it. Once per token instead of once per 8-row group and token (llama.cpp's Q8_K
+    keeps per-16 sums, bsums, for the same reason)."""
+    T, nb = xs.shape
+    for t in range(T):
+        for b in range(nb):
+            total = 0
+            for i in range(16):
+                total += xq[t, 32 * b + i]
+            xs[t, b] = np.float32(total)
+
+
+@njit(cache=True, nogil=True)
 def row_dot(w, r, code, xq, xd, xs, xi):
     """Row r of a stored Q2_K/Q3_K/Q4_K/Q5_K/Q6_K matrix · one token's int8 activations (n,)."""
     if code == Q4_K:
@@ -480,3 +501,14 @@ def group_dot(w, g, code, xq, xd, xs, xi):
         return _group_q5_k(w, g, xq, xd, xs, xi)
     return _group_q6_k(w, g, xq, xd, xs, xi)
 
+
+@njit(cache=True, nogil=True)
+def group_tokens(w, g, code, xq, xd, xs, xi, t0):
+    """Rows 8g..8g+7 of a repacked matrix · tokens t0..t0+TOKENS-1 of (T, n) activations: 8
+    rows of token t0, then of t0+1, ... (fewer than tiles.TILE_MIN_T tokens; Q6_K: xs holds
+    first_sums, not the scaled sums)."""
+    if code == Q4_K:
+        return _tokens_q4_k(w, g, xq, xd, xs, xi, t0)
+    if code == Q5_K:
+        return _tokens_q5_k(w, g, xq, xd, xs, xi, t0)
+    return _tokens_q6_k(w, g, xq, xd, xs, xi, t0)

@@ -13,7 +13,7 @@ from numba import njit, prange
 
 import engine.kernels  # noqa: F401  (numba settings first)
 from engine.kernels import blocks32, kquants, tiles
-from engine.kernels.formats import (PACKED, Q2_K, Q3_K, Q4_0, Q4_1, Q4_1X8, Q8_0X8, _is_k, dequantize_row,
+from engine.kernels.formats import (PACKED, Q2_K, Q3_K, Q4_0, Q4_1, Q4_1X8, Q6_KX8, Q8_0X8, _is_k, dequantize_row,
                                     dequantize_x8_row, is_int_code, quantized)
 from engine.kernels.rows import silu
 from engine.kernels.simd import (TOKENS, group_dot_q4_0x8, group_dot_q4_1x8, group_dot_q8_0x8,
@@ -46,7 +46,9 @@ def _tokens_dot(w, r, code, xq, xd, xs, xi, t0):
 def _group_tokens(w, g, code, xq, xd, xs, xi, t0):
     """Rows 8g..8g+7 of a repacked matrix · tokens t0..t0+TOKENS-1 (prefill; simd.py): 8 rows
     of token t0, then of t0+1, ..."""
-    if blocks32.fused(code - PACKED):  # (K-quants and IQ4_XS: tiles.py)
+    if _is_k(code):  # (for many tokens, K-quants and IQ4_XS take tiles.py)
+        return kquants.group_tokens(w, g, code - PACKED, xq, xd, xs, xi, t0)
+    if blocks32.fused(code - PACKED):
         return blocks32.group_tokens(w, g, code - PACKED, xq, xd, xs, xi, t0)
     if code == Q4_1X8:
         return group_tokens_q4_1x8(w, g, xq, xd, xs, xi, t0)
@@ -128,9 +130,11 @@ def matmul(w, code, x, out, exact=False):
                         out[t, 8 * g + i] = a[i]
             return
         if code > PACKED:  # each block unpacked once for TOKENS tokens, all 8 rows of a group at once
-            if tiled(code - PACKED):  # each group unpacked once for all T tokens (tiles.py)
+            if T >= tiles.TILE_MIN_T and tiled(code - PACKED):  # each group unpacked once for all T tokens
                 tiles.matmul_tiles(w, code - PACKED, xq, xd, xs, xi, out)
                 return
+            if code == Q6_KX8:
+                kquants.first_sums(xq, xs)  # (Q6_K reads no scaled sums: its per-16 sums instead)
             for g in prange(rows // 8):
                 t = 0
                 while t < T:

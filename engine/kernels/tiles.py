@@ -34,6 +34,7 @@ from engine.kernels.simd import _EXACT, _ZERO, F32, I8, I32, TOKENS, _byte_ptr, 
 
 IQ4_XS = blocks32.IQ4_XS
 TILE_CODES = (Q4_K, Q5_K, Q6_K, IQ4_XS)
+TILE_MIN_T = 16  # fewer tokens: the group kernels (unpacking a tile costs about 4 tokens' dot products)
 _SIGNED = simd.DOT == "avx2"  # IQ4_XS's tile: signed grid values (vpsignb) instead of grid + 128
 
 
