@@ -276,7 +276,7 @@ def test_decode_and_prefill_paths_agree(name):
 def check_rows_alone(name: str) -> None:
     """Each row of a multi-row matmul equals that row's one-row matmul bit for bit (both layouts)."""
     from engine.kernels import tiles
-    n, rows = 512, 64
+    n, rows = (512 if quant.get(name).block_size == 256 else 480), 64  # (480: an odd count of blocks, the tail)
     code = quant.get(name).type_id
     for T, packed in [(2 * cpu.TOKENS + 1, False)] + [(T, True) for T in (2 * cpu.TOKENS + 1, tiles.TILE_MIN_T + 1)
                                                        if code in cpu.PACKABLE]:  # (a few tokens, and tiles)
