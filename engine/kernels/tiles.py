@@ -5,7 +5,8 @@ and minimums), which then serves every token with plain byte dot products and no
 The group kernels (kquants.py, blocks32.py) unpack the 4/5/6-bit codes and six-bit scales of a
 super-block for every TOKENS tokens; over a 512-token prompt that is 128 times per weight. Here
 it happens once per group and prompt, so the inner loop is q8_0's: per 32-block and token, 8
-vpdpbusd of 4 broadcast activation bytes into the 8 rows' lanes, then one multiply-add.
+vpdpbusd of 4 broadcast activation bytes into the 8 rows' lanes, then one multiply-add. From
+TILE_MIN_T tokens on (matmul.py); below that the unpacking costs more than it saves.
 
 Tile layout (one 8-row group of a (rows, n) matrix, nb = n / 32 activation blocks):
   tq  uint8 (nb · 256,): block b at 256b, chunk c (weights 4c..4c+3) at +32c, row i at +4i:
@@ -261,9 +262,9 @@ def q6_offsets(xq):
 @njit(parallel=True, cache=True, nogil=True)
 def matmul_tiles(w, code, xq, xd, xs, xi, out):
     """out (T, rows) = the quantized activations (T >= TOKENS; Q4_K/Q5_K: xs is overwritten with
-    min_sums)
-    times a repacked matrix in TILE_CODES (code: the GGML id), an 8-row group at a time: its tile
-    (about 9 bytes per weight, L1/L2 resident) is unpacked once and dotted with every token."""
+    min_sums) times a repacked matrix in TILE_CODES (code: the GGML id), an 8-row group at a time: its tile
+    (about 1.4 bytes per weight: 11 KB for n = 1024, L1/L2 resident) is unpacked once and dotted
+    with every token."""
     rows, T, n = w.shape[0], xq.shape[0], xq.shape[1]
     if code == Q4_K or code == Q5_K:
         min_sums(xd, xs, xi)
