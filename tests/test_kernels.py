@@ -102,7 +102,7 @@ from engine.kernels import cpu, simd
 from engine.kernels import reference as ref
 assert simd.DOT == sys.argv[1], simd.DOT
 for name in ("q4_0", "q4_1", "q8_0", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k"):
-    n = 256 if name.endswith("_k") else 128  # (K-quants: stored rows and groups, decode and prefill)
+    n = 512 if name.endswith("_k") else 128  # (K-quants: stored rows and groups, decode and prefill tiles)
     w = stored_matrix(name, 19, n, seed=2)
     x = np.random.default_rng(4).standard_normal((1, n)).astype(np.float32)
     out = np.empty((1, 19), np.float32)
@@ -119,6 +119,9 @@ for name in ("q4_0", "q4_1", "q8_0", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k"):
             out = np.empty((xs.shape[0], 16), np.float32)
             cpu.matmul(w8, quant.get(name).type_id + cpu.PACKED, xs, out)
             np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+from test_kernels import check_rows_alone  # rows of a multi-row matmul: each row's own, bit for bit
+for name in ("q4_0", "q4_1", "q8_0", "q5_1", "iq4_xs", "q3_k", "q4_k", "q5_k", "q6_k"):
+    check_rows_alone(name)
 from test_blocks32 import FORMATS, check_fused  # q5_0, q5_1, iq4_nl, mxfp4 (engine/kernels/blocks32.py)
 for name in FORMATS:
     for tokens in (1, 6):
@@ -264,17 +267,30 @@ def test_simd_setting_reaches_numba_before_it_compiles():
 
 @pytest.mark.parametrize("name", INT_FORMATS)
 def test_decode_and_prefill_paths_agree(name):
-    """A token's products are the same whether it comes alone (decode: a row or an 8-row group
-    at a time) or among many (prefill: TOKENS tokens per loaded block, and a tail)."""
-    n, rows = 256, 64
-    w = stored_matrix(name, rows, n, seed=3)
-    x = np.random.default_rng(5).standard_normal((2 * cpu.TOKENS + 1, n)).astype(np.float32)
-    many = np.empty((x.shape[0], rows), np.float32)
-    cpu.matmul(w, quant.get(name).type_id, x, many)
-    for t in (0, cpu.TOKENS, x.shape[0] - 1):
-        one = np.empty((1, rows), np.float32)
-        cpu.matmul(w, quant.get(name).type_id, x[t:t + 1], one)
-        np.testing.assert_allclose(one[0], many[t], rtol=1e-5, atol=1e-6 * np.abs(many).max())
+    """A token's products are the same bits whether it comes alone (decode: a row or an 8-row group
+    at a time) or among many (prefill: TOKENS tokens per loaded block or tile, and a tail), rows as
+    stored and repacked: so a batch of rows in one matmul is each row's own matmul (engine/batch.py)."""
+    check_rows_alone(name)
+
+
+def check_rows_alone(name: str) -> None:
+    """Each row of a multi-row matmul equals that row's one-row matmul bit for bit (both layouts)."""
+    from engine.kernels import tiles
+    n, rows = (512 if quant.get(name).block_size == 256 else 480), 64  # (480: an odd count of blocks, the tail)
+    code = quant.get(name).type_id
+    for T, packed in [(2 * cpu.TOKENS + 1, False)] + [(T, True) for T in (2 * cpu.TOKENS + 1, tiles.TILE_MIN_T + 1)
+                                                       if code in cpu.PACKABLE]:  # (a few tokens, and tiles)
+        x = np.random.default_rng(5).standard_normal((T, n)).astype(np.float32)
+        w = stored_matrix(name, rows, n, seed=3)
+        if packed:
+            cpu.repack_x8(w, code)
+        c = code + cpu.PACKED * packed
+        many = np.empty((x.shape[0], rows), np.float32)
+        cpu.matmul(w, c, x, many)
+        for t in range(x.shape[0]):
+            one = np.empty((1, rows), np.float32)
+            cpu.matmul(w, c, x[t:t + 1], one)
+            np.testing.assert_array_equal(one[0], many[t], err_msg=f"{name} packed={packed} token {t} of {T}")
 
 
 def check_repacked(name: str, rows: int, n: int):

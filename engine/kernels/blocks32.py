@@ -29,7 +29,7 @@ from numba.extending import intrinsic
 from engine import quant
 from engine.kernels import kquants, simd
 from engine.kernels.kquants import _splat_i32
-from engine.kernels.simd import _FAST, _ZERO, F32, I8, I32, TOKENS, _block_dot, _byte_ptr, _load, _splat, _vec
+from engine.kernels.simd import _EXACT, _FAST, _ZERO, F32, I8, I32, TOKENS, _block_dot, _byte_ptr, _load, _splat, _vec
 
 Q5_0, Q5_1, IQ4_NL, MXFP4, IQ4_XS = 6, 7, 20, 39, 23  # GGML type ids
 # format -> (block bytes, scale "f16"/"e8m0", qh offset or None, quants offset, minimum offset or None, grid).
@@ -120,18 +120,17 @@ def _dot(fmt: str, tokens: int):
     """An intrinsic dotting row r of a `fmt` matrix with int8 activations: one token's
     (tokens=1: xq (n,) ...; even and odd blocks feed two accumulators so consecutive blocks do
     not wait on each other) or TOKENS tokens' from t0 on (xq (T, n) ...; each block unpacked
-    once for all of them). Returns float32, or a tuple of TOKENS float32."""
+    once for all of them; per token the same accumulators and _EXACT float steps, so a token's
+    product is the same bits either way). Returns float32, or a tuple of TOKENS float32."""
     size, _, _, _, m_at, grid = FORMATS[fmt]
 
     def codegen(context, builder, sig, args):
         wty = sig.args[0]
         nb, per_token = simd._token_pointers(context, builder, sig, args, tokens)
         row = _byte_ptr(context, builder, wty, args[0], args[1], _ZERO)
-        if tokens == 1:
-            per_token *= 2  # (even, odd) blocks
-        vf = _vec(F32, 8)
-        accs = [cgutils.alloca_once_value(builder, ir.Constant(vf, None)) for _ in per_token]
-        extras = [cgutils.alloca_once_value(builder, ir.Constant(F32, 0.0)) for _ in per_token]
+        vf = _vec(F32, 8)  # per token two accumulators: even and odd blocks
+        accs = [cgutils.alloca_once_value(builder, ir.Constant(vf, None)) for _ in range(2 * tokens)]
+        extras = [cgutils.alloca_once_value(builder, ir.Constant(F32, 0.0)) for _ in range(2 * tokens)]
 
         def block(b, which):
             if fmt == "iq4_xs":  # b: the 32-weight sub-block (and activation block) b % 8 of super-block b / 8
@@ -147,48 +146,46 @@ def _dot(fmt: str, tokens: int):
                 m = builder.fpext(_load(builder, builder.gep(blk, [ir.Constant(b.type, m_at)]), ir.HalfType()), F32) \
                     if m_at is not None else None
                 u, negative = _weights(builder, blk, fmt)  # once for every token
-            for k in which:
-                qp, dp, sp, ip = per_token[k]
+            for k in which:  # accumulator k: token k // 2, block parity k % 2
+                qp, dp, sp, ip = per_token[k // 2]
                 s = _load(builder, builder.gep(qp, [builder.mul(b, ir.Constant(b.type, 32))]), _vec(I8, 32))
-                scale = builder.fmul(dw, builder.load(builder.gep(dp, [b])), flags=_FAST)
+                scale = builder.fmul(dw, builder.load(builder.gep(dp, [b])), flags=_EXACT)
                 term = builder.fmul(builder.sitofp(_block_dot(builder, u, negative, s), vf), _splat(builder, scale),
-                                    flags=_FAST)
-                builder.store(builder.fadd(builder.load(accs[k]), term, flags=_FAST), accs[k])
+                                    flags=_EXACT)
+                builder.store(builder.fadd(builder.load(accs[k]), term, flags=_EXACT), accs[k])
                 if m is not None:  # q5_1: + m_w · d_x Σq_x
-                    e = builder.fmul(m, builder.load(builder.gep(sp, [b])), flags=_FAST)
+                    e = builder.fmul(m, builder.load(builder.gep(sp, [b])), flags=_EXACT)
                 elif grid is None:  # q5_0: - 16 · d_w d_x Σq_x
                     qsum = builder.sitofp(builder.load(builder.gep(ip, [b])), F32)
-                    e = builder.fmul(builder.fmul(scale, qsum, flags=_FAST), ir.Constant(F32, -16.0), flags=_FAST)
+                    e = builder.fmul(builder.fmul(scale, qsum, flags=_EXACT), ir.Constant(F32, -16.0), flags=_EXACT)
                 else:
                     continue
-                builder.store(builder.fadd(builder.load(extras[k]), e, flags=_FAST), extras[k])
+                builder.store(builder.fadd(builder.load(extras[k]), e, flags=_EXACT), extras[k])
 
-        if tokens == 1:
-            one, two = ir.Constant(nb.type, 1), ir.Constant(nb.type, 2)
-            with cgutils.for_range(builder, builder.sdiv(nb, two)) as loop:
-                b = builder.mul(loop.index, two)
-                block(b, [0])
-                block(builder.add(b, one), [1])
-            with builder.if_then(builder.icmp_signed("!=", builder.srem(nb, two), ir.Constant(nb.type, 0))):
-                block(builder.sub(nb, one), [0])
-        else:
-            with cgutils.for_range(builder, nb) as loop:
-                block(loop.index, range(tokens))
+        one, two = ir.Constant(nb.type, 1), ir.Constant(nb.type, 2)
+        even, odd = range(0, 2 * tokens, 2), range(1, 2 * tokens, 2)
+        with cgutils.for_range(builder, builder.sdiv(nb, two)) as loop:
+            b = builder.mul(loop.index, two)
+            block(b, even)
+            block(builder.add(b, one), odd)
+        with builder.if_then(builder.icmp_signed("!=", builder.srem(nb, two), ir.Constant(nb.type, 0))):
+            block(builder.sub(nb, one), even)
 
         def total(vs, es):
             v = vs[0]
             for other in vs[1:]:
-                v = builder.fadd(v, other, flags=_FAST)
+                v = builder.fadd(v, other, flags=_EXACT)
             t = es[0]
             for other in es[1:]:
-                t = builder.fadd(t, other, flags=_FAST)
+                t = builder.fadd(t, other, flags=_EXACT)
             for i in range(8):
-                t = builder.fadd(t, builder.extract_element(v, ir.Constant(I32, i)), flags=_FAST)
+                t = builder.fadd(t, builder.extract_element(v, ir.Constant(I32, i)), flags=_EXACT)
             return t
 
+        values = [total([builder.load(a) for a in accs[2 * k:2 * k + 2]], [builder.load(e) for e in extras[2 * k:2 * k + 2]])
+                  for k in range(tokens)]
         if tokens == 1:
-            return total([builder.load(a) for a in accs], [builder.load(e) for e in extras])
-        values = [total([builder.load(a)], [builder.load(e)]) for a, e in zip(accs, extras)]
+            return values[0]
         return context.make_tuple(builder, sig.return_type, values)
 
     if tokens == 1:
@@ -341,7 +338,8 @@ def _group32(fmt: str, tokens: int):
     4 broadcast activations each) sum each row in its own lane, then one multiply-add scales
     the 8 rows. Table formats: vnni/generic take grid + 128 as unsigned bytes (one vpshufb) and
     start the sum at -128 Σq_x; avx2 (whose pair sums saturate at int16) takes |grid| and moves
-    the sign onto x (vpsignb). Returns a tuple of 8 float32 per token, token by token."""
+    the sign onto x (vpsignb). Returns a tuple of 8 float32 per token, token by token. Float steps
+    _EXACT: IQ4_XS's prefill tiles (tiles.py) repeat them, bit for bit."""
     size, _, _, q_at, m_at, grid = FORMATS[fmt]
     qh_at = {"q5_0": 16, "q5_1": 32}.get(fmt)
     offset = grid is not None and simd.DOT != "avx2"
@@ -367,7 +365,7 @@ def _group32(fmt: str, tokens: int):
                     hi = builder.shl(builder.and_(builder.lshr(sh, _splat_i32(builder, builder.mul(j, ir.Constant(I32, 2)))),
                                                   ir.Constant(vi, [3] * 8)), ir.Constant(vi, [4] * 8))
                     ls = builder.sub(builder.or_(lo, hi), ir.Constant(vi, [32] * 8))
-                    d8 = builder.fmul(_scales8(builder, sup, fmt), builder.sitofp(ls, vf), flags=_FAST)
+                    d8 = builder.fmul(_scales8(builder, sup, fmt), builder.sitofp(ls, vf), flags=_EXACT)
                     blk = builder.gep(sup, [builder.mul(builder.zext(j, b.type), ir.Constant(b.type, 128))])
                     q8 = 64  # the sub-block's 4 quant chunks follow at blk + 64
                 else:
@@ -407,16 +405,16 @@ def _group32(fmt: str, tokens: int):
                             s = _psign(builder, s, signed)
                         dots = simd._dot_accumulate(builder, dots, u, s)
                     xscale = builder.load(builder.gep(dp, [b]))
-                    term = builder.fmul(builder.sitofp(dots, vf), builder.fmul(d8, _splat(builder, xscale), flags=_FAST),
-                                        flags=_FAST)
-                    total = builder.fadd(builder.load(acc), term, flags=_FAST)
+                    term = builder.fmul(builder.sitofp(dots, vf), builder.fmul(d8, _splat(builder, xscale), flags=_EXACT),
+                                        flags=_EXACT)
+                    total = builder.fadd(builder.load(acc), term, flags=_EXACT)
                     if m8 is not None:  # q5_1: + m_w · d_x Σ q_x
                         total = builder.fadd(total, builder.fmul(m8, _splat(builder, builder.load(builder.gep(sp, [b]))),
-                                                                 flags=_FAST), flags=_FAST)
+                                                                 flags=_EXACT), flags=_EXACT)
                     elif grid is None:  # q5_0: - 16 · d_w d_x Σ q_x
                         off = builder.fmul(builder.fmul(xscale, builder.sitofp(builder.load(builder.gep(ip, [b])), F32),
-                                                        flags=_FAST), ir.Constant(F32, -16.0), flags=_FAST)
-                        total = builder.fadd(total, builder.fmul(d8, _splat(builder, off), flags=_FAST), flags=_FAST)
+                                                        flags=_EXACT), ir.Constant(F32, -16.0), flags=_EXACT)
+                        total = builder.fadd(total, builder.fmul(d8, _splat(builder, off), flags=_EXACT), flags=_EXACT)
                     builder.store(total, acc)
             values = []
             for acc in accs:
@@ -449,7 +447,8 @@ def group_dot(w, g, code, xq, xd, xs, xi):
 
 @njit(cache=True, nogil=True)
 def group_tokens(w, g, code, xq, xd, xs, xi, t0):
-    """Rows 8g..8g+7 of a repacked matrix · tokens t0..t0+TOKENS-1: 8 rows of token t0, then of t0+1, ..."""
+    """Rows 8g..8g+7 of a repacked matrix · tokens t0..t0+TOKENS-1: 8 rows of token t0, then of
+    t0+1, ... (IQ4_XS: fewer than tiles.TILE_MIN_T tokens)"""
     if code == Q5_0:
         return group_tokens_q5_0(w, g, xq, xd, xs, xi, t0)
     if code == Q5_1:

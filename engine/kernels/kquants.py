@@ -13,7 +13,7 @@ dmin·m_j·d_x·Σq_x per sub-block, Q6_K's offset of 32 is taken off the intege
 Two layouts:
 - rows as stored (row_dot_*: one row and one token; rows that are not repacked, such as
   experts streamed through a small cache);
-- 8-row groups (repack_k8 at load, group_dot_* / group_tokens_*): each super-block of 8 rows
+- 8-row groups (repack_k8 at load, group_dot_* / group_tokens_*; long prompts: tiles.py): each super-block of 8 rows
   is stored region by region (halves, scale bytes, quants), each region interleaved so that one
   4-byte vector lane is one row: the 8 rows' sums build up in 8 lanes with no sums across lanes
   (llama.cpp interleaves its repacked rows for the same reason), and the sub-block scales of the
@@ -28,7 +28,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 import engine.kernels  # noqa: F401  (numba settings first)
-from engine.kernels.simd import (_FAST, _ZERO, F32, I8, I32, TOKENS, _activations, _byte_ptr, _dot_accumulate, _load,
+from engine.kernels.simd import (_EXACT, _FAST, _ZERO, F32, I8, I32, TOKENS, _activations, _byte_ptr, _dot_accumulate, _load,
                                  _splat, _token_pointers, _vec, copy4, group_intrinsic)
 
 Q2_K, Q3_K, Q4_K, Q5_K, Q6_K = 10, 11, 12, 13, 14
@@ -210,7 +210,9 @@ def _group_k(fmt: str, tokens: int):
     activations: one token's (tokens=1: xq (n,) ...) or TOKENS tokens' from t0 on (xq (T, n) ...),
     each super-block's weights unpacked once for all of them. Returns a tuple of 8 float32 per
     token, token by token. Per sub-block and token: the 8 rows' integer sums in 8 lanes, scaled
-    by (sub-block scales · d_x) in a float vector; per super-block · d (and - dmin · Σ m_j d_x Σq_x)."""
+    by (sub-block scales · d_x) in a float vector; per super-block · d (and - dmin · Σ m_j d_x Σq_x).
+    Its float steps are _EXACT: tiles.py's prefill repeats them, so a token gets the same bits alone
+    or among many."""
     code, gsize = GROUP_FORMATS[fmt]
 
     def typer(w, g, xq, xd, xs, xi, *t0):
@@ -237,12 +239,12 @@ def _group_k(fmt: str, tokens: int):
                         for u, at in parts:
                             dots = _dot_accumulate(builder, dots, u, _broadcast_word(builder, qp, at))
                         dx = builder.load(_at(builder, dp, j))
-                        f = builder.fmul(scale, _splat(builder, dx), flags=_FAST)
-                        sums[k] = builder.fadd(sums[k], builder.fmul(builder.sitofp(dots, vf), f, flags=_FAST),
-                                               flags=_FAST)
+                        f = builder.fmul(scale, _splat(builder, dx), flags=_EXACT)
+                        sums[k] = builder.fadd(sums[k], builder.fmul(builder.sitofp(dots, vf), f, flags=_EXACT),
+                                               flags=_EXACT)
                         qsum = builder.sitofp(builder.load(_at(builder, ip, j)), F32)
-                        e = builder.fmul(minimum, _splat(builder, builder.fmul(dx, qsum, flags=_FAST)), flags=_FAST)
-                        mins[k] = builder.fadd(mins[k], e, flags=_FAST)
+                        e = builder.fmul(minimum, _splat(builder, builder.fmul(dx, qsum, flags=_EXACT)), flags=_EXACT)
+                        mins[k] = builder.fadd(mins[k], e, flags=_EXACT)
 
                 if code == Q6_K:  # per activation block j: the 8 rows' Σ (q - 32) x of its two
                     vi = _vec(I32, 8)  # sub-blocks times their int8 scales, summed in integers
@@ -251,7 +253,7 @@ def _group_k(fmt: str, tokens: int):
                             j = 4 * h + s
                             if tokens == 1:
                                 first = [_sum16(builder, qp, 32 * j) for qp, _, _ in xps]
-                            else:  # prefill: first_sums put them in xs's place, once per token
+                            else:  # a few tokens: first_sums put them in xs's place, once per token
                                 first = [builder.fptosi(builder.load(_at(builder, p, j)), I32) for p in sps]
                             second = [builder.sub(builder.load(_at(builder, ip, j)), f) for f, (_, _, ip) in zip(first, xps)]
                             isums = [ir.Constant(vi, None)] * tokens
@@ -265,8 +267,8 @@ def _group_k(fmt: str, tokens: int):
                                     isums[k] = builder.add(isums[k], builder.mul(dots, sc))
                             for k, (_, dp, _) in enumerate(xps):
                                 f = _splat(builder, builder.load(_at(builder, dp, j)))
-                                sums[k] = builder.fadd(sums[k], builder.fmul(builder.sitofp(isums[k], vf), f, flags=_FAST),
-                                                       flags=_FAST)
+                                sums[k] = builder.fadd(sums[k], builder.fmul(builder.sitofp(isums[k], vf), f, flags=_EXACT),
+                                                       flags=_EXACT)
                     d8 = builder.fpext(_load(builder, _at(builder, blk, 1664), _vec(ir.HalfType(), 8)), vf)
                     dmin8 = None
                 else:
@@ -279,10 +281,10 @@ def _group_k(fmt: str, tokens: int):
                     d8 = builder.fpext(_load(builder, blk, _vec(ir.HalfType(), 8)), vf)
                     dmin8 = builder.fpext(_load(builder, _at(builder, blk, 16), _vec(ir.HalfType(), 8)), vf)
                 for k in range(tokens):
-                    total = builder.fmul(d8, sums[k], flags=_FAST)
+                    total = builder.fmul(d8, sums[k], flags=_EXACT)
                     if dmin8 is not None:
-                        total = builder.fsub(total, builder.fmul(dmin8, mins[k], flags=_FAST), flags=_FAST)
-                    builder.store(builder.fadd(builder.load(accs[k]), total, flags=_FAST), accs[k])
+                        total = builder.fsub(total, builder.fmul(dmin8, mins[k], flags=_EXACT), flags=_EXACT)
+                    builder.store(builder.fadd(builder.load(accs[k]), total, flags=_EXACT), accs[k])
             values = []
             for acc in accs:
                 v = builder.load(acc)
@@ -294,6 +296,7 @@ def _group_k(fmt: str, tokens: int):
 
 
 _group_q4_k, _group_q5_k, _group_q6_k = (_group_k(f, 1) for f in ("q4_k", "q5_k", "q6_k"))
+# a few tokens at a time (a batch of rows; a long prompt takes tiles.py: each group unpacked once)
 _tokens_q4_k, _tokens_q5_k, _tokens_q6_k = (_group_k(f, TOKENS) for f in ("q4_k", "q5_k", "q6_k"))
 
 
@@ -462,7 +465,7 @@ _row_q2_k, _row_q3_k = _row_low_k(Q2_K), _row_low_k(Q3_K)
 @njit(cache=True, nogil=True)
 def first_sums(xq, xs):
     """xs (T, n/32) = Σ of the first 16 int8 activations of each 32-block of xq (T, n), as float32
-    (exact: at most 2032 in size). The Q6_K prefill kernel reads them in place of the scaled sums
+    (exact: at most 2032 in size). The Q6_K few-token kernel reads them in place of the scaled sums
     (which Q6_K never uses) for the offset of 32 of its first sub-block; the second's is the block
     sum minus it. Once per token instead of once per 8-row group and token (llama.cpp's Q8_K
     keeps per-16 sums, bsums, for the same reason)."""
@@ -473,6 +476,7 @@ def first_sums(xq, xs):
             for i in range(16):
                 total += xq[t, 32 * b + i]
             xs[t, b] = np.float32(total)
+
 
 @njit(cache=True, nogil=True)
 def row_dot(w, r, code, xq, xd, xs, xi):
@@ -501,7 +505,8 @@ def group_dot(w, g, code, xq, xd, xs, xi):
 @njit(cache=True, nogil=True)
 def group_tokens(w, g, code, xq, xd, xs, xi, t0):
     """Rows 8g..8g+7 of a repacked matrix · tokens t0..t0+TOKENS-1 of (T, n) activations: 8
-    rows of token t0, then of t0+1, ... (Q6_K: xs holds first_sums, not the scaled sums)."""
+    rows of token t0, then of t0+1, ... (fewer than tiles.TILE_MIN_T tokens; Q6_K: xs holds
+    first_sums, not the scaled sums)."""
     if code == Q4_K:
         return _tokens_q4_k(w, g, xq, xd, xs, xi, t0)
     if code == Q5_K:

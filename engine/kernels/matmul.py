@@ -12,7 +12,7 @@ import numpy as np
 from numba import njit, prange
 
 import engine.kernels  # noqa: F401  (numba settings first)
-from engine.kernels import blocks32, kquants
+from engine.kernels import blocks32, kquants, tiles
 from engine.kernels.formats import (PACKED, Q2_K, Q3_K, Q4_0, Q4_1, Q4_1X8, Q6_KX8, Q8_0X8, _is_k, dequantize_row,
                                     dequantize_x8_row, is_int_code, quantized)
 from engine.kernels.rows import silu
@@ -46,7 +46,7 @@ def _tokens_dot(w, r, code, xq, xd, xs, xi, t0):
 def _group_tokens(w, g, code, xq, xd, xs, xi, t0):
     """Rows 8g..8g+7 of a repacked matrix · tokens t0..t0+TOKENS-1 (prefill; simd.py): 8 rows
     of token t0, then of t0+1, ..."""
-    if _is_k(code):
+    if _is_k(code):  # (for many tokens, K-quants and IQ4_XS take tiles.py)
         return kquants.group_tokens(w, g, code - PACKED, xq, xd, xs, xi, t0)
     if blocks32.fused(code - PACKED):
         return blocks32.group_tokens(w, g, code - PACKED, xq, xd, xs, xi, t0)
@@ -89,6 +89,12 @@ def _int_dot(w, r, code, xq, xd, xs, xi):
 
 
 @njit(inline="always", cache=True)
+def tiled(code):
+    """Whether prefill on this repacked format (the GGML id) goes through tiles.py."""
+    return code == kquants.Q4_K or code == kquants.Q5_K or code == kquants.Q6_K or code == blocks32.IQ4_XS
+
+
+@njit(inline="always", cache=True)
 def _f32_dot4(buf, x):
     """Dots of the four float rows buf (4, n) with x (n,): x is loaded once for four rows."""
     a0 = a1 = a2 = a3 = np.float32(0.0)
@@ -124,6 +130,9 @@ def matmul(w, code, x, out, exact=False):
                         out[t, 8 * g + i] = a[i]
             return
         if code > PACKED:  # each block unpacked once for TOKENS tokens, all 8 rows of a group at once
+            if T >= tiles.TILE_MIN_T and tiled(code - PACKED):  # each group unpacked once for all T tokens
+                tiles.matmul_tiles(w, code - PACKED, xq, xd, xs, xi, out)
+                return
             if code == Q6_KX8:
                 kquants.first_sums(xq, xs)  # (Q6_K reads no scaled sums: its per-16 sums instead)
             for g in prange(rows // 8):

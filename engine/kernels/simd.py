@@ -157,6 +157,9 @@ def round_f16(typingctx, v):
 
 F32 = ir.FloatType()
 _FAST = ("fast",)
+# Float steps two kernels must round alike (a token's 8-row group alone, or among many: tiles.py):
+# flagged, so numba's fastmath pass leaves them; LLVM may fuse a multiply into the add, not reorder.
+_EXACT = ("contract",)
 
 
 def _lane0(builder, v):
@@ -198,20 +201,20 @@ def _row_dot(fmt: str):
             def block(b, acc, extra):
                 blk = builder.gep(row, [builder.mul(b, ir.Constant(b.type, size))])
                 scale = builder.fmul(builder.fpext(_load(builder, blk, ir.HalfType()), F32),
-                                     builder.load(builder.gep(dp, [b])), flags=_FAST)
+                                     builder.load(builder.gep(dp, [b])), flags=_EXACT)
                 s = _load(builder, builder.gep(qp, [builder.mul(b, ir.Constant(b.type, 32))]), _vec(I8, 32))
                 u, negative = _weights(builder, builder.gep(blk, [ir.Constant(b.type, qoff)]), nibbles)
                 dot = _block_dot(builder, u, negative, s)
-                term = builder.fmul(builder.sitofp(dot, vf), _splat(builder, scale), flags=_FAST)
-                builder.store(builder.fadd(builder.load(acc), term, flags=_FAST), acc)
+                term = builder.fmul(builder.sitofp(dot, vf), _splat(builder, scale), flags=_EXACT)
+                builder.store(builder.fadd(builder.load(acc), term, flags=_EXACT), acc)
                 if has_min:  # + m_w · d_x Σ q_x
                     m = builder.fpext(_load(builder, builder.gep(blk, [ir.Constant(b.type, 2)]), ir.HalfType()), F32)
-                    e = builder.fmul(m, builder.load(builder.gep(sp, [b])), flags=_FAST)
-                    builder.store(builder.fadd(builder.load(extra), e, flags=_FAST), extra)
+                    e = builder.fmul(m, builder.load(builder.gep(sp, [b])), flags=_EXACT)
+                    builder.store(builder.fadd(builder.load(extra), e, flags=_EXACT), extra)
                 elif nibbles:  # q4_0's offset: - 8 · d_w d_x Σ q_x
                     qsum = builder.sitofp(builder.load(builder.gep(ip, [b])), F32)
-                    e = builder.fmul(builder.fmul(scale, qsum, flags=_FAST), ir.Constant(F32, -8.0), flags=_FAST)
-                    builder.store(builder.fadd(builder.load(extra), e, flags=_FAST), extra)
+                    e = builder.fmul(builder.fmul(scale, qsum, flags=_EXACT), ir.Constant(F32, -8.0), flags=_EXACT)
+                    builder.store(builder.fadd(builder.load(extra), e, flags=_EXACT), extra)
 
             one, two = ir.Constant(nb.type, 1), ir.Constant(nb.type, 2)
             with cgutils.for_range(builder, builder.sdiv(nb, two)) as loop:
@@ -220,10 +223,10 @@ def _row_dot(fmt: str):
                 block(builder.add(b, one), accs[1], extras[1])
             with builder.if_then(builder.icmp_signed("!=", builder.srem(nb, two), ir.Constant(nb.type, 0))):
                 block(builder.sub(nb, one), accs[0], extras[0])
-            v = builder.fadd(builder.load(accs[0]), builder.load(accs[1]), flags=_FAST)
-            total = builder.fadd(builder.load(extras[0]), builder.load(extras[1]), flags=_FAST)
+            v = builder.fadd(builder.load(accs[0]), builder.load(accs[1]), flags=_EXACT)
+            total = builder.fadd(builder.load(extras[0]), builder.load(extras[1]), flags=_EXACT)
             for i in range(8):
-                total = builder.fadd(total, builder.extract_element(v, ir.Constant(I32, i)), flags=_FAST)
+                total = builder.fadd(total, builder.extract_element(v, ir.Constant(I32, i)), flags=_EXACT)
             return total
         return types.float32(w, types.intp, xq, xd, xs, xi), codegen
     return row_dot
@@ -355,8 +358,9 @@ group_tokens_q4_0x8, group_tokens_q4_1x8, group_tokens_q8_0x8 = (_group_dot(f, T
 def _row_dot_tokens(fmt: str):
     """An intrinsic dotting one row with TOKENS tokens' int8 activations (prefill): each block's
     weights are loaded and unpacked once and dotted with every token, each token with its own
-    accumulator (rows as stored: repacked matrices take the group kernels). Returns a tuple of
-    TOKENS float32."""
+    pair of accumulators (even and odd blocks) and the float steps of _row_dot in its order, so
+    a token's product is row_dot's bit for bit (rows as stored: repacked matrices take the group
+    kernels). Returns a tuple of TOKENS float32."""
     size, qoff, has_min, nibbles = _ROW_FORMATS[fmt]
 
     @intrinsic
@@ -367,7 +371,6 @@ def _row_dot_tokens(fmt: str):
             nb = _activations(context, builder, sig, args, 2)[0]
             start = _byte_ptr(context, builder, wty, w, r, _ZERO)
             d_at, m_at, q_at = ir.Constant(r.type, 0), ir.Constant(r.type, 2), ir.Constant(r.type, qoff)
-            stride = size
             toks = [builder.add(t0, ir.Constant(t0.type, k)) for k in range(TOKENS)]
             qps = [_byte_ptr(context, builder, qty, xq, t, _ZERO) for t in toks]
             fptr = lambda ty, a, t: builder.bitcast(_byte_ptr(context, builder, ty, a, t, _ZERO), F32.as_pointer())  # noqa: E731
@@ -375,34 +378,42 @@ def _row_dot_tokens(fmt: str):
             sps = [fptr(sty, xs, t) for t in toks]
             ips = [builder.bitcast(_byte_ptr(context, builder, ity, xi, t, _ZERO), I32.as_pointer()) for t in toks]
             vf = _vec(F32, 8)
-            accs = [cgutils.alloca_once_value(builder, ir.Constant(vf, None)) for _ in range(TOKENS)]
-            extras = [cgutils.alloca_once_value(builder, ir.Constant(F32, 0.0)) for _ in range(TOKENS)]
-            with cgutils.for_range(builder, nb) as loop:
-                b = loop.index
-                blk = builder.gep(start, [builder.mul(b, ir.Constant(b.type, stride))])
+            accs = [[cgutils.alloca_once_value(builder, ir.Constant(vf, None)) for _ in range(2)] for _ in range(TOKENS)]
+            extras = [[cgutils.alloca_once_value(builder, ir.Constant(F32, 0.0)) for _ in range(2)] for _ in range(TOKENS)]
+
+            def block(b, parity):
+                blk = builder.gep(start, [builder.mul(b, ir.Constant(b.type, size))])
                 dw = builder.fpext(_load(builder, builder.gep(blk, [d_at]), ir.HalfType()), F32)
                 m = builder.fpext(_load(builder, builder.gep(blk, [m_at]), ir.HalfType()), F32) if has_min else None
                 u, negative = _weights(builder, builder.gep(blk, [q_at]), nibbles)  # once for all tokens
                 for k in range(TOKENS):
+                    acc, extra = accs[k][parity], extras[k][parity]
+                    scale = builder.fmul(dw, builder.load(builder.gep(dps[k], [b])), flags=_EXACT)
                     s = _load(builder, builder.gep(qps[k], [builder.mul(b, ir.Constant(b.type, 32))]), _vec(I8, 32))
                     dot = _block_dot(builder, u, negative, s)
-                    xscale = builder.load(builder.gep(dps[k], [b]))
-                    scale = builder.fmul(dw, xscale, flags=_FAST)
-                    term = builder.fmul(builder.sitofp(dot, vf), _splat(builder, scale), flags=_FAST)
-                    builder.store(builder.fadd(builder.load(accs[k]), term, flags=_FAST), accs[k])
+                    term = builder.fmul(builder.sitofp(dot, vf), _splat(builder, scale), flags=_EXACT)
+                    builder.store(builder.fadd(builder.load(acc), term, flags=_EXACT), acc)
                     if has_min:
-                        e = builder.fmul(m, builder.load(builder.gep(sps[k], [b])), flags=_FAST)
+                        e = builder.fmul(m, builder.load(builder.gep(sps[k], [b])), flags=_EXACT)
                     elif nibbles:
                         qsum = builder.sitofp(builder.load(builder.gep(ips[k], [b])), F32)
-                        e = builder.fmul(builder.fmul(scale, qsum, flags=_FAST), ir.Constant(F32, -8.0), flags=_FAST)
+                        e = builder.fmul(builder.fmul(scale, qsum, flags=_EXACT), ir.Constant(F32, -8.0), flags=_EXACT)
                     if nibbles:
-                        builder.store(builder.fadd(builder.load(extras[k]), e, flags=_FAST), extras[k])
+                        builder.store(builder.fadd(builder.load(extra), e, flags=_EXACT), extra)
+
+            one, two = ir.Constant(nb.type, 1), ir.Constant(nb.type, 2)
+            with cgutils.for_range(builder, builder.sdiv(nb, two)) as loop:
+                b = builder.mul(loop.index, two)
+                block(b, 0)
+                block(builder.add(b, one), 1)
+            with builder.if_then(builder.icmp_signed("!=", builder.srem(nb, two), ir.Constant(nb.type, 0))):
+                block(builder.sub(nb, one), 0)
             totals = []
             for k in range(TOKENS):
-                v = builder.load(accs[k])
-                total = builder.load(extras[k])
+                v = builder.fadd(builder.load(accs[k][0]), builder.load(accs[k][1]), flags=_EXACT)
+                total = builder.fadd(builder.load(extras[k][0]), builder.load(extras[k][1]), flags=_EXACT)
                 for i in range(8):
-                    total = builder.fadd(total, builder.extract_element(v, ir.Constant(I32, i)), flags=_FAST)
+                    total = builder.fadd(total, builder.extract_element(v, ir.Constant(I32, i)), flags=_EXACT)
                 totals.append(total)
             return context.make_tuple(builder, sig.return_type, totals)
         return types.UniTuple(types.float32, TOKENS)(w, types.intp, xq, xd, xs, xi, types.intp), codegen

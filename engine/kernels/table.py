@@ -2,8 +2,8 @@
 instruction path -> its numpy twin -> the tolerance its test holds it to.
 
 Why: the per-format kernels are spread over simd.py (q4_0/q4_1/q8_0), blocks32.py (q5_x, iq4_nl,
-mxfp4, iq4_xs), kquants.py (q2_k..q6_k), formats.py (dequantize, repacking), matmul.py (the parallel
-drivers) and smallops.py (norm, rope, attention); this table
+mxfp4, iq4_xs), kquants.py (q2_k..q6_k), tiles.py (q4_k..q6_k and iq4_xs prefill from TILE_MIN_T tokens on),
+formats.py (dequantize, repacking), matmul.py (the parallel drivers) and smallops.py (norm, rope, attention); this table
 says which code computes what, the tests iterate it (each kernel against its twin at its
 tolerance: tests/test_kernels.py, tests/test_kernel_table.py), and tools (the profiler's per-op
 timing hook, stats) read its operation names instead of replacing engine functions at run time.
@@ -51,9 +51,9 @@ TABLE: tuple[Kernel, ...] = (
            1e-5, 1e-5, LAYOUTS, PATHS, "per block d_w·d_x·Σ q_w q_x (+ m_w·s_x, - 8·d·Σq_x)"),
     Kernel("matmul", INT_BLOCKS32, "engine.kernels.matmul:matmul", "engine.kernels.blocks32",
            "engine.kernels.blocks32:matmul_reference", 1e-5, 1e-5, LAYOUTS, PATHS,
-           "16-entry grids through vpshufb; q5_x's fifth bits; iq4_xs sub-blocks as iq4_nl blocks"),
+           "16-entry grids through vpshufb; q5_x's fifth bits; iq4_xs sub-blocks as iq4_nl blocks (x8 prefill: tiles.py)"),
     Kernel("matmul", INT_KQUANTS, "engine.kernels.matmul:matmul", "engine.kernels.kquants",
-           "engine.kernels.reference:matmul_int_k", 1e-5, 1e-5, LAYOUTS, PATHS, "sub-block scales per 32 (Q6_K: 16)"),
+           "engine.kernels.reference:matmul_int_k", 1e-5, 1e-5, LAYOUTS, PATHS, "sub-block scales per 32 (Q6_K: 16); x8 prefill: tiles.py"),
     Kernel("matmul", INT_LOW_K, "engine.kernels.matmul:matmul", "engine.kernels.kquants",
            "engine.kernels.reference:matmul_int_low_k", 1e-5, 1e-5, ("stored",), PATHS,
            "2-bit weights, scales applied in integers per 16"),

@@ -1,0 +1,288 @@
+"""Prefill (many tokens) for the 8-row groups of Q4_K, Q5_K, Q6_K and IQ4_XS: each group's
+weights are unpacked once into a small tile of bytes (codes) and floats (per-32 or per-16 scales
+and minimums), which then serves every token with plain byte dot products and no bit unpacking.
+
+The group kernels (kquants.py, blocks32.py) unpack the 4/5/6-bit codes and six-bit scales of a
+super-block for every TOKENS tokens; over a 512-token prompt that is 128 times per weight. Here
+it happens once per group and prompt, so the inner loop is q8_0's: per 32-block and token, 8
+vpdpbusd of 4 broadcast activation bytes into the 8 rows' lanes, then one multiply-add. From
+TILE_MIN_T tokens on (matmul.py); below that the unpacking costs more than it saves.
+
+Tile layout (one 8-row group of a (rows, n) matrix, nb = n / 32 activation blocks):
+  tq  uint8 (nb · 256,): block b at 256b, chunk c (weights 4c..4c+3) at +32c, row i at +4i:
+      unsigned codes (Q4_K 0..15, Q5_K 0..31, Q6_K 0..63), or IQ4_XS's grid values as
+      grid + 128 (vnni, generic: summed from -128·Σq_x) or as signed bytes (avx2: vpsignb);
+  ta  float32 (nb · 16,): per block the 8 rows' sub-block scales sc_j (Q4_K, Q5_K, as floats),
+      d·(ls - 32) (IQ4_XS), or Q6_K's int8 scales of its two sub-blocks of 16 as int32 bits;
+  tb  float32 (nb · 8,): the minimums m_j (Q4_K, Q5_K);
+  td  float32 (nb / 8 · 16,): per super-block the 8 rows' d, then dmin.
+The float steps are the group kernels' (kquants._group_k, blocks32._group32) in the same order,
+all _EXACT there and here, so a token's products are the decode kernels' bit for bit.
+"""
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+import engine.kernels  # noqa: F401  (numba settings first)
+from engine.kernels import blocks32, simd
+from engine.kernels.kquants import (Q4_K, Q5_K, Q6_K, _at, _broadcast_word, _k_scales8, _q6k_parts, _q45k_parts,
+                                    _splat_i32)
+from engine.kernels.simd import _EXACT, _ZERO, F32, I8, I32, TOKENS, _byte_ptr, _data_ptr, _dot_accumulate, _load, _splat, _vec
+
+IQ4_XS = blocks32.IQ4_XS
+TILE_CODES = (Q4_K, Q5_K, Q6_K, IQ4_XS)
+TILE_MIN_T = 16  # fewer tokens: the group kernels (unpacking a tile costs about 4 tokens' dot products)
+_SIGNED = simd.DOT == "avx2"  # IQ4_XS's tile: signed grid values (vpsignb) instead of grid + 128
+
+
+def _store(builder, ptr, v):
+    builder.store(v, builder.bitcast(ptr, v.type.as_pointer()), align=1)
+
+
+def _unpack(code: int):
+    """An intrinsic unpack(w, g, tq, ta, tb, td): rows 8g..8g+7 of a repacked matrix (kquants.repack_k8,
+    blocks32.repack32 for IQ4_XS) -> the tile (module docstring), super-block by super-block."""
+    @intrinsic
+    def unpack(typingctx, w, g, tq, ta, tb, td):
+        def codegen(context, builder, sig, args):
+            wty, _, qty, aty, bty, dty = sig.args
+            g = args[1]
+            base = _byte_ptr(context, builder, wty, args[0], builder.mul(g, ir.Constant(g.type, 8)), _ZERO)
+            qp = _data_ptr(context, builder, qty, args[2], I8)
+            ap = _data_ptr(context, builder, aty, args[3], F32)
+            bp = _data_ptr(context, builder, bty, args[4], F32)
+            dp = _data_ptr(context, builder, dty, args[5], F32)
+            n = cgutils.unpack_tuple(builder, context.make_array(qty)(context, builder, args[2]).shape, 1)[0]
+            vf, vi = _vec(F32, 8), _vec(I32, 8)
+            gsize = 8 * {Q4_K: 144, Q5_K: 176, Q6_K: 210, IQ4_XS: 136}[code]
+            with cgutils.for_range(builder, builder.sdiv(n, ir.Constant(n.type, 2048))) as loop:
+                sb = loop.index
+                blk = builder.gep(base, [builder.mul(sb, ir.Constant(sb.type, gsize))])
+                q0 = builder.gep(qp, [builder.mul(sb, ir.Constant(sb.type, 2048))])
+                a0 = builder.gep(ap, [builder.mul(sb, ir.Constant(sb.type, 128))])
+                b0 = builder.gep(bp, [builder.mul(sb, ir.Constant(sb.type, 64))])
+                d0 = builder.gep(dp, [builder.mul(sb, ir.Constant(sb.type, 16))])
+                if code == Q6_K:
+                    _store(builder, d0, builder.fpext(_load(builder, _at(builder, blk, 1664), _vec(ir.HalfType(), 8)), vf))
+                    for h in range(2):
+                        for s in range(4):
+                            j = 4 * h + s
+                            for part in range(2):
+                                for c, (v, _) in enumerate(_q6k_parts(builder, blk, h, s, part)):
+                                    _store(builder, _at(builder, q0, 256 * j + 32 * (4 * part + c)), v)
+                                sc = builder.sext(_load(builder, _at(builder, blk, 1536 + 8 * (2 * j + part)), _vec(I8, 8)), vi)
+                                _store(builder, _at(builder, a0, 16 * j + 8 * part), sc)
+                elif code == IQ4_XS:
+                    d8 = blocks32._scales8(builder, blk, "iq4_xs")
+                    sh = builder.zext(_load(builder, _at(builder, blk, 16), _vec(ir.IntType(16), 8)), vi)
+                    sl = _load(builder, _at(builder, blk, 32), vi)
+                    grid = [int(x) for x in blocks32.FORMATS["iq4_xs"][5]]
+                    table = grid if _SIGNED else [x + 128 - 256 * (x >= 0) for x in grid]
+                    low, four = ir.Constant(_vec(I8, 32), [15] * 32), ir.Constant(_vec(I8, 32), [4] * 32)
+                    for j in range(8):
+                        lo = builder.and_(builder.lshr(sl, ir.Constant(vi, [4 * j] * 8)), ir.Constant(vi, [15] * 8))
+                        hi = builder.shl(builder.and_(builder.lshr(sh, ir.Constant(vi, [2 * j] * 8)), ir.Constant(vi, [3] * 8)),
+                                         ir.Constant(vi, [4] * 8))
+                        ls = builder.sub(builder.or_(lo, hi), ir.Constant(vi, [32] * 8))
+                        _store(builder, _at(builder, a0, 16 * j), builder.fmul(d8, builder.sitofp(ls, vf), flags=_EXACT))
+                        _store(builder, _at(builder, b0, 8 * j), ir.Constant(vf, None))
+                        for c in range(4):  # sub-block j's quant chunk c: bytes 4c..4c+3 of each row's 16
+                            v = _load(builder, _at(builder, blk, 64 + 128 * j + 32 * c), _vec(I8, 32))
+                            for high, idx in enumerate((builder.and_(v, low), builder.lshr(v, four))):
+                                _store(builder, _at(builder, q0, 256 * j + 32 * (c + 4 * high)),
+                                       blocks32._lookup(builder, idx, table))
+                else:
+                    _store(builder, d0, builder.fpext(_load(builder, blk, _vec(ir.HalfType(), 8)), vf))
+                    _store(builder, _at(builder, d0, 8), builder.fpext(_load(builder, _at(builder, blk, 16), _vec(ir.HalfType(), 8)), vf))
+                    scales, ms = _k_scales8(builder, blk, 32)
+                    qh_at, qs_at = (128, 384) if code == Q5_K else (None, 128)
+                    for q in range(4):
+                        for j, parts in zip((2 * q, 2 * q + 1), _q45k_parts(builder, blk, qs_at, qh_at, q)):
+                            for c, (v, _) in enumerate(parts):
+                                _store(builder, _at(builder, q0, 256 * j + 32 * c), v)
+                            _store(builder, _at(builder, a0, 16 * j), scales[j])
+                            _store(builder, _at(builder, b0, 8 * j), ms[j])
+            return context.get_dummy_value()
+        return types.none(w, types.intp, tq, ta, tb, td), codegen
+    return unpack
+
+
+_unpack_q4_k, _unpack_q5_k, _unpack_q6_k, _unpack_iq4_xs = (_unpack(c) for c in TILE_CODES)
+
+
+def _tile_tokens(kind: str):
+    """An intrinsic dotting a tile (8 rows) with tokens t0..t0+TOKENS-1 of (T, n) int8 activations:
+    a tuple of 8 float32 per token, token by token. kind: "k" (Q4_K, Q5_K; xs holds min_sums),
+    "q6" (Q6_K; xs is q6_offsets (T, n/16) int32), "grid" (IQ4_XS). Each block's 8 weight vectors
+    are loaded once for the TOKENS tokens; per token the float steps of the group kernel."""
+    def typer(tq, ta, tb, td, xq, xd, xs, xi, t0):
+        def codegen(context, builder, sig, args):
+            qp = _data_ptr(context, builder, sig.args[0], args[0], I8)
+            ap = _data_ptr(context, builder, sig.args[1], args[1], F32)
+            bp = _data_ptr(context, builder, sig.args[2], args[2], F32)
+            tdp = _data_ptr(context, builder, sig.args[3], args[3], F32)
+            rest = (sig.return_type, types.intp, *sig.args[4:])  # (w, g) stand-ins for _token_pointers
+            nb, per_token = simd._token_pointers(context, builder, types.none(*rest), (None, None, *args[4:]), TOKENS)
+            vf, vi = _vec(F32, 8), _vec(I32, 8)
+            accs = [cgutils.alloca_once_value(builder, ir.Constant(vf, None)) for _ in range(TOKENS)]
+            sub = 1 if kind == "grid" else 8  # blocks per step: IQ4_XS adds each block, the K-quants each super-block
+
+            def block(b, sums, mins):
+                """Block b's 8 rows · every token, into sums[k] (and mins[k])."""
+                wp = builder.gep(qp, [builder.mul(b, ir.Constant(b.type, 256))])
+                vs = [_load(builder, _at(builder, wp, 32 * c), _vec(I8, 32)) for c in range(8)]
+                signs = None
+                if kind == "grid" and _SIGNED:
+                    signs, vs = vs, [simd._weights_of(builder, v)[0] for v in vs]
+                a16 = builder.gep(ap, [builder.mul(b, ir.Constant(b.type, 16))])
+                if kind == "q6":
+                    sc = [_load(builder, builder.bitcast(_at(builder, a16, 8 * p), I32.as_pointer()), vi) for p in range(2)]
+                else:
+                    a8 = _load(builder, a16, vf)
+                    m8 = _load(builder, builder.gep(bp, [builder.mul(b, ir.Constant(b.type, 8))]), vf) if kind == "k" else None
+                for k, (xqp, dp, sp, ip) in enumerate(per_token):
+                    x32 = builder.gep(xqp, [builder.mul(b, ir.Constant(b.type, 32))])
+                    dx = builder.load(builder.gep(dp, [b]))
+                    words = []
+                    for c in range(8):
+                        s = _broadcast_word(builder, x32, 4 * c)
+                        words.append(blocks32._psign(builder, s, signs[c]) if signs is not None else s)
+                    if kind == "q6":  # Σ (q - 32) x per sub-block of 16 (from -32 Σx), times its scale, in integers
+                        op = builder.bitcast(sp, I32.as_pointer())
+                        isum = ir.Constant(vi, None)
+                        for part in range(2):
+                            at = builder.add(builder.mul(b, ir.Constant(b.type, 2)), ir.Constant(b.type, part))
+                            dots = _splat_i32(builder, builder.load(builder.gep(op, [at])))
+                            for c in range(4 * part, 4 * part + 4):
+                                dots = _dot_accumulate(builder, dots, vs[c], words[c])
+                            isum = builder.add(isum, builder.mul(dots, sc[part]))
+                        sums[k] = builder.fadd(sums[k], builder.fmul(builder.sitofp(isum, vf), _splat(builder, dx),
+                                                                     flags=_EXACT), flags=_EXACT)
+                        continue
+                    chains = [ir.Constant(vi, None), ir.Constant(vi, None)]  # two chains: vpdpbusd's latency
+                    if kind == "grid" and not _SIGNED:  # grid + 128: - 128 Σx
+                        chains[0] = _splat_i32(builder, builder.mul(builder.load(builder.gep(ip, [b])), ir.Constant(I32, -128)))
+                    for c in range(8):
+                        chains[c % 2] = _dot_accumulate(builder, chains[c % 2], vs[c], words[c])
+                    dots = builder.sitofp(builder.add(chains[0], chains[1]), vf)
+                    f = builder.fmul(a8, _splat(builder, dx), flags=_EXACT)  # (IQ4_XS: d·(ls - 32) · d_x)
+                    if kind == "k":
+                        sums[k] = builder.fadd(sums[k], builder.fmul(dots, f, flags=_EXACT), flags=_EXACT)
+                        e = builder.fmul(m8, _splat(builder, builder.load(builder.gep(sp, [b]))), flags=_EXACT)
+                        mins[k] = builder.fadd(mins[k], e, flags=_EXACT)
+                    else:
+                        sums[k] = builder.fadd(sums[k], builder.fmul(dots, f, flags=_EXACT), flags=_EXACT)
+
+            with cgutils.for_range(builder, builder.sdiv(nb, ir.Constant(nb.type, sub))) as loop:
+                if kind == "grid":
+                    sums = [builder.load(acc) for acc in accs]
+                    block(loop.index, sums, None)
+                    for acc, v in zip(accs, sums):
+                        builder.store(v, acc)
+                else:
+                    sb = loop.index
+                    sums = [ir.Constant(vf, None)] * TOKENS
+                    mins = [ir.Constant(vf, None)] * TOKENS
+                    for j in range(8):
+                        block(builder.add(builder.mul(sb, ir.Constant(sb.type, 8)), ir.Constant(sb.type, j)), sums, mins)
+                    d16 = builder.gep(tdp, [builder.mul(sb, ir.Constant(sb.type, 16))])
+                    d8 = _load(builder, d16, vf)
+                    for k in range(TOKENS):
+                        total = builder.fmul(d8, sums[k], flags=_EXACT)
+                        if kind == "k":
+                            dmin8 = _load(builder, _at(builder, d16, 8), vf)
+                            total = builder.fsub(total, builder.fmul(dmin8, mins[k], flags=_EXACT), flags=_EXACT)
+                        builder.store(builder.fadd(builder.load(accs[k]), total, flags=_EXACT), accs[k])
+            values = []
+            for acc in accs:
+                v = builder.load(acc)
+                values += [builder.extract_element(v, ir.Constant(I32, i)) for i in range(8)]
+            return context.make_tuple(builder, sig.return_type, values)
+        return types.UniTuple(types.float32, 8 * TOKENS)(tq, ta, tb, td, xq, xd, xs, xi, types.intp), codegen
+
+    @intrinsic
+    def tile_tokens(typingctx, tq, ta, tb, td, xq, xd, xs, xi, t0):
+        return typer(tq, ta, tb, td, xq, xd, xs, xi, t0)
+    return tile_tokens
+
+
+_tile_k, _tile_q6, _tile_grid = (_tile_tokens(k) for k in ("k", "q6", "grid"))
+
+
+@njit(cache=True, nogil=True)
+def unpack(w, g, code, tq, ta, tb, td):
+    """Rows 8g..8g+7 of a repacked Q4_K/Q5_K/Q6_K/IQ4_XS matrix (code: the GGML id) -> its tile."""
+    if code == Q4_K:
+        _unpack_q4_k(w, g, tq, ta, tb, td)
+    elif code == Q5_K:
+        _unpack_q5_k(w, g, tq, ta, tb, td)
+    elif code == Q6_K:
+        _unpack_q6_k(w, g, tq, ta, tb, td)
+    else:
+        _unpack_iq4_xs(w, g, tq, ta, tb, td)
+
+
+@njit(cache=True, nogil=True)
+def tile_tokens(code, tq, ta, tb, td, xq, xd, xs, xi, t0):
+    """A Q4_K/Q5_K/IQ4_XS tile · tokens t0..t0+TOKENS-1: 8 rows of token t0, then of t0+1, ..."""
+    if code == IQ4_XS:
+        return _tile_grid(tq, ta, tb, td, xq, xd, xs, xi, t0)
+    return _tile_k(tq, ta, tb, td, xq, xd, xs, xi, t0)
+
+
+@njit(cache=True, nogil=True)
+def min_sums(xd, xs, xi):
+    """xs (T, n/32) = d_x · Σq_x of each block as float32 (the product the decode kernels form,
+    not the half-rounded sum quantize_activations stores): the Q4_K/Q5_K tiles' minimum terms."""
+    T, nb = xs.shape
+    for t in range(T):
+        for b in range(nb):
+            xs[t, b] = xd[t, b] * np.float32(xi[t, b])
+
+
+@njit(cache=True, nogil=True)
+def q6_offsets(xq):
+    """(T, n/16) int32: -32 · Σ of each 16 int8 activations of xq (T, n), once per token: where
+    the Q6_K tile's sums of a sub-block of 16 start (its codes are q + 32)."""
+    T, n = xq.shape
+    out = np.empty((T, n // 16), np.int32)
+    for t in range(T):
+        for k in range(n // 16):
+            total = 0
+            for i in range(16):
+                total += xq[t, 16 * k + i]
+            out[t, k] = -32 * total
+    return out
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def matmul_tiles(w, code, xq, xd, xs, xi, out):
+    """out (T, rows) = the quantized activations (T >= TOKENS; Q4_K/Q5_K: xs is overwritten with
+    min_sums) times a repacked matrix in TILE_CODES (code: the GGML id), an 8-row group at a time: its tile
+    (about 1.4 bytes per weight: 11 KB for n = 1024, L1/L2 resident) is unpacked once and dotted
+    with every token."""
+    rows, T, n = w.shape[0], xq.shape[0], xq.shape[1]
+    if code == Q4_K or code == Q5_K:
+        min_sums(xd, xs, xi)
+    offsets = q6_offsets(xq) if code == Q6_K else np.zeros((T, 1), np.int32)
+    for g in prange(rows // 8):
+        tq = np.empty(8 * n, np.uint8)
+        ta = np.empty(n // 2, np.float32)
+        tb = np.empty(n // 4, np.float32)
+        td = np.empty(n // 16, np.float32)
+        unpack(w, g, code, tq, ta, tb, td)
+        t = 0
+        while t < T:
+            t0 = min(t, T - TOKENS)  # a short tail re-does some tokens: same values
+            if code == Q6_K:
+                a = _tile_q6(tq, ta, tb, td, xq, xd, offsets, xi, t0)
+            else:
+                a = tile_tokens(code, tq, ta, tb, td, xq, xd, xs, xi, t0)
+            for k in range(TOKENS):
+                for i in range(8):
+                    out[t0 + k, 8 * g + i] = a[8 * k + i]
+            t = t0 + TOKENS
