@@ -8,6 +8,8 @@ engine never runs on the event loop. Its steps take the engine's lock only, so t
 (Engine.generate on the conversation cache) runs at the same time, between them.
 `SerialScheduler`: one job at a time, in arrival order (the same Job API: `submit`, `cancel`,
 `events`). `Turns` is a line in front of the engine: a reply waits for the one before it.
+`local_steps`: a reply of a caller on a plain thread (the GUI's chat while it serves) through the
+same scheduler, so it shares the decode steps of the served requests.
 """
 from __future__ import annotations
 
@@ -79,7 +81,7 @@ class Job:
     prompt: str | list[dict]  # raw text, or chat messages (the engine applies the template)
     sampling: dict[str, Any]
     stop: tuple[str, ...]
-    loop: asyncio.AbstractEventLoop
+    loop: asyncio.AbstractEventLoop | None  # None: a LocalJob, whose steps go to a plain queue
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
     done: threading.Event = field(default_factory=threading.Event)
@@ -93,6 +95,39 @@ class Job:
             self.loop.call_soon_threadsafe(self.events.put_nowait, item)
         except RuntimeError:  # the loop is closed: the server is shutting down
             self.cancelled.set()
+
+
+@dataclass
+class LocalJob(Job):
+    """A job whose steps go to a thread-safe queue: its caller runs no event loop."""
+    inbox: queue.Queue = field(default_factory=queue.Queue)
+
+    def _put(self, item: Step | BaseException | None) -> None:
+        self.inbox.put(item)
+
+
+def local_steps(scheduler: BatchScheduler | SerialScheduler, prompt: str | list[dict], sampling: dict[str, Any],
+                cancel: threading.Event, stop: tuple[str, ...] = ()) -> Iterator[Step]:
+    """A reply through `scheduler` as Engine.generate's steps (no prompt-progress steps): joins the
+    served requests' decode steps between two of them. `cancel` (the caller's Stop) ends it after
+    the current token, during its prompt too; `sampling` may carry template_vars and resume.
+    Raises QueueFull at once when the scheduler's queue is full."""
+    job = LocalJob(prompt, dict(sampling), tuple(stop), None, cancelled=cancel)
+    scheduler.submit(job)
+    ended = False
+    try:
+        while True:
+            item = job.inbox.get()
+            if item is None:
+                ended = True
+                return
+            if isinstance(item, BaseException):
+                ended = True
+                raise item
+            yield item
+    finally:
+        if not ended:  # the caller dropped the reply: its slot is freed at the next step
+            job.cancel()
 
 
 class SerialScheduler:

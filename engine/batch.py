@@ -197,6 +197,8 @@ class Sequence:
         rest = self.ids[self.reused:]
         with e._lock:
             logits = e._prefill(rest, self.cache, self.reused, all_logits=False, before_layer=before_layer)
+            e._totals["prefilled"] += len(rest)  # the engine's stats count served replies too
+            e._totals["reused"] += self.reused
         if prefixes is not None:
             prefixes.store(self.ids, self.cache)
         self.prefill_tok_s = len(rest) / max(time.perf_counter() - self.t0, 1e-9)
@@ -246,9 +248,11 @@ class Sequence:
                     self.ttft, self.cache.length, self.e.context_limit, "cancelled", "token", len(self.ids))
 
     def close(self) -> None:
-        """Give the KV cache back to the pool."""
+        """Give the KV cache back to the pool (once), counting the reply's tokens in the engine's stats."""
         if self.cache.k is not None:
             self.cache.free()
+            with self.e._lock:
+                self.e._totals["generated"] += self.generated
 
 
 class Batcher:
