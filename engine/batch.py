@@ -8,13 +8,14 @@ step however many sequences picked it (`expert_bytes` counts both ways). A `Pref
 the KV of recent prompts, so a request sharing a system prompt or earlier turns skips their
 prefill.
 
-Exactness: the integer decode kernels compute each row on its own, up to cpu.INT_MAX_T rows a
-call, so a step's matmuls go through them that many rows at a time (the prefill kernels, for 4
-rows or more, differ by up to 2% of max|logit| on SmolLM2 Q4_1): a dense model's logits are the
-lone decode's bit for bit at any N, and an MoE's with top-2 routing too (two experts' sum does
-not depend on the order); with top-k > 2 the experts add in another order: float rounding, the
-same greedy tokens (tests/test_batch.py). So an expert picked by more than INT_MAX_T rows of a
-step is read once per INT_MAX_T rows, as `expert_bytes` counts.
+Exactness: the fused integer decode kernels (matmul_int, swiglu_int) dot each row on its own,
+so a step's matmuls give all N rows to one call of them (each weight read once per step); other
+formats go through the 1-token kernels up to cpu.INT_MAX_T rows a call (the prefill kernels, for
+4 rows or more, differ by up to 2% of max|logit| on SmolLM2 Q4_1): a dense model's logits are
+the lone decode's bit for bit at any N, and an MoE's with top-2 routing too (two experts' sum
+does not depend on the order); with top-k > 2 the experts add in another order: float rounding,
+the same greedy tokens (tests/test_batch.py). `expert_bytes` counts an expert of the second kind
+once per INT_MAX_T rows that picked it.
 """
 from __future__ import annotations
 
@@ -89,19 +90,32 @@ def decode_batch(net: Transformer, tokens: Seq[int], caches: Seq[KVCache],
     return logits.copy()  # results leave the arena
 
 
+def _rows_per_read(net: Transformer, L: int, e: int) -> int:
+    """How many rows of a step one read of expert (L, e) serves: all of them when its SwiGLU
+    takes the fused integer kernel (engine.models.base._integer_path), else cpu.INT_MAX_T."""
+    if net.exact or net.gpu is not None or net.act != "silu":
+        return cpu.INT_MAX_T
+    with net.w.experts.use(L, e) as ew:
+        ms = (ew.gate, ew.up)
+        packed = sum(m.code > cpu.PACKED for m in ms)
+        fused = packed in (0, 2) and all(m.code in cpu.INT_CODES and m.data.flags.c_contiguous for m in ms)
+    return 1 << 30 if fused else cpu.INT_MAX_T
+
+
 def expert_bytes(net: Transformer, routes: list) -> tuple[int, int]:
-    """Expert bytes a step read (grouped: each (layer, expert) once per cpu.INT_MAX_T rows that
-    picked it) and would have read with each row computing its own experts (ungrouped: once per
-    row and pick), from its routes."""
+    """Expert bytes a step read (grouped: each (layer, expert) once, or once per cpu.INT_MAX_T
+    rows that picked it off the fused integer kernels) and would have read with each row
+    computing its own experts (ungrouped: once per row and pick), from its routes."""
     store, grouped, each = net.w.store, 0, 0
     size: dict[tuple[int, int], int] = {}
+    per_read = _rows_per_read(net, routes[0][0], int(routes[0][1].flat[0])) if routes else 1
     for L, ids in routes:
         picks, counts = np.unique(ids, return_counts=True)
         for e, n in zip(picks.tolist(), counts.tolist()):
             b = size.get((L, e))
             if b is None:
                 b = size[(L, e)] = store.span(L, e).nbytes
-            grouped += -(-n // cpu.INT_MAX_T) * b
+            grouped += -(-n // per_read) * b
             each += n * b
     return grouped, each
 

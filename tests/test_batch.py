@@ -57,7 +57,7 @@ def together(eng: Engine, n: int, routes: list | None = None) -> list[np.ndarray
 @pytest.mark.parametrize("kv,n", [("f16", 3), ("int8", 6)])
 def test_a_dense_batch_is_each_sequence_alone_bit_for_bit(models, kv, n):
     eng = models("llama", "int4", kv)
-    assert n <= len(PROMPTS) and cpu.INT_MAX_T == 3  # 6 rows: two calls of the 3-row decode kernels
+    assert n <= len(PROMPTS) and cpu.INT_MAX_T == 3  # 6 rows: one call of the fused integer kernels
     for a, b in zip(alone(eng, n), together(eng, n)):
         np.testing.assert_array_equal(a, b)
 
@@ -77,6 +77,8 @@ def test_an_moe_batch_groups_experts_and_matches_alone(models, name):
     grouped, each = expert_bytes(eng.net, routes)
     assert each == 6 * eng.cfg.top_k * len(FORCED[0]) * eng.cfg.num_layers * eng.net.w.store.span(0, 0).nbytes
     assert grouped < each  # six rows over few experts: some are shared, read once
+    span = eng.net.w.store.span(0, 0).nbytes  # every expert's size here
+    assert grouped == span * sum(len(np.unique(ids)) for _, ids in routes)  # the fused kernel: once per step
 
 
 def test_bad_batches_are_refused(models):
