@@ -2,8 +2,10 @@
 
 `BatchScheduler` (the server's): continuous batching. Up to `slots` jobs decode together, one
 forward pass per step for all of them (engine.batch), each on its own KV cache with its own
-seeded sampler; a new job's prompt is prefilled between two decode steps (one prompt at a time),
-and a finished or cancelled job leaves at once, freeing its slot. One worker thread, so the
+seeded sampler; a new job's prompt is prefilled one chunk (the engine's batch_size tokens; an
+MoE's prompt whole) between two decode steps, one prompt at a time, so a long prompt delays the
+others' next token by one chunk, not by its whole prefill; a finished or cancelled job leaves at
+once, freeing its slot. One worker thread, so the
 engine never runs on the event loop. Its steps take the engine's lock only, so the GUI's chat
 (Engine.generate on the conversation cache) runs at the same time, between them.
 `SerialScheduler`: one job at a time, in arrival order (the same Job API: `submit`, `cancel`,
@@ -229,6 +231,7 @@ class BatchScheduler:
         self._cond = threading.Condition()
         self._queue: deque[Job] = deque()
         self.active: list[tuple[Job, Sequence]] = []
+        self.filling: tuple[Job, Sequence] | None = None  # the job whose prompt is being prefilled
         self._closed = False
         self._thread = threading.Thread(target=self._work, name="colibri-serve-engine", daemon=True)
         self._thread.start()
@@ -239,9 +242,9 @@ class BatchScheduler:
 
     @property
     def running(self) -> Job | None:
-        """A job decoding now (the first), None when idle."""
-        active = self.active
-        return active[0][0] if active else None
+        """A job decoding now (the first), or the one reading its prompt; None when idle."""
+        active, filling = self.active, self.filling
+        return active[0][0] if active else filling[0] if filling else None
 
     def submit(self, job: Job) -> None:
         with self._cond:
@@ -260,7 +263,7 @@ class BatchScheduler:
             queued = list(self._queue)
             self._queue.clear()
             self._cond.notify_all()
-        for job, _ in self.active:
+        for job, _ in self.active + ([self.filling] if self.filling else []):
             job.cancel()
         for job in queued:
             job.cancel()
@@ -272,19 +275,22 @@ class BatchScheduler:
         try:
             while True:
                 with self._cond:
-                    while not self._closed and not self._queue and not self.active:
+                    while not self._closed and not self._queue and not self.active and self.filling is None:
                         self._cond.wait()
                     if self._closed:
                         break
-                    job = self._queue.popleft() if self._queue and len(self.active) < self.slots else None
+                    job = self._queue.popleft() if self.filling is None and self._queue and \
+                        len(self.active) < self.slots else None
                 if job is not None:
-                    self._admit(job)  # one prompt between two decode steps
+                    self._open(job)
+                if self.filling is not None:
+                    self._fill()  # one chunk of one prompt between two decode steps
                 if self.active:
                     self._decode()
         finally:
-            for job, seq in self.active:
+            for job, seq in self.active + ([self.filling] if self.filling else []):
                 self._finish(job, seq)
-            self.active = []
+            self.active, self.filling = [], None
 
     @staticmethod
     def _finish(job: Job, seq: Sequence | None, error: BaseException | None = None) -> None:
@@ -293,28 +299,42 @@ class BatchScheduler:
             seq.close()
         job.done.set()
 
-    def _admit(self, job: Job) -> None:
+    def _open(self, job: Job) -> None:
         if job.cancelled.is_set():  # left while waiting
             self._finish(job, None)
             return
-        seq = None
+        try:
+            self.filling = (job, self.batcher.open(job.prompt, job.stop, cancel=job.cancelled, **job.sampling))
+        except Exception as e:  # bad input: reported to the client; the worker keeps serving
+            log.exception("generation failed")
+            self._finish(job, None, e)
+
+    def _fill(self) -> None:
+        job, seq = self.filling
 
         def check(layer: int) -> None:
             if job.cancelled.is_set():
                 raise _Left
 
         try:
-            seq = self.batcher.open(job.prompt, job.stop, cancel=job.cancelled, **job.sampling)
-            step = seq.feed(seq.prefill(check))
+            if job.cancelled.is_set():
+                raise _Left
+            logits = seq.prefill_step(check)
+            if logits is None:  # more of the prompt to read, after the others' next step
+                return
+            step = seq.feed(logits)
         except _Left:
             log.info("request cancelled during its prompt (client gone)")
+            self.filling = None
             job._put(seq.cancelled_step())
             self._finish(job, seq)
             return
         except Exception as e:  # reported to the client; the worker keeps serving
             log.exception("generation failed")
+            self.filling = None
             self._finish(job, seq, e)
             return
+        self.filling = None
         job._put(step)
         if seq.finish is None:
             self.active = self.active + [(job, seq)]

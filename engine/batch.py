@@ -197,6 +197,11 @@ class Sequence:
                              engine.params["kv_cache_quantize"], engine.pool)
         self.decoder, self.stops, self.history = StreamDecoder(engine.codec), StopMatcher(stop), list(ids)
         self.generated, self.reused = 0, 0
+        self.filled: int | None = None  # prompt positions in the cache (None: prefill not started)
+        # prompt tokens per prefill_step: Engine._prefill's own chunks, so a prompt in steps is the
+        # same computation as in one call; an MoE's prompt goes through each layer at once (its
+        # experts then read once per prompt, and per-expert row counts, hence rounding, unchanged)
+        self.chunk: int | None = None if c.is_moe else int(engine.params["batch_size"])
         self.token: int | None = None  # the sampled token the next decode step runs
         self.finish: str | None = None
         self.t0 = time.perf_counter()
@@ -205,17 +210,32 @@ class Sequence:
     def prefill(self, before_layer: Any = None) -> np.ndarray:
         """The prompt into this sequence's cache (what the prefix cache holds is copied, not run);
         returns the last prompt token's logits (1, vocab). `before_layer(L)` may raise to stop."""
+        logits = None
+        while logits is None:
+            logits = self.prefill_step(before_layer, whole=True)
+        return logits
+
+    def prefill_step(self, before_layer: Any = None, whole: bool = False) -> np.ndarray | None:
+        """The next `chunk` prompt tokens into the cache (all of them if `whole`): the last prompt
+        token's logits (1, vocab) once the prompt is in, else None. Between two steps the
+        scheduler runs a decode step of the other sequences (chunked prefill)."""
         e, prefixes = self.e, self.prefixes
-        if prefixes is not None:
-            self.reused = prefixes.restore(self.ids, self.cache)
-        rest = self.ids[self.reused:]
+        if self.filled is None:  # the first step: what the prefix cache holds is copied
+            self.reused = prefixes.restore(self.ids, self.cache) if prefixes is not None else 0
+            self.filled = self.reused
+            with e._lock:
+                e._totals["reused"] += self.reused  # the engine's stats count served replies too
+        end = len(self.ids) if whole or self.chunk is None else min(len(self.ids), self.filled + self.chunk)
+        part = self.ids[self.filled:end]
         with e._lock:
-            logits = e._prefill(rest, self.cache, self.reused, all_logits=False, before_layer=before_layer)
-            e._totals["prefilled"] += len(rest)  # the engine's stats count served replies too
-            e._totals["reused"] += self.reused
+            logits = e._prefill(part, self.cache, self.filled, all_logits=False, before_layer=before_layer)
+            e._totals["prefilled"] += len(part)
+        self.filled = end
+        if end < len(self.ids):
+            return None
         if prefixes is not None:
             prefixes.store(self.ids, self.cache)
-        self.prefill_tok_s = len(rest) / max(time.perf_counter() - self.t0, 1e-9)
+        self.prefill_tok_s = (len(self.ids) - self.reused) / max(time.perf_counter() - self.t0, 1e-9)
         return logits
 
     def feed(self, logits: np.ndarray) -> Step:

@@ -152,3 +152,65 @@ def test_the_prefix_cache_stays_within_its_bytes(models):
     assert lru.restore(list(range(1, 11)) + [99], fresh) == 7  # 4 tokens left to prefill
     np.testing.assert_array_equal(fresh.k[:, :7], cache.k[:, :7])
     assert lru.restore([5, 6], new_cache(eng)) == 0
+
+
+def test_a_prompt_read_in_chunks_is_the_prompt_read_whole(models):
+    eng = models("llama", "int8")
+    eng.set_param("batch_size", 4)
+    try:
+        batcher = Batcher(eng, prefix_bytes=0)
+        prompt = "one two three four five six seven eight nine ten eleven"
+        whole, steps = batcher.open(prompt, max_tokens=2), batcher.open(prompt, max_tokens=2)
+        want = whole.prefill()
+        got, calls = None, 0
+        while got is None:
+            got, calls = steps.prefill_step(), calls + 1
+        assert calls == -(-len(steps.ids) // 4) > 2 and steps.filled == len(steps.ids) == steps.cache.length
+        np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(steps.cache.k[:, :len(steps.ids)], whole.cache.k[:, :len(whole.ids)])
+        whole.close()
+        steps.close()
+    finally:
+        eng.set_param("batch_size", 128)
+
+
+def test_the_scheduler_decodes_the_others_between_a_long_prompts_chunks(models, monkeypatch):
+    """Chunked prefill: a long prompt is read a chunk at a time, a decode step of the replies
+    already running after each chunk; each reply is what it is alone."""
+    import threading
+    import time
+
+    from app.server_jobs import BatchScheduler, local_steps
+    from engine.batch import Sequence
+    eng = models("llama", "int8")
+    eng.set_param("batch_size", 4)
+    events: list[str] = []
+    real_fill, real_step = Sequence.prefill_step, Batcher.step
+    monkeypatch.setattr(Sequence, "prefill_step", lambda self, *a, **k: events.append("fill") or real_fill(self, *a, **k))
+    monkeypatch.setattr(Batcher, "step", lambda self, seqs: events.append(f"step{len(seqs)}") or real_step(self, seqs))
+    sched = BatchScheduler(eng, max_queue=4, slots=2, prefix_bytes=0)
+    short, long = "Once upon", "a b c d e f g h i j k l m n o p q r s t u v w x y z"
+
+    def reply(prompt: str, n: int, out: list | None = None) -> str:
+        text = "".join(s.text for s in local_steps(sched, prompt, {"temperature": 0.0, "max_tokens": n},
+                                                   threading.Event()))
+        if out is not None:
+            out.append(text)
+        return text
+    try:
+        alone = [reply(short, 40), reply(long, 4)]
+        events.clear()
+        got: list = []
+        first = threading.Thread(target=reply, args=(short, 40, got))
+        first.start()
+        while "step1" not in events:  # the short reply is decoding…
+            assert first.is_alive()
+            time.sleep(0.001)
+        second = reply(long, 4)  # …when the long prompt arrives
+        first.join(60)
+        chunks = [i for i, e in enumerate(events) if e == "fill"][1:]  # the long prompt's
+        assert len(chunks) >= 5 and all("step1" in events[a:b] for a, b in zip(chunks, chunks[1:]))
+        assert [got[0], second] == alone
+    finally:
+        sched.close()
+        eng.set_param("batch_size", 128)
