@@ -5,9 +5,10 @@ forward pass per step for all of them (engine.batch), each on its own KV cache w
 seeded sampler; a new job's prompt is prefilled one chunk (the engine's batch_size tokens; an
 MoE's prompt whole) between two decode steps, one prompt at a time, so a long prompt delays the
 others' next token by one chunk, not by its whole prefill; a finished or cancelled job leaves at
-once, freeing its slot. One worker thread, so the
-engine never runs on the event loop. Its steps take the engine's lock only, so the GUI's chat
-(Engine.generate on the conversation cache) runs at the same time, between them.
+once, freeing its slot. One worker thread, so the engine never runs on the event loop (and it
+keeps the only OpenMP team: app.cli_serve.warm_apart). While the GUI serves, its chat replies are jobs here too
+(`local_steps`); any other Engine.generate (on the conversation cache) runs between the steps,
+which take the engine's lock only.
 `SerialScheduler`: one job at a time, in arrival order (the same Job API: `submit`, `cancel`,
 `events`). `Turns` is a line in front of the engine: a reply waits for the one before it.
 `local_steps`: a reply of a caller on a plain thread (the GUI's chat while it serves) through the
