@@ -111,7 +111,7 @@ class LocalJob(Job):
 
 def local_steps(scheduler: BatchScheduler | SerialScheduler, prompt: str | list[dict], sampling: dict[str, Any],
                 cancel: threading.Event, stop: tuple[str, ...] = ()) -> Iterator[Step]:
-    """A reply through `scheduler` as Engine.generate's steps (no prompt-progress steps): joins the
+    """A reply through `scheduler` as Engine.generate(prompt_progress=True)'s steps: joins the
     served requests' decode steps between two of them. `cancel` (the caller's Stop) ends it after
     the current token, during its prompt too; `sampling` may carry template_vars and resume.
     Raises QueueFull at once when the scheduler's queue is full."""
@@ -322,6 +322,8 @@ class BatchScheduler:
                 raise _Left
             logits = seq.prefill_step(check)
             if logits is None:  # more of the prompt to read, after the others' next step
+                if isinstance(job, LocalJob):  # the GUI shows how far its prompt is read
+                    job._put(seq.prompt_step())
                 return
             step = seq.feed(logits)
         except _Left:

@@ -192,7 +192,7 @@ def stream_reply(engine, messages: list[dict], sampling: dict[str, Any], stop: t
     model's reply always carries its own `<think>`: one the template put in the prompt is
     emitted first, so the text says where thinking starts and ends; its tokens are counted.
     `scheduler` (the local server's BatchScheduler, while it serves): the reply runs there, in the
-    served requests' decode steps, on a KV cache of its own (no prompt-progress steps then).
+    served requests' decode steps, on a KV cache of its own.
     """
     if _remote(engine):  # no tokenizer to plan with: the endpoint's overflow error cuts instead
         steps, plan, dropped = _remote_steps(engine, messages, stop, sampling)

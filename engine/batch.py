@@ -274,6 +274,13 @@ class Sequence:
                     self.prefill_tok_s, self.decode_tok_s, self.ttft, self.cache.length, self.e.context_limit,
                     finish, "token", len(self.ids))
 
+    def prompt_step(self) -> Step:
+        """A Step(kind="prompt"): `prompt_done` of the prompt's tokens are in the cache, no text yet
+        (as Engine.generate(prompt_progress=True) gives between its prefill chunks)."""
+        from engine.api import Step
+        return Step("", None, 0, len(self.ids), self.reused, 0.0, 0.0, 0.0, self.cache.length, self.e.context_limit,
+                    None, "prompt", self.filled or 0)
+
     def cancelled_step(self) -> Step:
         """The last Step of a reply stopped from outside (its client went away)."""
         from engine.api import Step

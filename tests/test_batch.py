@@ -191,9 +191,12 @@ def test_the_scheduler_decodes_the_others_between_a_long_prompts_chunks(models, 
     sched = BatchScheduler(eng, max_queue=4, slots=2, prefix_bytes=0)
     short, long = "Once upon", "a b c d e f g h i j k l m n o p q r s t u v w x y z"
 
+    kinds: list[list[str]] = []
+
     def reply(prompt: str, n: int, out: list | None = None) -> str:
-        text = "".join(s.text for s in local_steps(sched, prompt, {"temperature": 0.0, "max_tokens": n},
-                                                   threading.Event()))
+        steps = list(local_steps(sched, prompt, {"temperature": 0.0, "max_tokens": n}, threading.Event()))
+        kinds.append([s.kind for s in steps])
+        text = "".join(s.text for s in steps)
         if out is not None:
             out.append(text)
         return text
@@ -211,6 +214,8 @@ def test_the_scheduler_decodes_the_others_between_a_long_prompts_chunks(models, 
         chunks = [i for i, e in enumerate(events) if e == "fill"][1:]  # the long prompt's
         assert len(chunks) >= 5 and all("step1" in events[a:b] for a, b in zip(chunks, chunks[1:]))
         assert [got[0], second] == alone
+        assert kinds[1].count("prompt") == -(-len(eng.prompt_ids(long)) // 4) - 1 > 0  # after each chunk but the last
+        assert set(kinds[1][kinds[1].count("prompt"):]) == {"token"}
     finally:
         sched.close()
         eng.set_param("batch_size", 128)
