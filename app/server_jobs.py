@@ -228,7 +228,7 @@ class BatchScheduler:
         from engine.batch import Batcher
         self.engine, self.max_queue, self.slots = engine, max_queue, max(int(slots), 1)
         self.turns = turns  # kept for callers that pass it; batched jobs need no turn
-        self.batcher = Batcher(engine, prefix_bytes)
+        self.batcher = Batcher(engine, prefix_bytes, spare_caches=self.slots)  # a KV cache per slot, reused
         self._cond = threading.Condition()
         self._queue: deque[Job] = deque()
         self.active: list[tuple[Job, Sequence]] = []
@@ -271,6 +271,8 @@ class BatchScheduler:
             job._put(None)
             job.done.set()
         self._thread.join(timeout)
+        if self.batcher.spares is not None and not self._thread.is_alive():
+            self.batcher.spares.clear()
 
     def _work(self) -> None:
         try:

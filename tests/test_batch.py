@@ -219,3 +219,30 @@ def test_the_scheduler_decodes_the_others_between_a_long_prompts_chunks(models, 
     finally:
         sched.close()
         eng.set_param("batch_size", 128)
+
+
+def test_a_finished_sequences_cache_serves_the_next_one_unchanged(models):
+    """SpareCaches: the next sequence writes over a used cache (its pages already in) and gets
+    what a fresh cache gives; a cache of other settings is not taken."""
+    eng = models("llama", "int8")
+    spare, fresh = Batcher(eng, prefix_bytes=0, spare_caches=1), Batcher(eng, prefix_bytes=0)
+
+    def reply(batcher: Batcher, prompt: str):
+        s = batcher.open(prompt, max_tokens=6, temperature=0.0)
+        toks = [s.feed(s.prefill()).token_id]
+        while s.finish is None:
+            toks.append(s.feed(batcher.step([s])).token_id)
+        cache = s.cache
+        s.close()
+        s.close()  # once only
+        return toks, cache
+    _, used = reply(spare, "a long first prompt that fills more of the cache than the next")
+    assert len(spare.spares) == 1
+    got, cache = reply(spare, "Once upon")
+    assert cache is used and got == reply(fresh, "Once upon")[0]
+    eng.set_param("kv_cache_quantize", "int8")
+    try:
+        _, other = reply(spare, "Once upon")
+        assert other is not used and other.kind == "int8"
+    finally:
+        eng.set_param("kv_cache_quantize", "f16")
