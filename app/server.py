@@ -620,8 +620,9 @@ def start(engine_or_factory: Engine | Callable[[], Engine], host: str = DEFAULT_
     """Serve the engine in a background thread; returns once it listens (port 0: any free port).
 
     The address is checked before a factory loads anything; an address in use raises OSError here.
-    `turns`: the line in front of the engine shared with its other users (the GUI passes its own),
-    so a chat reply and a served request wait for each other instead of cutting each other off.
+    `turns`: the line in front of the engine's conversation cache (the GUI passes its own); the
+    BatchScheduler needs none (each request has its own KV cache), and the GUI's replies join it
+    while it serves (app.worker.EngineWorker.generate).
     """
     api_key = api_key or os.environ.get("COLIBRI_API_KEY") or None
     check_bind(host, api_key)

@@ -2,12 +2,17 @@
 
 `BatchScheduler` (the server's): continuous batching. Up to `slots` jobs decode together, one
 forward pass per step for all of them (engine.batch), each on its own KV cache with its own
-seeded sampler; a new job's prompt is prefilled between two decode steps (one prompt at a time),
-and a finished or cancelled job leaves at once, freeing its slot. One worker thread, so the
-engine never runs on the event loop. Its steps take the engine's lock only, so the GUI's chat
-(Engine.generate on the conversation cache) runs at the same time, between them.
+seeded sampler; a new job's prompt is prefilled one chunk (the engine's batch_size tokens; an
+MoE's prompt whole) between two decode steps, one prompt at a time, so a long prompt delays the
+others' next token by one chunk, not by its whole prefill; a finished or cancelled job leaves at
+once, freeing its slot. One worker thread, so the engine never runs on the event loop (and it
+keeps the only OpenMP team: app.cli_serve.warm_apart). While the GUI serves, its chat replies are jobs here too
+(`local_steps`); any other Engine.generate (on the conversation cache) runs between the steps,
+which take the engine's lock only.
 `SerialScheduler`: one job at a time, in arrival order (the same Job API: `submit`, `cancel`,
 `events`). `Turns` is a line in front of the engine: a reply waits for the one before it.
+`local_steps`: a reply of a caller on a plain thread (the GUI's chat while it serves) through the
+same scheduler, so it shares the decode steps of the served requests.
 """
 from __future__ import annotations
 
@@ -79,7 +84,7 @@ class Job:
     prompt: str | list[dict]  # raw text, or chat messages (the engine applies the template)
     sampling: dict[str, Any]
     stop: tuple[str, ...]
-    loop: asyncio.AbstractEventLoop
+    loop: asyncio.AbstractEventLoop | None  # None: a LocalJob, whose steps go to a plain queue
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
     done: threading.Event = field(default_factory=threading.Event)
@@ -93,6 +98,39 @@ class Job:
             self.loop.call_soon_threadsafe(self.events.put_nowait, item)
         except RuntimeError:  # the loop is closed: the server is shutting down
             self.cancelled.set()
+
+
+@dataclass
+class LocalJob(Job):
+    """A job whose steps go to a thread-safe queue: its caller runs no event loop."""
+    inbox: queue.Queue = field(default_factory=queue.Queue)
+
+    def _put(self, item: Step | BaseException | None) -> None:
+        self.inbox.put(item)
+
+
+def local_steps(scheduler: BatchScheduler | SerialScheduler, prompt: str | list[dict], sampling: dict[str, Any],
+                cancel: threading.Event, stop: tuple[str, ...] = ()) -> Iterator[Step]:
+    """A reply through `scheduler` as Engine.generate(prompt_progress=True)'s steps: joins the
+    served requests' decode steps between two of them. `cancel` (the caller's Stop) ends it after
+    the current token, during its prompt too; `sampling` may carry template_vars and resume.
+    Raises QueueFull at once when the scheduler's queue is full."""
+    job = LocalJob(prompt, dict(sampling), tuple(stop), None, cancelled=cancel)
+    scheduler.submit(job)
+    ended = False
+    try:
+        while True:
+            item = job.inbox.get()
+            if item is None:
+                ended = True
+                return
+            if isinstance(item, BaseException):
+                ended = True
+                raise item
+            yield item
+    finally:
+        if not ended:  # the caller dropped the reply: its slot is freed at the next step
+            job.cancel()
 
 
 class SerialScheduler:
@@ -190,10 +228,11 @@ class BatchScheduler:
         from engine.batch import Batcher
         self.engine, self.max_queue, self.slots = engine, max_queue, max(int(slots), 1)
         self.turns = turns  # kept for callers that pass it; batched jobs need no turn
-        self.batcher = Batcher(engine, prefix_bytes)
+        self.batcher = Batcher(engine, prefix_bytes, spare_caches=self.slots)  # a KV cache per slot, reused
         self._cond = threading.Condition()
         self._queue: deque[Job] = deque()
         self.active: list[tuple[Job, Sequence]] = []
+        self.filling: tuple[Job, Sequence] | None = None  # the job whose prompt is being prefilled
         self._closed = False
         self._thread = threading.Thread(target=self._work, name="colibri-serve-engine", daemon=True)
         self._thread.start()
@@ -204,9 +243,9 @@ class BatchScheduler:
 
     @property
     def running(self) -> Job | None:
-        """A job decoding now (the first), None when idle."""
-        active = self.active
-        return active[0][0] if active else None
+        """A job decoding now (the first), or the one reading its prompt; None when idle."""
+        active, filling = self.active, self.filling
+        return active[0][0] if active else filling[0] if filling else None
 
     def submit(self, job: Job) -> None:
         with self._cond:
@@ -225,31 +264,36 @@ class BatchScheduler:
             queued = list(self._queue)
             self._queue.clear()
             self._cond.notify_all()
-        for job, _ in self.active:
+        for job, _ in self.active + ([self.filling] if self.filling else []):
             job.cancel()
         for job in queued:
             job.cancel()
             job._put(None)
             job.done.set()
         self._thread.join(timeout)
+        if self.batcher.spares is not None and not self._thread.is_alive():
+            self.batcher.spares.clear()
 
     def _work(self) -> None:
         try:
             while True:
                 with self._cond:
-                    while not self._closed and not self._queue and not self.active:
+                    while not self._closed and not self._queue and not self.active and self.filling is None:
                         self._cond.wait()
                     if self._closed:
                         break
-                    job = self._queue.popleft() if self._queue and len(self.active) < self.slots else None
+                    job = self._queue.popleft() if self.filling is None and self._queue and \
+                        len(self.active) < self.slots else None
                 if job is not None:
-                    self._admit(job)  # one prompt between two decode steps
+                    self._open(job)
+                if self.filling is not None:
+                    self._fill()  # one chunk of one prompt between two decode steps
                 if self.active:
                     self._decode()
         finally:
-            for job, seq in self.active:
+            for job, seq in self.active + ([self.filling] if self.filling else []):
                 self._finish(job, seq)
-            self.active = []
+            self.active, self.filling = [], None
 
     @staticmethod
     def _finish(job: Job, seq: Sequence | None, error: BaseException | None = None) -> None:
@@ -258,28 +302,44 @@ class BatchScheduler:
             seq.close()
         job.done.set()
 
-    def _admit(self, job: Job) -> None:
+    def _open(self, job: Job) -> None:
         if job.cancelled.is_set():  # left while waiting
             self._finish(job, None)
             return
-        seq = None
+        try:
+            self.filling = (job, self.batcher.open(job.prompt, job.stop, cancel=job.cancelled, **job.sampling))
+        except Exception as e:  # bad input: reported to the client; the worker keeps serving
+            log.exception("generation failed")
+            self._finish(job, None, e)
+
+    def _fill(self) -> None:
+        job, seq = self.filling
 
         def check(layer: int) -> None:
             if job.cancelled.is_set():
                 raise _Left
 
         try:
-            seq = self.batcher.open(job.prompt, job.stop, cancel=job.cancelled, **job.sampling)
-            step = seq.feed(seq.prefill(check))
+            if job.cancelled.is_set():
+                raise _Left
+            logits = seq.prefill_step(check)
+            if logits is None:  # more of the prompt to read, after the others' next step
+                if isinstance(job, LocalJob):  # the GUI shows how far its prompt is read
+                    job._put(seq.prompt_step())
+                return
+            step = seq.feed(logits)
         except _Left:
             log.info("request cancelled during its prompt (client gone)")
+            self.filling = None
             job._put(seq.cancelled_step())
             self._finish(job, seq)
             return
         except Exception as e:  # reported to the client; the worker keeps serving
             log.exception("generation failed")
+            self.filling = None
             self._finish(job, seq, e)
             return
+        self.filling = None
         job._put(step)
         if seq.finish is None:
             self.active = self.active + [(job, seq)]

@@ -181,7 +181,7 @@ def reasoning_of(engine) -> tuple[bool, bool]:
 def stream_reply(engine, messages: list[dict], sampling: dict[str, Any], stop: threading.Event,
                  emit: Callable[[str, Any], None], frame_s: float = FRAME_S,
                  clock: Callable[[], float] = time.perf_counter, template_vars: dict | None = None,
-                 resume: str = "", policy: str = context_policy.DEFAULT_POLICY) -> Reply:
+                 resume: str = "", policy: str = context_policy.DEFAULT_POLICY, scheduler: Any = None) -> Reply:
     """Generate a reply, emitting text in batches of at most one per frame.
 
     When `stop` is set the engine is asked to stop, which ends the reply after the current
@@ -191,6 +191,8 @@ def stream_reply(engine, messages: list[dict], sampling: dict[str, Any], stop: t
     `resume` is a reply cut short, continued (its text is not emitted again). A reasoning
     model's reply always carries its own `<think>`: one the template put in the prompt is
     emitted first, so the text says where thinking starts and ends; its tokens are counted.
+    `scheduler` (the local server's BatchScheduler, while it serves): the reply runs there, in the
+    served requests' decode steps, on a KV cache of its own.
     """
     if _remote(engine):  # no tokenizer to plan with: the endpoint's overflow error cuts instead
         steps, plan, dropped = _remote_steps(engine, messages, stop, sampling)
@@ -205,8 +207,12 @@ def stream_reply(engine, messages: list[dict], sampling: dict[str, Any], stop: t
         lead = "" if resume else OPEN  # the prompt opens the thinking: a resumed reply's tag is in it
         resume = resume[len(OPEN):].lstrip() if resume.startswith(OPEN) else resume
     # cancel: Stop also interrupts the prompt (between prefill chunks), not only the reply
-    steps = engine.generate(msgs, cancel=stop, prompt_progress=True, template_vars=template_vars,
-                            resume=resume, **sampling)
+    if scheduler is not None:
+        from app.server_jobs import local_steps
+        steps = local_steps(scheduler, msgs, {**sampling, "template_vars": template_vars, "resume": resume}, stop)
+    else:
+        steps = engine.generate(msgs, cancel=stop, prompt_progress=True, template_vars=template_vars,
+                                resume=resume, **sampling)
     return _stream(steps, engine, stop, emit, frame_s, clock, written, lead, reasons, len(plan.dropped), plan)
 
 
@@ -324,7 +330,7 @@ class EngineWorker(QObject):
         self.engine = None
         self.server = None  # app.server.ServerHandle while "Serve on localhost" is on
         self._serve_port = 0
-        self.turns = Turns()  # the chat and the local server: one reply at a time, in arrival order
+        self.turns = Turns()  # replies on the conversation cache: one at a time (a SerialScheduler's jobs too)
         self._stop = threading.Event()
         self._cancel = threading.Event()
         self.stats_timer: QTimer | None = None  # made on the worker's thread by watch_stats
@@ -431,9 +437,13 @@ class EngineWorker(QObject):
         self._sample_load()  # the reply's load is measured from here
         self._busiest = None
         try:
-            with self.turns.turn(self._stop) as mine:  # after the served reply running now, if any
-                reply = stream_reply(self.engine, messages, sampling, self._stop, emit, **options) if mine \
-                    else Reply("", None, 0)
+            if self.server is not None:  # serving: the reply joins the served requests' decode steps
+                reply = stream_reply(self.engine, messages, sampling, self._stop, emit,
+                                     scheduler=self.server.service.scheduler, **options)
+            else:
+                with self.turns.turn(self._stop) as mine:  # Turns: a SerialScheduler's job first, if any
+                    reply = stream_reply(self.engine, messages, sampling, self._stop, emit, **options) if mine \
+                        else Reply("", None, 0)
             self._sample_load()
             if reply.step is not None and self.watch.active is None and not _remote(self.engine):
                 # a quiet reply teaches the model's speed
@@ -574,8 +584,9 @@ class EngineWorker(QObject):
     @Slot(bool, int)
     def serve(self, on: bool, port: int) -> None:
         """The GUI's "Serve on localhost": colibri-serve's OpenAI-compatible API over this engine, on
-        127.0.0.1 only (another address needs an API key: colibri-serve). Chat and server share the
-        engine through `self.turns`: overlapping replies wait for each other, one at a time."""
+        127.0.0.1 only (another address needs an API key: colibri-serve). While it serves, the chat's
+        replies go through the server's BatchScheduler: a reply and served requests decode in the
+        same steps, none waits for another to end (generate)."""
         self._stop_server()
         if not on:
             self.served.emit("", "")

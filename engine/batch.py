@@ -8,13 +8,14 @@ step however many sequences picked it (`expert_bytes` counts both ways). A `Pref
 the KV of recent prompts, so a request sharing a system prompt or earlier turns skips their
 prefill.
 
-Exactness: the integer decode kernels compute each row on its own, up to cpu.INT_MAX_T rows a
-call, so a step's matmuls go through them that many rows at a time (the prefill kernels, for 4
-rows or more, differ by up to 2% of max|logit| on SmolLM2 Q4_1): a dense model's logits are the
-lone decode's bit for bit at any N, and an MoE's with top-2 routing too (two experts' sum does
-not depend on the order); with top-k > 2 the experts add in another order: float rounding, the
-same greedy tokens (tests/test_batch.py). So an expert picked by more than INT_MAX_T rows of a
-step is read once per INT_MAX_T rows, as `expert_bytes` counts.
+Exactness: the fused integer decode kernels (matmul_int, swiglu_int) dot each row on its own,
+so a step's matmuls give all N rows to one call of them (each weight read once per step); other
+formats go through the 1-token kernels up to cpu.INT_MAX_T rows a call (the prefill kernels, for
+4 rows or more, differ by up to 2% of max|logit| on SmolLM2 Q4_1): a dense model's logits are
+the lone decode's bit for bit at any N, and an MoE's with top-2 routing too (two experts' sum
+does not depend on the order); with top-k > 2 the experts add in another order: float rounding,
+the same greedy tokens (tests/test_batch.py). `expert_bytes` counts an expert of the second kind
+once per INT_MAX_T rows that picked it.
 """
 from __future__ import annotations
 
@@ -89,19 +90,32 @@ def decode_batch(net: Transformer, tokens: Seq[int], caches: Seq[KVCache],
     return logits.copy()  # results leave the arena
 
 
+def _rows_per_read(net: Transformer, L: int, e: int) -> int:
+    """How many rows of a step one read of expert (L, e) serves: all of them when its SwiGLU
+    takes the fused integer kernel (engine.models.base._integer_path), else cpu.INT_MAX_T."""
+    if net.exact or net.gpu is not None or net.act != "silu":
+        return cpu.INT_MAX_T
+    with net.w.experts.use(L, e) as ew:
+        ms = (ew.gate, ew.up)
+        packed = sum(m.code > cpu.PACKED for m in ms)
+        fused = packed in (0, 2) and all(m.code in cpu.INT_CODES and m.data.flags.c_contiguous for m in ms)
+    return 1 << 30 if fused else cpu.INT_MAX_T
+
+
 def expert_bytes(net: Transformer, routes: list) -> tuple[int, int]:
-    """Expert bytes a step read (grouped: each (layer, expert) once per cpu.INT_MAX_T rows that
-    picked it) and would have read with each row computing its own experts (ungrouped: once per
-    row and pick), from its routes."""
+    """Expert bytes a step read (grouped: each (layer, expert) once, or once per cpu.INT_MAX_T
+    rows that picked it off the fused integer kernels) and would have read with each row
+    computing its own experts (ungrouped: once per row and pick), from its routes."""
     store, grouped, each = net.w.store, 0, 0
     size: dict[tuple[int, int], int] = {}
+    per_read = _rows_per_read(net, routes[0][0], int(routes[0][1].flat[0])) if routes else 1
     for L, ids in routes:
         picks, counts = np.unique(ids, return_counts=True)
         for e, n in zip(picks.tolist(), counts.tolist()):
             b = size.get((L, e))
             if b is None:
                 b = size[(L, e)] = store.span(L, e).nbytes
-            grouped += -(-n // cpu.INT_MAX_T) * b
+            grouped += -(-n // per_read) * b
             each += n * b
     return grouped, each
 
@@ -175,14 +189,23 @@ class Sequence:
     the `Step` to stream, as Engine.generate's loop does for one reply."""
 
     def __init__(self, engine: Engine, ids: list[int], sampler: Sampler, max_tokens: int, stop: tuple[str, ...],
-                 cancel: threading.Event | None, prefixes: PrefixCache | None = None):
+                 cancel: threading.Event | None, prefixes: PrefixCache | None = None,
+                 spares: SpareCaches | None = None):
         c = engine.cfg
         self.e, self.ids, self.sampler, self.max_tokens, self.cancel = engine, ids, sampler, max_tokens, cancel
         self.prefixes = prefixes if batchable(engine.net) else None  # a recurrent state cannot be copied in part
-        self.cache = KVCache(c.num_layers, engine.context_limit, c.num_kv_heads, c.head_dim,
-                             engine.params["kv_cache_quantize"], engine.pool)
+        self.spares = spares if batchable(engine.net) else None
+        self.cache = (self.spares.take() if self.spares is not None else None) or \
+            KVCache(c.num_layers, engine.context_limit, c.num_kv_heads, c.head_dim, engine.params["kv_cache_quantize"],
+                    engine.pool)
         self.decoder, self.stops, self.history = StreamDecoder(engine.codec), StopMatcher(stop), list(ids)
         self.generated, self.reused = 0, 0
+        self.filled: int | None = None  # prompt positions in the cache (None: prefill not started)
+        self.closed = False
+        # prompt tokens per prefill_step: Engine._prefill's own chunks, so a prompt in steps is the
+        # same computation as in one call; an MoE's prompt goes through each layer at once (its
+        # experts then read once per prompt, and per-expert row counts, hence rounding, unchanged)
+        self.chunk: int | None = None if c.is_moe else int(engine.params["batch_size"])
         self.token: int | None = None  # the sampled token the next decode step runs
         self.finish: str | None = None
         self.t0 = time.perf_counter()
@@ -191,15 +214,32 @@ class Sequence:
     def prefill(self, before_layer: Any = None) -> np.ndarray:
         """The prompt into this sequence's cache (what the prefix cache holds is copied, not run);
         returns the last prompt token's logits (1, vocab). `before_layer(L)` may raise to stop."""
+        logits = None
+        while logits is None:
+            logits = self.prefill_step(before_layer, whole=True)
+        return logits
+
+    def prefill_step(self, before_layer: Any = None, whole: bool = False) -> np.ndarray | None:
+        """The next `chunk` prompt tokens into the cache (all of them if `whole`): the last prompt
+        token's logits (1, vocab) once the prompt is in, else None. Between two steps the
+        scheduler runs a decode step of the other sequences (chunked prefill)."""
         e, prefixes = self.e, self.prefixes
-        if prefixes is not None:
-            self.reused = prefixes.restore(self.ids, self.cache)
-        rest = self.ids[self.reused:]
+        if self.filled is None:  # the first step: what the prefix cache holds is copied
+            self.reused = prefixes.restore(self.ids, self.cache) if prefixes is not None else 0
+            self.filled = self.reused
+            with e._lock:
+                e._totals["reused"] += self.reused  # the engine's stats count served replies too
+        end = len(self.ids) if whole or self.chunk is None else min(len(self.ids), self.filled + self.chunk)
+        part = self.ids[self.filled:end]
         with e._lock:
-            logits = e._prefill(rest, self.cache, self.reused, all_logits=False, before_layer=before_layer)
+            logits = e._prefill(part, self.cache, self.filled, all_logits=False, before_layer=before_layer)
+            e._totals["prefilled"] += len(part)
+        self.filled = end
+        if end < len(self.ids):
+            return None
         if prefixes is not None:
             prefixes.store(self.ids, self.cache)
-        self.prefill_tok_s = len(rest) / max(time.perf_counter() - self.t0, 1e-9)
+        self.prefill_tok_s = (len(self.ids) - self.reused) / max(time.perf_counter() - self.t0, 1e-9)
         return logits
 
     def feed(self, logits: np.ndarray) -> Step:
@@ -238,6 +278,13 @@ class Sequence:
                     self.prefill_tok_s, self.decode_tok_s, self.ttft, self.cache.length, self.e.context_limit,
                     finish, "token", len(self.ids))
 
+    def prompt_step(self) -> Step:
+        """A Step(kind="prompt"): `prompt_done` of the prompt's tokens are in the cache, no text yet
+        (as Engine.generate(prompt_progress=True) gives between its prefill chunks)."""
+        from engine.api import Step
+        return Step("", None, 0, len(self.ids), self.reused, 0.0, 0.0, 0.0, self.cache.length, self.e.context_limit,
+                    None, "prompt", self.filled or 0)
+
     def cancelled_step(self) -> Step:
         """The last Step of a reply stopped from outside (its client went away)."""
         from engine.api import Step
@@ -246,9 +293,61 @@ class Sequence:
                     self.ttft, self.cache.length, self.e.context_limit, "cancelled", "token", len(self.ids))
 
     def close(self) -> None:
-        """Give the KV cache back to the pool."""
-        if self.cache.k is not None:
-            self.cache.free()
+        """Give the KV cache back (to the spares, else the pool), once, counting the reply's tokens
+        in the engine's stats."""
+        if not self.closed:  # (the cache may serve another sequence from now on)
+            self.closed = True
+            if self.spares is None or not self.spares.give(self.cache):
+                self.cache.free()
+            with self.e._lock:
+                self.e._totals["generated"] += self.generated
+
+
+class SpareCaches:
+    """KV caches of finished sequences, kept for the next ones (at most `keep`): a fresh cache's
+    first writes fault its pages in, 13-14 ms of a 14-token prompt's 56 ms prefill on SmolLM2
+    (1 thread; 42 ms into a cache used before). A cache keeps the pages it touched; stale
+    positions past its length are never read (attention reads positions < length)."""
+
+    def __init__(self, engine: Engine, keep: int):
+        self.e, self.keep = engine, max(int(keep), 0)
+        self._caches: list[KVCache] = []
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._caches)
+
+    def _fits(self, cache: KVCache) -> bool:
+        c, e = self.e.cfg, self.e
+        return cache.k is not None and cache.kind == e.params["kv_cache_quantize"] and \
+            cache.capacity == e.context_limit and cache.k.shape == (c.num_layers, e.context_limit, c.num_kv_heads,
+                                                                    c.head_dim)
+
+    def take(self) -> KVCache | None:
+        """A spare cache of the engine's current shape and kind, emptied; None if there is none."""
+        with self._lock:
+            while self._caches:
+                cache = self._caches.pop()
+                if self._fits(cache):
+                    cache.length, cache.states, cache._snapshot = 0, None, None
+                    return cache
+                cache.free()  # the settings changed since (context_length, kv_cache_quantize)
+        return None
+
+    def give(self, cache: KVCache) -> bool:
+        """Keep `cache` for a later sequence; False (the caller frees it) when full or unfit."""
+        with self._lock:
+            if len(self._caches) >= self.keep or not self._fits(cache):
+                return False
+            self._caches.append(cache)
+            return True
+
+    def clear(self) -> None:
+        """Free every spare (the server stops)."""
+        with self._lock:
+            for cache in self._caches:
+                cache.free()
+            self._caches = []
 
 
 class Batcher:
@@ -256,9 +355,10 @@ class Batcher:
     checks a request) and steps them together. Steps take the engine's lock, so a reply that
     Engine.generate streams meanwhile (on the conversation cache) interleaves with them."""
 
-    def __init__(self, engine: Engine, prefix_bytes: int = 64 << 20):
+    def __init__(self, engine: Engine, prefix_bytes: int = 64 << 20, spare_caches: int = 0):
         self.e = engine
         self.prefixes = PrefixCache(prefix_bytes) if prefix_bytes > 0 else None
+        self.spares = SpareCaches(engine, spare_caches) if spare_caches > 0 else None
         self.count_experts = False  # expert bytes per step, grouped and not (colibri-bench serve)
         self.expert_bytes: list[tuple[int, int]] = []
 
@@ -279,7 +379,7 @@ class Batcher:
             raise ContextOverflowError(f"the prompt is {len(ids)} tokens but the context holds {e.context_limit} "
                                        f"(room is needed for the reply): shorten the conversation or raise "
                                        f"context_length")
-        return Sequence(e, ids, sampler, max_tokens, tuple(stop), cancel, self.prefixes)
+        return Sequence(e, ids, sampler, max_tokens, tuple(stop), cancel, self.prefixes, self.spares)
 
     def step(self, seqs: Seq[Sequence]) -> np.ndarray:
         """One decode step of every sequence (each has a `token`); logits (N, vocab)."""

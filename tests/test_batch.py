@@ -57,7 +57,7 @@ def together(eng: Engine, n: int, routes: list | None = None) -> list[np.ndarray
 @pytest.mark.parametrize("kv,n", [("f16", 3), ("int8", 6)])
 def test_a_dense_batch_is_each_sequence_alone_bit_for_bit(models, kv, n):
     eng = models("llama", "int4", kv)
-    assert n <= len(PROMPTS) and cpu.INT_MAX_T == 3  # 6 rows: two calls of the 3-row decode kernels
+    assert n <= len(PROMPTS) and cpu.INT_MAX_T == 3  # 6 rows: one call of the fused integer kernels
     for a, b in zip(alone(eng, n), together(eng, n)):
         np.testing.assert_array_equal(a, b)
 
@@ -77,6 +77,8 @@ def test_an_moe_batch_groups_experts_and_matches_alone(models, name):
     grouped, each = expert_bytes(eng.net, routes)
     assert each == 6 * eng.cfg.top_k * len(FORCED[0]) * eng.cfg.num_layers * eng.net.w.store.span(0, 0).nbytes
     assert grouped < each  # six rows over few experts: some are shared, read once
+    span = eng.net.w.store.span(0, 0).nbytes  # every expert's size here
+    assert grouped == span * sum(len(np.unique(ids)) for _, ids in routes)  # the fused kernel: once per step
 
 
 def test_bad_batches_are_refused(models):
@@ -150,3 +152,97 @@ def test_the_prefix_cache_stays_within_its_bytes(models):
     assert lru.restore(list(range(1, 11)) + [99], fresh) == 7  # 4 tokens left to prefill
     np.testing.assert_array_equal(fresh.k[:, :7], cache.k[:, :7])
     assert lru.restore([5, 6], new_cache(eng)) == 0
+
+
+def test_a_prompt_read_in_chunks_is_the_prompt_read_whole(models):
+    eng = models("llama", "int8")
+    eng.set_param("batch_size", 4)
+    try:
+        batcher = Batcher(eng, prefix_bytes=0)
+        prompt = "one two three four five six seven eight nine ten eleven"
+        whole, steps = batcher.open(prompt, max_tokens=2), batcher.open(prompt, max_tokens=2)
+        want = whole.prefill()
+        got, calls = None, 0
+        while got is None:
+            got, calls = steps.prefill_step(), calls + 1
+        assert calls == -(-len(steps.ids) // 4) > 2 and steps.filled == len(steps.ids) == steps.cache.length
+        np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(steps.cache.k[:, :len(steps.ids)], whole.cache.k[:, :len(whole.ids)])
+        whole.close()
+        steps.close()
+    finally:
+        eng.set_param("batch_size", 128)
+
+
+def test_the_scheduler_decodes_the_others_between_a_long_prompts_chunks(models, monkeypatch):
+    """Chunked prefill: a long prompt is read a chunk at a time, a decode step of the replies
+    already running after each chunk; each reply is what it is alone."""
+    import threading
+    import time
+
+    from app.server_jobs import BatchScheduler, local_steps
+    from engine.batch import Sequence
+    eng = models("llama", "int8")
+    eng.set_param("batch_size", 4)
+    events: list[str] = []
+    real_fill, real_step = Sequence.prefill_step, Batcher.step
+    monkeypatch.setattr(Sequence, "prefill_step", lambda self, *a, **k: events.append("fill") or real_fill(self, *a, **k))
+    monkeypatch.setattr(Batcher, "step", lambda self, seqs: events.append(f"step{len(seqs)}") or real_step(self, seqs))
+    sched = BatchScheduler(eng, max_queue=4, slots=2, prefix_bytes=0)
+    short, long = "Once upon", "a b c d e f g h i j k l m n o p q r s t u v w x y z"
+
+    kinds: list[list[str]] = []
+
+    def reply(prompt: str, n: int, out: list | None = None) -> str:
+        steps = list(local_steps(sched, prompt, {"temperature": 0.0, "max_tokens": n}, threading.Event()))
+        kinds.append([s.kind for s in steps])
+        text = "".join(s.text for s in steps)
+        if out is not None:
+            out.append(text)
+        return text
+    try:
+        alone = [reply(short, 40), reply(long, 4)]
+        events.clear()
+        got: list = []
+        first = threading.Thread(target=reply, args=(short, 40, got))
+        first.start()
+        while "step1" not in events:  # the short reply is decoding…
+            assert first.is_alive()
+            time.sleep(0.001)
+        second = reply(long, 4)  # …when the long prompt arrives
+        first.join(60)
+        chunks = [i for i, e in enumerate(events) if e == "fill"][1:]  # the long prompt's
+        assert len(chunks) >= 5 and all("step1" in events[a:b] for a, b in zip(chunks, chunks[1:]))
+        assert [got[0], second] == alone
+        assert kinds[1].count("prompt") == -(-len(eng.prompt_ids(long)) // 4) - 1 > 0  # after each chunk but the last
+        assert set(kinds[1][kinds[1].count("prompt"):]) == {"token"}
+    finally:
+        sched.close()
+        eng.set_param("batch_size", 128)
+
+
+def test_a_finished_sequences_cache_serves_the_next_one_unchanged(models):
+    """SpareCaches: the next sequence writes over a used cache (its pages already in) and gets
+    what a fresh cache gives; a cache of other settings is not taken."""
+    eng = models("llama", "int8")
+    spare, fresh = Batcher(eng, prefix_bytes=0, spare_caches=1), Batcher(eng, prefix_bytes=0)
+
+    def reply(batcher: Batcher, prompt: str):
+        s = batcher.open(prompt, max_tokens=6, temperature=0.0)
+        toks = [s.feed(s.prefill()).token_id]
+        while s.finish is None:
+            toks.append(s.feed(batcher.step([s])).token_id)
+        cache = s.cache
+        s.close()
+        s.close()  # once only
+        return toks, cache
+    _, used = reply(spare, "a long first prompt that fills more of the cache than the next")
+    assert len(spare.spares) == 1
+    got, cache = reply(spare, "Once upon")
+    assert cache is used and got == reply(fresh, "Once upon")[0]
+    eng.set_param("kv_cache_quantize", "int8")
+    try:
+        _, other = reply(spare, "Once upon")
+        assert other is not used and other.kind == "int8"
+    finally:
+        eng.set_param("kv_cache_quantize", "f16")

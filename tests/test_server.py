@@ -571,3 +571,24 @@ def test_only_reasoning_models_get_a_reasoning_field(server, engine):
     assert not server.service.reasoning  # SmolLM2: no <think> in its template or vocabulary
     status, body = raw(server, "POST", CHAT, chat_body())
     assert status == 200 and set(body["choices"][0]["message"]) == {"role", "content"}
+
+
+def test_colibri_serve_warms_up_on_a_thread_of_its_own():
+    """The warm-up runs on a thread that ends (its OpenMP team with it: app.cli_serve.warm_apart),
+    and its result or error comes back to the caller."""
+    from app.cli_serve import warm_apart
+    seen: list = []
+
+    class Stub:
+        def __init__(self, fail: bool):
+            self.fail = fail
+
+        def warmup(self) -> float:
+            seen.append(threading.current_thread())
+            if self.fail:
+                raise RuntimeError("no kernels")
+            return 1.5
+    assert warm_apart(Stub(False)) == 1.5
+    assert seen[-1] is not threading.current_thread() and not seen[-1].is_alive()
+    with pytest.raises(RuntimeError, match="no kernels"):
+        warm_apart(Stub(True))

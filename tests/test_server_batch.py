@@ -111,3 +111,49 @@ def test_a_chat_reply_runs_while_requests_are_served(engine):
         assert reply == alone_chat and got == want
     finally:
         handle.stop()
+
+
+def test_the_chat_window_replies_through_the_scheduler_while_it_serves(qapp, engine, widths):
+    """Serving on, the GUI's reply (EngineWorker.generate) joins the served requests' decode steps
+    (BatchScheduler), streams, is what it is alone, and its Stop ends it with the partial text."""
+    from PySide6.QtCore import Qt
+
+    from app.worker import EngineWorker
+    chat = [{"role": "user", "content": "Hi"}]
+    alone_chat = "".join(s.text for s in engine.generate(chat, temperature=0.0, max_tokens=30))
+    worker = EngineWorker()
+    worker.engine = engine
+    worker.serve(True, 0)
+    texts, replies, failed = [], [], []
+    direct = Qt.DirectConnection  # emitted on this test's threads, where no event loop runs
+    worker.text.connect(lambda r, t, s: texts.append(t), direct)
+    worker.finished.connect(lambda r, reply: replies.append(reply), direct)
+    worker.failed.connect(lambda what, why: failed.append(why), direct)
+    try:
+        client = openai.OpenAI(base_url=worker.server.url, api_key="x", max_retries=0, timeout=300)
+        want: dict = {}
+        ask(client, worker.server.model_id, 2, want, max_tokens=60)
+        widths.clear()
+        got: dict = {}
+        served = threading.Thread(target=ask, args=(client, worker.server.model_id, 2, got, 60))
+        served.start()
+        while worker.server.service.scheduler.running is None and served.is_alive():
+            time.sleep(0.01)
+        worker.arm()
+        worker.generate(1, chat, {"temperature": 0.0, "max_tokens": 30})
+        served.join(300)
+        assert not failed and replies[-1].text == alone_chat == "".join(texts) and got == want
+        assert max(widths) >= 2  # the chat's reply and the served request shared decode steps
+        texts.clear()
+        worker.text.connect(lambda r, t, s: worker.request_stop() if t else None, direct)
+        worker.arm()
+        worker.generate(2, chat, {"temperature": 0.0, "max_tokens": 400})
+        stopped = replies[-1]
+        assert stopped.step.finish_reason == "cancelled" and 0 < stopped.step.generated_tokens < 400
+        assert stopped.text == "".join(texts) and alone_chat.startswith(stopped.text[:8])
+        deadline = time.monotonic() + 10
+        while worker.server.service.scheduler.active:  # its slot is freed at the end of that step
+            assert time.monotonic() < deadline, "the stopped reply still holds its slot"
+            time.sleep(0.01)
+    finally:
+        worker.serve(False, 0)
