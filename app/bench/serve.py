@@ -285,8 +285,13 @@ def _row(name: str, r: LoadResult) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
+    from app.bench import serve_table
     from app.bench.report import describe_machine, machine
     from engine.default_model import default_gguf_path
+    if args.from_json:  # no run: the README block from an earlier report
+        serve_table.write_readme(json.loads(Path(args.from_json).read_text()), Path(args.readme or "README.md"),
+                                 args.from_json, args.block)
+        return 0
     gguf = args.gguf or str(default_gguf_path())
     counts = [int(c) for c in args.clients.split(",")]
     work = Path(args.workdir or tempfile.mkdtemp(prefix="colibri-bench-serve-"))
@@ -294,7 +299,10 @@ def main(args: argparse.Namespace) -> int:
     print(f"machine: {describe_machine(machine())}")
     print(f"model: {gguf}; {args.max_tokens} tokens per reply, temperature {args.temperature}, seeded; "
           f"{'%g s per level' % args.duration if args.duration else '%d requests per client' % args.requests}")
-    report: dict = {"gguf": gguf, "max_tokens": args.max_tokens, "levels": {}}
+    report: dict = {"gguf": gguf, "max_tokens": args.max_tokens, "temperature": args.temperature,
+                    "threads": args.threads, "requests": None if args.duration else args.requests,
+                    "duration_s": args.duration, "machine": machine(), "load_before": os.getloadavg()[0],
+                    "levels": {}}
     head = (f"{'server':<22} {'clients':>7} {'requests':>8} {'tok/s':>8} {'TTFT p50':>9} {'TTFT p99':>9} "
             f"{'errors':>6} {'lost':>5} {'garbled':>7}")
     rows = []
@@ -346,8 +354,11 @@ def main(args: argparse.Namespace) -> int:
         print(f"expert bytes per decode step at {g['clients']} sequences on {g['model']}: "
               f"{g['grouped_mb_per_step']:.1f} MB grouped, {g['ungrouped_mb_per_step']:.1f} MB without grouping "
               f"({g['ratio']:.2f}x; median of {g['steps']} steps)")
+    report["load_after"] = os.getloadavg()[0]
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
+    if args.readme:
+        serve_table.write_readme(report, Path(args.readme), args.json or "this run", args.block)
     return 0
 
 
@@ -368,4 +379,9 @@ def add_parser(sub) -> None:
     p.add_argument("--experts", help="an MoE model: expert bytes per batched decode step, grouped and not")
     p.add_argument("--expert_clients", type=int, default=8, help="sequences per step for --experts")
     p.add_argument("--json", help="also write the figures to this file")
+    p.add_argument("--readme", help="also regenerate this README's generated serve block (or, with --from_json, "
+                                    "only that)")
+    p.add_argument("--from_json", help="no run: regenerate --readme's block from this earlier --json report")
+    p.add_argument("--block", default="serve", help="the README block's name: serve (the load table) or "
+                                                    "serve-soak (the 2-minute load and the soak)")
     p.set_defaults(func=main)

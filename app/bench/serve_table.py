@@ -20,12 +20,13 @@ def markdown(report: dict) -> str:
     """The block's text: how the run was made, one row per number of clients, then the targets."""
     levels = {int(n): v for n, v in report["levels"].items()}
     m = report.get("machine")
+    per = (f"{report['requests']} requests per client" if report.get("requests")
+           else f"{report.get('duration_s') or '?'} s per level")
+    load = "".join(f"; load average {report[k]:.1f} {w}" for k, w in (("load_before", "before"), ("load_after", "after"))
+                   if report.get(k) is not None)
     out = [f"Model: `{Path(report['gguf']).name}`, {report['max_tokens']} tokens per reply, temperature "
-           f"{report.get('temperature', 0.7)}, seeded; {report.get('threads', '?')} threads each; "
-           f"{'%s requests per client' % report['requests'] if report.get('requests') else 'timed levels'}; "
-           + (f"machine: {describe_machine(m)}" if m else "machine not recorded")
-           + (f"; load average {report['load_before']:.1f} before" if report.get("load_before") is not None else "")
-           + ".", "",
+           f"{report.get('temperature', 0.7)}, seeded; {report.get('threads', '?')} threads each; {per}; "
+           + (f"machine: {describe_machine(m)}" if m else "machine not recorded") + load + ".", "",
            "| clients | colibri-serve tok/s | TTFT p50 / p99 (ms) | llama-server tok/s | TTFT p50 / p99 (ms) "
            "| colibri / llama-server | errors, lost, garbled (Colibri) |",
            "|---:|---:|---:|---:|---:|---:|---|"]
@@ -59,5 +60,5 @@ def markdown(report: dict) -> str:
     return "\n".join(out)
 
 
-def write_readme(report: dict, readme: Path, source: str) -> None:
-    replace_generated(readme, "serve", source, markdown(report))
+def write_readme(report: dict, readme: Path, source: str, block: str = "serve") -> None:
+    replace_generated(readme, block, source, markdown(report))
