@@ -152,7 +152,9 @@ def expert_mlp(h: np.ndarray, e: ExpertWeights, step: Step, act: str = "silu",
         return y
     if act == "gelu_tanh":
         g, u = linears(h, (e.gate, e.up), step)  # one kernel call on the integer path
-        return linear(ffn.gelu_tanh(g) * u, e.down, step)
+        a = step.empty(g.shape)
+        ffn.gelu_mul(np.ascontiguousarray(g), np.ascontiguousarray(u), a)
+        return linear(a, e.down, step)
     if step.seqs is not None and h.shape[0] > cpu.INT_MAX_T:  # the SwiGLU kernel below, a row chunk at a time
         return _by_rows(expert_mlp, h, e, step)
     if _integer_path(h, (e.gate, e.up), step, mixed=False):

@@ -32,8 +32,24 @@ def clamped_swiglu(gate_up, alpha, limit, out):
 
 
 def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    """numpy twin of gelu_mul's activation (float64 inside, as transformers' f32 gelu rounds)."""
     x64 = x.astype(np.float64)
     return (0.5 * x64 * (1 + np.tanh(np.sqrt(2 / np.pi) * (x64 + 0.044715 * x64 ** 3)))).astype(np.float32)
+
+
+GELU_C = float(np.sqrt(2 / np.pi))
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def gelu_mul(gate, up, out):
+    """out = gelu_tanh(gate) * up in one pass (Gemma 4's MLPs), instead of numpy's five
+    temporaries per call: numpy twin gelu_tanh(gate) * up."""
+    # gate, up, out (T, F) float32, C-contiguous: walked as one flat run of T*F values
+    g, u, o = gate.reshape(-1), up.reshape(-1), out.reshape(-1)
+    for i in prange(g.shape[0]):
+        x = np.float64(g[i])
+        a = np.float32(0.5 * x * (1.0 + np.tanh(GELU_C * (x + 0.044715 * (x * x * x)))))
+        o[i] = a * u[i]
 
 
 def _topk(scores: np.ndarray, k: int) -> np.ndarray:
