@@ -165,6 +165,31 @@ def test_full_kv_refuses_to_overflow():
         kv.update(np.zeros((1, 1, 2), np.float32), np.zeros((1, 1, 2), np.float32), np.array([3]))
 
 
+@pytest.mark.parametrize("kind", ["f16", "int8"])
+def test_attention_reads_a_stored_cache_as_its_float32_copy(kind):
+    """update_stored: the kernel widens f16 bits and int8 times its scales as it reads them, and
+    gets what it gets from update()'s float32 copy (f16 exactly; int8 to float rounding); a
+    ring's decode step and a full cache's chunk alike."""
+    rng = np.random.default_rng(4)
+    k, v = rng.standard_normal((7, 2, 8)).astype(np.float32), rng.standard_normal((7, 2, 6)).astype(np.float32)
+    q = rng.standard_normal((1, 4, 8)).astype(np.float32)
+    for cache, chunks in ((caches.RingKV(4, 2, 8, 6, kind=kind), (6, 1)), (caches.FullKV(7, 2, 8, 6, kind=kind), (3, 4))):
+        cache.update(k[:chunks[0]], v[:chunks[0]], np.arange(chunks[0]))
+        twin = cache.copy()
+        new = np.arange(chunks[0], 7)
+        ks, k_scale, vs, v_scale, kpos = cache.update_stored(k[chunks[0]:], v[chunks[0]:], new)
+        fk, fv, fpos = twin.update(k[chunks[0]:], v[chunks[0]:], new)
+        assert ks.dtype == {"f16": np.uint16, "int8": np.int8}[kind] and np.array_equal(kpos, fpos)
+        qpos = np.array([6], np.int64)
+        outs = []
+        for args in ((ks, vs, k_scale, v_scale, kind == "int8"), (fk, fv, att.NO_SCALE, att.NO_SCALE, False)):
+            out, scores = np.empty((1, 4, 6), np.float32), np.empty((1, 4, len(kpos)), np.float32)
+            att.attention(q, *args, qpos, kpos, np.float32(0.3), 0, np.zeros(4, np.float32), False, np.float32(0),
+                          scores, out)
+            outs.append(out)
+        np.testing.assert_allclose(outs[0], outs[1], rtol=0, atol=0 if kind == "f16" else 1e-6)
+
+
 @pytest.mark.parametrize("kind, tol", [("f32", 0.0), ("f16", 1e-3), ("int8", 1 / 127)])
 def test_ring_and_full_kv_store_their_kind_and_read_back_float32(kind, tol):
     """kv_cache_quantize in the per-layer caches: stored as the kind (int8 with a scale per position

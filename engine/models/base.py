@@ -390,12 +390,13 @@ class Transformer:
         """Attention through engine.ops over layer L's own cache: sinks, a per-layer window."""
         T, H = q.shape[:2]
         qpos = np.arange(step.pos0, step.pos0 + T, dtype=np.int64)
-        ks, vs, kpos = step.cache.states[L].update(np.ascontiguousarray(k), np.ascontiguousarray(v), qpos)
+        ks, k_scale, vs, v_scale, kpos = step.cache.states[L].update_stored(np.ascontiguousarray(k),
+                                                                           np.ascontiguousarray(v), qpos)
         window = self.cfg.sliding_window if self.kinds[L] == "sliding_attention" else 0
         sinks = lw.sinks if lw.sinks is not None else np.zeros(H, np.float32)
         out, scores = step.empty(q.shape), step.empty((T, H, len(kpos)))
-        op_attention.attention(np.ascontiguousarray(q), ks, vs, qpos, kpos, self.scale, int(window or 0), sinks,
-                               lw.sinks is not None, np.float32(0.0), scores, out)
+        op_attention.attention(np.ascontiguousarray(q), ks, vs, k_scale, v_scale, ks.dtype == np.int8, qpos, kpos,
+                               self.scale, int(window or 0), sinks, lw.sinks is not None, np.float32(0.0), scores, out)
         return out
 
     def short_conv(self, L: int, h: np.ndarray, lw: LayerWeights, step: Step) -> np.ndarray:
