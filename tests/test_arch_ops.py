@@ -117,6 +117,20 @@ def test_clamped_swiglu_kernel_matches_twin_beyond_the_limit():
                       8 * 7 / (1 + np.exp(-1.702 * 7)))  # both clamps bite
 
 
+def test_biased_clamped_swiglu_matches_the_interleaved_twin():
+    """gpt-oss's experts: biases added and both clamps applied in the kernel, as the twin computes
+    them over the interleaved (gate + bias, up + bias); values beyond the limit on both sides."""
+    rng = np.random.default_rng(3)
+    g, u = (rng.normal(0, 6, (3, 21)).astype(np.float32) for _ in range(2))
+    gb, ub = (rng.normal(0, 2, 21).astype(np.float32) for _ in range(2))
+    out = np.empty_like(g)
+    ffn.biased_clamped_swiglu(g, u, gb, ub, np.float32(1.702), np.float32(7.0), out)
+    gu = np.empty((3, 42), np.float32)
+    gu[:, 0::2], gu[:, 1::2] = g + gb, u + ub
+    assert (gu > 7).any() and (gu[:, 1::2] < -7).any()
+    np.testing.assert_allclose(out, ffn.clamped_swiglu_ref(gu, 1.702, 7.0), rtol=1e-6, atol=1e-6)
+
+
 def test_gelu_mul_kernel_matches_twin_across_the_curve():
     """Gemma 4's gelu_tanh(gate) * up in one kernel pass, against the numpy twin, over values from
     the flat negative tail through the knee to large positives (odd width, several rows)."""

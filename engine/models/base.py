@@ -142,11 +142,9 @@ def expert_mlp(h: np.ndarray, e: ExpertWeights, step: Step, act: str = "silu",
         gb, ub, db = biases
         T, F = h.shape[0], e.gate.rows
         g, u = linears(h, (e.gate, e.up), step)  # one kernel call on the integer path
-        gu = step.empty((T, 2 * F))  # gate, up interleaved: the layout clamped_swiglu reads
-        gu[:, 0::2] = g + gb
-        gu[:, 1::2] = u + ub
         a = step.empty((T, F))
-        ffn.clamped_swiglu(gu, np.float32(clamp[0]), np.float32(clamp[1]), a)
+        ffn.biased_clamped_swiglu(np.ascontiguousarray(g), np.ascontiguousarray(u), gb, ub, np.float32(clamp[0]),
+                                  np.float32(clamp[1]), a)
         y = linear(a, e.down, step)
         y += db
         return y

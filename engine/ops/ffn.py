@@ -31,6 +31,20 @@ def clamped_swiglu(gate_up, alpha, limit, out):
             out[t, i] = (up + 1) * gt / (1 + np.exp(-alpha * gt))
 
 
+@njit(parallel=True, fastmath=True, cache=True, nogil=True)
+def biased_clamped_swiglu(gate, up, gate_bias, up_bias, alpha, limit, out):
+    """gpt-oss's expert activation from its gate and up projections as they come out of the
+    matmul: biases added and clamped in the same pass (no interleaved temporary); numpy twin
+    clamped_swiglu_ref over the interleaved (gate + gate_bias, up + up_bias)."""
+    # gate, up, out (T, I) f32; gate_bias, up_bias (I,) f32
+    T, n = gate.shape
+    for t in prange(T):
+        for i in range(n):
+            gt = min(gate[t, i] + gate_bias[i], limit)
+            u = max(-limit, min(up[t, i] + up_bias[i], limit))
+            out[t, i] = (u + 1) * gt / (1 + np.exp(-alpha * gt))
+
+
 def gelu_tanh(x: np.ndarray) -> np.ndarray:
     """numpy twin of gelu_mul's activation (float64 inside, as transformers' f32 gelu rounds)."""
     x64 = x.astype(np.float64)
