@@ -85,7 +85,7 @@ class _Run:
             # one token must run to get logits; a recurrent cache may keep nothing (KVCache.truncate)
             self.reuse = self.done = e.cache.truncate(min(reuse, len(self.ids) - 1))
             e.tokens = self.ids[:self.reuse]
-        bs = len(self.ids) if e.cfg.is_moe else e.params["batch_size"]  # MoE: one pass, see _prefill
+        bs = len(self.ids) if e.cfg.is_moe else e.params["batch_size"]  # MoE: one pass, see _ready
         logits = None
         while self.done < len(self.ids):
             with e._lock:
@@ -366,18 +366,20 @@ class Engine:
         if new.warning and not plan.warning:
             log.warning("%s", new.warning)
 
-    def _prefill(self, ids: Sequence[int], cache: KVCache, pos0: int, all_logits: bool,
-                 before_layer: Callable[[int], None] | None = None) -> np.ndarray:
+    def _ready(self) -> int | None:
+        """Before a pass: the threads, the weight files, the memory budget. Returns the pass's
+        chunk: MoE None (the whole prompt goes through each layer at once, so every expert is
+        loaded at most once per layer per prompt), else batch_size tokens."""
         numba.set_num_threads(self.hw.governor.update())  # per calling thread; fewer while too hot
         self.weights.check_files()  # a weight file cut short since loading: an error here, not SIGBUS below
         self._check_budget()
-        # MoE: the whole prompt goes through each layer at once, so every expert is loaded at
-        # most once per layer per prompt (attention works in query blocks inside the layer)
-        out, bs = [], max(len(ids), 1) if self.cfg.is_moe else self.params["batch_size"]
-        for a in range(0, len(ids), bs):
-            chunk = np.asarray(ids[a:a + bs], np.int64)
-            out.append(self.net.forward(chunk, cache, pos0 + a, all_logits=all_logits, before_layer=before_layer))
-        return np.concatenate(out) if all_logits else out[-1]
+        return None if self.cfg.is_moe else self.params["batch_size"]
+
+    def _prefill(self, ids: Sequence[int], cache: KVCache, pos0: int, all_logits: bool,
+                 before_layer: Callable[[int], None] | None = None) -> np.ndarray:
+        chunk = self._ready()
+        return self.net.forward(np.asarray(ids, np.int64), cache, pos0, all_logits, before_layer=before_layer,
+                                chunk=chunk)
 
     def _check_ids(self, ids: Sequence[int]) -> None:
         bad = [i for i in ids if not 0 <= int(i) < self.cfg.vocab_size]
@@ -407,7 +409,8 @@ class Engine:
                 raise ContextOverflowError(f"{self.cache.length} + {len(ids)} tokens exceed the context of "
                                            f"{self.context_limit}")
             self._turn = None  # the conversation moves on without any suspended generate()
-            last = self._prefill(ids, self.cache, self.cache.length, all_logits=False)
+            chunk = self._ready()
+            last = self.net.forward(np.asarray(ids, np.int64), self.cache, self.cache.length, chunk=chunk)
             self.tokens += ids
         return int(np.argmax(last[-1]))
 

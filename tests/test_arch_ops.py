@@ -117,6 +117,35 @@ def test_clamped_swiglu_kernel_matches_twin_beyond_the_limit():
                       8 * 7 / (1 + np.exp(-1.702 * 7)))  # both clamps bite
 
 
+def test_biased_clamped_swiglu_matches_the_interleaved_twin():
+    """gpt-oss's experts: biases added and both clamps applied in the kernel, as the twin computes
+    them over the interleaved (gate + bias, up + bias); values beyond the limit on both sides."""
+    rng = np.random.default_rng(3)
+    g, u = (rng.normal(0, 6, (3, 21)).astype(np.float32) for _ in range(2))
+    gb, ub = (rng.normal(0, 2, 21).astype(np.float32) for _ in range(2))
+    out = np.empty_like(g)
+    ffn.biased_clamped_swiglu(g, u, gb, ub, np.float32(1.702), np.float32(7.0), out)
+    gu = np.empty((3, 42), np.float32)
+    gu[:, 0::2], gu[:, 1::2] = g + gb, u + ub
+    assert (gu > 7).any() and (gu[:, 1::2] < -7).any()
+    np.testing.assert_allclose(out, ffn.clamped_swiglu_ref(gu, 1.702, 7.0), rtol=1e-6, atol=1e-6)
+
+
+def test_gelu_mul_kernel_matches_twin_across_the_curve():
+    """Gemma 4's gelu_tanh(gate) * up in one kernel pass, against the numpy twin, over values from
+    the flat negative tail through the knee to large positives (odd width, several rows)."""
+    rng = np.random.default_rng(7)
+    g = np.concatenate([np.linspace(-12, 12, 3 * 37), rng.normal(0, 3, 3 * 37)]).astype(np.float32).reshape(6, 37)
+    u = rng.normal(0, 2, g.shape).astype(np.float32)
+    out = np.empty_like(g)
+    ffn.gelu_mul(g, u, out)
+    want = ffn.gelu_tanh(g) * u
+    # libm's tanh and numpy's differ in the last bits near -1, where 1 + tanh cancels: absolute
+    # there, relative elsewhere
+    np.testing.assert_allclose(out, want, rtol=1e-6, atol=1e-9)
+    assert np.abs(out).max() > 10  # the large positives pass through (gelu(x) ~ x)
+
+
 def test_checked_entry_points_name_shapes_that_do_not_fit():
     z = np.zeros
     with pytest.raises(ValueError, match=r"attention: q \(2, 3, 8\), k \(4, 2, 8\)"):
@@ -148,6 +177,31 @@ def test_full_kv_refuses_to_overflow():
     kv.update(np.zeros((3, 1, 2), np.float32), np.zeros((3, 1, 2), np.float32), np.arange(3))
     with pytest.raises(ValueError, match="capacity 3"):
         kv.update(np.zeros((1, 1, 2), np.float32), np.zeros((1, 1, 2), np.float32), np.array([3]))
+
+
+@pytest.mark.parametrize("kind", ["f16", "int8"])
+def test_attention_reads_a_stored_cache_as_its_float32_copy(kind):
+    """update_stored: the kernel widens f16 bits and int8 times its scales as it reads them, and
+    gets what it gets from update()'s float32 copy (f16 exactly; int8 to float rounding); a
+    ring's decode step and a full cache's chunk alike."""
+    rng = np.random.default_rng(4)
+    k, v = rng.standard_normal((7, 2, 8)).astype(np.float32), rng.standard_normal((7, 2, 6)).astype(np.float32)
+    q = rng.standard_normal((1, 4, 8)).astype(np.float32)
+    for cache, chunks in ((caches.RingKV(4, 2, 8, 6, kind=kind), (6, 1)), (caches.FullKV(7, 2, 8, 6, kind=kind), (3, 4))):
+        cache.update(k[:chunks[0]], v[:chunks[0]], np.arange(chunks[0]))
+        twin = cache.copy()
+        new = np.arange(chunks[0], 7)
+        ks, k_scale, vs, v_scale, kpos = cache.update_stored(k[chunks[0]:], v[chunks[0]:], new)
+        fk, fv, fpos = twin.update(k[chunks[0]:], v[chunks[0]:], new)
+        assert ks.dtype == {"f16": np.uint16, "int8": np.int8}[kind] and np.array_equal(kpos, fpos)
+        qpos = np.array([6], np.int64)
+        outs = []
+        for args in ((ks, vs, k_scale, v_scale, kind == "int8"), (fk, fv, att.NO_SCALE, att.NO_SCALE, False)):
+            out, scores = np.empty((1, 4, 6), np.float32), np.empty((1, 4, len(kpos)), np.float32)
+            att.attention(q, *args, qpos, kpos, np.float32(0.3), 0, np.zeros(4, np.float32), False, np.float32(0),
+                          scores, out)
+            outs.append(out)
+        np.testing.assert_allclose(outs[0], outs[1], rtol=0, atol=0 if kind == "f16" else 1e-6)
 
 
 @pytest.mark.parametrize("kind, tol", [("f32", 0.0), ("f16", 1e-3), ("int8", 1 / 127)])

@@ -176,6 +176,13 @@ def test_not_enough_disk_space(tmp_path, monkeypatch):
     assert nothing_left(tmp_path)
 
 
+def test_an_output_folder_whose_parents_do_not_exist_yet_is_written(tmp_path):
+    """colibri-convert --output_path models/new/smol: the free-space check looks at the nearest
+    folder that exists, and the parents are made (the check used to fail on the missing parent)."""
+    convert(HF_FIXTURES / "llama", tmp_path / "models" / "new" / "out")
+    assert (tmp_path / "models" / "new" / "out" / "config.json").is_file()
+
+
 def test_disk_full_while_writing(tmp_path, monkeypatch):
     import errno
 

@@ -324,7 +324,12 @@ def _check_destination(dst: Path, force: bool) -> None:
 
 
 def _check_space(dst: Path, need: int) -> None:
-    free = shutil.disk_usage(dst.parent).free
+    """The free space where dst will be written: its nearest existing folder (the parents are
+    created after this check)."""
+    at = dst.parent
+    while not at.exists() and at != at.parent:
+        at = at.parent
+    free = shutil.disk_usage(at).free
     if need > free:
         raise DiskSpaceError(f"{dst.parent}: not enough free disk space: the model needs "
                              f"{need / 1e6:.1f} MB, {free / 1e6:.1f} MB free")

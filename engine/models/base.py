@@ -144,17 +144,17 @@ def expert_mlp(h: np.ndarray, e: ExpertWeights, step: Step, act: str = "silu",
         gb, ub, db = biases
         T, F = h.shape[0], e.gate.rows
         g, u = linears(h, (e.gate, e.up), step)  # one kernel call on the integer path
-        gu = step.empty((T, 2 * F))  # gate, up interleaved: the layout clamped_swiglu reads
-        gu[:, 0::2] = g + gb
-        gu[:, 1::2] = u + ub
         a = step.empty((T, F))
-        ffn.clamped_swiglu(gu, np.float32(clamp[0]), np.float32(clamp[1]), a)
+        ffn.biased_clamped_swiglu(np.ascontiguousarray(g), np.ascontiguousarray(u), gb, ub, np.float32(clamp[0]),
+                                  np.float32(clamp[1]), a)
         y = linear(a, e.down, step)
         y += db
         return y
     if act == "gelu_tanh":
         g, u = linears(h, (e.gate, e.up), step)  # one kernel call on the integer path
-        return linear(ffn.gelu_tanh(g) * u, e.down, step)
+        a = step.empty(g.shape)
+        ffn.gelu_mul(np.ascontiguousarray(g), np.ascontiguousarray(u), a)
+        return linear(a, e.down, step)
     if step.seqs is not None and h.shape[0] > cpu.INT_MAX_T and not _integer_path(h, (e.gate, e.up), step, mixed=False):
         return _by_rows(expert_mlp, h, e, step)
     if _integer_path(h, (e.gate, e.up), step, mixed=False):
@@ -233,14 +233,47 @@ class Transformer:
             log.info("decoding layer by layer (no one-call decode): %s", why)
 
     # --- the feed-forward block, as the spec says ---------------------------------------------
-    def ffn(self, L: int, h: np.ndarray, lw: LayerWeights, step: Step) -> np.ndarray:
-        if lw.dense is not None:  # a leading dense layer of an MoE (spec.dense_leading_layers)
-            return expert_mlp(h, lw.dense, step, self.act)
-        if not self.cfg.is_moe:  # a dense MLP is the model directory's expert 0
-            with self.w.experts.use(L, 0) as e:
+    def ffn(self, L: int, h: np.ndarray, lw: LayerWeights, step: Step,
+            route_in: np.ndarray | None = None) -> np.ndarray:
+        """The layer's feed-forward part: a dense MLP where the layer has no router, else each
+        token's top-k experts, weighted (plus a shared expert where the layer has one); tokens
+        grouped by expert so each expert is loaded and read once per layer, however many tokens
+        chose it. route_in: what the router reads instead of h (Gemma 4)."""
+        cache: ExpertCache = self.w.experts
+        if lw.router is None:  # a dense model (its MLP is the directory's expert 0) or a leading dense layer
+            if lw.dense is not None:
+                return expert_mlp(h, lw.dense, step, self.act)
+            with cache.use(L, 0) as e:
                 return expert_mlp(h, e, step, self.act)
-        out = self.sparse_moe(L, h, lw, step)
-        if lw.shared is not None:  # spec.shared_expert == "sigmoid_gate" (Qwen2-MoE)
+        logits = linear(h if route_in is None else route_in, lw.router, step)
+        if lw.router_bias is not None:
+            logits += lw.router_bias
+        weights, ids = self.route(logits, lw, step)
+        cache.record(L, ids)
+        if step.routes is not None:
+            step.routes.append((L, ids.copy()))
+        if h.shape[0] <= PREFETCH_MAX_TOKENS:
+            self.prefetch(L, h, logits, step)
+        if step.dump is not None:
+            step.dump[f"blk.{L}.router_logits"] = logits.copy()
+            step.dump[f"blk.{L}.expert_ids"] = ids.copy()
+        one = h.shape[0] == 1  # decode: no grouping needed, each pick is one expert
+        if one and lw.expert_biases is None and self.act == "silu" and self._fusable(L, ids[0].tolist()) and \
+                _integer_path(h, (), step) and cache.all_ready(L, ids[0].tolist()):
+            out = self._experts_in_one_call(L, h, ids[0].tolist(), weights[0], step)
+        else:
+            out = step.empty(h.shape)
+            out[...] = 0
+            pick = dict(zip(ids[0].tolist(), weights[0].tolist())) if one else None
+            order = cache.order_for_use(L, ids[0] if one else np.unique(ids))  # resident experts first
+            for i, e in enumerate(order):
+                if i + 1 < len(order):
+                    cache.load_ahead(L, order[i + 1])  # the next one loads while this one computes
+                rows, slot = (slice(None), None) if one else np.nonzero(ids == e)
+                with cache.use(L, e) as ew:
+                    y = expert_mlp(h[rows], ew, step, self.act, self.biases(lw, e), self.clamp)
+                out[rows] += (pick[e] if one else weights[rows, slot, None]) * y
+        if lw.shared is not None:  # spec.shared_expert == "sigmoid_gate" (Qwen2-MoE, Qwen3.5)
             gate = 1.0 / (1.0 + np.exp(-(h @ lw.shared_gate)))  # (T,)
             out += gate[:, None].astype(np.float32) * expert_mlp(h, lw.shared, step)
         return out
@@ -258,46 +291,6 @@ class Transformer:
                                                  self.cfg.routed_scaling_factor)
             return weights, ids.astype(np.int64)
         return softmax_top_k(logits, self.cfg.top_k, self.renormalise, step)
-
-    def sparse_moe(self, L: int, h: np.ndarray, lw: LayerWeights, step: Step,
-                   route_in: np.ndarray | None = None) -> np.ndarray:
-        """Each token's top-k experts, weighted; tokens grouped by expert so each expert is
-        loaded and read once per layer, however many tokens chose it."""
-        cache: ExpertCache = self.w.experts
-        logits = linear(h if route_in is None else route_in, lw.router, step)
-        if lw.router_bias is not None:
-            logits += lw.router_bias
-        weights, ids = self.route(logits, lw, step)
-        cache.record(L, ids)
-        if step.routes is not None:
-            step.routes.append((L, ids.copy()))
-        if h.shape[0] <= PREFETCH_MAX_TOKENS:
-            self.prefetch(L, h, logits, step)
-        if step.dump is not None:
-            step.dump[f"blk.{L}.router_logits"] = logits.copy()
-            step.dump[f"blk.{L}.expert_ids"] = ids.copy()
-        one = h.shape[0] == 1  # decode: no grouping needed, each pick is one expert
-        if one and lw.expert_biases is None and self.spec.activation == "silu" and self._fusable(L, ids[0].tolist()) and _integer_path(h, (), step) and \
-                cache.all_ready(L, ids[0].tolist()):
-            return self._experts_in_one_call(L, h, ids[0].tolist(), weights[0], step)
-        out = step.empty(h.shape)
-        out[...] = 0
-        pick = dict(zip(ids[0].tolist(), weights[0].tolist())) if one else None
-        order = cache.order_for_use(L, ids[0] if one else np.unique(ids))  # resident experts first
-        for i, e in enumerate(order):
-            if i + 1 < len(order):
-                cache.load_ahead(L, order[i + 1])  # the next one loads while this one computes
-            if one:
-                with cache.use(L, e) as ew:
-                    y = expert_mlp(h, ew, step, self.act, self.biases(lw, e), self.clamp)
-                y *= pick[e]
-                out += y
-                continue
-            rows, slot = np.nonzero(ids == e)
-            with cache.use(L, e) as ew:
-                y = expert_mlp(h[rows], ew, step, self.act, self.biases(lw, e), self.clamp)
-            out[rows] += weights[rows, slot, None] * y
-        return out
 
     @staticmethod
     def biases(lw: LayerWeights, e: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
@@ -342,7 +335,7 @@ class Transformer:
         x += rmsnorm(mixer(L, rmsnorm(x, lw.attn_norm, eps, step), lw, step), sw.post_attention, eps, step)
         m1 = rmsnorm(expert_mlp(rmsnorm(x, lw.ffn_norm, eps, step), lw.dense, step, self.act), sw.post_ffw_1, eps, step)
         route_in = norms.rms(x, eps) * sw.router_scale * np.float32(self.cfg.hidden_size ** -0.5)
-        m2 = self.sparse_moe(L, rmsnorm(x, sw.pre_ffw_2, eps, step), lw, step, route_in)
+        m2 = self.ffn(L, rmsnorm(x, sw.pre_ffw_2, eps, step), lw, step, route_in)
         f = rmsnorm(m1 + rmsnorm(m2, sw.post_ffw_2, eps, step), sw.post_ffw, eps, step)
         x += f
         x *= np.float32(sw.layer_scale)
@@ -397,12 +390,13 @@ class Transformer:
         """Attention through engine.ops over layer L's own cache: sinks, a per-layer window."""
         T, H = q.shape[:2]
         qpos = np.arange(step.pos0, step.pos0 + T, dtype=np.int64)
-        ks, vs, kpos = step.cache.states[L].update(np.ascontiguousarray(k), np.ascontiguousarray(v), qpos)
+        ks, k_scale, vs, v_scale, kpos = step.cache.states[L].update_stored(np.ascontiguousarray(k),
+                                                                           np.ascontiguousarray(v), qpos)
         window = self.cfg.sliding_window if self.kinds[L] == "sliding_attention" else 0
         sinks = lw.sinks if lw.sinks is not None else np.zeros(H, np.float32)
         out, scores = step.empty(q.shape), step.empty((T, H, len(kpos)))
-        op_attention.attention(np.ascontiguousarray(q), ks, vs, qpos, kpos, self.scale, int(window or 0), sinks,
-                               lw.sinks is not None, np.float32(0.0), scores, out)
+        op_attention.attention(np.ascontiguousarray(q), ks, vs, k_scale, v_scale, ks.dtype == np.int8, qpos, kpos,
+                               self.scale, int(window or 0), sinks, lw.sinks is not None, np.float32(0.0), scores, out)
         return out
 
     def short_conv(self, L: int, h: np.ndarray, lw: LayerWeights, step: Step) -> np.ndarray:
@@ -488,12 +482,18 @@ class Transformer:
 
     # --- the decoder loop ---------------------------------------------------------------------
     def forward(self, ids: np.ndarray, cache: KVCache, pos0: int, all_logits: bool = False,
-                dump: dict | None = None, before_layer: Callable[[int], None] | None = None) -> np.ndarray:
+                dump: dict | None = None, before_layer: Callable[[int], None] | None = None,
+                chunk: int | None = None) -> np.ndarray:
         """Run tokens `ids` at positions pos0.. through the model, filling the cache.
 
         Returns logits (T, vocab) if all_logits, else those of the last token (1, vocab).
-        `before_layer(L)` is called before each layer of a multi-token pass.
+        `before_layer(L)` is called before each layer of a multi-token pass. chunk: at most this
+        many tokens per pass (a dense model's batch_size; None: all at once).
         """
+        if chunk is not None and len(ids) > chunk:
+            out = [self.forward(ids[a:a + chunk], cache, pos0 + a, all_logits, dump, before_layer)
+                   for a in range(0, len(ids), chunk)]
+            return np.concatenate(out) if all_logits else out[-1]
         cfg, T, arena = self.cfg, len(ids), self.arena
         arena.reset()
         if self.recurrent:

@@ -11,9 +11,28 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit, prange
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.extending import intrinsic
 
 import engine.kernels  # noqa: F401  (numba settings first)
+
+NO_SCALE = np.ones((1, 1), np.float32)  # the scales argument of keys and values stored unscaled
+
+
+@intrinsic
+def _widen(typingctx, x):
+    """A stored key or value element as float32: float32 as is, uint16 as the f16 whose bits it
+    holds, int8 as its integer value (exact in every case)."""
+    if x == types.float32:
+        return types.float32(x), lambda context, builder, sig, args: args[0]
+    if x == types.uint16:
+        def half(context, builder, sig, args):
+            return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
+        return types.float32(x), half
+    if x == types.int8:
+        return types.float32(x), lambda context, builder, sig, args: builder.sitofp(args[0], ir.FloatType())
+    return None
 
 
 def attention_ref(q: np.ndarray, k: np.ndarray, v: np.ndarray, qpos: np.ndarray, kpos: np.ndarray,
@@ -42,8 +61,10 @@ def attention_ref(q: np.ndarray, k: np.ndarray, v: np.ndarray, qpos: np.ndarray,
 
 
 @njit(parallel=True, fastmath=True, cache=True, nogil=True)
-def attention(q, k, v, qpos, kpos, scale, window, sinks, use_sinks, softcap, scores, out):
-    # q (T, H, hd), k (S, KVH, hd), v (S, KVH, hdv) f32; qpos (T,), kpos (S,) int64 (-1: empty slot);
+def attention(q, k, v, ks, vs, scaled, qpos, kpos, scale, window, sinks, use_sinks, softcap, scores, out):
+    # q (T, H, hd) f32; k (S, KVH, hd), v (S, KVH, hdv) as a cache stores them: float32, f16 bits as
+    # uint16, or int8 times the scales ks, vs (S, KVH) f32 (read only if scaled), widened as they are
+    # read (no float32 copy of the cache per token); qpos (T,), kpos (S,) int64 (-1: empty slot);
     # sinks (H,) f32 read only if use_sinks; scores (T, H, S) scratch; out (T, H, hdv) written.
     # One thread per (token, KV head): each key and value row is read once for the heads sharing it.
     T, H, hd = q.shape
@@ -60,8 +81,13 @@ def attention(q, k, v, qpos, kpos, scale, window, sinks, use_sinks, softcap, sco
                     scores[t, h, s] = np.float32(-np.inf)
                     continue
                 acc = np.float32(0.0)
-                for i in range(hd):
-                    acc += q[t, h, i] * k[s, g, i]
+                if scaled:
+                    sk = ks[s, g]
+                    for i in range(hd):
+                        acc += q[t, h, i] * (_widen(k[s, g, i]) * sk)
+                else:
+                    for i in range(hd):
+                        acc += q[t, h, i] * _widen(k[s, g, i])
                 acc *= scale
                 if softcap > 0:
                     acc = softcap * np.tanh(acc / softcap)
@@ -83,9 +109,13 @@ def attention(q, k, v, qpos, kpos, scale, window, sinks, use_sinks, softcap, sco
         for s in range(S):
             for h in range(h0, h0 + group):
                 w = scores[t, h, s]
-                if w != 0.0:
+                if w != 0.0 and scaled:
+                    sv = vs[s, g]
                     for i in range(hdv):
-                        out[t, h, i] += w * v[s, g, i]
+                        out[t, h, i] += w * (_widen(v[s, g, i]) * sv)
+                elif w != 0.0:
+                    for i in range(hdv):
+                        out[t, h, i] += w * _widen(v[s, g, i])
 
 
 def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, qpos: np.ndarray, kpos: np.ndarray, scale: float,
@@ -102,6 +132,6 @@ def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, qpos: np.ndarray, kpos: 
     out = np.empty((T, H, v.shape[2]), np.float32)
     s = np.zeros(H, np.float32) if sinks is None else np.ascontiguousarray(sinks, np.float32)
     attention(np.ascontiguousarray(q, np.float32), np.ascontiguousarray(k, np.float32),
-              np.ascontiguousarray(v, np.float32), qpos.astype(np.int64), kpos.astype(np.int64),
+              np.ascontiguousarray(v, np.float32), NO_SCALE, NO_SCALE, False, qpos.astype(np.int64), kpos.astype(np.int64),
               np.float32(scale), int(window), s, sinks is not None, np.float32(softcap), scores, out)
     return out

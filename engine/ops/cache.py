@@ -13,13 +13,15 @@ rows), so queries early in the chunk still see keys that the chunk's own later t
 
 Both attention caches honour kv_cache_quantize as the shared KV block does (engine.kvcache): f32,
 f16 (half the memory), int8 with one float32 scale per position and head (a quarter, plus the
-scales). What they return for attention is float32 (the stored values widened), so the attention
-op is the same for every kind; the rounding is where the memory is saved, the widening a copy of
-what attention reads anyway.
+scales). update() returns float32 (the stored values widened); update_stored() the stored elements
+and scales themselves, which the attention kernel widens as it reads them, so a decoded token does
+not copy the whole cache to float32 first (the rounding is where the memory is saved).
 """
 from __future__ import annotations
 
 import numpy as np
+
+from engine.ops.attention import NO_SCALE
 
 KINDS = ("f32", "f16", "int8")
 
@@ -65,6 +67,12 @@ class _Store:
         if self.scale is None:
             return self.x[rows].astype(np.float32)
         return self.x[rows].astype(np.float32) * self.scale[rows][..., None]
+
+    def stored(self, rows=slice(None)) -> tuple[np.ndarray, np.ndarray]:
+        """`rows` as stored, for the attention kernel to widen as it reads them (f16 as its bits,
+        uint16), and their scales (NO_SCALE unless int8)."""
+        x = self.x[rows]
+        return (x.view(np.uint16) if self.kind == "f16" else x), (NO_SCALE if self.scale is None else self.scale[rows])
 
     def copy(self) -> _Store:
         new = _Store.__new__(_Store)
@@ -122,6 +130,12 @@ class FullKV(_StoredKV):
         self.length = n + T
         return self.ks.get(slice(0, n + T)), self.vs.get(slice(0, n + T)), self.pos[:n + T]
 
+    def update_stored(self, k_new: np.ndarray, v_new: np.ndarray, pos_new: np.ndarray) -> tuple:
+        """update(), returning what the chunk attends to as stored: (k, v, k scales, v scales, pos)."""
+        self.update(k_new, v_new, pos_new)  # (its float32 views of an f32 cache cost nothing)
+        rows = slice(0, self.length)
+        return *self.ks.stored(rows), *self.vs.stored(rows), self.pos[rows]
+
     def reset(self) -> None:
         self.length = 0
         self.pos[:] = -1
@@ -166,6 +180,18 @@ class RingKV(_StoredKV):
         self.vs.put(slots, v_new[keep])
         self.pos[slots] = pos_new[keep]
         return seen or (self.ks.get(), self.vs.get(), self.pos)  # decode: the ring holds the window itself
+
+    def update_stored(self, k_new: np.ndarray, v_new: np.ndarray, pos_new: np.ndarray) -> tuple:
+        """update(), returning what the chunk attends to as stored: (k, v, k scales, v scales, pos);
+        a chunk of T > 1 tokens gets update()'s float32 temporary."""
+        if len(pos_new) > 1:
+            k, v, pos = self.update(k_new, v_new, pos_new)
+            return k, NO_SCALE, v, NO_SCALE, pos
+        keep = pos_new % self.window
+        self.ks.put(keep, k_new)
+        self.vs.put(keep, v_new)
+        self.pos[keep] = pos_new
+        return *self.ks.stored(), *self.vs.stored(), self.pos
 
     def reset(self) -> None:
         self.pos[:] = -1
