@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import math
 import mmap
 import os
 import queue
@@ -54,16 +55,42 @@ DIRECT_ALIGN = 4096  # O_DIRECT: file offset, length and buffer address multiple
 IO_CHUNK = 1 << 20  # one O_DIRECT request; 4 in flight measured 3.6 GB/s against 1.1-3.2 for one read
 IO_THREADS = 4
 READ_MODES = ("auto", "direct", "dontneed", "cached")  # cached: plain pread, the page-cache copy stays
+# auto with room to spare (no memory cgroup binds, and MemAvailable holds KEEP_ROOM_FACTOR x the
+# expert files): a miss leaves the file's pages in the page cache, so the next miss of that expert is
+# a memcpy, not a disk read, and the page cache (reclaimable, not this process's RSS) holds what the
+# pool does not. Under pressure one copy: O_DIRECT or copy + DONTNEED. Checked again every KEEP_CHECK_S.
+KEEP_ROOM_FACTOR = 2
+KEEP_CHECK_S = 1.0
 # eviction; lfu ages by LFU_DECAY a token. lfu is the default: on the MoEfied default model's routing
 # trace one LFU over all layers hit 74.4% against LRU's 66.3% at 3 of 8 slots a layer, 85.7/81.8% at 4
 # (colibri-bench routing; tests/test_experts.py holds the cache to that replay)
 POLICIES = ("lfu", "lru")
 LFU_DECAY = 0.98
+# predictions (next layer's picks, runners-up) go out only while they pay: of the last
+# PREFETCH_OUTCOMES resolved ones (used, or evicted unused) at least PREFETCH_MIN_ACCURACY used; a
+# wasted guess costs a read and evicts an expert someone wanted. While paused, one call in
+# PREFETCH_PROBE still goes out so the estimate follows the routing. Measured (the 0.68 B bench model,
+# Q8_0, 4 of 8 experts a layer, the cache driven without compute): prefetch on, accuracy 0.23 on the
+# trace and 0.11 on random routing, read 77/143 MB a token against 39/81 MB with it off
+PREFETCH_MIN_ACCURACY = 0.6
+PREFETCH_OUTCOMES = 32
+PREFETCH_PROBE = 16
 
 
 def min_budget(top_k: int, slot: int) -> int:
     """The smallest expert cache: one layer's picks, one ahead, and the spare slots."""
     return (top_k + 1 + SPARE_SLOTS) * slot
+
+
+def routed_bytes(store: "ExpertStore") -> int:
+    """What holding every routed expert costs in pool blocks. Experts of one layer share a layout
+    in split files; layers may differ (llama.cpp's Q4_K_M stores some layers' down in Q6_K: 5.6
+    against 4.9 MB an expert), so one layer's slot times all experts would miss room-for-all."""
+    cfg = store.model.config
+    E, split = cfg.num_experts, store.model.split_experts
+    return sum(E * MemoryPool.block_size(store.span(L, 0).slot_bytes) if split else
+               sum(MemoryPool.block_size(store.span(L, e).slot_bytes) for e in range(E))
+               for L in range(cfg.dense_layers, cfg.num_layers))
 
 
 class ExpertLoadError(ModelFormatError):
@@ -113,7 +140,9 @@ class ExpertStore:
         self._lock = threading.Lock()
         self._io: ThreadPoolExecutor | None = None
         self.direct = hasattr(os, "O_DIRECT") and read_mode in ("auto", "direct")
-        self.read_bytes = Counter()  # bytes by way: page_cache (copied, dropped), direct, buffered
+        self.read_bytes = Counter()  # bytes by way: page_cache (copied), direct, buffered
+        self._keep, self._keep_at = False, -math.inf
+        self.holds_every_expert = False  # set by the cache: each expert is read once and stays, keep no copy
 
     def span(self, layer: int, expert: int | str) -> ExpertSpan:
         key = (layer, expert)
@@ -168,16 +197,32 @@ class ExpertStore:
             mats.append(Matrix(f"blk.{layer}.ffn_{p}{sfx}.weight", data, code, rows, cols))
         return ExpertWeights(*mats)
 
+    def keeps_page_cache(self) -> bool:
+        """auto: whether misses now leave their pages in the page cache (room to spare, see
+        KEEP_ROOM_FACTOR); re-measured at most every KEEP_CHECK_S."""
+        if self.read_mode == "cached":
+            return True
+        if self.read_mode != "auto" or self.holds_every_expert:
+            return False
+        now = time.monotonic()
+        if now - self._keep_at >= KEEP_CHECK_S:
+            free, source = sysmem.room()
+            files = self.model.manifest["files"]
+            experts = sum(e["size"] for rel, e in files.items() if rel.startswith("experts/"))
+            self._keep, self._keep_at = source == "MemAvailable" and free >= KEEP_ROOM_FACTOR * experts, now
+        return self._keep
+
     def _read(self, sp: ExpertSpan, buf: memoryview, start: int, direct: bool) -> int:
         """Bytes of the span now in buf[start:]: copied from the page cache when it holds most of
         the span, else with O_DIRECT (or buffered where refused); then dropped from the page cache.
-        `cached` mode: a plain pread, nothing dropped."""
+        `cached` mode, or auto with room to spare: a plain pread, nothing dropped."""
         n, got = sp.nbytes, 0
         fd = os.open(sp.path, os.O_RDONLY)
         try:
-            if self.read_mode == "cached":
+            if self.keeps_page_cache():
+                cached = self.read_mode == "auto" and _cached_share(fd, sp.offset, n) >= 0.5
                 got = os.preadv(fd, [buf[start:start + n]], sp.offset)
-                self.read_bytes["buffered"] += got
+                self.read_bytes["page_cache" if cached else "buffered"] += got
                 return got
             if self.read_mode == "auto" and _cached_share(fd, sp.offset, n) >= 0.5:
                 got = os.preadv(fd, [buf[start:start + n]], sp.offset)  # mostly a copy from memory
@@ -295,6 +340,8 @@ class CacheStats:
     cycle_bytes: int = 0  # one token's worst case: layers x top-k x one expert
     fill_bytes: int = 0  # loaded by fill() (room for every expert), not counted as prefetch
     read_bytes: tuple = ()  # (way, bytes): page_cache (copied, then dropped), direct, buffered
+    prefetch_paused: bool = False  # predictions held back: lately they were mostly wasted
+    prefetch_skipped: int = 0  # prediction calls held back while paused
 
 
 class ExpertCache:
@@ -317,6 +364,7 @@ class ExpertCache:
         self.num_layers, self.num_experts, self.top_k = num_layers, num_experts, top_k
         self.per_layer = None if per_layer is None else max(1, min(per_layer, num_experts))
         self.slot = pool.block_size(store.span(store.model.config.dense_layers, 0).slot_bytes) if num_layers else 0  # a routed expert
+        self.all_bytes = routed_bytes(store) if num_layers else 0  # every routed expert's slot
         self.generation = 0  # counts loads and evictions: what a table of expert addresses checks
         self._lock = threading.Lock()
         self._slots: OrderedDict[tuple[int, int], _Slot] = OrderedDict()  # least recently used first
@@ -339,6 +387,9 @@ class ExpertCache:
             self._loader = threading.Thread(target=self._prefetch_loop, name="colibri-prefetch", daemon=True)
             self._loader.start()
         self._warned_at = 0
+        self._outcomes: deque = deque(maxlen=PREFETCH_OUTCOMES)  # 1 used, 0 evicted unused: the latest guesses
+        self._probe = 0
+        self.prefetch_skipped = 0
 
     def set_budget(self, budget: int) -> None:
         """A new byte budget (memory pressure changed); evicts down to it at once where it can."""
@@ -346,10 +397,14 @@ class ExpertCache:
         with self._lock:
             self.budget = max(int(budget), min_budget(k, self.slot))  # one layer's picks + one ahead
             if E == 1:  # a dense model's MLPs: counted with its dense weights, never evicted
-                self.budget = max(self.budget, (L + SPARE_SLOTS) * self.slot)
+                self.budget = max(self.budget, self.all_bytes + SPARE_SLOTS * self.slot)
+            # room for all: by bytes (layers' experts may differ in size), as _make_room counts them
+            fits_all = self.budget - SPARE_SLOTS * self.slot >= self.all_bytes
+            self.room_for_all = fits_all and (self.per_layer is None or self.per_layer >= E)
             per_layer = (self.budget - SPARE_SLOTS * self.slot) // max(1, self.slot * L)
+            per_layer = E if fits_all else min(E - 1, per_layer)
             self.capacity = min(E, self.per_layer or E, max(1, per_layer))  # experts per layer it amounts to
-            self.room_for_all = self.capacity >= E and (self.per_layer is None or self.per_layer >= E)
+            self.store.holds_every_expert = self.room_for_all
             self.spare = max(0, self.capacity - k)  # slots a layer has beyond what one token needs
             # predictions only pay when the next layer's picks fit beside this layer's, and when a
             # layer holds more than one token's picks: with exactly k a guess evicts an expert the
@@ -491,6 +546,7 @@ class ExpertCache:
                     c.ready_hits += 1
                     if slot.prefetched and not slot.used:
                         c.prefetch_used += 1
+                        self._outcomes.append(1)
                     slot.used = True
                     if routed:
                         self.activations[layer, e] += 1
@@ -512,7 +568,7 @@ class ExpertCache:
         Predicted picks may replace the least recently used expert; guesses (`spare_only`:
         runners-up, the window's favourites) only use room the top-k does not need.
         """
-        if self._loader is None or layer >= self.num_layers or not self.predict:
+        if self._loader is None or layer >= self.num_layers or not self.predict or not self._prefetch_pays():
             return
         wanted = [int(x) for x in experts]
         if spare_only:
@@ -523,6 +579,23 @@ class ExpertCache:
             wanted = [e for e in wanted if (layer, e) not in self._slots]
         for e in wanted:
             self._queue.put((layer, e, None, False))
+
+    @property
+    def prefetch_paused(self) -> bool:
+        """Whether the latest resolved guesses were mostly wasted (predictions then held back)."""
+        out = self._outcomes
+        return len(out) >= out.maxlen // 2 and sum(out) < PREFETCH_MIN_ACCURACY * len(out)
+
+    def _prefetch_pays(self) -> bool:
+        """Whether a prediction call goes out: always while guesses pay, one in PREFETCH_PROBE while paused."""
+        with self._lock:
+            if not self.prefetch_paused:
+                return True
+            self._probe += 1
+            if self._probe % PREFETCH_PROBE == 0:
+                return True
+            self.prefetch_skipped += 1
+            return False
 
     # --- internals -------------------------------------------------------------------------
     def _acquire(self, layer: int, expert: int, prefetch: bool, reserve: bool = False,
@@ -546,6 +619,7 @@ class ExpertCache:
                     c.ready_hits += slot.ready.is_set()
                     if slot.prefetched and not slot.used:
                         c.prefetch_used += 1
+                        self._outcomes.append(1)
                     slot.used = True
                 slot.pins += 1
                 return slot, False
@@ -613,6 +687,8 @@ class ExpertCache:
         if not self._quiet:
             c.evictions += 1
             c.prefetch_wasted += slot.prefetched and not slot.used
+            if slot.prefetched and not slot.used:
+                self._outcomes.append(0)
         self._release(slot)
 
     def _release(self, slot: _Slot) -> None:
@@ -715,7 +791,8 @@ class ExpertCache:
                 per_layer=tuple((c.hits, c.misses, c.evictions) for c in cs),
                 activations=tuple(tuple(int(v) for v in row) for row in self.activations),
                 budget_bytes=self.budget, cycle_bytes=self.cycle_bytes, fill_bytes=self.fill_bytes,
-                read_bytes=tuple(sorted(self.store.read_bytes.items())))
+                read_bytes=tuple(sorted(self.store.read_bytes.items())),
+                prefetch_paused=self.prefetch_paused, prefetch_skipped=self.prefetch_skipped)
 
     def check_prefetch(self) -> None:
         """Warn once per 256 requests while prefetch accuracy stays under 60%."""
@@ -805,7 +882,11 @@ def plan_expert_cache(model: ModelDir, params: dict, context_limit: int,
     if not cfg.tie_word_embeddings:  # the embedding table stays mapped: a token reads its one row
         resident -= _tensor_bytes(model.path / "embeddings.bin", "token_embd.weight")
     measured = None if available is None else (available, "given")
-    everything = one * E * L + SPARE_SLOTS * one
+    if E > 1 and L > 0:  # every expert's slot as the cache counts it (ExpertCache.all_bytes), and its spares
+        probe = ExpertStore(model)
+        everything = routed_bytes(probe) + SPARE_SLOTS * MemoryPool.block_size(probe.span(cfg.dense_layers, 0).slot_bytes)
+    else:
+        everything = one * E * L + SPARE_SLOTS * one
     if E == 1:  # dense: the MLP is resident like everything else (ExpertCache keeps all of them)
         b = sysmem.plan(resident, kv, activation_bytes(cfg), 0, 0, 0, measured, refuse=refuse,
                         compile=sysmem.compile_reserve() if refuse else 0)
@@ -813,8 +894,9 @@ def plan_expert_cache(model: ModelDir, params: dict, context_limit: int,
                          budget=b)
     if params.get("expert_cache_size"):
         cap = min(E, params["expert_cache_size"])
+        nbytes = everything if cap >= E else cap * one * L + SPARE_SLOTS * one
         return CachePlan(cap, one, f"{cap} of {E} experts per layer (expert_cache_size)", resident,
-                         cap * one * L + SPARE_SLOTS * one, kv, sysmem.available_memory(), per_layer=cap)
+                         nbytes, kv, sysmem.available_memory(), per_layer=cap)
     if params.get("expert_cache_bytes"):
         nbytes = params["expert_cache_bytes"]
         cap = max(1, min(E, (nbytes - SPARE_SLOTS * one) // max(1, one * L)))
@@ -826,7 +908,7 @@ def plan_expert_cache(model: ModelDir, params: dict, context_limit: int,
 
 
 def _auto_plan(b: MemoryBudget, one: int, E: int, L: int, resident: int, kv: int) -> CachePlan:
-    cap = max(1, min(E, (b.experts - SPARE_SLOTS * one) // max(1, one * L)))
+    cap = E if b.experts >= b.all_experts else max(1, min(E - 1, (b.experts - SPARE_SLOTS * one) // max(1, one * L)))
     reason = (f"auto: {b.experts / 1e6:.0f} MB for experts, about {cap} of {E} per layer ({b.room / 1e6:.0f} MB "
               f"free, {b.limited_by}; dense weights {resident / 1e6:.0f} MB, KV cache {kv / 1e6:.0f} MB)")
     return CachePlan(cap, one, reason, resident, b.experts, kv, b.room, budget=b, auto=True)

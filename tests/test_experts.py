@@ -333,7 +333,9 @@ def _fs_type(path) -> str:
 @pytest.mark.skipif(not hasattr(os, "O_DIRECT"), reason="needs O_DIRECT (Linux)")
 @pytest.mark.parametrize("mode", ["auto", "direct", "dontneed"])
 @pytest.mark.parametrize("warm", [False, True])
-def test_reads_leave_no_second_copy_in_the_page_cache(routed_model, mode, warm):
+def test_reads_leave_no_second_copy_in_the_page_cache(routed_model, mode, warm, monkeypatch):
+    from engine import experts as X
+    monkeypatch.setattr(X.sysmem, "room", lambda: (64 << 20, "cgroup limit"))  # under pressure: one copy
     path, _ = routed_model
     store, pool = ExpertStore(open_model_dir(path), read_mode=mode), MemoryPool()
     sp = store.span(1, 2)
@@ -355,6 +357,37 @@ def test_reads_leave_no_second_copy_in_the_page_cache(routed_model, mode, warm):
         assert ways.get("page_cache", 0) > 0  # copied from the page cache, not read again
     if mode == "direct" or (mode == "auto" and not warm):
         assert ways.get("direct", 0) > 0
+    store.close()
+
+
+@pytest.mark.parametrize("source", ["MemAvailable", "cgroup limit"])
+def test_auto_keeps_the_page_cache_copy_only_with_room_to_spare(routed_model, monkeypatch, source):
+    """No cgroup binding and room for twice the experts: a miss leaves its pages in the page
+    cache (the next miss of it is a memcpy, and it is not our RSS); a cgroup limit: dropped."""
+    from engine import experts as X
+    path, _ = routed_model
+    monkeypatch.setattr(X.sysmem, "room", lambda: (8 << 30, source))
+    store, pool = ExpertStore(open_model_dir(path)), MemoryPool()
+    sp = store.span(0, 3)
+    fd = os.open(sp.path, os.O_RDONLY)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    os.close(fd)
+    block = pool.alloc(sp.slot_bytes)
+    for _ in range(2):  # cold, then again
+        store.read_into(0, 3, block.array(np.uint8, (block.size,)))
+    keep = source == "MemAvailable"
+    assert store.keeps_page_cache() is keep
+    ways = dict(store.read_bytes)
+    if keep:
+        assert ways.get("buffered") == sp.nbytes and ways.get("page_cache") == sp.nbytes and "direct" not in ways
+    else:
+        assert ways.get("direct", 0) > 0  # the cold read bypassed the page cache
+    if _fs_type(sp.path) != "tmpfs":
+        span_pages = _cached_bytes(sp.path)
+        if keep:
+            assert span_pages >= sp.nbytes
+        else:
+            assert span_pages <= 2 * 4096 + (sp.path.stat().st_size - sp.nbytes), span_pages
     store.close()
 
 
@@ -560,3 +593,66 @@ def test_eviction_policy_matches_the_routing_replay(routed_model, monkeypatch, p
     assert st.hits == routing.replay(stream, slots, policy, E * LAYERS)[0]
     with pytest.raises(ValueError, match="policy"):
         ExpertCache(store, pool, LAYERS, E, budget=1 << 20, policy="mru")
+
+
+def test_predictions_pause_while_they_are_wasted_and_stay_on_while_used(routed_model):
+    """A guess evicted unused costs a read and someone's expert: after mostly wasted guesses the
+    cache holds predictions back (one probe in PREFETCH_PROBE still goes out); used guesses keep
+    them on."""
+    from engine.experts import PREFETCH_OUTCOMES, PREFETCH_PROBE
+    path, _ = routed_model
+    store, pool = ExpertStore(open_model_dir(path)), MemoryPool()
+    slot = pool.block_size(store.span(0, 0).slot_bytes)
+    rng = np.random.default_rng(3)
+    for wasted in (True, False):
+        cache = ExpertCache(store, pool, LAYERS, E, budget=(2 * LAYERS + SPARE_SLOTS) * slot, prefetch_window=4,
+                            top_k=1, per_layer=2)
+        assert cache.predict
+        for _ in range(PREFETCH_OUTCOMES):
+            guess = int(rng.integers(E))
+            cache.prefetch(1, [guess])
+            cache.drain()
+            for e in ([x for x in range(E) if x != guess][:2] if wasted else [guess]):
+                with cache.use(1, e):  # wasted: two other experts take the room, the guess is evicted unused
+                    pass
+        st = cache.stats()
+        assert st.prefetch_paused is wasted
+        loaded = st.bytes_loaded
+        for _ in range(PREFETCH_PROBE - 1):  # predictions of experts not resident
+            missing = [e for e in range(E) if (1, e) not in cache._slots]
+            cache.prefetch(1, missing[:1])
+            cache.drain()
+            if not wasted:
+                with cache.use(1, missing[0]):
+                    pass
+        st = cache.stats()
+        if wasted:
+            assert st.bytes_loaded == loaded and st.prefetch_skipped == PREFETCH_PROBE - 1
+        else:
+            assert st.prefetch_skipped == 0 and st.prefetch_accuracy == 1.0
+        cache.close()
+
+
+def test_room_for_all_counts_bytes_when_layers_differ_in_expert_size():
+    """llama.cpp's Q4_K_M stores some layers' down in Q6_K, so layer 0's experts can be the
+    biggest: room for every expert must be judged by their bytes, not layer 0's slot times all
+    (that read 7 of 8 and never held them all, uncapped)."""
+    from types import SimpleNamespace
+
+    from engine.experts import ExpertSpan, routed_bytes
+    page = 300 * 4096  # (above the pool's power-of-two tier: blocks are these bytes)
+    cfg = SimpleNamespace(num_layers=2, num_experts=E, dense_layers=0)
+
+    class Store:
+        model = SimpleNamespace(config=cfg, split_experts=True)
+        holds_every_expert = False
+
+        def span(self, layer, expert):  # layer 0: 3 units an expert, layer 1: 2
+            return ExpertSpan(Path("x"), 0, (3 if layer == 0 else 2) * page, ())
+    store = Store()
+    assert routed_bytes(store) == E * 5 * page
+    for extra, holds in ((0, True), (-4096, False)):
+        cache = ExpertCache(store, MemoryPool(), 2, E, budget=E * 5 * page + SPARE_SLOTS * 3 * page + extra,
+                            prefetch_window=0, top_k=1)
+        assert (cache.room_for_all, cache.capacity == E, store.holds_every_expert) == (holds, holds, holds)
+        cache.close()
