@@ -10,7 +10,13 @@ cold, O_DIRECT 3.6 ms against 6.0 for pread + DONTNEED and 7.7 for plain pread; 
 1.4-1.6 ms against 5.6 for O_DIRECT; `auto` takes the faster per case (5.2 cold, 1.6 warm).
 (A RWF_NOWAIT read to pick up the cached part starts readahead: 16.5 ms cold.) Where O_DIRECT is
 refused, buffered pread then DONTNEED. Under a memory cgroup the page cache is charged like
-anonymous memory, so a second copy halves the experts a cap can hold.
+anonymous memory, so a second copy halves the experts a cap can hold. With room to spare (no
+cgroup binds, MemAvailable holds twice the experts) a miss is a plain pread that leaves the page
+cache alone: the next miss of that expert is then a copy from memory (1.4-1.6 ms, not 5.6), and the
+page cache, reclaimable and not our RSS, holds what the pool does not.
+
+Prediction (next layer's picks, runners-up) stays on only while it pays: it pauses when most of
+the latest guesses were evicted unused (PREFETCH_MIN_ACCURACY).
 
 Streamed experts stay in the stored layout: no CPU work on a miss. For a q8_0 expert, repack_x8
 on the miss cost 2.4-2.9 ms and the 8-row-group kernels saved about as much on the token that

@@ -80,7 +80,8 @@ print(json.dumps({"engine": "colibri", "cache": ec.capacity_per_layer, "plan": s
     "read_mb_per_token": (io_read() - r0) / n / 1e6, "decode_tokens": n,
     "missed_mb_per_token": (ec.bytes_loaded - l0) / n / 1e6,
     "hit_rate": ec.hit_rate, "served_without_wait": ec.served_without_wait,
-    "prefetch_accuracy": ec.prefetch_accuracy, "routing_entropy_bits": entropy,
+    "prefetch_accuracy": ec.prefetch_accuracy, "prefetch_paused": getattr(ec, "prefetch_paused", None),
+    "read_ways_mb": {k: v / 1e6 for k, v in getattr(ec, "read_bytes", ())}, "routing_entropy_bits": entropy,
     "max_entropy_bits": float(np.log2(acts.shape[1])), "top4_share": float(np.sort(p, axis=1)[:, -4:].sum(1).mean())}))
 """
 
