@@ -193,6 +193,30 @@ class ExpertStore:
         if got < sp.nbytes:
             raise ExpertLoadError(f"layer {layer} expert {expert}: {sp.path}: read {got} of {sp.nbytes} bytes "
                                   f"(file truncated?)")
+        return self._weights(layer, expert, sp, buf, start, repack)
+
+    def map(self, layer: int, expert: int) -> ExpertWeights:
+        """The expert's matrices over a private mapping of its file span: page-cache pages, no
+        copy (writable copy-on-write, so the kernels see the array type they were compiled for;
+        nothing writes). For a miss served once: the mapping goes when the last view does."""
+        sp = self.span(layer, expert)
+        start = sp.offset // mmap.ALLOCATIONGRANULARITY * mmap.ALLOCATIONGRANULARITY
+        try:
+            with open(sp.path, "rb") as f:
+                # (no MAP_POPULATE: on a writable private mapping it breaks copy-on-write, a copy of every
+                # page; read faults map the page-cache pages, 16 at a time with fault-around)
+                mm = mmap.mmap(f.fileno(), sp.offset + sp.nbytes - start, mmap.MAP_PRIVATE,
+                               mmap.PROT_READ | mmap.PROT_WRITE, offset=start)
+        except (OSError, ValueError) as e:
+            raise ExpertLoadError(f"layer {layer} expert {expert}: {sp.path}: {e}") from None
+        with self._lock:
+            self.read_bytes["mapped"] += sp.nbytes
+        return self._weights(layer, expert, sp, np.frombuffer(mm, np.uint8), sp.offset - start, False)
+
+    @staticmethod
+    def _weights(layer: int, expert: int | str, sp: ExpertSpan, buf: np.ndarray, start: int,
+                 repack: bool) -> ExpertWeights:
+        """gate, up, down viewing buf, whose byte `start` is the span's first."""
         sfx = "_shexp" if expert == "shared" else f".{expert}"
         mats = []
         for p, (off, rows, rb, code, cols) in zip(PARTS, sp.parts):
@@ -322,6 +346,7 @@ class _Slot:
     prefetched: bool = False  # loaded on a prediction: counts toward prefetch accuracy
     used: bool = False
     error: Exception | None = None
+    mapped: bool = False  # a miss served from the page cache for its one use (no pool block, no budget)
 
 
 @dataclass(frozen=True)
@@ -449,8 +474,8 @@ class ExpertCache:
         finally:
             with self._lock:
                 slot.pins -= 1
-                if slot.error is not None:
-                    self._drop(layer, expert, slot)
+                if slot.error is not None or (slot.mapped and not slot.reserved):
+                    self._drop(layer, expert, slot)  # (a mapped miss: its one use is over)
                 self._make_room(None, 0)  # back within budget once released
 
     def all_ready(self, layer: int, experts) -> bool:
@@ -631,10 +656,14 @@ class ExpertCache:
                 return slot, False
             if prefetch and not self._fits(layer, nbytes) and not self._evictable(layer):
                 return None, False  # a guess never overflows the budget
-            self._make_room(layer, nbytes)
+            mapped = not prefetch and self._pass_through(layer, expert, nbytes)
+            if mapped:
+                nbytes = 0
+            else:
+                self._make_room(layer, nbytes)
             prefetched = prefetch and not fill and count
             slot = _Slot(nbytes, prefetched=prefetched, used=not prefetch and count, reserved=reserve,
-                         early=reserve)
+                         early=reserve, mapped=mapped)
             self._slots[key] = slot
             self._count[layer] += 1
             self._used += nbytes
@@ -671,12 +700,7 @@ class ExpertCache:
         """Called with the lock held. Evict unpinned experts (by the policy) until `nbytes`
         more fit in the budget (and, per_layer set, in `layer`'s count); spare blocks count as
         room, since the next load reuses one. Everything pinned or loading: a temporary overflow."""
-        def victim(in_layer):
-            free = (k for k, s in self._slots.items() if (in_layer is None or k[0] == in_layer)
-                    and s.pins == 0 and not s.reserved and s.ready.is_set())
-            if self.policy == "lfu":
-                return min(free, key=lambda k: self._heat[k], default=None)  # the first minimum: LRU among ties
-            return next(free, None)
+        victim = self._victim
         if layer is not None and self.per_layer is not None:
             while self._count[layer] + 1 > self.per_layer and (k := victim(layer)) is not None:
                 self._evict(k)
@@ -685,6 +709,28 @@ class ExpertCache:
             self._evict(k)
         while self._spare and self._used + nbytes > self.budget:  # spares last: they save a fresh mapping
             self._free_spare(self._spare.pop())
+
+    def _victim(self, in_layer: int | None) -> tuple[int, int] | None:
+        """Called with the lock held: the expert the policy evicts next (of `in_layer`, or any)."""
+        free = (k for k, s in self._slots.items() if (in_layer is None or k[0] == in_layer)
+                and s.pins == 0 and not s.reserved and s.ready.is_set() and not s.mapped)
+        if self.policy == "lfu":
+            return min(free, key=lambda k: self._heat[k], default=None)  # the first minimum: LRU among ties
+        return next(free, None)
+
+    def _pass_through(self, layer: int, expert: int, nbytes: int) -> bool:
+        """Called with the lock held, for a demand miss: serve it mapped from the page cache for
+        its one use instead of taking a pool slot — only while misses keep their page-cache copy
+        (room to spare), under LFU, and when the expert it would push out is at least as hot."""
+        if self.policy != "lfu" or self.room_for_all or not self.store.keeps_page_cache():
+            return False
+        if self.per_layer is not None and self._count[layer] >= self.per_layer:
+            v = self._victim(layer)
+        elif self._used - sum(b.size for b in self._spare) + nbytes > self.budget - SPARE_SLOTS * self.slot:
+            v = self._victim(None)
+        else:
+            return False  # room without evicting anything
+        return v is not None and self._heat[layer, expert] <= self._heat[v]
 
     def _evict(self, key: tuple[int, int]) -> None:
         slot = self._slots.pop(key)
@@ -737,9 +783,12 @@ class ExpertCache:
         try:
             sp = self.store.span(layer, expert)
             nbytes = sp.nbytes
-            block = self._take_block(slot, sp.slot_bytes)
-            slot.block = block
-            slot.weights = self.store.read_into(layer, expert, block.array(np.uint8, (block.size,)), self.repack)
+            if slot.mapped:
+                slot.weights = self.store.map(layer, expert)
+            else:
+                block = self._take_block(slot, sp.slot_bytes)
+                slot.block = block
+                slot.weights = self.store.read_into(layer, expert, block.array(np.uint8, (block.size,)), self.repack)
         except Exception as e:  # kept on the slot: the waiting compute thread re-raises it
             slot.error = e
         finally:

@@ -575,7 +575,9 @@ def test_eviction_policy_matches_the_routing_replay(routed_model, monkeypatch, p
     """The cache's hits equal colibri-bench routing's replay of the same lookups (one cache over
     all layers), so the policy figures measured on traces are the engine's."""
     from app.bench import routing
+    from engine import experts as X
     monkeypatch.setattr(routing, "LFU_DECAY", 0.9)
+    monkeypatch.setattr(X.sysmem, "room", lambda: (64 << 20, "cgroup limit"))  # every miss takes a pool slot
     path, table = routed_model
     store, pool = ExpertStore(open_model_dir(path)), MemoryPool()
     slot = pool.block_size(store.span(0, 0).slot_bytes)
@@ -595,11 +597,13 @@ def test_eviction_policy_matches_the_routing_replay(routed_model, monkeypatch, p
         ExpertCache(store, pool, LAYERS, E, budget=1 << 20, policy="mru")
 
 
-def test_predictions_pause_while_they_are_wasted_and_stay_on_while_used(routed_model):
+def test_predictions_pause_while_they_are_wasted_and_stay_on_while_used(routed_model, monkeypatch):
     """A guess evicted unused costs a read and someone's expert: after mostly wasted guesses the
     cache holds predictions back (one probe in PREFETCH_PROBE still goes out); used guesses keep
     them on."""
+    from engine import experts as X
     from engine.experts import PREFETCH_OUTCOMES, PREFETCH_PROBE
+    monkeypatch.setattr(X.sysmem, "room", lambda: (64 << 20, "cgroup limit"))  # every miss takes a pool slot
     path, _ = routed_model
     store, pool = ExpertStore(open_model_dir(path)), MemoryPool()
     slot = pool.block_size(store.span(0, 0).slot_bytes)
@@ -656,3 +660,31 @@ def test_room_for_all_counts_bytes_when_layers_differ_in_expert_size():
                             prefetch_window=0, top_k=1)
         assert (cache.room_for_all, cache.capacity == E, store.holds_every_expert) == (holds, holds, holds)
         cache.close()
+
+
+@pytest.mark.parametrize("source", ["MemAvailable", "cgroup limit"])
+def test_a_colder_miss_is_served_from_the_page_cache_and_the_hot_expert_stays(routed_model, monkeypatch, source):
+    """Room to spare (misses keep their page-cache copy): a miss colder than the expert it would
+    push out is mapped for its one use, no pool slot, no copy; under a cgroup it takes the slot."""
+    from engine import experts as X
+    path, _ = routed_model
+    monkeypatch.setattr(X.sysmem, "room", lambda: (8 << 30, source))
+    store, pool = ExpertStore(open_model_dir(path)), MemoryPool()
+    slot = pool.block_size(store.span(0, 0).slot_bytes)
+    cache = ExpertCache(store, pool, LAYERS, E, budget=(8 + SPARE_SLOTS) * slot, prefetch_window=0, top_k=1,
+                        per_layer=1)
+    for _ in range(3):
+        with cache.use(0, 0):
+            pass
+    sp = store.span(0, 1)
+    whole = sp.path.read_bytes()
+    with cache.use(0, 1) as w:
+        off, rows, rb = sp.parts[0][:3]
+        assert w.gate.data.tobytes() == whole[sp.offset + off:sp.offset + off + rows * rb]
+        assert w.gate.data.flags.writeable  # (the kernels' compiled array type)
+    mapped = source == "MemAvailable"
+    assert ((0, 0) in cache._slots, (0, 1) in cache._slots) == (mapped, not mapped)
+    assert (dict(store.read_bytes).get("mapped", 0) == sp.nbytes) is mapped
+    st = cache.stats()
+    assert (st.hits, st.misses, st.resident) == (2, 2, 1)
+    cache.close()
