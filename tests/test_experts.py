@@ -570,19 +570,21 @@ def test_no_predictions_when_a_layer_holds_only_one_tokens_picks(routed_model):
         cache.close()
 
 
-@pytest.mark.parametrize("policy,slots", [("lfu", 3), ("lfu", 5), ("lru", 3)])
+@pytest.mark.parametrize("policy,slots", [("lfu", 3), ("lfu", 5), ("lru", 3), ("lfu_admit", 3)])
 def test_eviction_policy_matches_the_routing_replay(routed_model, monkeypatch, policy, slots):
     """The cache's hits equal colibri-bench routing's replay of the same lookups (one cache over
-    all layers), so the policy figures measured on traces are the engine's."""
+    all layers), so the policy figures measured on traces are the engine's. lfu_admit: LFU with
+    room to spare, where a miss colder than its victim is served from the page cache."""
     from app.bench import routing
     from engine import experts as X
     monkeypatch.setattr(routing, "LFU_DECAY", 0.9)
-    monkeypatch.setattr(X.sysmem, "room", lambda: (64 << 20, "cgroup limit"))  # every miss takes a pool slot
+    room = (8 << 30, "MemAvailable") if policy == "lfu_admit" else (64 << 20, "cgroup limit")
+    monkeypatch.setattr(X.sysmem, "room", lambda: room)
     path, table = routed_model
     store, pool = ExpertStore(open_model_dir(path)), MemoryPool()
     slot = pool.block_size(store.span(0, 0).slot_bytes)
     cache = ExpertCache(store, pool, LAYERS, E, budget=(slots + SPARE_SLOTS) * slot, prefetch_window=0, top_k=1,
-                        policy=policy, decay=0.9)
+                        policy=policy.split("_")[0], decay=0.9)
     tokens = np.random.default_rng(slots).integers(0, D, 300)
     ids = np.stack([table[:, tokens].T], axis=2)  # (tokens, layers, 1)
     for t in range(len(tokens)):
