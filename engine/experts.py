@@ -13,7 +13,10 @@ refused, buffered pread then DONTNEED. Under a memory cgroup the page cache is c
 anonymous memory, so a second copy halves the experts a cap can hold. With room to spare (no
 cgroup binds, MemAvailable holds twice the experts) a miss is a plain pread that leaves the page
 cache alone: the next miss of that expert is then a copy from memory (1.4-1.6 ms, not 5.6), and the
-page cache, reclaimable and not our RSS, holds what the pool does not.
+page cache, reclaimable and not our RSS, holds what the pool does not. Then, too, a demand miss
+colder (LFU) than the expert it would push out is not admitted: it is mapped from the page cache
+for its one use (no copy, no slot) and the hotter expert stays (`colibri-bench routing`'s
+lfu_admit: 59.4% hits at 2 of 8 a layer on the MoEfied trace against LFU's 55.9%).
 
 Prediction (next layer's picks, runners-up) stays on only while it pays: it pauses when most of
 the latest guesses were evicted unused (PREFETCH_MIN_ACCURACY).
