@@ -70,6 +70,11 @@ READ_MODES = ("auto", "direct", "dontneed", "cached")  # cached: plain pread, th
 # pool does not. Under pressure one copy: O_DIRECT or copy + DONTNEED. Checked again every KEEP_CHECK_S.
 KEEP_ROOM_FACTOR = 2
 KEEP_CHECK_S = 1.0
+# under a memory cgroup the pool's slots are never reclaimed (no swap) but page-cache pages are: a
+# colder miss may still be mapped from the page cache for its one use (no slot), so the cgroup's room
+# beyond the pool's own growth holds experts too, as llama.cpp's mmap does. Only while that room is at
+# least MAP_ROOM_SLOTS slots: at heavy caps there is none and misses take one O_DIRECT copy as before
+MAP_ROOM_SLOTS = 4
 # eviction; lfu ages by LFU_DECAY a token. lfu is the default: on the MoEfied default model's routing
 # trace one LFU over all layers hit 74.4% against LRU's 66.3% at 3 of 8 slots a layer, 85.7/81.8% at 4
 # (colibri-bench routing; tests/test_experts.py holds the cache to that replay)
@@ -149,8 +154,9 @@ class ExpertStore:
         self._lock = threading.Lock()
         self._io: ThreadPoolExecutor | None = None
         self.direct = hasattr(os, "O_DIRECT") and read_mode in ("auto", "direct")
-        self.read_bytes = Counter()  # bytes by way: page_cache (copied), direct, buffered
+        self.read_bytes = Counter()  # bytes by way: page_cache (copied), direct, buffered, mapped (of it mapped_held: in the page cache)
         self._keep, self._keep_at = False, -math.inf
+        self._room, self._room_at = None, -math.inf
         self.holds_every_expert = False  # set by the cache: each expert is read once and stays, keep no copy
 
     def span(self, layer: int, expert: int | str) -> ExpertSpan:
@@ -212,8 +218,12 @@ class ExpertStore:
                                mmap.PROT_READ | mmap.PROT_WRITE, offset=start)
         except (OSError, ValueError) as e:
             raise ExpertLoadError(f"layer {layer} expert {expert}: {sp.path}: {e}") from None
+        held = resident_bytes(mm, 0, len(mm))  # (mincore: what the page cache held of it)
+        if held < len(mm) and hasattr(mmap, "MADV_WILLNEED"):  # the rest: one readahead of the span,
+            mm.madvise(mmap.MADV_WILLNEED)  # not a fault per 16 pages from the kernels
         with self._lock:
             self.read_bytes["mapped"] += sp.nbytes
+            self.read_bytes["mapped_held"] += min(sp.nbytes, held)
         return self._weights(layer, expert, sp, np.frombuffer(mm, np.uint8), sp.offset - start, False)
 
     @staticmethod
@@ -244,6 +254,18 @@ class ExpertStore:
             experts = sum(e["size"] for rel, e in files.items() if rel.startswith("experts/"))
             self._keep, self._keep_at = source == "MemAvailable" and free >= KEEP_ROOM_FACTOR * experts, now
         return self._keep
+
+    def cgroup_room(self) -> int | None:
+        """auto: the bytes a binding memory cgroup still allows (its inactive page cache counted as
+        room, see sysmem), None when none binds or in another read mode; re-measured at most every
+        KEEP_CHECK_S. What colder misses may occupy as page cache beyond the pool."""
+        if self.read_mode != "auto" or self.holds_every_expert:
+            return None
+        now = time.monotonic()
+        if now - self._room_at >= KEEP_CHECK_S:
+            free, source = sysmem.room()
+            self._room, self._room_at = (free if source == "cgroup limit" else None), now
+        return self._room
 
     def _read(self, sp: ExpertSpan, buf: memoryview, start: int, direct: bool) -> int:
         """Bytes of the span now in buf[start:]: copied from the page cache when it holds most of
@@ -373,7 +395,7 @@ class CacheStats:
     budget_bytes: int = 0  # the one byte budget shared by every layer (spare slots included)
     cycle_bytes: int = 0  # one token's worst case: layers x top-k x one expert
     fill_bytes: int = 0  # loaded by fill() (room for every expert), not counted as prefetch
-    read_bytes: tuple = ()  # (way, bytes): page_cache (copied, then dropped), direct, buffered
+    read_bytes: tuple = ()  # (way, bytes): page_cache (copied, then dropped), direct, buffered, mapped, mapped_held
     prefetch_paused: bool = False  # predictions held back: lately they were mostly wasted
     prefetch_skipped: int = 0  # prediction calls held back while paused
 
@@ -724,8 +746,9 @@ class ExpertCache:
     def _pass_through(self, layer: int, expert: int, nbytes: int) -> bool:
         """Called with the lock held, for a demand miss: serve it mapped from the page cache for
         its one use instead of taking a pool slot — only while misses keep their page-cache copy
-        (room to spare), under LFU, and when the expert it would push out is at least as hot."""
-        if self.policy != "lfu" or self.room_for_all or not self.store.keeps_page_cache():
+        (room to spare) or a memory cgroup leaves room for page cache beyond the pool's growth
+        (MAP_ROOM_SLOTS), under LFU, and when the expert it would push out is at least as hot."""
+        if self.policy != "lfu" or self.room_for_all or not self._page_cache_holds():
             return False
         if self.per_layer is not None and self._count[layer] >= self.per_layer:
             v = self._victim(layer)
@@ -734,6 +757,14 @@ class ExpertCache:
         else:
             return False  # room without evicting anything
         return v is not None and self._heat[layer, expert] <= self._heat[v]
+
+    def _page_cache_holds(self) -> bool:
+        """Whether a mapped miss's pages can stay in the page cache: room to spare, or a cgroup
+        whose room, less what the pool may still grow by, is MAP_ROOM_SLOTS slots or more."""
+        if self.store.keeps_page_cache():
+            return True
+        room = self.store.cgroup_room()
+        return room is not None and room - max(0, self.budget - self._used) >= MAP_ROOM_SLOTS * self.slot
 
     def _evict(self, key: tuple[int, int]) -> None:
         slot = self._slots.pop(key)

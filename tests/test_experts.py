@@ -578,7 +578,7 @@ def test_eviction_policy_matches_the_routing_replay(routed_model, monkeypatch, p
     from app.bench import routing
     from engine import experts as X
     monkeypatch.setattr(routing, "LFU_DECAY", 0.9)
-    room = (8 << 30, "MemAvailable") if policy == "lfu_admit" else (64 << 20, "cgroup limit")
+    room = (8 << 30, "MemAvailable") if policy == "lfu_admit" else (0, "cgroup limit")  # (no page-cache room)
     monkeypatch.setattr(X.sysmem, "room", lambda: room)
     path, table = routed_model
     store, pool = ExpertStore(open_model_dir(path)), MemoryPool()
@@ -605,7 +605,7 @@ def test_predictions_pause_while_they_are_wasted_and_stay_on_while_used(routed_m
     them on."""
     from engine import experts as X
     from engine.experts import PREFETCH_OUTCOMES, PREFETCH_PROBE
-    monkeypatch.setattr(X.sysmem, "room", lambda: (64 << 20, "cgroup limit"))  # every miss takes a pool slot
+    monkeypatch.setattr(X.sysmem, "room", lambda: (0, "cgroup limit"))  # every miss takes a pool slot
     path, _ = routed_model
     store, pool = ExpertStore(open_model_dir(path)), MemoryPool()
     slot = pool.block_size(store.span(0, 0).slot_bytes)
@@ -664,15 +664,22 @@ def test_room_for_all_counts_bytes_when_layers_differ_in_expert_size():
         cache.close()
 
 
-@pytest.mark.parametrize("source", ["MemAvailable", "cgroup limit"])
-def test_a_colder_miss_is_served_from_the_page_cache_and_the_hot_expert_stays(routed_model, monkeypatch, source):
-    """Room to spare (misses keep their page-cache copy): a miss colder than the expert it would
-    push out is mapped for its one use, no pool slot, no copy; under a cgroup it takes the slot."""
+@pytest.mark.parametrize("room,source,mapped", [(8 << 30, "MemAvailable", True), (8 << 30, "cgroup limit", True),
+                                                 (13, "cgroup limit", True), (13, "cgroup limit", False)])
+def test_a_colder_miss_is_served_from_the_page_cache_and_the_hot_expert_stays(routed_model, monkeypatch, room,
+                                                                              source, mapped):
+    """A miss colder than the expert it would push out is mapped for its one use, no pool slot, no
+    copy, while its pages can stay in the page cache: room to spare, or a cgroup whose room beyond
+    what the pool may still grow by (here 9 slots) is MAP_ROOM_SLOTS slots or more; else it takes
+    the slot (the room given in slots: 13 = 9 + 4 is just enough, one byte less is not)."""
     from engine import experts as X
     path, _ = routed_model
-    monkeypatch.setattr(X.sysmem, "room", lambda: (8 << 30, source))
     store, pool = ExpertStore(open_model_dir(path)), MemoryPool()
     slot = pool.block_size(store.span(0, 0).slot_bytes)
+    if room == 13:
+        assert X.MAP_ROOM_SLOTS == 4
+        room = 13 * slot - (not mapped)
+    monkeypatch.setattr(X.sysmem, "room", lambda: (room, source))
     cache = ExpertCache(store, pool, LAYERS, E, budget=(8 + SPARE_SLOTS) * slot, prefetch_window=0, top_k=1,
                         per_layer=1)
     for _ in range(3):
@@ -684,7 +691,6 @@ def test_a_colder_miss_is_served_from_the_page_cache_and_the_hot_expert_stays(ro
         off, rows, rb = sp.parts[0][:3]
         assert w.gate.data.tobytes() == whole[sp.offset + off:sp.offset + off + rows * rb]
         assert w.gate.data.flags.writeable  # (the kernels' compiled array type)
-    mapped = source == "MemAvailable"
     assert ((0, 0) in cache._slots, (0, 1) in cache._slots) == (mapped, not mapped)
     assert (dict(store.read_bytes).get("mapped", 0) == sp.nbytes) is mapped
     st = cache.stats()
