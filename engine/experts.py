@@ -16,7 +16,11 @@ cache alone: the next miss of that expert is then a copy from memory (1.4-1.6 ms
 page cache, reclaimable and not our RSS, holds what the pool does not. Then, too, a demand miss
 colder (LFU) than the expert it would push out is not admitted: it is mapped from the page cache
 for its one use (no copy, no slot) and the hotter expert stays (`colibri-bench routing`'s
-lfu_admit: 59.4% hits at 2 of 8 a layer on the MoEfied trace against LFU's 55.9%).
+lfu_admit: 59.4% hits at 2 of 8 a layer on the MoEfied trace against LFU's 55.9%). Under a memory
+cgroup too, while its room beyond the pool holds a few experts and the page cache is seen keeping
+the mapped ones (mincore on their next mapping): pool slots are never reclaimed, page-cache pages
+are, so the cache is the pool plus what the cgroup's page cache keeps, as llama.cpp's mmap has it;
+where the page cache keeps nothing (heavy caps) misses go back to one O_DIRECT copy into a slot.
 
 Prediction (next layer's picks, runners-up) stays on only while it pays: it pauses when most of
 the latest guesses were evicted unused (PREFETCH_MIN_ACCURACY).
@@ -410,6 +414,7 @@ class CacheStats:
     fill_bytes: int = 0  # loaded by fill() (room for every expert), not counted as prefetch
     read_bytes: tuple = ()  # (way, bytes): page_cache (copied, then dropped), direct, buffered, mapped, mapped_held
     prefetch_paused: bool = False  # predictions held back: lately they were mostly wasted
+    mapping_paused: bool = False  # under a cgroup, colder misses take slots: the page cache kept too little
     prefetch_skipped: int = 0  # prediction calls held back while paused
 
 
@@ -914,7 +919,8 @@ class ExpertCache:
                 activations=tuple(tuple(int(v) for v in row) for row in self.activations),
                 budget_bytes=self.budget, cycle_bytes=self.cycle_bytes, fill_bytes=self.fill_bytes,
                 read_bytes=tuple(sorted(self.store.read_bytes.items())),
-                prefetch_paused=self.prefetch_paused, prefetch_skipped=self.prefetch_skipped)
+                prefetch_paused=self.prefetch_paused, prefetch_skipped=self.prefetch_skipped,
+                mapping_paused=self.mapping_paused)
 
     def check_prefetch(self) -> None:
         """Warn once per 256 requests while prefetch accuracy stays under 60%."""
