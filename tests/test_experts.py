@@ -425,7 +425,8 @@ def _fake_cgroup(tmp_path, v2: bool, limit: int, usage: int, inactive: int):
     else:
         (base / "memory.limit_in_bytes").write_text(f"{limit}\n")
         (base / "memory.usage_in_bytes").write_text(f"{usage}\n")
-        (base / "memory.stat").write_text(f"cache 9\ninactive_file 3\ntotal_inactive_file {inactive}\n")
+        (base / "memory.stat").write_text(f"cache 9\ninactive_file 3\ntotal_inactive_file {inactive}\n"
+                                            "active_file 2\ntotal_active_file 7\n")
     proc = tmp_path / "cgroup"
     proc.write_text("0::/box\n" if v2 else "4:memory:/box\n1:cpu:/\n")
     return root, proc
@@ -433,9 +434,10 @@ def _fake_cgroup(tmp_path, v2: bool, limit: int, usage: int, inactive: int):
 
 @pytest.mark.parametrize("v2", [False, True])
 def test_cgroup_room_counts_inactive_page_cache_as_room(tmp_path, v2):
-    from engine.sysmem import _cgroup_room
+    from engine.sysmem import _cgroup_room, cgroup_active_file
     root, proc = _fake_cgroup(tmp_path, v2, limit=1000 << 20, usage=900 << 20, inactive=300 << 20)
     assert _cgroup_room(root, proc) == (1000 - 900 + 300) << 20
+    assert cgroup_active_file(root, proc) == (5 if v2 else 7)  # (v1: the hierarchy's total)
 
 
 def test_budget_is_the_room_left_and_warns_below_one_token(monkeypatch):
