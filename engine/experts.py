@@ -82,8 +82,9 @@ MAP_ROOM_SLOTS = 4
 # ...and only while the page cache keeps what was mapped: of the last MAP_OUTCOMES mapped misses of
 # experts mapped before, the page cache held at least MAP_MIN_HELD of the bytes (mincore); below that
 # a mapped miss is a buffered disk read the pool would have kept. While paused one candidate in
-# MAP_PROBE is still mapped, so the estimate follows. Measured (0.68 B Q8_0, one run each, loaded
-# machine): at cap 0.9 the page cache held 44% of all mapped bytes, at cap 0.5 1.3%
+# MAP_PROBE is still mapped, so the estimate follows. Measured (0.68 B Q8_0, auto budget, one run
+# each, loaded machine): the page cache held 44% of the mapped bytes at cap 0.9 when the pool had
+# shrunk to 243 MB, 3-15% with the pool at its 345 MB (it pauses there), 1-2% at cap 0.5
 MAP_MIN_HELD = 0.25
 MAP_OUTCOMES = 32
 MAP_PROBE = 16
