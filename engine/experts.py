@@ -10,7 +10,20 @@ cold, O_DIRECT 3.6 ms against 6.0 for pread + DONTNEED and 7.7 for plain pread; 
 1.4-1.6 ms against 5.6 for O_DIRECT; `auto` takes the faster per case (5.2 cold, 1.6 warm).
 (A RWF_NOWAIT read to pick up the cached part starts readahead: 16.5 ms cold.) Where O_DIRECT is
 refused, buffered pread then DONTNEED. Under a memory cgroup the page cache is charged like
-anonymous memory, so a second copy halves the experts a cap can hold.
+anonymous memory, so a second copy halves the experts a cap can hold. With room to spare (no
+cgroup binds, MemAvailable holds twice the experts) a miss is a plain pread that leaves the page
+cache alone: the next miss of that expert is then a copy from memory (1.4-1.6 ms, not 5.6), and the
+page cache, reclaimable and not our RSS, holds what the pool does not. Then, too, a demand miss
+colder (LFU) than the expert it would push out is not admitted: it is mapped from the page cache
+for its one use (no copy, no slot) and the hotter expert stays (`colibri-bench routing`'s
+lfu_admit: 59.4% hits at 2 of 8 a layer on the MoEfied trace against LFU's 55.9%). Under a memory
+cgroup too, while its room beyond the pool holds a few experts and the page cache is seen keeping
+the mapped ones (mincore on their next mapping): pool slots are never reclaimed, page-cache pages
+are, so the cache is the pool plus what the cgroup's page cache keeps, as llama.cpp's mmap has it;
+where the page cache keeps nothing (heavy caps) misses go back to one O_DIRECT copy into a slot.
+
+Prediction (next layer's picks, runners-up) stays on only while it pays: it pauses when most of
+the latest guesses were evicted unused (PREFETCH_MIN_ACCURACY).
 
 Streamed experts stay in the stored layout: no CPU work on a miss. For a q8_0 expert, repack_x8
 on the miss cost 2.4-2.9 ms and the 8-row-group kernels saved about as much on the token that
@@ -24,6 +37,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import math
 import mmap
 import os
 import queue
@@ -54,16 +68,56 @@ DIRECT_ALIGN = 4096  # O_DIRECT: file offset, length and buffer address multiple
 IO_CHUNK = 1 << 20  # one O_DIRECT request; 4 in flight measured 3.6 GB/s against 1.1-3.2 for one read
 IO_THREADS = 4
 READ_MODES = ("auto", "direct", "dontneed", "cached")  # cached: plain pread, the page-cache copy stays
+# auto with room to spare (no memory cgroup binds, and MemAvailable holds KEEP_ROOM_FACTOR x the
+# expert files): a miss leaves the file's pages in the page cache, so the next miss of that expert is
+# a memcpy, not a disk read, and the page cache (reclaimable, not this process's RSS) holds what the
+# pool does not. Under pressure one copy: O_DIRECT or copy + DONTNEED. Checked again every KEEP_CHECK_S.
+KEEP_ROOM_FACTOR = 2
+KEEP_CHECK_S = 1.0
+# under a memory cgroup the pool's slots are never reclaimed (no swap) but page-cache pages are: a
+# colder miss may still be mapped from the page cache for its one use (no slot), so the cgroup's room
+# beyond the pool's own growth holds experts too, as llama.cpp's mmap does. Only while that room is at
+# least MAP_ROOM_SLOTS slots: at heavy caps there is none and misses take one O_DIRECT copy as before
+MAP_ROOM_SLOTS = 4
+# ...and only while the page cache keeps what was mapped: of the last MAP_OUTCOMES mapped misses of
+# experts mapped before, the page cache held at least MAP_MIN_HELD of the bytes (mincore); below that
+# a mapped miss is a buffered disk read the pool would have kept. While paused one candidate in
+# MAP_PROBE is still mapped, so the estimate follows. Measured (0.68 B Q8_0, auto budget, one run
+# each, loaded machine): the page cache held 44% of the mapped bytes at cap 0.9 when the pool had
+# shrunk to 243 MB, 3-15% with the pool at its 345 MB (it pauses there), 1-2% at cap 0.5
+MAP_MIN_HELD = 0.25
+MAP_OUTCOMES = 32
+MAP_PROBE = 16
 # eviction; lfu ages by LFU_DECAY a token. lfu is the default: on the MoEfied default model's routing
 # trace one LFU over all layers hit 74.4% against LRU's 66.3% at 3 of 8 slots a layer, 85.7/81.8% at 4
 # (colibri-bench routing; tests/test_experts.py holds the cache to that replay)
 POLICIES = ("lfu", "lru")
 LFU_DECAY = 0.98
+# predictions (next layer's picks, runners-up) go out only while they pay: of the last
+# PREFETCH_OUTCOMES resolved ones (used, or evicted unused) at least PREFETCH_MIN_ACCURACY used; a
+# wasted guess costs a read and evicts an expert someone wanted. While paused, one call in
+# PREFETCH_PROBE still goes out so the estimate follows the routing. Measured (the 0.68 B bench model,
+# Q8_0, 4 of 8 experts a layer, the cache driven without compute): prefetch on, accuracy 0.23 on the
+# trace and 0.11 on random routing, read 77/143 MB a token against 39/81 MB with it off
+PREFETCH_MIN_ACCURACY = 0.6
+PREFETCH_OUTCOMES = 32
+PREFETCH_PROBE = 16
 
 
 def min_budget(top_k: int, slot: int) -> int:
     """The smallest expert cache: one layer's picks, one ahead, and the spare slots."""
     return (top_k + 1 + SPARE_SLOTS) * slot
+
+
+def routed_bytes(store: "ExpertStore") -> int:
+    """What holding every routed expert costs in pool blocks. Experts of one layer share a layout
+    in split files; layers may differ (llama.cpp's Q4_K_M stores some layers' down in Q6_K: 5.6
+    against 4.9 MB an expert), so one layer's slot times all experts would miss room-for-all."""
+    cfg = store.model.config
+    E, split = cfg.num_experts, store.model.split_experts
+    return sum(E * MemoryPool.block_size(store.span(L, 0).slot_bytes) if split else
+               sum(MemoryPool.block_size(store.span(L, e).slot_bytes) for e in range(E))
+               for L in range(cfg.dense_layers, cfg.num_layers))
 
 
 class ExpertLoadError(ModelFormatError):
@@ -113,7 +167,10 @@ class ExpertStore:
         self._lock = threading.Lock()
         self._io: ThreadPoolExecutor | None = None
         self.direct = hasattr(os, "O_DIRECT") and read_mode in ("auto", "direct")
-        self.read_bytes = Counter()  # bytes by way: page_cache (copied, dropped), direct, buffered
+        self.read_bytes = Counter()  # bytes by way: page_cache (copied), direct, buffered, mapped (of it mapped_held: in the page cache)
+        self._keep, self._keep_at = False, -math.inf
+        self._room, self._room_at = None, -math.inf
+        self.holds_every_expert = False  # set by the cache: each expert is read once and stays, keep no copy
 
     def span(self, layer: int, expert: int | str) -> ExpertSpan:
         key = (layer, expert)
@@ -158,6 +215,39 @@ class ExpertStore:
         if got < sp.nbytes:
             raise ExpertLoadError(f"layer {layer} expert {expert}: {sp.path}: read {got} of {sp.nbytes} bytes "
                                   f"(file truncated?)")
+        return self._weights(layer, expert, sp, buf, start, repack)
+
+    def map(self, layer: int, expert: int) -> ExpertWeights:
+        """The expert's matrices over a private mapping of its file span: page-cache pages, no
+        copy (writable copy-on-write, so the kernels see the array type they were compiled for;
+        nothing writes). For a miss served once: the mapping goes when the last view does."""
+        return self.map_held(layer, expert)[0]
+
+    def map_held(self, layer: int, expert: int) -> tuple[ExpertWeights, float]:
+        """map(), and the share of the span the page cache held when mapped (0..1)."""
+        sp = self.span(layer, expert)
+        start = sp.offset // mmap.ALLOCATIONGRANULARITY * mmap.ALLOCATIONGRANULARITY
+        try:
+            with open(sp.path, "rb") as f:
+                # (no MAP_POPULATE: on a writable private mapping it breaks copy-on-write, a copy of every
+                # page; read faults map the page-cache pages, 16 at a time with fault-around)
+                mm = mmap.mmap(f.fileno(), sp.offset + sp.nbytes - start, mmap.MAP_PRIVATE,
+                               mmap.PROT_READ | mmap.PROT_WRITE, offset=start)
+        except (OSError, ValueError) as e:
+            raise ExpertLoadError(f"layer {layer} expert {expert}: {sp.path}: {e}") from None
+        held = resident_bytes(mm, 0, len(mm))  # (mincore: what the page cache held of it)
+        if held < len(mm) and hasattr(mmap, "MADV_WILLNEED"):  # the rest: one readahead of the span,
+            mm.madvise(mmap.MADV_WILLNEED)  # not a fault per 16 pages from the kernels
+        with self._lock:
+            self.read_bytes["mapped"] += sp.nbytes
+            self.read_bytes["mapped_held"] += min(sp.nbytes, held)
+        weights = self._weights(layer, expert, sp, np.frombuffer(mm, np.uint8), sp.offset - start, False)
+        return weights, min(1.0, held / max(1, len(mm)))
+
+    @staticmethod
+    def _weights(layer: int, expert: int | str, sp: ExpertSpan, buf: np.ndarray, start: int,
+                 repack: bool) -> ExpertWeights:
+        """gate, up, down viewing buf, whose byte `start` is the span's first."""
         sfx = "_shexp" if expert == "shared" else f".{expert}"
         mats = []
         for p, (off, rows, rb, code, cols) in zip(PARTS, sp.parts):
@@ -168,16 +258,44 @@ class ExpertStore:
             mats.append(Matrix(f"blk.{layer}.ffn_{p}{sfx}.weight", data, code, rows, cols))
         return ExpertWeights(*mats)
 
+    def keeps_page_cache(self) -> bool:
+        """auto: whether misses now leave their pages in the page cache (room to spare, see
+        KEEP_ROOM_FACTOR); re-measured at most every KEEP_CHECK_S."""
+        if self.read_mode == "cached":
+            return True
+        if self.read_mode != "auto" or self.holds_every_expert:
+            return False
+        now = time.monotonic()
+        if now - self._keep_at >= KEEP_CHECK_S:
+            free, source = sysmem.room()
+            files = self.model.manifest["files"]
+            experts = sum(e["size"] for rel, e in files.items() if rel.startswith("experts/"))
+            self._keep, self._keep_at = source == "MemAvailable" and free >= KEEP_ROOM_FACTOR * experts, now
+        return self._keep
+
+    def cgroup_room(self) -> int | None:
+        """auto: the bytes a binding memory cgroup still allows (its inactive page cache counted as
+        room, see sysmem), None when none binds or in another read mode; re-measured at most every
+        KEEP_CHECK_S. What colder misses may occupy as page cache beyond the pool."""
+        if self.read_mode != "auto" or self.holds_every_expert:
+            return None
+        now = time.monotonic()
+        if now - self._room_at >= KEEP_CHECK_S:
+            free, source = sysmem.room()
+            self._room, self._room_at = (free if source == "cgroup limit" else None), now
+        return self._room
+
     def _read(self, sp: ExpertSpan, buf: memoryview, start: int, direct: bool) -> int:
         """Bytes of the span now in buf[start:]: copied from the page cache when it holds most of
         the span, else with O_DIRECT (or buffered where refused); then dropped from the page cache.
-        `cached` mode: a plain pread, nothing dropped."""
+        `cached` mode, or auto with room to spare: a plain pread, nothing dropped."""
         n, got = sp.nbytes, 0
         fd = os.open(sp.path, os.O_RDONLY)
         try:
-            if self.read_mode == "cached":
+            if self.keeps_page_cache():
+                cached = self.read_mode == "auto" and _cached_share(fd, sp.offset, n) >= 0.5
                 got = os.preadv(fd, [buf[start:start + n]], sp.offset)
-                self.read_bytes["buffered"] += got
+                self.read_bytes["page_cache" if cached else "buffered"] += got
                 return got
             if self.read_mode == "auto" and _cached_share(fd, sp.offset, n) >= 0.5:
                 got = os.preadv(fd, [buf[start:start + n]], sp.offset)  # mostly a copy from memory
@@ -271,6 +389,7 @@ class _Slot:
     prefetched: bool = False  # loaded on a prediction: counts toward prefetch accuracy
     used: bool = False
     error: Exception | None = None
+    mapped: bool = False  # a miss served from the page cache for its one use (no pool block, no budget)
 
 
 @dataclass(frozen=True)
@@ -294,7 +413,10 @@ class CacheStats:
     budget_bytes: int = 0  # the one byte budget shared by every layer (spare slots included)
     cycle_bytes: int = 0  # one token's worst case: layers x top-k x one expert
     fill_bytes: int = 0  # loaded by fill() (room for every expert), not counted as prefetch
-    read_bytes: tuple = ()  # (way, bytes): page_cache (copied, then dropped), direct, buffered
+    read_bytes: tuple = ()  # (way, bytes): page_cache (copied, then dropped), direct, buffered, mapped, mapped_held
+    prefetch_paused: bool = False  # predictions held back: lately they were mostly wasted
+    mapping_paused: bool = False  # under a cgroup, colder misses take slots: the page cache kept too little
+    prefetch_skipped: int = 0  # prediction calls held back while paused
 
 
 class ExpertCache:
@@ -317,6 +439,7 @@ class ExpertCache:
         self.num_layers, self.num_experts, self.top_k = num_layers, num_experts, top_k
         self.per_layer = None if per_layer is None else max(1, min(per_layer, num_experts))
         self.slot = pool.block_size(store.span(store.model.config.dense_layers, 0).slot_bytes) if num_layers else 0  # a routed expert
+        self.all_bytes = routed_bytes(store) if num_layers else 0  # every routed expert's slot
         self.generation = 0  # counts loads and evictions: what a table of expert addresses checks
         self._lock = threading.Lock()
         self._slots: OrderedDict[tuple[int, int], _Slot] = OrderedDict()  # least recently used first
@@ -339,6 +462,12 @@ class ExpertCache:
             self._loader = threading.Thread(target=self._prefetch_loop, name="colibri-prefetch", daemon=True)
             self._loader.start()
         self._warned_at = 0
+        self._outcomes: deque = deque(maxlen=PREFETCH_OUTCOMES)  # 1 used, 0 evicted unused: the latest guesses
+        self._probe = 0
+        self.prefetch_skipped = 0
+        self._mapped_before = np.zeros((num_layers, num_experts), bool)
+        self._held: deque = deque(maxlen=MAP_OUTCOMES)  # page-cache share of the latest re-mapped misses
+        self._map_probe = 0
 
     def set_budget(self, budget: int) -> None:
         """A new byte budget (memory pressure changed); evicts down to it at once where it can."""
@@ -346,10 +475,14 @@ class ExpertCache:
         with self._lock:
             self.budget = max(int(budget), min_budget(k, self.slot))  # one layer's picks + one ahead
             if E == 1:  # a dense model's MLPs: counted with its dense weights, never evicted
-                self.budget = max(self.budget, (L + SPARE_SLOTS) * self.slot)
+                self.budget = max(self.budget, self.all_bytes + SPARE_SLOTS * self.slot)
+            # room for all: by bytes (layers' experts may differ in size), as _make_room counts them
+            fits_all = self.budget - SPARE_SLOTS * self.slot >= self.all_bytes
+            self.room_for_all = fits_all and (self.per_layer is None or self.per_layer >= E)
             per_layer = (self.budget - SPARE_SLOTS * self.slot) // max(1, self.slot * L)
+            per_layer = E if fits_all else min(E - 1, per_layer)
             self.capacity = min(E, self.per_layer or E, max(1, per_layer))  # experts per layer it amounts to
-            self.room_for_all = self.capacity >= E and (self.per_layer is None or self.per_layer >= E)
+            self.store.holds_every_expert = self.room_for_all
             self.spare = max(0, self.capacity - k)  # slots a layer has beyond what one token needs
             # predictions only pay when the next layer's picks fit beside this layer's, and when a
             # layer holds more than one token's picks: with exactly k a guess evicts an expert the
@@ -388,8 +521,8 @@ class ExpertCache:
         finally:
             with self._lock:
                 slot.pins -= 1
-                if slot.error is not None:
-                    self._drop(layer, expert, slot)
+                if slot.error is not None or (slot.mapped and not slot.reserved):
+                    self._drop(layer, expert, slot)  # (a mapped miss: its one use is over)
                 self._make_room(None, 0)  # back within budget once released
 
     def all_ready(self, layer: int, experts) -> bool:
@@ -491,6 +624,7 @@ class ExpertCache:
                     c.ready_hits += 1
                     if slot.prefetched and not slot.used:
                         c.prefetch_used += 1
+                        self._outcomes.append(1)
                     slot.used = True
                     if routed:
                         self.activations[layer, e] += 1
@@ -512,7 +646,7 @@ class ExpertCache:
         Predicted picks may replace the least recently used expert; guesses (`spare_only`:
         runners-up, the window's favourites) only use room the top-k does not need.
         """
-        if self._loader is None or layer >= self.num_layers or not self.predict:
+        if self._loader is None or layer >= self.num_layers or not self.predict or not self._prefetch_pays():
             return
         wanted = [int(x) for x in experts]
         if spare_only:
@@ -523,6 +657,23 @@ class ExpertCache:
             wanted = [e for e in wanted if (layer, e) not in self._slots]
         for e in wanted:
             self._queue.put((layer, e, None, False))
+
+    @property
+    def prefetch_paused(self) -> bool:
+        """Whether the latest resolved guesses were mostly wasted (predictions then held back)."""
+        out = self._outcomes
+        return len(out) >= out.maxlen // 2 and sum(out) < PREFETCH_MIN_ACCURACY * len(out)
+
+    def _prefetch_pays(self) -> bool:
+        """Whether a prediction call goes out: always while guesses pay, one in PREFETCH_PROBE while paused."""
+        with self._lock:
+            if not self.prefetch_paused:
+                return True
+            self._probe += 1
+            if self._probe % PREFETCH_PROBE == 0:
+                return True
+            self.prefetch_skipped += 1
+            return False
 
     # --- internals -------------------------------------------------------------------------
     def _acquire(self, layer: int, expert: int, prefetch: bool, reserve: bool = False,
@@ -546,15 +697,20 @@ class ExpertCache:
                     c.ready_hits += slot.ready.is_set()
                     if slot.prefetched and not slot.used:
                         c.prefetch_used += 1
+                        self._outcomes.append(1)
                     slot.used = True
                 slot.pins += 1
                 return slot, False
             if prefetch and not self._fits(layer, nbytes) and not self._evictable(layer):
                 return None, False  # a guess never overflows the budget
-            self._make_room(layer, nbytes)
+            mapped = not prefetch and self._pass_through(layer, expert, nbytes)
+            if mapped:
+                nbytes = 0
+            else:
+                self._make_room(layer, nbytes)
             prefetched = prefetch and not fill and count
             slot = _Slot(nbytes, prefetched=prefetched, used=not prefetch and count, reserved=reserve,
-                         early=reserve)
+                         early=reserve, mapped=mapped)
             self._slots[key] = slot
             self._count[layer] += 1
             self._used += nbytes
@@ -591,12 +747,7 @@ class ExpertCache:
         """Called with the lock held. Evict unpinned experts (by the policy) until `nbytes`
         more fit in the budget (and, per_layer set, in `layer`'s count); spare blocks count as
         room, since the next load reuses one. Everything pinned or loading: a temporary overflow."""
-        def victim(in_layer):
-            free = (k for k, s in self._slots.items() if (in_layer is None or k[0] == in_layer)
-                    and s.pins == 0 and not s.reserved and s.ready.is_set())
-            if self.policy == "lfu":
-                return min(free, key=lambda k: self._heat[k], default=None)  # the first minimum: LRU among ties
-            return next(free, None)
+        victim = self._victim
         if layer is not None and self.per_layer is not None:
             while self._count[layer] + 1 > self.per_layer and (k := victim(layer)) is not None:
                 self._evict(k)
@@ -606,6 +757,50 @@ class ExpertCache:
         while self._spare and self._used + nbytes > self.budget:  # spares last: they save a fresh mapping
             self._free_spare(self._spare.pop())
 
+    def _victim(self, in_layer: int | None) -> tuple[int, int] | None:
+        """Called with the lock held: the expert the policy evicts next (of `in_layer`, or any)."""
+        free = (k for k, s in self._slots.items() if (in_layer is None or k[0] == in_layer)
+                and s.pins == 0 and not s.reserved and s.ready.is_set() and not s.mapped)
+        if self.policy == "lfu":
+            return min(free, key=lambda k: self._heat[k], default=None)  # the first minimum: LRU among ties
+        return next(free, None)
+
+    def _pass_through(self, layer: int, expert: int, nbytes: int) -> bool:
+        """Called with the lock held, for a demand miss: serve it mapped from the page cache for
+        its one use instead of taking a pool slot — only while misses keep their page-cache copy
+        (room to spare) or a memory cgroup leaves room for page cache beyond the pool's growth
+        (MAP_ROOM_SLOTS), under LFU, and when the expert it would push out is at least as hot."""
+        if self.policy != "lfu" or self.room_for_all:
+            return False
+        if self.per_layer is not None and self._count[layer] >= self.per_layer:
+            v = self._victim(layer)
+        elif self._used - sum(b.size for b in self._spare) + nbytes > self.budget - SPARE_SLOTS * self.slot:
+            v = self._victim(None)
+        else:
+            return False  # room without evicting anything
+        return v is not None and self._heat[layer, expert] <= self._heat[v] and self._page_cache_holds()
+
+    def _page_cache_holds(self) -> bool:
+        """Whether a mapped miss's pages can stay in the page cache: room to spare, or a cgroup
+        whose room, less what the pool may still grow by, is MAP_ROOM_SLOTS slots or more, while
+        the page cache is seen keeping what was mapped (MAP_MIN_HELD; else one probe in MAP_PROBE)."""
+        if self.store.keeps_page_cache():
+            return True
+        if self._quiet:  # (warm-up: its pages would count against the plan made after it)
+            return False
+        room = self.store.cgroup_room()
+        if room is None or room - max(0, self.budget - self._used) < MAP_ROOM_SLOTS * self.slot:
+            return False
+        if len(self._held) < MAP_OUTCOMES or sum(self._held) >= MAP_MIN_HELD * len(self._held):
+            return True
+        self._map_probe += 1
+        return self._map_probe % MAP_PROBE == 0
+
+    @property
+    def mapping_paused(self) -> bool:
+        """Under a cgroup: colder misses take pool slots because the page cache kept too little."""
+        return len(self._held) == MAP_OUTCOMES and sum(self._held) < MAP_MIN_HELD * len(self._held)
+
     def _evict(self, key: tuple[int, int]) -> None:
         slot = self._slots.pop(key)
         self._count[key[0]] -= 1
@@ -613,6 +808,8 @@ class ExpertCache:
         if not self._quiet:
             c.evictions += 1
             c.prefetch_wasted += slot.prefetched and not slot.used
+            if slot.prefetched and not slot.used:
+                self._outcomes.append(0)
         self._release(slot)
 
     def _release(self, slot: _Slot) -> None:
@@ -655,9 +852,16 @@ class ExpertCache:
         try:
             sp = self.store.span(layer, expert)
             nbytes = sp.nbytes
-            block = self._take_block(slot, sp.slot_bytes)
-            slot.block = block
-            slot.weights = self.store.read_into(layer, expert, block.array(np.uint8, (block.size,)), self.repack)
+            if slot.mapped:
+                slot.weights, held = self.store.map_held(layer, expert)
+                with self._lock:
+                    if self._mapped_before[layer, expert]:  # (a first mapping cannot find it kept)
+                        self._held.append(held)
+                    self._mapped_before[layer, expert] = True
+            else:
+                block = self._take_block(slot, sp.slot_bytes)
+                slot.block = block
+                slot.weights = self.store.read_into(layer, expert, block.array(np.uint8, (block.size,)), self.repack)
         except Exception as e:  # kept on the slot: the waiting compute thread re-raises it
             slot.error = e
         finally:
@@ -715,7 +919,9 @@ class ExpertCache:
                 per_layer=tuple((c.hits, c.misses, c.evictions) for c in cs),
                 activations=tuple(tuple(int(v) for v in row) for row in self.activations),
                 budget_bytes=self.budget, cycle_bytes=self.cycle_bytes, fill_bytes=self.fill_bytes,
-                read_bytes=tuple(sorted(self.store.read_bytes.items())))
+                read_bytes=tuple(sorted(self.store.read_bytes.items())),
+                prefetch_paused=self.prefetch_paused, prefetch_skipped=self.prefetch_skipped,
+                mapping_paused=self.mapping_paused)
 
     def check_prefetch(self) -> None:
         """Warn once per 256 requests while prefetch accuracy stays under 60%."""
@@ -765,6 +971,9 @@ class CachePlan:
     budget: MemoryBudget | None = None  # auto: how the room was split (None for an explicit size)
     auto: bool = False  # re-planned when memory pressure changes
     settled: bool = False  # planned after warm-up: the runtime has grown already (a smaller margin)
+    # under a cgroup, its active page cache when settled: what it grows by later is mapped experts'
+    # pages (clean, reclaimable), room for the pool, not pressure (else mapping shrinks the pool)
+    active_file: int = 0
 
     @property
     def warning(self) -> str | None:
@@ -805,7 +1014,11 @@ def plan_expert_cache(model: ModelDir, params: dict, context_limit: int,
     if not cfg.tie_word_embeddings:  # the embedding table stays mapped: a token reads its one row
         resident -= _tensor_bytes(model.path / "embeddings.bin", "token_embd.weight")
     measured = None if available is None else (available, "given")
-    everything = one * E * L + SPARE_SLOTS * one
+    if E > 1 and L > 0:  # every expert's slot as the cache counts it (ExpertCache.all_bytes), and its spares
+        probe = ExpertStore(model)
+        everything = routed_bytes(probe) + SPARE_SLOTS * MemoryPool.block_size(probe.span(cfg.dense_layers, 0).slot_bytes)
+    else:
+        everything = one * E * L + SPARE_SLOTS * one
     if E == 1:  # dense: the MLP is resident like everything else (ExpertCache keeps all of them)
         b = sysmem.plan(resident, kv, activation_bytes(cfg), 0, 0, 0, measured, refuse=refuse,
                         compile=sysmem.compile_reserve() if refuse else 0)
@@ -813,8 +1026,9 @@ def plan_expert_cache(model: ModelDir, params: dict, context_limit: int,
                          budget=b)
     if params.get("expert_cache_size"):
         cap = min(E, params["expert_cache_size"])
+        nbytes = everything if cap >= E else cap * one * L + SPARE_SLOTS * one
         return CachePlan(cap, one, f"{cap} of {E} experts per layer (expert_cache_size)", resident,
-                         cap * one * L + SPARE_SLOTS * one, kv, sysmem.available_memory(), per_layer=cap)
+                         nbytes, kv, sysmem.available_memory(), per_layer=cap)
     if params.get("expert_cache_bytes"):
         nbytes = params["expert_cache_bytes"]
         cap = max(1, min(E, (nbytes - SPARE_SLOTS * one) // max(1, one * L)))
@@ -826,7 +1040,7 @@ def plan_expert_cache(model: ModelDir, params: dict, context_limit: int,
 
 
 def _auto_plan(b: MemoryBudget, one: int, E: int, L: int, resident: int, kv: int) -> CachePlan:
-    cap = max(1, min(E, (b.experts - SPARE_SLOTS * one) // max(1, one * L)))
+    cap = E if b.experts >= b.all_experts else max(1, min(E - 1, (b.experts - SPARE_SLOTS * one) // max(1, one * L)))
     reason = (f"auto: {b.experts / 1e6:.0f} MB for experts, about {cap} of {E} per layer ({b.room / 1e6:.0f} MB "
               f"free, {b.limited_by}; dense weights {resident / 1e6:.0f} MB, KV cache {kv / 1e6:.0f} MB)")
     return CachePlan(cap, one, reason, resident, b.experts, kv, b.room, budget=b, auto=True)
@@ -840,9 +1054,14 @@ def replan(plan: CachePlan, num_experts: int, num_layers: int, cache_used: int, 
     b, one = plan.budget, plan.expert_bytes
     settled = plan.settled if settled is None else settled
     free, source = sysmem.room()
+    active = sysmem.cgroup_active_file() if source == "cgroup limit" else None
+    active_file = plan.active_file if plan.settled else (active or 0)
+    if plan.settled and active is not None:
+        free += max(0, active - plan.active_file)
     k = b.cycle // max(1, num_layers * one)
     held_back = sysmem.margin(free, settled)
     left = cache_used + free - max(0, b.kv - kv_used) - b.activations - held_back
     experts = max(min_budget(k, one), min(b.all_experts, left))
     nb = replace(b, room=free, limited_by=source, experts=experts, margin=held_back)
-    return replace(_auto_plan(nb, one, num_experts, num_layers, plan.resident_bytes, plan.kv_bytes), settled=settled)
+    return replace(_auto_plan(nb, one, num_experts, num_layers, plan.resident_bytes, plan.kv_bytes), settled=settled,
+                   active_file=active_file)

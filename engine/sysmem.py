@@ -75,6 +75,21 @@ def _cgroup(root: Path = Path("/sys/fs/cgroup"), proc: Path = Path("/proc/self/c
     return None
 
 
+def cgroup_active_file(root: Path = Path("/sys/fs/cgroup"), proc: Path = Path("/proc/self/cgroup")) -> int | None:
+    """Active page cache charged to this process's memory cgroup (None without a limited one):
+    clean file pages the working set counts although reclaim can take them."""
+    if _cgroup(root, proc) is None:
+        return None
+    for line in proc.read_text().splitlines():
+        _, controllers, rel = line.split(":", 2)
+        rel = rel.lstrip("/")
+        if controllers == "":
+            return _stat(root / rel / "memory.stat", "active_file")
+        if "memory" in controllers.split(","):
+            return _stat(root / "memory" / rel / "memory.stat", "total_active_file", "active_file")
+    return None
+
+
 def _cgroup_room(root: Path = Path("/sys/fs/cgroup"), proc: Path = Path("/proc/self/cgroup")) -> int | None:
     cg = _cgroup(root, proc)
     return None if cg is None else max(0, cg[0] - cg[1])

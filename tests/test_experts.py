@@ -333,7 +333,9 @@ def _fs_type(path) -> str:
 @pytest.mark.skipif(not hasattr(os, "O_DIRECT"), reason="needs O_DIRECT (Linux)")
 @pytest.mark.parametrize("mode", ["auto", "direct", "dontneed"])
 @pytest.mark.parametrize("warm", [False, True])
-def test_reads_leave_no_second_copy_in_the_page_cache(routed_model, mode, warm):
+def test_reads_leave_no_second_copy_in_the_page_cache(routed_model, mode, warm, monkeypatch):
+    from engine import experts as X
+    monkeypatch.setattr(X.sysmem, "room", lambda: (64 << 20, "cgroup limit"))  # under pressure: one copy
     path, _ = routed_model
     store, pool = ExpertStore(open_model_dir(path), read_mode=mode), MemoryPool()
     sp = store.span(1, 2)
@@ -355,6 +357,37 @@ def test_reads_leave_no_second_copy_in_the_page_cache(routed_model, mode, warm):
         assert ways.get("page_cache", 0) > 0  # copied from the page cache, not read again
     if mode == "direct" or (mode == "auto" and not warm):
         assert ways.get("direct", 0) > 0
+    store.close()
+
+
+@pytest.mark.parametrize("source", ["MemAvailable", "cgroup limit"])
+def test_auto_keeps_the_page_cache_copy_only_with_room_to_spare(routed_model, monkeypatch, source):
+    """No cgroup binding and room for twice the experts: a miss leaves its pages in the page
+    cache (the next miss of it is a memcpy, and it is not our RSS); a cgroup limit: dropped."""
+    from engine import experts as X
+    path, _ = routed_model
+    monkeypatch.setattr(X.sysmem, "room", lambda: (8 << 30, source))
+    store, pool = ExpertStore(open_model_dir(path)), MemoryPool()
+    sp = store.span(0, 3)
+    fd = os.open(sp.path, os.O_RDONLY)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    os.close(fd)
+    block = pool.alloc(sp.slot_bytes)
+    for _ in range(2):  # cold, then again
+        store.read_into(0, 3, block.array(np.uint8, (block.size,)))
+    keep = source == "MemAvailable"
+    assert store.keeps_page_cache() is keep
+    ways = dict(store.read_bytes)
+    if keep:
+        assert ways.get("buffered") == sp.nbytes and ways.get("page_cache") == sp.nbytes and "direct" not in ways
+    else:
+        assert ways.get("direct", 0) > 0  # the cold read bypassed the page cache
+    if _fs_type(sp.path) != "tmpfs":
+        span_pages = _cached_bytes(sp.path)
+        if keep:
+            assert span_pages >= sp.nbytes
+        else:
+            assert span_pages <= 2 * 4096 + (sp.path.stat().st_size - sp.nbytes), span_pages
     store.close()
 
 
@@ -392,7 +425,8 @@ def _fake_cgroup(tmp_path, v2: bool, limit: int, usage: int, inactive: int):
     else:
         (base / "memory.limit_in_bytes").write_text(f"{limit}\n")
         (base / "memory.usage_in_bytes").write_text(f"{usage}\n")
-        (base / "memory.stat").write_text(f"cache 9\ninactive_file 3\ntotal_inactive_file {inactive}\n")
+        (base / "memory.stat").write_text(f"cache 9\ninactive_file 3\ntotal_inactive_file {inactive}\n"
+                                            "active_file 2\ntotal_active_file 7\n")
     proc = tmp_path / "cgroup"
     proc.write_text("0::/box\n" if v2 else "4:memory:/box\n1:cpu:/\n")
     return root, proc
@@ -400,9 +434,10 @@ def _fake_cgroup(tmp_path, v2: bool, limit: int, usage: int, inactive: int):
 
 @pytest.mark.parametrize("v2", [False, True])
 def test_cgroup_room_counts_inactive_page_cache_as_room(tmp_path, v2):
-    from engine.sysmem import _cgroup_room
+    from engine.sysmem import _cgroup_room, cgroup_active_file
     root, proc = _fake_cgroup(tmp_path, v2, limit=1000 << 20, usage=900 << 20, inactive=300 << 20)
     assert _cgroup_room(root, proc) == (1000 - 900 + 300) << 20
+    assert cgroup_active_file(root, proc) == (5 if v2 else 7)  # (v1: the hierarchy's total)
 
 
 def test_budget_is_the_room_left_and_warns_below_one_token(monkeypatch):
@@ -537,17 +572,21 @@ def test_no_predictions_when_a_layer_holds_only_one_tokens_picks(routed_model):
         cache.close()
 
 
-@pytest.mark.parametrize("policy,slots", [("lfu", 3), ("lfu", 5), ("lru", 3)])
+@pytest.mark.parametrize("policy,slots", [("lfu", 3), ("lfu", 5), ("lru", 3), ("lfu_admit", 3)])
 def test_eviction_policy_matches_the_routing_replay(routed_model, monkeypatch, policy, slots):
     """The cache's hits equal colibri-bench routing's replay of the same lookups (one cache over
-    all layers), so the policy figures measured on traces are the engine's."""
+    all layers), so the policy figures measured on traces are the engine's. lfu_admit: LFU with
+    room to spare, where a miss colder than its victim is served from the page cache."""
     from app.bench import routing
+    from engine import experts as X
     monkeypatch.setattr(routing, "LFU_DECAY", 0.9)
+    room = (8 << 30, "MemAvailable") if policy == "lfu_admit" else (0, "cgroup limit")  # (no page-cache room)
+    monkeypatch.setattr(X.sysmem, "room", lambda: room)
     path, table = routed_model
     store, pool = ExpertStore(open_model_dir(path)), MemoryPool()
     slot = pool.block_size(store.span(0, 0).slot_bytes)
     cache = ExpertCache(store, pool, LAYERS, E, budget=(slots + SPARE_SLOTS) * slot, prefetch_window=0, top_k=1,
-                        policy=policy, decay=0.9)
+                        policy=policy.split("_")[0], decay=0.9)
     tokens = np.random.default_rng(slots).integers(0, D, 300)
     ids = np.stack([table[:, tokens].T], axis=2)  # (tokens, layers, 1)
     for t in range(len(tokens)):
@@ -560,3 +599,163 @@ def test_eviction_policy_matches_the_routing_replay(routed_model, monkeypatch, p
     assert st.hits == routing.replay(stream, slots, policy, E * LAYERS)[0]
     with pytest.raises(ValueError, match="policy"):
         ExpertCache(store, pool, LAYERS, E, budget=1 << 20, policy="mru")
+
+
+def test_predictions_pause_while_they_are_wasted_and_stay_on_while_used(routed_model, monkeypatch):
+    """A guess evicted unused costs a read and someone's expert: after mostly wasted guesses the
+    cache holds predictions back (one probe in PREFETCH_PROBE still goes out); used guesses keep
+    them on."""
+    from engine import experts as X
+    from engine.experts import PREFETCH_OUTCOMES, PREFETCH_PROBE
+    monkeypatch.setattr(X.sysmem, "room", lambda: (0, "cgroup limit"))  # every miss takes a pool slot
+    path, _ = routed_model
+    store, pool = ExpertStore(open_model_dir(path)), MemoryPool()
+    slot = pool.block_size(store.span(0, 0).slot_bytes)
+    rng = np.random.default_rng(3)
+    for wasted in (True, False):
+        cache = ExpertCache(store, pool, LAYERS, E, budget=(2 * LAYERS + SPARE_SLOTS) * slot, prefetch_window=4,
+                            top_k=1, per_layer=2)
+        assert cache.predict
+        for _ in range(PREFETCH_OUTCOMES):
+            guess = int(rng.integers(E))
+            cache.prefetch(1, [guess])
+            cache.drain()
+            for e in ([x for x in range(E) if x != guess][:2] if wasted else [guess]):
+                with cache.use(1, e):  # wasted: two other experts take the room, the guess is evicted unused
+                    pass
+        st = cache.stats()
+        assert st.prefetch_paused is wasted
+        loaded = st.bytes_loaded
+        for _ in range(PREFETCH_PROBE - 1):  # predictions of experts not resident
+            missing = [e for e in range(E) if (1, e) not in cache._slots]
+            cache.prefetch(1, missing[:1])
+            cache.drain()
+            if not wasted:
+                with cache.use(1, missing[0]):
+                    pass
+        st = cache.stats()
+        if wasted:
+            assert st.bytes_loaded == loaded and st.prefetch_skipped == PREFETCH_PROBE - 1
+        else:
+            assert st.prefetch_skipped == 0 and st.prefetch_accuracy == 1.0
+        cache.close()
+
+
+def test_room_for_all_counts_bytes_when_layers_differ_in_expert_size():
+    """llama.cpp's Q4_K_M stores some layers' down in Q6_K, so layer 0's experts can be the
+    biggest: room for every expert must be judged by their bytes, not layer 0's slot times all
+    (that read 7 of 8 and never held them all, uncapped)."""
+    from types import SimpleNamespace
+
+    from engine.experts import ExpertSpan, routed_bytes
+    page = 300 * 4096  # (above the pool's power-of-two tier: blocks are these bytes)
+    cfg = SimpleNamespace(num_layers=2, num_experts=E, dense_layers=0)
+
+    class Store:
+        model = SimpleNamespace(config=cfg, split_experts=True)
+        holds_every_expert = False
+
+        def span(self, layer, expert):  # layer 0: 3 units an expert, layer 1: 2
+            return ExpertSpan(Path("x"), 0, (3 if layer == 0 else 2) * page, ())
+    store = Store()
+    assert routed_bytes(store) == E * 5 * page
+    for extra, holds in ((0, True), (-4096, False)):
+        cache = ExpertCache(store, MemoryPool(), 2, E, budget=E * 5 * page + SPARE_SLOTS * 3 * page + extra,
+                            prefetch_window=0, top_k=1)
+        assert (cache.room_for_all, cache.capacity == E, store.holds_every_expert) == (holds, holds, holds)
+        cache.close()
+
+
+@pytest.mark.parametrize("room,source,mapped", [(8 << 30, "MemAvailable", True), (8 << 30, "cgroup limit", True),
+                                                 (13, "cgroup limit", True), (13, "cgroup limit", False)])
+def test_a_colder_miss_is_served_from_the_page_cache_and_the_hot_expert_stays(routed_model, monkeypatch, room,
+                                                                              source, mapped):
+    """A miss colder than the expert it would push out is mapped for its one use, no pool slot, no
+    copy, while its pages can stay in the page cache: room to spare, or a cgroup whose room beyond
+    what the pool may still grow by (here 9 slots) is MAP_ROOM_SLOTS slots or more; else it takes
+    the slot (the room given in slots: 13 = 9 + 4 is just enough, one byte less is not)."""
+    from engine import experts as X
+    path, _ = routed_model
+    store, pool = ExpertStore(open_model_dir(path)), MemoryPool()
+    slot = pool.block_size(store.span(0, 0).slot_bytes)
+    if room == 13:
+        assert X.MAP_ROOM_SLOTS == 4
+        room = 13 * slot - (not mapped)
+    monkeypatch.setattr(X.sysmem, "room", lambda: (room, source))
+    cache = ExpertCache(store, pool, LAYERS, E, budget=(8 + SPARE_SLOTS) * slot, prefetch_window=0, top_k=1,
+                        per_layer=1)
+    for _ in range(3):
+        with cache.use(0, 0):
+            pass
+    sp = store.span(0, 1)
+    whole = sp.path.read_bytes()
+    with cache.use(0, 1) as w:
+        off, rows, rb = sp.parts[0][:3]
+        assert w.gate.data.tobytes() == whole[sp.offset + off:sp.offset + off + rows * rb]
+        assert w.gate.data.flags.writeable  # (the kernels' compiled array type)
+    assert ((0, 0) in cache._slots, (0, 1) in cache._slots) == (mapped, not mapped)
+    assert (dict(store.read_bytes).get("mapped", 0) == sp.nbytes) is mapped
+    st = cache.stats()
+    assert (st.hits, st.misses, st.resident) == (2, 2, 1)
+    cache.close()
+
+
+@pytest.mark.parametrize("held", [0, 1])
+def test_under_a_cgroup_mapping_pauses_while_the_page_cache_keeps_too_little(routed_model, monkeypatch, held):
+    """Under a cgroup with room, colder misses are mapped only while mincore finds re-mapped
+    experts still in the page cache (MAP_MIN_HELD of the last MAP_OUTCOMES); when it keeps nothing
+    (heavy caps: the pages are reclaimed before their next use) they take a pool slot again, one
+    in MAP_PROBE still mapped to follow the page cache."""
+    from engine import experts as X
+    path, _ = routed_model
+    monkeypatch.setattr(X.sysmem, "room", lambda: (8 << 30, "cgroup limit"))
+    monkeypatch.setattr(X, "resident_bytes", lambda mm, o, n: held * n)  # what mincore says
+    store, pool = ExpertStore(open_model_dir(path)), MemoryPool()
+    slot = pool.block_size(store.span(0, 0).slot_bytes)
+    cache = ExpertCache(store, pool, LAYERS, E, budget=(8 + SPARE_SLOTS) * slot, prefetch_window=0, top_k=1,
+                        per_layer=1)
+    mapped = []
+    rounds = -(-(X.MAP_OUTCOMES + 4 * X.MAP_PROBE) // (E - 1)) + 1
+    for _ in range(rounds):  # expert 0 stays the hottest; 1..E-1 are colder misses, each mapped or admitted
+        for e in range(1, E):
+            for _ in range(3):
+                with cache.use(0, 0):
+                    pass
+            before = store.read_bytes["mapped"]
+            with cache.use(0, e):
+                pass
+            mapped.append(store.read_bytes["mapped"] > before)
+    cache.close()
+    first = X.MAP_OUTCOMES + E - 1  # the first mapping of each expert gives no sample
+    assert all(mapped[:first])
+    if held:
+        assert all(mapped) and not cache.mapping_paused
+    else:
+        assert cache.mapping_paused
+        late = mapped[first + 1:]
+        assert 0 < sum(late) <= len(late) // X.MAP_PROBE + 1
+
+
+def test_page_cache_the_mapped_experts_take_is_room_for_the_pool_not_pressure(routed_model, monkeypatch):
+    """Under a cgroup, active page cache grown since the settled plan is mapped experts' pages
+    (clean, reclaimable): a replan counts it as room, so mapping never shrinks the pool; the same
+    room lost to anything else does shrink it."""
+    from engine import sysmem
+    from engine.experts import replan
+    path, _ = routed_model
+    monkeypatch.setattr(sysmem, "_rss", lambda: 100 << 20)
+    monkeypatch.setattr(sysmem, "cgroup_active_file", lambda: 10 << 20)
+    eng = Engine(path, prefetch_window=0)
+    ec = eng.weights.experts
+    b = eng.cache_plan.budget  # room that leaves the pool all experts but one after KV, activations, margin
+    room = int((ec.all_bytes - ec.slot + b.kv + b.activations + sysmem.SETTLED_MARGIN) / 0.98)
+    monkeypatch.setattr(sysmem, "room", lambda: (room, "cgroup limit"))
+    settled = replan(eng.cache_plan, E, LAYERS, 0, 0, settled=True)
+    assert settled.active_file == 10 << 20 and settled.cache_bytes < ec.all_bytes
+    took = 2 * ec.slot
+    monkeypatch.setattr(sysmem, "room", lambda: (room - took, "cgroup limit"))
+    assert replan(settled, E, LAYERS, 0, 0).cache_bytes < settled.cache_bytes - ec.slot  # pressure
+    monkeypatch.setattr(sysmem, "cgroup_active_file", lambda: (10 << 20) + took)  # our mapped pages
+    again = replan(settled, E, LAYERS, 0, 0)
+    assert abs(again.cache_bytes - settled.cache_bytes) < ec.slot and again.active_file == 10 << 20
+    eng.close()

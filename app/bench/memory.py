@@ -65,10 +65,13 @@ load_s = time.perf_counter() - t0
 ids = [int(i) for i in np.random.default_rng(0).integers(300, eng.cfg.vocab_size, prompt_n)]
 t = time.perf_counter(); nxt = eng.forward(ids); prefill = prompt_n / (time.perf_counter() - t)
 r0, l0 = io_read(), eng.stats().expert_cache.bytes_loaded
-t, n = time.perf_counter(), 0
+t, n, c0 = time.perf_counter(), 0, time.process_time()
 while n < decode_n and (n < 3 or time.perf_counter() - t < max_s):
     nxt = eng.forward([nxt]); n += 1
 decode = n / (time.perf_counter() - t)
+cpu_ms = (time.process_time() - c0) / n * 1e3  # all threads' CPU time a token: comparable on a loaded machine
+from engine import sysmem
+room, limited_by = sysmem.room()
 st = eng.stats(); ec = st.expert_cache
 acts = np.array(ec.activations, dtype=float)
 p = acts / np.maximum(acts.sum(axis=1, keepdims=True), 1)
@@ -77,10 +80,13 @@ hwm = int(next(l for l in open('/proc/self/status') if l.startswith('VmHWM')).sp
 print(json.dumps({"engine": "colibri", "cache": ec.capacity_per_layer, "plan": st.expert_cache_plan,
     "budget_mb": getattr(ec, "budget_bytes", 0) / 1e6, "warning": getattr(st, "memory_warning", None),
     "load_s": load_s, "prefill_tok_s": prefill, "decode_tok_s": decode, "peak_rss_mb": hwm / 1e6,
-    "read_mb_per_token": (io_read() - r0) / n / 1e6, "decode_tokens": n,
+    "read_mb_per_token": (io_read() - r0) / n / 1e6, "decode_tokens": n, "cpu_ms_per_token": cpu_ms,
+    "room_after_mb": room / 1e6 if limited_by == "cgroup limit" else None,
     "missed_mb_per_token": (ec.bytes_loaded - l0) / n / 1e6,
     "hit_rate": ec.hit_rate, "served_without_wait": ec.served_without_wait,
-    "prefetch_accuracy": ec.prefetch_accuracy, "routing_entropy_bits": entropy,
+    "prefetch_accuracy": ec.prefetch_accuracy, "prefetch_paused": getattr(ec, "prefetch_paused", None),
+    "mapping_paused": getattr(ec, "mapping_paused", None),
+    "read_ways_mb": {k: v / 1e6 for k, v in getattr(ec, "read_bytes", ())}, "routing_entropy_bits": entropy,
     "max_entropy_bits": float(np.log2(acts.shape[1])), "top4_share": float(np.sort(p, axis=1)[:, -4:].sum(1).mean())}))
 """
 
@@ -153,14 +159,14 @@ load_s = time.perf_counter() - t0
 ids = [int(i) for i in np.random.default_rng(0).integers(300, m.n_vocab(), prompt_n)]
 t = time.perf_counter(); m.eval(ids); prefill = prompt_n / (time.perf_counter() - t)
 nxt = int(np.argmax(m.scores[m.n_tokens - 1]))
-r0, t, n = io_read(), time.perf_counter(), 0
+r0, t, n, c0 = io_read(), time.perf_counter(), 0, time.process_time()
 while n < decode_n and (n < 3 or time.perf_counter() - t < max_s):
     m.eval([nxt]); nxt = int(np.argmax(m.scores[m.n_tokens - 1])); n += 1
 decode = n / (time.perf_counter() - t)
 hwm = int(next(l for l in open('/proc/self/status') if l.startswith('VmHWM')).split()[1]) * 1024
 print(json.dumps({"engine": "llama.cpp", "mmap": mmap_on, "load_s": load_s, "prefill_tok_s": prefill,
     "decode_tok_s": decode, "peak_rss_mb": hwm / 1e6, "read_mb_per_token": (io_read() - r0) / n / 1e6,
-    "decode_tokens": n}))
+    "decode_tokens": n, "cpu_ms_per_token": (time.process_time() - c0) / n * 1e3}))
 """
 
 
@@ -465,7 +471,7 @@ def _one_run(engine: str, arg: str, routing: str, cap: float | None, gguf: Path,
     return r | base | {"cap_mb": None if cap is None else cap * size / 1e6, "wall_s": time.perf_counter() - t0}
 
 
-MEDIAN_KEYS = ("decode_tok_s", "prefill_tok_s", "peak_rss_mb", "cgroup_peak_mb", "read_mb_per_token",
+MEDIAN_KEYS = ("decode_tok_s", "prefill_tok_s", "peak_rss_mb", "cgroup_peak_mb", "read_mb_per_token", "cpu_ms_per_token",
                "missed_mb_per_token", "io_bound_tok_s", "hit_rate", "prefetch_accuracy", "budget_mb")
 
 
@@ -569,6 +575,11 @@ def _row(r: dict) -> str:
         extra = f" read {r['read_mb_total']:.0f} MB over {r['tokens_run']} tokens, load mode {r['variant']}"
     if "cgroup_peak_mb" in r:
         extra += f", cgroup peak {r['cgroup_peak_mb']:.0f} of {r['cap_mb']:.0f} MB"
+    if r.get("cpu_ms_per_token") is not None:
+        extra += f", CPU {r['cpu_ms_per_token']:.0f} ms/token"
+    if r.get("room_after_mb") is not None:
+        extra += (f", cgroup room after {r['room_after_mb']:.0f} MB{', mapping paused' * bool(r.get('mapping_paused'))}"
+                  f", read ways {r.get('read_ways_mb')}")
     return (f"{r['engine']:>9} {r.get('preset', '')} {r.get('routing', '')} ram_cap={r['ram_cap']}: peak RSS {r['peak_rss_mb']:.0f} MB, prefill "
             f"{r['prefill_tok_s']:.1f} tok/s, decode {r['decode_tok_s']:.2f} tok/s{extra}")
 
