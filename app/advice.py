@@ -141,8 +141,13 @@ def advice(snap: Any, *, model_path: str | os.PathLike | None = None,
                      f"{snap.num_experts} experts per layer).")
     if moe and ec is not None and ec.prefetch_enabled and ec.prefetch_accuracy is not None \
             and ec.prefetch_accuracy < PREFETCH_LOW:
-        lines.append(f"Prefetch guesses right only {ec.prefetch_accuracy:.0%} of the time: set prefetch_window "
-                     f"to 0 to stop loading experts that are not used.")
+        if getattr(ec, "prefetch_paused", False):  # the cache holds its guesses back by itself meanwhile
+            lines.append(f"Prefetch guesses right only {ec.prefetch_accuracy:.0%} of the time, so Colibri has "
+                         f"paused it (it resumes when its guesses improve); set prefetch_window to 0 to turn it "
+                         f"off for good.")
+        else:
+            lines.append(f"Prefetch guesses right only {ec.prefetch_accuracy:.0%} of the time: set prefetch_window "
+                         f"to 0 to stop loading experts that are not used.")
     for f in fallbacks(snap):
         lines.append(f"A fallback to the CPU happened: {f}.")
     if throttled(snap):

@@ -1,6 +1,8 @@
 """The dashboard's advice rules, one by one, on plain snapshots (no Qt, no engine)."""
 from __future__ import annotations
 
+import dataclasses
+
 import types
 
 import pytest
@@ -43,6 +45,8 @@ def test_low_prefetch_accuracy_suggests_turning_prefetch_off():
     lines = say(snap(expert_cache=cache(prefetch=0.3)))
     assert len(lines) == 1 and "30%" in lines[0] and "prefetch_window" in lines[0]
     assert say(snap(expert_cache=cache(prefetch=0.3, enabled=False))) == []
+    paused = say(snap(expert_cache=dataclasses.replace(cache(prefetch=0.3), prefetch_paused=True)))
+    assert len(paused) == 1 and "paused it" in paused[0] and "prefetch_window" in paused[0]
     assert say(snap(expert_cache=cache(prefetch=None))) == []
 
 
