@@ -87,6 +87,30 @@ def test_an_moe_batch_groups_experts_and_matches_alone(models, name, n):
     assert grouped == span * sum(len(np.unique(ids)) for _, ids in routes)  # each expert once per step
 
 
+@pytest.mark.parametrize("name,packed", [("q4_0", False), ("q8_0", True)])
+def test_many_rows_gate_up_and_swiglu_are_swiglu_ints_bits(name, packed):
+    """A step of more than cpu.INT_MAX_T rows: cpu.matmul twice, then cpu.swiglu, gives each row what
+    the fused swiglu_int gives it alone (silu's division exact in both: a fastmath vector division
+    is a reciprocal estimate, which made about 60% of these values differ)."""
+    from test_kernels import stored_matrix
+    from engine import quant
+    code, n, rows, T = quant.get(name).type_id, 256, 64, 2 * cpu.TOKENS + 1
+    wg, wu = stored_matrix(name, rows, n, seed=3), stored_matrix(name, rows, n, seed=4)
+    if packed:
+        cpu.repack_x8(wg, code)
+        cpu.repack_x8(wu, code)
+    code += cpu.PACKED * packed
+    x = (3 * np.random.default_rng(7).standard_normal((T, n))).astype(np.float32)
+    alone = np.empty((T, rows), np.float32)
+    for t in range(T):
+        cpu.swiglu_int(wg, code, wu, code, x[t:t + 1], alone[t:t + 1])
+    g, u, got = (np.empty((T, rows), np.float32) for _ in range(3))
+    cpu.matmul(wg, code, x, g)
+    cpu.matmul(wu, code, x, u)
+    cpu.swiglu(g, u, got)
+    np.testing.assert_array_equal(got, alone)
+
+
 def test_bad_batches_are_refused(models):
     eng = models("llama", "int4")
     c = new_cache(eng)
