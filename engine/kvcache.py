@@ -75,7 +75,7 @@ class KVCache:
     def _zeros(self, shape, dtype) -> np.ndarray:
         if self._pool is None:
             return np.zeros(shape, dtype)
-        arr, block = self._pool.empty(shape, dtype)
+        arr, block = self._pool.empty(shape, dtype, huge=False)  # paid as the context fills, 4 KB at a time
         if block.tier != "large":  # reused pool memory may hold old bytes; large blocks are fresh pages
             arr[...] = 0
         self._blocks.append(block)

@@ -225,12 +225,13 @@ def _anonymous(size: int) -> mmap.mmap:
     return mmap.mmap(-1, size)  # Windows: no flags; private already
 
 
-def _map_large(size: int) -> tuple[mmap.mmap, int]:
+def _map_large(size: int, huge: bool = True) -> tuple[mmap.mmap, int]:
     """Fresh anonymous pages for a large block, and the block's offset in them. Blocks of 2 MB and
     more start on a 2 MB boundary and ask for transparent huge pages: the kernels stream through
     expert weights, and with 4 KB pages the TLB misses cost a third of a matmul's speed from RAM
-    (measured: 16 -> 25 GB/s on 2 threads)."""
-    if size < HUGE_PAGE or not hasattr(mmap, "MADV_HUGEPAGE"):
+    (measured: 16 -> 25 GB/s on 2 threads). `huge` False for memory paid as it fills (a KV cache:
+    its first position in each layer would fault in a whole 2 MB page)."""
+    if not huge or size < HUGE_PAGE or not hasattr(mmap, "MADV_HUGEPAGE"):
         return _anonymous(size), 0
     buf = _anonymous(size + HUGE_PAGE)  # the unaligned head is never touched, so never paid for
     probe = np.frombuffer(buf, np.uint8, 1)
@@ -292,9 +293,9 @@ class MemoryPool:
             return 1 << _MediumTier.order(size)
         return (size + PAGE - 1) // PAGE * PAGE
 
-    def alloc(self, nbytes: int) -> Block:
+    def alloc(self, nbytes: int, huge: bool = True) -> Block:
         """A block of at least `nbytes`, 64-byte aligned (page-aligned from 4 KiB on), zero-filled
-        if never used before."""
+        if never used before; `huge` False: a large block without transparent huge pages."""
         nbytes = max(1, int(nbytes))
         size = (nbytes + ALIGN - 1) // ALIGN * ALIGN
         if size < SMALL_MAX:
@@ -307,7 +308,7 @@ class MemoryPool:
                 buf, off, got, key = self._medium.alloc(size)
         else:
             tier, got = "large", (size + PAGE - 1) // PAGE * PAGE
-            (buf, off), key = _map_large(got), None
+            (buf, off), key = _map_large(got, huge), None
         block = Block(self, tier, buf, off, got, nbytes, key)
         with self._count_lock:
             self._live.add(block)
@@ -317,9 +318,9 @@ class MemoryPool:
             self.peak = max(self.peak, self.allocated)
         return block
 
-    def empty(self, shape, dtype=np.float32) -> tuple[np.ndarray, Block]:
+    def empty(self, shape, dtype=np.float32, huge: bool = True) -> tuple[np.ndarray, Block]:
         dtype = np.dtype(dtype)
-        block = self.alloc(int(np.prod(shape)) * dtype.itemsize)
+        block = self.alloc(int(np.prod(shape)) * dtype.itemsize, huge)
         return block.array(dtype, shape), block
 
     def _free(self, block: Block) -> None:
