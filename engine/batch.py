@@ -8,15 +8,14 @@ step however many sequences picked it (`expert_bytes` counts both ways). A `Pref
 the KV of recent prompts, so a request sharing a system prompt or earlier turns skips their
 prefill.
 
-Exactness: a step of up to cpu.INT_MAX_T rows gives them to the fused integer decode kernels
-(matmul_int, swiglu_int), a larger one to the multi-token kernels (cpu.matmul, which reuse each
-loaded weight block across rows, then cpu.swiglu); both dot each row on its own, and SwiGLU's
-float steps are the same code in every kernel (engine.kernels.rows.silu, its division exact), so
-each weight is read once per step and a dense model's logits are the lone decode's bit for bit
-at any N, and an MoE's with top-2 routing too (two experts' sum does not depend on the order);
-with top-k > 2 the experts add in another order: float rounding, the same greedy tokens
-(tests/test_batch.py). With a GPU runner the rows are offered cpu.INT_MAX_T at a time, and
-`expert_bytes` counts an expert once per cpu.INT_MAX_T rows that picked it.
+Exactness: the fused integer decode kernels (matmul_int, swiglu_int) dot each row on its own,
+so a step's matmuls give all N rows to one call of them (each weight read once per step); other
+formats go through the 1-token kernels up to cpu.INT_MAX_T rows a call (the prefill kernels, for
+4 rows or more, differ by up to 2% of max|logit| on SmolLM2 Q4_1): a dense model's logits are
+the lone decode's bit for bit at any N, and an MoE's with top-2 routing too (two experts' sum
+does not depend on the order); with top-k > 2 the experts add in another order: float rounding,
+the same greedy tokens (tests/test_batch.py). `expert_bytes` counts an expert of the second kind
+once per INT_MAX_T rows that picked it.
 """
 from __future__ import annotations
 
@@ -91,20 +90,25 @@ def decode_batch(net: Transformer, tokens: Seq[int], caches: Seq[KVCache],
     return logits.copy()  # results leave the arena
 
 
-def _rows_per_read(net: Transformer) -> int:
-    """How many rows of a step one read of an expert serves: all of them on the CPU (the fused
-    integer kernels, or cpu.matmul, which loads each weight block once for all rows), else the
-    cpu.INT_MAX_T rows a GPU runner is offered at a time (engine.models.base._by_rows)."""
-    return cpu.INT_MAX_T if net.gpu is not None else 1 << 30
+def _rows_per_read(net: Transformer, L: int, e: int) -> int:
+    """How many rows of a step one read of expert (L, e) serves: all of them when its SwiGLU
+    takes the fused integer kernel (engine.models.base._integer_path), else cpu.INT_MAX_T."""
+    if net.exact or net.gpu is not None or net.act != "silu":
+        return cpu.INT_MAX_T
+    with net.w.experts.use(L, e) as ew:
+        ms = (ew.gate, ew.up)
+        packed = sum(m.code > cpu.PACKED for m in ms)
+        fused = packed in (0, 2) and all(m.code in cpu.INT_CODES and m.data.flags.c_contiguous for m in ms)
+    return 1 << 30 if fused else cpu.INT_MAX_T
 
 
 def expert_bytes(net: Transformer, routes: list) -> tuple[int, int]:
     """Expert bytes a step read (grouped: each (layer, expert) once, or once per cpu.INT_MAX_T
-    rows that picked it with a GPU runner) and would have read with each row
+    rows that picked it off the fused integer kernels) and would have read with each row
     computing its own experts (ungrouped: once per row and pick), from its routes."""
     store, grouped, each = net.w.store, 0, 0
     size: dict[tuple[int, int], int] = {}
-    per_read = _rows_per_read(net)
+    per_read = _rows_per_read(net, routes[0][0], int(routes[0][1].flat[0])) if routes else 1
     for L, ids in routes:
         picks, counts = np.unique(ids, return_counts=True)
         for e, n in zip(picks.tolist(), counts.tolist()):

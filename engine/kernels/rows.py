@@ -20,7 +20,6 @@ from numba.extending import intrinsic
 
 import engine.kernels  # noqa: F401  (numba settings first)
 from engine.kernels.float_rows import add_weighted_rows, dot, dot_rows
-from engine.kernels.simd import _ieee_divide
 
 
 @intrinsic
@@ -50,19 +49,10 @@ def exp32(x):
     return _times_power_of_two(p, n)
 
 
-@intrinsic
-def _divide_exact(typingctx, a, b):
-    """a / b for float32, correctly rounded in every caller: a fastmath kernel's division may
-    become a reciprocal estimate where LLVM vectorises it (x86: vector float32 only), so the
-    same value would round one way in one kernel and another way in the next."""
-    return types.float32(types.float32, types.float32), lambda context, builder, sig, args: _ieee_divide(builder, *args)
-
-
 @njit(inline="always", cache=True)
 def silu(g):
-    """g · sigmoid(g), SwiGLU's gate: its division exact, so swiglu_int, the fused decode and
-    matmul + swiglu (engine.batch's many-row step) give the same bits."""
-    return _divide_exact(g, np.float32(1.0) + exp32(-g))
+    """g · sigmoid(g), SwiGLU's gate."""
+    return g / (np.float32(1.0) + exp32(-g))
 
 
 @njit(cache=True, nogil=True)

@@ -75,20 +75,19 @@ class Step:
 
 
 def _by_rows(fn: Callable, x: np.ndarray, *args: Any) -> Any:
-    """engine.batch with a GPU runner: a batched decode step offers its rows at most
-    cpu.INT_MAX_T at a time, as decode does, so each row gets what it would decoded alone. On
-    the CPU a step of up to cpu.INT_MAX_T rows takes the fused integer kernels (matmul_int,
-    swiglu_int) and a larger one the multi-token kernels (cpu.matmul, then cpu.swiglu): each
-    gives row t exactly what a one-row call gives (tests/test_kernels.py check_rows_alone), and
-    each weight is read once per step."""
+    """engine.batch: a batched decode step runs its rows through the one-token kernels, at most
+    cpu.INT_MAX_T at a time (the prefill kernels round otherwise), so each row gets what it
+    would decoded alone, bit for bit. The fused integer kernels (matmul_int, swiglu_int) dot each
+    token on its own at any T, so they take all rows in one call (`_integer_path`): each weight
+    is read once per step."""
     parts = [fn(x[a:a + cpu.INT_MAX_T], *args) for a in range(0, x.shape[0], cpu.INT_MAX_T)]
     return tuple(map(np.concatenate, zip(*parts))) if isinstance(parts[0], tuple) else np.concatenate(parts)
 
 
 def linear(x: np.ndarray, m: Matrix, step: Step) -> np.ndarray:
     """x (T, cols) @ m.T -> (T, rows)."""
-    if step.seqs is not None and x.shape[0] > cpu.INT_MAX_T and step.gpu is not None:
-        return _by_rows(linear, x, m, step)
+    if step.seqs is not None and x.shape[0] > cpu.INT_MAX_T:
+        return linears(x, (m,), step)[0] if _integer_path(x, (m,), step) else _by_rows(linear, x, m, step)
     t0 = step.timer.start() if step.timer is not None else 0.0
     y = step.gpu.linear(x, m) if step.gpu is not None else None
     if y is None:
@@ -103,7 +102,7 @@ def _integer_path(x: np.ndarray, ms: tuple[Matrix, ...], step: Step, mixed: bool
     """Whether the fused integer kernels take these matmuls: decode-sized x, formats with an
     integer dot, contiguous matrices, no GPU runner to offer them to, float activations not
     asked for; `mixed` False: all repacked or none (swiglu_int)."""
-    if x.shape[0] > cpu.INT_MAX_T or step.gpu is not None or step.exact:
+    if (x.shape[0] > cpu.INT_MAX_T and step.seqs is None) or step.gpu is not None or step.exact:
         return False
     packed = sum(m.code > cpu.PACKED for m in ms)
     return (mixed or packed in (0, len(ms))) and \
@@ -112,7 +111,7 @@ def _integer_path(x: np.ndarray, ms: tuple[Matrix, ...], step: Step, mixed: bool
 
 def linears(x: np.ndarray, ms: tuple[Matrix, ...], step: Step) -> tuple[np.ndarray, ...]:
     """x @ m.T for each m of ms (one kernel call on the integer path)."""
-    if step.seqs is not None and x.shape[0] > cpu.INT_MAX_T and step.gpu is not None:
+    if step.seqs is not None and x.shape[0] > cpu.INT_MAX_T and not _integer_path(x, ms, step):
         return _by_rows(linears, x, ms, step)
     if not _integer_path(x, ms, step):
         return tuple(linear(x, m, step) for m in ms)
@@ -156,7 +155,7 @@ def expert_mlp(h: np.ndarray, e: ExpertWeights, step: Step, act: str = "silu",
         a = step.empty(g.shape)
         ffn.gelu_mul(np.ascontiguousarray(g), np.ascontiguousarray(u), a)
         return linear(a, e.down, step)
-    if step.seqs is not None and h.shape[0] > cpu.INT_MAX_T and step.gpu is not None:
+    if step.seqs is not None and h.shape[0] > cpu.INT_MAX_T and not _integer_path(h, (e.gate, e.up), step, mixed=False):
         return _by_rows(expert_mlp, h, e, step)
     if _integer_path(h, (e.gate, e.up), step, mixed=False):
         t0 = step.timer.start() if step.timer is not None else 0.0
