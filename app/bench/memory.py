@@ -20,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 
+from app.bench.report import replace_generated
 from app.bench.models import MixtralShape, write_checkpoint
 
 _USER_OMP_WAIT = os.environ.get("OMP_WAIT_POLICY")  # as the user started us
@@ -527,11 +528,10 @@ def markdown(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-README_BEGIN = "<!-- colibri-bench memory: begin (generated from {json}; do not edit) -->"
-README_END = "<!-- colibri-bench memory: end -->"
+README_END = "<!-- colibri-bench memory: end -->"  # (the block's markers: app.bench.report.replace_generated)
 
 
-def readme_block(results: dict, source: str) -> str:
+def readme_block(results: dict) -> str:
     """The README's generated memory section: how the matrix ran, then its median table."""
     m = results["model"]
     sizes = ", ".join(f"{k} {v['gguf_mb']:.0f} MB" for k, v in m.get("presets", {}).items())
@@ -549,16 +549,12 @@ def readme_block(results: dict, source: str) -> str:
             f"medians; a {results.get('prompt_tokens', PROMPT_TOKENS)}-token prompt, then up to "
             f"{results.get('decode_tokens', DECODE_TOKENS)} greedy tokens or {results.get('decode_seconds', 'no')} s "
             f"of decode; trace: {Path(results['trace']).name if results.get('trace') else 'none'}.")
-    return f"{README_BEGIN.format(json=source)}\n\n{head}\n\n{markdown(results)}\n{README_END}"
+    return f"{head}\n\n{markdown(results)}"
 
 
 def write_readme(results: dict, readme: Path, source: str) -> None:
     """Replace the README's generated memory block (between its markers) with this run's."""
-    text = readme.read_text()
-    start, end = text.find(README_BEGIN.split("{")[0]), text.find(README_END)
-    if start < 0 or end < start:
-        raise SystemExit(f"{readme}: no generated memory block ({README_BEGIN.split('{')[0]!r} ... {README_END!r})")
-    readme.write_text(text[:start] + readme_block(results, source) + text[end + len(README_END):])
+    replace_generated(readme, "memory", source, readme_block(results))
 
 
 def _row(r: dict) -> str:
