@@ -141,7 +141,7 @@ def advice(snap: Any, *, model_path: str | os.PathLike | None = None,
                      f"{snap.num_experts} experts per layer).")
     if moe and ec is not None and ec.prefetch_enabled and ec.prefetch_accuracy is not None \
             and ec.prefetch_accuracy < PREFETCH_LOW:
-        if getattr(ec, "prefetch_paused", False):  # the cache holds its guesses back by itself meanwhile
+        if ec.prefetch_paused:  # the cache holds its guesses back by itself meanwhile
             lines.append(f"Prefetch guesses right only {ec.prefetch_accuracy:.0%} of the time, so Colibri has "
                          f"paused it (it resumes when its guesses improve); set prefetch_window to 0 to turn it "
                          f"off for good.")
