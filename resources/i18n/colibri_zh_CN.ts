@@ -4,10 +4,6 @@
 <context>
     <name>MainWindow</name>
     <message>
-        <source>context with your message {used:,} / {limit:,}</source>
-        <translation>上下文（含正在写的消息）{used:,} / {limit:,}</translation>
-    </message>
-    <message>
         <source>Use a &amp;remote endpoint…</source>
         <translation>使用远程端点(&amp;R)…</translation>
     </message>
@@ -24,16 +20,8 @@
         <translation>在 http://127.0.0.1:{port}/v1 提供 OpenAI 兼容的 API，供编辑器、智能体和脚本使用</translation>
     </message>
     <message>
-        <source>serving at {url}</source>
-        <translation>服务地址 {url}</translation>
-    </message>
-    <message>
         <source>Local server address</source>
         <translation>本机服务地址</translation>
-    </message>
-    <message>
-        <source>Serve on localhost</source>
-        <translation>在本机提供服务</translation>
     </message>
     <message>
         <source>New chat</source>
@@ -196,148 +184,20 @@
         <translation>已复制到剪贴板</translation>
     </message>
     <message>
-        <source>Send</source>
-        <translation>发送</translation>
-    </message>
-    <message>
-        <source>Rename chat</source>
-        <translation>重命名对话</translation>
-    </message>
-    <message>
-        <source>Title:</source>
-        <translation>标题：</translation>
-    </message>
-    <message>
-        <source>Delete chat</source>
-        <translation>删除对话</translation>
-    </message>
-    <message>
-        <source>Delete “{title}” and all its messages?</source>
-        <translation>删除“{title}”及其全部消息？</translation>
-    </message>
-    <message>
-        <source>Rename…</source>
-        <translation>重命名…</translation>
-    </message>
-    <message>
-        <source>Delete</source>
-        <translation>删除</translation>
-    </message>
-    <message>
-        <source>The context was full: {n} earlier messages were left out of this reply</source>
-        <translation>上下文已满：{n} 条较早的消息未纳入这次回复</translation>
-    </message>
-    <message>
-        <source>No model</source>
-        <translation>没有模型</translation>
-    </message>
-    <message>
-        <source>Import…</source>
-        <translation>导入…</translation>
-    </message>
-    <message>
         <source>{model} is ready. Type a message below.</source>
         <translation>{model} 已就绪。请在下方输入消息。</translation>
-    </message>
-    <message>
-        <source>No model is loaded. {reason} Pick or import one from the model list above.</source>
-        <translation>没有加载模型。{reason} 请在上方的模型列表中选择或导入一个。</translation>
     </message>
     <message>
         <source>The new language applies when Colibri next starts.</source>
         <translation>新的界面语言将在 Colibri 下次启动时生效。</translation>
     </message>
     <message>
-        <source>Export chat</source>
-        <translation>导出对话</translation>
-    </message>
-    <message>
-        <source>Exported to {path}</source>
-        <translation>已导出到 {path}</translation>
-    </message>
-    <message>
-        <source>Stop</source>
-        <translation>停止</translation>
-    </message>
-    <message>
-        <source>Stop the reply</source>
-        <translation>停止回复</translation>
-    </message>
-    <message>
-        <source>Send the message</source>
-        <translation>发送消息</translation>
-    </message>
-    <message>
-        <source>Stop writing the reply (Esc)</source>
-        <translation>停止生成回复 (Esc)</translation>
-    </message>
-    <message>
-        <source>Send the message (Enter or Ctrl+Return)</source>
-        <translation>发送消息 (Enter 或 Ctrl+Return)</translation>
-    </message>
-    <message>
-        <source>{rate:.1f} tok/s · first token {ttft:.2f} s</source>
-        <translation>{rate:.1f} 词元/秒 · 首词元 {ttft:.2f} 秒</translation>
-    </message>
-    <message>
-        <source>context {used:,} / {limit:,}</source>
-        <translation>上下文 {used:,} / {limit:,}</translation>
-    </message>
-    <message>
         <source>— tok/s</source>
         <translation>— 词元/秒</translation>
     </message>
     <message>
-        <source>context —</source>
-        <translation>上下文 —</translation>
-    </message>
-    <message>
-        <source>memory {mb:,.0f} MB</source>
-        <translation>内存 {mb:,.0f} MB</translation>
-    </message>
-    <message>
-        <source>A reply is being written in “{title}”; Stop (Esc) ends it.</source>
-        <translation>“{title}”中正在生成回复；按停止（Esc）可结束。</translation>
-    </message>
-    <message>
-        <source>reading your message: {pct:.0%}</source>
-        <translation>正在读取你的消息：{pct:.0%}</translation>
-    </message>
-    <message>
-        <source>Performance</source>
-        <translation>性能</translation>
-    </message>
-    <message>
-        <source>reading your message…</source>
-        <translation>正在读取你的消息…</translation>
-    </message>
-    <message>
-        <source>last reply {rate:.1f} tok/s · first token {ttft:.2f} s</source>
-        <translation>上次回复 {rate:.1f} 词元/秒 · 首词元 {ttft:.2f} 秒</translation>
-    </message>
-    <message>
-        <source>no reply yet</source>
-        <translation>尚无回复</translation>
-    </message>
-    <message>
-        <source>context … / {limit:,}</source>
-        <translation>上下文 … / {limit:,}</translation>
-    </message>
-    <message>
-        <source>first token {ttft:.2f} s · writing…</source>
-        <translation>首词元 {ttft:.2f} 秒 · 正在生成…</translation>
-    </message>
-    <message>
-        <source>Counted when the reply being written ends</source>
-        <translation>正在生成的回复结束后再计数</translation>
-    </message>
-    <message>
         <source>Tokens of this chat in the model's context, and how many it holds</source>
         <translation>此对话在模型上下文中占用的词元数，以及上下文的容量</translation>
-    </message>
-    <message>
-        <source>The reply stopped because the context is full: start a new chat, or raise the context length in Settings</source>
-        <translation>上下文已满，回复已停止：请新建对话，或在设置中增大上下文长度</translation>
     </message>
     <message>
         <source>Thinking</source>
@@ -366,18 +226,6 @@
     <message>
         <source>Show or hide the last &amp;thinking</source>
         <translation>显示或隐藏最近的思考(&amp;T)</translation>
-    </message>
-    <message>
-        <source>Editing a message: Enter sends it as a new version (the earlier one stays, ‹ › browses them) · Esc cancels</source>
-        <translation>正在编辑消息：Enter 将其作为新版本发送（旧版本保留，用 ‹ › 浏览）· Esc 取消</translation>
-    </message>
-    <message>
-        <source>Thinking: on</source>
-        <translation>思考：开</translation>
-    </message>
-    <message>
-        <source>Thinking: off</source>
-        <translation>思考：关</translation>
     </message>
 </context>
 <context>
@@ -1592,30 +1440,6 @@ Load a Mixture-of-Experts model to see which experts each layer uses.</source>
         <source>Attached files</source>
         <translation>已附加的文件</translation>
     </message>
-    <message>
-        <source>Attaching a file</source>
-        <translation>附加文件</translation>
-    </message>
-    <message>
-        <source>Will not fit: with this message the chat takes {used:,} of the model's {limit:,} tokens, and this chat stops at the limit. Start a new chat or choose another policy below.</source>
-        <translation>放不下：加上这条消息，对话将占用模型 {limit:,} 个词元中的 {used:,} 个，而此对话的策略是到达上限即停止。请新建对话，或在下方选择其他策略。</translation>
-    </message>
-    <message>
-        <source>Will not fit: this message and its attachments take {used:,} of the model's {limit:,} tokens even with every earlier message left out. Remove an attachment or shorten the message.</source>
-        <translation>放不下：即使省略所有较早的消息，这条消息及其附件仍占用模型 {limit:,} 个词元中的 {used:,} 个。请移除附件或缩短消息。</translation>
-    </message>
-    <message>
-        <source>Sending leaves {n} earlier messages out of the model's context to make room.</source>
-        <translation>发送时将有 {n} 条较早的消息不放入模型的上下文，以腾出空间。</translation>
-    </message>
-    <message>
-        <source>⚠ slowed by other programs</source>
-        <translation>⚠ 被其他程序拖慢</translation>
-    </message>
-    <message>
-        <source>Slower than usual: {why}</source>
-        <translation>比平时慢：{why}</translation>
-    </message>
 </context>
 <context>
     <name>Dashboard</name>
@@ -1784,6 +1608,222 @@ Load a Mixture-of-Experts model to see which experts each layer uses.</source>
     <message>
         <source>up to {n:,} tokens</source>
         <translation>最多 {n:,} 个词元</translation>
+    </message>
+</context>
+<context>
+    <name>ContextCounting</name>
+    <message>
+        <source>Attach files</source>
+        <translation>附加文件</translation>
+    </message>
+    <message>
+        <source>Attaching a file</source>
+        <translation>附加文件</translation>
+    </message>
+    <message>
+        <source>Will not fit: with this message the chat takes {used:,} of the model's {limit:,} tokens, and this chat stops at the limit. Start a new chat or choose another policy below.</source>
+        <translation>放不下：加上这条消息，对话将占用模型 {limit:,} 个词元中的 {used:,} 个，而此对话的策略是到达上限即停止。请新建对话，或在下方选择其他策略。</translation>
+    </message>
+    <message>
+        <source>Will not fit: this message and its attachments take {used:,} of the model's {limit:,} tokens even with every earlier message left out. Remove an attachment or shorten the message.</source>
+        <translation>放不下：即使省略所有较早的消息，这条消息及其附件仍占用模型 {limit:,} 个词元中的 {used:,} 个。请移除附件或缩短消息。</translation>
+    </message>
+    <message>
+        <source>Sending leaves {n} earlier messages out of the model's context to make room.</source>
+        <translation>发送时将有 {n} 条较早的消息不放入模型的上下文，以腾出空间。</translation>
+    </message>
+</context>
+<context>
+    <name>ConversationList</name>
+    <message>
+        <source>Rename chat</source>
+        <translation>重命名对话</translation>
+    </message>
+    <message>
+        <source>Title:</source>
+        <translation>标题：</translation>
+    </message>
+    <message>
+        <source>Delete chat</source>
+        <translation>删除对话</translation>
+    </message>
+    <message>
+        <source>Delete “{title}” and all its messages?</source>
+        <translation>删除“{title}”及其全部消息？</translation>
+    </message>
+    <message>
+        <source>Rename…</source>
+        <translation>重命名…</translation>
+    </message>
+    <message>
+        <source>Delete</source>
+        <translation>删除</translation>
+    </message>
+    <message>
+        <source>Export chat</source>
+        <translation>导出对话</translation>
+    </message>
+    <message>
+        <source>Exported to {path}</source>
+        <translation>已导出到 {path}</translation>
+    </message>
+    <message>
+        <source>A reply is being written in “{title}”; Stop (Esc) ends it.</source>
+        <translation>“{title}”中正在生成回复；按停止（Esc）可结束。</translation>
+    </message>
+</context>
+<context>
+    <name>DashboardDock</name>
+    <message>
+        <source>Performance dashboard</source>
+        <translation>性能仪表盘</translation>
+    </message>
+    <message>
+        <source>Performance</source>
+        <translation>性能</translation>
+    </message>
+</context>
+<context>
+    <name>ModelMenu</name>
+    <message>
+        <source>No model</source>
+        <translation>没有模型</translation>
+    </message>
+    <message>
+        <source>Import…</source>
+        <translation>导入…</translation>
+    </message>
+    <message>
+        <source>{model} is ready. Type a message below.</source>
+        <translation>{model} 已就绪。请在下方输入消息。</translation>
+    </message>
+    <message>
+        <source>No model is loaded. {reason} Pick or import one from the model list above.</source>
+        <translation>没有加载模型。{reason} 请在上方的模型列表中选择或导入一个。</translation>
+    </message>
+</context>
+<context>
+    <name>ReplyStreaming</name>
+    <message>
+        <source>The context was full: {n} earlier messages were left out of this reply</source>
+        <translation>上下文已满：{n} 条较早的消息未纳入这次回复</translation>
+    </message>
+    <message>
+        <source>reading your message: {pct:.0%}</source>
+        <translation>正在读取你的消息：{pct:.0%}</translation>
+    </message>
+    <message>
+        <source>The reply stopped because the context is full: start a new chat, or raise the context length in Settings</source>
+        <translation>上下文已满，回复已停止：请新建对话，或在设置中增大上下文长度</translation>
+    </message>
+    <message>
+        <source>Editing a message: Enter sends it as a new version (the earlier one stays, ‹ › browses them) · Esc cancels</source>
+        <translation>正在编辑消息：Enter 将其作为新版本发送（旧版本保留，用 ‹ › 浏览）· Esc 取消</translation>
+    </message>
+</context>
+<context>
+    <name>ServerMenu</name>
+    <message>
+        <source>serving at {url}</source>
+        <translation>服务地址 {url}</translation>
+    </message>
+    <message>
+        <source>Serve on localhost</source>
+        <translation>在本机提供服务</translation>
+    </message>
+</context>
+<context>
+    <name>StatusLine</name>
+    <message>
+        <source>context with your message {used:,} / {limit:,}</source>
+        <translation>上下文（含正在写的消息）{used:,} / {limit:,}</translation>
+    </message>
+    <message>
+        <source>Send</source>
+        <translation>发送</translation>
+    </message>
+    <message>
+        <source>Stop</source>
+        <translation>停止</translation>
+    </message>
+    <message>
+        <source>Stop the reply</source>
+        <translation>停止回复</translation>
+    </message>
+    <message>
+        <source>Send the message</source>
+        <translation>发送消息</translation>
+    </message>
+    <message>
+        <source>Stop writing the reply (Esc)</source>
+        <translation>停止生成回复 (Esc)</translation>
+    </message>
+    <message>
+        <source>Send the message (Enter or Ctrl+Return)</source>
+        <translation>发送消息 (Enter 或 Ctrl+Return)</translation>
+    </message>
+    <message>
+        <source>{rate:.1f} tok/s · first token {ttft:.2f} s</source>
+        <translation>{rate:.1f} 词元/秒 · 首词元 {ttft:.2f} 秒</translation>
+    </message>
+    <message>
+        <source>context {used:,} / {limit:,}</source>
+        <translation>上下文 {used:,} / {limit:,}</translation>
+    </message>
+    <message>
+        <source>context —</source>
+        <translation>上下文 —</translation>
+    </message>
+    <message>
+        <source>memory {mb:,.0f} MB</source>
+        <translation>内存 {mb:,.0f} MB</translation>
+    </message>
+    <message>
+        <source>reading your message: {pct:.0%}</source>
+        <translation>正在读取你的消息：{pct:.0%}</translation>
+    </message>
+    <message>
+        <source>reading your message…</source>
+        <translation>正在读取你的消息…</translation>
+    </message>
+    <message>
+        <source>last reply {rate:.1f} tok/s · first token {ttft:.2f} s</source>
+        <translation>上次回复 {rate:.1f} 词元/秒 · 首词元 {ttft:.2f} 秒</translation>
+    </message>
+    <message>
+        <source>no reply yet</source>
+        <translation>尚无回复</translation>
+    </message>
+    <message>
+        <source>context … / {limit:,}</source>
+        <translation>上下文 … / {limit:,}</translation>
+    </message>
+    <message>
+        <source>first token {ttft:.2f} s · writing…</source>
+        <translation>首词元 {ttft:.2f} 秒 · 正在生成…</translation>
+    </message>
+    <message>
+        <source>Counted when the reply being written ends</source>
+        <translation>正在生成的回复结束后再计数</translation>
+    </message>
+    <message>
+        <source>⚠ slowed by other programs</source>
+        <translation>⚠ 被其他程序拖慢</translation>
+    </message>
+    <message>
+        <source>Slower than usual: {why}</source>
+        <translation>比平时慢：{why}</translation>
+    </message>
+</context>
+<context>
+    <name>ThinkingSwitch</name>
+    <message>
+        <source>Thinking: on</source>
+        <translation>思考：开</translation>
+    </message>
+    <message>
+        <source>Thinking: off</source>
+        <translation>思考：关</translation>
     </message>
 </context>
 </TS>

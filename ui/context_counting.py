@@ -1,0 +1,146 @@
+"""Context counting of the main window: how much of the model's context the open chat takes under
+its policy (and with the message being written and its files), the markers where messages are left
+out, the warning when a message will not fit, and attaching files (the dialog, or dropped on the box).
+
+The worker counts (`count_requested`, `count_attachment_requested`); its answers come back to
+`_on_counted` and `_on_planned`. A part of MainWindow (mixed into it)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from PySide6.QtCore import QEvent
+from PySide6.QtWidgets import QFileDialog
+
+from app.history import chat_messages
+from ui.context_ui import marker_texts
+from ui.model_flow import show_error
+
+DRAFT_MS = 400  # the message being written is counted this long after the last keystroke
+
+
+class ContextCounting:
+    """`context_counts`, `plans` (per chat) and `draft_plan` (the open chat with the message being written)."""
+
+    def count_context(self) -> None:
+        """Ask the worker how much of the context the open chat takes under its policy (answered by
+        `_on_counted` and `_on_planned`)."""
+        if self.flow.model is None or self.conv_id is None or self.conv_id == self.gen_conv:
+            return
+        conv = self.history.conversation(self.conv_id)
+        self.flow.count_requested.emit(conv.id, chat_messages(conv, self.history.messages(conv.id)),
+                                       self.history.context_policy(conv.id), "chat", self._template_vars(conv))
+
+    def _markers(self, conv) -> dict[int, str]:
+        """Where the open chat's next prompt leaves messages out: lines before the first message
+        left out and before the first one read again (indices into its messages)."""
+        plan = self.plans.get(conv.id)
+        if plan is None or plan.marker_before is None:
+            return {}
+        offset = 1 if conv.system_prompt.strip() else 0  # chat_messages puts the system prompt first
+        start, end = marker_texts(len(plan.dropped), plan.policy)
+        return {plan.dropped[0] - offset: start, plan.marker_before - offset: end}
+
+    def _on_planned(self, what: str, cid: int, plan) -> None:
+        if self.closed:  # an answer that arrives after the window (and its history) closed
+            return
+        if what == "draft":
+            if cid == self.conv_id:
+                self.draft_plan = plan
+                self._show_draft_warning()
+                self._update_status()
+            return
+        old = self.plans.get(cid)
+        self.plans[cid] = plan
+        if cid == self.conv_id and (old is None or old.marker_before != plan.marker_before
+                                    or old.dropped != plan.dropped) and self.gen_conv != cid:
+            self.render_conversation()
+        if cid == self.conv_id:
+            self._update_status()
+
+    def _on_counted(self, cid: int, tokens: int) -> None:
+        if self.closed:  # a model that finished loading after the window (and its history) closed
+            return
+        self.context_counts[cid] = tokens
+        if cid == self.conv_id:
+            self._update_status()
+
+    def set_context_policy(self, policy: str) -> None:
+        """The open chat's policy for a full context; the meter, marker and warning follow at once."""
+        if self.conv_id is None:
+            return
+        self.history.set_context_policy(self.conv_id, policy)
+        self.policy_box.set_policy(policy)
+        self.count_context()
+        self._draft_changed()
+
+    def attach_dialog(self) -> None:
+        from app.attachments import FILE_FILTER
+        paths, _ = QFileDialog.getOpenFileNames(self, self.tr("Attach files"), str(Path.home()), FILE_FILTER)
+        for path in paths:
+            self.attach(path)
+
+    def attach(self, path: str | Path) -> int | None:
+        """Read a file into the message being written (its tokens are counted by the worker)."""
+        from app.attachments import AttachmentError, read_attachment, with_attachments
+        try:
+            a = read_attachment(path)
+        except AttachmentError as e:
+            show_error(self, self.tr("Attaching a file"), str(e))
+            return None
+        key = self.tray.add(a)
+        if self.flow.model is not None:
+            self.flow.count_attachment_requested.emit(key, with_attachments("", [a]))
+        return key
+
+    def eventFilter(self, obj, e) -> bool:  # noqa: N802 - Qt's name
+        """Files dragged onto the message box are attached (text dropped stays text)."""
+        if obj in (self.input, self.input.viewport()) and e.type() in (QEvent.DragEnter, QEvent.DragMove,
+                                                                       QEvent.Drop):
+            urls = [u for u in e.mimeData().urls() if u.isLocalFile()] if e.mimeData().hasUrls() else []
+            if urls:
+                e.acceptProposedAction()
+                if e.type() == QEvent.Drop:
+                    for u in urls:
+                        self.attach(u.toLocalFile())
+                return True
+        return super().eventFilter(obj, e)
+
+    def _draft_changed(self) -> None:
+        self.draft_plan = None
+        self.draft_timer.start()
+
+    def count_draft(self) -> None:
+        """Ask whether the open chat with the message being written still fits (the warning)."""
+        text = self.input.toPlainText().strip()
+        if self.flow.model is None or self.conv_id is None or not (text or self.tray.items):
+            self.tray.set_warning("")
+            return
+        from app.attachments import with_attachments
+        conv = self.history.conversation(self.conv_id)
+        path = self.history.messages(conv.id)
+        if self.editing is not None:  # the edited message replaces itself and what follows it (a branch)
+            at = next((i for i, m in enumerate(path) if m.id == self.editing), len(path))
+            path = path[:at]
+        msgs = chat_messages(conv, path)
+        msgs.append({"role": "user", "content": with_attachments(text, self.tray.records())})
+        self.flow.count_requested.emit(conv.id, msgs, self.history.context_policy(conv.id), "draft",
+                                       self._template_vars(conv))
+
+    def _show_draft_warning(self) -> None:
+        p = self.draft_plan
+        if p is None:
+            return
+        if not p.fits and p.policy == "stop":
+            self.tray.set_warning(self.tr("Will not fit: with this message the chat takes {used:,} of the model's "
+                                          "{limit:,} tokens, and this chat stops at the limit. Start a new chat or "
+                                          "choose another policy below.").format(used=p.tokens, limit=p.limit), "full")
+        elif not p.fits:
+            self.tray.set_warning(self.tr("Will not fit: this message and its attachments take {used:,} of the "
+                                          "model's {limit:,} tokens even with every earlier message left out. Remove "
+                                          "an attachment or shorten the message.").format(used=p.tokens,
+                                                                                          limit=p.limit), "full")
+        elif p.dropped:
+            self.tray.set_warning(self.tr("Sending leaves {n} earlier messages out of the model's context to make "
+                                          "room.").format(n=len(p.dropped)), "dropped")
+        else:
+            self.tray.set_warning("")
