@@ -77,6 +77,14 @@ class RemoteDialog(QDialog):
     def _url(self) -> str:
         return self.url.text().strip() or DEFAULT_URL
 
+    def _checked_url(self) -> str | None:
+        """The address as the endpoint is asked at, or None with what is wrong in the status line."""
+        try:
+            return remote.normalize_url(self._url())
+        except remote.RemoteError as e:
+            self.status.setText(str(e))
+            return None
+
     @staticmethod
     def _run(job) -> None:
         threading.Thread(target=job, name="colibri-remote-dialog", daemon=True).start()
@@ -87,10 +95,8 @@ class RemoteDialog(QDialog):
 
     def fetch(self) -> None:
         """The endpoint's /v1/models into the model list, or the reason it cannot be read."""
-        try:
-            url = remote.normalize_url(self._url())
-        except remote.RemoteError as e:
-            self.status.setText(str(e))
+        url = self._checked_url()
+        if url is None:
             return
         key = self.key.text() or None
         self.fetch_button.setEnabled(False)
@@ -119,10 +125,8 @@ class RemoteDialog(QDialog):
 
     def accept(self) -> None:
         """Keep the address and model in the settings and a typed key in the keyring, then connect."""
-        try:
-            url = remote.normalize_url(self._url())
-        except remote.RemoteError as e:
-            self.status.setText(str(e))
+        url = self._checked_url()
+        if url is None:
             return
         key, model = self.key.text(), self.model.currentText().strip()
         if key and not self._told:
