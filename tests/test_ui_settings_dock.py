@@ -138,3 +138,30 @@ def test_decode_and_prefill_have_their_own_axes_and_defrag_says_what_changed(qtb
     qtbot.waitUntil(lambda: d.columns == 1, timeout=2_000)  # a narrow dock: one column that scrolls
     d.resize(1400, 800)
     qtbot.waitUntil(lambda: d.columns == 3, timeout=2_000)
+
+
+class _WideScreen:
+    """A 1920-pixel desktop (the offscreen platform's screen is 800 x 600)."""
+
+    def availableGeometry(self):  # noqa: N802 - Qt's name
+        from PySide6.QtCore import QRect
+        return QRect(0, 0, 1920, 1080)
+
+
+def test_the_dashboard_shown_again_in_a_narrowed_window_gets_a_column_of_room(qtbot, home, tiny):
+    """Shown, hidden, the window made narrow (1024 wide), shown again: the dock was squeezed to what the
+    chat left it (about 220 pixels, its plots cut off behind a scroll bar); now the window grows where the
+    screen has room, as at the first showing."""
+    from ui.dashboard_dock import DOCK_W
+    w = M.open_window(qtbot, tiny)
+    w.screen = _WideScreen  # an instance attribute: the window's own calls of self.screen() see the wide desktop
+    w.resize(1100, 640)
+    w.open_dashboard()
+    qtbot.waitUntil(lambda: w.dashboard_dock.width() >= DOCK_W - 10, timeout=5_000)
+    w.open_dashboard(toggle=True)
+    assert not w.dashboard_dock.isVisible()
+    w.resize(1024, 640)
+    qtbot.waitUntil(lambda: w.width() == 1024, timeout=5_000)
+    w.open_dashboard()
+    qtbot.waitUntil(lambda: w.dashboard_dock.width() >= DOCK_W - 10, timeout=5_000)
+    assert w.width() > 1024 and w.centralWidget().width() >= w.centralWidget().minimumSizeHint().width()

@@ -10,6 +10,9 @@ from PySide6.QtWidgets import QDockWidget
 from ui import theme
 
 
+DOCK_W = 460  # the dashboard dock's width at first: one column of panels (dashboard.PANEL_W) and margins
+
+
 class DashboardDock:
     """`dashboard` and `dashboard_dock`: None until the dashboard is first shown."""
 
@@ -29,16 +32,30 @@ class DashboardDock:
             self.dashboard_dock = dock
             if not self.restoreDockWidget(dock):
                 # the first time: right of the chat, the window made wider where the screen has room
-                room = self.screen().availableGeometry().width() - self.frameGeometry().width()
-                self.resize(self.width() + max(0, min(room, 460)), self.height())
+                self._widen(DOCK_W)
                 self.addDockWidget(Qt.RightDockWidgetArea, dock)
-                self.resizeDocks([dock], [460], Qt.Horizontal)
+                self.resizeDocks([dock], [DOCK_W], Qt.Horizontal)
+        elif not self.dashboard_dock.isVisible() and self._side_docked():
+            # shown again: a window made narrower since would squeeze it behind a scroll bar
+            short = DOCK_W - (self.centralWidget().width() - self.centralWidget().minimumSizeHint().width())
+            if short > 0:
+                self._widen(short)
+                self.resizeDocks([self.dashboard_dock], [DOCK_W], Qt.Horizontal)
         if toggle and self.dashboard_dock.isVisible():
             self.dashboard_dock.hide()
         else:
             self.dashboard_dock.show()
             self.dashboard_dock.raise_()
         return self.dashboard
+
+    def _side_docked(self) -> bool:
+        return not self.dashboard_dock.isFloating() and self.dockWidgetArea(self.dashboard_dock) in (
+            Qt.LeftDockWidgetArea, Qt.RightDockWidgetArea)
+
+    def _widen(self, by: int) -> None:
+        """The window `by` pixels wider, or as much as the screen has room for."""
+        room = self.screen().availableGeometry().width() - self.frameGeometry().width()
+        self.resize(self.width() + max(0, min(room, by)), self.height())
 
     def _rebuild_dashboard(self) -> None:
         """The dashboard again in the new language; its history of figures is kept."""
