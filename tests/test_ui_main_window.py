@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
 import types
@@ -232,3 +233,17 @@ def test_a_corrupt_model_is_an_error_dialog_naming_the_file_and_the_app_stays_us
         w.flow.load(tiny)
     send(qtbot, w, "Still there?")
     assert [m.role for m in w.history.messages(w.conv_id)][-2:] == ["user", "assistant"]
+
+
+def test_while_the_model_loads_the_empty_chat_and_the_picker_name_it(qtbot, home, tiny):
+    """Before the first model is ready the chat says what is happening, and the picker names the model
+    being loaded (it said "No model", over an empty chat)."""
+    w = open_window(qtbot, tiny, wait=False)
+    seen = []  # (what the flow is doing, the chat's empty text, the picker) at each change: after the window's slot
+    w.flow.busy.connect(lambda what: seen.append((what, w.view.empty_text, w.model_picker.currentText())))
+    with qtbot.waitSignal(w.flow.ready, timeout=120_000):
+        w.flow.start()
+    name = os.path.basename(tiny)
+    assert ("loading", f"Loading {name}…", name) in seen
+    assert seen[0][1] == "Looking for your model…"  # start(): the worker picks the folder first
+    assert w.view.empty_text == f"{name} is ready. Type a message below."

@@ -213,7 +213,9 @@ class MainWindow(ConversationList, ContextCounting, ReplyStreaming, ThinkingSwit
         self._menus()
         self._update_controls()
         if self.snapshot is not None and self.flow.model is not None:
-            self.view.empty_text = self.tr("{model} is ready. Type a message below.").format(model=self.snapshot.model)
+            self._show_ready_text()
+        else:
+            self._show_loading()
         self.refresh_models()
         self.refresh_conversations()
         self.render_conversation()

@@ -73,10 +73,27 @@ class ModelMenu:
         if self.dashboard is not None:
             self.dashboard.set_model_path(self.flow.model)
         self.refresh_models()
-        self.view.empty_text = self.tr("{model} is ready. Type a message below.").format(model=snapshot.model)
+        self._show_ready_text()
         self.render_conversation()
         self._update_controls()
         self.input.setFocus()
+
+    def _show_ready_text(self) -> None:
+        self.view.empty_text = self.tr("{model} is ready. Type a message below.").format(model=self.snapshot.model)
+
+    def _show_loading(self) -> None:
+        """Until a model is ready the empty chat says what is happening, and the picker names the model
+        being loaded (the progress dialog says it too, but it can be moved away or closed)."""
+        if self.flow.model is not None or self.closed or self.busy not in ("loading", "converting"):
+            return
+        if self.busy == "converting":
+            self.view.empty_text = self.tr("Converting the model into your data folder…")
+        elif self.flow.loading:
+            self.view.empty_text = self.tr("Loading {name}…").format(name=Path(self.flow.loading).name)
+        else:
+            self.view.empty_text = self.tr("Looking for your model…")
+        self.refresh_models()
+        self.render_conversation()
 
     def _on_no_model(self, reason: str) -> None:
         if self.flow.model is not None or self.closed:

@@ -28,6 +28,7 @@ class StatusLine:
     def _set_busy(self, what: str) -> None:
         self.busy = what
         self._update_controls()
+        self._show_loading()
 
     def _update_controls(self) -> None:
         generating = self.busy == "generating"

@@ -184,10 +184,6 @@
         <translation>已复制到剪贴板</translation>
     </message>
     <message>
-        <source>{model} is ready. Type a message below.</source>
-        <translation>{model} 已就绪。请在下方输入消息。</translation>
-    </message>
-    <message>
         <source>The new language applies when Colibri next starts.</source>
         <translation>新的界面语言将在 Colibri 下次启动时生效。</translation>
     </message>
@@ -1700,6 +1696,18 @@ Load a Mixture-of-Experts model to see which experts each layer uses.</source>
     <message>
         <source>No model is loaded. {reason} Pick or import one from the model list above.</source>
         <translation>没有加载模型。{reason} 请在上方的模型列表中选择或导入一个。</translation>
+    </message>
+    <message>
+        <source>Converting the model into your data folder…</source>
+        <translation>正在把模型转换到你的数据文件夹…</translation>
+    </message>
+    <message>
+        <source>Loading {name}…</source>
+        <translation>正在加载 {name}…</translation>
+    </message>
+    <message>
+        <source>Looking for your model…</source>
+        <translation>正在查找你的模型…</translation>
     </message>
 </context>
 <context>
