@@ -34,8 +34,12 @@ def test_a_short_replys_decode_speed_is_drawn_after_it_ends(qtbot, default_conve
     d = Dashboard(wk, theme.palette("light"), str(default_converted))
     qtbot.addWidget(d)
     d.show()
+    wk.stats.emit(snap)  # opened after the reply: none in its history, and the plot says so instead of 0-1 axes
+    assert d.speed_chart.currentIndex() == 1 and "before the dashboard opened" in d.speed_chart.widget(1).text()
+    assert d.speed_text.text().startswith("last reply: prefill")
     wk.text.emit(1, steps[-1].text, steps[-1])  # the reply's last step, then the snapshot after it
     wk.stats.emit(snap)
+    assert d.speed_chart.currentIndex() == 0
     for _ in range(3):  # idle snapshots: no step since
         wk.stats.emit(snap)
     decode = np.asarray(d.history["decode"], float)
@@ -60,5 +64,6 @@ def test_a_fresh_engine_reports_no_reply_instead_of_zero_speeds(qtbot, default_c
     qtbot.addWidget(d)
     wk.stats.emit(snap)
     assert d.speed_text.text() == "No reply yet: the speeds appear with the first one."
+    assert d.speed_chart.currentIndex() == 0  # the caption says it: not twice
     assert d.speed_plot.getPlotItem().getAxis("bottom").labelText == "seconds ago"
     d.close()

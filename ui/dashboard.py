@@ -219,6 +219,7 @@ class Dashboard(QWidget):
         self.prefill_curve = pg.PlotDataItem([], [], pen=None, symbol="o", symbolSize=7, symbolPen=None,
                                              symbolBrush=orange, name="prefill, one dot per reply")
         self.prefill_view.addItem(self.prefill_curve)
+        self.speed_chart = self._chart(self.speed_plot)
         self.speed_text = self._caption("speed_text")
 
         self.cache_plot = self._plot("%", legend=True)
@@ -322,7 +323,7 @@ class Dashboard(QWidget):
         self.grid = grid = QGridLayout()
         grid.setSpacing(8)
         self.panels = panels = [
-            self._panel(self.tr("Speed"), self.speed_plot, self.speed_text),
+            self._panel(self.tr("Speed"), self.speed_chart, self.speed_text),
             self._panel(self.tr("Expert cache: hit rate and prefetch accuracy"), self.cache_plot, self.cache_text),
             self._panel(self.tr("Expert activations (layer × expert)"), self.heat_chart, self.heat_text),
             self._panel(self.tr("Memory pool"), self.pool_table, self.pool_text, row),
@@ -457,6 +458,11 @@ class Dashboard(QWidget):
         decode = np.asarray(self.history["decode"], float)
         seen = np.isfinite(decode)
         self.decode_dots.setData(x[seen], decode[seen])
+        # replies written before the dashboard opened are not in its history: an empty plot with a
+        # 0-1 axis said nothing of them (with no reply at all the caption says so)
+        self._say(self.speed_chart, None if dots.any() or seen.any() or not snap.tokens_generated else
+                  _tr("The last reply was written before the dashboard opened (its figures are below); "
+                      "the next one is drawn here."))
         for curve, key in ((self.decode_curve, "decode"), (self.hit_curve, "hit"),
                            (self.prefetch_curve, "prefetch"), (self.rss_curve, "rss"), (self.temp_curve, "temp"),
                            (self.cpu_w_curve, "cpu_w"), (self.gpu_w_curve, "gpu_w"), (self.load_curve, "cpu_pct"),

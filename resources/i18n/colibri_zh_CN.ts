@@ -1447,6 +1447,10 @@ Load a Mixture-of-Experts model to see which experts each layer uses.</source>
         <source>No reply yet: the speeds appear with the first one.</source>
         <translation>尚无回复：第一条回复后这里会显示速度。</translation>
     </message>
+    <message>
+        <source>The last reply was written before the dashboard opened (its figures are below); the next one is drawn here.</source>
+        <translation>上一条回复写于仪表盘打开之前（数据见下方）；下一条回复会画在这里。</translation>
+    </message>
 </context>
 <context>
     <name>RemoteDialog</name>
