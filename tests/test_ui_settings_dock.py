@@ -165,3 +165,21 @@ def test_the_dashboard_shown_again_in_a_narrowed_window_gets_a_column_of_room(qt
     w.open_dashboard()
     qtbot.waitUntil(lambda: w.dashboard_dock.width() >= DOCK_W - 10, timeout=5_000)
     assert w.width() > 1024 and w.centralWidget().width() >= w.centralWidget().minimumSizeHint().width()
+
+
+def test_no_help_line_of_the_settings_dialogs_is_cut_off(qtbot, tmp_path):
+    """Wrapped help lines get the height their text needs: the chat settings dialog laid its form out
+    bare, and five help lines (top-p, min-p, the three penalties) lost their last line."""
+    from PySide6.QtWidgets import QLabel
+    from ui.param_form import ConversationDialog, SettingsDialog
+    s = S.load(tmp_path / "settings.json")
+    for d in (ConversationDialog(None, "", s.sampling_values(), s, s.sampling_values(), {}), SettingsDialog(None, s)):
+        qtbot.addWidget(d)
+        d.show()
+        qtbot.waitExposed(d)
+        wrapped = [lab for lab in d.findChildren(QLabel) if lab.wordWrap() and lab.isVisible() and lab.text()]
+
+        def cut(labels: list[QLabel]) -> list[str]:
+            return [lab.text() for lab in labels if lab.height() < lab.heightForWidth(lab.width())]
+        qtbot.waitUntil(lambda labels=wrapped: not cut(labels), timeout=2_000)  # laid out by then
+        assert len(wrapped) >= 8, type(d).__name__

@@ -325,8 +325,9 @@ class ConversationDialog(QDialog):
                                      for k, v in md.items())) if md else
             self.tr("This model recommends no sampling values: the defaults below are Colibri's."))
         lay.addWidget(self.model_note)
-        lay.addWidget(self.form)
+        lay.addWidget(scrolled(self.form), 1)  # laid out bare, five help lines lost their last line
         lay.addWidget(buttons)
+        self.resize(560, 800)
 
     def _preset_row(self) -> QHBoxLayout:
         self.preset_box = QComboBox(objectName="preset")
