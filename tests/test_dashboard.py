@@ -85,7 +85,7 @@ def test_live_figures_follow_real_snapshots(qtbot, worker, dash):
     assert len(rss) >= 3 and rss[-1] == pytest.approx(snap.rss_bytes / 1e6)
     decode = np.asarray(dash.history["decode"])
     assert np.isfinite(decode).any() and np.isnan(decode[-1])  # measured while generating, a gap when idle
-    assert f"{snap.expert_cache.hit_rate:.0%}" in dash.cache_text.text()
+    assert f"{snap.expert_cache.hit_rate:.0%}" in dash.cache_text.text() and dash.cache_chart.currentIndex() == 0
     assert dash.pool_table.item(1, 0).text() and "peak" in dash.pool_text.text()
     assert "mixtral" in dash.header.text() and "8 experts, top-2" in dash.header.text()
     # hardware panels: a value or the engine's reason, never empty

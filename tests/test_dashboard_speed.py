@@ -65,5 +65,6 @@ def test_a_fresh_engine_reports_no_reply_instead_of_zero_speeds(qtbot, default_c
     wk.stats.emit(snap)
     assert d.speed_text.text() == "No reply yet: the speeds appear with the first one."
     assert d.speed_chart.currentIndex() == 0  # the caption says it: not twice
+    assert d.cache_chart.currentIndex() == 1 and "dense" in d.cache_chart.widget(1).text()  # SmolLM2: no experts
     assert d.speed_plot.getPlotItem().getAxis("bottom").labelText == "seconds ago"
     d.close()

@@ -228,6 +228,7 @@ class Dashboard(QWidget):
                                                 pen=pg.mkPen(c["muted"], style=Qt.DashLine)))
         self.hit_curve = self._curve(self.cache_plot, blue, "hit rate")
         self.prefetch_curve = self._curve(self.cache_plot, green, "prefetch accuracy")
+        self.cache_chart = self._chart(self.cache_plot)
         self.cache_text = self._caption("cache_text")
 
         self.heat_plot = pg.PlotWidget(background=c["bg"])
@@ -324,7 +325,7 @@ class Dashboard(QWidget):
         grid.setSpacing(8)
         self.panels = panels = [
             self._panel(self.tr("Speed"), self.speed_chart, self.speed_text),
-            self._panel(self.tr("Expert cache: hit rate and prefetch accuracy"), self.cache_plot, self.cache_text),
+            self._panel(self.tr("Expert cache: hit rate and prefetch accuracy"), self.cache_chart, self.cache_text),
             self._panel(self.tr("Expert activations (layer × expert)"), self.heat_chart, self.heat_text),
             self._panel(self.tr("Memory pool"), self.pool_table, self.pool_text, row),
             self._panel(self.tr("Memory (RSS)"), self.rss_plot, self.rss_text),
@@ -553,6 +554,9 @@ class Dashboard(QWidget):
 
     def _draw_rest(self, snap, ec, hw, g) -> None:
         prefetch = "off" if not ec.prefetch_enabled else _pct(ec.prefetch_accuracy)
+        # a dense model's plot drew a lone "100 %" hit rate at its edge
+        self._say(self.cache_chart, _tr("A dense model has no experts to cache: all its weights stay in memory.")
+                  if snap.num_experts <= 1 else None)
         self.cache_text.setText(f"hit rate {_pct(ec.hit_rate if ec.hits + ec.misses else None)} · prefetch accuracy "
                                 f"{prefetch} · served without waiting {_pct(ec.served_without_wait)} · "
                                 f"{ec.resident} experts in memory ({_mb(ec.resident_bytes)}), "

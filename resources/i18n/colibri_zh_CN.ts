@@ -1448,6 +1448,10 @@ Load a Mixture-of-Experts model to see which experts each layer uses.</source>
         <translation>尚无回复：第一条回复后这里会显示速度。</translation>
     </message>
     <message>
+        <source>A dense model has no experts to cache: all its weights stay in memory.</source>
+        <translation>稠密模型没有需要缓存的专家：全部权重都留在内存中。</translation>
+    </message>
+    <message>
         <source>The last reply was written before the dashboard opened (its figures are below); the next one is drawn here.</source>
         <translation>上一条回复写于仪表盘打开之前（数据见下方）；下一条回复会画在这里。</translation>
     </message>
