@@ -306,10 +306,6 @@ class MainWindow(ConversationList, ContextCounting, ReplyStreaming, ThinkingSwit
     def sizeHint(self) -> QSize:  # noqa: N802 - Qt's name
         return QSize(1100, 720)
 
-    # --- context policy and attachments (app/context_policy.py, app/attachments.py) ---------------
-
-    # --- thinking ------------------------------------------------------------------------------
-
     # --- settings and appearance ----------------------------------------------------------------
     def open_settings(self) -> None:
         model = self.flow.model
@@ -351,10 +347,7 @@ class MainWindow(ConversationList, ContextCounting, ReplyStreaming, ThinkingSwit
         f.setPointSize(self.settings.font_size)
         self.input.setFont(f)
 
-    # --- state and status --------------------------------------------------------------------
-
-    # --- local server ----------------------------------------------------------------------
-
+    # --- closing -----------------------------------------------------------------------------
     def closeEvent(self, event) -> None:  # noqa: N802 - Qt's name
         try:
             self.save_place()
