@@ -493,7 +493,7 @@ def test_stop_ends_a_running_stream_and_frees_the_port(engine):
 
 
 def test_colibri_serve_command_serves_and_stops_on_ctrl_c(default_converted):
-    cmd = [sys.executable, "-m", "app.cli_serve", "--model", str(default_converted), "--port", "0",
+    cmd = [sys.executable, "-X", "faulthandler", "-m", "app.cli_serve", "--model", str(default_converted), "--port", "0",
            "--threads", "2", "--context_length", "512", "--kv_cache_quantize", "f32"]
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env={**os.environ, "COLIBRI_API_KEY": ""})
     try:
@@ -507,7 +507,14 @@ def test_colibri_serve_command_serves_and_stops_on_ctrl_c(default_converted):
             model=default_converted.name, prompt=REF["raw_counting"]["text"], max_tokens=2, temperature=0)
         assert out.choices[0].text == " 6"
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(30) == 0
+        try:
+            code = proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGABRT)  # -X faulthandler: every thread's stack to stderr
+            proc.wait(10)
+            reader.join(5)
+            pytest.fail("colibri-serve did not stop within 30 s of Ctrl-C:\n" + "".join(lines)[-6000:])
+        assert code == 0, "".join(lines)[-3000:]
     finally:
         if proc.poll() is None:
             proc.kill()
