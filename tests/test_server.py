@@ -521,6 +521,15 @@ def test_colibri_serve_command_serves_and_stops_on_ctrl_c(default_converted):
             proc.wait()
 
 
+def test_a_stop_that_hangs_says_where_and_ends():
+    """colibri-serve's stop deadline: a stop held past it prints every thread's stack and exits 1."""
+    code = ("import threading\nfrom app import cli_serve\ncli_serve.arm_stop_deadline(0.5)\n"
+            "def held_here():\n    threading.Event().wait()\nheld_here()\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1
+    assert "still stopping after 0.5 s" in out.stderr and "in held_here" in out.stderr
+
+
 # --- API key ---------------------------------------------------------------------------------
 def test_api_key_is_checked_on_every_route(engine, monkeypatch):
     monkeypatch.delenv("COLIBRI_API_KEY", raising=False)
