@@ -3,14 +3,19 @@ over one model, on http://127.0.0.1:4242/v1 by default.
 
 Without --model it serves the default model (converted into the user data folder on first use).
 Listening on any address other than this machine's needs an API key (--api_key or COLIBRI_API_KEY);
-clients then send `Authorization: Bearer KEY`. Ctrl-C stops the server.
+clients then send `Authorization: Bearer KEY`. Ctrl-C stops the server (a second Ctrl-C, or
+STOP_S seconds without an end, stops it at once).
 """
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import logging
+import os
+import signal
 import sys
 import threading
+import time
 from typing import TYPE_CHECKING
 
 from app import server as S
@@ -19,6 +24,8 @@ from engine.errors import ColibriError
 
 if TYPE_CHECKING:  # numba loads with the engine, after the engine settings are applied (main)
     from engine.api import Engine
+
+STOP_S = 20.0  # a stop that takes longer than this is a bug: say where it hangs, then end anyway
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -102,10 +109,28 @@ def main(argv: list[str] | None = None) -> int:
         while handle.running:
             handle.wait(0.5)
     except KeyboardInterrupt:
-        print("\nstopping", file=sys.stderr)
+        print("\nstopping (Ctrl-C again quits at once)", file=sys.stderr)
+    arm_stop_deadline()
     handle.stop()
     handle.service.engine.close()
     return 0
+
+
+def arm_stop_deadline(seconds: float = STOP_S) -> None:
+    """A second Ctrl-C ends the process at once; a stop still running after `seconds` (the
+    interpreter's exit included: it waits for worker threads) prints every thread's stack, which
+    says what holds it, and ends the process with status 1 — a user's Ctrl-C never hangs."""
+    def force(signum: int, frame: object) -> None:
+        os._exit(130)
+
+    def watch() -> None:
+        time.sleep(seconds)
+        print(f"colibri-serve: still stopping after {seconds:g} s; the threads:", file=sys.stderr, flush=True)
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        sys.stderr.flush()
+        os._exit(1)
+    signal.signal(signal.SIGINT, force)
+    threading.Thread(target=watch, name="colibri-stop-deadline", daemon=True).start()
 
 
 if __name__ == "__main__":

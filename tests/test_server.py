@@ -493,7 +493,7 @@ def test_stop_ends_a_running_stream_and_frees_the_port(engine):
 
 
 def test_colibri_serve_command_serves_and_stops_on_ctrl_c(default_converted):
-    cmd = [sys.executable, "-m", "app.cli_serve", "--model", str(default_converted), "--port", "0",
+    cmd = [sys.executable, "-X", "faulthandler", "-m", "app.cli_serve", "--model", str(default_converted), "--port", "0",
            "--threads", "2", "--context_length", "512", "--kv_cache_quantize", "f32"]
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env={**os.environ, "COLIBRI_API_KEY": ""})
     try:
@@ -507,11 +507,27 @@ def test_colibri_serve_command_serves_and_stops_on_ctrl_c(default_converted):
             model=default_converted.name, prompt=REF["raw_counting"]["text"], max_tokens=2, temperature=0)
         assert out.choices[0].text == " 6"
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(30) == 0
+        try:
+            code = proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGABRT)  # -X faulthandler: every thread's stack to stderr
+            proc.wait(10)
+            reader.join(5)
+            pytest.fail("colibri-serve did not stop within 30 s of Ctrl-C:\n" + "".join(lines)[-6000:])
+        assert code == 0, "".join(lines)[-3000:]
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_a_stop_that_hangs_says_where_and_ends():
+    """colibri-serve's stop deadline: a stop held past it prints every thread's stack and exits 1."""
+    code = ("import threading\nfrom app import cli_serve\ncli_serve.arm_stop_deadline(0.5)\n"
+            "def held_here():\n    threading.Event().wait()\nheld_here()\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1
+    assert "still stopping after 0.5 s" in out.stderr and "in held_here" in out.stderr
 
 
 # --- API key ---------------------------------------------------------------------------------
