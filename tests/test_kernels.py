@@ -237,6 +237,50 @@ def test_attention_reads_the_stored_cache(kind):
     np.testing.assert_allclose(out, ref.attention(q, kw, vw, S - 1, 0, 0.25), rtol=1e-5, atol=1e-5)
 
 
+def _attention_head_by_head(q, k, v, ks, vs, scaled, pos0, window, scale, scores, out):
+    """cpu.attention as it was before query heads were taken HEADS at a time: one head per
+    rows.attend call, in a kernel with cpu.attention's flags."""
+    from numba import njit, prange
+
+    from engine.kernels.rows import attend
+
+    @njit(parallel=True, fastmath=True)
+    def run(q, k, v, ks, vs, scaled, pos0, window, scale, scores, out):
+        T, H = q.shape[0], q.shape[1]
+        group = H // k.shape[1]
+        for th in prange(T * H):
+            t, h = th // H, th % H
+            last = pos0 + t
+            first = max(0, last - window + 1) if window > 0 else 0
+            attend(q[t, h], k, v, ks, vs, scaled, h // group, first, last, scale, scores[th], out[t, h])
+    run(q, k, v, ks, vs, scaled, pos0, window, scale, scores, out)
+
+
+@pytest.mark.parametrize("kind,hd,window", [("f32", 64, 0), ("f16", 40, 0), ("int8", 72, 5), ("f32", 17, 3)])
+def test_attention_heads_together_are_each_heads_own(kind, hd, window):
+    """Query heads taken 4 at a time (float_rows.dot_rows_heads / add_weighted_rows_heads: each
+    key and value row widened once for them) give each head exactly its one-head figures, so
+    prefill, layered decode and the fused decode kernel (rows.attend) still agree bit for bit."""
+    rng = np.random.default_rng(hd)
+    T, H, KV, S = 3, 8, 2, 37
+    q = rng.standard_normal((T, H, hd)).astype(np.float32)
+    k = rng.standard_normal((S, KV, hd)).astype(np.float32)
+    v = rng.standard_normal((S, KV, hd)).astype(np.float32)
+    ks = vs = np.ones((S, KV), np.float32)
+    scaled = kind == "int8"
+    if kind == "f16":
+        k, v = k.astype(np.float16).view(np.uint16), v.astype(np.float16).view(np.uint16)
+    elif scaled:
+        ks, vs = ((np.abs(a).max(axis=-1) / 127).astype(np.float32) for a in (k, v))
+        k, v = (np.round(a / s[..., None]).astype(np.int8) for a, s in ((k, ks), (v, vs)))
+    outs = []
+    for fn in (cpu.attention, _attention_head_by_head):
+        out = np.empty_like(q)
+        fn(q, k, v, ks, vs, scaled, S - T, window, np.float32(0.2), np.empty((T * H, S), np.float32), out)
+        outs.append(out)
+    np.testing.assert_array_equal(outs[0], outs[1])
+
+
 @pytest.mark.parametrize("hd", [8, 17, 40, 96, 136])
 def test_attention_head_sizes_past_the_vector_widths(hd):
     """Head sizes that leave every part of simd.dot_rows / add_weighted_rows a share: 64-wide

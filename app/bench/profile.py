@@ -9,6 +9,11 @@ layer-by-layer path, which does the same arithmetic: every kernel call timed thr
 `attn_output`, `ffn_gate+up`, `ffn_down`, `ffn_gate_inp`, `output`; a MoE token's experts take
 one call per layer). Whatever the kernels do not account for is the Python around them
 (routing, the expert cache, buffers, the KV cache writes) — what the fused kernel removes.
+
+`--prefill`: the same for a prompt (pp512 by default): per prompt token, each kernel and each
+group of matrices by format (`ffn_gate+up q5_k`: a MoE prompt's experts take one call per expert
+and matrix), and the process CPU time beside the wall time (on a shared machine, 1-thread CPU
+time is the steadier figure).
 """
 from __future__ import annotations
 
@@ -94,13 +99,107 @@ def profile(model: str, threads: int, prompt_tokens: int, tokens: int) -> dict:
             "layered_ms_per_token": 1e3 * layered, "timed_ms_per_token": 1e3 * total, "rows": rows}
 
 
+def _formats(eng) -> dict[str, str]:
+    """Matrix name -> its format's name (`q5_k`), over every layer's matrices and experts."""
+    from engine import quant
+    from engine.kernels import cpu
+    from engine.weight_types import Matrix
+
+    def fmt(m: Matrix) -> str:
+        try:
+            return quant.get(m.code % cpu.PACKED).name
+        except Exception:  # noqa: BLE001 (a float code the quant table does not list)
+            return str(m.code)
+    out: dict[str, str] = {}
+    w = eng.net.w
+    for obj in [w, *w.layers]:
+        for m in vars(obj).values():
+            if isinstance(m, Matrix):
+                out[m.name] = fmt(m)
+    cfg = eng.net.cfg
+    for L in range(len(w.layers)):
+        for e in range(max(1, cfg.num_experts if cfg.is_moe else 1)):
+            try:
+                with w.experts.use(L, e) as ew:
+                    for m in (ew.gate, ew.up, ew.down):
+                        out[m.name] = fmt(m)
+            except Exception:  # noqa: BLE001 (a dense layer without experts)
+                break
+    return out
+
+
+def profile_prefill(model: str, threads: int, prompt_tokens: int, runs: int = 3) -> dict:
+    """Where a prompt token's time goes: `runs` untimed prefills (median wall and CPU time),
+    then one with every kernel call timed, grouped by kernel and by matrix kind and format."""
+    from engine.api import Engine
+    from engine.model_dir import open_model_dir
+    from engine.timing import OpTimer
+    cfg = open_model_dir(model).config
+    eng = Engine(model, threads=threads, context_length=prompt_tokens + 16,
+                 **({"expert_cache_size": cfg.num_experts} if cfg.is_moe else {}))
+    eng.warmup()
+    rng = np.random.default_rng(0)
+    prompt = [int(i) for i in rng.integers(cfg.vocab_size // 4, cfg.vocab_size // 2, prompt_tokens)]
+    eng.forward(prompt)
+    eng.reset()
+    walls, cpus = [], []
+    for _ in range(runs):
+        t0, c0 = time.perf_counter(), time.process_time()
+        eng.forward(prompt)
+        walls.append(time.perf_counter() - t0)
+        cpus.append(time.process_time() - c0)
+        eng.reset()
+    formats = _formats(eng)
+    timer = OpTimer()
+    eng.net.timer = timer
+    try:
+        t0 = time.perf_counter()
+        eng.forward(prompt)
+        total = time.perf_counter() - t0
+    finally:
+        eng.net.timer = None
+        eng.close()
+    spent: dict[str, float] = defaultdict(float)
+    calls: dict[str, int] = defaultdict(int)
+    for label, seconds in timer.spent.items():
+        group = KERNELS.get(label) or _group(label)
+        if label in formats:
+            group = f"{group} {formats[label]}"
+        spent[group] += seconds
+        calls[group] += timer.calls[label]
+    per = 1e6 / prompt_tokens
+    rows = {k: {"us_per_token": per * v, "calls": calls[k]} for k, v in sorted(spent.items(), key=lambda kv: -kv[1])}
+    rows["python and the rest"] = {"us_per_token": per * (total - sum(spent.values())), "calls": 0}
+    return {"model": model, "threads": threads, "prompt_tokens": prompt_tokens,
+            "prefill_tok_s": prompt_tokens / sorted(walls)[len(walls) // 2],
+            "cpu_us_per_token": per * sorted(cpus)[len(cpus) // 2], "timed_us_per_token": per * total, "rows": rows}
+
+
+def main_prefill(args: argparse.Namespace, model: str) -> int:
+    r = profile_prefill(model, args.threads, args.prompt_tokens or 512)
+    print(f"{args.model}: prefill of {r['prompt_tokens']} tokens, {r['prefill_tok_s']:.0f} tok/s "
+          f"({args.threads} threads; process CPU {r['cpu_us_per_token']:.0f} us per token); "
+          f"{r['timed_us_per_token']:.0f} us per token with every kernel timed:\n")
+    print("| part | us per prompt token | share | calls |\n|---|---|---|---|")
+    for name, row in r["rows"].items():
+        share = 100 * row["us_per_token"] / r["timed_us_per_token"]
+        print(f"| {name} | {row['us_per_token']:.1f} | {share:.0f}% | {row['calls']} |")
+    if args.json:
+        Path(args.json).write_text(json.dumps(r, indent=1) + "\n")
+    return 0
+
+
 def main(args: argparse.Namespace) -> int:
-    from app.bench.speed import MOE_DIR, model_paths
+    from app.bench.speed import MOE_DIR, model_paths, resolve_spec
     work = Path(args.workdir).expanduser() if args.workdir else MOE_DIR
     work.mkdir(parents=True, exist_ok=True)
     spec = args.model
-    paths = model_paths(spec, work, Path(args.moe_dir).expanduser() if args.moe_dir else None)
-    report = profile(paths["colibri"][0], args.threads, args.prompt_tokens, args.tokens)
+    moe_dir = Path(args.moe_dir).expanduser() if args.moe_dir else None
+    source = resolve_spec(spec, moe_dir or MOE_DIR)  # `moe-small:Q5_K_M`: llama.cpp's GGUF of that preset
+    paths = model_paths(source, work, moe_dir)
+    if args.prefill:
+        return main_prefill(args, paths["colibri"][0])
+    report = profile(paths["colibri"][0], args.threads, args.prompt_tokens or 64, args.tokens)
     fused = report["fused_kernel_ms_per_token"]
     how = f"one kernel call per token, {fused:.2f} ms in it" if fused is not None else "layer by layer"
     print(f"{spec}: {report['untimed_ms_per_token']:.2f} ms per token ({how}; {args.threads} threads)\n"
@@ -120,7 +219,8 @@ def add_parser(sub) -> None:
     p.add_argument("--model", default="default", help="a GGUF, HF folder, Colibri directory or named model "
                                                       "(default, moe-q8_0, moe-q4_0)")
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--prompt_tokens", type=int, default=64)
+    p.add_argument("--prompt_tokens", type=int, default=None, help="default 64 (512 with --prefill)")
+    p.add_argument("--prefill", action="store_true", help="where a prompt token's time goes (pp512) instead")
     p.add_argument("--tokens", type=int, default=32, help="decode steps timed")
     p.add_argument("--workdir", help="where a converted copy is kept (default ~/.cache/colibri/bench)")
     p.add_argument("--moe_dir", help="where the MoE benchmark models are (default ~/.cache/colibri/bench)")

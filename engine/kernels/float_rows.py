@@ -191,3 +191,125 @@ def add_weighted_rows(typingctx, out, p, v, kh, first, last):
             columns(c, 1, 1)
         return context.get_dummy_value()
     return types.none(out, p, v, kh, first, last), codegen
+
+
+HEADS = 4  # query heads per call of the *_heads intrinsics (the query heads of one KV head, 4 at a time)
+
+
+def _heads_and_cache(a, cache, ints) -> bool:
+    """Typing check of the *_heads intrinsics: a float32 (HEADS, m) array, a KV cache as stored,
+    integer arguments."""
+    ok = isinstance(a, types.Array) and a.ndim == 2 and a.layout in "CA" and a.dtype == types.float32
+    ok = ok and isinstance(cache, types.Array) and cache.ndim == 3 and cache.layout == "C"
+    return ok and cache.dtype in _ELEMENTS and all(isinstance(t, types.Integer) for t in ints)
+
+
+def _head_rows(context, builder, sig, args, i: int):
+    """(row length, [float32 pointer of each of the HEADS rows]) of the 2-D float32 argument i
+    (rows at its first stride: a slice of heads or score rows; each row contiguous)."""
+    arr = context.make_array(sig.args[i])(context, builder, args[i])
+    m = cgutils.unpack_tuple(builder, arr.shape, 2)[1]
+    step = cgutils.unpack_tuple(builder, arr.strides, 2)[0]
+    base = builder.bitcast(arr.data, I8.as_pointer())
+    return m, [builder.bitcast(builder.gep(base, [builder.mul(step, ir.Constant(step.type, h))]), F32.as_pointer())
+               for h in range(HEADS)]
+
+
+@intrinsic
+def dot_rows_heads(typingctx, q, k, kh, first, last, out):
+    """dot_rows for HEADS query heads q (HEADS, hd) that read the same KV head: out[h, s] =
+    dot(q[h], k[s, kh]) for s in first..last, each key widened once for all of them and each
+    head's sum in its own registers by exactly `dot`'s steps (the same float as dot_rows; the
+    heads' multiply-add chains interleave)."""
+    if not _heads_and_cache(q, k, (kh, first, last)) or not _heads_and_cache(out, k, ()):
+        return None
+
+    def codegen(context, builder, sig, args):
+        n, pqs = _head_rows(context, builder, sig, args, 0)
+        _, pos = _head_rows(context, builder, sig, args, 5)
+        head0, stride = _cache_row(context, builder, sig, args, 1, args[2])
+        dtype = sig.args[1].dtype
+        v16 = _vec(F32, 16)
+        accs = [cgutils.alloca_once(builder, v16) for _ in range(HEADS)]
+        totals = [cgutils.alloca_once(builder, F32) for _ in range(HEADS)]
+        first, last = (_widest(builder, a, n.type) for a in args[3:5])
+        sixteen, one = ir.Constant(n.type, 16), ir.Constant(n.type, 1)
+        with cgutils.for_range_slice(builder, first, builder.add(last, one), one) as (s, _):
+            row = builder.gep(head0, [builder.mul(s, stride)])
+            for acc in accs:
+                builder.store(ir.Constant(v16, [0.0] * 16), acc)
+            with cgutils.for_range(builder, builder.sdiv(n, sixteen)) as loop:
+                off = builder.mul(loop.index, sixteen)
+                vb = _widened(builder, row, off, dtype, 16)
+                for pq, acc in zip(pqs, accs):
+                    va = _load(builder, builder.gep(pq, [off]), v16)
+                    builder.store(builder.fadd(builder.load(acc), builder.fmul(va, vb, flags=_CONTRACT),
+                                               flags=_CONTRACT), acc)
+            for acc, total in zip(accs, totals):
+                v = builder.load(acc)
+                for width in (8, 4, 2, 1):  # `dot`'s tree
+                    lo = builder.shuffle_vector(v, v, ir.Constant(_vec(I32, width), list(range(width))))
+                    hi = builder.shuffle_vector(v, v, ir.Constant(_vec(I32, width), list(range(width, 2 * width))))
+                    v = builder.fadd(lo, hi, flags=_CONTRACT)
+                builder.store(_lane0(builder, v), total)
+            tail = builder.mul(builder.sdiv(n, sixteen), sixteen)
+            with cgutils.for_range_slice(builder, tail, n, one) as (i, _):
+                y = _lane0(builder, _widened(builder, row, i, dtype, 1))
+                for pq, total in zip(pqs, totals):
+                    x = builder.load(builder.gep(pq, [i]))
+                    builder.store(builder.fadd(builder.load(total), builder.fmul(x, y, flags=_CONTRACT),
+                                               flags=_CONTRACT), total)
+            for po, total in zip(pos, totals):
+                builder.store(builder.load(total), builder.gep(po, [s]))
+        return context.get_dummy_value()
+    return types.none(q, k, kh, first, last, out), codegen
+
+
+@intrinsic
+def add_weighted_rows_heads(typingctx, out, p, v, kh, first, last):
+    """add_weighted_rows for HEADS heads that read the same KV head: out[h, i] += Σ_s p[h, s] ·
+    widen(v[s, kh, i]) for s = first..last in order, out (HEADS, hd), p (HEADS, S): each value
+    row widened once for all of them, each element summed as add_weighted_rows sums it."""
+    if not _heads_and_cache(out, v, (kh, first, last)) or not _heads_and_cache(p, v, ()):
+        return None
+
+    def codegen(context, builder, sig, args):
+        n, pos = _head_rows(context, builder, sig, args, 0)
+        _, pps = _head_rows(context, builder, sig, args, 1)
+        head0, stride = _cache_row(context, builder, sig, args, 2, args[3])
+        dtype = sig.args[2].dtype
+        first, last = (_widest(builder, a, n.type) for a in args[4:6])
+        end, one = builder.add(last, ir.Constant(n.type, 1)), ir.Constant(n.type, 1)
+
+        def columns(start, lanes: int):
+            """Elements start..start + lanes of every head's out row, summed over the positions."""
+            ty = _vec(F32, lanes) if lanes > 1 else F32
+            slots = [cgutils.alloca_once(builder, ty) for _ in range(HEADS)]
+            for po, slot in zip(pos, slots):
+                at = builder.gep(po, [start])
+                builder.store(builder.load(builder.bitcast(at, ty.as_pointer()), align=4), slot)
+            with cgutils.for_range_slice(builder, first, end, one) as (s, _):
+                row = builder.gep(head0, [builder.add(builder.mul(s, stride), start)])
+                x = _widened(builder, row, ir.Constant(n.type, 0), dtype, lanes)
+                if lanes == 1:
+                    x = _lane0(builder, x)
+                for pp, slot in zip(pps, slots):
+                    weight = builder.load(builder.gep(pp, [s]))
+                    if lanes > 1:
+                        weight = builder.shuffle_vector(builder.insert_element(ir.Constant(ty, None), weight,
+                                                                               ir.Constant(I32, 0)),
+                                                        ir.Constant(ty, None), ir.Constant(_vec(I32, lanes), [0] * lanes))
+                    product = builder.fmul(weight, x, flags=_CONTRACT)
+                    builder.store(builder.fadd(builder.load(slot), product, flags=_CONTRACT), slot)
+            for po, slot in zip(pos, slots):
+                at = builder.gep(po, [start])
+                builder.store(builder.load(slot), builder.bitcast(at, ty.as_pointer()), align=4)
+
+        sixteen = ir.Constant(n.type, 16)
+        narrow = builder.mul(builder.sdiv(n, sixteen), sixteen)
+        with cgutils.for_range_slice(builder, ir.Constant(n.type, 0), narrow, sixteen) as (c, _):
+            columns(c, 16)
+        with cgutils.for_range_slice(builder, narrow, n, one) as (c, _):
+            columns(c, 1)
+        return context.get_dummy_value()
+    return types.none(out, p, v, kh, first, last), codegen

@@ -19,7 +19,7 @@ from numba import njit, types
 from numba.extending import intrinsic
 
 import engine.kernels  # noqa: F401  (numba settings first)
-from engine.kernels.float_rows import add_weighted_rows, dot, dot_rows
+from engine.kernels.float_rows import HEADS, add_weighted_rows, add_weighted_rows_heads, dot, dot_rows, dot_rows_heads
 
 
 @intrinsic
@@ -97,3 +97,30 @@ def attend(q, k, v, ks, vs, scaled, kh, first, last, scale, scores, out):
         scores[s] = p
     out[:] = 0.0
     add_weighted_rows(out, scores, v, kh, first, last)
+
+
+@njit(cache=True, nogil=True)
+def attend_heads(q, k, v, ks, vs, scaled, kh, first, last, scale, scores, out):
+    """attend for HEADS query heads q (HEADS, hd) that read KV head kh -> out (HEADS, hd); scores
+    (HEADS, S) scratch. Each key and value row is widened once for the HEADS heads; every head's
+    figures are attend's, step for step (its dots, the same softmax loops, its weighted sums)."""
+    dot_rows_heads(q, k, kh, first, last, scores)
+    for h in range(HEADS):
+        row = scores[h]
+        top = np.float32(-np.inf)
+        for s in range(first, last + 1):
+            acc = row[s] * (scale * ks[s, kh] if scaled else scale)
+            row[s] = acc
+            top = max(top, acc)
+        total = np.float32(0.0)
+        for s in range(first, last + 1):  # a loop of its own: exp32 vectorises
+            e = exp32(row[s] - top)
+            row[s] = e
+            total += e
+        for s in range(first, last + 1):
+            p = row[s] / total
+            if scaled:
+                p *= vs[s, kh]
+            row[s] = p
+        out[h, :] = 0.0
+    add_weighted_rows_heads(out, scores, v, kh, first, last)

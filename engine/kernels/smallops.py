@@ -10,7 +10,8 @@ import numpy as np
 from numba import njit, prange
 
 import engine.kernels  # noqa: F401  (numba settings first)
-from engine.kernels.rows import attend, rmsnorm_row, rope_head, silu
+from engine.kernels.float_rows import HEADS
+from engine.kernels.rows import attend, attend_heads, rmsnorm_row, rope_head, silu
 
 
 @njit(parallel=True, fastmath=True, cache=True, nogil=True)
@@ -40,6 +41,14 @@ def attention(q, k, v, ks, vs, scaled, pos0, window, scale, scores, out):
     """
     T, H = q.shape[0], q.shape[1]
     group = H // k.shape[1]
+    if group % HEADS == 0:  # HEADS query heads of one KV head at a time: each key and value read once for them
+        for tq in prange(T * H // HEADS):
+            t, h = tq // (H // HEADS), HEADS * (tq % (H // HEADS))
+            last = pos0 + t
+            first = max(0, last - window + 1) if window > 0 else 0
+            attend_heads(q[t, h:h + HEADS], k, v, ks, vs, scaled, h // group, first, last, scale,
+                         scores[t * H + h:t * H + h + HEADS], out[t, h:h + HEADS])
+        return
     for th in prange(T * H):
         t, h = th // H, th % H
         last = pos0 + t
