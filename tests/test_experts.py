@@ -759,3 +759,32 @@ def test_page_cache_the_mapped_experts_take_is_room_for_the_pool_not_pressure(ro
     again = replan(settled, E, LAYERS, 0, 0)
     assert abs(again.cache_bytes - settled.cache_bytes) < ec.slot and again.active_file == 10 << 20
     eng.close()
+
+
+@pytest.mark.parametrize("populate", [True, False])
+def test_a_mapped_expert_comes_with_its_page_tables_filled(routed_model, monkeypatch, populate):
+    """map() fills the mapping's page tables in one madvise(MADV_POPULATE_READ), so the kernels
+    reading a mapped miss take no page faults (measured 10.6 -> 1.9 ms for a 13.4 MB expert);
+    where the kernel refuses that advice (before Linux 5.14: EINVAL) the mapping still reads right,
+    faulting as before."""
+    import resource
+
+    from engine import experts as X
+    path, _ = routed_model
+    store = ExpertStore(open_model_dir(path))
+    monkeypatch.setattr(X, "_populate_works", [True])
+    if not populate:
+        monkeypatch.setattr(X, "MADV_POPULATE_READ", 12345)  # an advice no kernel knows: EINVAL
+    faults, keys = 0, [(L, e) for L in range(LAYERS) for e in range(E)]
+    for L, e in keys:
+        sp = store.span(L, e)
+        whole = sp.path.read_bytes()  # (in the page cache)
+        w = store.map(L, e)
+        before = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
+        got = [m.data.tobytes() for m in (w.gate, w.up, w.down)]
+        faults += resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - before
+        assert got == [whole[sp.offset + off:sp.offset + off + rows * rb] for off, rows, rb, *_ in sp.parts]
+        assert w.gate.data.flags.writeable
+        del w
+    assert X._populate_works[0] is populate
+    assert (faults <= len(keys) // 4) if populate else (faults >= len(keys))
