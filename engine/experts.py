@@ -22,8 +22,9 @@ the mapped ones (mincore on their next mapping): pool slots are never reclaimed,
 are, so the cache is the pool plus what the cgroup's page cache keeps, as llama.cpp's mmap has it;
 where the page cache keeps nothing (heavy caps) misses go back to one O_DIRECT copy into a slot.
 
-Prediction (next layer's picks, runners-up) stays on only while it pays: it pauses when most of
-the latest guesses were evicted unused (PREFETCH_MIN_ACCURACY).
+Prediction (next layer's picks, runners-up) stays on only while it pays, layer by layer: it pauses
+for a layer when most of the latest guesses for it were evicted unused (PREFETCH_MIN_ACCURACY); a
+guess not used yet is spared by eviction for a token's lookups (GUESS_GRACE).
 
 Streamed experts stay in the stored layout: no CPU work on a miss. For a q8_0 expert, repack_x8
 on the miss cost 2.4-2.9 ms and the 8-row-group kernels saved about as much on the token that
@@ -88,6 +89,12 @@ MAP_ROOM_SLOTS = 4
 MAP_MIN_HELD = 0.25
 MAP_OUTCOMES = 32
 MAP_PROBE = 16
+# a mapped miss's page tables are filled by one madvise(MADV_POPULATE_READ) on the loading thread,
+# not by the kernels' read faults: measured (a 13.4 MB q8_0 expert of the 1.75 B bench model, in the
+# page cache, medians of 40, loaded machine) map + touch 10.6 ms faulting against 1.9 populated (an
+# anonymous buffer's touch: 1.1). Populating reads what the page cache lacks, as a pread would.
+# Linux >= 5.14; elsewhere (EINVAL) one MADV_WILLNEED readahead and the faults as before
+MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)
 # eviction; lfu ages by LFU_DECAY a token. lfu is the default: on the MoEfied default model's routing
 # trace one LFU over all layers hit 74.4% against LRU's 66.3% at 3 of 8 slots a layer, 85.7/81.8% at 4
 # (colibri-bench routing; tests/test_experts.py holds the cache to that replay)
@@ -102,6 +109,16 @@ LFU_DECAY = 0.98
 PREFETCH_MIN_ACCURACY = 0.6
 PREFETCH_OUTCOMES = 32
 PREFETCH_PROBE = 16
+# a guess not yet used is no victim for GUESS_GRACE tokens' lookups (layers x top-k each) while any
+# other expert can go: under LFU it had no use yet, so the next miss evicted it before the layer it
+# was guessed for came. The pause is per layer guessed for: one-layer-ahead routing on the MoEfied
+# trace is right 0.17 into layer 1, 0.38 into 2, 0.66-0.75 from 3 on. Measured (0.68 B Q8_0, the cache
+# driven by the trace without compute, 4 of 8 a layer): always-on accuracy 0.16 -> 0.35; gated per
+# layer, hits 0.773 at 45.6 MB read a token against 0.734 at 39.1 with prediction off (one global
+# gate had paused: 0.760, 38.5 MB). Decoding at cap 0.9 (OMP_WAIT_POLICY=PASSIVE, load 5-7, two runs
+# each): random routing 6.9/8.9 -> 9.3/10.1 tok/s (accuracy 0.46 paused -> 0.67 on, 78 -> 110 MB read
+# a token), trace 13.0/12.7 -> 12.5/14.8 (40 -> 55-60 MB)
+GUESS_GRACE = 1
 
 
 def min_budget(top_k: int, slot: int) -> int:
@@ -140,6 +157,24 @@ class ExpertSpan:
     def slot_bytes(self) -> int:
         """Bytes a slot needs: the span widened to whole 4 KiB pages of the file."""
         return -(-(self.head + self.nbytes) // DIRECT_ALIGN) * DIRECT_ALIGN
+
+
+_populate_works = [True]  # cleared by the first EINVAL (a kernel before 5.14)
+
+
+def _populate(mm: mmap.mmap, held: int) -> None:
+    """Fill a fresh private file mapping's page tables from the page cache (reading what it
+    lacks) in one call, so the kernels that read it take no page faults."""
+    if _populate_works[0]:
+        try:
+            mm.madvise(MADV_POPULATE_READ)
+            return
+        except OSError as e:
+            if e.errno not in (errno.EINVAL, errno.ENOSYS):
+                raise
+            _populate_works[0] = False
+    if held < len(mm) and hasattr(mmap, "MADV_WILLNEED"):  # the rest: one readahead of the span,
+        mm.madvise(mmap.MADV_WILLNEED)  # not a fault per 16 pages from the kernels
 
 
 def _cached_share(fd: int, offset: int, nbytes: int) -> float:
@@ -230,14 +265,16 @@ class ExpertStore:
         try:
             with open(sp.path, "rb") as f:
                 # (no MAP_POPULATE: on a writable private mapping it breaks copy-on-write, a copy of every
-                # page; read faults map the page-cache pages, 16 at a time with fault-around)
+                # page; _populate's MADV_POPULATE_READ maps the page-cache pages as read faults would)
                 mm = mmap.mmap(f.fileno(), sp.offset + sp.nbytes - start, mmap.MAP_PRIVATE,
                                mmap.PROT_READ | mmap.PROT_WRITE, offset=start)
         except (OSError, ValueError) as e:
             raise ExpertLoadError(f"layer {layer} expert {expert}: {sp.path}: {e}") from None
         held = resident_bytes(mm, 0, len(mm))  # (mincore: what the page cache held of it)
-        if held < len(mm) and hasattr(mmap, "MADV_WILLNEED"):  # the rest: one readahead of the span,
-            mm.madvise(mmap.MADV_WILLNEED)  # not a fault per 16 pages from the kernels
+        try:
+            _populate(mm, held)
+        except OSError as e:  # (a read error populating, e.g. EIO, EFAULT past a truncated file's end)
+            raise ExpertLoadError(f"layer {layer} expert {expert}: {sp.path}: {e.strerror}") from None
         with self._lock:
             self.read_bytes["mapped"] += sp.nbytes
             self.read_bytes["mapped_held"] += min(sp.nbytes, held)
@@ -390,6 +427,7 @@ class _Slot:
     used: bool = False
     error: Exception | None = None
     mapped: bool = False  # a miss served from the page cache for its one use (no pool block, no budget)
+    guessed_at: int = 0  # the cache's demand-lookup count when it was predicted (prefetched)
 
 
 @dataclass(frozen=True)
@@ -462,8 +500,10 @@ class ExpertCache:
             self._loader = threading.Thread(target=self._prefetch_loop, name="colibri-prefetch", daemon=True)
             self._loader.start()
         self._warned_at = 0
-        self._outcomes: deque = deque(maxlen=PREFETCH_OUTCOMES)  # 1 used, 0 evicted unused: the latest guesses
-        self._probe = 0
+        # per layer guessed for: 1 used, 0 evicted unused, the latest guesses (a layer's own pause)
+        self._outcomes = [deque(maxlen=PREFETCH_OUTCOMES) for _ in range(num_layers)]
+        self._lookup_n = 0  # counted demand lookups: a guess's age (GUESS_GRACE)
+        self._probe = [0] * num_layers
         self.prefetch_skipped = 0
         self._mapped_before = np.zeros((num_layers, num_experts), bool)
         self._held: deque = deque(maxlen=MAP_OUTCOMES)  # page-cache share of the latest re-mapped misses
@@ -624,7 +664,7 @@ class ExpertCache:
                     c.ready_hits += 1
                     if slot.prefetched and not slot.used:
                         c.prefetch_used += 1
-                        self._outcomes.append(1)
+                        self._outcomes[layer].append(1)
                     slot.used = True
                     if routed:
                         self.activations[layer, e] += 1
@@ -646,7 +686,7 @@ class ExpertCache:
         Predicted picks may replace the least recently used expert; guesses (`spare_only`:
         runners-up, the window's favourites) only use room the top-k does not need.
         """
-        if self._loader is None or layer >= self.num_layers or not self.predict or not self._prefetch_pays():
+        if self._loader is None or layer >= self.num_layers or not self.predict or not self._prefetch_pays(layer):
             return
         wanted = [int(x) for x in experts]
         if spare_only:
@@ -660,17 +700,25 @@ class ExpertCache:
 
     @property
     def prefetch_paused(self) -> bool:
-        """Whether the latest resolved guesses were mostly wasted (predictions then held back)."""
-        out = self._outcomes
+        """Whether predictions are held back for every layer guessed for lately (each layer's
+        latest resolved guesses mostly wasted)."""
+        judged = [self._layer_paused(L) for L in range(self.num_layers) if len(self._outcomes[L]) >= PREFETCH_OUTCOMES // 2]
+        return bool(judged) and all(judged)
+
+    def _layer_paused(self, layer: int) -> bool:
+        out = self._outcomes[layer]
         return len(out) >= out.maxlen // 2 and sum(out) < PREFETCH_MIN_ACCURACY * len(out)
 
-    def _prefetch_pays(self) -> bool:
-        """Whether a prediction call goes out: always while guesses pay, one in PREFETCH_PROBE while paused."""
+    def _prefetch_pays(self, layer: int) -> bool:
+        """Whether a prediction call for `layer` goes out: always while its guesses pay, one in
+        PREFETCH_PROBE while that layer is paused (one-layer-ahead routing is far better
+        predicted in some layers than in others: 0.17 into layer 1, 0.66-0.75 from layer 3 on the
+        MoEfied trace)."""
         with self._lock:
-            if not self.prefetch_paused:
+            if not self._layer_paused(layer):
                 return True
-            self._probe += 1
-            if self._probe % PREFETCH_PROBE == 0:
+            self._probe[layer] += 1
+            if self._probe[layer] % PREFETCH_PROBE == 0:
                 return True
             self.prefetch_skipped += 1
             return False
@@ -683,6 +731,7 @@ class ExpertCache:
             c, key, count = self.counters[layer], (layer, expert), not self._quiet
             if count and not prefetch and not reserve:
                 self._warm(layer, expert)
+                self._lookup_n += 1
             slot = self._slots.get(key)
             if slot is not None:
                 if prefetch or reserve:
@@ -697,7 +746,7 @@ class ExpertCache:
                     c.ready_hits += slot.ready.is_set()
                     if slot.prefetched and not slot.used:
                         c.prefetch_used += 1
-                        self._outcomes.append(1)
+                        self._outcomes[layer].append(1)
                     slot.used = True
                 slot.pins += 1
                 return slot, False
@@ -710,7 +759,7 @@ class ExpertCache:
                 self._make_room(layer, nbytes)
             prefetched = prefetch and not fill and count
             slot = _Slot(nbytes, prefetched=prefetched, used=not prefetch and count, reserved=reserve,
-                         early=reserve, mapped=mapped)
+                         early=reserve, mapped=mapped, guessed_at=self._lookup_n)
             self._slots[key] = slot
             self._count[layer] += 1
             self._used += nbytes
@@ -758,12 +807,18 @@ class ExpertCache:
             self._free_spare(self._spare.pop())
 
     def _victim(self, in_layer: int | None) -> tuple[int, int] | None:
-        """Called with the lock held: the expert the policy evicts next (of `in_layer`, or any)."""
-        free = (k for k, s in self._slots.items() if (in_layer is None or k[0] == in_layer)
-                and s.pins == 0 and not s.reserved and s.ready.is_set() and not s.mapped)
+        """Called with the lock held: the expert the policy evicts next (of `in_layer`, or any).
+        A guess not yet used is spared for GUESS_GRACE tokens' lookups while anything else can go:
+        under LFU it has no heat of its own and would be the first victim, before its use."""
+        free = [k for k, s in self._slots.items() if (in_layer is None or k[0] == in_layer)
+                and s.pins == 0 and not s.reserved and s.ready.is_set() and not s.mapped]
+        grace = GUESS_GRACE * self.num_layers * self.top_k
+        settled = [k for k in free if not (self._slots[k].prefetched and not self._slots[k].used
+                                           and self._lookup_n - self._slots[k].guessed_at < grace)]
+        free = settled or free
         if self.policy == "lfu":
             return min(free, key=lambda k: self._heat[k], default=None)  # the first minimum: LRU among ties
-        return next(free, None)
+        return free[0] if free else None
 
     def _pass_through(self, layer: int, expert: int, nbytes: int) -> bool:
         """Called with the lock held, for a demand miss: serve it mapped from the page cache for
@@ -809,7 +864,7 @@ class ExpertCache:
             c.evictions += 1
             c.prefetch_wasted += slot.prefetched and not slot.used
             if slot.prefetched and not slot.used:
-                self._outcomes.append(0)
+                self._outcomes[key[0]].append(0)
         self._release(slot)
 
     def _release(self, slot: _Slot) -> None:
