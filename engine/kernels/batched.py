@@ -30,8 +30,10 @@ from numba.extending import intrinsic
 
 import engine.kernels  # noqa: F401  (numba settings first)
 from engine.kernels.decode import CODE, SPAN, _matrix, _rows, _store_kv, _swiglu_rows
-from engine.kernels.formats import quantize_activations, quantize_block, quantized
-from engine.kernels.rows import attend, rmsnorm_row, rope_head
+from engine.kernels.formats import PACKED, quantize_activations, quantize_block, quantized
+from engine.kernels.matmul import _group_dot, _group_tokens
+from engine.kernels.rows import attend, rmsnorm_row, rope_head, silu
+from engine.kernels.simd import TOKENS
 
 K_ADDR, V_ADDR, KS_ADDR, VS_ADDR, CAPACITY = range(5)  # columns of a row of kv
 
@@ -62,6 +64,57 @@ def _scales(kv, n, col, like, scaled, layers, kv_heads):
     return like
 
 
+@njit(fastmath=True, cache=True, nogil=True)
+def _rows_n(m, code, r0, r1, xq, xd, xs, xi, out):
+    """out[n, r] += row r of m · row n's int8 activations for r in r0..r1-1 (r0 a multiple of 8),
+    every row n of xq (N, cols): on a repacked matrix each block is unpacked once for TOKENS
+    rows (the prefill's group kernel, whose integer block sums and per-token float steps are the
+    one-token kernel's: the same products bit for bit), else decode._rows row by row."""
+    N = xq.shape[0]
+    if code > PACKED:
+        for g in range(r0 // 8, r1 // 8):
+            t = 0
+            while t + TOKENS <= N:
+                a = _group_tokens(m, g, code, xq, xd, xs, xi, t)
+                for j in range(TOKENS):
+                    for i in range(8):
+                        out[t + j, 8 * g + i] += a[8 * j + i]
+                t += TOKENS
+            for u in range(t, N):
+                b = _group_dot(m, g, code, xq[u], xd[u], xs[u], xi[u])
+                for i in range(8):
+                    out[u, 8 * g + i] += b[i]
+    else:
+        for n in range(N):
+            _rows(m, code, r0, r1, xq[n], xd[n], xs[n], xi[n], np.float32(1.0), out[n], 0)
+
+
+@njit(fastmath=True, cache=True, nogil=True)
+def _swiglu_n(gate, cg, up, cu, r0, xq, xd, xs, xi, act):
+    """act[n, r] = silu(gate row r · x_n) · (up row r · x_n) for the 32 rows r0..r0+31 and every
+    row n: both matrices repacked, TOKENS rows per unpacked block (as _rows_n), else
+    decode._swiglu_rows row by row."""
+    N = xq.shape[0]
+    if cg > PACKED and cu > PACKED:
+        for g in range(r0 // 8, r0 // 8 + 4):
+            t = 0
+            while t + TOKENS <= N:
+                ga = _group_tokens(gate, g, cg, xq, xd, xs, xi, t)
+                ua = _group_tokens(up, g, cu, xq, xd, xs, xi, t)
+                for j in range(TOKENS):
+                    for i in range(8):
+                        act[t + j, 8 * g + i] = silu(ga[8 * j + i]) * ua[8 * j + i]
+                t += TOKENS
+            for u in range(t, N):
+                g8 = _group_dot(gate, g, cg, xq[u], xd[u], xs[u], xi[u])
+                u8 = _group_dot(up, g, cu, xq[u], xd[u], xs[u], xi[u])
+                for i in range(8):
+                    act[u, 8 * g + i] = silu(g8[i]) * u8[i]
+        return
+    for n in range(N):
+        _swiglu_rows(gate, cg, up, cu, r0, xq[n], xd[n], xs[n], xi[n], act[n])
+
+
 @njit(parallel=True, fastmath=True, cache=True, nogil=True)
 def decode_rows(x, norms, attn, bias, qk_norms, qk_norm, clip, mlp, eps, scale, window, cos, sin, pos, kv, like_kv,
                 like_scale, scaled, heads, kv_heads, head_dim):
@@ -89,9 +142,7 @@ def decode_rows(x, norms, attn, bias, qk_norms, qk_norm, clip, mlp, eps, scale, 
             i = 0 if task < tq else (1 if task < tq + tk else 2)
             r0 = SPAN * (task - (0 if i == 0 else tq + (i - 1) * tk))
             out = qf if i == 0 else (kf if i == 1 else vf)
-            m = _matrix(attn[L, i])
-            for n in range(N):
-                _rows(m, attn[L, i, CODE], r0, r0 + SPAN, xq[n], xd[n], xs[n], xi[n], np.float32(1.0), out[n], 0)
+            _rows_n(_matrix(attn[L, i]), attn[L, i, CODE], r0, r0 + SPAN, xq, xd, xs, xi, out)
         for n in range(N):  # as decode_layers: the biases, the q/k norms, the clip, rope, the cache
             if bias.shape[2] > 0:
                 for j in range(qd):
@@ -146,10 +197,7 @@ def decode_rows(x, norms, attn, bias, qk_norms, qk_norm, clip, mlp, eps, scale, 
             quantize_activations(flat, aq, ad, as_, ai)
         o = np.zeros((N, hidden), np.float32)
         for task in prange(hidden // SPAN):
-            m = _matrix(attn[L, 3])
-            for n in range(N):
-                _rows(m, attn[L, 3, CODE], SPAN * task, SPAN * task + SPAN, aq[n], ad[n], as_[n], ai[n],
-                      np.float32(1.0), o[n], 0)
+            _rows_n(_matrix(attn[L, 3]), attn[L, 3, CODE], SPAN * task, SPAN * task + SPAN, aq, ad, as_, ai, o)
         for n in range(N):
             for j in range(hidden):
                 x[n, j] += o[n, j]
@@ -165,16 +213,12 @@ def decode_rows(x, norms, attn, bias, qk_norms, qk_norm, clip, mlp, eps, scale, 
         fs, fi = np.empty((N, tasks), np.float32), np.empty((N, tasks), np.int32)
         for task in prange(tasks):
             r0 = 32 * task
-            gate, up = _matrix(mlp[L, 0]), _matrix(mlp[L, 1])
+            _swiglu_n(_matrix(mlp[L, 0]), mlp[L, 0, CODE], _matrix(mlp[L, 1]), mlp[L, 1, CODE], r0, xq, xd, xs, xi, act)
             for n in range(N):
-                _swiglu_rows(gate, mlp[L, 0, CODE], up, mlp[L, 1, CODE], r0, xq[n], xd[n], xs[n], xi[n], act[n])
                 quantize_block(act[n], fq[n], fd[n], fs[n], fi[n], task)
         out = np.zeros((N, hidden), np.float32)
         for task in prange(hidden // SPAN):
-            m = _matrix(mlp[L, 2])
-            for n in range(N):
-                _rows(m, mlp[L, 2, CODE], SPAN * task, SPAN * task + SPAN, fq[n], fd[n], fs[n], fi[n], np.float32(1.0),
-                      out[n], 0)
+            _rows_n(_matrix(mlp[L, 2]), mlp[L, 2, CODE], SPAN * task, SPAN * task + SPAN, fq, fd, fs, fi, out)
         for n in range(N):
             for j in range(hidden):
                 x[n, j] += out[n, j]
