@@ -8,6 +8,11 @@ step however many sequences picked it (`expert_bytes` counts both ways). A `Pref
 the KV of recent prompts, so a request sharing a system prompt or earlier turns skips their
 prefill.
 
+A dense model whose lone token takes the fused one-call decode (engine.models.fused) runs the
+whole step in one call as well (engine.kernels.batched.decode_rows: every layer, all N rows per
+parallel task, 4 rows per unpacked weight block), each row bit for bit its lone decode; the
+layer-by-layer pass below is the path for the rest (MoE, GPU, float activations).
+
 Exactness: the fused integer decode kernels (matmul_int, swiglu_int) dot each row on its own,
 so a step's matmuls give all N rows to one call of them (each weight read once per step); other
 formats go through the 1-token kernels up to cpu.INT_MAX_T rows a call (the prefill kernels, for
