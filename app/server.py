@@ -35,7 +35,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from app.reasoning import ThinkSplitter, is_reasoning_model, starts_inside
-from app.server_jobs import BatchScheduler, Job, QueueFull, Turns
+from app.server_jobs import BatchScheduler, EngineThread, Job, QueueFull, Turns
 from engine import params as P
 from engine.api import Engine, Step
 from engine.errors import ColibriError
@@ -165,11 +165,12 @@ class Service:
     """Everything a route needs: the engine, its scheduler and the limits."""
 
     def __init__(self, engine: Engine, limits: Limits, api_key: str | None, loopback_only: bool,
-                 turns: Turns | None = None):
+                 turns: Turns | None = None, runner: EngineThread | None = None):
         self.engine, self.limits, self.api_key, self.loopback_only = engine, limits, api_key, loopback_only
         self.model_id = engine.model.path.name
         self.created = int(time.time())
-        self.scheduler = BatchScheduler(engine, limits.max_queue, turns, limits.slots, limits.prefix_cache_bytes)
+        self.scheduler = BatchScheduler(engine, limits.max_queue, turns, limits.slots, limits.prefix_cache_bytes,
+                                        runner)
         codec = engine.codec
         self.reasoning = is_reasoning_model(codec.template_source,
                                             lambda t: codec.tok.token_to_id(t) is not None)
@@ -513,10 +514,11 @@ class _Guard:
 
 
 def create_app(engine: Engine, limits: Limits = Limits(), api_key: str | None = None,
-               loopback_only: bool = True, turns: Turns | None = None) -> tuple[FastAPI, Service]:
+               loopback_only: bool = True, turns: Turns | None = None,
+               runner: EngineThread | None = None) -> tuple[FastAPI, Service]:
     """The ASGI application over one engine (its scheduler's worker thread starts now); `turns`:
-    the line it shares with the engine's other users (the GUI's chat)."""
-    svc = Service(engine, limits, api_key, loopback_only, turns)
+    the line it shares with the engine's other users (the GUI's chat); `runner`: start's."""
+    svc = Service(engine, limits, api_key, loopback_only, turns, runner)
     app = FastAPI(title="Colibri", docs_url=None, redoc_url=None, openapi_url=None)
 
     @app.exception_handler(ApiError)
@@ -616,13 +618,14 @@ def check_bind(host: str, api_key: str | None) -> None:
 
 def start(engine_or_factory: Engine | Callable[[], Engine], host: str = DEFAULT_HOST,
           port: int = DEFAULT_PORT, api_key: str | None = None, limits: Limits = Limits(),
-          log_level: str = "warning", turns: Turns | None = None) -> ServerHandle:
+          log_level: str = "warning", turns: Turns | None = None, runner: EngineThread | None = None) -> ServerHandle:
     """Serve the engine in a background thread; returns once it listens (port 0: any free port).
 
     The address is checked before a factory loads anything; an address in use raises OSError here.
     `turns`: the line in front of the engine's conversation cache (the GUI passes its own); the
     BatchScheduler needs none (each request has its own KV cache), and the GUI's replies join it
-    while it serves (app.worker.EngineWorker.generate).
+    while it serves (app.worker.EngineWorker.generate). `runner`: the thread the scheduler's loop
+    runs on (the GUI's EngineThread: one OpenMP team), else a thread of its own.
     """
     api_key = api_key or os.environ.get("COLIBRI_API_KEY") or None
     check_bind(host, api_key)
@@ -633,7 +636,7 @@ def start(engine_or_factory: Engine | Callable[[], Engine], host: str = DEFAULT_
         sock.bind((host.strip("[]"), port))
         sock.listen(2048)
         engine = engine_or_factory if isinstance(engine_or_factory, Engine) else engine_or_factory()
-        app, svc = create_app(engine, limits, api_key, loopback_only=is_loopback(host), turns=turns)
+        app, svc = create_app(engine, limits, api_key, loopback_only=is_loopback(host), turns=turns, runner=runner)
     except BaseException:
         sock.close()
         raise

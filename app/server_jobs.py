@@ -220,11 +220,85 @@ class _Left(Exception):
     """A job's client went away during its prompt's prefill (raised between layers)."""
 
 
+class Task:
+    """A callable queued on an EngineThread: join() waits for it, result() gives what it returned."""
+
+    def __init__(self, fn: Any):
+        self.fn, self.done = fn, threading.Event()
+        self.value: Any = None
+        self.error: BaseException | None = None
+
+    def join(self, timeout: float | None = None) -> None:
+        self.done.wait(timeout)
+
+    def is_alive(self) -> bool:
+        return not self.done.is_set()
+
+    def result(self) -> Any:
+        self.done.wait()
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
+class EngineThread:
+    """One long-lived thread for all of an engine's parallel kernels in a process, running its
+    callables in order. libgomp keeps an OpenMP team for each thread that ran a parallel kernel;
+    with two (the GUI's QThread's and the server scheduler's) there are more of its threads than
+    cores, and it then spins only briefly between parallel regions, so every region sleeps and
+    wakes its workers (app.cli_serve.warm_apart measured it). The GUI's worker loads and replies
+    here, and its server's BatchScheduler runs its loop here while it serves: one team."""
+
+    def __init__(self, name: str = "colibri-engine"):
+        self.name = name
+        self._lock = threading.Lock()
+        self._jobs: queue.Queue[Task | None] = queue.Queue()
+        self.thread: threading.Thread | None = None  # started by the first submit (again after close)
+
+    @staticmethod
+    def _loop(jobs: queue.Queue) -> None:
+        while True:
+            task = jobs.get()
+            if task is None:
+                return
+            try:
+                task.value = task.fn()
+            except BaseException as e:  # noqa: BLE001 - raised in the caller's thread by Task.result
+                task.error = e
+            task.done.set()
+
+    def submit(self, fn: Any) -> Task:
+        """Queue fn() behind the callables before it; the Task to wait for."""
+        task = Task(fn)
+        with self._lock:
+            if self.thread is None:
+                self.thread = threading.Thread(target=self._loop, args=(self._jobs,), name=self.name, daemon=True)
+                self.thread.start()
+            self._jobs.put(task)
+        return task
+
+    def call(self, fn: Any) -> Any:
+        """fn() on this thread, waited for: its value, or its exception raised here."""
+        if threading.current_thread() is self.thread:
+            return fn()
+        return self.submit(fn).result()
+
+    def close(self, timeout: float = 10.0) -> None:
+        """End the thread once the callables queued so far have run (a later submit starts another)."""
+        with self._lock:
+            thread, jobs = self.thread, self._jobs
+            self.thread, self._jobs = None, queue.Queue()
+        jobs.put(None)
+        if thread is not None:
+            thread.join(timeout)
+
+
 class BatchScheduler:
-    """Continuous batching on one engine: jobs join between decode steps and leave when done."""
+    """Continuous batching on one engine: jobs join between decode steps and leave when done.
+    Its loop runs on a thread of its own, or on `runner` (an EngineThread) until it closes."""
 
     def __init__(self, engine: Engine, max_queue: int, turns: Turns | None = None, slots: int = 8,
-                 prefix_bytes: int = 64 << 20):
+                 prefix_bytes: int = 64 << 20, runner: EngineThread | None = None):
         from engine.batch import Batcher
         self.engine, self.max_queue, self.slots = engine, max_queue, max(int(slots), 1)
         self.turns = turns  # kept for callers that pass it; batched jobs need no turn
@@ -234,8 +308,11 @@ class BatchScheduler:
         self.active: list[tuple[Job, Sequence]] = []
         self.filling: tuple[Job, Sequence] | None = None  # the job whose prompt is being prefilled
         self._closed = False
-        self._thread = threading.Thread(target=self._work, name="colibri-serve-engine", daemon=True)
-        self._thread.start()
+        if runner is not None:
+            self._thread: threading.Thread | Task = runner.submit(self._work)
+        else:
+            self._thread = threading.Thread(target=self._work, name="colibri-serve-engine", daemon=True)
+            self._thread.start()
 
     @property
     def waiting(self) -> int:

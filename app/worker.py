@@ -22,7 +22,7 @@ from app import context_policy, model_library
 from app.model_library import ensure_default_model
 from app.paths import models_dir
 from app.reasoning import OPEN, ThinkSplitter, can_switch, is_reasoning_model, starts_inside
-from app.server_jobs import Turns
+from app.server_jobs import EngineThread, Turns
 from engine import params as P
 from engine.errors import ColibriError, ConversionCancelled
 from engine.experts import plan_expert_cache
@@ -331,6 +331,10 @@ class EngineWorker(QObject):
         self.server = None  # app.server.ServerHandle while "Serve on localhost" is on
         self._serve_port = 0
         self.turns = Turns()  # replies on the conversation cache: one at a time (a SerialScheduler's jobs too)
+        # every parallel kernel of this worker's engine runs on this one thread (a load's warm-up, a
+        # reply, the server's batched steps while it serves): one OpenMP team, not the QThread's beside
+        # the scheduler's (app.server_jobs.EngineThread says why)
+        self.runner = EngineThread()
         self._stop = threading.Event()
         self._cancel = threading.Event()
         self.stats_timer: QTimer | None = None  # made on the worker's thread by watch_stats
@@ -386,7 +390,7 @@ class EngineWorker(QObject):
             if self.engine is not None:
                 self.engine.close()
                 self.engine = None
-            self.engine = open_engine(path, params, True, self.stage.emit)
+            self.engine = self.runner.call(lambda: open_engine(path, params, True, self.stage.emit))
             self.model_defaults.emit(path, model_sampling(path))
             self.reasoning.emit(path, *reasoning_of(self.engine))
             self.loaded.emit(self.engine.stats())
@@ -442,8 +446,8 @@ class EngineWorker(QObject):
                                      scheduler=self.server.service.scheduler, **options)
             else:
                 with self.turns.turn(self._stop) as mine:  # Turns: a SerialScheduler's job first, if any
-                    reply = stream_reply(self.engine, messages, sampling, self._stop, emit, **options) if mine \
-                        else Reply("", None, 0)
+                    reply = self.runner.call(lambda: stream_reply(self.engine, messages, sampling, self._stop, emit,
+                                                                  **options)) if mine else Reply("", None, 0)
             self._sample_load()
             if reply.step is not None and self.watch.active is None and not _remote(self.engine):
                 # a quiet reply teaches the model's speed
@@ -600,7 +604,8 @@ class EngineWorker(QObject):
             return
         try:
             from app import server
-            self.server, self._serve_port = server.start(self.engine, "127.0.0.1", port, turns=self.turns), port
+            self.server, self._serve_port = server.start(self.engine, "127.0.0.1", port, turns=self.turns,
+                                                         runner=self.runner), port
             self.served.emit(self.server.url, "")
         except (OSError, ValueError) as e:  # a port in use, most often
             self.served.emit("", f"the server could not start on 127.0.0.1:{port}: {e}")
@@ -618,6 +623,7 @@ class EngineWorker(QObject):
         if self.engine is not None:
             self.engine.close()
             self.engine = None
+        self.runner.close()
 
 
 class ConvertWorker(QObject):

@@ -8,6 +8,11 @@ step however many sequences picked it (`expert_bytes` counts both ways). A `Pref
 the KV of recent prompts, so a request sharing a system prompt or earlier turns skips their
 prefill.
 
+A dense model whose lone token takes the fused one-call decode (engine.models.fused) runs the
+whole step in one call as well (engine.kernels.batched.decode_rows: every layer, all N rows per
+parallel task, 4 rows per unpacked weight block), each row bit for bit its lone decode; the
+layer-by-layer pass below is the path for the rest (MoE, GPU, float activations).
+
 Exactness: the fused integer decode kernels (matmul_int, swiglu_int) dot each row on its own,
 so a step's matmuls give all N rows to one call of them (each weight read once per step); other
 formats go through the 1-token kernels up to cpu.INT_MAX_T rows a call (the prefill kernels, for
@@ -30,9 +35,11 @@ import numpy as np
 
 from engine import params as P
 from engine.kernels import cpu
+from engine.kernels.batched import decode_rows
 from engine.kvcache import KVCache
 from engine.models.base import Step as PassStep
 from engine.models.base import linear, rmsnorm
+from engine.models.fused import QK_NORM
 from engine.ops import norms, rope
 from engine.sampling import Sampler
 from engine.tokenizer import StopMatcher, StreamDecoder
@@ -74,7 +81,8 @@ def decode_batch(net: Transformer, tokens: Seq[int], caches: Seq[KVCache],
     step.k.gather_rows(net.w.token_embd.data, net.w.token_embd.code, np.asarray(tokens, np.int64), x)
     if net.spec.embed_scale:
         x *= np.float32(cfg.hidden_size ** 0.5)
-    for L, lw in enumerate(net.w.layers):  # as Transformer.forward's loop, the mixer always attention
+    fused = _fused_rows(net, x, caches, pos, cos, sin, step)
+    for L, lw in enumerate(net.w.layers if not fused else ()):  # as Transformer.forward's loop (attention)
         mark = arena.mark()
         if lw.sandwich is not None:
             net.sandwich_layer(L, x, lw, net.attention, step)
@@ -88,6 +96,34 @@ def decode_batch(net: Transformer, tokens: Seq[int], caches: Seq[KVCache],
     if cfg.final_logit_softcap:
         logits = norms.softcap(logits, cfg.final_logit_softcap)
     return logits.copy()  # results leave the arena
+
+
+def _fused_rows(net: Transformer, x: np.ndarray, caches: Seq[KVCache], pos: np.ndarray, cos: np.ndarray,
+                sin: np.ndarray, step: PassStep) -> bool:
+    """x (N, hidden) through every layer in one call of engine.kernels.batched.decode_rows, in
+    place, where each row alone would take the fused one-call decode (a dense model, every
+    matrix in an integer-dot format, nothing asking for the layered path): each row then gets
+    that decode's logits bit for bit. False (nothing done) otherwise."""
+    fd = net.fused
+    if fd is None or not fd.dense or not net.takes_fused(step) or not fd.ready():
+        return False
+    kind = caches[0].kind
+    if any(c.kind != kind or not (c.k.flags.c_contiguous and c.v.flags.c_contiguous) for c in caches):
+        return False
+    t0 = step.timer.start() if step.timer is not None else 0.0
+    like = caches[0].k.view(np.uint16) if kind == "f16" else caches[0].k
+    kv = np.array([[c.k.ctypes.data, c.v.ctypes.data, c.k_scale.ctypes.data, c.v_scale.ctypes.data, c.capacity]
+                   for c in caches], np.int64)
+    mlp = fd._expert_table()[:, 0]  # (layers, 3, 4): the one dense "expert" per layer, gate/up/down
+    cfg = net.cfg
+    decode_rows(x, fd.norms, fd.attn, fd.bias, fd.qk_norms, QK_NORM[cfg.qk_norm], np.float32(cfg.clip_qkv or 0.0),
+                np.ascontiguousarray(mlp), np.float32(cfg.rms_norm_eps), net.scale, cfg.sliding_window or 0,
+                np.ascontiguousarray(cos, dtype=np.float32), np.ascontiguousarray(sin, dtype=np.float32), pos, kv,
+                like, caches[0].k_scale, kind == "int8", cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
+    if step.timer is not None:
+        step.timer.stop("decode_rows (fused, batched)", t0)
+    net.w.experts.count_uses(np.zeros((len(fd.norms), len(caches)), np.int64), routed=False)  # as N lone decodes
+    return True
 
 
 def _rows_per_read(net: Transformer, L: int, e: int) -> int:

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from conftest import HF_FIXTURES
 
+from engine import batch
 from engine.api import Engine
 from engine.batch import Batcher, PrefixCache, decode_batch, expert_bytes
 from engine.convert.convert import convert
@@ -54,12 +55,22 @@ def together(eng: Engine, n: int, routes: list | None = None) -> list[np.ndarray
     return [np.concatenate(r) for r in rows]
 
 
-@pytest.mark.parametrize("kv,n", [("f16", 3), ("int8", 6)])
-def test_a_dense_batch_is_each_sequence_alone_bit_for_bit(models, kv, n):
-    eng = models("llama", "int4", kv)
+@pytest.mark.parametrize("name,kv,n", [("llama", "f16", 3), ("llama", "int8", 6), ("qwen2", "f16", 6),
+                                         ("qwen3", "int8", 4)])
+@pytest.mark.parametrize("fused", [True, False])
+def test_a_dense_batch_is_each_sequence_alone_bit_for_bit(models, monkeypatch, name, kv, n, fused):
+    """Through the batched one-call kernel (decode_rows; qwen2: q/k/v biases, qwen3: q/k norms)
+    and through the layered path, each row is its sequence decoded alone, bit for bit."""
+    eng = models(name, "int4", kv)
     assert n <= len(PROMPTS) and cpu.INT_MAX_T == 3  # 6 rows: one call of the fused integer kernels
+    calls = []
+    real = batch.decode_rows if fused else (lambda *a: calls.append(a))
+    monkeypatch.setattr(batch, "decode_rows", lambda *a: (calls.append(a), real(*a))[1] if fused else real(*a))
+    if not fused:
+        monkeypatch.setattr(batch, "_fused_rows", lambda *a: False)
     for a, b in zip(alone(eng, n), together(eng, n)):
         np.testing.assert_array_equal(a, b)
+    assert len(calls) == (len(FORCED[0]) if fused else 0)  # every step took the path asked for
 
 
 @pytest.mark.parametrize("name", ["mixtral", "qwen3_moe"])

@@ -157,3 +157,41 @@ def test_the_chat_window_replies_through_the_scheduler_while_it_serves(qapp, eng
             time.sleep(0.01)
     finally:
         worker.serve(False, 0)
+
+
+def test_the_gui_runs_its_replies_and_the_served_requests_on_one_thread(qapp, engine, monkeypatch):
+    """Every forward pass of the GUI's worker — a reply alone, then with serving on a served
+    request and a reply in the same steps — runs on its EngineThread: one OpenMP team (libgomp
+    keeps one per thread that ran a parallel kernel), not the QThread's beside the scheduler's."""
+    from PySide6.QtCore import Qt
+
+    import engine.batch as B
+    from app.worker import EngineWorker
+    seen: list[threading.Thread] = []
+    forward, decode = engine.net.forward, B.decode_batch
+    monkeypatch.setattr(engine.net, "forward", lambda *a, **k: (seen.append(threading.current_thread()),
+                                                               forward(*a, **k))[1])
+    monkeypatch.setattr(B, "decode_batch", lambda *a, **k: (seen.append(threading.current_thread()),
+                                                           decode(*a, **k))[1])
+    worker = EngineWorker()
+    worker.engine = engine
+    replies: list = []
+    worker.finished.connect(lambda r, reply: replies.append(reply), Qt.DirectConnection)
+    chat = [{"role": "user", "content": "Hi"}]
+    worker.arm()
+    worker.generate(1, chat, {"temperature": 0.0, "max_tokens": 8})
+    alone = len(seen)
+    worker.serve(True, 0)
+    try:
+        client = openai.OpenAI(base_url=worker.server.url, api_key="x", max_retries=0, timeout=300)
+        served = threading.Thread(target=ask, args=(client, worker.server.model_id, 0, {}, 40))
+        served.start()
+        worker.arm()
+        worker.generate(2, chat, {"temperature": 0.0, "max_tokens": 8})
+        served.join(300)
+    finally:
+        worker.serve(False, 0)
+        worker.close()
+    assert len(replies) == 2 and replies[0].text == replies[1].text and replies[0].text
+    assert 0 < alone < len(seen)
+    assert {t.name for t in seen} == {"colibri-engine"} and len(set(seen)) == 1

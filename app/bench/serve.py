@@ -101,6 +101,10 @@ class LoadResult:
     lost: int  # ended without a finish reason
     garbled: int | None  # text differs from the same request run alone (None: not checked)
     first_errors: list[str] = field(default_factory=list)
+    # CPU seconds during the level: the bench's own client threads (they share the cores with the
+    # server), and the server process (set by main; None when not measured)
+    client_cpu_s: float = 0.0
+    server_cpu_s: float | None = None
 
 
 def _percentile(values: list[float], q: float) -> float | None:
@@ -136,11 +140,11 @@ def run_load(url: str, model: str, clients: int, requests_each: int | None = 2, 
     for t in threads:
         t.start()
     deadline[0] = time.perf_counter() + (duration_s or 0)
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     start.wait()
     for t in threads:
         t.join()
-    seconds = time.perf_counter() - t0
+    seconds, client_cpu = time.perf_counter() - t0, time.process_time() - cpu0
     errors = [o for o in outcomes if o.error]
     lost = [o for o in outcomes if not o.error and o.finish is None]
     garbled = [o for o in outcomes if not o.error and o.request in reference and o.text != reference[o.request]] \
@@ -150,7 +154,7 @@ def run_load(url: str, model: str, clients: int, requests_each: int | None = 2, 
     result = LoadResult(clients, len(outcomes), seconds, tokens, tokens / seconds if seconds else 0.0,
                         _percentile(ttfts, 0.5), _percentile(ttfts, 0.99), len(errors), len(lost),
                         None if garbled is None else len(garbled),
-                        [o.error for o in errors[:3]])
+                        [o.error for o in errors[:3]], client_cpu)
     return result, outcomes
 
 
@@ -200,6 +204,12 @@ class ServerProcess:
                 time.sleep(0.5)
         self.stop()
         raise SystemExit(f"{self.name} did not answer {url} within {seconds:.0f} s; its log: {self.log}")
+
+    def cpu_s(self) -> float:
+        """CPU seconds (user + system) the server process has used so far."""
+        import psutil
+        t = psutil.Process(self.proc.pid).cpu_times()
+        return t.user + t.system
 
     def rss(self) -> int:
         import psutil
@@ -281,7 +291,8 @@ def _row(name: str, r: LoadResult) -> str:
     def ms(v: float | None) -> str:
         return "—" if v is None else f"{1000 * v:,.0f}"
     return (f"{name:<22} {r.clients:>7} {r.requests:>8} {r.tok_s:>8.1f} {ms(r.ttft_p50_s):>9} {ms(r.ttft_p99_s):>9} "
-            f"{r.errors:>6} {r.lost:>5} {'—' if r.garbled is None else r.garbled:>7}")
+            f"{r.errors:>6} {r.lost:>5} {'—' if r.garbled is None else r.garbled:>7} {r.client_cpu_s:>8.1f} "
+            f"{'—' if r.server_cpu_s is None else f'{r.server_cpu_s:.1f}':>8}")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -304,14 +315,16 @@ def main(args: argparse.Namespace) -> int:
                     "duration_s": args.duration, "machine": machine(), "load_before": os.getloadavg()[0],
                     "levels": {}}
     head = (f"{'server':<22} {'clients':>7} {'requests':>8} {'tok/s':>8} {'TTFT p50':>9} {'TTFT p99':>9} "
-            f"{'errors':>6} {'lost':>5} {'garbled':>7}")
+            f"{'errors':>6} {'lost':>5} {'garbled':>7} {'cpu cli':>8} {'cpu srv':>8}")
     rows = []
     srv = colibri_server(args.gguf, args.threads, work, slots=max(counts))
     try:
         ref = references(srv.url, srv.model, DISTINCT, args.max_tokens, args.temperature)
         for n in counts:
+            cpu0 = srv.cpu_s()
             r, _ = run_load(srv.url, srv.model, n, None if args.duration else args.requests, args.duration,
                             args.max_tokens, args.temperature, ref)
+            r.server_cpu_s = srv.cpu_s() - cpu0
             rows.append(_row("colibri-serve", r))
             print(rows[-1], flush=True)
             report["levels"].setdefault(str(n), {})["colibri"] = asdict(r)
@@ -329,8 +342,10 @@ def main(args: argparse.Namespace) -> int:
                 try:
                     lref = references(ls.url, ls.model, DISTINCT, args.max_tokens, args.temperature) \
                         if args.llama_references else None
+                    cpu0 = ls.cpu_s()
                     r, _ = run_load(ls.url, ls.model, n, None if args.duration else args.requests, args.duration,
                                     args.max_tokens, args.temperature, lref)
+                    r.server_cpu_s = ls.cpu_s() - cpu0
                     rows.append(_row(f"llama-server -np {n}", r))
                     print(rows[-1], flush=True)
                     report["levels"].setdefault(str(n), {})["llama"] = asdict(r)
