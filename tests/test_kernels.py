@@ -452,3 +452,25 @@ def test_compiled_names_do_not_repeat_across_processes():
     names = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
              for _ in range(2)}
     assert len(names) == 2, names
+
+
+def test_expert_gather_and_scatter_are_numpys():
+    """ffn.take_rows and ffn.add_weighted_rows (a prompt's tokens of one expert, gathered and added
+    back on every thread) give numpy's h[rows] and out[rows] += w[rows, slot, None] · y bit for bit."""
+    from engine.ops import ffn
+    rng = np.random.default_rng(7)
+    T, n, k = 37, 96, 2
+    h = rng.standard_normal((T, n)).astype(np.float32)
+    ids = np.stack([rng.permutation(4)[:k] for _ in range(T)])
+    w = rng.random((T, k)).astype(np.float32)
+    out, want = (rng.standard_normal((T, n)).astype(np.float32) for _ in range(2))
+    want[...] = out
+    for e in range(4):
+        rows, slot = np.nonzero(ids == e)
+        got = np.empty((len(rows), n), np.float32)
+        ffn.take_rows(h, rows, got)
+        np.testing.assert_array_equal(got, h[rows])
+        y = np.sin(got * np.float32(3)) * np.float32(1.7)  # some expert's output
+        ffn.add_weighted_rows(out, rows, np.ascontiguousarray(w[rows, slot]), y)
+        want[rows] += w[rows, slot, None] * y
+        np.testing.assert_array_equal(out, want, err_msg=f"expert {e}")

@@ -14,7 +14,7 @@ from numba import njit, prange
 import engine.kernels  # noqa: F401  (numba settings first)
 from engine.kernels import blocks32, kquants, tiles
 from engine.kernels.formats import (PACKED, Q2_K, Q3_K, Q4_0, Q4_1, Q4_1X8, Q6_KX8, Q8_0X8, _is_k, dequantize_row,
-                                    dequantize_x8_row, is_int_code, quantized)
+                                    dequantize_x8_row, is_int_code, quantize_block, quantized)
 from engine.kernels.rows import silu
 from engine.kernels.simd import (TOKENS, group_dot_q4_0x8, group_dot_q4_1x8, group_dot_q8_0x8,
                                  group_tokens_q4_0x8, group_tokens_q4_1x8, group_tokens_q8_0x8,
@@ -121,7 +121,14 @@ def matmul(w, code, x, out, exact=False):
     """
     rows, T, n = w.shape[0], x.shape[0], x.shape[1]
     if not exact and (is_int_code(code) or blocks32.fused(code)):
-        xq, xd, xs, xi = quantized(x)
+        if T < TOKENS:
+            xq, xd, xs, xi = quantized(x)
+        else:  # prefill: the tokens quantized in parallel (each token's blocks alone: the same bits)
+            xq, xd = np.empty((T, n), np.int8), np.empty((T, n // 32), np.float32)
+            xs, xi = np.empty((T, n // 32), np.float32), np.empty((T, n // 32), np.int32)
+            for t in prange(T):
+                for b in range(n // 32):
+                    quantize_block(x[t], xq[t], xd[t], xs[t], xi[t], b)
         if code > PACKED and T < TOKENS:
             for g in prange(rows // 8):
                 for t in range(T):

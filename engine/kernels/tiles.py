@@ -116,8 +116,8 @@ _unpack_q4_k, _unpack_q5_k, _unpack_q6_k, _unpack_iq4_xs = (_unpack(c) for c in 
 
 def _tile_tokens(kind: str):
     """An intrinsic dotting a tile (8 rows) with tokens t0..t0+TOKENS-1 of (T, n) int8 activations:
-    a tuple of 8 float32 per token, token by token. kind: "k" (Q4_K, Q5_K; xs holds min_sums),
-    "q6" (Q6_K; xs is q6_offsets (T, n/16) int32), "grid" (IQ4_XS). Each block's 8 weight vectors
+    a tuple of 8 float32 per token, token by token. kind: "k" (Q4_K, Q5_K; xs holds the min sums),
+    "q6" (Q6_K; xs is the offsets (T, n/16) int32), "grid" (IQ4_XS). Each block's 8 weight vectors
     are loaded once for the TOKENS tokens; per token the float steps of the group kernel."""
     def typer(tq, ta, tb, td, xq, xd, xs, xi, t0):
         def codegen(context, builder, sig, args):
@@ -234,41 +234,26 @@ def tile_tokens(code, tq, ta, tb, td, xq, xd, xs, xi, t0):
     return _tile_k(tq, ta, tb, td, xq, xd, xs, xi, t0)
 
 
-@njit(cache=True, nogil=True)
-def min_sums(xd, xs, xi):
-    """xs (T, n/32) = d_x · Σq_x of each block as float32 (the product the decode kernels form,
-    not the half-rounded sum quantize_activations stores): the Q4_K/Q5_K tiles' minimum terms."""
-    T, nb = xs.shape
-    for t in range(T):
-        for b in range(nb):
-            xs[t, b] = xd[t, b] * np.float32(xi[t, b])
-
-
-@njit(cache=True, nogil=True)
-def q6_offsets(xq):
-    """(T, n/16) int32: -32 · Σ of each 16 int8 activations of xq (T, n), once per token: where
-    the Q6_K tile's sums of a sub-block of 16 start (its codes are q + 32)."""
-    T, n = xq.shape
-    out = np.empty((T, n // 16), np.int32)
-    for t in range(T):
-        for k in range(n // 16):
-            total = 0
-            for i in range(16):
-                total += xq[t, 16 * k + i]
-            out[t, k] = -32 * total
-    return out
-
-
 @njit(parallel=True, cache=True, nogil=True)
 def matmul_tiles(w, code, xq, xd, xs, xi, out):
     """out (T, rows) = the quantized activations (T >= TOKENS; Q4_K/Q5_K: xs is overwritten with
-    min_sums) times a repacked matrix in TILE_CODES (code: the GGML id), an 8-row group at a time: its tile
+    the min sums) times a repacked matrix in TILE_CODES (code: the GGML id), an 8-row group at a time: its tile
     (about 1.4 bytes per weight: 11 KB for n = 1024, L1/L2 resident) is unpacked once and dotted
     with every token."""
     rows, T, n = w.shape[0], xq.shape[0], xq.shape[1]
-    if code == Q4_K or code == Q5_K:
-        min_sums(xd, xs, xi)
-    offsets = q6_offsets(xq) if code == Q6_K else np.zeros((T, 1), np.int32)
+    offsets = np.empty((T, n // 16 if code == Q6_K else 1), np.int32)
+    for t in prange(T):  # per token: Q4_K/Q5_K's min sums (xs = d_x·Σq_x as float32, the product the decode
+        # kernels form, not the half-rounded sum quantize_activations stores); Q6_K's offsets (T, n/16):
+        # -32·Σ of each 16 int8 activations, where a sub-block's sums start (its codes are q + 32)
+        if code == Q4_K or code == Q5_K:
+            for b in range(n // 32):
+                xs[t, b] = xd[t, b] * np.float32(xi[t, b])
+        elif code == Q6_K:
+            for k in range(n // 16):
+                total = 0
+                for i in range(16):
+                    total += xq[t, 16 * k + i]
+                offsets[t, k] = -32 * total
     for g in prange(rows // 8):
         tq = np.empty(8 * n, np.uint8)
         ta = np.empty(n // 2, np.float32)

@@ -270,9 +270,16 @@ class Transformer:
                 if i + 1 < len(order):
                     cache.load_ahead(L, order[i + 1])  # the next one loads while this one computes
                 rows, slot = (slice(None), None) if one else np.nonzero(ids == e)
+                if not one:  # a prompt: its tokens of e gathered and their outputs added back on every thread
+                    hs = step.empty((len(rows), h.shape[1]))
+                    ffn.take_rows(np.ascontiguousarray(h, dtype=np.float32), rows, hs)
                 with cache.use(L, e) as ew:
-                    y = expert_mlp(h[rows], ew, step, self.act, self.biases(lw, e), self.clamp)
-                out[rows] += (pick[e] if one else weights[rows, slot, None]) * y
+                    y = expert_mlp(h if one else hs, ew, step, self.act, self.biases(lw, e), self.clamp)
+                if one:
+                    out += pick[e] * y
+                else:
+                    ffn.add_weighted_rows(out, rows, np.ascontiguousarray(weights[rows, slot], dtype=np.float32),
+                                          np.ascontiguousarray(y, dtype=np.float32))
         if lw.shared is not None:  # spec.shared_expert == "sigmoid_gate" (Qwen2-MoE, Qwen3.5)
             gate = 1.0 / (1.0 + np.exp(-(h @ lw.shared_gate)))  # (T,)
             out += gate[:, None].astype(np.float32) * expert_mlp(h, lw.shared, step)

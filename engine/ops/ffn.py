@@ -136,3 +136,23 @@ def pick_gemma4(logits: np.ndarray, per_expert_scale: np.ndarray, k: int) -> tup
     ids = _topk(p, k)
     top = np.take_along_axis(p, ids, -1)
     return ids, (top / top.sum(-1, keepdims=True) * per_expert_scale[ids]).astype(np.float32)
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def take_rows(x, rows, out):
+    """out (m, n) = x[rows] (x (T, n) f32 C-contiguous, rows (m,) int64): a prompt's tokens of one
+    expert gathered on every thread (numpy's fancy indexing runs on one)."""
+    for i in prange(rows.shape[0]):
+        r = rows[i]
+        for j in range(x.shape[1]):
+            out[i, j] = x[r, j]
+
+
+@njit(parallel=True, cache=True, nogil=True)  # no fastmath: out + w·y rounded as numpy's `out[rows] += w * y`
+def add_weighted_rows(out, rows, weights, y):
+    """out[rows[i]] += weights[i] · y[i] (out (T, n), y (m, n) f32 C-contiguous; rows distinct): an
+    expert's outputs scattered back to its tokens, weighted, on every thread."""
+    for i in prange(rows.shape[0]):
+        r, w = rows[i], weights[i]
+        for j in range(out.shape[1]):
+            out[r, j] += w * y[i, j]
