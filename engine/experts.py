@@ -22,9 +22,8 @@ the mapped ones (mincore on their next mapping): pool slots are never reclaimed,
 are, so the cache is the pool plus what the cgroup's page cache keeps, as llama.cpp's mmap has it;
 where the page cache keeps nothing (heavy caps) misses go back to one O_DIRECT copy into a slot.
 
-Prediction (next layer's picks, runners-up) stays on only while it pays, layer by layer: it pauses
-for a layer when most of the latest guesses for it were evicted unused (PREFETCH_MIN_ACCURACY); a
-guess not used yet is spared by eviction for a token's lookups (GUESS_GRACE).
+Prediction (next layer's picks, runners-up) stays on only while it pays: it pauses when most of
+the latest guesses were evicted unused (PREFETCH_MIN_ACCURACY).
 
 Streamed experts stay in the stored layout: no CPU work on a miss. For a q8_0 expert, repack_x8
 on the miss cost 2.4-2.9 ms and the 8-row-group kernels saved about as much on the token that
@@ -109,16 +108,6 @@ LFU_DECAY = 0.98
 PREFETCH_MIN_ACCURACY = 0.6
 PREFETCH_OUTCOMES = 32
 PREFETCH_PROBE = 16
-# a guess not yet used is no victim for GUESS_GRACE tokens' lookups (layers x top-k each) while any
-# other expert can go: under LFU it had no use yet, so the next miss evicted it before the layer it
-# was guessed for came. The pause is per layer guessed for: one-layer-ahead routing on the MoEfied
-# trace is right 0.17 into layer 1, 0.38 into 2, 0.66-0.75 from 3 on. Measured (0.68 B Q8_0, the cache
-# driven by the trace without compute, 4 of 8 a layer): always-on accuracy 0.16 -> 0.35; gated per
-# layer, hits 0.773 at 45.6 MB read a token against 0.734 at 39.1 with prediction off (one global
-# gate had paused: 0.760, 38.5 MB). Decoding at cap 0.9 (OMP_WAIT_POLICY=PASSIVE, load 5-7, two runs
-# each): random routing 6.9/8.9 -> 9.3/10.1 tok/s (accuracy 0.46 paused -> 0.67 on, 78 -> 110 MB read
-# a token), trace 13.0/12.7 -> 12.5/14.8 (40 -> 55-60 MB)
-GUESS_GRACE = 1
 
 
 def min_budget(top_k: int, slot: int) -> int:
@@ -427,7 +416,6 @@ class _Slot:
     used: bool = False
     error: Exception | None = None
     mapped: bool = False  # a miss served from the page cache for its one use (no pool block, no budget)
-    guessed_at: int = 0  # the cache's demand-lookup count when it was predicted (prefetched)
 
 
 @dataclass(frozen=True)
@@ -500,10 +488,8 @@ class ExpertCache:
             self._loader = threading.Thread(target=self._prefetch_loop, name="colibri-prefetch", daemon=True)
             self._loader.start()
         self._warned_at = 0
-        # per layer guessed for: 1 used, 0 evicted unused, the latest guesses (a layer's own pause)
-        self._outcomes = [deque(maxlen=PREFETCH_OUTCOMES) for _ in range(num_layers)]
-        self._lookup_n = 0  # counted demand lookups: a guess's age (GUESS_GRACE)
-        self._probe = [0] * num_layers
+        self._outcomes: deque = deque(maxlen=PREFETCH_OUTCOMES)  # 1 used, 0 evicted unused: the latest guesses
+        self._probe = 0
         self.prefetch_skipped = 0
         self._mapped_before = np.zeros((num_layers, num_experts), bool)
         self._held: deque = deque(maxlen=MAP_OUTCOMES)  # page-cache share of the latest re-mapped misses
@@ -664,7 +650,7 @@ class ExpertCache:
                     c.ready_hits += 1
                     if slot.prefetched and not slot.used:
                         c.prefetch_used += 1
-                        self._outcomes[layer].append(1)
+                        self._outcomes.append(1)
                     slot.used = True
                     if routed:
                         self.activations[layer, e] += 1
@@ -686,7 +672,7 @@ class ExpertCache:
         Predicted picks may replace the least recently used expert; guesses (`spare_only`:
         runners-up, the window's favourites) only use room the top-k does not need.
         """
-        if self._loader is None or layer >= self.num_layers or not self.predict or not self._prefetch_pays(layer):
+        if self._loader is None or layer >= self.num_layers or not self.predict or not self._prefetch_pays():
             return
         wanted = [int(x) for x in experts]
         if spare_only:
@@ -700,25 +686,17 @@ class ExpertCache:
 
     @property
     def prefetch_paused(self) -> bool:
-        """Whether predictions are held back for every layer guessed for lately (each layer's
-        latest resolved guesses mostly wasted)."""
-        judged = [self._layer_paused(L) for L in range(self.num_layers) if len(self._outcomes[L]) >= PREFETCH_OUTCOMES // 2]
-        return bool(judged) and all(judged)
-
-    def _layer_paused(self, layer: int) -> bool:
-        out = self._outcomes[layer]
+        """Whether the latest resolved guesses were mostly wasted (predictions then held back)."""
+        out = self._outcomes
         return len(out) >= out.maxlen // 2 and sum(out) < PREFETCH_MIN_ACCURACY * len(out)
 
-    def _prefetch_pays(self, layer: int) -> bool:
-        """Whether a prediction call for `layer` goes out: always while its guesses pay, one in
-        PREFETCH_PROBE while that layer is paused (one-layer-ahead routing is far better
-        predicted in some layers than in others: 0.17 into layer 1, 0.66-0.75 from layer 3 on the
-        MoEfied trace)."""
+    def _prefetch_pays(self) -> bool:
+        """Whether a prediction call goes out: always while guesses pay, one in PREFETCH_PROBE while paused."""
         with self._lock:
-            if not self._layer_paused(layer):
+            if not self.prefetch_paused:
                 return True
-            self._probe[layer] += 1
-            if self._probe[layer] % PREFETCH_PROBE == 0:
+            self._probe += 1
+            if self._probe % PREFETCH_PROBE == 0:
                 return True
             self.prefetch_skipped += 1
             return False
@@ -731,7 +709,6 @@ class ExpertCache:
             c, key, count = self.counters[layer], (layer, expert), not self._quiet
             if count and not prefetch and not reserve:
                 self._warm(layer, expert)
-                self._lookup_n += 1
             slot = self._slots.get(key)
             if slot is not None:
                 if prefetch or reserve:
@@ -746,7 +723,7 @@ class ExpertCache:
                     c.ready_hits += slot.ready.is_set()
                     if slot.prefetched and not slot.used:
                         c.prefetch_used += 1
-                        self._outcomes[layer].append(1)
+                        self._outcomes.append(1)
                     slot.used = True
                 slot.pins += 1
                 return slot, False
@@ -759,7 +736,7 @@ class ExpertCache:
                 self._make_room(layer, nbytes)
             prefetched = prefetch and not fill and count
             slot = _Slot(nbytes, prefetched=prefetched, used=not prefetch and count, reserved=reserve,
-                         early=reserve, mapped=mapped, guessed_at=self._lookup_n)
+                         early=reserve, mapped=mapped)
             self._slots[key] = slot
             self._count[layer] += 1
             self._used += nbytes
@@ -807,18 +784,12 @@ class ExpertCache:
             self._free_spare(self._spare.pop())
 
     def _victim(self, in_layer: int | None) -> tuple[int, int] | None:
-        """Called with the lock held: the expert the policy evicts next (of `in_layer`, or any).
-        A guess not yet used is spared for GUESS_GRACE tokens' lookups while anything else can go:
-        under LFU it has no heat of its own and would be the first victim, before its use."""
-        free = [k for k, s in self._slots.items() if (in_layer is None or k[0] == in_layer)
-                and s.pins == 0 and not s.reserved and s.ready.is_set() and not s.mapped]
-        grace = GUESS_GRACE * self.num_layers * self.top_k
-        settled = [k for k in free if not (self._slots[k].prefetched and not self._slots[k].used
-                                           and self._lookup_n - self._slots[k].guessed_at < grace)]
-        free = settled or free
+        """Called with the lock held: the expert the policy evicts next (of `in_layer`, or any)."""
+        free = (k for k, s in self._slots.items() if (in_layer is None or k[0] == in_layer)
+                and s.pins == 0 and not s.reserved and s.ready.is_set() and not s.mapped)
         if self.policy == "lfu":
             return min(free, key=lambda k: self._heat[k], default=None)  # the first minimum: LRU among ties
-        return free[0] if free else None
+        return next(free, None)
 
     def _pass_through(self, layer: int, expert: int, nbytes: int) -> bool:
         """Called with the lock held, for a demand miss: serve it mapped from the page cache for
@@ -864,7 +835,7 @@ class ExpertCache:
             c.evictions += 1
             c.prefetch_wasted += slot.prefetched and not slot.used
             if slot.prefetched and not slot.used:
-                self._outcomes[key[0]].append(0)
+                self._outcomes.append(0)
         self._release(slot)
 
     def _release(self, slot: _Slot) -> None:
