@@ -114,7 +114,7 @@ def _fused_rows(net: Transformer, x: np.ndarray, caches: Seq[KVCache], pos: np.n
     like = caches[0].k.view(np.uint16) if kind == "f16" else caches[0].k
     kv = np.array([[c.k.ctypes.data, c.v.ctypes.data, c.k_scale.ctypes.data, c.v_scale.ctypes.data, c.capacity]
                    for c in caches], np.int64)
-    mlp = fd._expert_table()[:, 0]  # (layers, 3, 4): the one dense "expert" per layer, gate/up/down
+    mlp = fd.expert_table()[:, 0]  # (layers, 3, 4): the one dense "expert" per layer, gate/up/down
     cfg = net.cfg
     decode_rows(x, fd.norms, fd.attn, fd.bias, fd.qk_norms, QK_NORM[cfg.qk_norm], np.float32(cfg.clip_qkv or 0.0),
                 np.ascontiguousarray(mlp), np.float32(cfg.rms_norm_eps), net.scale, cfg.sliding_window or 0,

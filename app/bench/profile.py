@@ -180,13 +180,23 @@ def main_prefill(args: argparse.Namespace, model: str) -> int:
     print(f"{args.model}: prefill of {r['prompt_tokens']} tokens, {r['prefill_tok_s']:.0f} tok/s "
           f"({args.threads} threads; process CPU {r['cpu_us_per_token']:.0f} us per token); "
           f"{r['timed_us_per_token']:.0f} us per token with every kernel timed:\n")
-    print("| part | us per prompt token | share | calls |\n|---|---|---|---|")
-    for name, row in r["rows"].items():
-        share = 100 * row["us_per_token"] / r["timed_us_per_token"]
-        print(f"| {name} | {row['us_per_token']:.1f} | {share:.0f}% | {row['calls']} |")
-    if args.json:
-        Path(args.json).write_text(json.dumps(r, indent=1) + "\n")
+    _print_parts(r["rows"], "us_per_token", r["timed_us_per_token"], "us per prompt token", "calls", "{:.1f}",
+                 "{}")
+    _write_json(args.json, r)
     return 0
+
+
+def _print_parts(rows: dict, key: str, total: float, unit: str, calls: str, fmt: str, calls_fmt: str) -> None:
+    """The Markdown table of where the time goes: a row per part, its time, share and calls."""
+    print(f"| part | {unit} | share | {calls.replace('_', ' ')} |\n|---|---|---|---|")
+    for name, row in rows.items():
+        share = 100 * row[key] / total
+        print(f"| {name} | {fmt.format(row[key])} | {share:.0f}% | {calls_fmt.format(row[calls])} |")
+
+
+def _write_json(path: str | None, report: dict) -> None:
+    if path:
+        Path(path).write_text(json.dumps(report, indent=1) + "\n")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -205,12 +215,9 @@ def main(args: argparse.Namespace) -> int:
     print(f"{spec}: {report['untimed_ms_per_token']:.2f} ms per token ({how}; {args.threads} threads)\n"
           f"layer by layer: {report['layered_ms_per_token']:.2f} ms untimed, "
           f"{report['timed_ms_per_token']:.2f} ms with every kernel timed:\n")
-    print("| part | ms per token | share | calls per token |\n|---|---|---|---|")
-    for name, r in report["rows"].items():
-        share = 100 * r["ms_per_token"] / report["timed_ms_per_token"]
-        print(f"| {name} | {r['ms_per_token']:.2f} | {share:.0f}% | {r['calls_per_token']:.0f} |")
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
+    _print_parts(report["rows"], "ms_per_token", report["timed_ms_per_token"], "ms per token", "calls_per_token",
+                 "{:.2f}", "{:.0f}")
+    _write_json(args.json, report)
     return 0
 
 

@@ -265,6 +265,7 @@ class Transformer:
             out = step.empty(h.shape)
             out[...] = 0
             pick = dict(zip(ids[0].tolist(), weights[0].tolist())) if one else None
+            h32 = h if one else np.ascontiguousarray(h, dtype=np.float32)  # what take_rows reads, once a layer
             order = cache.order_for_use(L, ids[0] if one else np.unique(ids))  # resident experts first
             for i, e in enumerate(order):
                 if i + 1 < len(order):
@@ -272,7 +273,7 @@ class Transformer:
                 rows, slot = (slice(None), None) if one else np.nonzero(ids == e)
                 if not one:  # a prompt: its tokens of e gathered and their outputs added back on every thread
                     hs = step.empty((len(rows), h.shape[1]))
-                    ffn.take_rows(np.ascontiguousarray(h, dtype=np.float32), rows, hs)
+                    ffn.take_rows(h32, rows, hs)
                 with cache.use(L, e) as ew:
                     y = expert_mlp(h if one else hs, ew, step, self.act, self.biases(lw, e), self.clamp)
                 if one:

@@ -92,7 +92,9 @@ class FusedDecode:
                 return f"{bad[0]} is not in an integer-dot format in whole {SPAN}-row spans"
         return None
 
-    def _expert_table(self) -> np.ndarray | None:
+    def expert_table(self) -> np.ndarray | None:
+        """The resident experts' matrix table the fused kernels read (a dense model: one "expert" a
+        layer), rebuilt when the cache changes; None when they cannot take it. Also engine.batch's."""
         cache = self.model.w.experts
         key = (id(cache), cache.generation)
         if key == self._key:
@@ -116,7 +118,7 @@ class FusedDecode:
     def ready(self) -> bool:
         """Whether the next decoded token takes the fused kernel (every expert loaded, those
         missing loaded first where the cache has room for all)."""
-        return self._expert_table() is not None
+        return self.expert_table() is not None
 
     def run(self, x: np.ndarray, step: Step) -> bool:
         """x (1, hidden) through every layer, in place; False (nothing done) when the fused
@@ -126,7 +128,7 @@ class FusedDecode:
         cache, pos = step.cache, step.pos0
         if pos >= cache.capacity:
             return False
-        experts = self._expert_table()
+        experts = self.expert_table()
         if experts is None:
             return False
         t0 = step.timer.start() if step.timer is not None else 0.0
