@@ -104,8 +104,14 @@ def main(argv: list[str] | None = None) -> int:
     except (ColibriError, ValueError, OSError) as e:
         print(f"colibri-serve: error: {e}", file=sys.stderr)
         return 1
-    print(f"serving {handle.model_id} at {handle.url}  (Ctrl-C stops)", file=sys.stderr)
+    sched = handle.service.scheduler
     try:
+        if not sched.warmed.is_set():  # requests sent meanwhile wait in the queue
+            print("warming up batched steps…", end="", file=sys.stderr, flush=True)
+            while not sched.warmed.wait(0.5) and handle.running:
+                pass
+            print(f" ready ({sched.warm_s:.1f} s)", file=sys.stderr)
+        print(f"serving {handle.model_id} at {handle.url}  (Ctrl-C stops)", file=sys.stderr)
         while handle.running:
             handle.wait(0.5)
     except KeyboardInterrupt:

@@ -308,6 +308,10 @@ class BatchScheduler:
         self.active: list[tuple[Job, Sequence]] = []
         self.filling: tuple[Job, Sequence] | None = None  # the job whose prompt is being prefilled
         self._closed = False
+        # set once the loop's thread has compiled (or loaded) the batched step's kernels: requests
+        # that come sooner wait in the queue (Batcher.warmup)
+        self.warmed = threading.Event()
+        self.warm_s = 0.0
         if runner is not None:
             self._thread: threading.Thread | Task = runner.submit(self._work)
         else:
@@ -353,6 +357,12 @@ class BatchScheduler:
 
     def _work(self) -> None:
         try:
+            try:
+                self.warm_s = self.batcher.warmup()
+            except Exception:  # a step that cannot run says so on the first request, not here
+                log.exception("warming up the batched step failed")
+            finally:
+                self.warmed.set()
             while True:
                 with self._cond:
                     while not self._closed and not self._queue and not self.active and self.filling is None:

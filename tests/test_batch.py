@@ -257,3 +257,37 @@ def test_a_finished_sequences_cache_serves_the_next_one_unchanged(models):
         assert other is not used and other.kind == "int8"
     finally:
         eng.set_param("kv_cache_quantize", "f16")
+
+
+def _compiled_kernels() -> dict:
+    """Every numba dispatcher of engine.kernels with the signatures it holds now."""
+    import sys
+
+    from numba.core.registry import CPUDispatcher
+    out = {}
+    for name, mod in list(sys.modules.items()):
+        if name.startswith("engine."):
+            for attr, v in vars(mod).items():
+                if isinstance(v, CPUDispatcher):
+                    out[(name, attr)] = len(v.signatures)
+    return out
+
+
+@pytest.mark.parametrize("name,quantize", [("llama", "int8"), ("qwen3_moe", "int8")])
+def test_the_batchers_warmup_leaves_nothing_to_compile_for_a_steps_first_call(models, name, quantize):
+    eng = models(name, quantize)
+    eng.warmup()
+    batcher = Batcher(eng, prefix_bytes=0)
+    looked_up = eng.stats().expert_cache.hits + eng.stats().expert_cache.misses
+    assert batcher.warmup() > 0
+    assert eng.stats().expert_cache.hits + eng.stats().expert_cache.misses == looked_up  # not counted
+    before = _compiled_kernels()
+    for n in (2, 3, 5, 8):  # the numbers of sequences a server's steps take, after their prompts
+        seqs = [batcher.open(f"Hello {i}", max_tokens=4, temperature=0.0) for i in range(n)]
+        for s in seqs:
+            s.feed(s.prefill())
+        batcher.step(seqs)
+        for s in seqs:
+            s.close()
+    grown = {k: (v, before.get(k)) for k, v in _compiled_kernels().items() if v != before.get(k)}
+    assert grown == {}, f"compiled on a served step, not in the warm-up: {grown}"
