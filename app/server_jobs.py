@@ -100,6 +100,29 @@ class Job:
             self.cancelled.set()
 
 
+def put_steps(items: list[tuple[Job, Step]]) -> None:
+    """Each job's step of one decode step, in order: one call into each event loop for all its
+    jobs instead of one per job (each call wakes the loop with a write to its self-pipe: 5% of
+    the engine thread's time at 8 streams, py-spy)."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Job, Step]]] = {}
+    for job, item in items:
+        if job.loop is None:
+            job._put(item)
+        else:
+            by_loop.setdefault(job.loop, []).append((job, item))
+    for loop, pairs in by_loop.items():
+        try:
+            loop.call_soon_threadsafe(_put_each, pairs)
+        except RuntimeError:  # the loop is closed: the server is shutting down
+            for job, _ in pairs:
+                job.cancelled.set()
+
+
+def _put_each(pairs: list[tuple[Job, Step]]) -> None:
+    for job, item in pairs:
+        job.events.put_nowait(item)
+
+
 @dataclass
 class LocalJob(Job):
     """A job whose steps go to a thread-safe queue: its caller runs no event loop."""
@@ -453,9 +476,11 @@ class BatchScheduler:
                 self._finish(job, seq, e)
             self.active = []
             return
-        still = []
+        still, steps = [], []
         for row, (job, seq) in enumerate(live):
-            job._put(seq.feed(logits[row]))
+            steps.append((job, seq.feed(logits[row])))
+        put_steps(steps)  # (before any job's end below: its last step arrives first)
+        for job, seq in live:
             if seq.finish == "cancelled":
                 log.info("request cancelled after %d tokens (client gone)", seq.generated)
             if seq.finish is None:
