@@ -70,6 +70,11 @@ class Turns:
                     self._cond.notify_all()
 
 
+# prompt tokens a server reads between two decode steps (whole prompts of waiting jobs, or one
+# chunk of a long one): the running replies wait that long for their next token
+PREFILL_TOKENS = 256
+
+
 class QueueFull(Exception):
     """More requests are waiting than the server accepts."""
 
@@ -392,18 +397,34 @@ class BatchScheduler:
                         self._cond.wait()
                     if self._closed:
                         break
-                    job = self._queue.popleft() if self.filling is None and self._queue and \
-                        len(self.active) < self.slots else None
-                if job is not None:
-                    self._open(job)
-                if self.filling is not None:
-                    self._fill()  # one chunk of one prompt between two decode steps
+                self._admit()
                 if self.active:
                     self._decode()
         finally:
             for job, seq in self.active + ([self.filling] if self.filling else []):
                 self._finish(job, seq)
             self.active, self.filling = [], None
+
+    def _admit(self) -> None:
+        """Between two decode steps: read the next chunk of the prompt being read, or the prompts
+        of waiting jobs while slots are free, up to PREFILL_TOKENS prompt tokens in all. Taking
+        one job per step, 8 requests arriving together had their first decode steps with 1, 2, ...
+        7 rows (each step reads every weight) and the 8th waited 7 steps for its first token."""
+        read = 0
+        while read < PREFILL_TOKENS and not self._closed:
+            with self._cond:
+                job = self._queue.popleft() if self.filling is None and self._queue and \
+                    len(self.active) < self.slots else None
+            if job is not None:
+                self._open(job)
+            if self.filling is None:
+                return
+            seq = self.filling[1]
+            before = seq.filled or 0
+            self._fill()  # one chunk of one prompt
+            if self.filling is not None:  # more of it to read after the others' next step
+                return
+            read += len(seq.ids) - before
 
     @staticmethod
     def _finish(job: Job, seq: Sequence | None, error: BaseException | None = None) -> None:

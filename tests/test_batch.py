@@ -232,6 +232,43 @@ def test_the_scheduler_decodes_the_others_between_a_long_prompts_chunks(models, 
         eng.set_param("batch_size", 128)
 
 
+def test_requests_waiting_together_start_decoding_together(models, monkeypatch):
+    """Prompts that wait together are all read before the next decode step (up to the slots and
+    PREFILL_TOKENS): the first step has every row, not one more row per step."""
+    import threading
+
+    from app.server_jobs import BatchScheduler, local_steps
+    eng = models("llama", "int8")
+    widths: list[int] = []
+    real_step = Batcher.step
+    monkeypatch.setattr(Batcher, "step", lambda self, seqs: widths.append(len(seqs)) or real_step(self, seqs))
+    sched = BatchScheduler(eng, max_queue=8, slots=4, prefix_bytes=0)
+    gate = threading.Lock()
+    real_work = sched._admit
+    sched._admit = lambda: (gate.acquire(), gate.release(), real_work())  # held while the jobs queue up
+    outs: dict[int, str] = {}
+
+    def reply(i: int) -> None:
+        outs[i] = "".join(s.text for s in local_steps(sched, f"Story {i}:", {"temperature": 0.0, "max_tokens": 3},
+                                                      threading.Event()))
+    try:
+        gate.acquire()
+        threads = [threading.Thread(target=reply, args=(i,)) for i in range(6)]
+        for t in threads:
+            t.start()
+        while sched.waiting < 6:
+            threading.Event().wait(0.005)
+        gate.release()
+        for t in threads:
+            t.join(60)
+        assert widths[0] == 4  # the slots' worth at once; the other two join as slots free up
+        alone = {i: "".join(s.text for s in eng.generate(f"Story {i}:", temperature=0.0, max_tokens=3))
+                 for i in range(6)}
+        assert outs == alone
+    finally:
+        sched.close()
+
+
 def test_a_finished_sequences_cache_serves_the_next_one_unchanged(models):
     """SpareCaches: the next sequence writes over a used cache (its pages already in) and gets
     what a fresh cache gives; a cache of other settings is not taken."""
