@@ -55,6 +55,6 @@ case "$mode" in
   test) export QT_QPA_PLATFORM=offscreen
         .venv/bin/ruff check .          # errors and likely bugs ([tool.ruff.lint] in pyproject.toml)
         .venv/bin/lint-imports          # the layer contracts ([tool.importlinter])
-        exec .venv/bin/python -m pytest -q "$@" ;;
+        exec .venv/bin/python -m pytest -q --durations=15 "$@" ;;
   *)    echo "usage: bash packaging/setup.sh run|test"; exit 2 ;;
 esac
