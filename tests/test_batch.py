@@ -55,13 +55,15 @@ def together(eng: Engine, n: int, routes: list | None = None) -> list[np.ndarray
     return [np.concatenate(r) for r in rows]
 
 
-@pytest.mark.parametrize("name,kv,n", [("llama", "f16", 3), ("llama", "int8", 6), ("qwen2", "f16", 6),
-                                         ("qwen3", "int8", 4)])
+@pytest.mark.parametrize("name,weights,kv,n", [("llama", "int4", "f16", 3), ("llama", "int4", "int8", 6),
+                                                 ("qwen2", "int4", "f16", 6), ("qwen3", "int4", "int8", 4),
+                                                 ("llama", "int8", "f16", 5)])
 @pytest.mark.parametrize("fused", [True, False])
-def test_a_dense_batch_is_each_sequence_alone_bit_for_bit(models, monkeypatch, name, kv, n, fused):
-    """Through the batched one-call kernel (decode_rows; qwen2: q/k/v biases, qwen3: q/k norms)
-    and through the layered path, each row is its sequence decoded alone, bit for bit."""
-    eng = models(name, "int4", kv)
+def test_a_dense_batch_is_each_sequence_alone_bit_for_bit(models, monkeypatch, name, weights, kv, n, fused):
+    """Through the batched one-call kernel (decode_rows; qwen2: q/k/v biases, qwen3: q/k norms;
+    with AVX-512, 4-row blocks over two 8-row groups at once for q4/q8_0 weights) and through the
+    layered path, each row is its sequence decoded alone, bit for bit."""
+    eng = models(name, weights, kv)
     assert n <= len(PROMPTS) and cpu.INT_MAX_T == 3  # 6 rows: one call of the fused integer kernels
     calls = []
     real = batch.decode_rows if fused else (lambda *a: calls.append(a))
@@ -71,6 +73,20 @@ def test_a_dense_batch_is_each_sequence_alone_bit_for_bit(models, monkeypatch, n
     for a, b in zip(alone(eng, n), together(eng, n)):
         np.testing.assert_array_equal(a, b)
     assert len(calls) == (len(FORCED[0]) if fused else 0)  # every step took the path asked for
+
+
+@pytest.mark.parametrize("preset", ["q4_0", "q8_0"])
+def test_a_batch_of_a_llama_cpp_gguf_is_each_sequence_alone_bit_for_bit(tmp_path, preset):
+    """The same on GGUFs llama.cpp's quantize wrote (q4_0 and q8_0 layers, imported as stored)."""
+    from conftest import TESTS
+    gguf = TESTS / "fixtures" / "llamacpp_presets" / f"tiny-{preset}.gguf"
+    eng = Engine(convert(gguf, tmp_path / preset, "keep").path, context_length=64)
+    if eng.net.fused is None or not eng.net.fused.dense:
+        pytest.skip(f"{gguf.name} does not take the fused decode")
+    vocab = eng.cfg.vocab_size
+    for a, b in zip(alone(eng, 5), together(eng, 5)):
+        assert a.shape[1] == vocab
+        np.testing.assert_array_equal(a, b)
 
 
 @pytest.mark.parametrize("name", ["mixtral", "qwen3_moe"])

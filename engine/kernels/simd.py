@@ -52,6 +52,9 @@ def _mode(feats: dict[str, bool]) -> str:
 
 
 DOT = _mode(_features())  # the instruction path of this process
+# vnni with AVX-512 (512-bit vectors, 16 int32 lanes): kernels with a wide form use it (tiles.py: 16-row tiles)
+WIDE = DOT == "vnni" and all(_features().get(f) for f in ("avx512f", "avx512bw", "avx512vnni")) and \
+    _features().get("evex512", True)
 
 
 def _byte_ptr(context, builder, aryty, ary, row, off):
@@ -248,10 +251,11 @@ def group_bytes(fmt: str) -> int:
 def _dot_accumulate(builder, acc, u, s):
     """acc (<8 x i32>) plus, per lane, the sum of 4 neighbouring products of unsigned bytes u and
     signed bytes s (<32 x i8>): one vpdpbusd where there is VNNI."""
+    lanes = acc.type.count  # 8, or 16 (WIDE: <64 x i8> bytes, vpdpbusd on 512 bits)
     if DOT == "vnni":
-        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_vec(I32, 8), [_vec(I32, 8)] * 3),
-                                            "llvm.x86.avx512.vpdpbusd.256")
-        return builder.call(fn, [acc, builder.bitcast(u, _vec(I32, 8)), builder.bitcast(s, _vec(I32, 8))])
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_vec(I32, lanes), [_vec(I32, lanes)] * 3),
+                                            f"llvm.x86.avx512.vpdpbusd.{32 * lanes}")
+        return builder.call(fn, [acc, builder.bitcast(u, _vec(I32, lanes)), builder.bitcast(s, _vec(I32, lanes))])
     return builder.add(acc, _dot_u8s8(builder, u, s))
 
 
@@ -350,8 +354,95 @@ def group_intrinsic(typer, tokens: int):
     return group_dot_tokens
 
 
+def _pair_tokens(fmt: str):
+    """As _group_dot(fmt, TOKENS), for the two groups g and g+1 side by side (WIDE only): each
+    512-bit vector holds a chunk of both groups' blocks (rows 8g..8g+15, one row a 4-byte lane),
+    so one vpdpbusd of the broadcast activations serves 16 rows, and each block's scaling is one
+    16-lane multiply-add. Every lane takes the 8-row kernel's integer sums and float steps in the
+    same order: each row's value is _group_dot's bit for bit. Returns 16 float32 per token
+    (rows 8g..8g+15), token by token."""
+    _, halves, qbytes, nibbles = GROUP_FORMATS[fmt]
+    gsize = group_bytes(fmt)
+    both = ir.Constant(_vec(I32, 16), list(range(16)))  # shuffle masks: two halves into one vector
+    both64 = ir.Constant(_vec(I32, 64), list(range(64)))
+
+    def typer(w, g, xq, xd, xs, xi, t0):
+        def codegen(context, builder, sig, args):
+            nb, per_token = _token_pointers(context, builder, sig, args, TOKENS)
+            g = args[1]
+            base = _byte_ptr(context, builder, sig.args[0], args[0], builder.mul(g, ir.Constant(g.type, 8)), _ZERO)
+            stride = builder.mul(_widest(builder, nb, ir.IntType(64)), ir.Constant(ir.IntType(64), gsize))
+            base2 = builder.gep(base, [stride])  # group g + 1: the next 8 rows
+            vf = _vec(F32, 16)
+            accs = [cgutils.alloca_once_value(builder, ir.Constant(vf, None)) for _ in range(TOKENS)]
+            extras = [cgutils.alloca_once_value(builder, ir.Constant(vf, None)) for _ in range(TOKENS)]
+            low, four = ir.Constant(_vec(I8, 64), [15] * 64), ir.Constant(_vec(I8, 64), [4] * 64)
+
+            def pair(b, off, ty, mask):
+                at = [builder.gep(p, [builder.add(builder.mul(b, ir.Constant(b.type, gsize)), ir.Constant(b.type, off))])
+                      for p in (base, base2)]
+                return builder.shuffle_vector(_load(builder, at[0], ty), _load(builder, at[1], ty), mask)
+            with cgutils.for_range(builder, nb) as loop:
+                b = loop.index
+                d16 = builder.fpext(pair(b, 0, _vec(ir.HalfType(), 8), both), vf)
+                m16 = builder.fpext(pair(b, 16, _vec(ir.HalfType(), 8), both), vf) if halves == 2 else None
+                parts = []
+                for c in range(qbytes // 4):
+                    v = pair(b, 16 * halves + 32 * c, _vec(I8, 32), both64)
+                    if nibbles:
+                        parts += [(builder.and_(v, low), c), (builder.lshr(v, four), c + 4)]
+                    else:  # (vnni) int8 as unsigned w + 128; the accumulator starts at -128 Σx
+                        parts.append((builder.xor(v, ir.Constant(_vec(I8, 64), [-128] * 64)), c))
+                for (qp, dp, sp, ip), acc, extra in zip(per_token, accs, extras):
+                    x4 = builder.bitcast(builder.gep(qp, [builder.mul(b, ir.Constant(b.type, 32))]), I32.as_pointer())
+                    vi = _vec(I32, 16)
+                    dots = ir.Constant(vi, None)
+                    if not nibbles:
+                        bias = builder.mul(builder.load(builder.gep(ip, [b])), ir.Constant(I32, -128))
+                        dots = builder.shuffle_vector(builder.insert_element(ir.Constant(vi, None), bias,
+                                                                             ir.Constant(I32, 0)),
+                                                      ir.Constant(vi, None), ir.Constant(vi, [0] * 16))
+                    for u, at in parts:
+                        word = builder.load(builder.gep(x4, [ir.Constant(b.type, at)]), align=1)
+                        s = builder.shuffle_vector(builder.insert_element(ir.Constant(vi, None), word, ir.Constant(I32, 0)),
+                                                   ir.Constant(vi, None), ir.Constant(vi, [0] * 16))
+                        dots = _dot_accumulate(builder, dots, u, builder.bitcast(s, _vec(I8, 64)))
+                    xscale = builder.load(builder.gep(dp, [b]))
+                    term = builder.fmul(builder.sitofp(dots, vf), builder.fmul(d16, _splat16(builder, xscale), flags=_FAST),
+                                        flags=_FAST)
+                    builder.store(builder.fadd(builder.load(acc), term, flags=_FAST), acc)
+                    if halves == 2:  # q4_1: + m_w · d_x Σ q_x
+                        e = builder.fmul(m16, _splat16(builder, builder.load(builder.gep(sp, [b]))), flags=_FAST)
+                    elif nibbles:  # q4_0: - 8 · d_w d_x Σ q_x
+                        off = builder.fmul(builder.fmul(xscale, builder.sitofp(builder.load(builder.gep(ip, [b])), F32),
+                                                        flags=_FAST), ir.Constant(F32, -8.0), flags=_FAST)
+                        e = builder.fmul(d16, _splat16(builder, off), flags=_FAST)
+                    if nibbles:
+                        builder.store(builder.fadd(builder.load(extra), e, flags=_FAST), extra)
+            values = []
+            for acc, extra in zip(accs, extras):
+                total = builder.fadd(builder.load(acc), builder.load(extra), flags=_FAST)
+                values += [builder.extract_element(total, ir.Constant(I32, i)) for i in range(16)]
+            return context.make_tuple(builder, sig.return_type, values)
+        return types.UniTuple(types.float32, 16 * TOKENS)(w, types.intp, xq, xd, xs, xi, types.intp), codegen
+
+    @intrinsic
+    def pair_tokens(typingctx, w, g, xq, xd, xs, xi, t0):
+        return typer(w, g, xq, xd, xs, xi, t0)
+    return pair_tokens
+
+
+def _splat16(builder, v):
+    """A float32 scalar in all 16 lanes."""
+    vf = _vec(F32, 16)
+    return builder.shuffle_vector(builder.insert_element(ir.Constant(vf, None), v, ir.Constant(I32, 0)),
+                                  ir.Constant(vf, None), ir.Constant(_vec(I32, 16), [0] * 16))
+
+
 group_dot_q4_0x8, group_dot_q4_1x8, group_dot_q8_0x8 = (_group_dot(f, 1) for f in ("q4_0", "q4_1", "q8_0"))
 group_tokens_q4_0x8, group_tokens_q4_1x8, group_tokens_q8_0x8 = (_group_dot(f, TOKENS) for f in ("q4_0", "q4_1", "q8_0"))
+# (WIDE only) two groups' rows, 16 per token: engine.kernels.batched's steps of TOKENS rows or more
+pair_tokens_q4_0x8, pair_tokens_q4_1x8, pair_tokens_q8_0x8 = (_pair_tokens(f) for f in ("q4_0", "q4_1", "q8_0"))
 
 
 
