@@ -225,8 +225,10 @@ class ExpertStore:
         span.slot_bytes takes O_DIRECT reads (the span then starts at span.head); any other
         buffer of at least span.nbytes gets a buffered read at its start.
 
-        `repack`: q4_0/q4_1/q8_0 matrices are rearranged in place into the kernels' 8-row groups
-        (cpu.repack_x8, about 2 ms per 2.4 MB once) — for experts that stay, not streamed ones."""
+        Matrices the converter wrote repacked (x8 types) come as they are, in the kernels' 8-row
+        groups. `repack`: stored-layout ones of a PACKABLE format are rearranged so in place
+        (cpu.repack_x8, about 2 ms per 2.4 MB once; model dirs converted before repacking on disk)
+        — for experts that stay, not streamed ones."""
         sp = self.span(layer, expert)
         direct = self.direct and buf.nbytes >= sp.slot_bytes and buf.ctypes.data % DIRECT_ALIGN == 0
         start = sp.head if direct else 0
@@ -278,7 +280,7 @@ class ExpertStore:
         mats = []
         for p, (off, rows, rb, code, cols) in zip(PARTS, sp.parts):
             data = buf[start + off:start + off + rows * rb].reshape(rows, rb)
-            if repack and code in cpu.PACKABLE and rows % 8 == 0:
+            if repack and code in cpu.PACKABLE and rows % 8 == 0:  # (a code > PACKED: repacked on disk)
                 cpu.repack_x8(data, code)
                 code += cpu.PACKED
             mats.append(Matrix(f"blk.{layer}.ffn_{p}{sfx}.weight", data, code, rows, cols))
