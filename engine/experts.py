@@ -25,10 +25,17 @@ where the page cache keeps nothing (heavy caps) misses go back to one O_DIRECT c
 Prediction (next layer's picks, runners-up) stays on only while it pays: it pauses when most of
 the latest guesses were evicted unused (PREFETCH_MIN_ACCURACY).
 
-Streamed experts stay in the stored layout: no CPU work on a miss. For a q8_0 expert, repack_x8
-on the miss cost 2.4-2.9 ms and the 8-row-group kernels saved about as much on the token that
-needed it (`colibri-bench loads`: repacked minus stored, -0.03..+0.4 ms a miss). When the budget
-holds every expert they are repacked once, on their one load.
+Experts come in the layout the kernels consume: the converter writes every expert matrix whose
+format has 8-row-group kernels (cpu.PACKABLE, rows a multiple of 8) already repacked (engine.quant's
+x8 types), so a miss, read into a slot or mapped from the page cache, is one read and nothing else,
+and streamed experts take the repacked kernels as resident ones do. Measured (a 9.2 MB q8_0 expert
+of colibri-bench memory's moderate model, page-cache miss, runs alternating, medians of 40, AMD EPYC
+Zen 5 VM with avx512f/bw/vl/vnni and avx_vnni, 2 shared vCPUs at load 6.5-9): the miss 1.16 ms
+repacked on disk against 1.21 stored, and one token through it 0.29 ms against 0.53 (1 thread;
+2 threads: minima 0.26 against 0.38 ms, medians lost to preemption), where repacking on the miss
+cost 14.6 ms (39 ms with 2 threads). Model dirs converted in the stored layout still load: their
+experts are repacked on their one load when the budget holds every expert, else streamed in the
+stored layout.
 
 Concurrency: the compute thread pins what it uses (`with cache.use(L, e) as w:`); the loader
 thread never evicts a pinned slot. Kernels and reads release the GIL, so loads overlap compute.

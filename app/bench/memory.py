@@ -682,19 +682,23 @@ def measure_loads(model: Path, repeats: int = 7) -> dict:
     return result
 
 
-def measure_repack(model: Path, repeats: int = 5) -> dict:
-    """A streamed expert's miss, then one token through it (gate, up, down), medians in ms. A model
-    in the stored layout either way: its kernels on the stored layout ("stored"), or repack_x8 on
-    the miss and the 8-row-group kernels ("repacked"); a model repacked at convert time: the read
-    alone, the 8-row-group kernels ("on_disk"). `repacked_on_disk` says which model it was."""
+def measure_repack(model: Path, repeats: int = 15) -> dict:
+    """A streamed expert's miss, then one token through it (gate, up, down), medians in ms, the
+    ways alternating. A model in the stored layout: its kernels on the stored layout ("stored"),
+    or repack_x8 on the miss and the 8-row-group kernels ("repacked"). A model repacked at convert
+    time: the read alone and the 8-row-group kernels ("on_disk"), beside the stored layout's
+    kernels on an unpacked copy of the same expert ("stored_token_ms") and what repacking that
+    copy costs the old path on each miss ("repack_ms"). `repacked_on_disk` says which it was."""
     import statistics
 
     import numpy as np
 
+    from engine import quant
     from engine.experts import ExpertStore
     from engine.kernels import cpu
     from engine.mempool import MemoryPool
     from engine.model_dir import open_model_dir
+    from engine.weight_types import ExpertWeights, Matrix
     store, pool = ExpertStore(open_model_dir(model)), MemoryPool()
     sp = store.span(0, 0)
     block = pool.alloc(sp.slot_bytes)
@@ -710,20 +714,43 @@ def measure_repack(model: Path, repeats: int = 5) -> dict:
         cpu.matmul(ew.up.data, ew.up.code, x, g)
         d = np.empty((1, ew.down.rows), np.float32)
         cpu.matmul(ew.down.data, ew.down.code, np.zeros((1, ew.down.cols), np.float32), d)
+
+    def unpacked(ew):  # the same expert in the stored layout (a copy)
+        return ExpertWeights(*(Matrix(m.name, quant.unpack_x8(m.data, quant.get(m.code).base.name), m.code - cpu.PACKED,
+                                      m.rows, m.cols) if m.code > cpu.PACKED else m for m in (ew.gate, ew.up, ew.down)))
+    stored = unpacked(w) if on_disk else None
+
+    def repack(ew) -> float:
+        """Seconds repack_x8 takes on a copy of each stored matrix (the copies not counted)."""
+        spent = 0.0
+        for m in (ew.gate, ew.up, ew.down):
+            if m.code in cpu.PACKABLE and m.rows % 8 == 0:
+                data = m.data.copy()
+                t = time.perf_counter()
+                cpu.repack_x8(data, m.code)
+                spent += time.perf_counter() - t
+        return spent
     ways = (("on_disk", False),) if on_disk else (("stored", False), ("repacked", True))
-    for _, repack in ways:  # compile each variant first
-        token(store.read_into(0, 0, buf, repack=repack))
-    for name, repack in ways:
-        load, run = [], []
-        for _ in range(repeats):  # the miss path: read (and repack), then the token's first use
+    for _, rp in ways:  # compile each variant first
+        token(store.read_into(0, 0, buf, repack=rp))
+    if on_disk:
+        token(stored)
+        repack(stored)
+    times: dict = {}
+    for i in range(repeats):  # the miss path: read (and repack), then the token's first use
+        for name, rp in ways if i % 2 == 0 else ways[::-1]:
             t = time.perf_counter()
-            ew = store.read_into(0, 0, buf, repack=repack)
+            ew = store.read_into(0, 0, buf, repack=rp)
             t1 = time.perf_counter()
             token(ew)
-            load.append(t1 - t)
-            run.append(time.perf_counter() - t1)
-        out[f"{name}_read_ms"] = statistics.median(load) * 1e3
-        out[f"{name}_token_ms"] = statistics.median(run) * 1e3
+            times.setdefault(f"{name}_read_ms", []).append(t1 - t)
+            times.setdefault(f"{name}_token_ms", []).append(time.perf_counter() - t1)
+        if on_disk:
+            t = time.perf_counter()
+            token(stored)
+            times.setdefault("stored_token_ms", []).append(time.perf_counter() - t)
+            times.setdefault("repack_ms", []).append(repack(stored))
+    out |= {k: statistics.median(v) * 1e3 for k, v in times.items()}
     if not on_disk:
         out["miss_ms_repacked_minus_stored"] = (out["repacked_read_ms"] + out["repacked_token_ms"]
                                                 - out["stored_read_ms"] - out["stored_token_ms"])
