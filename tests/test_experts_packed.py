@@ -15,6 +15,7 @@ from gguf_fixtures import make_random_hf
 from engine import quant, tensorfile
 from engine.api import Engine
 from engine.convert.convert import convert
+from engine.experts import ExpertStore
 from engine.kernels import cpu
 from engine.model_dir import open_model_dir
 
@@ -71,17 +72,29 @@ CASES = [("int8", "mixtral", {}), ("int4", "mixtral", {}),
 
 
 @pytest.mark.parametrize("quantize,arch,shape", CASES)
-def test_logits_bit_for_bit_repacked_on_disk_or_at_load(models, quantize, arch, shape):
+def test_logits_bit_for_bit_repacked_on_disk_or_at_load(models, monkeypatch, quantize, arch, shape):
+    """Resident: the old dir's experts repacked at load give the same logits as the new dir's.
+    Streamed through a small cache (misses read into slots or mapped from the page cache): the new
+    dir's as-read experts give what the old dir gives with every miss repacked, read or mapped —
+    the same kernels on the same bytes. (Streamed and resident decode differ in the last bits:
+    experts computed one by one as they arrive, or in one call.)"""
     stored, packed = models(quantize, arch, **shape)
     want, held = run(stored)  # every expert resident: repacked at load (the old fast path)
     assert held == (True, True)
-    for params in ({}, {"expert_cache_size": 1}):  # resident; streamed through a small cache
-        got, held = run(packed, **params)
-        np.testing.assert_array_equal(got, want)
-        assert held[0] == (not params)
-    got, held = run(stored, expert_cache_size=1)  # a stored-layout dir streams with the stored kernels
+    got, held = run(packed)
+    assert held[0]
+    np.testing.assert_array_equal(got, want)
+    streamed, held = run(packed, expert_cache_size=1)
+    assert not held[0]
+    np.testing.assert_allclose(streamed, want, rtol=1e-4, atol=1e-4)
+    old, held = run(stored, expert_cache_size=1)  # a stored-layout dir streams with the stored kernels
     assert held == (False, False)
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(old, want, rtol=1e-4, atol=1e-4)
+    real = ExpertStore._weights
+    monkeypatch.setattr(ExpertStore, "_weights", staticmethod(lambda L, e, sp, buf, start, repack:
+                                                              real(L, e, sp, buf, start, True)))
+    repacked, _ = run(stored, expert_cache_size=1)
+    np.testing.assert_array_equal(repacked, streamed)
 
 
 def test_streamed_experts_come_repacked_with_no_work_on_the_miss(models, monkeypatch):
