@@ -28,14 +28,18 @@ the latest guesses were evicted unused (PREFETCH_MIN_ACCURACY).
 Experts come in the layout the kernels consume: the converter writes every expert matrix whose
 format has 8-row-group kernels (cpu.PACKABLE, rows a multiple of 8) already repacked (engine.quant's
 x8 types), so a miss, read into a slot or mapped from the page cache, is one read and nothing else,
-and streamed experts take the repacked kernels as resident ones do. Measured (a 9.2 MB q8_0 expert
-of colibri-bench memory's moderate model, page-cache miss, runs alternating, medians of 40, AMD EPYC
-Zen 5 VM with avx512f/bw/vl/vnni and avx_vnni, 2 shared vCPUs at load 6.5-9): the miss 1.16 ms
-repacked on disk against 1.21 stored, and one token through it 0.29 ms against 0.53 (1 thread;
-2 threads: minima 0.26 against 0.38 ms, medians lost to preemption), where repacking on the miss
-cost 14.6 ms (39 ms with 2 threads). Model dirs converted in the stored layout still load: their
-experts are repacked on their one load when the budget holds every expert, else streamed in the
-stored layout.
+and streamed experts take the repacked kernels as resident ones do. Measured on colibri-bench
+memory's moderate model (q8_0, 9.2 MB experts) converted both ways, AMD EPYC Zen 5 VM (avx512f/bw/vl/
+vnni, avx_vnni), 2 vCPUs shared with other work at load 6-9, runs alternating, medians:
+- a miss and one token through the expert (`colibri-bench loads`, NUMBA_NUM_THREADS=1): read 1.9 ms
+  and token 0.30 ms repacked on disk, against the stored layout's token 0.49-0.53 ms, or 12.9-16.9 ms
+  of repack_x8 on each miss for the repacked kernels (0.36 ms); with 2 threads the token medians
+  (33-36 ms) measure the preempted OpenMP threads, not the kernels (minima 0.26 against 0.38 ms);
+- decode with 2 of 8 experts a layer cached, the same 32 tokens fed to both (400 misses, 115 MB a
+  token), 5 runs each: 1 thread 15.2 tok/s and 45.1 ms of CPU a token against 14.2 and 47.7 stored;
+  2 threads 1.54 against 1.47 tok/s, both bound by the preemption (400 ms of CPU a token).
+Model dirs converted in the stored layout still load: their experts are repacked on their one load
+when the budget holds every expert, else streamed in the stored layout.
 
 Concurrency: the compute thread pins what it uses (`with cache.use(L, e) as w:`); the loader
 thread never evicts a pinned slot. Kernels and reads release the GIL, so loads overlap compute.
