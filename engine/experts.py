@@ -30,14 +30,18 @@ format has 8-row-group kernels (cpu.PACKABLE, rows a multiple of 8) already repa
 x8 types), so a miss, read into a slot or mapped from the page cache, is one read and nothing else,
 and streamed experts take the repacked kernels as resident ones do. Measured on colibri-bench
 memory's moderate model (q8_0, 9.2 MB experts) converted both ways, AMD EPYC Zen 5 VM (avx512f/bw/vl/
-vnni, avx_vnni), 2 vCPUs shared with other work at load 6-9, runs alternating, medians:
+vnni, avx_vnni), 2 vCPUs shared with other work (load 1-9), runs alternating, medians:
 - a miss and one token through the expert (`colibri-bench loads`, NUMBA_NUM_THREADS=1): read 1.9 ms
   and token 0.30 ms repacked on disk, against the stored layout's token 0.49-0.53 ms, or 12.9-16.9 ms
   of repack_x8 on each miss for the repacked kernels (0.36 ms); with 2 threads the token medians
   (33-36 ms) measure the preempted OpenMP threads, not the kernels (minima 0.26 against 0.38 ms);
-- decode with 2 of 8 experts a layer cached, the same 32 tokens fed to both (400 misses, 115 MB a
-  token), 5 runs each: 1 thread 15.2 tok/s and 45.1 ms of CPU a token against 14.2 and 47.7 stored;
-  2 threads 1.54 against 1.47 tok/s, both bound by the preemption (400 ms of CPU a token).
+- decode with 2 of 8 experts a layer cached (the same tokens fed to both layouts, in one process
+  token by token; 12 misses and 112 MB a token): the experts' compute is 3.9 ms a token less
+  repacked on disk, but the token then waits that much longer for its reads (1 thread: feed-forward
+  54.1 ms, 26.4 of it waiting, against 53.9 and 22.3 stored): decode at this cache size is bound by
+  the miss reads, not the kernels (53.3 against 52.8 ms a token; alternating runs of `colibri-bench
+  loads --against`: medians 15-25 tok/s either way, within the noise). With 2 threads the shared
+  machine's preemption of OpenMP threads dominates (330-350 ms a token, either layout).
 Model dirs converted in the stored layout still load: their experts are repacked on their one load
 when the budget holds every expert, else streamed in the stored layout.
 
