@@ -35,13 +35,13 @@ vnni, avx_vnni), 2 vCPUs shared with other work (load 1-9), runs alternating, me
   and token 0.30 ms repacked on disk, against the stored layout's token 0.49-0.53 ms, or 12.9-16.9 ms
   of repack_x8 on each miss for the repacked kernels (0.36 ms); with 2 threads the token medians
   (33-36 ms) measure the preempted OpenMP threads, not the kernels (minima 0.26 against 0.38 ms);
-- decode with 2 of 8 experts a layer cached (the same tokens fed to both layouts, in one process
-  token by token; 12 misses and 112 MB a token): the experts' compute is 3.9 ms a token less
-  repacked on disk, but the token then waits that much longer for its reads (1 thread: feed-forward
-  54.1 ms, 26.4 of it waiting, against 53.9 and 22.3 stored): decode at this cache size is bound by
-  the miss reads, not the kernels (53.3 against 52.8 ms a token; alternating runs of `colibri-bench
-  loads --against`: medians 15-25 tok/s either way, within the noise). With 2 threads the shared
-  machine's preemption of OpenMP threads dominates (330-350 ms a token, either layout).
+- decode, the same tokens fed to both layouts in one process token by token, 1 thread: at 2 of 8
+  experts a layer cached (12 misses, 112 MB a token) the experts' compute is 3.9 ms a token less
+  repacked on disk, but the token then waits about that much longer for its reads (feed-forward
+  54.1 ms, 26.4 of it waiting, against 53.9 and 22.3 stored): decode there is bound by the miss
+  reads, not the kernels (three paired runs: 53.3, 55.1, 60.9 ms a token against 52.8, 53.0, 68.6);
+  at 4 of 8, 67.0 and 71.5 against 71.0 and 77.1 (-6%); at 6 of 8, 39.6 against 40.4. With 2 threads
+  the shared machine's preemption of OpenMP threads dominates (330-350 ms a token, either layout).
 Model dirs converted in the stored layout still load: their experts are repacked on their one load
 when the budget holds every expert, else streamed in the stored layout.
 
