@@ -35,13 +35,15 @@ vnni, avx_vnni), 2 vCPUs shared with other work (load 1-9), runs alternating, me
   and token 0.30 ms repacked on disk, against the stored layout's token 0.49-0.53 ms, or 12.9-16.9 ms
   of repack_x8 on each miss for the repacked kernels (0.36 ms); with 2 threads the token medians
   (33-36 ms) measure the preempted OpenMP threads, not the kernels (minima 0.26 against 0.38 ms);
-- decode, the same tokens fed to both layouts in one process token by token, 1 thread: at 2 of 8
-  experts a layer cached (12 misses, 112 MB a token) the experts' compute is 3.9 ms a token less
-  repacked on disk, but the token then waits about that much longer for its reads (feed-forward
+- decode, the same tokens fed to both layouts in one process token by token, 1 thread (`colibri-bench
+  loads --model DIR --against DIR_CONVERTED_WITH_--no-repack_experts --threads 1 [--cache N]`): at
+  2 of 8 experts a layer cached (12 misses, 112 MB a token) the experts' compute is 3.9 ms a token
+  less repacked on disk, but the token then waits about that much longer for its reads (feed-forward
   54.1 ms, 26.4 of it waiting, against 53.9 and 22.3 stored): decode there is bound by the miss
-  reads, not the kernels (three paired runs: 53.3, 55.1, 60.9 ms a token against 52.8, 53.0, 68.6);
-  at 4 of 8, 67.0 and 71.5 against 71.0 and 77.1 (-6%); at 6 of 8, 39.6 against 40.4. With 2 threads
-  the shared machine's preemption of OpenMP threads dominates (330-350 ms a token, either layout).
+  reads more than the kernels (four paired runs: 53.3, 55.1, 60.9, 82.1 ms a token against 52.8,
+  53.0, 68.6, 90.7); at 4 of 8, 58.7, 67.0, 71.5 against 63.0, 71.0, 77.1 (-6%); at 6 of 8, 39.6
+  against 40.4. With 2 threads the shared machine's preemption of OpenMP threads dominates
+  (330-350 ms a token, either layout).
 Model dirs converted in the stored layout still load: their experts are repacked on their one load
 when the budget holds every expert, else streamed in the stored layout.
 

@@ -171,3 +171,16 @@ def test_moefy_of_a_dense_model_repacked_on_disk(models, tmp_path):
     wa, _ = run(a.path)
     wb, _ = run(b.path)
     np.testing.assert_array_equal(wa, wb)
+
+
+def test_bench_compares_the_layouts(models):
+    """colibri-bench loads on a model repacked on disk, --against its stored-layout twin."""
+    from app.bench.memory import measure_layout_decode, measure_repack
+    stored, packed = models("int8")
+    r = measure_repack(packed, repeats=2)
+    assert r["repacked_on_disk"] == 1.0 and {"on_disk_read_ms", "on_disk_token_ms", "stored_token_ms", "repack_ms"} <= set(r)
+    assert measure_repack(stored, repeats=2)["repacked_on_disk"] == 0.0
+    d = measure_layout_decode({"repacked": packed, "stored": stored}, threads=1, tokens=6, cache=1)
+    assert set(d) == {"repacked_ms_per_token", "stored_ms_per_token", "repacked_read_wait_ms_per_token",
+                      "stored_read_wait_ms_per_token", "repacked_minus_stored_ms_per_token"}
+    assert all(v >= 0 for k, v in d.items() if "minus" not in k)

@@ -110,7 +110,7 @@ def cmd_loads(args: argparse.Namespace) -> int:
         ours = "repacked" if result["repacked_on_disk"] else "stored"
         other = "stored" if ours == "repacked" else "repacked"
         result |= measure_layout_decode({ours: Path(args.model), other: Path(args.against)}, args.threads,
-                                        args.runs, args.decode_tokens, args.cache)
+                                        args.decode_tokens, args.cache)
     for k, v in result.items():
         print(f"{k:>34}: {v:.2f}")
     if args.json:
@@ -166,10 +166,9 @@ def main(argv: list[str] | None = None) -> int:
     lo = sub.add_parser("loads", help="cold and warm expert loads: each read mode, mmap, repack on a miss")
     lo.add_argument("--model", required=True, help="a converted MoE model folder")
     lo.add_argument("--against", metavar="DIR", help="the same model converted in the other expert layout "
-                    "(colibri-convert --no-repack_experts): decode both, the same tokens, runs alternating")
+                    "(colibri-convert --no-repack_experts): both decode the same tokens, paired token by token")
     lo.add_argument("--threads", type=int, default=2, help="with --against")
-    lo.add_argument("--runs", type=int, default=5, help="with --against: runs of each")
-    lo.add_argument("--decode_tokens", type=int, default=32, help="with --against")
+    lo.add_argument("--decode_tokens", type=int, default=150, help="with --against")
     lo.add_argument("--cache", type=int, default=2, help="with --against: experts cached a layer")
     lo.add_argument("--json", help="also write the results to this file")
     lo.set_defaults(func=cmd_loads)

@@ -759,52 +759,45 @@ def measure_repack(model: Path, repeats: int = 15) -> dict:
     return out
 
 
-# Runs in a child: decode with `cache` experts a layer, the same tokens fed whatever the model's
-# layout (teacher-forced: greedy decoding drifts apart on the stored kernels' last bits and then
-# routes differently); prints one JSON line.
-_LAYOUT_DECODE = r"""
-import json, sys, time, numpy as np
-from engine.api import Engine
-path, threads, n, cache = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-eng = Engine(path, threads=threads, expert_cache_size=cache, context_length=1024, log_level="WARN")
-eng.warmup(); eng.reset()
-rng = np.random.default_rng(0)
-prompt, feed = ([int(i) for i in rng.integers(300, eng.cfg.vocab_size, k)] for k in (16, n))
-eng.forward(prompt)
-ec0 = eng.stats().expert_cache
-t, c = time.perf_counter(), time.process_time()
-for tok in feed:
-    eng.forward([tok])
-wall, cpu = time.perf_counter() - t, time.process_time() - c
-ec = eng.stats().expert_cache
-print(json.dumps({"tok_s": n / wall, "cpu_ms": cpu / n * 1e3, "misses": ec.misses - ec0.misses,
-                  "missed_mb": (ec.bytes_loaded - ec0.bytes_loaded) / n / 1e6}))
-"""
-
-
-def measure_layout_decode(models: dict[str, Path], threads: int = 2, runs: int = 5, tokens: int = 32,
-                          cache: int = 2) -> dict:
-    """Decode tok/s and CPU ms a token of the same model in two layouts (e.g. repacked on disk and
-    --no-repack_experts), `cache` experts a layer, runs alternating, each in a fresh child; medians."""
+def measure_layout_decode(models: dict[str, Path], threads: int = 1, tokens: int = 150, cache: int = 2) -> dict:
+    """The same model in two layouts (e.g. repacked on disk and --no-repack_experts), `cache` experts
+    a layer, both loaded in this process and fed the same tokens, each token to one then the other
+    (order alternating): paired, so the machine's noise falls on both (greedy decoding would drift
+    apart on the stored kernels' last bits and route differently). Per layout: median ms a token,
+    and a token's waits for expert reads (the cache's counters); the median paired difference."""
     import statistics
-    got: dict[str, list[dict]] = {name: [] for name in models}
-    for i in range(runs):
-        for name in list(models) if i % 2 == 0 else list(models)[::-1]:
-            r = subprocess.run([sys.executable, "-c", _LAYOUT_DECODE, str(models[name]), str(threads), str(tokens),
-                                str(cache)], capture_output=True, text=True, timeout=1800)
-            line = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
-            if not line:
-                raise RuntimeError(f"{models[name]}: decode run failed: {r.stderr[-1500:]}")
-            got[name].append(json.loads(line[-1]))
-            d = got[name][-1]
-            print(f"{name} run {i}: {d['tok_s']:.2f} tok/s, {d['cpu_ms']:.1f} ms CPU a token, {d['misses']} misses, "
-                  f"load {os.getloadavg()[0]:.1f}", file=sys.stderr, flush=True)
-    out = {}
-    for name, ds in got.items():
-        out[f"{name}_decode_tok_s"] = statistics.median(d["tok_s"] for d in ds)
-        out[f"{name}_cpu_ms_per_token"] = statistics.median(d["cpu_ms"] for d in ds)
-        out[f"{name}_missed_mb_per_token"] = statistics.median(d["missed_mb"] for d in ds)
-    return out
+
+    import numpy as np
+
+    from engine.api import Engine
+    engs = {name: Engine(path, threads=threads, expert_cache_size=cache, context_length=tokens + 64, log_level="WARN")
+            for name, path in models.items()}
+    try:
+        for e in engs.values():
+            e.warmup()
+            e.reset()
+        rng = np.random.default_rng(0)
+        vocab = min(e.cfg.vocab_size for e in engs.values())
+        prompt, feed = ([int(i) for i in rng.integers(vocab // 4, vocab, k)] for k in (16, tokens))
+        for e in engs.values():
+            e.forward(prompt)
+        wait0 = {k: sum(c.wait_s for c in e.weights.experts.counters) for k, e in engs.items()}
+        spent: dict[str, list[float]] = {k: [] for k in engs}
+        for i, tok in enumerate(feed):
+            for k in list(engs) if i % 2 == 0 else list(engs)[::-1]:
+                t = time.perf_counter()
+                engs[k].forward([tok])
+                spent[k].append(time.perf_counter() - t)
+        out = {}
+        for k, e in engs.items():
+            out[f"{k}_ms_per_token"] = statistics.median(spent[k]) * 1e3
+            out[f"{k}_read_wait_ms_per_token"] = (sum(c.wait_s for c in e.weights.experts.counters) - wait0[k]) / tokens * 1e3
+        a, b = list(engs)
+        out[f"{a}_minus_{b}_ms_per_token"] = statistics.median(x - y for x, y in zip(spent[a], spent[b])) * 1e3
+        return out
+    finally:
+        for e in engs.values():
+            e.close()
 
 
 # --- memory pool: one lock per tier against one global lock ----------------------------------
