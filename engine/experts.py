@@ -43,7 +43,7 @@ vnni, avx_vnni), 2 vCPUs shared with other work (load 1-9), runs alternating, me
   reads more than the kernels (four paired runs: 53.3, 55.1, 60.9, 82.1 ms a token against 52.8,
   53.0, 68.6, 90.7); at 4 of 8, 58.7, 67.0, 71.5 against 63.0, 71.0, 77.1 (-6%); at 6 of 8, 39.6
   against 40.4. With 2 threads the shared machine's preemption of OpenMP threads dominates
-  (330-350 ms a token, either layout).
+  (paired at load ~5: 2 of 8 183.6 against 167.8 ms a token, 4 of 8 148.7 against 168.8).
 Model dirs converted in the stored layout still load: their experts are repacked on their one load
 when the budget holds every expert, else streamed in the stored layout.
 
