@@ -53,6 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "as llama.cpp's imatrix); for int4, int8 and the K presets")
     ap.add_argument("--split_experts", action=argparse.BooleanOptionalAction, default=True,
                     help="one file per expert (default), or --no-split_experts for one file per layer")
+    ap.add_argument("--repack_experts", action=argparse.BooleanOptionalAction, default=True,
+                    help="expert matrices in the CPU kernels' 8-row groups (default: a streamed expert needs no "
+                         "work after its read), or --no-repack_experts for the stored (GGUF) layout")
     ap.add_argument("--num_experts", type=int, help="check the source has this many experts per layer")
     ap.add_argument("--top_k", type=int, help="experts used per token (default: the model's own; --moefy needs it)")
     ap.add_argument("--moefy", type=int, metavar="N",
@@ -74,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.moefy:
             return _moefy(args)
         result = convert(args.model_path, args.output_path, args.quantize, split_experts=args.split_experts,
+                         repack_experts=args.repack_experts,
                          num_experts=args.num_experts, top_k=args.top_k, force=args.force,
                          progress=None if args.quiet else _progress_printer(),
                          calibration_data=args.calibration_data)

@@ -237,7 +237,8 @@ class Engine:
         self.pool = MemoryPool()
         self.cache_plan = plan_expert_cache(self.model, self.params, self.context_limit, refuse=True)
         self._planned_at = time.monotonic()
-        repack = self.params["gpu_layers"] == 0  # a GPU reads the stored layout
+        repack = self.params["gpu_layers"] == 0  # a GPU reads the stored layout (experts repacked on disk:
+        # engine.scheduler uploads them unpacked)
         store = ExpertStore(self.model)
         self.weights = ModelWeights(self.model, self.pool, store, self._expert_cache(store, repack), repack)
         self.net = Transformer(self.cfg, self.weights)  # what the architecture is: engine.arch

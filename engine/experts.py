@@ -25,10 +25,27 @@ where the page cache keeps nothing (heavy caps) misses go back to one O_DIRECT c
 Prediction (next layer's picks, runners-up) stays on only while it pays: it pauses when most of
 the latest guesses were evicted unused (PREFETCH_MIN_ACCURACY).
 
-Streamed experts stay in the stored layout: no CPU work on a miss. For a q8_0 expert, repack_x8
-on the miss cost 2.4-2.9 ms and the 8-row-group kernels saved about as much on the token that
-needed it (`colibri-bench loads`: repacked minus stored, -0.03..+0.4 ms a miss). When the budget
-holds every expert they are repacked once, on their one load.
+Experts come in the layout the kernels consume: the converter writes every expert matrix whose
+format has 8-row-group kernels (cpu.PACKABLE, rows a multiple of 8) already repacked (engine.quant's
+x8 types), so a miss, read into a slot or mapped from the page cache, is one read and nothing else,
+and streamed experts take the repacked kernels as resident ones do. Measured on colibri-bench
+memory's moderate model (q8_0, 9.2 MB experts) converted both ways, AMD EPYC Zen 5 VM (avx512f/bw/vl/
+vnni, avx_vnni), 2 vCPUs shared with other work (load 1-9), runs alternating, medians:
+- a miss and one token through the expert (`colibri-bench loads`, NUMBA_NUM_THREADS=1): read 1.9 ms
+  and token 0.30 ms repacked on disk, against the stored layout's token 0.49-0.53 ms, or 12.9-16.9 ms
+  of repack_x8 on each miss for the repacked kernels (0.36 ms); with 2 threads the token medians
+  (33-36 ms) measure the preempted OpenMP threads, not the kernels (minima 0.26 against 0.38 ms);
+- decode, the same tokens fed to both layouts in one process token by token, 1 thread (`colibri-bench
+  loads --model DIR --against DIR_CONVERTED_WITH_--no-repack_experts --threads 1 [--cache N]`): at
+  2 of 8 experts a layer cached (12 misses, 112 MB a token) the experts' compute is 3.9 ms a token
+  less repacked on disk, but the token then waits about that much longer for its reads (feed-forward
+  54.1 ms, 26.4 of it waiting, against 53.9 and 22.3 stored): decode there is bound by the miss
+  reads more than the kernels (four paired runs: 53.3, 55.1, 60.9, 82.1 ms a token against 52.8,
+  53.0, 68.6, 90.7); at 4 of 8, 58.7, 67.0, 71.5 against 63.0, 71.0, 77.1 (-6%); at 6 of 8, 39.6
+  against 40.4. With 2 threads the shared machine's preemption of OpenMP threads dominates
+  (paired at load ~5: 2 of 8 183.6 against 167.8 ms a token, 4 of 8 148.7 against 168.8).
+Model dirs converted in the stored layout still load: their experts are repacked on their one load
+when the budget holds every expert, else streamed in the stored layout.
 
 Concurrency: the compute thread pins what it uses (`with cache.use(L, e) as w:`); the loader
 thread never evicts a pinned slot. Kernels and reads release the GIL, so loads overlap compute.
@@ -225,8 +242,10 @@ class ExpertStore:
         span.slot_bytes takes O_DIRECT reads (the span then starts at span.head); any other
         buffer of at least span.nbytes gets a buffered read at its start.
 
-        `repack`: q4_0/q4_1/q8_0 matrices are rearranged in place into the kernels' 8-row groups
-        (cpu.repack_x8, about 2 ms per 2.4 MB once) — for experts that stay, not streamed ones."""
+        Matrices the converter wrote repacked (x8 types) come as they are, in the kernels' 8-row
+        groups. `repack`: stored-layout ones of a PACKABLE format are rearranged so in place
+        (cpu.repack_x8, about 2 ms per 2.4 MB once; model dirs converted before repacking on disk)
+        — for experts that stay, not streamed ones."""
         sp = self.span(layer, expert)
         direct = self.direct and buf.nbytes >= sp.slot_bytes and buf.ctypes.data % DIRECT_ALIGN == 0
         start = sp.head if direct else 0
@@ -278,7 +297,7 @@ class ExpertStore:
         mats = []
         for p, (off, rows, rb, code, cols) in zip(PARTS, sp.parts):
             data = buf[start + off:start + off + rows * rb].reshape(rows, rb)
-            if repack and code in cpu.PACKABLE and rows % 8 == 0:
+            if repack and code in cpu.PACKABLE and rows % 8 == 0:  # (a code > PACKED: repacked on disk)
                 cpu.repack_x8(data, code)
                 code += cpu.PACKED
             mats.append(Matrix(f"blk.{layer}.ffn_{p}{sfx}.weight", data, code, rows, cols))

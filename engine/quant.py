@@ -14,10 +14,15 @@ Layout: blocks run along a matrix row (the input dimension). A row of `n` weight
 
 Every dequantizer uses float32 arithmetic in the same order as `gguf.quants.dequantize`, so
 the two agree bit for bit (tested).
+
+Repacked (x8): the same blocks of 8 rows at a time interleaved for the CPU kernels' group dot
+products (engine.kernels.cpu.repack_x8 does it in place at load; the converter writes expert
+matrices so, their id PACKED + the GGML id, so a streamed expert needs no work after its read).
+X8_REGIONS declares each layout; pack_x8 / unpack_x8 are its numpy definition.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
@@ -40,6 +45,12 @@ class QuantType:
     dequantize: Callable[[np.ndarray], np.ndarray]
     quantize: Callable[[np.ndarray], np.ndarray] | None
     rms_budget: float | None  # max relative RMS error of quantize→dequantize on N(0,1) weights
+    base: "QuantType | None" = field(default=None, repr=False)  # an x8 type: the format it interleaves
+
+    @property
+    def plain(self) -> QuantType:
+        """The format itself: for a repacked (x8) type its base, else this type."""
+        return self.base or self
 
     @property
     def is_block(self) -> bool:
@@ -348,8 +359,73 @@ _TYPES = [
     QuantType("bf16", 30, 1, 2, np.dtype(np.uint16), _bf16_deq, _bf16_q, 2.5e-3),
     QuantType("mxfp4", 39, QK, 17, np.dtype(np.uint8), _mxfp4_deq, None, None),
 ]
+
+
+# --- repacked in groups of 8 rows (the CPU kernels' layout) ----------------------------------
+PACKED = 1000  # a repacked type's id: PACKED + its format's GGML id (engine.kernels.cpu.PACKED)
+# format -> per block, the regions (offset, bytes, unit) interleaved over 8 rows: in a group of 8
+# rows, block b holds at 8·size·b + 8·offset + 8·unit·c + unit·i the unit c of the region of row i
+X8_REGIONS: dict[str, list[tuple[int, int, int]]] = {
+    "q4_0": [(0, 2, 2), (2, 16, 4)], "q4_1": [(0, 4, 2), (4, 16, 4)], "q8_0": [(0, 2, 2), (2, 32, 4)],
+    "q5_0": [(0, 2, 2), (2, 4, 4), (6, 16, 4)], "q5_1": [(0, 4, 2), (4, 4, 4), (8, 16, 4)],
+    "iq4_nl": [(0, 2, 2), (2, 16, 4)], "mxfp4": [(0, 1, 1), (1, 16, 4)],
+    "q4_k": [(0, 4, 2), (4, 12, 1), (16, 128, 4)],  # d, dmin | scales[12] | qs[128]
+    "q5_k": [(0, 4, 2), (4, 12, 1), (16, 32, 4), (48, 128, 4)],  # ... | qh[32] | qs[128]
+    "q6_k": [(0, 128, 4), (128, 64, 4), (192, 16, 1), (208, 2, 2)],  # ql | qh | scales[16] | d
+    "iq4_xs": [(0, 2, 2), (2, 2, 2), (4, 4, 4), (8, 128, 4)],  # d | scales_h | scales_l | qs
+}
+
+
+def _x8_views(raw: np.ndarray, size: int):
+    """A (rows, row_bytes) matrix's groups of 8 rows, as (groups, blocks, 8·size) and as
+    (groups, 8, blocks, size)."""
+    rows, rb = raw.shape[-2], raw.shape[-1]
+    if rows % 8:
+        raise QuantError(f"repacked (x8) layout: {rows} rows is not a multiple of 8")
+    return raw.reshape(rows // 8, rb // size, 8 * size), raw.reshape(rows // 8, 8, rb // size, size)
+
+
+def pack_x8(stored: np.ndarray, name: str) -> np.ndarray:
+    """A stored matrix (rows, row_bytes) of format `name`, rows a multiple of 8 -> a repacked copy."""
+    size = BY_NAME[name].type_size
+    out = np.empty_like(stored)
+    dst, src = _x8_views(out, size)[0], _x8_views(np.ascontiguousarray(stored), size)[1]
+    for off, length, unit in X8_REGIONS[name]:  # (groups, rows i, blocks, units c, unit) -> (groups, blocks, c, i, unit)
+        part = src[..., off:off + length].reshape(*src.shape[:3], length // unit, unit).transpose(0, 2, 3, 1, 4)
+        dst[..., 8 * off:8 * (off + length)] = part.reshape(*dst.shape[:2], 8 * length)
+    return out
+
+
+def unpack_x8(packed: np.ndarray, name: str) -> np.ndarray:
+    """The inverse of pack_x8: a repacked matrix -> its rows in the stored layout (a copy)."""
+    size = BY_NAME[name].type_size
+    out = np.empty_like(packed)
+    dst, src = _x8_views(out, size)[1], _x8_views(np.ascontiguousarray(packed), size)[0]
+    for off, length, unit in X8_REGIONS[name]:
+        part = src[..., 8 * off:8 * (off + length)].reshape(*src.shape[:2], length // unit, 8, unit)
+        dst[..., off:off + length] = part.transpose(0, 3, 1, 2, 4).reshape(*dst.shape[:3], length)
+    return out
+
+
+def _x8_type(t: QuantType) -> QuantType:
+    deq = lambda raw: t.dequantize(unpack_x8(raw.reshape(-1, raw.shape[-1]), t.name).reshape(raw.shape))  # noqa: E731
+    q = None if t.quantize is None else \
+        lambda x: pack_x8(t.quantize(np.reshape(x, (-1, np.shape(x)[-1]))), t.name).reshape(*np.shape(x)[:-1], -1)
+    return QuantType(t.name + "x8", PACKED + t.type_id, t.block_size, t.type_size, t.storage, deq, q, None, t)
+
+
+_TYPES += [_x8_type(t) for t in _TYPES if t.name in X8_REGIONS]
 BY_NAME: dict[str, QuantType] = {t.name: t for t in _TYPES}
 BY_ID: dict[int, QuantType] = {t.type_id: t for t in _TYPES}
+
+
+def repacked(qtype: QuantType, shape: tuple[int, ...]) -> QuantType:
+    """The repacked (x8) variant of `qtype` for a matrix of `shape`, or qtype itself where there is
+    none (a format without 8-row kernels, a vector, rows not a multiple of 8)."""
+    rows = int(np.prod(shape[:-1], dtype=np.int64)) if len(shape) > 1 else 0
+    if qtype.base is not None or qtype.name not in X8_REGIONS or rows == 0 or rows % 8:
+        return qtype
+    return BY_ID[PACKED + qtype.type_id]
 
 # What users ask for on the command line -> the format that holds it.
 TARGETS: dict[str, str] = {"f32": "f32", "f16": "f16", "int8": "q8_0", "int4": "q4_1"}

@@ -32,14 +32,21 @@ from typing import Any
 
 import numpy as np
 
+from engine import quant
+
 log = logging.getLogger("colibri.scheduler")
 
 PROFILE_VERSION = 1
 MEMORY_RESERVE = 256 << 20  # device bytes kept free for activations, scratch and the CUDA context
 MEMORY_SHARE = 0.9  # of the free device memory the weights may take
 GPU_CODES = (1, 2, 3, 8)  # f16, q4_0, q4_1, q8_0: formats with a CUDA kernel (engine.kernels.cuda.CODES)
-PACKED = 1000  # codes above: repacked for the CPU kernels (engine.kernels.cpu.PACKED), which stay there
+PACKED = 1000  # codes above: repacked for the CPU kernels (engine.quant.PACKED); unpacked for an upload
 _FORMAT = {0: "f32", 1: "f16", 2: "q4_0", 3: "q4_1", 8: "q8_0", 12: "q4_K", 13: "q5_K", 14: "q6_K", 30: "bf16"}
+
+
+def _stored_code(code: int) -> int:
+    """The GGML id of a matrix's format, repacked (x8, for the CPU kernels) or not."""
+    return code - PACKED if code > PACKED else code
 
 
 def _format_name(code: int) -> str:
@@ -371,7 +378,7 @@ class Scheduler:
             if lay.attention != "gpu":
                 return None
         else:
-            if m.code not in GPU_CODES:
+            if _stored_code(m.code) not in GPU_CODES:
                 return self._count(lay, None, False)
             res = self._resident.get(m.name)
             d = decide(self.profile, m.nbytes, m.rows, m.cols, x.shape[0], res is not None or what != "expert",
@@ -385,7 +392,7 @@ class Scheduler:
             with self._lock:
                 self._inflight += 1
             t0 = time.perf_counter()
-            y = self.backend.matmul(dw, m.code, x)
+            y = self.backend.matmul(dw, _stored_code(m.code), x)
             self._gpu_op_s = 0.9 * self._gpu_op_s + 0.1 * (time.perf_counter() - t0)
         except Exception as e:  # a failing launch costs this matmul a CPU run, never the reply
             self._fallback(L, m.name, f"{type(e).__name__}: {e}")
@@ -418,8 +425,9 @@ class Scheduler:
         if not pinned and not self._make_room(m.nbytes):
             self.layers[layer].last_why = "does not fit in GPU memory" if layer >= 0 else ""
             return None
-        try:
-            handle = self.backend.upload(m.data)
+        try:  # the CUDA kernels read the stored layout: a repacked expert goes up unpacked
+            data = m.data if m.code < PACKED else quant.unpack_x8(m.data, quant.get(m.code).base.name)
+            handle = self.backend.upload(data)
         except Exception as e:
             oom = "out of GPU memory" if _is_oom(e) else "upload failed"
             self._fallback(layer, m.name, f"{oom}: {type(e).__name__}: {e}")

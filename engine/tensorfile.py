@@ -1,7 +1,8 @@
 """Colibri tensor files (`*.bin`): a small self-describing header, then 64-byte aligned tensors.
 
     offset 0   b"CLBT"                      magic
-    offset 4   uint32 LE                    file layout version (TENSORFILE_VERSION)
+    offset 4   uint32 LE                    file layout version: 1, or 2 where a tensor is repacked
+                                            (an x8 type, engine.quant; version 1 readers refuse it)
     offset 8   uint64 LE                    header length H
     offset 16  H bytes of UTF-8 JSON        {"tensors": {name: {"type", "type_id", "shape",
                                              "offset", "nbytes"}}, "meta": {...}},
@@ -29,7 +30,7 @@ from engine import quant
 from engine.errors import BadHeaderError, NewerFormatError, SizeMismatchError, UnknownQuantTypeError
 
 MAGIC = b"CLBT"
-TENSORFILE_VERSION = 1
+TENSORFILE_VERSION = 2  # the newest this reads; files without repacked tensors are still written as 1
 ALIGN = 64
 _PREAMBLE = struct.Struct("<4sIQ")  # magic, version, header length
 
@@ -87,7 +88,8 @@ def layout(plans: Iterable[TensorPlan], meta: dict | None = None) -> tuple[bytes
         body = json.dumps(doc, separators=(",", ":")).encode()
         if _PREAMBLE.size + len(body) <= data_start:
             body = body.ljust(data_start - _PREAMBLE.size, b" ")
-            return _PREAMBLE.pack(MAGIC, TENSORFILE_VERSION, len(body)) + body, infos
+            version = 2 if any(p.qtype.base is not None for p in plans) else 1
+            return _PREAMBLE.pack(MAGIC, version, len(body)) + body, infos
         header_len = len(body)
 
 
@@ -252,6 +254,15 @@ class TensorFile:
         shape = i.qtype.stored_shape(i.shape)
         count = i.nbytes // i.qtype.storage.itemsize
         return np.frombuffer(self._mmap, i.qtype.storage, count, i.offset).reshape(shape)
+
+    def stored(self, name: str) -> np.ndarray:
+        """The tensor in its format's stored (GGUF) layout: the mapped view, or for a repacked
+        (x8) tensor an unpacked copy (its format: infos[name].qtype.base)."""
+        qt = self.infos[name].qtype
+        if qt.base is None:
+            return self.tensor(name)
+        t = self.tensor(name)
+        return quant.unpack_x8(t.reshape(-1, t.shape[-1]), qt.base.name).reshape(t.shape)
 
     def release(self, name: str) -> None:
         """Unmap this process's pages of a tensor whose bytes were copied elsewhere (a repacked

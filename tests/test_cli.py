@@ -22,6 +22,16 @@ def test_convert_with_flags(tmp_path):
     assert "100.0%" in r.stderr  # the progress line reached the end
     m = open_model_dir(out, verify=True)
     assert m.meta["quantization"]["requested"] == "int4" and m.split_experts
+    with m.tensor_file("experts/layer_0_expert_0.bin") as f:
+        assert f.infos["blk.0.ffn_up.0.weight"].qtype.name == "q4_1x8"  # repacked on disk (the default)
+
+
+def test_no_repack_experts_writes_the_stored_layout(tmp_path):
+    r = run("--model_path", str(HF_FIXTURES / "mixtral"), "--output_path", str(tmp_path / "m"), "--quantize", "int8",
+            "--no-repack_experts", "--quiet")
+    assert r.returncode == 0, r.stderr
+    with open_model_dir(tmp_path / "m", verify=True).tensor_file("experts/layer_1_expert_7.bin") as f:
+        assert {i.qtype.name for i in f.infos.values()} == {"q8_0"}
 
 
 def test_errors_are_one_clear_line(tmp_path):

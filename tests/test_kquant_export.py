@@ -121,7 +121,7 @@ def test_converter_writes_the_preset(tmp_path):
             if len(info.shape) == 1:
                 continue
             want = K.preset_type(name, info.shape, "q4_k_m", cfg.num_layers, cfg.num_experts, cfg.tie_word_embeddings)
-            assert info.qtype.name == want, name
+            assert info.qtype.plain.name == want, name
     assert r.tensor_types.get("q4_k") and r.tensor_types.get("q6_k")
 
 

@@ -75,10 +75,10 @@ def test_bad_header(model):
 def test_unknown_quant_type(model):
     p = model / "experts" / "layer_0_expert_1.bin"
     raw = p.read_bytes()
-    patched = raw.replace(b'"type":"q8_0","type_id":8', b'"type":"q8_1","type_id":9', 1)
+    patched = raw.replace(b'"type":"q8_0x8","type_id":1008', b'"type":"q8_1x8","type_id":1009', 1)  # (repacked)
     assert patched != raw
     p.write_bytes(patched)
-    with pytest.raises(errors.UnknownQuantTypeError, match="unknown quant type 9;"):
+    with pytest.raises(errors.UnknownQuantTypeError, match="unknown quant type 1009;"):
         open_model_dir(model)
 
 

@@ -166,3 +166,26 @@ def test_repacked_matrices_stay_on_the_cpu(model):
     assert backend.uploads == 0
     assert [p.attention for p in snap.layers] == ["cpu", "cpu"]
     assert "q4_1 repacked for the CPU at load has no GPU kernel" in snap.layers[0].attention_reason
+
+def test_an_expert_repacked_on_disk_goes_to_the_gpu_unpacked(model):
+    """Experts are written in the CPU kernels' 8-row groups (engine.quant x8 types); the CUDA
+    kernels read the stored layout, so the scheduler uploads an unpacked copy and multiplies in the
+    format's own code: the same output as the CPU's repacked kernel."""
+    from engine import quant
+    from engine.models import base
+    fast = DeviceProfile(cpu_bandwidth=1e9, cpu_flops=1e9, gpu_name="fake", gpu_launch_s=1e-9, h2d_bandwidth=1e15,
+                         d2h_bandwidth=1e15, gpu_bandwidth=1e15, gpu_flops=1e15, gpu_memory_free=8 << 30)
+    x = np.random.default_rng(0).standard_normal((2, 64)).astype(np.float32)
+    with Engine(model, threads=1, gpu_layers=1) as eng:
+        backend, uploaded = FakeBackend(), []
+        backend.upload = lambda data: uploaded.append(np.array(data)) or np.array(data)
+        sched = Scheduler.create(eng.cfg, eng.weights, 1, profile=fast, backend=backend, device="fake")
+        with eng.weights.experts.use(0, 1) as ew:
+            assert ew.gate.code == cpu.PACKED + quant.get("q4_1").type_id  # as read: no work on the miss
+            want = base.expert_mlp(x, ew, base.Step())  # (the fake GPU is the CPU kernel: int8 activations)
+            got = base.expert_mlp(x, ew, base.Step(gpu=sched.runner))
+            stored = quant.unpack_x8(ew.gate.data, "q4_1")
+        snap = sched.snapshot()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert snap.layers[0].gpu_matmuls == 3 and not snap.fallbacks
+    assert any(u.shape == stored.shape and np.array_equal(u, stored) for u in uploaded)

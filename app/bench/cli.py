@@ -105,6 +105,12 @@ def cmd_convert(args: argparse.Namespace) -> int:
 def cmd_loads(args: argparse.Namespace) -> int:
     from app.bench.memory import measure_loads, measure_repack
     result = measure_loads(Path(args.model)) | measure_repack(Path(args.model))
+    if args.against:  # the same model in the other expert layout: decode both, alternating
+        from app.bench.memory import measure_layout_decode
+        ours = "repacked" if result["repacked_on_disk"] else "stored"
+        other = "stored" if ours == "repacked" else "repacked"
+        result |= measure_layout_decode({ours: Path(args.model), other: Path(args.against)}, args.threads,
+                                        args.decode_tokens, args.cache)
     for k, v in result.items():
         print(f"{k:>34}: {v:.2f}")
     if args.json:
@@ -159,6 +165,11 @@ def main(argv: list[str] | None = None) -> int:
     m.set_defaults(func=lambda a: __import__("app.bench.memory", fromlist=["main"]).main(a))
     lo = sub.add_parser("loads", help="cold and warm expert loads: each read mode, mmap, repack on a miss")
     lo.add_argument("--model", required=True, help="a converted MoE model folder")
+    lo.add_argument("--against", metavar="DIR", help="the same model converted in the other expert layout "
+                    "(colibri-convert --no-repack_experts): both decode the same tokens, paired token by token")
+    lo.add_argument("--threads", type=int, default=2, help="with --against")
+    lo.add_argument("--decode_tokens", type=int, default=150, help="with --against")
+    lo.add_argument("--cache", type=int, default=2, help="with --against: experts cached a layer")
     lo.add_argument("--json", help="also write the results to this file")
     lo.set_defaults(func=cmd_loads)
     pl = sub.add_parser("pool", help="memory pool: per-tier locks against one global lock, 2 threads")

@@ -682,24 +682,31 @@ def measure_loads(model: Path, repeats: int = 7) -> dict:
     return result
 
 
-def measure_repack(model: Path, repeats: int = 5) -> dict:
-    """A streamed expert either way: its kernels on the stored layout, or repack_x8 on the miss and
-    the 8-row-group kernels. Medians of one token through one expert (gate, up, down), ms."""
+def measure_repack(model: Path, repeats: int = 15) -> dict:
+    """A streamed expert's miss, then one token through it (gate, up, down), medians in ms, the
+    ways alternating. A model in the stored layout: its kernels on the stored layout ("stored"),
+    or repack_x8 on the miss and the 8-row-group kernels ("repacked"). A model repacked at convert
+    time: the read alone and the 8-row-group kernels ("on_disk"), beside the stored layout's
+    kernels on an unpacked copy of the same expert ("stored_token_ms") and what repacking that
+    copy costs the old path on each miss ("repack_ms"). `repacked_on_disk` says which it was."""
     import statistics
 
     import numpy as np
 
+    from engine import quant
     from engine.experts import ExpertStore
     from engine.kernels import cpu
     from engine.mempool import MemoryPool
     from engine.model_dir import open_model_dir
+    from engine.weight_types import ExpertWeights, Matrix
     store, pool = ExpertStore(open_model_dir(model)), MemoryPool()
     sp = store.span(0, 0)
     block = pool.alloc(sp.slot_bytes)
     buf = block.array(np.uint8, (block.size,))
     w = store.read_into(0, 0, buf)
+    on_disk = w.gate.code > cpu.PACKED
     x = np.random.default_rng(0).standard_normal((1, w.gate.cols)).astype(np.float32)
-    out = {}
+    out: dict = {"repacked_on_disk": float(on_disk)}
 
     def token(ew):
         g = np.empty((1, ew.gate.rows), np.float32)
@@ -707,24 +714,90 @@ def measure_repack(model: Path, repeats: int = 5) -> dict:
         cpu.matmul(ew.up.data, ew.up.code, x, g)
         d = np.empty((1, ew.down.rows), np.float32)
         cpu.matmul(ew.down.data, ew.down.code, np.zeros((1, ew.down.cols), np.float32), d)
-    token(store.read_into(0, 0, buf))  # compile both variants first
-    token(store.read_into(0, 0, buf, repack=True))
-    for name, repack in (("stored", False), ("repacked", True)):
-        load, run = [], []
-        for _ in range(repeats):  # the miss path: read (and repack), then the token's first use
+
+    def unpacked(ew):  # the same expert in the stored layout (a copy)
+        return ExpertWeights(*(Matrix(m.name, quant.unpack_x8(m.data, quant.get(m.code).base.name), m.code - cpu.PACKED,
+                                      m.rows, m.cols) if m.code > cpu.PACKED else m for m in (ew.gate, ew.up, ew.down)))
+    stored = unpacked(w) if on_disk else None
+
+    def repack(ew) -> float:
+        """Seconds repack_x8 takes on a copy of each stored matrix (the copies not counted)."""
+        spent = 0.0
+        for m in (ew.gate, ew.up, ew.down):
+            if m.code in cpu.PACKABLE and m.rows % 8 == 0:
+                data = m.data.copy()
+                t = time.perf_counter()
+                cpu.repack_x8(data, m.code)
+                spent += time.perf_counter() - t
+        return spent
+    ways = (("on_disk", False),) if on_disk else (("stored", False), ("repacked", True))
+    for _, rp in ways:  # compile each variant first
+        token(store.read_into(0, 0, buf, repack=rp))
+    if on_disk:
+        token(stored)
+        repack(stored)
+    times: dict = {}
+    for i in range(repeats):  # the miss path: read (and repack), then the token's first use
+        for name, rp in ways if i % 2 == 0 else ways[::-1]:
             t = time.perf_counter()
-            ew = store.read_into(0, 0, buf, repack=repack)
+            ew = store.read_into(0, 0, buf, repack=rp)
             t1 = time.perf_counter()
             token(ew)
-            load.append(t1 - t)
-            run.append(time.perf_counter() - t1)
-        out[f"{name}_read_ms"] = statistics.median(load) * 1e3
-        out[f"{name}_token_ms"] = statistics.median(run) * 1e3
-    out["miss_ms_repacked_minus_stored"] = (out["repacked_read_ms"] + out["repacked_token_ms"]
-                                            - out["stored_read_ms"] - out["stored_token_ms"])
+            times.setdefault(f"{name}_read_ms", []).append(t1 - t)
+            times.setdefault(f"{name}_token_ms", []).append(time.perf_counter() - t1)
+        if on_disk:
+            t = time.perf_counter()
+            token(stored)
+            times.setdefault("stored_token_ms", []).append(time.perf_counter() - t)
+            times.setdefault("repack_ms", []).append(repack(stored))
+    out |= {k: statistics.median(v) * 1e3 for k, v in times.items()}
+    if not on_disk:
+        out["miss_ms_repacked_minus_stored"] = (out["repacked_read_ms"] + out["repacked_token_ms"]
+                                                - out["stored_read_ms"] - out["stored_token_ms"])
     block.free()
     store.close()
     return out
+
+
+def measure_layout_decode(models: dict[str, Path], threads: int = 1, tokens: int = 150, cache: int = 2) -> dict:
+    """The same model in two layouts (e.g. repacked on disk and --no-repack_experts), `cache` experts
+    a layer, both loaded in this process and fed the same tokens, each token to one then the other
+    (order alternating): paired, so the machine's noise falls on both (greedy decoding would drift
+    apart on the stored kernels' last bits and route differently). Per layout: median ms a token,
+    and a token's waits for expert reads (the cache's counters); the median paired difference."""
+    import statistics
+
+    import numpy as np
+
+    from engine.api import Engine
+    engs = {name: Engine(path, threads=threads, expert_cache_size=cache, context_length=tokens + 64, log_level="WARN")
+            for name, path in models.items()}
+    try:
+        for e in engs.values():
+            e.warmup()
+            e.reset()
+        rng = np.random.default_rng(0)
+        vocab = min(e.cfg.vocab_size for e in engs.values())
+        prompt, feed = ([int(i) for i in rng.integers(vocab // 4, vocab, k)] for k in (16, tokens))
+        for e in engs.values():
+            e.forward(prompt)
+        wait0 = {k: sum(c.wait_s for c in e.weights.experts.counters) for k, e in engs.items()}
+        spent: dict[str, list[float]] = {k: [] for k in engs}
+        for i, tok in enumerate(feed):
+            for k in list(engs) if i % 2 == 0 else list(engs)[::-1]:
+                t = time.perf_counter()
+                engs[k].forward([tok])
+                spent[k].append(time.perf_counter() - t)
+        out = {}
+        for k, e in engs.items():
+            out[f"{k}_ms_per_token"] = statistics.median(spent[k]) * 1e3
+            out[f"{k}_read_wait_ms_per_token"] = (sum(c.wait_s for c in e.weights.experts.counters) - wait0[k]) / tokens * 1e3
+        a, b = list(engs)
+        out[f"{a}_minus_{b}_ms_per_token"] = statistics.median(x - y for x, y in zip(spent[a], spent[b])) * 1e3
+        return out
+    finally:
+        for e in engs.values():
+            e.close()
 
 
 # --- memory pool: one lock per tier against one global lock ----------------------------------

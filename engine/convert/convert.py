@@ -1,7 +1,9 @@
 """Convert a GGUF file or a Hugging Face folder into a Colibri model directory.
 
 Streaming: tensors are read, converted and written a slice of rows at a time, so memory stays
-flat whatever the model size. Safety: everything is written into a hidden folder beside the
+flat whatever the model size. Expert matrices are written in the layout the CPU kernels consume
+(repacked: engine.quant's x8 types) wherever their format has one, so loading a streamed expert
+is one read and nothing else. Safety: everything is written into a hidden folder beside the
 destination and renamed into place only when complete; a failure, a cancel or Ctrl-C removes
 it, and a destination that exists is never touched without `force`.
 """
@@ -261,12 +263,15 @@ def _candidates(src: _Source, name: str, cfg: ModelConfig) -> list[str]:
 
 def _write_tensor(w: TensorFileWriter, item: _Item, check: Callable[[], None],
                   imatrix: np.ndarray | None = None, own: bool = False) -> None:
-    t, out = item.source, item.qtype
+    t, out = item.source, item.qtype.plain  # (the format; item.qtype may be its x8 layout)
     if len(t.shape) == 1:
         data = t.read()
         w.write(item.name, data if t.qtype is out else quant.quantize(quant.dequantize(data, t.qtype), out))
         return
     step = max(1, CHUNK_BYTES // (4 * t.shape[-1]))
+    if item.qtype.base is not None:
+        from engine.kernels import cpu
+        step = max(8, step // 8 * 8)  # whole 8-row groups a slice
     for start in range(0, t.rows, step):
         check()
         data = t.read(start, min(t.rows, start + step))
@@ -274,6 +279,9 @@ def _write_tensor(w: TensorFileWriter, item: _Item, check: Callable[[], None],
             x = quant.dequantize(data, t.qtype)
             data = kquant_export.best_per_block(x, out.name, imatrix) if own and imatrix is not None \
                 else kquant_export.quantize(x, out, imatrix)
+        if item.qtype.base is not None:  # the bytes the CPU kernels read, as cpu.repack_x8 leaves them at load
+            data = np.array(data, np.uint8).reshape(-1, data.shape[-1])
+            cpu.repack_x8(data, out.type_id)
         w.write(item.name, data)
 
 
@@ -339,12 +347,14 @@ def convert(model_path: str | Path, output_path: str | Path, quantize: str | Non
             split_experts: bool = True, num_experts: int | None = None, top_k: int | None = None,
             force: bool = False, progress: Callable[[Progress], None] | None = None,
             cancel: threading.Event | Callable[[], bool] | None = None,
-            calibration_data: str | Path | None = None) -> ConvertResult:
+            calibration_data: str | Path | None = None, repack_experts: bool = True) -> ConvertResult:
     """Convert `model_path` (GGUF file or HF folder) into the Colibri directory `output_path`.
 
     `quantize`: f32, f16, int8, int4 or keep; None keeps a GGUF's formats and makes int8 of a
     float checkpoint. `cancel` (an Event or a callable) is checked between slices of tensors.
     `calibration_data`: a text file whose activations weight the rounding (engine/convert/calibrate.py).
+    `repack_experts`: expert matrices written in the CPU kernels' 8-row groups where their format
+    has them (quant.repacked); off, every tensor in its stored (GGUF) layout, as older Colibri wrote.
     """
     t0 = time.perf_counter()
     src_path, dst = Path(model_path).expanduser(), Path(output_path).expanduser().absolute()
@@ -376,6 +386,9 @@ def convert(model_path: str | Path, output_path: str | Path, quantize: str | Non
                                       f"({chunks} chunks, {tokens} tokens)", "", "calibration"))
             cal = calibration_of(items, cfg, src, calibration_data, src_path, progress=calibrating)
         cfg = replace(cfg, rope_scaling=None) if cfg.rope_freq_factors else cfg
+        if repack_experts:
+            items = [replace(i, qtype=quant.repacked(i.qtype, i.source.shape)) if i.file.startswith("experts/")
+                     else i for i in items]
         total = sum(i.qtype.nbytes(i.source.shape) for i in items)
         _check_space(dst, total + sum(align_up(1) for _ in items) + (4 << 20))
         dst.parent.mkdir(parents=True, exist_ok=True)
@@ -405,7 +418,8 @@ def convert(model_path: str | Path, output_path: str | Path, quantize: str | Non
         check()
         types: dict[str, int] = {}
         for it in items:
-            types[it.qtype.name] = types.get(it.qtype.name, 0) + 1
+            name = it.qtype.plain.name  # by format, however laid out
+            types[name] = types.get(name, 0) + 1
         _write_metadata(tmp, cfg, src, target, split_experts, types, src_path, manifest,
                         cal.summary() if cal else None)
         _move_into_place(tmp, dst)

@@ -80,7 +80,7 @@ def export_gguf(model_path: str | Path, out_path: str | Path, requantize: str | 
             if name == "rope_freqs.weight" and not cfg.rope_freq_factors:
                 continue
             info = tf.infos[name]
-            plan.append((name, _reader(tf, name, cfg), info.shape, info.qtype))
+            plan.append((name, _reader(tf, name, cfg), info.shape, _stored_type(info.qtype)))
     for L in range(cfg.num_layers):
         for part in ("gate", "up", "down"):
             if cfg.is_moe:
@@ -90,7 +90,7 @@ def export_gguf(model_path: str | Path, out_path: str | Path, requantize: str | 
                                        else f"experts/layer_{L}.bin")
                 name = f"blk.{L}.ffn_{part}.0.weight"
                 plan.append((f"blk.{L}.ffn_{part}.weight", _reader(tf, name, cfg), tf.infos[name].shape,
-                             tf.infos[name].qtype))
+                             _stored_type(tf.infos[name].qtype)))
     if requantize:
         def kept(name: str) -> bool:  # as llama-quantize keeps them
             return name in ("token_embd.weight", "output.weight") or name.endswith(".ffn_gate_inp.weight")
@@ -117,9 +117,14 @@ def _requantized(item, target):
     return name, again, shape, target
 
 
+def _stored_type(qt):
+    """A tensor's GGML type: a matrix repacked on disk (x8) goes out in its format's stored layout."""
+    return qt.plain
+
+
 def _reader(tf, name: str, cfg):
     def read():
-        data = tf.tensor(name)
+        data = tf.stored(name)
         if name.endswith((".attn_q.weight", ".attn_k.weight")):
             heads = cfg.num_heads if ".attn_q." in name else cfg.num_kv_heads
             order = np.argsort(unpermute_order(heads, data.shape[0]))  # HF rows -> llama.cpp rows
@@ -135,5 +140,5 @@ def _stacked(model, L: int, part: str, experts: int):
     info = files[0].infos[names[0]]
 
     def read():
-        return np.stack([f.tensor(n) for f, n in zip(files, names)])
-    return f"blk.{L}.ffn_{part}_exps.weight", read, (experts, *info.shape), info.qtype
+        return np.stack([f.stored(n) for f, n in zip(files, names)])
+    return f"blk.{L}.ffn_{part}_exps.weight", read, (experts, *info.shape), _stored_type(info.qtype)

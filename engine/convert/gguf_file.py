@@ -171,8 +171,10 @@ class GGUFModel:
     def _tensor(self, t) -> SourceTensor:
         try:
             qtype = quant.get(int(t.tensor_type))
+            if qtype.base is not None:  # our repacked ids are no GGML type
+                raise quant.QuantError(qtype.name)
         except quant.QuantError:  # raised while the file is opened: before any conversion work
-            supported = ", ".join(q.upper() for q in quant.BY_NAME)
+            supported = ", ".join(q.name.upper() for q in quant.BY_NAME.values() if q.base is None)
             import gguf
             try:
                 type_name = gguf.GGMLQuantizationType(t.tensor_type).name

@@ -192,6 +192,7 @@ def moefy_layer(h: np.ndarray, gate: np.ndarray, up: np.ndarray, down: np.ndarra
 def _down_type(src: quant.QuantType) -> quant.QuantType:
     """Down is re-quantized (its columns are regrouped): in its own format where Colibri writes
     that format, else q8_0."""
+    src = src.plain  # (a matrix repacked on disk: its format)
     return src if src.quantize is not None else quant.get("q8_0")
 
 
@@ -244,17 +245,20 @@ def moefy(src_path: str | Path, dst_path: str | Path, num_experts: int, top_k_: 
         rel = f"router/layer_{L}.bin"
         manifest.add(rel, *tensorfile.write_tensor_file(tmp / rel, {f"{b}ffn_gate_inp.weight": (r, "f32")}))
         dtype = _down_type(tf.infos[names["down"]].qtype)
+        plain = {p: tf.stored(names[p]) for p in ("gate", "up")}  # the stored layout (unpacked if repacked)
+        plain_type = {p: tf.infos[names[p]].qtype.plain for p in ("gate", "up")}
         for e in range(n):
             rows = np.flatnonzero(labels == e)
-            stored = {p: tf.tensor(names[p])[rows] for p in ("gate", "up")}  # whole rows: bytes unchanged
+            stored = {p: plain[p][rows] for p in ("gate", "up")}  # whole rows: bytes unchanged
             stored["down"] = quant.quantize(np.ascontiguousarray(down[:, rows] * k), dtype)
-            qt = {"gate": tf.infos[names["gate"]].qtype, "up": tf.infos[names["up"]].qtype, "down": dtype}
+            qt = {"gate": plain_type["gate"], "up": plain_type["up"], "down": dtype}
             shapes = {"gate": (F, cfg.hidden_size), "up": (F, cfg.hidden_size), "down": (cfg.hidden_size, F)}
             rel = expert_file(L, e, True)
-            plans = [tensorfile.TensorPlan(f"{b}ffn_{p}.{e}.weight", qt[p], shapes[p]) for p in ("gate", "up", "down")]
+            plans = [tensorfile.TensorPlan(f"{b}ffn_{p}.{e}.weight", quant.repacked(qt[p], shapes[p]), shapes[p])
+                     for p in ("gate", "up", "down")]  # in the CPU kernels' layout where it has one, as convert writes
             w = tensorfile.TensorFileWriter(tmp / rel, plans)
             for p, plan in zip(("gate", "up", "down"), plans):
-                w.write(plan.name, stored[p])
+                w.write(plan.name, stored[p] if plan.qtype is qt[p] else quant.pack_x8(stored[p], qt[p].name))
                 types[qt[p].name] = types.get(qt[p].name, 0) + 1
             manifest.add(rel, *w.close())
         tf.close()

@@ -20,7 +20,7 @@ from engine.kernels.simd import quantize32
 
 F32, F16, Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K, BF16 = 0, 1, 2, 3, 8, 12, 13, 14, 30
 Q5_0, Q5_1, Q2_K, Q3_K, IQ4_NL, IQ4_XS, MXFP4 = 6, 7, 10, 11, 20, 23, 39
-PACKED = 1000  # + a GGML id: that format repacked in groups of 8 rows at load (repack_x8); never in a file
+PACKED = quant.PACKED  # + a GGML id: that format in groups of 8 rows (repack_x8, at load or by the converter)
 Q4_0X8, Q4_1X8, Q8_0X8 = PACKED + Q4_0, PACKED + Q4_1, PACKED + Q8_0
 Q4_KX8, Q5_KX8, Q6_KX8 = PACKED + Q4_K, PACKED + Q5_K, PACKED + Q6_K
 PACKABLE = (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K, Q5_0, Q5_1, IQ4_NL, MXFP4, IQ4_XS)

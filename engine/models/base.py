@@ -307,8 +307,9 @@ class Transformer:
 
     def _fusable(self, L: int, experts: list[int]) -> bool:
         """Whether these experts are stored in one integer-dot format per matrix (gate, up, down),
-        so that cpu.moe_int can take them together."""
-        codes = {tuple(p[3] for p in self.w.store.span(L, e).parts) for e in experts}
+        so that cpu.moe_int can take them together (repacked on disk or not: the cache gives
+        them one layout)."""
+        codes = {tuple(p[3] % cpu.PACKED for p in self.w.store.span(L, e).parts) for e in experts}
         return len(codes) == 1 and all(c in cpu.PACKABLE for c in next(iter(codes)))
 
     def _experts_in_one_call(self, L: int, h: np.ndarray, experts: list[int], mix: np.ndarray,
