@@ -272,6 +272,10 @@ class ExpertStore:
         start = sp.offset // mmap.ALLOCATIONGRANULARITY * mmap.ALLOCATIONGRANULARITY
         try:
             with open(sp.path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size  # mapped pages past a file's end are SIGBUS when read
+                if size < sp.offset + sp.nbytes:
+                    raise ExpertLoadError(f"layer {layer} expert {expert}: {sp.path}: the file has {size} bytes, "
+                                          f"the expert ends at byte {sp.offset + sp.nbytes} (file truncated?)")
                 # (no MAP_POPULATE: on a writable private mapping it breaks copy-on-write, a copy of every
                 # page; _populate's MADV_POPULATE_READ maps the page-cache pages as read faults would)
                 mm = mmap.mmap(f.fileno(), sp.offset + sp.nbytes - start, mmap.MAP_PRIVATE,

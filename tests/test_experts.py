@@ -762,6 +762,37 @@ def test_page_cache_the_mapped_experts_take_is_room_for_the_pool_not_pressure(ro
 
 
 @pytest.mark.parametrize("populate", [True, False])
+def test_an_expert_file_cut_short_is_an_error_when_mapped_not_sigbus(routed_model, tmp_path, monkeypatch, populate):
+    """map() of an expert whose file was truncated since opening: an ExpertLoadError naming it,
+    also where MADV_POPULATE_READ is missing (before Linux 5.14), whose faults past the end would
+    kill the process with SIGBUS (in a child: the parent survives whatever happens)."""
+    import subprocess
+    import sys
+    import textwrap
+    path, _ = routed_model
+    broken = shutil.copytree(path, tmp_path / "m")
+    child = textwrap.dedent(f"""
+        import os, sys
+        from engine import experts as X
+        from engine.model_dir import open_model_dir
+        X._populate_works[0] = {populate}
+        store = X.ExpertStore(open_model_dir(sys.argv[1]))
+        sp = store.span(1, 2)
+        os.truncate(sp.path, sp.offset + sp.nbytes // 2)
+        try:
+            w = store.map(1, 2)
+            print("NO ERROR", float(w.down.data.sum()))
+        except X.ExpertLoadError as e:
+            print("ERROR", e)
+    """)
+    r = subprocess.run([sys.executable, "-c", child, str(broken)], capture_output=True, text=True, timeout=300,
+                       env=os.environ | {"PYTHONPATH": os.pathsep.join(sys.path)})
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = r.stdout.strip().splitlines()[-1]
+    assert out.startswith("ERROR layer 1 expert 2") and "truncated" in out, out
+
+
+@pytest.mark.parametrize("populate", [True, False])
 def test_a_mapped_expert_comes_with_its_page_tables_filled(routed_model, monkeypatch, populate):
     """map() fills the mapping's page tables in one madvise(MADV_POPULATE_READ), so the kernels
     reading a mapped miss take no page faults (measured 10.6 -> 1.9 ms for a 13.4 MB expert);
