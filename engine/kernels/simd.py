@@ -52,6 +52,9 @@ def _mode(feats: dict[str, bool]) -> str:
 
 
 DOT = _mode(_features())  # the instruction path of this process
+# vnni with AVX-512 (512-bit vectors, 16 int32 lanes): kernels with a wide form use it (tiles.py: 16-row tiles)
+WIDE = DOT == "vnni" and all(_features().get(f) for f in ("avx512f", "avx512bw", "avx512vnni")) and \
+    _features().get("evex512", True)
 
 
 def _byte_ptr(context, builder, aryty, ary, row, off):
@@ -248,10 +251,11 @@ def group_bytes(fmt: str) -> int:
 def _dot_accumulate(builder, acc, u, s):
     """acc (<8 x i32>) plus, per lane, the sum of 4 neighbouring products of unsigned bytes u and
     signed bytes s (<32 x i8>): one vpdpbusd where there is VNNI."""
+    lanes = acc.type.count  # 8, or 16 (WIDE: <64 x i8> bytes, vpdpbusd on 512 bits)
     if DOT == "vnni":
-        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_vec(I32, 8), [_vec(I32, 8)] * 3),
-                                            "llvm.x86.avx512.vpdpbusd.256")
-        return builder.call(fn, [acc, builder.bitcast(u, _vec(I32, 8)), builder.bitcast(s, _vec(I32, 8))])
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_vec(I32, lanes), [_vec(I32, lanes)] * 3),
+                                            f"llvm.x86.avx512.vpdpbusd.{32 * lanes}")
+        return builder.call(fn, [acc, builder.bitcast(u, _vec(I32, lanes)), builder.bitcast(s, _vec(I32, lanes))])
     return builder.add(acc, _dot_u8s8(builder, u, s))
 
 
