@@ -297,16 +297,36 @@ def _tile_buffers(n):
             np.empty(ROWS * n // 128, np.float32))
 
 
+@njit(cache=True, nogil=True)
+def quantized_tokens(x, c1, c2):
+    """Scratch for x (T, n)'s int8 activations and the sums tiles of formats c1 and c2 read: xq, xd, xs,
+    xi, offsets (Q6_K's (T, n/16); else (T, 1)), filled by _quantize_token."""
+    T, n = x.shape
+    return (np.empty((T, n), np.int8), np.empty((T, n // 32), np.float32), np.empty((T, n // 32), np.float32),
+            np.empty((T, n // 32), np.int32), np.empty((T, n // 16 if c1 == Q6_K or c2 == Q6_K else 1), np.int32))
+
+
+@njit(inline="always", cache=True)
+def _quantize_token(x, c1, c2, xq, xd, xs, xi, offsets, t):
+    """Token t of x into int8 blocks, each block alone (the bits of matmul's quantization), then the
+    sums tiles of formats c1 and c2 read (_prepare)."""
+    for b in range(x.shape[1] // 32):
+        quantize_block(x[t], xq[t], xd[t], xs[t], xi[t], b)
+    _prepare(c1, xq, xd, xs, xi, offsets, t)
+    if c2 != c1:
+        _prepare(c2, xq, xd, xs, xi, offsets, t)
+
+
 @njit(parallel=True, cache=True, nogil=True)
-def matmul_tiles(w, code, xq, xd, xs, xi, out):
-    """out (T, rows) = the quantized activations (T >= TOKENS; Q4_K/Q5_K: xs is overwritten with
-    the min sums) times a repacked matrix in TILE_CODES (code: the GGML id), ROWS rows at a time: their
-    tile (about 1.4 bytes per weight: 22 KB for 16 rows of n = 1024, L1/L2 resident) is unpacked once
-    and dotted with every token."""
-    rows, T, n = w.shape[0], xq.shape[0], xq.shape[1]
-    offsets = np.empty((T, n // 16 if code == Q6_K else 1), np.int32)
+def matmul_tiles(w, code, x, out):
+    """out (T, rows) = x (T, n) float32 (T >= TOKENS) @ W.T for a matrix repacked in TILE_CODES (code: the
+    GGML id), in two parallel loops: x quantized with its sums (per token), then ROWS rows at a time:
+    their tile (about 1.4 bytes per weight: 22 KB for 16 rows of n = 1024, L1/L2 resident) is unpacked
+    once and dotted with every token."""
+    rows, T, n = w.shape[0], x.shape[0], x.shape[1]
+    xq, xd, xs, xi, offsets = quantized_tokens(x, code, code)
     for t in prange(T):
-        _prepare(code, xq, xd, xs, xi, offsets, t)
+        _quantize_token(x, code, code, xq, xd, xs, xi, offsets, t)
     for tile in prange((rows + ROWS - 1) // ROWS):
         tq, ta, tb, td = _tile_buffers(n)
         unpack(w, tile, code, tq, ta, tb, td)
@@ -330,15 +350,9 @@ def swiglu_tiles(wg, cg, wu, cu, x, out):
     with both) instead of two matmuls and a swiglu pass over their (T, rows) outputs. Each product is
     matmul_tiles' bit for bit; silu as swiglu_int's (rows.silu)."""
     rows, T, n = wg.shape[0], x.shape[0], x.shape[1]
-    xq, xd = np.empty((T, n), np.int8), np.empty((T, n // 32), np.float32)
-    xs, xi = np.empty((T, n // 32), np.float32), np.empty((T, n // 32), np.int32)
-    offsets = np.empty((T, n // 16 if cg == Q6_K or cu == Q6_K else 1), np.int32)
-    for t in prange(T):  # each token's blocks alone: the bits matmul's quantization gives
-        for b in range(n // 32):
-            quantize_block(x[t], xq[t], xd[t], xs[t], xi[t], b)
-        _prepare(cg, xq, xd, xs, xi, offsets, t)
-        if cu != cg:
-            _prepare(cu, xq, xd, xs, xi, offsets, t)
+    xq, xd, xs, xi, offsets = quantized_tokens(x, cg, cu)
+    for t in prange(T):
+        _quantize_token(x, cg, cu, xq, xd, xs, xi, offsets, t)
     for tile in prange((rows + ROWS - 1) // ROWS):
         gq, ga, gb, gd = _tile_buffers(n)
         uq, ua, ub, ud = _tile_buffers(n)
