@@ -136,11 +136,11 @@ _unpack_q4_k, _unpack_q5_k, _unpack_q6_k, _unpack_iq4_xs = (_unpack(c) for c in 
 
 def _tile_tokens(kind: str):
     """An intrinsic dotting a tile (R = ROWS rows) with tokens t0..t0+TOKENS-1 of (T, n) int8 activations:
-    a tuple of R float32 per token, token by token. kind: "k" (Q4_K, Q5_K; xs holds the min sums),
+    R float32 per token into res (TOKENS · R,), token by token. kind: "k" (Q4_K, Q5_K; xs holds the min sums),
     "q6" (Q6_K; xs is the offsets (T, n/16) int32), "grid" (IQ4_XS). Each block's 8 weight vectors
     are loaded once for the TOKENS tokens; per token the float steps of the group kernel."""
     R = ROWS
-    def typer(tq, ta, tb, td, xq, xd, xs, xi, t0):
+    def typer(tq, ta, tb, td, xq, xd, xs, xi, t0, res):
         def codegen(context, builder, sig, args):
             qp = _data_ptr(context, builder, sig.args[0], args[0], I8)
             ap = _data_ptr(context, builder, sig.args[1], args[1], F32)
@@ -218,16 +218,15 @@ def _tile_tokens(kind: str):
                             dmin8 = _load(builder, _at(builder, d16, R), vf)
                             total = builder.fsub(total, builder.fmul(dmin8, mins[k], flags=_EXACT), flags=_EXACT)
                         builder.store(builder.fadd(builder.load(accs[k]), total, flags=_EXACT), accs[k])
-            values = []
-            for acc in accs:
-                v = builder.load(acc)
-                values += [builder.extract_element(v, ir.Constant(I32, i)) for i in range(R)]
-            return context.make_tuple(builder, sig.return_type, values)
-        return types.UniTuple(types.float32, R * TOKENS)(tq, ta, tb, td, xq, xd, xs, xi, types.intp), codegen
+            rp = _data_ptr(context, builder, sig.args[9], args[9], F32)
+            for k, acc in enumerate(accs):
+                _store(builder, _at(builder, rp, R * k), builder.load(acc))
+            return context.get_dummy_value()
+        return types.none(tq, ta, tb, td, xq, xd, xs, xi, types.intp, res), codegen
 
     @intrinsic
-    def tile_tokens(typingctx, tq, ta, tb, td, xq, xd, xs, xi, t0):
-        return typer(tq, ta, tb, td, xq, xd, xs, xi, t0)
+    def tile_tokens(typingctx, tq, ta, tb, td, xq, xd, xs, xi, t0, res):
+        return typer(tq, ta, tb, td, xq, xd, xs, xi, t0, res)
     return tile_tokens
 
 
@@ -262,14 +261,15 @@ def _unpack_group(w, g, h, code, tq, ta, tb, td):
 
 
 @njit(cache=True, nogil=True)
-def tile_tokens(code, tq, ta, tb, td, xq, xd, xs, offsets, xi, t0):
-    """A tile · tokens t0..t0+TOKENS-1: ROWS rows of token t0, then of t0+1, ... (Q6_K reads the
-    offsets, Q4_K/Q5_K the min sums in xs, IQ4_XS the block sums xi: _prepare)."""
+def tile_tokens(code, tq, ta, tb, td, xq, xd, xs, offsets, xi, t0, res):
+    """res (TOKENS · ROWS,) = a tile · tokens t0..t0+TOKENS-1: ROWS rows of token t0, then of t0+1, ...
+    (Q6_K reads the offsets, Q4_K/Q5_K the min sums in xs, IQ4_XS the block sums xi: _prepare)."""
     if code == Q6_K:
-        return _tile_q6(tq, ta, tb, td, xq, xd, offsets, xi, t0)
-    if code == IQ4_XS:
-        return _tile_grid(tq, ta, tb, td, xq, xd, xs, xi, t0)
-    return _tile_k(tq, ta, tb, td, xq, xd, xs, xi, t0)
+        _tile_q6(tq, ta, tb, td, xq, xd, offsets, xi, t0, res)
+    elif code == IQ4_XS:
+        _tile_grid(tq, ta, tb, td, xq, xd, xs, xi, t0, res)
+    else:
+        _tile_k(tq, ta, tb, td, xq, xd, xs, xi, t0, res)
 
 
 @njit(inline="always", cache=True)
@@ -329,16 +329,17 @@ def matmul_tiles(w, code, x, out):
         _quantize_token(x, code, code, xq, xd, xs, xi, offsets, t)
     for tile in prange((rows + ROWS - 1) // ROWS):
         tq, ta, tb, td = _tile_buffers(n)
+        res = np.empty(TOKENS * ROWS, np.float32)
         unpack(w, tile, code, tq, ta, tb, td)
         r0 = ROWS * tile
         m = min(ROWS, rows - r0)
         t = 0
         while t < T:
             t0 = min(t, T - TOKENS)  # a short tail re-does some tokens: same values
-            a = tile_tokens(code, tq, ta, tb, td, xq, xd, xs, offsets, xi, t0)
+            tile_tokens(code, tq, ta, tb, td, xq, xd, xs, offsets, xi, t0, res)
             for k in range(TOKENS):
                 for i in range(m):
-                    out[t0 + k, r0 + i] = a[ROWS * k + i]
+                    out[t0 + k, r0 + i] = res[ROWS * k + i]
             t = t0 + TOKENS
 
 
@@ -346,26 +347,31 @@ def matmul_tiles(w, code, x, out):
 def swiglu_tiles(wg, cg, wu, cu, x, out):
     """out (T, rows) = silu(x @ Wg.T) · (x @ Wu.T), x (T, n) float32 with T >= TOKENS, for gate and up
     matrices repacked in TILE_CODES (cg, cu: GGML ids): a prompt's SwiGLU first half in two parallel
-    loops (x quantized with its sums, then ROWS rows of both matrices a tile each, every token dotted
-    with both) instead of two matmuls and a swiglu pass over their (T, rows) outputs. Each product is
-    matmul_tiles' bit for bit; silu as swiglu_int's (rows.silu)."""
+    loops (x quantized with its sums, then ROWS rows of both matrices: the gate tile dotted with every
+    token, then the up tile) instead of two matmuls and a swiglu pass over their (T, rows) outputs.
+    Each product is matmul_tiles' bit for bit; silu as swiglu_int's (rows.silu)."""
     rows, T, n = wg.shape[0], x.shape[0], x.shape[1]
     xq, xd, xs, xi, offsets = quantized_tokens(x, cg, cu)
     for t in prange(T):
         _quantize_token(x, cg, cu, xq, xd, xs, xi, offsets, t)
     for tile in prange((rows + ROWS - 1) // ROWS):
-        gq, ga, gb, gd = _tile_buffers(n)
-        uq, ua, ub, ud = _tile_buffers(n)
-        unpack(wg, tile, cg, gq, ga, gb, gd)
-        unpack(wu, tile, cu, uq, ua, ub, ud)
+        tq, ta, tb, td = _tile_buffers(n)
+        res = np.empty(TOKENS * ROWS, np.float32)
+        gates = np.empty(T * ROWS, np.float32)  # the tile's gate products of every token, token by token
         r0 = ROWS * tile
         m = min(ROWS, rows - r0)
-        t = 0
-        while t < T:
-            t0 = min(t, T - TOKENS)  # a short tail re-does some tokens: same values
-            g = tile_tokens(cg, gq, ga, gb, gd, xq, xd, xs, offsets, xi, t0)
-            u = tile_tokens(cu, uq, ua, ub, ud, xq, xd, xs, offsets, xi, t0)
-            for k in range(TOKENS):
-                for i in range(m):
-                    out[t0 + k, r0 + i] = silu(g[ROWS * k + i]) * u[ROWS * k + i]
-            t = t0 + TOKENS
+        for half in range(2):  # the gate tile, then the up tile: one at a time stays in L1 (22 KB each)
+            unpack(wg if half == 0 else wu, tile, cg if half == 0 else cu, tq, ta, tb, td)
+            t = 0
+            while t < T:
+                t0 = min(t, T - TOKENS)  # a short tail re-does some tokens: same values
+                tile_tokens(cg if half == 0 else cu, tq, ta, tb, td, xq, xd, xs, offsets, xi, t0, res)
+                if half == 0:
+                    gates[ROWS * t0:ROWS * (t0 + TOKENS)] = res
+                else:
+                    for j in range(TOKENS * ROWS):  # one vector loop: silu's exp32 vectorises
+                        res[j] = silu(gates[ROWS * t0 + j]) * res[j]
+                    for k in range(TOKENS):
+                        for i in range(m):
+                            out[t0 + k, r0 + i] = res[ROWS * k + i]
+                t = t0 + TOKENS
