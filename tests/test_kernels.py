@@ -100,7 +100,9 @@ from test_kernels import stored_matrix
 from engine import quant
 from engine.kernels import cpu, simd
 from engine.kernels import reference as ref
+from engine.kernels import tiles
 assert simd.DOT == sys.argv[1], simd.DOT
+assert tiles.ROWS == 8 and not simd.WIDE, tiles.ROWS  # (every forced path is 256 bits wide)
 for name in ("q4_0", "q4_1", "q8_0", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k"):
     n = 512 if name.endswith("_k") else 128  # (K-quants: stored rows and groups, decode and prefill tiles)
     w = stored_matrix(name, 19, n, seed=2)
@@ -132,10 +134,12 @@ print("ok")
 """
 
 
-@pytest.mark.parametrize("path", ["avx2", "generic"])
+@pytest.mark.parametrize("path", ["avx2", "generic", "vnni-256"])
 def test_every_dot_product_path_computes_the_same_products(path, tmp_path):
     """The instruction paths this host does not pick by itself (simd.py), forced one at a time in
-    a fresh process (numba compiles for one path per process)."""
+    a fresh process (numba compiles for one path per process). vnni-256: vnni with AVX-512 off
+    (COLIBRI_SIMD=avx2, Intel's default; AVX-VNNI laptops), so 8-row tiles (tiles.ROWS) on a host
+    whose own vnni path is 512 bits wide."""
     import os
     import subprocess
     import sys
@@ -145,9 +149,15 @@ def test_every_dot_product_path_computes_the_same_products(path, tmp_path):
         pytest.skip("this CPU has no AVX2")
     if path == simd.DOT:
         pytest.skip("the natural path here: the other tests cover it")
+    if path == "vnni-256" and not (simd.WIDE and simd._features().get("avxvnni")):
+        pytest.skip("the natural vnni path here is 256 bits wide (or this CPU has no AVX-VNNI): the other tests cover it")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, COLIBRI_DOT=path, PYTHONPATH=root)
-    r = subprocess.run([sys.executable, "-c", DOT_CHECK, path], cwd=root, env=env, capture_output=True, text=True,
+    dot = path.split("-")[0]
+    env = dict(os.environ, COLIBRI_DOT=dot, PYTHONPATH=root)
+    if path == "vnni-256":
+        env.update(COLIBRI_SIMD="avx2")
+        env.pop("NUMBA_CPU_NAME", None), env.pop("NUMBA_CPU_FEATURES", None)
+    r = subprocess.run([sys.executable, "-c", DOT_CHECK, dot, path], cwd=root, env=env, capture_output=True, text=True,
                        timeout=600)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
 

@@ -8,7 +8,7 @@ import pytest
 from test_kernels import stored_matrix, twin
 
 from engine import quant
-from engine.kernels import cpu, tiles
+from engine.kernels import cpu, table, tiles
 
 
 @pytest.mark.parametrize("name", ["q4_k", "q5_k", "q6_k", "iq4_xs"])
@@ -28,20 +28,51 @@ def test_tiles_match_the_numpy_twin(name):
     assert not out[3].any()
 
 
+@pytest.mark.parametrize("gate, up", [("q5_k", "q5_k"), ("q4_k", "q6_k"), ("iq4_xs", "iq4_xs")])
+def test_swiglu_tiles_is_two_matmuls_and_a_swiglu(gate, up):
+    """Prefill's gate, up and SwiGLU in one pass (tiles.swiglu_tiles): each product matmul's bit for bit
+    (so the silu alone can differ, by rounding), against the table's numpy twin at its tolerance; rows
+    not a multiple of the tile (a half-empty last tile) and a tail of tokens."""
+    n, rows, T = 512, 40, tiles.TILE_MIN_T + 3
+    x = np.random.default_rng(24).standard_normal((T, n)).astype(np.float32)
+    ws, packed, codes = [], [], []
+    for i, name in enumerate((gate, up)):
+        ws.append(stored_matrix(name, rows, n, seed=25 + i))
+        packed.append(ws[-1].copy())
+        codes.append(quant.get(name).type_id)
+        cpu.repack_x8(packed[-1], codes[-1])
+    out = np.full((T, rows), np.nan, np.float32)
+    cpu.swiglu_tiles(packed[0], codes[0], packed[1], codes[1], x, out)
+    g, u, a = (np.empty((T, rows), np.float32) for _ in range(3))
+    cpu.matmul(packed[0], codes[0] + cpu.PACKED, x, g)
+    cpu.matmul(packed[1], codes[1] + cpu.PACKED, x, u)
+    cpu.swiglu(g, u, a)
+    np.testing.assert_allclose(out, a, rtol=1e-6, atol=1e-7 * np.abs(a).max())
+    if gate == up:  # (the twin takes one format)
+        k = table.lookup("swiglu_int", gate)
+        want = table.resolve(k.twin)((ws[0], ws[1]), gate, x)
+        np.testing.assert_allclose(out, want, rtol=k.rtol, atol=k.atol * np.abs(want).max())
+
+
 def test_tile_layout_holds_the_codes_and_scales():
-    """One Q4_K group's tile against the format definition: codes 0..15, row i's 4 weights of chunk c
-    at 32c + 4i, and d·sc_j · q - dmin·m_j the dequantized weight."""
-    n = 512
-    w = stored_matrix("q4_k", 8, n, seed=23)
-    want = quant.dequantize(w, "q4_k").reshape(8, n)
-    packed = w.copy()
-    cpu.repack_x8(packed, quant.get("q4_k").type_id)
-    tq, ta, tb = np.empty(8 * n, np.uint8), np.empty(n // 2, np.float32), np.empty(n // 4, np.float32)
-    td = np.empty(n // 16, np.float32)
-    tiles.unpack(packed, 0, quant.get("q4_k").type_id, tq, ta, tb, td)
-    q = tq.reshape(n // 32, 8, 8, 4).transpose(2, 0, 1, 3).reshape(8, n).astype(np.float32)  # (row, weight)
-    assert q.max() <= 15
-    d, dmin = (np.repeat(td.reshape(n // 256, 2, 8)[:, k].T, 256, axis=1) for k in (0, 1))
-    scale = np.repeat(ta.reshape(n // 32, 16)[:, :8].T, 32, axis=1)
-    minimum = np.repeat(tb.reshape(n // 32, 8).T, 32, axis=1)
-    np.testing.assert_allclose(d * scale * q - dmin * minimum, want, rtol=1e-6, atol=1e-6 * np.abs(want).max())
+    """One Q4_K tile against the format definition: codes 0..15, row i's 4 weights of chunk c at
+    4Rc + 4i (R = tiles.ROWS rows), and d·sc_j · q - dmin·m_j the dequantized weight; a matrix of one
+    8-row group fills a 16-row tile's other half with zeros."""
+    n, R = 512, tiles.ROWS
+    code = quant.get("q4_k").type_id
+    for rows in sorted({R, 8}):
+        w = stored_matrix("q4_k", rows, n, seed=23)
+        want = np.zeros((R, n), np.float32)
+        want[:rows] = quant.dequantize(w, "q4_k").reshape(rows, n)
+        packed = w.copy()
+        cpu.repack_x8(packed, code)
+        tq, ta, tb = np.full(R * n, 7, np.uint8), np.full(R * n // 16, 7, np.float32), np.full(R * n // 32, 7, np.float32)
+        td = np.full(R * n // 128, 7, np.float32)
+        tiles.unpack(packed, 0, code, tq, ta, tb, td)
+        q = tq.reshape(n // 32, 8, R, 4).transpose(2, 0, 1, 3).reshape(R, n).astype(np.float32)  # (row, weight)
+        assert q.max() <= 15
+        d, dmin = (np.repeat(td.reshape(n // 256, 2, R)[:, k].T, 256, axis=1) for k in (0, 1))
+        scale = np.repeat(ta.reshape(n // 32, 2, R)[:, 0].T, 32, axis=1)
+        minimum = np.repeat(tb.reshape(n // 32, R).T, 32, axis=1)
+        np.testing.assert_allclose(d * scale * q - dmin * minimum, want, rtol=1e-6, atol=1e-6 * np.abs(want).max())
+        assert not q[rows:].any() and not d[rows:].any()

@@ -13,9 +13,11 @@ from engine.kernels.formats import (BF16, F16, F32, INT_CODES, IQ4_NL, IQ4_XS, M
 from engine.kernels.matmul import INT_MAX_T, ROWS_PER_TASK, matmul, matmul_int, moe_int, swiglu_int
 from engine.kernels.simd import TOKENS
 from engine.kernels.smallops import attention, rmsnorm, rope, softmax_top_k, swiglu
+from engine.kernels.tiles import TILE_CODES, TILE_MIN_T, swiglu_tiles
 
 __all__ = ["BF16", "F16", "F32", "INT_CODES", "INT_MAX_T", "IQ4_NL", "IQ4_XS", "MXFP4", "PACKABLE", "PACKED", "Q2_K",
            "Q3_K", "Q4_0", "Q4_0X8", "Q4_1", "Q4_1X8", "Q4_K", "Q4_KX8", "Q5_0", "Q5_1", "Q5_K", "Q5_KX8", "Q6_K",
-           "Q6_KX8", "Q8_0", "Q8_0X8", "ROWS_PER_TASK", "TOKENS", "attention", "dequantize_row", "dequantize_x8_row",
-           "gather_rows", "is_int_code", "matmul", "matmul_int", "moe_int", "quantize_activations", "quantize_block",
-           "quantized", "repack_x8", "rmsnorm", "rope", "softmax_top_k", "swiglu", "swiglu_int"]
+           "Q6_KX8", "Q8_0", "Q8_0X8", "ROWS_PER_TASK", "TILE_CODES", "TILE_MIN_T", "TOKENS", "attention",
+           "dequantize_row", "dequantize_x8_row", "gather_rows", "is_int_code", "matmul", "matmul_int", "moe_int",
+           "quantize_activations", "quantize_block", "quantized", "repack_x8", "rmsnorm", "rope", "softmax_top_k",
+           "swiglu", "swiglu_int", "swiglu_tiles"]

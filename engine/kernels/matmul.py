@@ -120,6 +120,9 @@ def matmul(w, code, x, out, exact=False):
     token in float.
     """
     rows, T, n = w.shape[0], x.shape[0], x.shape[1]
+    if not exact and T >= tiles.TILE_MIN_T and code > PACKED and tiled(code - PACKED):
+        tiles.matmul_tiles(w, code - PACKED, x, out)  # each 16 (or 8) rows unpacked once for all T tokens
+        return
     if not exact and (is_int_code(code) or blocks32.fused(code)):
         if T < TOKENS:
             xq, xd, xs, xi = quantized(x)
@@ -137,9 +140,6 @@ def matmul(w, code, x, out, exact=False):
                         out[t, 8 * g + i] = a[i]
             return
         if code > PACKED:  # each block unpacked once for TOKENS tokens, all 8 rows of a group at once
-            if T >= tiles.TILE_MIN_T and tiled(code - PACKED):  # each group unpacked once for all T tokens
-                tiles.matmul_tiles(w, code - PACKED, xq, xd, xs, xi, out)
-                return
             if code == Q6_KX8:
                 kquants.first_sums(xq, xs)  # (Q6_K reads no scaled sums: its per-16 sums instead)
             for g in prange(rows // 8):

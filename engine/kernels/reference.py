@@ -40,6 +40,15 @@ def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     return gate / (1.0 + np.exp(-gate)) * up
 
 
+def swiglu_int(ws: tuple[np.ndarray, np.ndarray], qtype: str, x: np.ndarray) -> np.ndarray:
+    """silu(x @ Wg.T) · (x @ Wu.T) for ws = (gate, up) stored in the integer format qtype: each product
+    its "matmul" twin's (engine/kernels/table.py), the SwiGLU in float64."""
+    from engine.kernels import table
+    product = table.resolve(table.lookup("matmul", qtype).twin)
+    g, u = (product(w, qtype, x).astype(np.float64) for w in ws)
+    return swiglu(g, u).astype(np.float32)
+
+
 def quantize_activations(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """x (T, n) -> int8 blocks of 32 as llama.cpp's Q8_1: (q, d as a half, d·Σq as a half, Σq)."""
     T, n = x.shape

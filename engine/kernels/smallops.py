@@ -30,6 +30,14 @@ def rope(x, cos, sin):
         rope_head(x[t, h], cos[t], sin[t])
 
 
+@njit(inline="always", cache=True)
+def _balanced(i, T):
+    """The i-th of T tokens in the order 0, T-1, 1, T-2, ...: a token's causal attention costs as many
+    positions as precede it, and the threads take contiguous halves of a parallel loop (OpenMP's
+    static schedule), so the first half holding the earliest tokens only would get a quarter of the work."""
+    return i // 2 if i % 2 == 0 else T - 1 - i // 2
+
+
 @njit(parallel=True, fastmath=True, cache=True, nogil=True)
 def attention(q, k, v, ks, vs, scaled, pos0, window, scale, scores, out):
     """Causal grouped-query attention of new tokens over the cache.
@@ -37,20 +45,23 @@ def attention(q, k, v, ks, vs, scaled, pos0, window, scale, scores, out):
     q (T, H, hd) for positions pos0..pos0+T-1; k, v (S, KV, hd) with S >= pos0 + T, as the cache
     stores them (float32, f16 bits as uint16, or int8 times the scales ks, vs (S, KV) if
     `scaled`); query head h reads KV head h // (H / KV). window > 0 limits each token to its
-    last `window` positions. scores (T*H, S) is scratch; out (T, H, hd).
+    last `window` positions. scores (T*H, S) is scratch (unread where HEADS heads share a KV head:
+    each group of them takes a small block of its own, which stays in cache: a prompt's T*H rows
+    were 16 MB at 512 tokens); out (T, H, hd).
     """
     T, H = q.shape[0], q.shape[1]
     group = H // k.shape[1]
     if group % HEADS == 0:  # HEADS query heads of one KV head at a time: each key and value read once for them
         for tq in prange(T * H // HEADS):
-            t, h = tq // (H // HEADS), HEADS * (tq % (H // HEADS))
+            t, h = _balanced(tq // (H // HEADS), T), HEADS * (tq % (H // HEADS))
             last = pos0 + t
             first = max(0, last - window + 1) if window > 0 else 0
-            attend_heads(q[t, h:h + HEADS], k, v, ks, vs, scaled, h // group, first, last, scale,
-                         scores[t * H + h:t * H + h + HEADS], out[t, h:h + HEADS])
+            rows = np.empty((HEADS, last + 1), np.float32)  # (not scores' rows: a block this size stays in L1/L2)
+            attend_heads(q[t, h:h + HEADS], k, v, ks, vs, scaled, h // group, first, last, scale, rows,
+                         out[t, h:h + HEADS])
         return
     for th in prange(T * H):
-        t, h = th // H, th % H
+        t, h = _balanced(th // H, T), th % H
         last = pos0 + t
         first = max(0, last - window + 1) if window > 0 else 0
         attend(q[t, h], k, v, ks, vs, scaled, h // group, first, last, scale, scores[th], out[t, h])

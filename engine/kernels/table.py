@@ -45,8 +45,8 @@ FLOATS = ("f32", "f16", "bf16")
 ALL = FLOATS + INT_SIMD + INT_BLOCKS32 + INT_LOW_K + INT_KQUANTS
 
 TABLE: tuple[Kernel, ...] = (
-    # --- x @ W.T with int8 activations (decode, prefill; matmul_int, swiglu_int, moe_int and the one-call
-    # decode reach the same inner code through matmul._int_dot / _group_dot / _tokens_dot / _group_tokens)
+    # --- x @ W.T with int8 activations (decode, prefill; matmul_int, swiglu_int, moe_int, tiles.swiglu_tiles and
+    # the one-call decode reach the same inner code through matmul._int_dot / _group_dot / _tokens_dot / _group_tokens)
     Kernel("matmul", INT_SIMD, "engine.kernels.matmul:matmul", "engine.kernels.simd", "engine.kernels.reference:matmul_int",
            1e-5, 1e-5, LAYOUTS, PATHS, "per block d_w·d_x·Σ q_w q_x (+ m_w·s_x, - 8·d·Σq_x)"),
     Kernel("matmul", INT_BLOCKS32, "engine.kernels.matmul:matmul", "engine.kernels.blocks32",
@@ -59,6 +59,9 @@ TABLE: tuple[Kernel, ...] = (
            "2-bit weights, scales applied in integers per 16"),
     Kernel("matmul", FLOATS, "engine.kernels.matmul:matmul", "engine.kernels.formats", "engine.kernels.reference:matmul",
            1e-5, 1e-5, ("stored",), ("any",), "rows dequantized 4 at a time, float dots"),
+    Kernel("swiglu_int", INT_KQUANTS + ("iq4_xs",), "engine.kernels.tiles:swiglu_tiles", "engine.kernels.tiles",
+           "engine.kernels.reference:swiglu_int", 1e-4, 1e-5, ("x8",), PATHS,
+           "prefill (TILE_MIN_T tokens on): gate and up tiles dotted in one pass, each product matmul's bit for bit"),
     # --- the same product with float activations (the `exact` switch, and every format's fallback)
     Kernel("matmul_exact", ALL, "engine.kernels.matmul:matmul", "engine.kernels.formats", "engine.kernels.reference:matmul",
            1e-5, 1e-5, ("stored",), ("any",), "dequantize_row, then float dots"),

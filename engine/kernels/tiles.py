@@ -5,19 +5,22 @@ and minimums), which then serves every token with plain byte dot products and no
 The group kernels (kquants.py, blocks32.py) unpack the 4/5/6-bit codes and six-bit scales of a
 super-block for every TOKENS tokens; over a 512-token prompt that is 128 times per weight. Here
 it happens once per group and prompt, so the inner loop is q8_0's: per 32-block and token, 8
-vpdpbusd of 4 broadcast activation bytes into the 8 rows' lanes, then one multiply-add. From
+vpdpbusd of 4 broadcast activation bytes into the rows' lanes, then one multiply-add. From
 TILE_MIN_T tokens on (matmul.py); below that the unpacking costs more than it saves.
 
-Tile layout (one 8-row group of a (rows, n) matrix, nb = n / 32 activation blocks):
-  tq  uint8 (nb · 256,): block b at 256b, chunk c (weights 4c..4c+3) at +32c, row i at +4i:
+A tile holds R = ROWS rows: 16 (two 8-row groups side by side, one 512-bit vector per chunk)
+where simd.WIDE, else 8 (one group, 256-bit vectors). Layout (nb = n / 32 activation blocks):
+  tq  uint8 (nb · 32R,): block b at 32Rb, chunk c (weights 4c..4c+3) at +4Rc, row i at +4i:
       unsigned codes (Q4_K 0..15, Q5_K 0..31, Q6_K 0..63), or IQ4_XS's grid values as
       grid + 128 (vnni, generic: summed from -128·Σq_x) or as signed bytes (avx2: vpsignb);
-  ta  float32 (nb · 16,): per block the 8 rows' sub-block scales sc_j (Q4_K, Q5_K, as floats),
-      d·(ls - 32) (IQ4_XS), or Q6_K's int8 scales of its two sub-blocks of 16 as int32 bits;
-  tb  float32 (nb · 8,): the minimums m_j (Q4_K, Q5_K);
-  td  float32 (nb / 8 · 16,): per super-block the 8 rows' d, then dmin.
+  ta  float32 (nb · 2R,): per block the R rows' sub-block scales sc_j (Q4_K, Q5_K, as floats),
+      d·(ls - 32) (IQ4_XS), or Q6_K's int8 scales of its two sub-blocks of 16 as int32 bits
+      (R of the first, then R of the second);
+  tb  float32 (nb · R,): the minimums m_j (Q4_K, Q5_K);
+  td  float32 (nb / 8 · 2R,): per super-block the R rows' d, then dmin.
+Group 2p + h of a 16-row tile fills rows 8h..8h+7 (an odd last group: the other half is zero).
 The float steps are the group kernels' (kquants._group_k, blocks32._group32) in the same order,
-all _EXACT there and here, so a token's products are the decode kernels' bit for bit.
+lane by lane, all _EXACT there and here, so a token's products are the decode kernels' bit for bit.
 """
 from __future__ import annotations
 
@@ -29,14 +32,29 @@ from numba.extending import intrinsic
 
 import engine.kernels  # noqa: F401  (numba settings first)
 from engine.kernels import blocks32, simd
-from engine.kernels.kquants import (Q4_K, Q5_K, Q6_K, _at, _broadcast_word, _k_scales8, _q6k_parts, _q45k_parts,
-                                    _splat_i32)
-from engine.kernels.simd import _EXACT, _ZERO, F32, I8, I32, TOKENS, _byte_ptr, _data_ptr, _dot_accumulate, _load, _splat, _vec
+from engine.kernels.formats import quantize_block
+from engine.kernels.kquants import Q4_K, Q5_K, Q6_K, _at, _k_scales8, _q6k_parts, _q45k_parts
+from engine.kernels.rows import silu
+from engine.kernels.simd import _EXACT, _ZERO, F32, I8, I32, TOKENS, _byte_ptr, _data_ptr, _dot_accumulate, _load, _vec
 
 IQ4_XS = blocks32.IQ4_XS
 TILE_CODES = (Q4_K, Q5_K, Q6_K, IQ4_XS)
 TILE_MIN_T = 16  # fewer tokens: the group kernels (unpacking a tile costs about 4 tokens' dot products)
 _SIGNED = simd.DOT == "avx2"  # IQ4_XS's tile: signed grid values (vpsignb) instead of grid + 128
+ROWS = 16 if simd.WIDE else 8  # rows of a tile (module docstring)
+
+
+def _splat(builder, v, lanes: int):
+    """A scalar in every lane of a <lanes x type(v)>."""
+    vt = _vec(v.type, lanes)
+    return builder.shuffle_vector(builder.insert_element(ir.Constant(vt, None), v, ir.Constant(I32, 0)),
+                                  ir.Constant(vt, None), ir.Constant(_vec(I32, lanes), [0] * lanes))
+
+
+def _broadcast_word(builder, qp, off, lanes: int):
+    """4 activation bytes at qp + off in every 4-byte lane of a <4·lanes x i8>."""
+    word = builder.load(builder.bitcast(_at(builder, qp, off), I32.as_pointer()), align=1)
+    return builder.bitcast(_splat(builder, word, lanes), _vec(I8, 4 * lanes))
 
 
 def _store(builder, ptr, v):
@@ -44,38 +62,40 @@ def _store(builder, ptr, v):
 
 
 def _unpack(code: int):
-    """An intrinsic unpack(w, g, tq, ta, tb, td): rows 8g..8g+7 of a repacked matrix (kquants.repack_k8,
-    blocks32.repack32 for IQ4_XS) -> the tile (module docstring), super-block by super-block."""
+    """An intrinsic unpack(w, g, h, tq, ta, tb, td): rows 8g..8g+7 of a repacked matrix (kquants.repack_k8,
+    blocks32.repack32 for IQ4_XS) -> rows 8h..8h+7 of the tile (module docstring), super-block by super-block."""
+    R = ROWS
+
     @intrinsic
-    def unpack(typingctx, w, g, tq, ta, tb, td):
+    def unpack(typingctx, w, g, h, tq, ta, tb, td):
         def codegen(context, builder, sig, args):
-            wty, _, qty, aty, bty, dty = sig.args
+            wty, _, _, qty, aty, bty, dty = sig.args
             g = args[1]
             base = _byte_ptr(context, builder, wty, args[0], builder.mul(g, ir.Constant(g.type, 8)), _ZERO)
-            qp = _data_ptr(context, builder, qty, args[2], I8)
-            ap = _data_ptr(context, builder, aty, args[3], F32)
-            bp = _data_ptr(context, builder, bty, args[4], F32)
-            dp = _data_ptr(context, builder, dty, args[5], F32)
-            n = cgutils.unpack_tuple(builder, context.make_array(qty)(context, builder, args[2]).shape, 1)[0]
+            h8 = builder.mul(args[2], ir.Constant(args[2].type, 8))  # the group's first row in the tile
+            qp = builder.gep(_data_ptr(context, builder, qty, args[3], I8), [builder.mul(h8, ir.Constant(h8.type, 4))])
+            ap, bp, dp = (builder.gep(_data_ptr(context, builder, ty, a, F32), [h8])
+                          for ty, a in zip((aty, bty, dty), args[4:]))
+            n = cgutils.unpack_tuple(builder, context.make_array(qty)(context, builder, args[3]).shape, 1)[0]
             vf, vi = _vec(F32, 8), _vec(I32, 8)
             gsize = 8 * {Q4_K: 144, Q5_K: 176, Q6_K: 210, IQ4_XS: 136}[code]
-            with cgutils.for_range(builder, builder.sdiv(n, ir.Constant(n.type, 2048))) as loop:
+            with cgutils.for_range(builder, builder.sdiv(n, ir.Constant(n.type, 256 * R))) as loop:
                 sb = loop.index
                 blk = builder.gep(base, [builder.mul(sb, ir.Constant(sb.type, gsize))])
-                q0 = builder.gep(qp, [builder.mul(sb, ir.Constant(sb.type, 2048))])
-                a0 = builder.gep(ap, [builder.mul(sb, ir.Constant(sb.type, 128))])
-                b0 = builder.gep(bp, [builder.mul(sb, ir.Constant(sb.type, 64))])
-                d0 = builder.gep(dp, [builder.mul(sb, ir.Constant(sb.type, 16))])
+                q0 = builder.gep(qp, [builder.mul(sb, ir.Constant(sb.type, 256 * R))])
+                a0 = builder.gep(ap, [builder.mul(sb, ir.Constant(sb.type, 16 * R))])
+                b0 = builder.gep(bp, [builder.mul(sb, ir.Constant(sb.type, 8 * R))])
+                d0 = builder.gep(dp, [builder.mul(sb, ir.Constant(sb.type, 2 * R))])
                 if code == Q6_K:
                     _store(builder, d0, builder.fpext(_load(builder, _at(builder, blk, 1664), _vec(ir.HalfType(), 8)), vf))
-                    for h in range(2):
+                    for half in range(2):
                         for s in range(4):
-                            j = 4 * h + s
+                            j = 4 * half + s
                             for part in range(2):
-                                for c, (v, _) in enumerate(_q6k_parts(builder, blk, h, s, part)):
-                                    _store(builder, _at(builder, q0, 256 * j + 32 * (4 * part + c)), v)
+                                for c, (v, _) in enumerate(_q6k_parts(builder, blk, half, s, part)):
+                                    _store(builder, _at(builder, q0, 32 * R * j + 4 * R * (4 * part + c)), v)
                                 sc = builder.sext(_load(builder, _at(builder, blk, 1536 + 8 * (2 * j + part)), _vec(I8, 8)), vi)
-                                _store(builder, _at(builder, a0, 16 * j + 8 * part), sc)
+                                _store(builder, _at(builder, a0, 2 * R * j + R * part), sc)
                 elif code == IQ4_XS:
                     d8 = blocks32._scales8(builder, blk, "iq4_xs")
                     sh = builder.zext(_load(builder, _at(builder, blk, 16), _vec(ir.IntType(16), 8)), vi)
@@ -88,26 +108,26 @@ def _unpack(code: int):
                         hi = builder.shl(builder.and_(builder.lshr(sh, ir.Constant(vi, [2 * j] * 8)), ir.Constant(vi, [3] * 8)),
                                          ir.Constant(vi, [4] * 8))
                         ls = builder.sub(builder.or_(lo, hi), ir.Constant(vi, [32] * 8))
-                        _store(builder, _at(builder, a0, 16 * j), builder.fmul(d8, builder.sitofp(ls, vf), flags=_EXACT))
-                        _store(builder, _at(builder, b0, 8 * j), ir.Constant(vf, None))
+                        _store(builder, _at(builder, a0, 2 * R * j), builder.fmul(d8, builder.sitofp(ls, vf), flags=_EXACT))
+                        _store(builder, _at(builder, b0, R * j), ir.Constant(vf, None))
                         for c in range(4):  # sub-block j's quant chunk c: bytes 4c..4c+3 of each row's 16
                             v = _load(builder, _at(builder, blk, 64 + 128 * j + 32 * c), _vec(I8, 32))
                             for high, idx in enumerate((builder.and_(v, low), builder.lshr(v, four))):
-                                _store(builder, _at(builder, q0, 256 * j + 32 * (c + 4 * high)),
+                                _store(builder, _at(builder, q0, 32 * R * j + 4 * R * (c + 4 * high)),
                                        blocks32._lookup(builder, idx, table))
                 else:
                     _store(builder, d0, builder.fpext(_load(builder, blk, _vec(ir.HalfType(), 8)), vf))
-                    _store(builder, _at(builder, d0, 8), builder.fpext(_load(builder, _at(builder, blk, 16), _vec(ir.HalfType(), 8)), vf))
+                    _store(builder, _at(builder, d0, R), builder.fpext(_load(builder, _at(builder, blk, 16), _vec(ir.HalfType(), 8)), vf))
                     scales, ms = _k_scales8(builder, blk, 32)
                     qh_at, qs_at = (128, 384) if code == Q5_K else (None, 128)
                     for q in range(4):
                         for j, parts in zip((2 * q, 2 * q + 1), _q45k_parts(builder, blk, qs_at, qh_at, q)):
                             for c, (v, _) in enumerate(parts):
-                                _store(builder, _at(builder, q0, 256 * j + 32 * c), v)
-                            _store(builder, _at(builder, a0, 16 * j), scales[j])
-                            _store(builder, _at(builder, b0, 8 * j), ms[j])
+                                _store(builder, _at(builder, q0, 32 * R * j + 4 * R * c), v)
+                            _store(builder, _at(builder, a0, 2 * R * j), scales[j])
+                            _store(builder, _at(builder, b0, R * j), ms[j])
             return context.get_dummy_value()
-        return types.none(w, types.intp, tq, ta, tb, td), codegen
+        return types.none(w, types.intp, types.intp, tq, ta, tb, td), codegen
     return unpack
 
 
@@ -115,11 +135,12 @@ _unpack_q4_k, _unpack_q5_k, _unpack_q6_k, _unpack_iq4_xs = (_unpack(c) for c in 
 
 
 def _tile_tokens(kind: str):
-    """An intrinsic dotting a tile (8 rows) with tokens t0..t0+TOKENS-1 of (T, n) int8 activations:
-    a tuple of 8 float32 per token, token by token. kind: "k" (Q4_K, Q5_K; xs holds the min sums),
+    """An intrinsic dotting a tile (R = ROWS rows) with tokens t0..t0+TOKENS-1 of (T, n) int8 activations:
+    R float32 per token into res (TOKENS · R,), token by token. kind: "k" (Q4_K, Q5_K; xs holds the min sums),
     "q6" (Q6_K; xs is the offsets (T, n/16) int32), "grid" (IQ4_XS). Each block's 8 weight vectors
     are loaded once for the TOKENS tokens; per token the float steps of the group kernel."""
-    def typer(tq, ta, tb, td, xq, xd, xs, xi, t0):
+    R = ROWS
+    def typer(tq, ta, tb, td, xq, xd, xs, xi, t0, res):
         def codegen(context, builder, sig, args):
             qp = _data_ptr(context, builder, sig.args[0], args[0], I8)
             ap = _data_ptr(context, builder, sig.args[1], args[1], F32)
@@ -127,52 +148,52 @@ def _tile_tokens(kind: str):
             tdp = _data_ptr(context, builder, sig.args[3], args[3], F32)
             rest = (sig.return_type, types.intp, *sig.args[4:])  # (w, g) stand-ins for _token_pointers
             nb, per_token = simd._token_pointers(context, builder, types.none(*rest), (None, None, *args[4:]), TOKENS)
-            vf, vi = _vec(F32, 8), _vec(I32, 8)
+            vf, vi = _vec(F32, R), _vec(I32, R)
             accs = [cgutils.alloca_once_value(builder, ir.Constant(vf, None)) for _ in range(TOKENS)]
             sub = 1 if kind == "grid" else 8  # blocks per step: IQ4_XS adds each block, the K-quants each super-block
 
             def block(b, sums, mins):
-                """Block b's 8 rows · every token, into sums[k] (and mins[k])."""
-                wp = builder.gep(qp, [builder.mul(b, ir.Constant(b.type, 256))])
-                vs = [_load(builder, _at(builder, wp, 32 * c), _vec(I8, 32)) for c in range(8)]
+                """Block b's R rows · every token, into sums[k] (and mins[k])."""
+                wp = builder.gep(qp, [builder.mul(b, ir.Constant(b.type, 32 * R))])
+                vs = [_load(builder, _at(builder, wp, 4 * R * c), _vec(I8, 4 * R)) for c in range(8)]
                 signs = None
                 if kind == "grid" and _SIGNED:
                     signs, vs = vs, [simd._weights_of(builder, v)[0] for v in vs]
-                a16 = builder.gep(ap, [builder.mul(b, ir.Constant(b.type, 16))])
+                a16 = builder.gep(ap, [builder.mul(b, ir.Constant(b.type, 2 * R))])
                 if kind == "q6":
-                    sc = [_load(builder, builder.bitcast(_at(builder, a16, 8 * p), I32.as_pointer()), vi) for p in range(2)]
+                    sc = [_load(builder, builder.bitcast(_at(builder, a16, R * p), I32.as_pointer()), vi) for p in range(2)]
                 else:
                     a8 = _load(builder, a16, vf)
-                    m8 = _load(builder, builder.gep(bp, [builder.mul(b, ir.Constant(b.type, 8))]), vf) if kind == "k" else None
+                    m8 = _load(builder, builder.gep(bp, [builder.mul(b, ir.Constant(b.type, R))]), vf) if kind == "k" else None
                 for k, (xqp, dp, sp, ip) in enumerate(per_token):
                     x32 = builder.gep(xqp, [builder.mul(b, ir.Constant(b.type, 32))])
                     dx = builder.load(builder.gep(dp, [b]))
                     words = []
                     for c in range(8):
-                        s = _broadcast_word(builder, x32, 4 * c)
+                        s = _broadcast_word(builder, x32, 4 * c, R)
                         words.append(blocks32._psign(builder, s, signs[c]) if signs is not None else s)
                     if kind == "q6":  # Σ (q - 32) x per sub-block of 16 (from -32 Σx), times its scale, in integers
                         op = builder.bitcast(sp, I32.as_pointer())
                         isum = ir.Constant(vi, None)
                         for part in range(2):
                             at = builder.add(builder.mul(b, ir.Constant(b.type, 2)), ir.Constant(b.type, part))
-                            dots = _splat_i32(builder, builder.load(builder.gep(op, [at])))
+                            dots = _splat(builder, builder.load(builder.gep(op, [at])), R)
                             for c in range(4 * part, 4 * part + 4):
                                 dots = _dot_accumulate(builder, dots, vs[c], words[c])
                             isum = builder.add(isum, builder.mul(dots, sc[part]))
-                        sums[k] = builder.fadd(sums[k], builder.fmul(builder.sitofp(isum, vf), _splat(builder, dx),
+                        sums[k] = builder.fadd(sums[k], builder.fmul(builder.sitofp(isum, vf), _splat(builder, dx, R),
                                                                      flags=_EXACT), flags=_EXACT)
                         continue
                     chains = [ir.Constant(vi, None), ir.Constant(vi, None)]  # two chains: vpdpbusd's latency
                     if kind == "grid" and not _SIGNED:  # grid + 128: - 128 Σx
-                        chains[0] = _splat_i32(builder, builder.mul(builder.load(builder.gep(ip, [b])), ir.Constant(I32, -128)))
+                        chains[0] = _splat(builder, builder.mul(builder.load(builder.gep(ip, [b])), ir.Constant(I32, -128)), R)
                     for c in range(8):
                         chains[c % 2] = _dot_accumulate(builder, chains[c % 2], vs[c], words[c])
                     dots = builder.sitofp(builder.add(chains[0], chains[1]), vf)
-                    f = builder.fmul(a8, _splat(builder, dx), flags=_EXACT)  # (IQ4_XS: d·(ls - 32) · d_x)
+                    f = builder.fmul(a8, _splat(builder, dx, R), flags=_EXACT)  # (IQ4_XS: d·(ls - 32) · d_x)
                     if kind == "k":
                         sums[k] = builder.fadd(sums[k], builder.fmul(dots, f, flags=_EXACT), flags=_EXACT)
-                        e = builder.fmul(m8, _splat(builder, builder.load(builder.gep(sp, [b]))), flags=_EXACT)
+                        e = builder.fmul(m8, _splat(builder, builder.load(builder.gep(sp, [b])), R), flags=_EXACT)
                         mins[k] = builder.fadd(mins[k], e, flags=_EXACT)
                     else:
                         sums[k] = builder.fadd(sums[k], builder.fmul(dots, f, flags=_EXACT), flags=_EXACT)
@@ -189,24 +210,23 @@ def _tile_tokens(kind: str):
                     mins = [ir.Constant(vf, None)] * TOKENS
                     for j in range(8):
                         block(builder.add(builder.mul(sb, ir.Constant(sb.type, 8)), ir.Constant(sb.type, j)), sums, mins)
-                    d16 = builder.gep(tdp, [builder.mul(sb, ir.Constant(sb.type, 16))])
+                    d16 = builder.gep(tdp, [builder.mul(sb, ir.Constant(sb.type, 2 * R))])
                     d8 = _load(builder, d16, vf)
                     for k in range(TOKENS):
                         total = builder.fmul(d8, sums[k], flags=_EXACT)
                         if kind == "k":
-                            dmin8 = _load(builder, _at(builder, d16, 8), vf)
+                            dmin8 = _load(builder, _at(builder, d16, R), vf)
                             total = builder.fsub(total, builder.fmul(dmin8, mins[k], flags=_EXACT), flags=_EXACT)
                         builder.store(builder.fadd(builder.load(accs[k]), total, flags=_EXACT), accs[k])
-            values = []
-            for acc in accs:
-                v = builder.load(acc)
-                values += [builder.extract_element(v, ir.Constant(I32, i)) for i in range(8)]
-            return context.make_tuple(builder, sig.return_type, values)
-        return types.UniTuple(types.float32, 8 * TOKENS)(tq, ta, tb, td, xq, xd, xs, xi, types.intp), codegen
+            rp = _data_ptr(context, builder, sig.args[9], args[9], F32)
+            for k, acc in enumerate(accs):
+                _store(builder, _at(builder, rp, R * k), builder.load(acc))
+            return context.get_dummy_value()
+        return types.none(tq, ta, tb, td, xq, xd, xs, xi, types.intp, res), codegen
 
     @intrinsic
-    def tile_tokens(typingctx, tq, ta, tb, td, xq, xd, xs, xi, t0):
-        return typer(tq, ta, tb, td, xq, xd, xs, xi, t0)
+    def tile_tokens(typingctx, tq, ta, tb, td, xq, xd, xs, xi, t0, res):
+        return typer(tq, ta, tb, td, xq, xd, xs, xi, t0, res)
     return tile_tokens
 
 
@@ -214,60 +234,144 @@ _tile_k, _tile_q6, _tile_grid = (_tile_tokens(k) for k in ("k", "q6", "grid"))
 
 
 @njit(cache=True, nogil=True)
-def unpack(w, g, code, tq, ta, tb, td):
-    """Rows 8g..8g+7 of a repacked Q4_K/Q5_K/Q6_K/IQ4_XS matrix (code: the GGML id) -> its tile."""
-    if code == Q4_K:
-        _unpack_q4_k(w, g, tq, ta, tb, td)
-    elif code == Q5_K:
-        _unpack_q5_k(w, g, tq, ta, tb, td)
-    elif code == Q6_K:
-        _unpack_q6_k(w, g, tq, ta, tb, td)
-    else:
-        _unpack_iq4_xs(w, g, tq, ta, tb, td)
+def unpack(w, t, code, tq, ta, tb, td):
+    """Rows ROWS·t.. of a repacked Q4_K/Q5_K/Q6_K/IQ4_XS matrix (code: the GGML id) -> its tile, one
+    8-row group at a time (rows past the matrix's last group: zeros)."""
+    if ROWS * (t + 1) > w.shape[0]:
+        tq[:] = 0
+        ta[:] = 0
+        tb[:] = 0
+        td[:] = 0
+    for h in range(ROWS // 8):
+        g = ROWS // 8 * t + h
+        if 8 * g < w.shape[0]:
+            _unpack_group(w, g, h, code, tq, ta, tb, td)
 
 
 @njit(cache=True, nogil=True)
-def tile_tokens(code, tq, ta, tb, td, xq, xd, xs, xi, t0):
-    """A Q4_K/Q5_K/IQ4_XS tile · tokens t0..t0+TOKENS-1: 8 rows of token t0, then of t0+1, ..."""
-    if code == IQ4_XS:
-        return _tile_grid(tq, ta, tb, td, xq, xd, xs, xi, t0)
-    return _tile_k(tq, ta, tb, td, xq, xd, xs, xi, t0)
+def _unpack_group(w, g, h, code, tq, ta, tb, td):
+    if code == Q4_K:
+        _unpack_q4_k(w, g, h, tq, ta, tb, td)
+    elif code == Q5_K:
+        _unpack_q5_k(w, g, h, tq, ta, tb, td)
+    elif code == Q6_K:
+        _unpack_q6_k(w, g, h, tq, ta, tb, td)
+    else:
+        _unpack_iq4_xs(w, g, h, tq, ta, tb, td)
+
+
+@njit(cache=True, nogil=True)
+def tile_tokens(code, tq, ta, tb, td, xq, xd, xs, offsets, xi, t0, res):
+    """res (TOKENS · ROWS,) = a tile · tokens t0..t0+TOKENS-1: ROWS rows of token t0, then of t0+1, ...
+    (Q6_K reads the offsets, Q4_K/Q5_K the min sums in xs, IQ4_XS the block sums xi: _prepare)."""
+    if code == Q6_K:
+        _tile_q6(tq, ta, tb, td, xq, xd, offsets, xi, t0, res)
+    elif code == IQ4_XS:
+        _tile_grid(tq, ta, tb, td, xq, xd, xs, xi, t0, res)
+    else:
+        _tile_k(tq, ta, tb, td, xq, xd, xs, xi, t0, res)
+
+
+@njit(inline="always", cache=True)
+def _prepare(code, xq, xd, xs, xi, offsets, t):
+    """Token t's sums a tile reads beside its int8 activations: Q4_K/Q5_K's min sums (xs = d_x·Σq_x as
+    float32, the product the decode kernels form, not the half-rounded sum quantize_activations
+    stores); Q6_K's offsets (T, n/16): -32·Σ of each 16 int8 activations, where a sub-block's sums
+    start (its codes are q + 32)."""
+    n = xq.shape[1]
+    if code == Q4_K or code == Q5_K:
+        for b in range(n // 32):
+            xs[t, b] = xd[t, b] * np.float32(xi[t, b])
+    elif code == Q6_K:
+        for k in range(n // 16):
+            total = 0
+            for i in range(16):
+                total += xq[t, 16 * k + i]
+            offsets[t, k] = -32 * total
+
+
+@njit(inline="always", cache=True)
+def _tile_buffers(n):
+    """Scratch for one tile of ROWS rows of n weights (module docstring): tq, ta, tb, td."""
+    return (np.empty(ROWS * n, np.uint8), np.empty(ROWS * n // 16, np.float32), np.empty(ROWS * n // 32, np.float32),
+            np.empty(ROWS * n // 128, np.float32))
+
+
+@njit(cache=True, nogil=True)
+def quantized_tokens(x, c1, c2):
+    """Scratch for x (T, n)'s int8 activations and the sums tiles of formats c1 and c2 read: xq, xd, xs,
+    xi, offsets (Q6_K's (T, n/16); else (T, 1)), filled by _quantize_token."""
+    T, n = x.shape
+    return (np.empty((T, n), np.int8), np.empty((T, n // 32), np.float32), np.empty((T, n // 32), np.float32),
+            np.empty((T, n // 32), np.int32), np.empty((T, n // 16 if c1 == Q6_K or c2 == Q6_K else 1), np.int32))
+
+
+@njit(inline="always", cache=True)
+def _quantize_token(x, c1, c2, xq, xd, xs, xi, offsets, t):
+    """Token t of x into int8 blocks, each block alone (the bits of matmul's quantization), then the
+    sums tiles of formats c1 and c2 read (_prepare)."""
+    for b in range(x.shape[1] // 32):
+        quantize_block(x[t], xq[t], xd[t], xs[t], xi[t], b)
+    _prepare(c1, xq, xd, xs, xi, offsets, t)
+    if c2 != c1:
+        _prepare(c2, xq, xd, xs, xi, offsets, t)
 
 
 @njit(parallel=True, cache=True, nogil=True)
-def matmul_tiles(w, code, xq, xd, xs, xi, out):
-    """out (T, rows) = the quantized activations (T >= TOKENS; Q4_K/Q5_K: xs is overwritten with
-    the min sums) times a repacked matrix in TILE_CODES (code: the GGML id), an 8-row group at a time: its tile
-    (about 1.4 bytes per weight: 11 KB for n = 1024, L1/L2 resident) is unpacked once and dotted
-    with every token."""
-    rows, T, n = w.shape[0], xq.shape[0], xq.shape[1]
-    offsets = np.empty((T, n // 16 if code == Q6_K else 1), np.int32)
-    for t in prange(T):  # per token: Q4_K/Q5_K's min sums (xs = d_x·Σq_x as float32, the product the decode
-        # kernels form, not the half-rounded sum quantize_activations stores); Q6_K's offsets (T, n/16):
-        # -32·Σ of each 16 int8 activations, where a sub-block's sums start (its codes are q + 32)
-        if code == Q4_K or code == Q5_K:
-            for b in range(n // 32):
-                xs[t, b] = xd[t, b] * np.float32(xi[t, b])
-        elif code == Q6_K:
-            for k in range(n // 16):
-                total = 0
-                for i in range(16):
-                    total += xq[t, 16 * k + i]
-                offsets[t, k] = -32 * total
-    for g in prange(rows // 8):
-        tq = np.empty(8 * n, np.uint8)
-        ta = np.empty(n // 2, np.float32)
-        tb = np.empty(n // 4, np.float32)
-        td = np.empty(n // 16, np.float32)
-        unpack(w, g, code, tq, ta, tb, td)
+def matmul_tiles(w, code, x, out):
+    """out (T, rows) = x (T, n) float32 (T >= TOKENS) @ W.T for a matrix repacked in TILE_CODES (code: the
+    GGML id), in two parallel loops: x quantized with its sums (per token), then ROWS rows at a time:
+    their tile (about 1.4 bytes per weight: 22 KB for 16 rows of n = 1024, L1/L2 resident) is unpacked
+    once and dotted with every token."""
+    rows, T, n = w.shape[0], x.shape[0], x.shape[1]
+    xq, xd, xs, xi, offsets = quantized_tokens(x, code, code)
+    for t in prange(T):
+        _quantize_token(x, code, code, xq, xd, xs, xi, offsets, t)
+    for tile in prange((rows + ROWS - 1) // ROWS):
+        tq, ta, tb, td = _tile_buffers(n)
+        res = np.empty(TOKENS * ROWS, np.float32)
+        unpack(w, tile, code, tq, ta, tb, td)
+        r0 = ROWS * tile
+        m = min(ROWS, rows - r0)
         t = 0
         while t < T:
             t0 = min(t, T - TOKENS)  # a short tail re-does some tokens: same values
-            if code == Q6_K:
-                a = _tile_q6(tq, ta, tb, td, xq, xd, offsets, xi, t0)
-            else:
-                a = tile_tokens(code, tq, ta, tb, td, xq, xd, xs, xi, t0)
+            tile_tokens(code, tq, ta, tb, td, xq, xd, xs, offsets, xi, t0, res)
             for k in range(TOKENS):
-                for i in range(8):
-                    out[t0 + k, 8 * g + i] = a[8 * k + i]
+                for i in range(m):
+                    out[t0 + k, r0 + i] = res[ROWS * k + i]
             t = t0 + TOKENS
+
+
+@njit(parallel=True, fastmath=True, cache=True, nogil=True)
+def swiglu_tiles(wg, cg, wu, cu, x, out):
+    """out (T, rows) = silu(x @ Wg.T) · (x @ Wu.T), x (T, n) float32 with T >= TOKENS, for gate and up
+    matrices repacked in TILE_CODES (cg, cu: GGML ids): a prompt's SwiGLU first half in two parallel
+    loops (x quantized with its sums, then ROWS rows of both matrices: the gate tile dotted with every
+    token, then the up tile) instead of two matmuls and a swiglu pass over their (T, rows) outputs.
+    Each product is matmul_tiles' bit for bit; silu as swiglu_int's (rows.silu)."""
+    rows, T, n = wg.shape[0], x.shape[0], x.shape[1]
+    xq, xd, xs, xi, offsets = quantized_tokens(x, cg, cu)
+    for t in prange(T):
+        _quantize_token(x, cg, cu, xq, xd, xs, xi, offsets, t)
+    for tile in prange((rows + ROWS - 1) // ROWS):
+        tq, ta, tb, td = _tile_buffers(n)
+        res = np.empty(TOKENS * ROWS, np.float32)
+        gates = np.empty(T * ROWS, np.float32)  # the tile's gate products of every token, token by token
+        r0 = ROWS * tile
+        m = min(ROWS, rows - r0)
+        for half in range(2):  # the gate tile, then the up tile: one at a time stays in L1 (22 KB each)
+            unpack(wg if half == 0 else wu, tile, cg if half == 0 else cu, tq, ta, tb, td)
+            t = 0
+            while t < T:
+                t0 = min(t, T - TOKENS)  # a short tail re-does some tokens: same values
+                tile_tokens(cg if half == 0 else cu, tq, ta, tb, td, xq, xd, xs, offsets, xi, t0, res)
+                if half == 0:
+                    gates[ROWS * t0:ROWS * (t0 + TOKENS)] = res
+                else:
+                    for j in range(TOKENS * ROWS):  # one vector loop: silu's exp32 vectorises
+                        res[j] = silu(gates[ROWS * t0 + j]) * res[j]
+                    for k in range(TOKENS):
+                        for i in range(m):
+                            out[t0 + k, r0 + i] = res[ROWS * k + i]
+                t = t0 + TOKENS

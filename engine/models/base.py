@@ -109,6 +109,14 @@ def _integer_path(x: np.ndarray, ms: tuple[Matrix, ...], step: Step, mixed: bool
         all(m.code in cpu.INT_CODES and m.data.flags.c_contiguous for m in ms)
 
 
+def _tiled_pair(x: np.ndarray, ms: tuple[Matrix, Matrix], step: Step) -> bool:
+    """Whether cpu.swiglu_tiles takes a prompt's gate and up matrices: both repacked in a tiled
+    format, enough tokens, contiguous, no GPU runner, no batch of sequences (each row there must be
+    its decode's bits, and the SwiGLU's silu may round otherwise), float activations not asked for."""
+    return x.shape[0] >= cpu.TILE_MIN_T and step.gpu is None and step.seqs is None and not step.exact and \
+        all(m.code - cpu.PACKED in cpu.TILE_CODES and m.data.flags.c_contiguous for m in ms)
+
+
 def linears(x: np.ndarray, ms: tuple[Matrix, ...], step: Step) -> tuple[np.ndarray, ...]:
     """x @ m.T for each m of ms (one kernel call on the integer path)."""
     if step.seqs is not None and x.shape[0] > cpu.INT_MAX_T and not _integer_path(x, ms, step):
@@ -161,6 +169,14 @@ def expert_mlp(h: np.ndarray, e: ExpertWeights, step: Step, act: str = "silu",
         t0 = step.timer.start() if step.timer is not None else 0.0
         a = step.empty((h.shape[0], e.gate.rows))
         cpu.swiglu_int(e.gate.data, e.gate.code, e.up.data, e.up.code, np.ascontiguousarray(h, dtype=np.float32), a)
+        if step.timer is not None:
+            step.timer.stop(e.gate.name, t0)
+        return linear(a, e.down, step)
+    if _tiled_pair(h, (e.gate, e.up), step):  # a prompt: gate, up and SwiGLU in one kernel (tiles.py)
+        t0 = step.timer.start() if step.timer is not None else 0.0
+        a = step.empty((h.shape[0], e.gate.rows))
+        cpu.swiglu_tiles(e.gate.data, e.gate.code - cpu.PACKED, e.up.data, e.up.code - cpu.PACKED,
+                         np.ascontiguousarray(h, dtype=np.float32), a)
         if step.timer is not None:
             step.timer.stop(e.gate.name, t0)
         return linear(a, e.down, step)
