@@ -1,7 +1,7 @@
 """Colibri's remote backend against a real llama.cpp llama-server (an integration script, not part
 of the suite: it needs llama.cpp's build).
 
-    python tests/integration_llama_server.py [--gguf FILE] [--bin /work/llamacpp/build/bin]
+    python tests/integration_llama_server.py [--gguf FILE] [--bin .llama.cpp/build/bin]
 
 Starts llama-server on the default model's GGUF (one slot, then with --api-key), and checks with
 app.remote.RemoteBackend and colibri-cli --remote: the model list, a streamed greedy chat reply
@@ -53,7 +53,8 @@ def main() -> int:
     from engine.default_model import default_gguf_path
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gguf", default=str(default_gguf_path()))
-    ap.add_argument("--bin", default="/work/llamacpp/build/bin", type=Path)
+    ap.add_argument("--bin", default=str(Path(__file__).resolve().parents[1] / ".llama.cpp" / "build" / "bin"),
+                    type=Path)
     ap.add_argument("--threads", type=int, default=2, help="llama-server's -t (1 on a machine shared with others)")
     ap.add_argument("--workdir", default="/tmp/colibri-llama-server-check", type=Path)
     args = ap.parse_args()

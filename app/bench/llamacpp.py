@@ -17,6 +17,17 @@ from typing import Callable
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def bin_dir(env: str | None = None) -> Path:
+    """Where llama.cpp's built tools are: $`env` if set, else the checkout's .llama.cpp/build/bin
+    (README, Performance), else an older layout's /work/llamacpp/build/bin where that exists."""
+    if env and os.environ.get(env):
+        return Path(os.environ[env])
+    for d in (ROOT / ".llama.cpp" / "build" / "bin", Path("/work/llamacpp/build/bin")):
+        if d.is_dir():
+            return d
+    return ROOT / ".llama.cpp" / "build" / "bin"
+
+
 LLAMA_BENCH_HELP = ("build it from the llama-cpp-python sdist's vendored llama.cpp (README, Performance): "
                     "cmake -S vendor/llama.cpp -B build -DLLAMA_CURL=OFF && cmake --build build --target llama-bench")
 

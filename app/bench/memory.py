@@ -311,11 +311,10 @@ def run_child(cmd: list[str], cgroup: MemoryCgroup | None, timeout: float, engin
 
 
 def llama_bench() -> Path | None:
-    """llama.cpp's own llama-bench, if built (COLIBRI_LLAMA_BIN or /work/llamacpp/build/bin)."""
-    for d in (os.environ.get("COLIBRI_LLAMA_BIN"), "/work/llamacpp/build/bin"):
-        if d and (Path(d) / "llama-bench").exists():
-            return Path(d) / "llama-bench"
-    return None
+    """llama.cpp's own llama-bench, if built (COLIBRI_LLAMA_BIN or .llama.cpp/build/bin)."""
+    from app.bench.llamacpp import bin_dir
+    b = bin_dir("COLIBRI_LLAMA_BIN") / "llama-bench"
+    return b if b.exists() else None
 
 
 def disk_bandwidth(files: list[Path], nbytes: int = 256 << 20) -> float:
@@ -345,7 +344,8 @@ def disk_bandwidth(files: list[Path], nbytes: int = 256 << 20) -> float:
 CAPS = (None, 0.9, 0.75, 0.6, 0.5, 0.35)  # fractions of the model's size; None: no cap, files warm
 PRESETS = ("q8_0", "q4_k_m")  # the GGUFs llama.cpp writes; Colibri imports the same files
 FORMATS_PYTHON = os.environ.get("COLIBRI_FORMATS_PYTHON", "/tmp/venv-formats/bin/python")  # torch + gguf
-CONVERT_HF = "/work/llamacpp/llama_cpp_python-0.3.36/vendor/llama.cpp/convert_hf_to_gguf.py"
+CONVERT_HF = str(Path(os.environ.get("COLIBRI_LLAMA_CPP") or Path(__file__).resolve().parents[2] / ".llama.cpp")
+                 / "convert_hf_to_gguf.py")  # the llama.cpp tree beside the checkout (README, Performance)
 
 
 def llamacpp_gguf(workdir: Path, preset: str) -> Path:

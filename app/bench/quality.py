@@ -46,7 +46,8 @@ LLAMA_QUANTIZE_ENV = "COLIBRI_LLAMA_QUANTIZE"
 
 
 def _llama_quantize(flag: str | None) -> str | None:
-    path = flag or os.environ.get(LLAMA_QUANTIZE_ENV) or "/work/llamacpp/build/bin/llama-quantize"
+    from app.bench.llamacpp import bin_dir
+    path = flag or os.environ.get(LLAMA_QUANTIZE_ENV) or str(bin_dir() / "llama-quantize")
     return path if Path(path).is_file() else None
 
 

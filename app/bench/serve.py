@@ -30,7 +30,9 @@ import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-LLAMA_SERVER = Path(os.environ.get("LLAMA_CPP_BIN", "/work/llamacpp/build/bin")) / "llama-server"
+from app.bench.llamacpp import bin_dir
+
+LLAMA_SERVER = bin_dir("LLAMA_CPP_BIN") / "llama-server"
 QUESTIONS = ("Write a Python function that reverses a string.", "What is the capital of France?",
              "Name three colours of the rainbow.", "Explain what a CPU cache is in two sentences.",
              "Write a haiku about the sea.", "How many legs does a spider have?",
