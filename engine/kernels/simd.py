@@ -121,11 +121,11 @@ def _block_dot(builder, u, negative, s):
     return _dot_u8s8(builder, u, s)
 
 
-def _splat(builder, v):
-    """A float in all 8 lanes of a vector."""
-    vf = _vec(F32, 8)
-    return builder.shuffle_vector(builder.insert_element(ir.Constant(vf, None), v, ir.Constant(I32, 0)),
-                                  ir.Constant(vf, None), ir.Constant(_vec(I32, 8), [0] * 8))
+def _splat(builder, v, lanes: int = 8):
+    """A scalar (float, or int32) in all `lanes` lanes of a vector."""
+    vt = _vec(v.type, lanes)
+    return builder.shuffle_vector(builder.insert_element(ir.Constant(vt, None), v, ir.Constant(I32, 0)),
+                                  ir.Constant(vt, None), ir.Constant(_vec(I32, lanes), [0] * lanes))
 
 
 def _activations(context, builder, sig, args, dims: int):
@@ -262,6 +262,42 @@ def _dot_accumulate(builder, acc, u, s):
 TOKENS = 4  # tokens per call of the prefill row kernels
 
 
+def _block_dots(builder, x4, b, parts, lanes: int, bias=None):
+    """One token's integer sums over a block for every lane (a row): each part (unsigned weight
+    bytes, which 4 activation bytes, their signs or None) multiplied with those 4 bytes broadcast;
+    `bias` (i32) starts every lane (q8_0 on vnni: -128 Σx)."""
+    vi = _vec(I32, lanes)
+    dots = ir.Constant(vi, None) if bias is None else _splat(builder, bias, lanes)
+    for u, at, negative in parts:
+        word = builder.load(builder.gep(x4, [ir.Constant(b.type, at)]), align=1)
+        s = builder.bitcast(_splat(builder, word, lanes), _vec(I8, 4 * lanes))
+        if negative is not None:
+            s = builder.select(negative, builder.sub(ir.Constant(_vec(I8, 4 * lanes), None), s), s)
+        dots = _dot_accumulate(builder, dots, u, s)
+    return dots
+
+
+def _scale_block(builder, dots, d, m, b, token, acc, extra, halves: int, nibbles: bool):
+    """acc += dots · d_w · d_x, and extra += m_w · s_x (q4_1) or -8 · d_w · d_x Σ q_x (q4_0): a
+    block's float steps for every lane, in one order whatever the lane count (8 or 16), so a row
+    rounds alike in every kernel that takes it."""
+    _, dp, sp, ip = token
+    lanes = d.type.count
+    vf = _vec(F32, lanes)
+    xscale = builder.load(builder.gep(dp, [b]))
+    term = builder.fmul(builder.sitofp(dots, vf), builder.fmul(d, _splat(builder, xscale, lanes), flags=_FAST),
+                        flags=_FAST)
+    builder.store(builder.fadd(builder.load(acc), term, flags=_FAST), acc)
+    if halves == 2:  # q4_1: + m_w · d_x Σ q_x
+        e = builder.fmul(m, _splat(builder, builder.load(builder.gep(sp, [b])), lanes), flags=_FAST)
+    elif nibbles:  # q4_0: - 8 · d_w d_x Σ q_x
+        off = builder.fmul(builder.fmul(xscale, builder.sitofp(builder.load(builder.gep(ip, [b])), F32),
+                                        flags=_FAST), ir.Constant(F32, -8.0), flags=_FAST)
+        e = builder.fmul(d, _splat(builder, off, lanes), flags=_FAST)
+    if nibbles:
+        builder.store(builder.fadd(builder.load(extra), e, flags=_FAST), extra)
+
+
 def _group_dot(fmt: str, tokens: int):
     """An intrinsic dotting rows 8g..8g+7 of a matrix repacked in groups of 8 (cpu.repack_x8)
     with int8 activations: one token's (tokens=1: xq (n,) ...), or TOKENS tokens' from t0 on
@@ -281,7 +317,7 @@ def _group_dot(fmt: str, tokens: int):
             nb, per_token = _token_pointers(context, builder, sig, args, tokens)
             g = args[1]
             base = _byte_ptr(context, builder, sig.args[0], args[0], builder.mul(g, ir.Constant(g.type, 8)), _ZERO)
-            vf, vi = _vec(F32, 8), _vec(I32, 8)
+            vf = _vec(F32, 8)
             accs = [cgutils.alloca_once_value(builder, ir.Constant(vf, None)) for _ in range(tokens)]
             extras = [cgutils.alloca_once_value(builder, ir.Constant(vf, None)) for _ in range(tokens)]
             low, four = ir.Constant(_vec(I8, 32), [15] * 32), ir.Constant(_vec(I8, 32), [4] * 32)
@@ -301,34 +337,13 @@ def _group_dot(fmt: str, tokens: int):
                     else:  # |w| times x with w's sign (the pair sums of avx2 stay within int16)
                         magnitude, negative = _weights_of(builder, v)
                         parts.append((magnitude, c, negative))
-                for (qp, dp, sp, ip), acc, extra in zip(per_token, accs, extras):
+                for token, acc, extra in zip(per_token, accs, extras):
+                    qp, ip = token[0], token[3]
                     x4 = builder.bitcast(builder.gep(qp, [builder.mul(b, ir.Constant(b.type, 32))]), I32.as_pointer())
-                    dots = ir.Constant(vi, None)
-                    if not nibbles and DOT == "vnni":
-                        bias = builder.mul(builder.load(builder.gep(ip, [b])), ir.Constant(I32, -128))
-                        dots = builder.shuffle_vector(builder.insert_element(ir.Constant(vi, None), bias,
-                                                                             ir.Constant(I32, 0)),
-                                                      ir.Constant(vi, None), ir.Constant(vi, [0] * 8))
-                    for u, at, negative in parts:
-                        word = builder.load(builder.gep(x4, [ir.Constant(b.type, at)]), align=1)
-                        s = builder.shuffle_vector(builder.insert_element(ir.Constant(vi, None), word, ir.Constant(I32, 0)),
-                                                   ir.Constant(vi, None), ir.Constant(vi, [0] * 8))
-                        s = builder.bitcast(s, _vec(I8, 32))
-                        if negative is not None:
-                            s = builder.select(negative, builder.sub(ir.Constant(_vec(I8, 32), None), s), s)
-                        dots = _dot_accumulate(builder, dots, u, s)
-                    xscale = builder.load(builder.gep(dp, [b]))
-                    term = builder.fmul(builder.sitofp(dots, vf), builder.fmul(d8, _splat(builder, xscale), flags=_FAST),
-                                        flags=_FAST)
-                    builder.store(builder.fadd(builder.load(acc), term, flags=_FAST), acc)
-                    if halves == 2:  # q4_1: + m_w · d_x Σ q_x
-                        e = builder.fmul(m8, _splat(builder, builder.load(builder.gep(sp, [b]))), flags=_FAST)
-                    elif nibbles:  # q4_0: - 8 · d_w d_x Σ q_x
-                        off = builder.fmul(builder.fmul(xscale, builder.sitofp(builder.load(builder.gep(ip, [b])), F32),
-                                                        flags=_FAST), ir.Constant(F32, -8.0), flags=_FAST)
-                        e = builder.fmul(d8, _splat(builder, off), flags=_FAST)
-                    if nibbles:
-                        builder.store(builder.fadd(builder.load(extra), e, flags=_FAST), extra)
+                    bias = builder.mul(builder.load(builder.gep(ip, [b])), ir.Constant(I32, -128)) \
+                        if not nibbles and DOT == "vnni" else None
+                    dots = _block_dots(builder, x4, b, parts, 8, bias)
+                    _scale_block(builder, dots, d8, m8, b, token, acc, extra, halves, nibbles)
             values = []
             for acc, extra in zip(accs, extras):
                 total = builder.fadd(builder.load(acc), builder.load(extra), flags=_FAST)
@@ -390,35 +405,15 @@ def _pair_tokens(fmt: str):
                 for c in range(qbytes // 4):
                     v = pair(b, 16 * halves + 32 * c, _vec(I8, 32), both64)
                     if nibbles:
-                        parts += [(builder.and_(v, low), c), (builder.lshr(v, four), c + 4)]
+                        parts += [(builder.and_(v, low), c, None), (builder.lshr(v, four), c + 4, None)]
                     else:  # (vnni) int8 as unsigned w + 128; the accumulator starts at -128 Σx
-                        parts.append((builder.xor(v, ir.Constant(_vec(I8, 64), [-128] * 64)), c))
-                for (qp, dp, sp, ip), acc, extra in zip(per_token, accs, extras):
+                        parts.append((builder.xor(v, ir.Constant(_vec(I8, 64), [-128] * 64)), c, None))
+                for token, acc, extra in zip(per_token, accs, extras):
+                    qp, ip = token[0], token[3]
                     x4 = builder.bitcast(builder.gep(qp, [builder.mul(b, ir.Constant(b.type, 32))]), I32.as_pointer())
-                    vi = _vec(I32, 16)
-                    dots = ir.Constant(vi, None)
-                    if not nibbles:
-                        bias = builder.mul(builder.load(builder.gep(ip, [b])), ir.Constant(I32, -128))
-                        dots = builder.shuffle_vector(builder.insert_element(ir.Constant(vi, None), bias,
-                                                                             ir.Constant(I32, 0)),
-                                                      ir.Constant(vi, None), ir.Constant(vi, [0] * 16))
-                    for u, at in parts:
-                        word = builder.load(builder.gep(x4, [ir.Constant(b.type, at)]), align=1)
-                        s = builder.shuffle_vector(builder.insert_element(ir.Constant(vi, None), word, ir.Constant(I32, 0)),
-                                                   ir.Constant(vi, None), ir.Constant(vi, [0] * 16))
-                        dots = _dot_accumulate(builder, dots, u, builder.bitcast(s, _vec(I8, 64)))
-                    xscale = builder.load(builder.gep(dp, [b]))
-                    term = builder.fmul(builder.sitofp(dots, vf), builder.fmul(d16, _splat16(builder, xscale), flags=_FAST),
-                                        flags=_FAST)
-                    builder.store(builder.fadd(builder.load(acc), term, flags=_FAST), acc)
-                    if halves == 2:  # q4_1: + m_w · d_x Σ q_x
-                        e = builder.fmul(m16, _splat16(builder, builder.load(builder.gep(sp, [b]))), flags=_FAST)
-                    elif nibbles:  # q4_0: - 8 · d_w d_x Σ q_x
-                        off = builder.fmul(builder.fmul(xscale, builder.sitofp(builder.load(builder.gep(ip, [b])), F32),
-                                                        flags=_FAST), ir.Constant(F32, -8.0), flags=_FAST)
-                        e = builder.fmul(d16, _splat16(builder, off), flags=_FAST)
-                    if nibbles:
-                        builder.store(builder.fadd(builder.load(extra), e, flags=_FAST), extra)
+                    bias = None if nibbles else builder.mul(builder.load(builder.gep(ip, [b])), ir.Constant(I32, -128))
+                    dots = _block_dots(builder, x4, b, parts, 16, bias)
+                    _scale_block(builder, dots, d16, m16, b, token, acc, extra, halves, nibbles)
             values = []
             for acc, extra in zip(accs, extras):
                 total = builder.fadd(builder.load(acc), builder.load(extra), flags=_FAST)
@@ -430,13 +425,6 @@ def _pair_tokens(fmt: str):
     def pair_tokens(typingctx, w, g, xq, xd, xs, xi, t0):
         return typer(w, g, xq, xd, xs, xi, t0)
     return pair_tokens
-
-
-def _splat16(builder, v):
-    """A float32 scalar in all 16 lanes."""
-    vf = _vec(F32, 16)
-    return builder.shuffle_vector(builder.insert_element(ir.Constant(vf, None), v, ir.Constant(I32, 0)),
-                                  ir.Constant(vf, None), ir.Constant(_vec(I32, 16), [0] * 16))
 
 
 group_dot_q4_0x8, group_dot_q4_1x8, group_dot_q8_0x8 = (_group_dot(f, 1) for f in ("q4_0", "q4_1", "q8_0"))
