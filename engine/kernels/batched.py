@@ -71,9 +71,9 @@ def _scales(kv, n, col, like, scaled, layers, kv_heads):
 
 
 @njit(inline="always", cache=True)
-def _paired(code, g, g_end, N):
-    """Whether groups g and g+1 of a matrix in `code` go through _pair (simd.WIDE only)."""
-    return g + 1 < g_end and N >= TOKENS and (code == Q4_0X8 or code == Q4_1X8 or code == Q8_0X8)
+def _pairable(code, N):
+    """Whether N rows on a matrix in `code` go through _pair two groups at once (simd.WIDE only)."""
+    return N >= TOKENS and (code == Q4_0X8 or code == Q4_1X8 or code == Q8_0X8)
 
 
 @njit(inline="always", cache=True)
@@ -99,7 +99,7 @@ def _rows_n(m, code, r0, r1, xq, xd, xs, xi, out):
         g, g_end = r0 // 8, r1 // 8
         while g < g_end:
             if WIDE:
-                if _paired(code, g, g_end, N):
+                if g + 1 < g_end and _pairable(code, N):
                     t = 0
                     while t + TOKENS <= N:
                         a = _pair(m, g, code, xq, xd, xs, xi, t)
@@ -138,7 +138,7 @@ def _swiglu_n(gate, cg, up, cu, r0, xq, xd, xs, xi, act):
     decode._swiglu_rows row by row."""
     N = xq.shape[0]
     if WIDE:
-        if cg == cu and _paired(cg, 0, 2, N):  # both matrices in one q4_0/q4_1/q8_0 kind: 16 rows at once
+        if cg == cu and _pairable(cg, N):  # both matrices in one q4_0/q4_1/q8_0 kind: 16 rows at once
             for g in range(r0 // 8, r0 // 8 + 4, 2):
                 t = 0
                 while t + TOKENS <= N:
