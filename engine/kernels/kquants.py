@@ -28,7 +28,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 import engine.kernels  # noqa: F401  (numba settings first)
-from engine.kernels.simd import (_EXACT, _FAST, _ZERO, F32, I8, I32, TOKENS, _activations, _byte_ptr, _dot_accumulate, _load,
+from engine.kernels.simd import (_EXACT, _FAST, _ZERO, F32, I8, I32, TOKENS, WIDE, _activations, _byte_ptr, _dot_accumulate, _load,
                                  _splat, _token_pointers, _vec, copy4, group_intrinsic)
 
 Q2_K, Q3_K, Q4_K, Q5_K, Q6_K = 10, 11, 12, 13, 14
@@ -111,13 +111,13 @@ def _at(builder, p, off):
     return builder.gep(p, [ir.Constant(ir.IntType(64), off)]) if isinstance(off, int) else builder.gep(p, [off])
 
 
-def _broadcast_word(builder, qp, off):
-    """4 activation bytes at qp + off in every 4-byte lane of a <32 x i8>."""
-    vi = _vec(I32, 8)
-    word = builder.load(builder.bitcast(_at(builder, qp, off), I32.as_pointer()), align=1)
-    s = builder.shuffle_vector(builder.insert_element(ir.Constant(vi, None), word, ir.Constant(I32, 0)),
-                               ir.Constant(vi, None), ir.Constant(vi, [0] * 8))
-    return builder.bitcast(s, _vec(I8, 32))
+def _broadcast_word(builder, qp, off, lanes: int = 8):
+    """4 activation bytes at qp + off in every 4-byte lane of a <32 x i8>; lanes 16: those in
+    lanes 0-7 and the next 4 bytes in lanes 8-15 (a vector of two neighbouring chunks)."""
+    per = lanes // 8
+    words = builder.load(builder.bitcast(_at(builder, qp, off), _vec(I32, per).as_pointer()), align=1)
+    s = builder.shuffle_vector(words, words, ir.Constant(_vec(I32, lanes), [i // 8 for i in range(lanes)]))
+    return builder.bitcast(s, _vec(I8, 4 * lanes))
 
 
 def _splat_i32(builder, v):
@@ -126,14 +126,19 @@ def _splat_i32(builder, v):
                                   ir.Constant(vi, None), ir.Constant(vi, [0] * 8))
 
 
-def _sum16(builder, qp, off):
-    """Σ of the 16 int8 activations at qp + off (Q6_K's offset of 32 per sub-block)."""
-    v = builder.sext(_load(builder, _at(builder, qp, off), _vec(I8, 16)), _vec(I32, 16))
-    for width in (8, 4, 2, 1):
-        lo = builder.shuffle_vector(v, v, ir.Constant(_vec(I32, width), list(range(width))))
-        hi = builder.shuffle_vector(v, v, ir.Constant(_vec(I32, width), list(range(width, 2 * width))))
-        v = builder.add(lo, hi)
-    return builder.extract_element(v, ir.Constant(I32, 0))
+def _first_sums(builder, x0, lanes: int):
+    """Σ of the first 16 int8 activations of each of the 8 blocks of 32 at x0 (a super-block's),
+    as 8 i32 (Q6_K's offset of 32): byte dots with ones (4-sums in lanes), then two rounds of
+    neighbour adds; one or two blocks per vector."""
+    vi, per = _vec(I32, lanes), lanes // 8
+    out = []
+    for k in range(8 // per):
+        x = _load(builder, _at(builder, x0, 32 * per * k), _vec(I8, 4 * lanes))
+        v = _dot_accumulate(builder, ir.Constant(vi, None), _c8(1, 4 * lanes), x)
+        for step in (1, 2):
+            v = builder.add(v, builder.shuffle_vector(v, v, ir.Constant(vi, [i ^ step for i in range(lanes)])))
+        out += [builder.extract_element(v, ir.Constant(I32, 8 * b)) for b in range(per)]
+    return out
 
 
 def _k_scales8(builder, blk, at):
@@ -157,20 +162,23 @@ def _k_scales8(builder, blk, at):
 
 def _fifth_bit(builder, h, j):
     """Bit j of Q5_K's qh bytes h, moved to bit 4 (the weights of sub-block j)."""
-    return builder.shl(builder.and_(builder.lshr(h, _c8(j)), _c8(1)), _c8(4))
+    n = h.type.count
+    return builder.shl(builder.and_(builder.lshr(h, _c8(j, n)), _c8(1, n)), _c8(4, n))
 
 
-def _q45k_parts(builder, blk, qs_at, qh_at, q):
+def _q45k_parts(builder, blk, qs_at, qh_at, q, per: int = 1):
     """Weights of sub-blocks 2q and 2q+1 of an 8-row group as unsigned bytes (0..15, or 0..31
     with Q5_K's fifth bits from the qh chunks at qh_at): [(vector, activation offset in the
     super-block)] each. qs chunk 8q+c holds bytes 4c..4c+3 of each row's 32-byte run q: low
-    nibbles are sub-block 2q's weights 4c..4c+3, high nibbles sub-block 2q+1's."""
+    nibbles are sub-block 2q's weights 4c..4c+3, high nibbles sub-block 2q+1's. per 2: a vector
+    holds chunks c and c+1 (512 bits), the offset is chunk c's."""
     low, high = [], []
-    for c in range(8):
-        v = _load(builder, _at(builder, blk, qs_at + 32 * (8 * q + c)), _vec(I8, 32))
-        lo, hi = builder.and_(v, _c8(15)), builder.lshr(v, _c8(4))
+    n = 32 * per
+    for c in range(0, 8, per):
+        v = _load(builder, _at(builder, blk, qs_at + 32 * (8 * q + c)), _vec(I8, n))
+        lo, hi = builder.and_(v, _c8(15, n)), builder.lshr(v, _c8(4, n))
         if qh_at is not None:
-            h = _load(builder, _at(builder, blk, qh_at + 32 * c), _vec(I8, 32))
+            h = _load(builder, _at(builder, blk, qh_at + 32 * c), _vec(I8, n))
             lo, hi = builder.or_(lo, _fifth_bit(builder, h, 2 * q)), builder.or_(hi, _fifth_bit(builder, h, 2 * q + 1))
         low.append((lo, 32 * (2 * q) + 4 * c))
         high.append((hi, 32 * (2 * q + 1) + 4 * c))
@@ -181,23 +189,25 @@ def _q6k_weights(builder, a, b, hb):
     """Q6_K's four weight vectors (s = 0..3, unsigned 0..63) of ql bytes a (s 0, 2), b (s 1, 3)
     and their qh bytes hb (bits 2s, 2s+1): the high bits are moved to bits 4-5 and masked
     (x86 shifts bytes as 16-bit words: one shift and one mask each)."""
-    top = _c8(0x30)
-    hi = (builder.and_(builder.shl(hb, _c8(4)), top), builder.and_(builder.shl(hb, _c8(2)), top),
-          builder.and_(hb, top), builder.and_(builder.lshr(hb, _c8(2)), top))
-    lo = (builder.and_(a, _c8(15)), builder.and_(b, _c8(15)), builder.lshr(a, _c8(4)), builder.lshr(b, _c8(4)))
+    n = a.type.count  # 32 bytes, or 64 (two chunks: _q6k_decode on 512 bits)
+    top = _c8(0x30, n)
+    hi = (builder.and_(builder.shl(hb, _c8(4, n)), top), builder.and_(builder.shl(hb, _c8(2, n)), top),
+          builder.and_(hb, top), builder.and_(builder.lshr(hb, _c8(2, n)), top))
+    lo = (builder.and_(a, _c8(15, n)), builder.and_(b, _c8(15, n)), builder.lshr(a, _c8(4, n)), builder.lshr(b, _c8(4, n)))
     return [builder.or_(x, y) for x, y in zip(lo, hi)]
 
 
-def _q6k_parts(builder, blk, h, s, part):
+def _q6k_parts(builder, blk, h, s, part, per: int = 1):
     """Weights 128h + 32s + 16·part .. +15 of an 8-row Q6_K group (sub-block 8h + 2s + part) as
     unsigned bytes (0..63): [(vector, activation offset)] for its 4 chunks. ql chunk 16h+c
     (s 0, 2: low, high nibbles) or 16h+8+c (s 1, 3) and qh chunk 8h+c hold bytes 4c..4c+3 of each
     row's ql[64h..], ql[64h+32..] and qh[32h..]; bits 2s, 2s+1 of qh are the weight's bits 4, 5.
-    Built a sub-block at a time: a half's vectors spill out of the 16 AVX2 registers."""
+    Built a sub-block at a time: a half's vectors spill out of the 16 AVX2 registers. per 2: a
+    vector holds chunks c and c+1 (512 bits), the offset is chunk c's."""
     out = []
-    for c in range(4 * part, 4 * part + 4):
-        q = _load(builder, _at(builder, blk, 32 * (16 * h + 8 * (s % 2) + c)), _vec(I8, 32))
-        hb = _load(builder, _at(builder, blk, 1024 + 32 * (8 * h + c)), _vec(I8, 32))
+    for c in range(4 * part, 4 * part + 4, per):
+        q = _load(builder, _at(builder, blk, 32 * (16 * h + 8 * (s % 2) + c)), _vec(I8, 32 * per))
+        hb = _load(builder, _at(builder, blk, 1024 + 32 * (8 * h + c)), _vec(I8, 32 * per))
         out.append((_q6k_weights(builder, q, q, hb)[s], 128 * h + 32 * s + 4 * c))
     return out
 
@@ -205,22 +215,34 @@ def _q6k_parts(builder, blk, h, s, part):
 GROUP_FORMATS = {"q4_k": (Q4_K, 8 * 144), "q5_k": (Q5_K, 8 * 176), "q6_k": (Q6_K, 8 * 210)}
 
 
-def _group_k(fmt: str, tokens: int):
+def _fold(builder, v):
+    """A <16 x i32> of two chunks' sums (the 8 rows twice) -> <8 x i32>, each row's two added."""
+    if v.type.count == 8:
+        return v
+    half = lambda at: builder.shuffle_vector(v, v, ir.Constant(_vec(I32, 8), list(range(at, at + 8))))  # noqa: E731
+    return builder.add(half(0), half(8))
+
+
+def _group_k(fmt: str, tokens: int, lanes: int = 8):
     """An intrinsic dotting rows 8g..8g+7 of a K-quant matrix repacked by repack_k8 with int8
     activations: one token's (tokens=1: xq (n,) ...) or TOKENS tokens' from t0 on (xq (T, n) ...),
     each super-block's weights unpacked once for all of them. Returns a tuple of 8 float32 per
     token, token by token. Per sub-block and token: the 8 rows' integer sums in 8 lanes, scaled
     by (sub-block scales · d_x) in a float vector; per super-block · d (and - dmin · Σ m_j d_x Σq_x).
-    Its float steps are _EXACT: tiles.py's prefill repeats them, so a token gets the same bits alone
-    or among many."""
+    lanes 16 (simd.WIDE): each 512-bit vector holds two neighbouring chunks (the 8 rows, then the
+    8 rows 4 weights further on), one vpdpbusd for 8 weights of 8 rows, the halves added in
+    integers per sub-block. Its float steps are _EXACT and the integer sums exact: tiles.py's
+    prefill repeats them, so a token gets the same bits alone, among many, or on either width."""
     code, gsize = GROUP_FORMATS[fmt]
+    per = lanes // 8  # chunks per vector
+    vi, vi8, vf = _vec(I32, lanes), _vec(I32, 8), _vec(F32, 8)
+    twice = ir.Constant(vi, [i % 8 for i in range(lanes)])  # the 8 rows' values in every 8 lanes
 
     def typer(w, g, xq, xd, xs, xi, *t0):
         def codegen(context, builder, sig, args):
             nb, per_token = _token_pointers(context, builder, sig, args, tokens)
             g = args[1]
             base = _byte_ptr(context, builder, sig.args[0], args[0], builder.mul(g, ir.Constant(g.type, 8)), _ZERO)
-            vf = _vec(F32, 8)
             accs = [cgutils.alloca_once_value(builder, ir.Constant(vf, None)) for _ in range(tokens)]
             with cgutils.for_range(builder, builder.sdiv(nb, ir.Constant(nb.type, 8))) as loop:
                 sb = loop.index
@@ -232,12 +254,16 @@ def _group_k(fmt: str, tokens: int):
                 sums = [ir.Constant(vf, None)] * tokens  # Σ_j scale_j · d_x · (integer sums): the d terms
                 mins = [ir.Constant(vf, None)] * tokens  # Σ_j m_j · d_x · Σq_x: the dmin terms
 
+                def dot(parts, qp):
+                    dots = ir.Constant(vi, None)
+                    for u, at in parts:
+                        dots = _dot_accumulate(builder, dots, u, _broadcast_word(builder, qp, at, lanes))
+                    return dots
+
                 def sub_block(parts, scale, j, minimum):
                     """Adds one Q4_K/Q5_K sub-block (activation block j of the super-block) to sums/mins."""
                     for k, (qp, dp, ip) in enumerate(xps):
-                        dots = ir.Constant(_vec(I32, 8), None)
-                        for u, at in parts:
-                            dots = _dot_accumulate(builder, dots, u, _broadcast_word(builder, qp, at))
+                        dots = _fold(builder, dot(parts, qp))
                         dx = builder.load(_at(builder, dp, j))
                         f = builder.fmul(scale, _splat(builder, dx), flags=_EXACT)
                         sums[k] = builder.fadd(sums[k], builder.fmul(builder.sitofp(dots, vf), f, flags=_EXACT),
@@ -247,27 +273,29 @@ def _group_k(fmt: str, tokens: int):
                         mins[k] = builder.fadd(mins[k], e, flags=_EXACT)
 
                 if code == Q6_K:  # per activation block j: the 8 rows' Σ (q - 32) x of its two
-                    vi = _vec(I32, 8)  # sub-blocks times their int8 scales, summed in integers
+                    if tokens == 1:  # sub-blocks times their int8 scales, summed in integers
+                        firsts = [_first_sums(builder, xps[0][0], lanes)]
+                    else:  # a few tokens: first_sums put them in xs's place, once per token
+                        firsts = [[builder.fptosi(builder.load(_at(builder, p, j)), I32) for j in range(8)] for p in sps]
                     for h in range(2):
                         for s in range(4):
                             j = 4 * h + s
-                            if tokens == 1:
-                                first = [_sum16(builder, qp, 32 * j) for qp, _, _ in xps]
-                            else:  # a few tokens: first_sums put them in xs's place, once per token
-                                first = [builder.fptosi(builder.load(_at(builder, p, j)), I32) for p in sps]
-                            second = [builder.sub(builder.load(_at(builder, ip, j)), f) for f, (_, _, ip) in zip(first, xps)]
                             isums = [ir.Constant(vi, None)] * tokens
-                            for part, sxs in enumerate((first, second)):
-                                parts = _q6k_parts(builder, blk, h, s, part)
-                                sc = builder.sext(_load(builder, _at(builder, blk, 1536 + 8 * (2 * j + part)), _vec(I8, 8)), vi)
+                            scs = []
+                            for part in range(2):
+                                parts = _q6k_parts(builder, blk, h, s, part, per)
+                                sc = builder.sext(_load(builder, _at(builder, blk, 1536 + 8 * (2 * j + part)), _vec(I8, 8)), vi8)
+                                scs.append(sc)
                                 for k, (qp, _, _) in enumerate(xps):
-                                    dots = _splat_i32(builder, builder.mul(sxs[k], ir.Constant(I32, -32)))
-                                    for u, at in parts:
-                                        dots = _dot_accumulate(builder, dots, u, _broadcast_word(builder, qp, at))
-                                    isums[k] = builder.add(isums[k], builder.mul(dots, sc))
-                            for k, (_, dp, _) in enumerate(xps):
+                                    isums[k] = builder.add(isums[k], builder.mul(dot(parts, qp), builder.shuffle_vector(sc, sc, twice)))
+                            for k, (_, dp, ip) in enumerate(xps):
+                                first = firsts[k][j]  # the offset of 32: - 32 Σx of each sub-block · its scale
+                                second = builder.sub(builder.load(_at(builder, ip, j)), first)
+                                isum = _fold(builder, isums[k])
+                                for sc, sx in zip(scs, (first, second)):
+                                    isum = builder.add(isum, builder.mul(sc, _splat_i32(builder, builder.mul(sx, ir.Constant(I32, -32)))))
                                 f = _splat(builder, builder.load(_at(builder, dp, j)))
-                                sums[k] = builder.fadd(sums[k], builder.fmul(builder.sitofp(isums[k], vf), f, flags=_EXACT),
+                                sums[k] = builder.fadd(sums[k], builder.fmul(builder.sitofp(isum, vf), f, flags=_EXACT),
                                                        flags=_EXACT)
                     d8 = builder.fpext(_load(builder, _at(builder, blk, 1664), _vec(ir.HalfType(), 8)), vf)
                     dmin8 = None
@@ -275,7 +303,7 @@ def _group_k(fmt: str, tokens: int):
                     scales, ms = _k_scales8(builder, blk, 32)
                     qh_at, qs_at = (128, 384) if code == Q5_K else (None, 128)
                     for q in range(4):
-                        low, high = _q45k_parts(builder, blk, qs_at, qh_at, q)
+                        low, high = _q45k_parts(builder, blk, qs_at, qh_at, q, per)
                         sub_block(low, scales[2 * q], 2 * q, ms[2 * q])
                         sub_block(high, scales[2 * q + 1], 2 * q + 1, ms[2 * q + 1])
                     d8 = builder.fpext(_load(builder, blk, _vec(ir.HalfType(), 8)), vf)
@@ -295,9 +323,10 @@ def _group_k(fmt: str, tokens: int):
     return group_intrinsic(typer, tokens)
 
 
-_group_q4_k, _group_q5_k, _group_q6_k = (_group_k(f, 1) for f in ("q4_k", "q5_k", "q6_k"))
+LANES = 16 if WIDE else 8  # the K-quant group kernels' vector width (32-bit lanes)
+_group_q4_k, _group_q5_k, _group_q6_k = (_group_k(f, 1, LANES) for f in ("q4_k", "q5_k", "q6_k"))
 # a few tokens at a time (a batch of rows; a long prompt takes tiles.py: each group unpacked once)
-_tokens_q4_k, _tokens_q5_k, _tokens_q6_k = (_group_k(f, TOKENS) for f in ("q4_k", "q5_k", "q6_k"))
+_tokens_q4_k, _tokens_q5_k, _tokens_q6_k = (_group_k(f, TOKENS, LANES) for f in ("q4_k", "q5_k", "q6_k"))
 
 
 def _row_k(code: int):
