@@ -32,10 +32,10 @@ from numba.extending import intrinsic
 
 import engine.kernels  # noqa: F401  (numba settings first)
 from engine.kernels.decode import CODE, SPAN, _matrix, _rows, _store_kv, _swiglu_rows
-from engine.kernels.formats import PACKED, Q4_1X8, Q8_0X8, Q4_0X8, quantize_activations, quantize_block, quantized
-from engine.kernels.matmul import _group_dot, _group_tokens
+from engine.kernels.formats import PACKED, quantize_activations, quantize_block, quantized
+from engine.kernels.matmul import _group_dot, _group_tokens, _pair, _pairable
 from engine.kernels.rows import attend, rmsnorm_row, rope_head, silu
-from engine.kernels.simd import TOKENS, WIDE, pair_tokens_q4_0x8, pair_tokens_q4_1x8, pair_tokens_q8_0x8
+from engine.kernels.simd import TOKENS, WIDE
 
 # rows per parallel task of the q/k/v/o and down matrices: two 8-row groups where 512-bit vectors
 # take both at once (simd.WIDE: _pair), else one
@@ -68,23 +68,6 @@ def _scales(kv, n, col, like, scaled, layers, kv_heads):
     if scaled:
         return carray(_at(kv[n, col], like), (layers, kv[n, CAPACITY], kv_heads))
     return like
-
-
-@njit(inline="always", cache=True)
-def _pairable(code, N):
-    """Whether N rows on a matrix in `code` go through _pair two groups at once (simd.WIDE only)."""
-    return N >= TOKENS and (code == Q4_0X8 or code == Q4_1X8 or code == Q8_0X8)
-
-
-@njit(inline="always", cache=True)
-def _pair(m, g, code, xq, xd, xs, xi, t0):
-    """Rows 8g..8g+15 of a repacked q4_0/q4_1/q8_0 matrix · tokens t0..t0+TOKENS-1, 16 values a
-    token (simd._pair_tokens: each row _group_tokens' value bit for bit)."""
-    if code == Q4_1X8:
-        return pair_tokens_q4_1x8(m, g, xq, xd, xs, xi, t0)
-    if code == Q8_0X8:
-        return pair_tokens_q8_0x8(m, g, xq, xd, xs, xi, t0)
-    return pair_tokens_q4_0x8(m, g, xq, xd, xs, xi, t0)
 
 
 @njit(fastmath=True, cache=True, nogil=True)

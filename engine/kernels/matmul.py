@@ -13,12 +13,13 @@ from numba import njit, prange
 
 import engine.kernels  # noqa: F401  (numba settings first)
 from engine.kernels import blocks32, kquants, tiles
-from engine.kernels.formats import (PACKED, Q2_K, Q3_K, Q4_0, Q4_1, Q4_1X8, Q6_KX8, Q8_0X8, _is_k, dequantize_row,
+from engine.kernels.formats import (PACKED, Q2_K, Q3_K, Q4_0, Q4_0X8, Q4_1, Q4_1X8, Q6_KX8, Q8_0X8, _is_k, dequantize_row,
                                     dequantize_x8_row, is_int_code, quantize_block, quantized)
 from engine.kernels.rows import silu
-from engine.kernels.simd import (TOKENS, group_dot_q4_0x8, group_dot_q4_1x8, group_dot_q8_0x8,
+from engine.kernels.simd import (TOKENS, WIDE, group_dot_q4_0x8, group_dot_q4_1x8, group_dot_q8_0x8,
                                  group_tokens_q4_0x8, group_tokens_q4_1x8, group_tokens_q8_0x8,
-                                 row_dot_q4_0, row_dot_q4_1, row_dot_q8_0, tokens_q4_0, tokens_q4_1, tokens_q8_0)
+                                 pair_tokens_q4_0x8, pair_tokens_q4_1x8, pair_tokens_q8_0x8, row_dot_q4_0, row_dot_q4_1,
+                                 row_dot_q8_0, tokens_q4_0, tokens_q4_1, tokens_q8_0)
 
 ROWS_PER_TASK = 16
 INT_MAX_T = TOKENS - 1  # up to this many tokens (decode), the fused kernels (matmul_int, swiglu_int) apply
@@ -55,6 +56,23 @@ def _group_tokens(w, g, code, xq, xd, xs, xi, t0):
     if code == Q8_0X8:
         return group_tokens_q8_0x8(w, g, xq, xd, xs, xi, t0)
     return group_tokens_q4_0x8(w, g, xq, xd, xs, xi, t0)
+
+
+@njit(inline="always", cache=True)
+def _pairable(code, N):
+    """Whether N rows on a matrix in `code` go through _pair two groups at once (simd.WIDE only)."""
+    return N >= TOKENS and (code == Q4_0X8 or code == Q4_1X8 or code == Q8_0X8)
+
+
+@njit(inline="always", cache=True)
+def _pair(m, g, code, xq, xd, xs, xi, t0):
+    """Rows 8g..8g+15 of a repacked q4_0/q4_1/q8_0 matrix · tokens t0..t0+TOKENS-1, 16 values a
+    token (simd._pair_tokens: each row _group_tokens' value bit for bit)."""
+    if code == Q4_1X8:
+        return pair_tokens_q4_1x8(m, g, xq, xd, xs, xi, t0)
+    if code == Q8_0X8:
+        return pair_tokens_q8_0x8(m, g, xq, xd, xs, xi, t0)
+    return pair_tokens_q4_0x8(m, g, xq, xd, xs, xi, t0)
 
 
 @njit(inline="always", cache=True)
@@ -142,6 +160,17 @@ def matmul(w, code, x, out, exact=False):
         if code > PACKED:  # each block unpacked once for TOKENS tokens, all 8 rows of a group at once
             if code == Q6_KX8:
                 kquants.first_sums(xq, xs)  # (Q6_K reads no scaled sums: its per-16 sums instead)
+            if WIDE and rows % 16 == 0 and _pairable(code, T):  # two groups side by side (512-bit vectors)
+                for p in prange(rows // 16):
+                    t = 0
+                    while t < T:
+                        t0 = min(t, T - TOKENS)
+                        a = _pair(w, 2 * p, code, xq, xd, xs, xi, t0)
+                        for k in range(TOKENS):
+                            for i in range(16):
+                                out[t0 + k, 16 * p + i] = a[16 * k + i]
+                        t = t0 + TOKENS
+                return
             for g in prange(rows // 8):
                 t = 0
                 while t < T:

@@ -86,8 +86,8 @@ def _by_rows(fn: Callable, x: np.ndarray, *args: Any) -> Any:
 
 def linear(x: np.ndarray, m: Matrix, step: Step) -> np.ndarray:
     """x (T, cols) @ m.T -> (T, rows)."""
-    if step.seqs is not None and x.shape[0] > cpu.INT_MAX_T:
-        return linears(x, (m,), step)[0] if _integer_path(x, (m,), step) else _by_rows(linear, x, m, step)
+    if step.seqs is not None and x.shape[0] > cpu.INT_MAX_T and not _integer_path(x, (m,), step):
+        return _by_rows(linear, x, m, step)  # (on the integer path each of cpu.matmul's rows is its decode's bits)
     t0 = step.timer.start() if step.timer is not None else 0.0
     y = step.gpu.linear(x, m) if step.gpu is not None else None
     if y is None:
