@@ -18,6 +18,9 @@ Two layouts:
   4-byte vector lane is one row: the 8 rows' sums build up in 8 lanes with no sums across lanes
   (llama.cpp interleaves its repacked rows for the same reason), and the sub-block scales of the
   8 rows are one <8 x i8> load. The same bytes as the stored matrix, so it is repacked in place.
+  Where simd.WIDE, a 512-bit vector holds two neighbouring chunks (LANES 16): one vpdpbusd for 8
+  weights of the 8 rows (Q6_K 8192x4096 decode, 1 thread, Zen 5: 2.2-3.2 ms on 256 bits, 0.8-1.0
+  on 512; Q4_K and Q5_K 1.1-1.5x).
 """
 from __future__ import annotations
 
