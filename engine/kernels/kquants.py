@@ -192,7 +192,7 @@ def _q6k_weights(builder, a, b, hb):
     """Q6_K's four weight vectors (s = 0..3, unsigned 0..63) of ql bytes a (s 0, 2), b (s 1, 3)
     and their qh bytes hb (bits 2s, 2s+1): the high bits are moved to bits 4-5 and masked
     (x86 shifts bytes as 16-bit words: one shift and one mask each)."""
-    n = a.type.count  # 32 bytes, or 64 (two chunks: _q6k_decode on 512 bits)
+    n = a.type.count  # 32 bytes, or 64 (two chunks: _group_k on 512 bits)
     top = _c8(0x30, n)
     hi = (builder.and_(builder.shl(hb, _c8(4, n)), top), builder.and_(builder.shl(hb, _c8(2, n)), top),
           builder.and_(hb, top), builder.and_(builder.lshr(hb, _c8(2, n)), top))
