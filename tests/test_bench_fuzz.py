@@ -14,10 +14,19 @@ from engine.convert.tokenizer_import import from_gguf_fields
 TINY = TESTS / "fixtures" / "llamacpp_presets" / "tiny-q4_0.gguf"
 
 
+def cap_gb(headroom: float = 4.0) -> float:
+    """The cases' address-space cap: `headroom` GB above what this process maps already. A forked
+    case inherits the test process's mappings, and a pytest-xdist worker that ran the kernel tests
+    first maps over 4 GB (numba, OpenMP stacks, malloc arenas): an absolute 4 GB cap, the command's
+    default for its own small process, failed every mmap of a case there."""
+    import psutil
+    return psutil.Process().memory_info().vms / 2 ** 30 + headroom
+
+
 def test_fuzz_command_reports_no_crash_and_no_hang(tmp_path, capsys):
     out = tmp_path / "fuzz.json"
     code = main(["fuzz", "--files", f"{TINY},{HF_FIXTURES / 'llama'}", "--seconds", "600", "--cases", "60",
-                 "--seed", "3", "--json", str(out)])
+                 "--seed", "3", "--memory_cap_gb", f"{cap_gb():.3f}", "--json", str(out)])
     report = json.loads(out.read_text())
     assert code == 0 and report["cases"] == 60, report
     assert report["crashes"] == [] and report["hangs"] == []
@@ -27,15 +36,16 @@ def test_fuzz_command_reports_no_crash_and_no_hang(tmp_path, capsys):
 
 def test_a_case_is_classified(tmp_path, monkeypatch):
     """The child's outcome: opened, refused (a ColibriError), crash (another exception) or hang."""
-    assert bench_fuzz.run_case(TINY, 60, 4 << 30)[0] == "opened"
+    cap = int(cap_gb() * 2 ** 30)
+    assert bench_fuzz.run_case(TINY, 60, cap)[0] == "opened"
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"GGUF" + bytes(40))
-    assert bench_fuzz.run_case(bad, 60, 4 << 30)[0] == "refused"
+    assert bench_fuzz.run_case(bad, 60, cap)[0] == "refused"
     monkeypatch.setattr(bench_fuzz, "_target", lambda p: [][1])
-    outcome, detail = bench_fuzz.run_case(TINY, 60, 4 << 30)
+    outcome, detail = bench_fuzz.run_case(TINY, 60, cap)
     assert outcome == "crash" and detail.startswith("IndexError")
     monkeypatch.setattr(bench_fuzz, "_target", lambda p: __import__("time").sleep(30))
-    assert bench_fuzz.run_case(TINY, 0.5, 4 << 30)[0] == "hang"
+    assert bench_fuzz.run_case(TINY, 0.5, cap)[0] == "hang"
 
 
 @pytest.mark.parametrize("scaling,match", [
