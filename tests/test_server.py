@@ -50,6 +50,9 @@ def engine(default_converted):
 @pytest.fixture(scope="module")
 def server(engine):
     handle = S.start(engine, "127.0.0.1", 0, limits=LIMITS)
+    # ready once the batched step is compiled, as colibri-serve waits before it says it serves: the
+    # clients' timeouts then time requests, not numba compiling cold beside another test worker
+    assert handle.service.scheduler.warmed.wait(600)
     yield handle
     handle.stop()
     assert not handle.running
@@ -495,7 +498,14 @@ def test_stop_ends_a_running_stream_and_frees_the_port(engine):
 def test_colibri_serve_command_serves_and_stops_on_ctrl_c(default_converted):
     cmd = [sys.executable, "-X", "faulthandler", "-m", "app.cli_serve", "--model", str(default_converted), "--port", "0",
            "--threads", "2", "--context_length", "512", "--kv_cache_quantize", "f32"]
-    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env={**os.environ, "COLIBRI_API_KEY": ""})
+    # the child takes Ctrl-C as from a terminal even when the suite was started in the background:
+    # `cmd &` ignores SIGINT there, an ignored signal stays ignored across exec, and the child would
+    # never stop (a handler set here is reset to the default in the child, where Python installs its own)
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env={**os.environ, "COLIBRI_API_KEY": ""})
+    finally:
+        signal.signal(signal.SIGINT, before)
     try:
         lines: list[str] = []
         reader = threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True)
