@@ -55,9 +55,9 @@ case "$mode" in
   test) export QT_QPA_PLATFORM=offscreen
         .venv/bin/ruff check .          # errors and likely bugs ([tool.ruff.lint] in pyproject.toml)
         .venv/bin/lint-imports          # the layer contracts ([tool.importlinter])
-        # one pytest-xdist worker a core, at most 4 (each compiles what its tests meet: they share
-        # numba's disk cache, but two workers cold at once compile the common kernels twice)
+        # one pytest-xdist worker a core, at most 4, a test file on one worker, the longest files
+        # first (tests/conftest.py LONG_FILES); the workers share numba's disk cache
         workers=$(nproc 2>/dev/null || echo 1); ((workers > 4)) && workers=4; ((workers < 2)) && workers=0
-        exec .venv/bin/python -m pytest -q --durations=15 -n "$workers" --dist loadfile "$@" ;;
+        exec .venv/bin/python -m pytest -q --durations=15 -n "$workers" --dist loadfile --no-loadscope-reorder "$@" ;;
   *)    echo "usage: bash packaging/setup.sh run|test"; exit 2 ;;
 esac

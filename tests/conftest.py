@@ -64,6 +64,24 @@ HF_FIXTURES = TESTS / "fixtures" / "hf"
 HF_ARCHS = ("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe")
 
 
+# The files that take minutes on 2 cores cold (numba compiles, child processes that compile for other
+# instruction paths, the real model's quality runs), longest first. pytest-xdist gives each file to one
+# worker in collection order (setup.sh: --dist loadfile --no-loadscope-reorder): these go first, the
+# rest by test count as xdist would order them, so that no worker is left with a long file at the end.
+LONG_FILES = ("test_kernels.py", "test_server.py", "test_quality.py", "test_batch.py", "test_fused_decode.py",
+              "test_experts.py", "test_cuda_sim.py")
+
+
+def pytest_collection_modifyitems(session, config, items):
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return  # one process: the files in their usual order
+    count: dict[str, int] = {}
+    for it in items:
+        count[it.path.name] = count.get(it.path.name, 0) + 1
+    rank = {name: i for i, name in enumerate(LONG_FILES)}
+    items.sort(key=lambda it: (rank.get(it.path.name, len(LONG_FILES)), -count[it.path.name], str(it.path)))
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _qt_binding_guard():
     """Protect the test process from the Qt binding's None refcount bug where it exists."""
