@@ -23,7 +23,7 @@ def check_fused(name: str, rows: int, n: int, tokens: int, seed: int, packed: bo
         cpu.repack_x8(w, code)
         code += cpu.PACKED
     out = np.empty((tokens, rows), np.float32)
-    cpu.matmul(w, code, x, out)
+    cpu.matmul(w, code, x, out, False)
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
 
 

@@ -38,7 +38,7 @@ def test_matmul_matches_numpy(name, tokens):
     w = stored_matrix(name, rows, n, seed=tokens)
     x = np.random.default_rng(9).standard_normal((tokens, n)).astype(np.float32)
     out = np.empty((tokens, rows), np.float32)
-    cpu.matmul(w, quant.get(name).type_id, x, out)
+    cpu.matmul(w, quant.get(name).type_id, x, out, False)
     want, rtol, atol = twin(name, w, x)
     np.testing.assert_allclose(out, want, rtol=rtol, atol=atol * np.abs(want).max())
     exact = np.empty_like(out)  # int8_activations off: float activations, the float reference
@@ -70,7 +70,7 @@ def test_integer_path_stays_within_the_activation_quantization_budget(name):
     w = stored_matrix(name, rows, n, seed=21)
     x = np.random.default_rng(22).standard_normal((2, n)).astype(np.float32)
     out = np.empty((2, rows), np.float32)
-    cpu.matmul(w, quant.get(name).type_id, x, out)
+    cpu.matmul(w, quant.get(name).type_id, x, out, False)
     want = ref.matmul(w, name, n, x)
     assert np.abs(out - want).max() / np.abs(want).max() < 1e-2
 
@@ -108,7 +108,7 @@ for name in ("q4_0", "q4_1", "q8_0", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k"):
     w = stored_matrix(name, 19, n, seed=2)
     x = np.random.default_rng(4).standard_normal((1, n)).astype(np.float32)
     out = np.empty((1, 19), np.float32)
-    cpu.matmul(w, quant.get(name).type_id, x, out)
+    cpu.matmul(w, quant.get(name).type_id, x, out, False)
     want = ref.matmul_int(w, name, x)
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
     if quant.get(name).type_id in cpu.PACKABLE:
@@ -119,7 +119,7 @@ for name in ("q4_0", "q4_1", "q8_0", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k"):
         cpu.repack_x8(w8, quant.get(name).type_id)
         for xs, want in zip(cases, wants):
             out = np.empty((xs.shape[0], 16), np.float32)
-            cpu.matmul(w8, quant.get(name).type_id + cpu.PACKED, xs, out)
+            cpu.matmul(w8, quant.get(name).type_id + cpu.PACKED, xs, out, False)
             np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
 from test_kernels import check_rows_alone  # rows of a multi-row matmul: each row's own, bit for bit
 for name in ("q4_0", "q4_1", "q8_0", "q5_1", "iq4_xs", "q3_k", "q4_k", "q5_k", "q6_k"):
@@ -340,10 +340,10 @@ def check_rows_alone(name: str) -> None:
             cpu.repack_x8(w, code)
         c = code + cpu.PACKED * packed
         many = np.empty((x.shape[0], rows), np.float32)
-        cpu.matmul(w, c, x, many)
+        cpu.matmul(w, c, x, many, False)
         for t in range(x.shape[0]):
             one = np.empty((1, rows), np.float32)
-            cpu.matmul(w, c, x[t:t + 1], one)
+            cpu.matmul(w, c, x[t:t + 1], one, False)
             np.testing.assert_array_equal(one[0], many[t], err_msg=f"{name} packed={packed} token {t} of {T}")
 
 
@@ -364,7 +364,7 @@ def check_repacked(name: str, rows: int, n: int):
     for T in (1, 3, cpu.TOKENS, cpu.TOKENS + 2):
         x = rng.standard_normal((T, n)).astype(np.float32)
         out = np.empty((T, rows), np.float32)
-        cpu.matmul(packed, code + cpu.PACKED, x, out)
+        cpu.matmul(packed, code + cpu.PACKED, x, out, False)
         want, rtol, atol = twin(name, w, x)
         np.testing.assert_allclose(out, want, rtol=rtol, atol=atol * np.abs(want).max())
         cpu.matmul(packed, code + cpu.PACKED, x, out, True)

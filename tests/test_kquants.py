@@ -36,7 +36,7 @@ def test_stored_rows_match_the_twin(name):
     x = np.random.default_rng(2).standard_normal((cpu.TOKENS + 1, n)).astype(np.float32)
     for T in (1, cpu.TOKENS + 1):
         out = np.empty((T, rows), np.float32)
-        cpu.matmul(w, quant.get(name).type_id, x[:T], out)
+        cpu.matmul(w, quant.get(name).type_id, x[:T], out, False)
         close(out, ref.matmul_int_k(w, name, x[:T]))
 
 
@@ -55,7 +55,7 @@ def test_integer_path_stays_within_the_activation_quantization_budget(name):
     w = stored_matrix(name, rows, n, seed=21)
     x = np.random.default_rng(22).standard_normal((2, n)).astype(np.float32)
     out = np.empty((2, rows), np.float32)
-    cpu.matmul(w, quant.get(name).type_id, x, out)
+    cpu.matmul(w, quant.get(name).type_id, x, out, False)
     want = ref.matmul(w, name, n, x)
     assert np.abs(out - want).max() / np.abs(want).max() < 1e-2
 

@@ -34,7 +34,7 @@ class FakeBackend:
 
     def matmul(self, dw, code, x):
         out = np.empty((x.shape[0], dw.shape[0]), np.float32)
-        cpu.matmul(dw, code, np.ascontiguousarray(x, np.float32), out)
+        cpu.matmul(dw, code, np.ascontiguousarray(x, np.float32), out, False)
         return out
 
 

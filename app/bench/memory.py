@@ -710,10 +710,10 @@ def measure_repack(model: Path, repeats: int = 15) -> dict:
 
     def token(ew):
         g = np.empty((1, ew.gate.rows), np.float32)
-        cpu.matmul(ew.gate.data, ew.gate.code, x, g)
-        cpu.matmul(ew.up.data, ew.up.code, x, g)
+        cpu.matmul(ew.gate.data, ew.gate.code, x, g, False)
+        cpu.matmul(ew.up.data, ew.up.code, x, g, False)
         d = np.empty((1, ew.down.rows), np.float32)
-        cpu.matmul(ew.down.data, ew.down.code, np.zeros((1, ew.down.cols), np.float32), d)
+        cpu.matmul(ew.down.data, ew.down.code, np.zeros((1, ew.down.cols), np.float32), d, False)
 
     def unpacked(ew):  # the same expert in the stored layout (a copy)
         return ExpertWeights(*(Matrix(m.name, quant.unpack_x8(m.data, quant.get(m.code).base.name), m.code - cpu.PACKED,

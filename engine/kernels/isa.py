@@ -249,7 +249,7 @@ def _child(path: str) -> dict[str, float | None]:
         x = rng.standard_normal((1, 2048)).astype(np.float32)
         y = np.empty((1, 128), np.float32)
         k = table.lookup("matmul", name)
-        cpu.matmul(w, quant.get(name).type_id, x, y)
+        cpu.matmul(w, quant.get(name).type_id, x, y, False)
         want = table.resolve(k.twin)(w, name, x)
         if not np.allclose(y, want, rtol=k.rtol, atol=k.atol * np.abs(want).max()):
             out[name] = None
@@ -257,7 +257,7 @@ def _child(path: str) -> dict[str, float | None]:
         best = float("inf")
         for _ in range(20):
             t0 = time.perf_counter()
-            cpu.matmul(w, quant.get(name).type_id, x, y)
+            cpu.matmul(w, quant.get(name).type_id, x, y, False)
             best = min(best, time.perf_counter() - t0)
         out[name] = best
     return out
