@@ -11,55 +11,10 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 os.environ.setdefault("COLIBRI_SIMD_BENCH", "0")  # no dot-path measurement in tests (engine.kernels.isa)
 TESTS = Path(__file__).parent
 sys.path.insert(0, str(TESTS))  # test helpers (gguf_fixtures, kquant_ref) import as plain modules
+# numba's settings, and its cache shared whole between pytest-xdist's workers (each kernel compiled
+# by one of them, each cache index save whole: engine/kernels/cache_lock.py)
+import engine.kernels  # noqa: E402,F401
 
-
-def _share_numba_compiles_between_workers() -> None:
-    """pytest-xdist's workers share numba's cache folder (engine.kernels names it), and two file
-    locks make that sharing whole:
-    - a compile of a cached kernel holds a lock named after the kernel and its argument types, so a
-      worker that meets a kernel another worker is compiling waits for it and loads its result from
-      the cache instead of compiling it too (the big kernels take a minute each, cold);
-    - numba adds an entry to a function's cache index without a lock (numba 0.68
-      caching.IndexDataCacheFile.save): two processes saving two signatures of one function at once
-      could both take the next data file number, and the index then named one signature's machine
-      code for the other. A lock per index makes each save whole."""
-    import fcntl
-    import hashlib
-
-    import engine.kernels  # noqa: F401  (numba's settings before numba is imported)
-    from numba.core import caching, dispatcher
-    from numba.core.compiler_lock import global_compiler_lock
-    if getattr(dispatcher.Dispatcher.compile, "shared", False):
-        return
-    save, compile_ = caching.IndexDataCacheFile.save, dispatcher.Dispatcher.compile
-    locks = os.path.join(os.environ["NUMBA_CACHE_DIR"], "compile-locks")
-    inside = [0]  # nested compiles (callees typed by the caller's compile) take no lock of their own
-
-    def locked_save(self, key, data):
-        os.makedirs(self._cache_path, exist_ok=True)
-        with open(self._index_path + ".lock", "a") as f:
-            fcntl.flock(f, fcntl.LOCK_EX)
-            save(self, key, data)  # (the lock goes with the file's close)
-
-    def locked_compile(self, sig):
-        if isinstance(self._cache, caching.NullCache) or inside[0]:
-            return compile_(self, sig)
-        with global_compiler_lock:  # this process's other threads wait here, never while holding a file lock
-            os.makedirs(locks, exist_ok=True)
-            name = f"{self.py_func.__module__}.{self.py_func.__qualname__}"
-            digest = hashlib.sha256(str(sig).encode()).hexdigest()[:16]
-            with open(os.path.join(locks, f"{name}-{digest}.lock"), "a") as f:
-                fcntl.flock(f, fcntl.LOCK_EX)
-                inside[0] += 1
-                try:
-                    return compile_(self, sig)  # (loads what another worker saved meanwhile)
-                finally:
-                    inside[0] -= 1
-    locked_compile.shared = True
-    caching.IndexDataCacheFile.save, dispatcher.Dispatcher.compile = locked_save, locked_compile
-
-
-_share_numba_compiles_between_workers()
 HF_FIXTURES = TESTS / "fixtures" / "hf"
 HF_ARCHS = ("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe")
 

@@ -3,7 +3,8 @@
 Numba's settings must be in place before it is first imported: the compiled-kernel cache goes to
 the user's cache folder (so a read-only install still caches), the threading layer must be one
 that is safe when two Python threads run kernels at once (missing → a loud error, never a silent
-fallback that crashes under threads), and the instruction set is chosen here (`simd`).
+fallback that crashes under threads), and the instruction set is chosen here (`simd`). Processes
+that share the cache folder do so under file locks (cache_lock.py).
 
 `simd` (the `--simd` parameter, or the COLIBRI_SIMD environment variable, read at import):
   auto    — avx512 on AMD CPUs (Zen 4 runs it at full clock; measured on an EPYC: prefill +25%,
@@ -103,6 +104,16 @@ def choose_dot(bench: bool = True) -> str:
 
 choose_dot()
 
+
+def _share_cache_between_processes() -> None:
+    """File locks around numba's cache (cache_lock.py): the dot-path measurement's children and
+    this process compile into one folder on a first start. After choose_dot, which may move the
+    folder (a forced dot path), and numba's other settings."""
+    from engine.kernels import cache_lock
+    cache_lock.install()
+
+
+_share_cache_between_processes()
 
 
 class _RandomUids:
