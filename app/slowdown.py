@@ -5,18 +5,14 @@ the CPU busy (defect 9: 36 -> 2.5 tok/s and the app said nothing).
 while the machine was quiet; during a reply, a recent decode rate under `SLOW` of it while other
 programs use more than `BUSY` of the CPUs is a slowdown, said in plain words and answered with a
 thread cap (an OpenMP team larger than the free cores stalls at every barrier). The cap is lifted
-once the other programs calm down. `other_cpus` measures them with psutil (the machine's busy time
+once the other programs calm down. engine.contention.OtherLoad measures them (the machine's busy time
 less this process's own).
 """
 from __future__ import annotations
 
-import os
-import time
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass
 
-import psutil
 
 SLOW = 0.5  # a decode rate below half of the model's own speed is a slowdown...
 BUSY = 0.5  # ...when other programs use more than half of the CPUs
@@ -37,26 +33,6 @@ class Slowdown:
     def explain(self) -> str:
         return (f"decode {self.rate:.1f} tok/s, {self.usual:.1f} usually: other programs use {self.others:.1f} of "
                 f"{self.cpus} CPUs; now {self.threads} thread{'s' if self.threads != 1 else ''}")
-
-
-class OtherLoad:
-    """CPUs other processes kept busy since the previous call (None on the first)."""
-
-    def __init__(self, clock: Callable[[], float] = time.monotonic):
-        self.clock, self.cpus = clock, psutil.cpu_count() or os.cpu_count() or 1
-        self.me = psutil.Process()
-        self._last: tuple[float, float, float] | None = None
-
-    def __call__(self) -> float | None:
-        t = self.clock()
-        times = psutil.cpu_times()
-        busy = times.user + times.system + getattr(times, "nice", 0.0) + getattr(times, "irq", 0.0) + \
-            getattr(times, "softirq", 0.0) + getattr(times, "steal", 0.0)
-        own = sum(self.me.cpu_times()[:2])
-        last, self._last = self._last, (t, busy, own)
-        if last is None or t - last[0] <= 0:
-            return None
-        return max(0.0, ((busy - last[1]) - (own - last[2])) / (t - last[0]))
 
 
 class SlowdownWatch:

@@ -339,7 +339,8 @@ class EngineWorker(QObject):
         self._cancel = threading.Event()
         self.stats_timer: QTimer | None = None  # made on the worker's thread by watch_stats
         self._stats_ms, self._stats_at = 0, 0.0
-        from app.slowdown import OtherLoad, SlowdownWatch
+        from app.slowdown import SlowdownWatch
+        from engine.contention import OtherLoad
         self.others_load = OtherLoad()  # CPUs other programs use, sampled at most once a second while decoding
         self.watch = SlowdownWatch(self.others_load.cpus)
         self._others: float | None = None

@@ -230,6 +230,7 @@ class Engine:
         # sensors and the thermal governor first: bad throttle marks fail before the model loads
         self.hw = HardwareMonitor(self.configured_threads, self.params["throttle_high_c"],
                                   self.params["throttle_low_c"])
+        self.hw.governor.tuning = self.params["thread_tuning"]
         self._energy: EnergyReading | None = None
         self.model = open_model_dir(path)
         self.cfg = self.model.config
@@ -321,6 +322,8 @@ class Engine:
                 self.hw.governor.configure(self.configured_threads)
             if name == "int8_activations":
                 self.net.exact = not v
+            if name == "thread_tuning":
+                self.hw.governor.tuning = v
             if name in ("power_limit", "gpu_power_limit"):
                 self.hw.apply_limits(self.params)
             if name == "affinity" or (name == "threads" and self.params["affinity"]):
@@ -371,7 +374,8 @@ class Engine:
         """Before a pass: the threads, the weight files, the memory budget. Returns the pass's
         chunk: MoE None (the whole prompt goes through each layer at once, so every expert is
         loaded at most once per layer per prompt), else batch_size tokens."""
-        numba.set_num_threads(self.hw.governor.update())  # per calling thread; fewer while too hot
+        self._step_threads = self.hw.governor.update()  # fewer while too hot, or while others share the cores
+        numba.set_num_threads(self._step_threads)  # (per calling thread)
         self.weights.check_files()  # a weight file cut short since loading: an error here, not SIGBUS below
         self._check_budget()
         return None if self.cfg.is_moe else self.params["batch_size"]
@@ -379,8 +383,12 @@ class Engine:
     def _prefill(self, ids: Sequence[int], cache: KVCache, pos0: int, all_logits: bool,
                  before_layer: Callable[[int], None] | None = None) -> np.ndarray:
         chunk = self._ready()
-        return self.net.forward(np.asarray(ids, np.int64), cache, pos0, all_logits, before_layer=before_layer,
-                                chunk=chunk)
+        t0 = time.perf_counter()
+        out = self.net.forward(np.asarray(ids, np.int64), cache, pos0, all_logits, before_layer=before_layer,
+                               chunk=chunk)
+        if len(ids) == 1:  # a decode step: the thread tuner's evidence (prompts are not)
+            self.hw.governor.observe(self._step_threads, time.perf_counter() - t0)
+        return out
 
     def _check_ids(self, ids: Sequence[int]) -> None:
         bad = [i for i in ids if not 0 <= int(i) < self.cfg.vocab_size]
@@ -411,7 +419,10 @@ class Engine:
                                            f"{self.context_limit}")
             self._turn = None  # the conversation moves on without any suspended generate()
             chunk = self._ready()
+            t0 = time.perf_counter()
             last = self.net.forward(np.asarray(ids, np.int64), self.cache, self.cache.length, chunk=chunk)
+            if len(ids) == 1:
+                self.hw.governor.observe(self._step_threads, time.perf_counter() - t0)
             self.tokens += ids
         return int(np.argmax(last[-1]))
 

@@ -443,10 +443,13 @@ class Batcher:
         e = self.e
         routes: list | None = [] if self.count_experts and e.cfg.is_moe else None
         with e._lock:
-            numba.set_num_threads(e.hw.governor.update())
+            threads = e.hw.governor.update()
+            numba.set_num_threads(threads)
             e.weights.check_files()
             e._check_budget()
+            t0 = time.perf_counter()
             logits = decode_batch(e.net, [s.token for s in seqs], [s.cache for s in seqs], routes)
+            e.hw.governor.observe(threads, time.perf_counter() - t0, len(seqs))
         if routes:
             self.expert_bytes.append(expert_bytes(e.net, routes))
         return logits

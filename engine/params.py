@@ -99,6 +99,9 @@ PARAMS: dict[str, Param] = {p.name: p for p in [
           "per step", min=40.0, max=150.0),
     Param("throttle_low_c", float, 75.0, "CPU temperature (°C) below which dropped threads come back one "
           "per step; must be below throttle_high_c", min=20.0, max=145.0),
+    Param("thread_tuning", bool, True, "use fewer threads while other programs share the cores: decode steps "
+          "are timed, and a smaller count is kept while it decodes faster (an OpenMP team stalls whenever one of "
+          "its threads is preempted); off = always the thread count above"),
     Param("affinity", bool, False, "pin the engine to one logical CPU per physical core (sched_setaffinity)"),
     # sampling
     Param("max_tokens", int, 512, "most tokens to generate for one reply", scope="sampling", min=1, max=1 << 20),

@@ -8,7 +8,9 @@ hysteresis that keeps the count from flapping around one threshold. Every change
 
 Other programs taking the CPU are the other reason for fewer threads: an OpenMP team with more
 threads than free cores waits at every barrier for the one the OS preempted (36 -> 2.5 tok/s).
-The app, which sees decode fall while the machine is busy, caps the count with `set_load_cap`.
+The engine times its decode steps (`observe`) and keeps fewer threads where they decode faster
+(engine.contention.ThreadTuner, the `thread_tuning` parameter); the app, which sees decode fall
+while the machine is busy, can also cap the count with `set_load_cap`.
 
 Pinning (`Affinity`, the `affinity` parameter, off by default) restricts the process to one
 logical CPU per physical core: hyper-threads sharing a core only fight over its caches.
@@ -23,6 +25,8 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+
+from engine.contention import ThreadTuner
 
 log = logging.getLogger("colibri.hardware")
 
@@ -56,11 +60,38 @@ class ThermalGovernor:
         self._said_no_sensor = False
         self.last_temp_c: float | None = None
         self._load_cap: int | None = None  # at most this many threads while other programs take the CPU
+        self.tuner = ThreadTuner(clock)
+        self.tuning = True  # the `thread_tuning` parameter
+
+    @property
+    def limit(self) -> int:
+        """The most threads allowed: the configured count unless throttled (heat) or capped (load)."""
+        return self._threads if self._load_cap is None else min(self._threads, self._load_cap)
 
     @property
     def threads(self) -> int:
-        """The effective thread count: the configured one unless throttled (heat) or capped (load)."""
-        return self._threads if self._load_cap is None else min(self._threads, self._load_cap)
+        """The thread count in use: the limit, or fewer where the tuner measured fewer decode faster."""
+        limit = self.limit
+        return min(limit, self.tuner.count) if self.tuning and self.tuner.limit == limit else limit
+
+    def observe(self, threads: int, seconds: float, rows: int = 1) -> None:
+        """A decode step (one token for each of `rows` sequences) took `seconds` on `threads`
+        threads: the tuner's evidence. A change of the chosen count is logged and kept as an event."""
+        if not self.tuning:
+            return
+        with self._lock:
+            before = self.threads
+            reason = self.tuner.observe(threads, seconds, rows)
+            if reason is None:
+                return
+            after = self.threads
+            temp = self.last_temp_c if self.last_temp_c is not None else float("nan")
+            self._events.append(ThrottleEvent(self._wall(), before, after, temp, reason))
+        log.info("threads %d -> %d (of %d): %s", before, after, self._configured, reason)
+
+    def _next(self) -> int:
+        """The count for the next step (a trial count while the tuner compares two); lock held."""
+        return self.tuner.threads(self.limit) if self.tuning else self.limit
 
     @property
     def load_cap(self) -> int | None:
@@ -111,7 +142,7 @@ class ThermalGovernor:
         now = self._clock()
         with self._lock:
             if self._next_check is not None and now < self._next_check:
-                return self.threads
+                return self._next()
             self._next_check = now + self.interval_s
         temp = self._temperature()  # outside the lock: a sensor read can take milliseconds
         with self._lock:
@@ -119,14 +150,14 @@ class ThermalGovernor:
                 if not self._said_no_sensor:  # HardwareMonitor logs the sensor's reason at INFO
                     log.debug("no CPU temperature reading: thermal throttling is idle")
                     self._said_no_sensor = True
-                return self.threads
+                return self._next()
             self.last_temp_c = temp
             n = self._threads
             if temp > self.high_c and n > 1:
                 self._change(n - 1, temp, f"{temp:.1f} °C is above the high-water mark {self.high_c:g} °C")
             elif temp < self.low_c and n < self._configured:
                 self._change(n + 1, temp, f"{temp:.1f} °C is below the low-water mark {self.low_c:g} °C")
-            return self.threads
+            return self._next()
 
     def _change(self, to: int, temp: float, reason: str) -> None:
         event = ThrottleEvent(self._wall(), self._threads, to, temp, reason)

@@ -4,7 +4,8 @@ import logging
 
 import pytest
 
-from app.slowdown import OtherLoad, SlowdownWatch
+from app.slowdown import SlowdownWatch
+from engine.contention import OtherLoad
 from engine.throttle import ThermalGovernor
 
 MODEL = "/models/qwen"
