@@ -46,3 +46,16 @@ def test_a_readme_without_the_markers_is_refused(tmp_path):
     with pytest.raises(SystemExit, match="no generated serve block"):
         serve_table.write_readme(REPORT, readme, "r.json")
     assert readme.read_text() == "# no block\n"
+
+
+def test_rounds_give_each_level_its_median_round_and_the_round_by_round_ratios():
+    from app.bench.serve import LoadResult, _median_round
+    runs = [LoadResult(8, 32, 1.0, 400, tok, 0.02, 0.09, errors, 0, 0, [f"e{tok:.0f}"] * errors)
+            for tok, errors in ((300.0, 0), (450.0, 1), (400.0, 0))]
+    level8 = _median_round(runs)
+    assert level8["tok_s"] == 400.0 and level8["errors"] == 1 and level8["first_errors"] == ["e450"]
+    assert level8["rounds_tok_s"] == [300.0, 450.0, 400.0]
+    level1 = level(150.0) | {"rounds_tok_s": [100.0, 150.0, 200.0]}
+    text = serve_table.markdown(REPORT | {"rounds": 3, "levels": {"1": {"colibri": level1}, "8": {"colibri": level8}}})
+    assert "each level's median of 3 rounds" in text
+    assert "8 clients / 1: 2.67× (round by round: 3.00, 3.00, 2.00)" in text

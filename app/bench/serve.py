@@ -297,6 +297,24 @@ def _row(name: str, r: LoadResult) -> str:
             f"{'—' if r.server_cpu_s is None else f'{r.server_cpu_s:.1f}':>8}")
 
 
+def _median_round(rounds: list[LoadResult]) -> dict:
+    """A level's figures over its rounds: the round of median throughput (its TTFTs with it), the
+    errors, lost and garbled streams of every round, and each round's tok/s."""
+    mid = sorted(rounds, key=lambda r: r.tok_s)[(len(rounds) - 1) // 2]
+    out = asdict(mid)
+    out["errors"] = sum(r.errors for r in rounds)
+    out["lost"] = sum(r.lost for r in rounds)
+    out["garbled"] = None if any(r.garbled is None for r in rounds) else sum(r.garbled for r in rounds)
+    out["first_errors"] = [e for r in rounds for e in r.first_errors][:3]
+    out["rounds_tok_s"] = [r.tok_s for r in rounds]
+    return out
+
+
+def _fields(level: dict) -> dict:
+    """A saved level's LoadResult fields (without the per-round list)."""
+    return {k: v for k, v in level.items() if k != "rounds_tok_s"}
+
+
 def main(args: argparse.Namespace) -> int:
     from app.bench import serve_table
     from app.bench.report import describe_machine, machine
@@ -305,16 +323,19 @@ def main(args: argparse.Namespace) -> int:
         serve_table.write_readme(json.loads(Path(args.from_json).read_text()), Path(args.readme or "README.md"),
                                  args.from_json, args.block)
         return 0
+    if args.rounds < 1:
+        raise SystemExit(f"--rounds {args.rounds}: at least 1")
     gguf = args.gguf or str(default_gguf_path())
     counts = [int(c) for c in args.clients.split(",")]
     work = Path(args.workdir or tempfile.mkdtemp(prefix="colibri-bench-serve-"))
     work.mkdir(parents=True, exist_ok=True)
     print(f"machine: {describe_machine(machine())}")
     print(f"model: {gguf}; {args.max_tokens} tokens per reply, temperature {args.temperature}, seeded; "
-          f"{'%g s per level' % args.duration if args.duration else '%d requests per client' % args.requests}")
+          f"{'%g s per level' % args.duration if args.duration else '%d requests per client' % args.requests}"
+          f"{'; median of %d rounds' % args.rounds if args.rounds > 1 else ''}")
     report: dict = {"gguf": gguf, "max_tokens": args.max_tokens, "temperature": args.temperature,
                     "threads": args.threads, "requests": None if args.duration else args.requests,
-                    "duration_s": args.duration, "machine": machine(), "load_before": os.getloadavg()[0],
+                    "duration_s": args.duration, "rounds": args.rounds, "machine": machine(), "load_before": os.getloadavg()[0],
                     "levels": {}}
     head = (f"{'server':<22} {'clients':>7} {'requests':>8} {'tok/s':>8} {'TTFT p50':>9} {'TTFT p99':>9} "
             f"{'errors':>6} {'lost':>5} {'garbled':>7} {'cpu cli':>8} {'cpu srv':>8}")
@@ -322,14 +343,18 @@ def main(args: argparse.Namespace) -> int:
     srv = colibri_server(args.gguf, args.threads, work, slots=max(counts))
     try:
         ref = references(srv.url, srv.model, DISTINCT, args.max_tokens, args.temperature)
+        runs: dict[int, list[LoadResult]] = {n: [] for n in counts}
+        for _ in range(args.rounds):  # the levels in turn, round after round: a noisy minute hits every level
+            for n in counts:
+                cpu0 = srv.cpu_s()
+                r, _ = run_load(srv.url, srv.model, n, None if args.duration else args.requests, args.duration,
+                                args.max_tokens, args.temperature, ref)
+                r.server_cpu_s = srv.cpu_s() - cpu0
+                runs[n].append(r)
+                print(_row("colibri-serve", r), flush=True)
         for n in counts:
-            cpu0 = srv.cpu_s()
-            r, _ = run_load(srv.url, srv.model, n, None if args.duration else args.requests, args.duration,
-                            args.max_tokens, args.temperature, ref)
-            r.server_cpu_s = srv.cpu_s() - cpu0
-            rows.append(_row("colibri-serve", r))
-            print(rows[-1], flush=True)
-            report["levels"].setdefault(str(n), {})["colibri"] = asdict(r)
+            report["levels"].setdefault(str(n), {})["colibri"] = _median_round(runs[n])
+            rows.append(_row("colibri-serve", LoadResult(**_fields(report["levels"][str(n)]["colibri"]))))
         if args.soak:
             report["soak_colibri"] = soak(srv, args.soak)
             print(f"soak colibri-serve: {report['soak_colibri']}", flush=True)
@@ -344,13 +369,16 @@ def main(args: argparse.Namespace) -> int:
                 try:
                     lref = references(ls.url, ls.model, DISTINCT, args.max_tokens, args.temperature) \
                         if args.llama_references else None
-                    cpu0 = ls.cpu_s()
-                    r, _ = run_load(ls.url, ls.model, n, None if args.duration else args.requests, args.duration,
-                                    args.max_tokens, args.temperature, lref)
-                    r.server_cpu_s = ls.cpu_s() - cpu0
-                    rows.append(_row(f"llama-server -np {n}", r))
-                    print(rows[-1], flush=True)
-                    report["levels"].setdefault(str(n), {})["llama"] = asdict(r)
+                    lruns = []
+                    for _ in range(args.rounds):
+                        cpu0 = ls.cpu_s()
+                        r, _ = run_load(ls.url, ls.model, n, None if args.duration else args.requests,
+                                        args.duration, args.max_tokens, args.temperature, lref)
+                        r.server_cpu_s = ls.cpu_s() - cpu0
+                        lruns.append(r)
+                        print(_row(f"llama-server -np {n}", r), flush=True)
+                    report["levels"].setdefault(str(n), {})["llama"] = _median_round(lruns)
+                    rows.append(_row(f"llama-server -np {n}", LoadResult(**_fields(report["levels"][str(n)]["llama"]))))
                     if args.soak and n == max(counts):
                         report["soak_llama"] = soak(ls, args.soak)
                         print(f"soak llama-server: {report['soak_llama']}", flush=True)
@@ -361,11 +389,13 @@ def main(args: argparse.Namespace) -> int:
         if "colibri" in level and "llama" in level and level["llama"]["tok_s"]:
             print(f"{n:>3} clients: colibri-serve / llama-server throughput "
                   f"{level['colibri']['tok_s'] / level['llama']['tok_s']:.2f}x")
+    at = 8 if 8 in counts else counts[-1]  # the target names 8 clients
     one = report["levels"].get(str(counts[0]), {}).get("colibri")
-    top = report["levels"].get(str(counts[-1]), {}).get("colibri")
+    top = report["levels"].get(str(at), {}).get("colibri")
     if one and top and one["tok_s"] and len(counts) > 1:
-        print(f"colibri-serve throughput at {counts[-1]} clients / at {counts[0]}: {top['tok_s'] / one['tok_s']:.2f}x "
-              f"(target >= 2.5x)")
+        print(f"colibri-serve throughput at {at} clients / at {counts[0]}: {top['tok_s'] / one['tok_s']:.2f}x "
+              f"(target >= 2.5x; round by round: "
+              f"{', '.join(f'{a / b:.2f}' for a, b in zip(top['rounds_tok_s'], one['rounds_tok_s']))})")
     if args.experts:
         g = report["expert_grouping"] = expert_grouping(args.experts, args.expert_clients, threads=args.threads)
         print(f"expert bytes per decode step at {g['clients']} sequences on {g['model']}: "
@@ -385,6 +415,8 @@ def add_parser(sub) -> None:
     p.add_argument("--clients", default="1,2,4,8,16", help="numbers of concurrent streaming clients")
     p.add_argument("--requests", type=int, default=2, help="requests per client at each level")
     p.add_argument("--duration", type=float, help="seconds per level instead of --requests (e.g. 120)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="run every level this many times, the levels in turn; each level's figures are its median round")
     p.add_argument("--max_tokens", type=int, default=48)
     p.add_argument("--temperature", type=float, default=0.7, help="sampling with a seed per request")
     p.add_argument("--threads", type=int, default=2)

@@ -22,6 +22,8 @@ def markdown(report: dict) -> str:
     m = report.get("machine")
     per = (f"{report['requests']} requests per client" if report.get("requests")
            else f"{report.get('duration_s') or '?'} s per level")
+    if (report.get("rounds") or 1) > 1:
+        per += f"; each level's median of {report['rounds']} rounds (the levels in turn; errors summed over all)"
     load = "".join(f"; load average {report[k]:.1f} {w}" for k, w in (("load_before", "before"), ("load_after", "after"))
                    if report.get(k) is not None)
     out = [f"Model: `{Path(report['gguf']).name}`, {report['max_tokens']} tokens per reply, temperature "
@@ -43,7 +45,10 @@ def markdown(report: dict) -> str:
     if len(ns) > 1 and levels[ns[0]]["colibri"]["tok_s"]:
         for n in ns[1:]:
             if n == 8 or n == ns[-1]:
-                notes.append(f"{n} clients / {ns[0]}: {levels[n]['colibri']['tok_s'] / levels[ns[0]]['colibri']['tok_s']:.2f}×")
+                a, b = levels[n]["colibri"], levels[ns[0]]["colibri"]
+                each = [f"{x / y:.2f}" for x, y in zip(a.get("rounds_tok_s", []), b.get("rounds_tok_s", []))]
+                notes.append(f"{n} clients / {ns[0]}: {a['tok_s'] / b['tok_s']:.2f}×"
+                             + (f" (round by round: {', '.join(each)})" if len(each) > 1 else ""))
     g = report.get("expert_grouping")
     if g:
         notes.append(f"expert bytes per decode step at {g['clients']} sequences on `{Path(g['model']).name}`: "
