@@ -32,8 +32,7 @@ import engine.kernels  # noqa: F401  (numba settings first)
 from engine.kernels.formats import PACKED, Q4_0, Q4_1, Q8_0, dequantize_row, quantize_activations, quantize_block, quantized
 from engine.kernels.matmul import _f32_dot4, _group_dot, _int_dot
 from engine.kernels.smallops import softmax_top_k
-from engine.kernels.rows import attend, rmsnorm_row, rope_head, silu
-from engine.kernels.simd import _ieee_divide
+from engine.kernels.rows import attend, divide, rmsnorm_row, rope_head, silu
 
 ADDRESS, ROWS, ROW_BYTES, CODE = range(4)  # columns of a matrix table row
 SPAN = 8  # rows per parallel task: one 8-row group of a repacked matrix
@@ -61,15 +60,6 @@ def _narrow(typingctx, v, like):
     if like == types.int8:
         return types.int8(v, like), lambda context, builder, sig, args: builder.fptosi(args[0], ir.IntType(8))
     return None
-
-
-@intrinsic
-def _divide(typingctx, a, b):
-    """a / b as IEEE division even inside a fastmath kernel (KVCache.write's numpy rounding;
-    simd._ieee_divide says how)."""
-    if a != b or a not in (types.float32, types.float64):
-        return None
-    return a(a, b), lambda context, builder, sig, args: _ieee_divide(builder, *args)
 
 
 @njit(inline="always", cache=True)
@@ -111,7 +101,7 @@ def _swiglu_rows(gate, cg, up, cu, r0, xq, xd, xs, xi, act):
         act[r0 + i] = silu(buf[i]) * buf[32 + i]
 
 
-@njit(cache=True, nogil=True)  # no fastmath (but decode_layers lends it its own: see _divide)
+@njit(cache=True, nogil=True)  # no fastmath (but decode_layers lends it its own: see rows.divide)
 def _store_kv(src, dst, scales, pos, scaled):
     """One token's keys or values src (kv_heads, hd) into dst (kv_heads, hd) as stored; int8
     (`scaled`): q = clip(rint(x / s), ±127) with s = max|x| / 127 per head, into scales[pos].
@@ -123,14 +113,14 @@ def _store_kv(src, dst, scales, pos, scaled):
             top = np.float32(0.0)
             for d in range(hd):
                 top = max(top, abs(src[h, d]))
-            s = _divide(top, np.float32(127.0))
+            s = divide(top, np.float32(127.0))
             scales[pos, h] = s
             if s == 0:
                 s = np.float32(1.0)
         for d in range(hd):
             v = src[h, d]
             if scaled:  # numpy divides in float64 there (np.where made the divisor a double)
-                v = np.float32(min(max(np.rint(_divide(np.float64(v), np.float64(s))), -127.0), 127.0))
+                v = np.float32(min(max(np.rint(divide(np.float64(v), np.float64(s))), -127.0), 127.0))
             dst[h, d] = _narrow(v, dst[h, d])
 
 
