@@ -310,9 +310,20 @@ def _median_round(rounds: list[LoadResult]) -> dict:
     return out
 
 
-def _fields(level: dict) -> dict:
-    """A saved level's LoadResult fields (without the per-round list)."""
-    return {k: v for k, v in level.items() if k != "rounds_tok_s"}
+def _one_run(name: str, server: ServerProcess, clients: int, args: argparse.Namespace,
+             reference: dict | None) -> LoadResult:
+    """One run of one level on one server, with the server's CPU time, printed as it ends."""
+    cpu0 = server.cpu_s()
+    r, _ = run_load(server.url, server.model, clients, None if args.duration else args.requests, args.duration,
+                    args.max_tokens, args.temperature, reference)
+    r.server_cpu_s = server.cpu_s() - cpu0
+    print(_row(name, r), flush=True)
+    return r
+
+
+def _level_row(name: str, level: dict) -> str:
+    """The table row of a level's figures (_median_round's)."""
+    return _row(name, LoadResult(**{k: v for k, v in level.items() if k != "rounds_tok_s"}))
 
 
 def main(args: argparse.Namespace) -> int:
@@ -346,15 +357,10 @@ def main(args: argparse.Namespace) -> int:
         runs: dict[int, list[LoadResult]] = {n: [] for n in counts}
         for _ in range(args.rounds):  # the levels in turn, round after round: a noisy minute hits every level
             for n in counts:
-                cpu0 = srv.cpu_s()
-                r, _ = run_load(srv.url, srv.model, n, None if args.duration else args.requests, args.duration,
-                                args.max_tokens, args.temperature, ref)
-                r.server_cpu_s = srv.cpu_s() - cpu0
-                runs[n].append(r)
-                print(_row("colibri-serve", r), flush=True)
+                runs[n].append(_one_run("colibri-serve", srv, n, args, ref))
         for n in counts:
-            report["levels"].setdefault(str(n), {})["colibri"] = _median_round(runs[n])
-            rows.append(_row("colibri-serve", LoadResult(**_fields(report["levels"][str(n)]["colibri"]))))
+            report["levels"].setdefault(str(n), {})["colibri"] = level = _median_round(runs[n])
+            rows.append(_level_row("colibri-serve", level))
         if args.soak:
             report["soak_colibri"] = soak(srv, args.soak)
             print(f"soak colibri-serve: {report['soak_colibri']}", flush=True)
@@ -369,16 +375,10 @@ def main(args: argparse.Namespace) -> int:
                 try:
                     lref = references(ls.url, ls.model, DISTINCT, args.max_tokens, args.temperature) \
                         if args.llama_references else None
-                    lruns = []
-                    for _ in range(args.rounds):
-                        cpu0 = ls.cpu_s()
-                        r, _ = run_load(ls.url, ls.model, n, None if args.duration else args.requests,
-                                        args.duration, args.max_tokens, args.temperature, lref)
-                        r.server_cpu_s = ls.cpu_s() - cpu0
-                        lruns.append(r)
-                        print(_row(f"llama-server -np {n}", r), flush=True)
-                    report["levels"].setdefault(str(n), {})["llama"] = _median_round(lruns)
-                    rows.append(_row(f"llama-server -np {n}", LoadResult(**_fields(report["levels"][str(n)]["llama"]))))
+                    name = f"llama-server -np {n}"  # (a server per level: its slots are the level's clients)
+                    level = _median_round([_one_run(name, ls, n, args, lref) for _ in range(args.rounds)])
+                    report["levels"].setdefault(str(n), {})["llama"] = level
+                    rows.append(_level_row(name, level))
                     if args.soak and n == max(counts):
                         report["soak_llama"] = soak(ls, args.soak)
                         print(f"soak llama-server: {report['soak_llama']}", flush=True)
