@@ -13,8 +13,10 @@ from engine.convert.convert import convert
 from engine.kernels import cpu
 from engine.kvcache import KVCache
 
-PROMPTS = [[1, 5, 9, 14, 3, 7], [2, 8], [4, 4, 6, 10, 12, 3, 9, 1, 5, 2, 11], [7], [13, 2, 5], [3, 3, 3, 9]]
-FORCED = [[11, 2, 30, 4, 17], [5, 6, 7, 8, 9], [21, 1, 3, 3, 2], [9, 9, 8, 1, 4], [2, 4, 6, 8, 10], [1, 2, 1, 2, 1]]
+PROMPTS = [[1, 5, 9, 14, 3, 7], [2, 8], [4, 4, 6, 10, 12, 3, 9, 1, 5, 2, 11], [7], [13, 2, 5], [3, 3, 3, 9],
+           [6, 1], [12, 11, 10, 9, 8, 7, 6], [5, 5]]
+FORCED = [[11, 2, 30, 4, 17], [5, 6, 7, 8, 9], [21, 1, 3, 3, 2], [9, 9, 8, 1, 4], [2, 4, 6, 8, 10], [1, 2, 1, 2, 1],
+          [3, 14, 15, 9, 2], [6, 5, 3, 5, 8], [9, 7, 9, 3, 2]]
 
 
 @pytest.fixture(scope="module")
@@ -57,12 +59,13 @@ def together(eng: Engine, n: int, routes: list | None = None) -> list[np.ndarray
 
 @pytest.mark.parametrize("name,weights,kv,n", [("llama", "int4", "f16", 3), ("llama", "int4", "int8", 6),
                                                  ("qwen2", "int4", "f16", 6), ("qwen3", "int4", "int8", 4),
-                                                 ("llama", "int8", "f16", 5)])
+                                                 ("llama", "int8", "f16", 5), ("llama", "int4", "f16", 9),
+                                                 ("llama", "int8", "int8", 8)])
 @pytest.mark.parametrize("fused", [True, False])
 def test_a_dense_batch_is_each_sequence_alone_bit_for_bit(models, monkeypatch, name, weights, kv, n, fused):
     """Through the batched one-call kernel (decode_rows; qwen2: q/k/v biases, qwen3: q/k norms;
-    with AVX-512, 4-row blocks over two 8-row groups at once for q4/q8_0 weights) and through the
-    layered path, each row is its sequence decoded alone, bit for bit."""
+    with AVX-512, 4-row blocks over two 8-row groups at once for q4/q8_0 weights, 8-row blocks from 8
+    rows on) and through the layered path, each row is its sequence decoded alone, bit for bit."""
     eng = models(name, weights, kv)
     assert n <= len(PROMPTS) and cpu.INT_MAX_T == 3  # 6 rows: one call of the fused integer kernels
     calls = []

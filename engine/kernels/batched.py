@@ -33,9 +33,9 @@ from numba.extending import intrinsic
 import engine.kernels  # noqa: F401  (numba settings first)
 from engine.kernels.decode import CODE, SPAN, _matrix, _rows, _store_kv, _swiglu_rows
 from engine.kernels.formats import PACKED, quantize_activations, quantize_block, quantized
-from engine.kernels.matmul import _group_dot, _group_tokens, _pair, _pairable
+from engine.kernels.matmul import _group_dot, _group_tokens, _pair, _pair8, _pairable
 from engine.kernels.rows import attend, rmsnorm_row, rope_head, silu
-from engine.kernels.simd import TOKENS, WIDE
+from engine.kernels.simd import PAIR_TOKENS, TOKENS, WIDE
 
 # rows per parallel task of the q/k/v/o and down matrices: two 8-row groups where 512-bit vectors
 # take both at once (simd.WIDE: _pair), else one
@@ -84,6 +84,12 @@ def _rows_n(m, code, r0, r1, xq, xd, xs, xi, out):
             if WIDE:
                 if g + 1 < g_end and _pairable(code, N):
                     t = 0
+                    while t + PAIR_TOKENS <= N:
+                        a8 = _pair8(m, g, code, xq, xd, xs, xi, t)
+                        for j in range(PAIR_TOKENS):
+                            for i in range(16):
+                                out[t + j, 8 * g + i] += a8[16 * j + i]
+                        t += PAIR_TOKENS
                     while t + TOKENS <= N:
                         a = _pair(m, g, code, xq, xd, xs, xi, t)
                         for j in range(TOKENS):
@@ -124,6 +130,13 @@ def _swiglu_n(gate, cg, up, cu, r0, xq, xd, xs, xi, act):
         if cg == cu and _pairable(cg, N):  # both matrices in one q4_0/q4_1/q8_0 kind: 16 rows at once
             for g in range(r0 // 8, r0 // 8 + 4, 2):
                 t = 0
+                while t + PAIR_TOKENS <= N:
+                    ga8 = _pair8(gate, g, cg, xq, xd, xs, xi, t)
+                    ua8 = _pair8(up, g, cu, xq, xd, xs, xi, t)
+                    for j in range(PAIR_TOKENS):
+                        for i in range(16):
+                            act[t + j, 8 * g + i] = silu(ga8[16 * j + i]) * ua8[16 * j + i]
+                    t += PAIR_TOKENS
                 while t + TOKENS <= N:
                     ga = _pair(gate, g, cg, xq, xd, xs, xi, t)
                     ua = _pair(up, g, cu, xq, xd, xs, xi, t)

@@ -16,9 +16,10 @@ from engine.kernels import blocks32, kquants, tiles
 from engine.kernels.formats import (PACKED, Q2_K, Q3_K, Q4_0, Q4_0X8, Q4_1, Q4_1X8, Q6_KX8, Q8_0X8, _is_k, dequantize_row,
                                     dequantize_x8_row, is_int_code, quantize_block, quantized)
 from engine.kernels.rows import silu
-from engine.kernels.simd import (TOKENS, WIDE, group_dot_q4_0x8, group_dot_q4_1x8, group_dot_q8_0x8,
+from engine.kernels.simd import (PAIR_TOKENS, TOKENS, WIDE, group_dot_q4_0x8, group_dot_q4_1x8, group_dot_q8_0x8,
                                  group_tokens_q4_0x8, group_tokens_q4_1x8, group_tokens_q8_0x8,
-                                 pair_tokens_q4_0x8, pair_tokens_q4_1x8, pair_tokens_q8_0x8, row_dot_q4_0, row_dot_q4_1,
+                                 pair8_tokens_q4_0x8, pair8_tokens_q4_1x8, pair8_tokens_q8_0x8, pair_tokens_q4_0x8,
+                                 pair_tokens_q4_1x8, pair_tokens_q8_0x8, row_dot_q4_0, row_dot_q4_1,
                                  row_dot_q8_0, tokens_q4_0, tokens_q4_1, tokens_q8_0)
 
 ROWS_PER_TASK = 16
@@ -73,6 +74,16 @@ def _pair(m, g, code, xq, xd, xs, xi, t0):
     if code == Q8_0X8:
         return pair_tokens_q8_0x8(m, g, xq, xd, xs, xi, t0)
     return pair_tokens_q4_0x8(m, g, xq, xd, xs, xi, t0)
+
+
+@njit(inline="always", cache=True)
+def _pair8(m, g, code, xq, xd, xs, xi, t0):
+    """_pair for PAIR_TOKENS tokens t0.. in one pass over the blocks, 16 values a token."""
+    if code == Q4_1X8:
+        return pair8_tokens_q4_1x8(m, g, xq, xd, xs, xi, t0)
+    if code == Q8_0X8:
+        return pair8_tokens_q8_0x8(m, g, xq, xd, xs, xi, t0)
+    return pair8_tokens_q4_0x8(m, g, xq, xd, xs, xi, t0)
 
 
 @njit(inline="always", cache=True)
@@ -163,6 +174,12 @@ def matmul(w, code, x, out, exact=False):
             if WIDE and rows % 16 == 0 and _pairable(code, T):  # two groups side by side (512-bit vectors)
                 for p in prange(rows // 16):
                     t = 0
+                    while t + PAIR_TOKENS <= T:
+                        a8 = _pair8(w, 2 * p, code, xq, xd, xs, xi, t)
+                        for k in range(PAIR_TOKENS):
+                            for i in range(16):
+                                out[t + k, 16 * p + i] = a8[16 * k + i]
+                        t += PAIR_TOKENS
                     while t < T:
                         t0 = min(t, T - TOKENS)
                         a = _pair(w, 2 * p, code, xq, xd, xs, xi, t0)

@@ -369,13 +369,14 @@ def group_intrinsic(typer, tokens: int):
     return group_dot_tokens
 
 
-def _pair_tokens(fmt: str):
+def _pair_tokens(fmt: str, tokens: int = TOKENS):
     """As _group_dot(fmt, TOKENS), for the two groups g and g+1 side by side (WIDE only): each
     512-bit vector holds a chunk of both groups' blocks (rows 8g..8g+15, one row a 4-byte lane),
     so one vpdpbusd of the broadcast activations serves 16 rows, and each block's scaling is one
     16-lane multiply-add. Every lane takes the 8-row kernel's integer sums and float steps in the
     same order: each row's value is _group_dot's bit for bit. Returns 16 float32 per token
-    (rows 8g..8g+15), token by token."""
+    (rows 8g..8g+15), token by token, for `tokens` tokens from t0 on (TOKENS, or PAIR_TOKENS for
+    the batched decode steps of 8 rows and more)."""
     _, halves, qbytes, nibbles = GROUP_FORMATS[fmt]
     gsize = group_bytes(fmt)
     both = ir.Constant(_vec(I32, 16), list(range(16)))  # shuffle masks: two halves into one vector
@@ -383,14 +384,14 @@ def _pair_tokens(fmt: str):
 
     def typer(w, g, xq, xd, xs, xi, t0):
         def codegen(context, builder, sig, args):
-            nb, per_token = _token_pointers(context, builder, sig, args, TOKENS)
+            nb, per_token = _token_pointers(context, builder, sig, args, tokens)
             g = args[1]
             base = _byte_ptr(context, builder, sig.args[0], args[0], builder.mul(g, ir.Constant(g.type, 8)), _ZERO)
             stride = builder.mul(_widest(builder, nb, ir.IntType(64)), ir.Constant(ir.IntType(64), gsize))
             base2 = builder.gep(base, [stride])  # group g + 1: the next 8 rows
             vf = _vec(F32, 16)
-            accs = [cgutils.alloca_once_value(builder, ir.Constant(vf, None)) for _ in range(TOKENS)]
-            extras = [cgutils.alloca_once_value(builder, ir.Constant(vf, None)) for _ in range(TOKENS)]
+            accs = [cgutils.alloca_once_value(builder, ir.Constant(vf, None)) for _ in range(tokens)]
+            extras = [cgutils.alloca_once_value(builder, ir.Constant(vf, None)) for _ in range(tokens)]
             low, four = ir.Constant(_vec(I8, 64), [15] * 64), ir.Constant(_vec(I8, 64), [4] * 64)
 
             def pair(b, off, ty, mask):
@@ -419,7 +420,7 @@ def _pair_tokens(fmt: str):
                 total = builder.fadd(builder.load(acc), builder.load(extra), flags=_FAST)
                 values += [builder.extract_element(total, ir.Constant(I32, i)) for i in range(16)]
             return context.make_tuple(builder, sig.return_type, values)
-        return types.UniTuple(types.float32, 16 * TOKENS)(w, types.intp, xq, xd, xs, xi, types.intp), codegen
+        return types.UniTuple(types.float32, 16 * tokens)(w, types.intp, xq, xd, xs, xi, types.intp), codegen
 
     @intrinsic
     def pair_tokens(typingctx, w, g, xq, xd, xs, xi, t0):
@@ -431,6 +432,11 @@ group_dot_q4_0x8, group_dot_q4_1x8, group_dot_q8_0x8 = (_group_dot(f, 1) for f i
 group_tokens_q4_0x8, group_tokens_q4_1x8, group_tokens_q8_0x8 = (_group_dot(f, TOKENS) for f in ("q4_0", "q4_1", "q8_0"))
 # (WIDE only) two groups' rows, 16 per token: engine.kernels.batched's steps of TOKENS rows or more
 pair_tokens_q4_0x8, pair_tokens_q4_1x8, pair_tokens_q8_0x8 = (_pair_tokens(f) for f in ("q4_0", "q4_1", "q8_0"))
+# ... and PAIR_TOKENS tokens a pass: a T=8 matmul as two passes of TOKENS over each stripe took longer than
+# two T=4 calls (49152x576 q8_0, 1 thread, Zen 5: 3.3 ms against 2 x 1.2)
+PAIR_TOKENS = 2 * TOKENS
+pair8_tokens_q4_0x8, pair8_tokens_q4_1x8, pair8_tokens_q8_0x8 = (_pair_tokens(f, PAIR_TOKENS) for f in ("q4_0", "q4_1",
+                                                                                                        "q8_0"))
 
 
 
