@@ -129,3 +129,20 @@ def test_installed_once_by_engine_kernels():
     assert all(f.__module__ == "engine.kernels.cache_lock" for f in patched)
     assert cache_lock.install()
     assert (dispatcher.Dispatcher.compile, caching.IndexDataCacheFile.save, caching.IndexDataCacheFile.load) == patched
+
+
+def test_kernels_cache_in_the_digest_folder_when_numba_was_imported_first(tmp_path):
+    """numba reads NUMBA_CACHE_DIR at its own import: a program that imported numba before the
+    engine cached the kernels beside their sources, keyed by each file's timestamp only, so an
+    edited simd.py left cpu.py's kernels stale (seen in benchmark scripts). The engine points
+    numba's settings at the digest folder as well."""
+    env = {k: v for k, v in os.environ.items() if k not in ("COLIBRI_DOT", "NUMBA_CACHE_DIR",
+                                                            "NUMBA_THREADING_LAYER")}
+    env.update(COLIBRI_HOME=str(tmp_path / "home"), COLIBRI_SIMD_BENCH="0")
+    code = ("import numba\nimport engine.kernels\nfrom numba.core import config\nfrom engine.kernels import batched\n"
+            "print(batched._rows_n._cache._cache_path)\nprint(config.THREADING_LAYER)\n")
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    path, layer = out.stdout.split()
+    assert Path(path).is_relative_to(tmp_path / "home" / "cache" / "numba"), path
+    assert layer == "threadsafe"

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import sys
 
 import platformdirs
 
@@ -50,6 +51,11 @@ if "NUMBA_CACHE_DIR" not in os.environ:
 if os.environ.get("COLIBRI_DOT"):  # a forced dot-product path (simd.py) compiles apart from the natural one
     os.environ["NUMBA_CACHE_DIR"] += "-dot-" + os.environ["COLIBRI_DOT"]
 os.environ.setdefault("NUMBA_THREADING_LAYER", "threadsafe")
+if "numba" in sys.modules:  # numba read its settings at its own import: a program that imported it first
+    from numba.core import config as _config  # would cache the kernels beside their sources, by each file's
+    _config.CACHE_DIR = os.environ["NUMBA_CACHE_DIR"]  # timestamp only (simd.py edited: cpu.py's stale code)
+    if _config.THREADING_LAYER == "default":
+        _config.THREADING_LAYER = os.environ["NUMBA_THREADING_LAYER"]
 # OMP_WAIT_POLICY stays libgomp's default (spin briefly, then sleep). Measured on 2 cores: PASSIVE
 # is 2.7x slower decoding the default model on a quiet machine (16 vs 43 tok/s) and 1.4x on an
 # all-resident MoE, while it helps only when other programs compete for the cores (MoE with
