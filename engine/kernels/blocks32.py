@@ -352,8 +352,10 @@ def _group32(fmt: str, tokens: int):
             vf, vi = _vec(F32, 8), _vec(I32, 8)
             accs = [cgutils.alloca_once_value(builder, ir.Constant(vf, None)) for _ in range(tokens)]
             low, four = ir.Constant(_vec(I8, 32), [15] * 32), ir.Constant(_vec(I8, 32), [4] * 32)
+            step = size if fmt == "iq4_xs" else 8 * size  # group bytes a block (IQ4_XS: a super-block per 8)
             with cgutils.for_range(builder, nb) as loop:
                 b = loop.index
+                simd.prefetch(builder, builder.gep(base, [builder.mul(b, ir.Constant(b.type, step))]), step)
                 if fmt == "iq4_xs":  # sub-block j = b % 8 of the 8 rows' super-block b / 8
                     eight = ir.Constant(b.type, 8)
                     sup = builder.gep(base, [builder.mul(builder.sdiv(b, eight), ir.Constant(b.type, 8 * size))])

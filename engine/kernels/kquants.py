@@ -32,7 +32,7 @@ from numba.extending import intrinsic
 
 import engine.kernels  # noqa: F401  (numba settings first)
 from engine.kernels.simd import (_EXACT, _FAST, _ZERO, F32, I8, I32, TOKENS, WIDE, _activations, _byte_ptr, _dot_accumulate, _load,
-                                 _splat, _token_pointers, _vec, copy4, group_intrinsic)
+                                 _splat, _token_pointers, _vec, copy4, group_intrinsic, prefetch)
 
 Q2_K, Q3_K, Q4_K, Q5_K, Q6_K = 10, 11, 12, 13, 14
 # GGML id -> block bytes, and per row of a block the regions (offset, bytes, unit) that
@@ -250,6 +250,7 @@ def _group_k(fmt: str, tokens: int, lanes: int = 8):
             with cgutils.for_range(builder, builder.sdiv(nb, ir.Constant(nb.type, 8))) as loop:
                 sb = loop.index
                 blk = builder.gep(base, [builder.mul(sb, ir.Constant(sb.type, gsize))])
+                prefetch(builder, blk, gsize)  # (simd.PREFETCH_AHEAD)
                 b0 = builder.mul(sb, ir.Constant(sb.type, 8))  # first activation block of the super-block
                 x0 = builder.mul(sb, ir.Constant(sb.type, 256))
                 xps = [(builder.gep(qp, [x0]), builder.gep(dp, [b0]), builder.gep(ip, [b0])) for qp, dp, _, ip in per_token]
