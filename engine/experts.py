@@ -684,9 +684,11 @@ class ExpertCache:
         with self._lock:
             if self._quiet:
                 return
-            for e in np.asarray(experts).ravel():
-                self.activations[layer, int(e)] += 1
-                self._recent[layer].append(int(e))
+            picks = np.asarray(experts).ravel()
+            self.activations[layer] += np.bincount(picks, minlength=self.num_experts)[:self.num_experts].astype(
+                self.activations.dtype)
+            recent = self._recent[layer]
+            recent.extend(picks[-recent.maxlen:].tolist())  # (a prompt's picks: only the window's last stay)
 
     def prefetch(self, layer: int, experts, spare_only: bool = False) -> None:
         """Ask the loader to bring these experts of `layer` in (no-op when prefetch is off, or

@@ -124,6 +124,11 @@ class KVCache:
                 scale[layer, pos0:end] = s
                 safe = np.where(s == 0, 1.0, s)[..., None]
                 dst[layer, pos0:end] = np.clip(np.rint(src / safe), -127, 127)
+        elif self.kind == "f16":
+            from engine.kernels.cpu import store_f16
+            for src, dst in ((k, self.k), (v, self.v)):
+                rows = dst[layer, pos0:end].view(np.uint16).reshape(end - pos0, -1)
+                store_f16(np.ascontiguousarray(src, np.float32).reshape(end - pos0, -1), rows)
         else:
             self.k[layer, pos0:end] = k
             self.v[layer, pos0:end] = v

@@ -401,6 +401,21 @@ def test_softmax_top_k_matches_numpy(renormalise):
     np.testing.assert_allclose(w, want_w, rtol=1e-6)
 
 
+def test_f16_store_is_numpys_rounding_bit_for_bit():
+    """The f16 KV cache's write (cpu.store_f16) rounds as astype(float16): ties to even, subnormals,
+    overflow to infinity, signed zeros, NaN and infinities kept."""
+    rng = np.random.default_rng(8)
+    x = (rng.standard_normal((7, 96)) * np.exp(rng.uniform(-20, 12, (7, 96)))).astype(np.float32)
+    x[0, :8] = [0.0, -0.0, np.inf, -np.inf, 65504.0, 65520.0, 6e-8, -3e-5]
+    x[1, :3] = [1 + 2.0 ** -11, 1 + 3 * 2.0 ** -11, np.nan]  # ties: to even
+    out = np.empty(x.shape, np.uint16)
+    cpu.store_f16(x, out)
+    want = table.resolve(table.lookup("store_f16").twin)(x)
+    nan = np.isnan(x)
+    np.testing.assert_array_equal(out[~nan], want[~nan])
+    assert np.isnan(out.view(np.float16)[nan]).all()
+
+
 @pytest.mark.parametrize("name,repack", [("q4_0", True), ("q4_1", False), ("q8_0", False), ("q8_0", True)])
 def test_moe_experts_in_one_call_match_numpy(name, repack):
     """cpu.moe_int: one token through k experts (SwiGLU each, weighted sum) against the numpy

@@ -8,7 +8,8 @@ tokens generated from an empty context (tg128: decode). Colibri runs twice: `col
 greedy `forward()`, `colibri-chat` through `generate()` with the chat window's default sampling
 (the path users run). llama.cpp runs twice too: `llama-bench` (its C++ tool, the reference:
 ratios are taken against it) and `llama.cpp` (the llama-cpp-python binding). Every engine gets
-one untimed warm-up run per model first. The memory read bandwidth is measured in the same run by
+one untimed warm-up run per model first (a whole process: page cache, compiled kernels), and in
+every timed process the warm-up llama-bench does in its own (the prompt once and one token, untimed). The memory read bandwidth is measured in the same run by
 a parallel numba read kernel, before the first model and after each (the best probe is the
 limit: on a shared machine one probe may land in a busy minute), and decode is also given as a
 fraction of that limit: tok/s × (weight bytes + mean KV-cache bytes read per token) ÷ bandwidth.
@@ -150,7 +151,12 @@ def _peak_rss_mb() -> float:
 
 def _pp_then_tg(prefill, reset, step, prompt: list[int], gen: int) -> tuple[float, float]:
     """(seconds for the prompt from an empty context, seconds for `gen` tokens generated from an empty
-    context): llama-bench's pp and tg."""
+    context): llama-bench's pp and tg, after llama-bench's own in-process warm-up (the same prompt
+    once and one token, untimed)."""
+    prefill(prompt)
+    reset()
+    step(prompt[0])
+    reset()
     t0 = time.perf_counter()
     prefill(prompt)
     ttft = time.perf_counter() - t0
@@ -185,6 +191,9 @@ def _colibri_chat(model: str, threads: int, prompt: list[int], gen: int, t_start
     load = time.perf_counter() - t_start
     eng.codec.stop_ids = frozenset()  # benchmark only: EOS must not end tg early (llama-bench ignores it too)
     text = eng.detokenize(prompt)
+    for _step in eng.generate(text, max_tokens=2):  # llama-bench's warm-up: the prompt once, a token
+        pass
+    eng.reset()
     t0 = time.perf_counter()
     first = next(iter(eng.generate(text, max_tokens=1)))
     ttft = time.perf_counter() - t0
@@ -270,6 +279,7 @@ def _transformers(model: str, threads: int, prompt: list[int], gen: int, t_start
     net.eval()
     load = time.perf_counter() - t_start
     with torch.inference_mode():
+        net(torch.tensor([prompt]), use_cache=True)  # llama-bench's warm-up: the prompt once, untimed
         t0 = time.perf_counter()
         net(torch.tensor([prompt]), use_cache=True)
         ttft = time.perf_counter() - t0

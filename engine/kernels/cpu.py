@@ -12,7 +12,7 @@ from engine.kernels.formats import (BF16, F16, F32, INT_CODES, IQ4_NL, IQ4_XS, M
                                     quantize_activations, quantize_block, quantized, repack_x8)
 from engine.kernels.matmul import INT_MAX_T, ROWS_PER_TASK, matmul, matmul_int, moe_int, swiglu_int
 from engine.kernels.simd import TOKENS
-from engine.kernels.smallops import attention, rmsnorm, rope, softmax_top_k, swiglu
+from engine.kernels.smallops import attention, rmsnorm, rope, softmax_top_k, store_f16, swiglu
 from engine.kernels.tiles import TILE_CODES, TILE_MIN_T, swiglu_tiles
 
 __all__ = ["BF16", "F16", "F32", "INT_CODES", "INT_MAX_T", "IQ4_NL", "IQ4_XS", "MXFP4", "PACKABLE", "PACKED", "Q2_K",
@@ -20,4 +20,4 @@ __all__ = ["BF16", "F16", "F32", "INT_CODES", "INT_MAX_T", "IQ4_NL", "IQ4_XS", "
            "Q6_KX8", "Q8_0", "Q8_0X8", "ROWS_PER_TASK", "TILE_CODES", "TILE_MIN_T", "TOKENS", "attention",
            "dequantize_row", "dequantize_x8_row", "gather_rows", "is_int_code", "matmul", "matmul_int", "moe_int",
            "quantize_activations", "quantize_block", "quantized", "repack_x8", "rmsnorm", "rope", "softmax_top_k",
-           "swiglu", "swiglu_int", "swiglu_tiles"]
+           "store_f16", "swiglu", "swiglu_int", "swiglu_tiles"]

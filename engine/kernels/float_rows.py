@@ -293,6 +293,45 @@ def _head_rows(context, builder, sig, args, i: int):
                for h in range(HEADS)]
 
 
+HEAD_ROWS_AT_ONCE = 4 if WIDE else 1  # key rows dot_rows_heads sums side by side (HEADS x 4 accumulators)
+
+
+def _head_blocks(builder, n, pqs, pos, head0, stride, dtype, first, last):
+    """dot_rows_heads' positions first.. in blocks of P = HEAD_ROWS_AT_ONCE: each key row widened once
+    for the HEADS heads, each head's P lane sums reduced together (`_across`), then each position's
+    leftover elements in order: `dot`'s float for every (head, position). Returns the first position
+    left for the one-at-a-time loop."""
+    P, v16, sixteen, one = HEAD_ROWS_AT_ONCE, _vec(F32, 16), ir.Constant(n.type, 16), ir.Constant(n.type, 1)
+    chunks, tail = builder.sdiv(n, sixteen), builder.mul(builder.sdiv(n, sixteen), sixteen)
+    accs = [[cgutils.alloca_once(builder, v16) for _ in range(P)] for _ in range(HEADS)]
+    total = cgutils.alloca_once(builder, F32)
+    blocks = builder.sdiv(builder.sub(builder.add(last, one), first), ir.Constant(n.type, P))
+    with cgutils.for_range(builder, blocks) as outer:
+        s0 = builder.add(first, builder.mul(outer.index, ir.Constant(n.type, P)))
+        rows = [builder.gep(head0, [builder.mul(builder.add(s0, ir.Constant(n.type, j)), stride)]) for j in range(P)]
+        for head in accs:
+            for a in head:
+                builder.store(ir.Constant(v16, [0.0] * 16), a)
+        with cgutils.for_range(builder, chunks) as loop:
+            off = builder.mul(loop.index, sixteen)
+            keys = [_widened(builder, row, off, dtype, 16) for row in rows]
+            for pq, head in zip(pqs, accs):
+                va = _load(builder, builder.gep(pq, [off]), v16)
+                for a, vb in zip(head, keys):
+                    builder.store(builder.fadd(builder.load(a), builder.fmul(va, vb, flags=_CONTRACT),
+                                               flags=_CONTRACT), a)
+        for pq, po, head in zip(pqs, pos, accs):
+            sums = _across(builder, [builder.load(a) for a in head], 16)
+            for j, row in enumerate(rows):  # then the leftover elements, in order, as `dot` adds them
+                builder.store(builder.extract_element(sums, ir.Constant(I32, j)), total)
+                with cgutils.for_range_slice(builder, tail, n, one) as (i, _):
+                    x, y = builder.load(builder.gep(pq, [i])), _lane0(builder, _widened(builder, row, i, dtype, 1))
+                    builder.store(builder.fadd(builder.load(total), builder.fmul(x, y, flags=_CONTRACT),
+                                               flags=_CONTRACT), total)
+                builder.store(builder.load(total), builder.gep(po, [builder.add(s0, ir.Constant(n.type, j))]))
+    return builder.add(first, builder.mul(blocks, ir.Constant(n.type, P)))
+
+
 @intrinsic
 def dot_rows_heads(typingctx, q, k, kh, first, last, out):
     """dot_rows for HEADS query heads q (HEADS, hd) that read the same KV head: out[h, s] =
@@ -312,6 +351,8 @@ def dot_rows_heads(typingctx, q, k, kh, first, last, out):
         totals = [cgutils.alloca_once(builder, F32) for _ in range(HEADS)]
         first, last = (_widest(builder, a, n.type) for a in args[3:5])
         sixteen, one = ir.Constant(n.type, 16), ir.Constant(n.type, 1)
+        if HEAD_ROWS_AT_ONCE > 1:
+            first = _head_blocks(builder, n, pqs, pos, head0, stride, dtype, first, last)
         with cgutils.for_range_slice(builder, first, builder.add(last, one), one) as (s, _):
             row = builder.gep(head0, [builder.mul(s, stride)])
             for acc in accs:
@@ -344,6 +385,32 @@ def dot_rows_heads(typingctx, q, k, kh, first, last, out):
 
 
 @intrinsic
+def sums_in_order_heads(typingctx, rows, first, last, totals):
+    """totals[h] = sum_in_order(rows[h], first, last) for the HEADS rows of rows (HEADS, S): the same
+    left-to-right adds, the heads' chains interleaved (one add's latency covers four positions)."""
+    ok = all(isinstance(a, types.Array) and a.dtype == types.float32 and a.ndim == d for a, d in ((rows, 2), (totals, 1)))
+    if not ok or rows.layout not in "CA" or not all(isinstance(t, types.Integer) for t in (first, last)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        n, prs = _head_rows(context, builder, sig, args, 0)
+        first, last = (_widest(builder, a, n.type) for a in args[1:3])
+        slots = [cgutils.alloca_once_value(builder, ir.Constant(F32, 0.0)) for _ in range(HEADS)]
+        with cgutils.for_range_slice(builder, first, builder.add(last, ir.Constant(n.type, 1)),
+                                     ir.Constant(n.type, 1)) as (i, _):
+            for pr, slot in zip(prs, slots):
+                builder.store(builder.fadd(builder.load(slot), builder.load(builder.gep(pr, [i])), flags=("nsz",)), slot)
+        pt = _data_ptr(context, builder, sig.args[3], args[3], F32)
+        for h, slot in enumerate(slots):
+            builder.store(builder.load(slot), builder.gep(pt, [ir.Constant(I32, h)]))
+        return context.get_dummy_value()
+    return types.none(rows, first, last, totals), codegen
+
+
+WEIGHTED_VECTORS = 4 if WIDE else 1  # 16-lane column blocks add_weighted_rows_heads sums at once per head
+
+
+@intrinsic
 def add_weighted_rows_heads(typingctx, out, p, v, kh, first, last):
     """add_weighted_rows for HEADS heads that read the same KV head: out[h, i] += Σ_s p[h, s] ·
     widen(v[s, kh, i]) for s = first..last in order, out (HEADS, hd), p (HEADS, S): each value
@@ -359,33 +426,42 @@ def add_weighted_rows_heads(typingctx, out, p, v, kh, first, last):
         first, last = (_widest(builder, a, n.type) for a in args[4:6])
         end, one = builder.add(last, ir.Constant(n.type, 1)), ir.Constant(n.type, 1)
 
-        def columns(start, lanes: int):
-            """Elements start..start + lanes of every head's out row, summed over the positions."""
+        def columns(start, lanes: int, vectors: int = 1):
+            """Elements start..start + lanes·vectors of every head's out row, summed over the positions
+            (each position's weight broadcast once for its `vectors` vectors)."""
             ty = _vec(F32, lanes) if lanes > 1 else F32
-            slots = [cgutils.alloca_once(builder, ty) for _ in range(HEADS)]
-            for po, slot in zip(pos, slots):
-                at = builder.gep(po, [start])
-                builder.store(builder.load(builder.bitcast(at, ty.as_pointer()), align=4), slot)
+            slots = [[cgutils.alloca_once(builder, ty) for _ in range(vectors)] for _ in range(HEADS)]
+            starts = [builder.add(start, ir.Constant(n.type, lanes * u)) for u in range(vectors)]
+            for po, head in zip(pos, slots):
+                for at, slot in zip(starts, head):
+                    builder.store(builder.load(builder.bitcast(builder.gep(po, [at]), ty.as_pointer()), align=4), slot)
             with cgutils.for_range_slice(builder, first, end, one) as (s, _):
                 row = builder.gep(head0, [builder.add(builder.mul(s, stride), start)])
-                x = _widened(builder, row, ir.Constant(n.type, 0), dtype, lanes)
+                xs = [_widened(builder, row, ir.Constant(n.type, lanes * u), dtype, lanes) for u in range(vectors)]
                 if lanes == 1:
-                    x = _lane0(builder, x)
-                for pp, slot in zip(pps, slots):
+                    xs = [_lane0(builder, x) for x in xs]
+                for pp, head in zip(pps, slots):
                     weight = builder.load(builder.gep(pp, [s]))
                     if lanes > 1:
                         weight = builder.shuffle_vector(builder.insert_element(ir.Constant(ty, None), weight,
                                                                                ir.Constant(I32, 0)),
                                                         ir.Constant(ty, None), ir.Constant(_vec(I32, lanes), [0] * lanes))
-                    product = builder.fmul(weight, x, flags=_CONTRACT)
-                    builder.store(builder.fadd(builder.load(slot), product, flags=_CONTRACT), slot)
-            for po, slot in zip(pos, slots):
-                at = builder.gep(po, [start])
-                builder.store(builder.load(slot), builder.bitcast(at, ty.as_pointer()), align=4)
+                    for x, slot in zip(xs, head):
+                        product = builder.fmul(weight, x, flags=_CONTRACT)
+                        builder.store(builder.fadd(builder.load(slot), product, flags=_CONTRACT), slot)
+            for po, head in zip(pos, slots):
+                for at, slot in zip(starts, head):
+                    builder.store(builder.load(slot), builder.bitcast(builder.gep(po, [at]), ty.as_pointer()), align=4)
 
-        sixteen = ir.Constant(n.type, 16)
+        sixteen, wide = ir.Constant(n.type, 16), ir.Constant(n.type, 16 * WEIGHTED_VECTORS)
+        broad = builder.mul(builder.sdiv(n, wide), wide)
         narrow = builder.mul(builder.sdiv(n, sixteen), sixteen)
-        with cgutils.for_range_slice(builder, ir.Constant(n.type, 0), narrow, sixteen) as (c, _):
+        if WEIGHTED_VECTORS > 1:
+            with cgutils.for_range_slice(builder, ir.Constant(n.type, 0), broad, wide) as (c, _):
+                columns(c, 16, WEIGHTED_VECTORS)
+        else:
+            broad = ir.Constant(n.type, 0)
+        with cgutils.for_range_slice(builder, broad, narrow, sixteen) as (c, _):
             columns(c, 16)
         with cgutils.for_range_slice(builder, narrow, n, one) as (c, _):
             columns(c, 1)

@@ -20,7 +20,7 @@ from numba.extending import intrinsic
 
 import engine.kernels  # noqa: F401  (numba settings first)
 from engine.kernels.float_rows import (HEADS, add_weighted_rows, add_weighted_rows_heads, dot, dot_rows, dot_rows_heads,
-                                       sum_in_order)
+                                       sum_in_order, sums_in_order_heads)
 from engine.kernels.simd import _ieee_divide
 
 
@@ -90,35 +90,51 @@ def rope_head(x, cos, sin):
 
 
 @njit(inline="always", cache=True)
+def _exp_in_place(row, ks, scaled, kh, first, last, scale):
+    """_softmax_in_place's first half: row[first..last] scaled, then exp(x - max). The loops run over
+    zero-based views: an index numba cannot prove non-negative gets a wraparound select per access,
+    which kept LLVM from vectorising them (prefill attention ran 2x slower with `first` a variable)."""
+    r = row[first:last + 1]
+    n = r.shape[0]
+    if scaled:
+        kc = ks[first:last + 1, kh]
+        for s in range(n):
+            r[s] = r[s] * (scale * kc[s])
+    else:
+        for s in range(n):
+            r[s] = r[s] * scale
+    m0 = m1 = m2 = m3 = np.float32(-np.inf)
+    for b in range(n // 4):
+        m0, m1, m2, m3 = max(m0, r[4 * b]), max(m1, r[4 * b + 1]), max(m2, r[4 * b + 2]), max(m3, r[4 * b + 3])
+    top = max(max(m0, m1), max(m2, m3))
+    for t in range(n - n % 4, n):
+        top = max(top, r[t])
+    for s in range(n):
+        r[s] = exp32(r[s] - top)
+
+
+@njit(inline="always", cache=True)
+def _normalise(row, vs, scaled, kh, first, last, total):
+    """_softmax_in_place's second half: row[first..last] / total (times each value's scale)."""
+    r = row[first:last + 1]
+    if scaled:
+        vc = vs[first:last + 1, kh]
+        for s in range(r.shape[0]):
+            r[s] = divide(r[s], total) * vc[s]
+    else:
+        for s in range(r.shape[0]):
+            r[s] = divide(r[s], total)
+
+
+@njit(inline="always", cache=True)
 def _softmax_in_place(row, ks, vs, scaled, kh, first, last, scale):
     """row[first..last] (scores q·k) -> attention weights: scaled by `scale` (and each key's
     scale), exp(x - max) / Σ, times each value's scale. The max is taken in 4 interleaved
     chains (a max is exact in any order), the exponentials in a loop of their own (exp32
     vectorises) and the sum in position order (float_rows.sum_in_order: the same total in every
     kernel, fastmath or not); one loop per case, no branch inside, so LLVM vectorises all but the sum."""
-    if scaled:
-        for s in range(first, last + 1):
-            row[s] = row[s] * (scale * ks[s, kh])
-    else:
-        for s in range(first, last + 1):
-            row[s] = row[s] * scale
-    m0 = m1 = m2 = m3 = np.float32(-np.inf)
-    s = first
-    while s + 4 <= last + 1:
-        m0, m1, m2, m3 = max(m0, row[s]), max(m1, row[s + 1]), max(m2, row[s + 2]), max(m3, row[s + 3])
-        s += 4
-    top = max(max(m0, m1), max(m2, m3))
-    for t in range(s, last + 1):
-        top = max(top, row[t])
-    for s in range(first, last + 1):
-        row[s] = exp32(row[s] - top)
-    total = sum_in_order(row, first, last)
-    if scaled:
-        for s in range(first, last + 1):
-            row[s] = divide(row[s], total) * vs[s, kh]
-    else:
-        for s in range(first, last + 1):
-            row[s] = divide(row[s], total)
+    _exp_in_place(row, ks, scaled, kh, first, last, scale)
+    _normalise(row, vs, scaled, kh, first, last, sum_in_order(row, first, last))
 
 
 @njit(cache=True, nogil=True)
@@ -138,6 +154,10 @@ def attend_heads(q, k, v, ks, vs, scaled, kh, first, last, scale, scores, out):
     figures are attend's, step for step (its dots, the same softmax, its weighted sums)."""
     dot_rows_heads(q, k, kh, first, last, scores)
     for h in range(HEADS):
-        _softmax_in_place(scores[h], ks, vs, scaled, kh, first, last, scale)
+        _exp_in_place(scores[h], ks, scaled, kh, first, last, scale)
+    totals = np.empty(HEADS, np.float32)
+    sums_in_order_heads(scores, first, last, totals)  # (the heads' sums side by side, each in order)
+    for h in range(HEADS):
+        _normalise(scores[h], vs, scaled, kh, first, last, totals[h])
         out[h, :] = 0.0
     add_weighted_rows_heads(out, scores, v, kh, first, last)

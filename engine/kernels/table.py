@@ -79,6 +79,8 @@ TABLE: tuple[Kernel, ...] = (
            1e-5, 1e-6),
     Kernel("attention", (), "engine.kernels.smallops:attention", "engine.kernels.float_rows",
            "engine.kernels.reference:attention", 1e-5, 1e-5, note="f32, f16 and int8 KV caches"),
+    Kernel("store_f16", (), "engine.kernels.smallops:store_f16", "engine.kernels.simd", "engine.kernels.reference:store_f16",
+           0.0, 0.0, note="the f16 KV cache's write, bit for bit"),
     Kernel("softmax_top_k", (), "engine.kernels.smallops:softmax_top_k", "engine.kernels.smallops",
            "engine.kernels.reference:softmax_top_k", 1e-6, 0.0, note="ids exactly (ties: the lower id)"),
 )
