@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
+
 from conftest import HF_FIXTURES
 
 from app.bench import speed as bench_speed
@@ -125,3 +127,23 @@ def test_preset_specs_name_llama_cpp_quantizations(tmp_path):
     assert bench_speed.split_preset("default") is None and bench_speed.split_preset("/a/b.gguf") is None
     tools, why = bench_speed.find_llama_cpp(str(tmp_path))  # not a llama.cpp tree: the reason says what is needed
     assert tools is None and "llama-quantize" in why
+
+
+def test_fidelity_counts_only_positions_where_llama_cpp_is_confident():
+    """app.bench.fidelity.agreement: argmax agreement over the positions whose reference top-1 leads
+    its top-2 by at least the margin; a near-tie that the engines break differently is not counted."""
+    from app.bench.fidelity import agreement
+    theirs = np.array([[0.0, 2.0, 1.0],      # confident: top 1
+                       [1.0, 1.02, 0.0],     # a near-tie (margin 0.02): not counted
+                       [3.0, 0.0, 0.0],      # confident: top 0
+                       [0.0, 0.0, 5.0]], np.float32)
+    ours = np.array([[0.0, 2.1, 1.0], [1.1, 1.0, 0.0], [0.0, 3.0, 0.0], [0.0, 0.0, 4.0]], np.float32)
+    r = agreement(ours, theirs)
+    assert (r["compared"], r["agreed"], r["positions"]) == (3, 2, 4)
+    assert abs(r["rate"] - 2 / 3) < 1e-9 and r["agreed_all"] == 0.5
+    report = {"machine": {"cpu": "C", "flags": [], "physical_cores": 2, "memory_gb": 1.0}, "prompt_tokens": 8,
+              "decode_tokens": 4, "bandwidth_gb_s": 1.0, "bandwidth_by_threads_gb_s": {"1": 1.0},
+              "bandwidth_probes_gb_s": [1.0], "results": [], "skipped": {},
+              "models": [{"name": "m", "weight_bytes_per_token": 1.0, "decode_scaling_vs_1_thread": {},
+                          "fidelity": r | {"text": "t.txt"}}]}
+    assert "at 2 of the 3 positions" in bench_speed.markdown(report)

@@ -88,6 +88,11 @@ def markdown(report: dict) -> str:
         out += ["", f"**{info['name']}** ({info['weight_bytes_per_token'] / 1e6:.1f} MB of weights and "
                 f"{info.get('kv_bytes_per_token', 0) / 1e6:.1f} MB of KV cache read per token)"
                 + (f" — decode scaling 1 → {top} threads: {scaling}" if scaling else ""), "", table(report, info["name"])]
+        f = info.get("fidelity")
+        if f and f.get("compared"):
+            out += ["", f"Teacher-forced on {f['positions']} tokens of {f['text']}: Colibri's argmax equals llama.cpp's "
+                    f"at {f['agreed']} of the {f['compared']} positions where llama.cpp's top-1 leads by ≥ {f['margin']} "
+                    f"({100 * f['rate']:.1f}%; {100 * f['agreed_all']:.1f}% of all positions)."]
     for what, why in report["skipped"].items():
         out += ["", f"{what}: skipped ({why})"]
     return "\n".join(out)

@@ -457,9 +457,23 @@ def _label(engine: str, simd: str) -> str:
     return engine if engine != "colibri" or simd == "auto" else f"colibri[{simd}]"
 
 
+def _fidelity(name: str, paths: dict, pythons: dict, workdir: Path, threads: int, log) -> dict:
+    """app.bench.fidelity on this model's files: the teacher-forced argmax against llama.cpp's."""
+    from app.bench import fidelity
+    gguf, why = paths["llama.cpp"]
+    py, why_py = find_python("llama.cpp", pythons.get("llama.cpp")) if gguf else (None, why)
+    if py is None:
+        log(f"{name}: no fidelity check: {why_py}")
+        return {"skipped": why_py}
+    res = fidelity.measure(paths["colibri"][0], gguf, sys.executable, py, workdir, threads)
+    log(f"{name}: teacher-forced argmax equals llama.cpp's at {res['agreed']} of {res['compared']} confident "
+        f"positions ({100 * (res['rate'] or 0):.1f}%)")
+    return res
+
+
 def run_speed(models: list[str], engines: list[str], threads: list[int], runs: int, prompt_tokens: int, gen: int,
               simds: list[str], workdir: Path, pythons: dict[str, str | None], moe_dir: Path | None = None,
-              log=print, llama_cpp: str | None = None) -> dict:
+              log=print, llama_cpp: str | None = None, fidelity: bool = False) -> dict:
     """Every model in turn (a NAMED one or a path); per model, the engines alternate run by run."""
     workdir.mkdir(parents=True, exist_ok=True)
     import psutil
@@ -481,6 +495,8 @@ def run_speed(models: list[str], engines: list[str], threads: list[int], runs: i
         name = spec if spec in NAMED or path != spec else Path(spec).name
         entry = _run_model(name, paths, engines, threads, runs, prompt_tokens, gen, simds, workdir, pythons,
                            done, log)
+        if fidelity:
+            entry["model"]["fidelity"] = _fidelity(name, paths, pythons, workdir, max(threads), log)
         report["models"].append(entry["model"])
         report["results"] += entry["results"]
         report["skipped"] |= {f"{name}: {e}": why for e, why in entry["skipped"].items()}
@@ -587,7 +603,8 @@ def cmd_speed(args: argparse.Namespace) -> int:
                            [int(t) for t in args.threads.split(",")], args.runs, args.prompt_tokens,
                            args.gen_tokens, [s.strip() for s in args.simd.split(",")], workdir or Path(tmp),
                            {"llama.cpp": args.llamacpp_python, "transformers": args.transformers_python,
-                            "llama-bench": args.llama_bench}, moe_dir, llama_cpp=args.llama_cpp)
+                            "llama-bench": args.llama_bench}, moe_dir, llama_cpp=args.llama_cpp,
+                           fidelity=args.fidelity)
     report["date"] = time.strftime("%Y-%m-%d")
     print("\n" + markdown(report))
     if args.json:
@@ -625,6 +642,9 @@ def add_parser(sub) -> None:
                                        "models (default: $COLIBRI_LLAMA_CPP or .llama.cpp)")
     s.add_argument("--llama_bench", help="llama.cpp's C++ llama-bench (default: $COLIBRI_LLAMA_BENCH, PATH, "
                                          ".llama.cpp/build/bin)")
+    s.add_argument("--fidelity", action="store_true",
+                   help="also teacher-force 256 tokens of English through Colibri and llama.cpp (its Python binding) "
+                        "on each model and report how often their argmax agree where llama.cpp is confident")
     s.add_argument("--json", help="also write the figures to this file")
     s.add_argument("--readme", help="also regenerate this README's generated Performance block")
     s.set_defaults(func=cmd_speed)

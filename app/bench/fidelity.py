@@ -1,0 +1,112 @@
+"""Teacher-forced agreement with llama.cpp on the files `colibri-bench speed` times (its --fidelity).
+
+Speed is only worth something if the tokens are llama.cpp's: the same GGUF, the same prompt ids
+fed to both engines in one pass (teacher forcing), and at each position where llama.cpp is
+confident (its top-1 logit leads its top-2 by at least MARGIN) Colibri's argmax must be llama.cpp's.
+Positions with a smaller margin are a coin toss between two tokens for any two correct engines
+(int8 activations, another summation order) and are not counted.
+
+Each engine runs in its own process (as the speed workers do): `python -m app.bench.fidelity
+--worker ENGINE --model PATH --tokens FILE --out NPY` writes the logits of every position;
+the parent compares them. llama.cpp is its Python binding (`llama_cpp`, logits_all) over the
+libllama built beside llama-bench; Colibri is Engine.logits with every expert resident.
+This module's top level imports only the standard library and numpy (the binding's interpreter
+need not have Colibri's dependencies).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+TEXT = ROOT / "tests" / "fixtures" / "texts" / "en_python_docs.txt"
+MARGIN = 0.05  # llama.cpp's top-1 minus top-2 logit below this: not counted (a tie for any engine)
+TOKENS = 256
+
+
+def _colibri_logits(model: str, tokens: list[int], threads: int) -> np.ndarray:
+    from engine.api import Engine
+    from engine.model_dir import open_model_dir
+    cfg = open_model_dir(model).config
+    eng = Engine(model, threads=threads, context_length=len(tokens) + 8,
+                 **({"expert_cache_size": cfg.num_experts} if cfg.is_moe else {}))
+    return eng.logits(tokens)
+
+
+def _llamacpp_logits(model: str, tokens: list[int], threads: int) -> np.ndarray:
+    from llama_cpp import Llama
+    n = len(tokens) + 8
+    llm = Llama(model_path=model, n_ctx=n, n_batch=n, n_ubatch=n, n_threads=threads, n_threads_batch=threads,
+                logits_all=True, verbose=False)
+    llm.eval(tokens)
+    return np.asarray(llm.scores[:len(tokens)], np.float32)
+
+
+WORKERS = {"colibri": _colibri_logits, "llama.cpp": _llamacpp_logits}
+
+
+def worker_main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser()
+    for flag in ("--worker", "--model", "--tokens", "--out"):
+        ap.add_argument(flag, required=True)
+    ap.add_argument("--threads", type=int, default=2)
+    a = ap.parse_args(argv)
+    tokens = json.loads(Path(a.tokens).read_text())
+    np.save(a.out, WORKERS[a.worker](a.model, tokens, a.threads))
+    return 0
+
+
+def agreement(ours: np.ndarray, theirs: np.ndarray, margin: float = MARGIN) -> dict:
+    """Argmax agreement at the positions where `theirs` leads by at least `margin`."""
+    top2 = np.sort(theirs, axis=1)[:, -2:]
+    confident = (top2[:, 1] - top2[:, 0]) >= margin
+    same = ours.argmax(axis=1) == theirs.argmax(axis=1)
+    compared, agreed = int(confident.sum()), int((same & confident).sum())
+    return {"positions": int(len(theirs)), "compared": compared, "agreed": agreed, "margin": margin,
+            "rate": agreed / compared if compared else None, "agreed_all": float(same.mean())}
+
+
+def prompt_tokens(model: str, count: int = TOKENS) -> list[int]:
+    """The first `count` tokens of the held-out English text, by the model's own tokenizer (with its BOS
+    where the model adds one, as llama.cpp does)."""
+    from engine.model_dir import open_model_dir
+    from engine.tokenizer import TextCodec
+    ids = TextCodec.from_model(open_model_dir(model)).encode(TEXT.read_text(encoding="utf-8"))[:count]
+    return [int(i) for i in ids]
+
+
+def measure(colibri_path: str, gguf: str, colibri_py: str, llama_py: str, workdir: Path, threads: int = 2,
+            count: int = TOKENS) -> dict:
+    """Teacher-force `count` tokens through both engines (fresh processes) and compare their argmax."""
+    env = dict(os.environ)
+    if "LLAMA_CPP_LIB_PATH" not in env:  # the binding over the libllama built beside llama-bench
+        from app.bench.llamacpp import find_llama_bench
+        exe, _ = find_llama_bench(None)
+        if exe:
+            env["LLAMA_CPP_LIB_PATH"] = str(Path(exe).resolve().parent)
+    tokens = prompt_tokens(colibri_path, count)
+    tfile = workdir / "fidelity-tokens.json"
+    tfile.write_text(json.dumps(tokens))
+    logits = {}
+    for engine, py, model in (("colibri", colibri_py, colibri_path), ("llama.cpp", llama_py, gguf)):
+        out = workdir / f"fidelity-{engine}.npy"
+        cmd = [py, "-m", "app.bench.fidelity", "--worker", engine, "--model", model, "--tokens", str(tfile),
+               "--out", str(out), "--threads", str(threads)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, timeout=1800)
+        if proc.returncode:
+            raise RuntimeError(f"fidelity: the {engine} worker failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+        logits[engine] = np.load(out)
+        out.unlink()
+    return agreement(logits["colibri"], logits["llama.cpp"]) | {"text": TEXT.name}
+
+
+if __name__ == "__main__":
+    if "--worker" in sys.argv:
+        sys.exit(worker_main(sys.argv[1:]))
+    sys.exit("run through colibri-bench speed --fidelity")
