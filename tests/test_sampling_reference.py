@@ -139,3 +139,27 @@ def test_one_call_sampler_draws_as_the_numpy_path(ties):
     bad[7] = np.nan
     assert sample_top_k(bad, 4, 0.9, 0.0, 1.0, 0.5) == -1
     assert sample_top_k(np.full(10, -np.inf, np.float32), 4, 0.9, 0.0, 1.0, 0.5) == -2
+
+
+def test_one_call_sampler_skips_only_blocks_that_cannot_hold_the_top_k():
+    """A real vocabulary size with a ragged last block (SCAN_BLOCK logits a block): only blocks whose
+    maximum reaches the k-th largest block maximum are scanned; with the top-k's ties spread over
+    many blocks, a rising trend (each block beating the last) and -inf logits, the token is still
+    the numpy path's. A NaN of either sign or +inf anywhere, the last block included, is found."""
+    from engine.sampling import SCAN_BLOCK, sample_top_k
+    V = 48 * SCAN_BLOCK + 77
+    s = Sampler(temperature=0.7, top_k=40, top_p=0.95, min_p=0.05)
+    tied = np.round(RNG.standard_normal(V) * 2).astype(np.float32)  # many logits equal the 40th
+    rising = (RNG.standard_normal(V) + np.linspace(-6, 0, V)).astype(np.float32)
+    masked = random_logits(V)
+    masked[::3] = -np.inf
+    for logits in (tied, rising, masked, random_logits(V, ties=True)):
+        idx, p = s.distribution(logits, [])
+        c = np.cumsum(p)
+        for u in RNG.random(8):
+            want = int(idx[min(int(np.searchsorted(c, u * c[-1], side="right")), len(idx) - 1)])
+            assert sample_top_k(logits, 40, 0.95, 0.05, 0.7, u) == want
+    for at, value in ((V - 1, np.inf), (V - 40, -np.float32(np.nan)), (SCAN_BLOCK + 3, np.nan)):
+        bad = random_logits(V)
+        bad[at] = value
+        assert sample_top_k(bad, 40, 0.95, 0.05, 0.7, 0.5) == -1
