@@ -593,6 +593,9 @@ def _weights_per_token(model_dir: Path) -> int:
 
 def cmd_speed(args: argparse.Namespace) -> int:
     models = [m.strip() for m in (args.model or "default").split(",") if m.strip()]
+    bench_exe, _ = find_llama_bench(args.llama_bench)
+    if bench_exe and "LLAMA_CPP_LIB_PATH" not in os.environ:  # the binding over the libllama built beside it
+        os.environ["LLAMA_CPP_LIB_PATH"] = str(Path(bench_exe).resolve().parent)
     for m in models:
         if m not in NAMED and split_preset(m) is None and not Path(m).expanduser().exists():
             raise SystemExit(f"--model {m}: no such file or folder (or one of: {', '.join(NAMED)})")

@@ -281,12 +281,29 @@ def dequantize_x8_row(w, r, code, out):
             out[32 * b + j + 16] = d * np.float32(q >> 4) + m
 
 
+@njit(inline="always", cache=True)
+def _gather_row(w, code, ids, out, t):
+    if code > PACKED:
+        dequantize_x8_row(w, ids[t], code, out[t])
+    else:
+        dequantize_row(w[ids[t]], code, out[t])
+
+
 @njit(parallel=True, cache=True, nogil=True)
+def _gather_parallel(w, code, ids, out):
+    for t in prange(ids.shape[0]):
+        _gather_row(w, code, ids, out, t)
+
+
+GATHER_PARALLEL_T = 16  # fewer rows: one thread (a decode step's one row cost 8 us through a parallel region, 3 alone)
+
+
+@njit(cache=True, nogil=True)
 def gather_rows(w, code, ids, out):
     """out (T, n) = dequantized rows ids of W (the embedding lookup; a tied table is repacked,
     as the output head)."""
-    for t in prange(ids.shape[0]):
-        if code > PACKED:
-            dequantize_x8_row(w, ids[t], code, out[t])
-        else:
-            dequantize_row(w[ids[t]], code, out[t])
+    if ids.shape[0] >= GATHER_PARALLEL_T:
+        _gather_parallel(w, code, ids, out)
+        return
+    for t in range(ids.shape[0]):
+        _gather_row(w, code, ids, out, t)
