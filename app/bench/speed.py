@@ -4,12 +4,13 @@ Each measurement is a fresh process (so load time and peak RSS are honest), and 
 alternate run by run, so machine noise (other jobs on a shared box) spreads over all of them;
 figures are medians of `--runs` runs. Each run follows llama-bench's conventions: load, a
 512-token prompt from an empty context (pp512: prefill and time to first token), then 128
-tokens generated from an empty context (tg128: decode). Colibri runs twice: `colibri` through
-greedy `forward()`, `colibri-chat` through `generate()` with the chat window's default sampling
-(the path users run). llama.cpp runs twice too: `llama-bench` (its C++ tool, the reference:
-ratios are taken against it) and `llama.cpp` (the llama-cpp-python binding). Every engine gets
-one untimed warm-up run per model first (a whole process: page cache, compiled kernels), and in
-every timed process the warm-up llama-bench does in its own (the prompt once and one token, untimed). The memory read bandwidth is measured in the same run by
+tokens generated from an empty context (tg128: decode), each fed a random id as llama-bench
+does. Colibri runs twice: `colibri` through `forward()`, `colibri-chat` through `generate()`
+with the chat window's default sampling (the path users run). llama.cpp runs twice too:
+`llama-bench` (its C++ tool, the reference: ratios are taken against it) and `llama.cpp` (the
+llama-cpp-python binding). Every engine gets one untimed warm-up run per model first (a whole
+process: page cache, compiled kernels), and in every timed process the warm-up llama-bench does
+in its own (the prompt once and one token, untimed). The memory read bandwidth is measured in the same run by
 a parallel numba read kernel, before the first model and after each (the best probe is the
 limit: on a shared machine one probe may land in a busy minute), and decode is also given as a
 fraction of that limit: tok/s × (weight bytes + mean KV-cache bytes read per token) ÷ bandwidth.
@@ -161,10 +162,9 @@ def _pp_then_tg(prefill, reset, step, prompt: list[int], gen: int) -> tuple[floa
     prefill(prompt)
     ttft = time.perf_counter() - t0
     reset()
-    nxt = prompt[0]
     t0 = time.perf_counter()
-    for _ in range(gen):
-        nxt = step(nxt)
+    for i in range(gen):  # the next token is not the model's pick but, as llama-bench feeds it, a random id
+        step(prompt[i % len(prompt)])  # (greedy picks loop on a random-weight MoE: the same experts, cache-hot)
     return ttft, time.perf_counter() - t0
 
 
