@@ -125,7 +125,7 @@ class KVCache:
                 safe = np.where(s == 0, 1.0, s)[..., None]
                 dst[layer, pos0:end] = np.clip(np.rint(src / safe), -127, 127)
         elif self.kind == "f16":
-            from engine.kernels.cpu import store_f16
+            from engine.kernels.cpu import store_f16  # (here: the GUI imports this module for its sizes only)
             for src, dst in ((k, self.k), (v, self.v)):
                 rows = dst[layer, pos0:end].view(np.uint16).reshape(end - pos0, -1)
                 store_f16(np.ascontiguousarray(src, np.float32).reshape(end - pos0, -1), rows)

@@ -103,20 +103,23 @@ def _absent(idx: np.ndarray, seen: np.ndarray) -> np.ndarray:
 SCAN_BLOCK = 256  # logits per block of sample_top_k's scan: one vector pass each, most blocks skipped
 
 
+_MAGNITUDE = np.int32(0x7FFFFFFF)
+
+
 @njit(inline="always", cache=True, nogil=True)
 def _block_max(bits):
-    """(max, whether a NaN or +inf is among them) of a block of float32 logits given as their bits,
-    in two integer max reductions (which vectorise; LLVM leaves a float max scalar): a float's bits
-    as int32 with the magnitude flipped for negatives order as the floats do, and the largest
-    magnitude bits say NaN (above +inf's 0x7F800000) whatever the sign."""
+    """(max, whether a NaN or +inf is among them) of a block of float32 logits given as their int32
+    bits, the max as an order key: two integer max reductions (which vectorise; LLVM leaves a float
+    max scalar). A float's bits with the magnitude flipped for negatives order as the floats do (the
+    flip is its own inverse: sample_top_k turns the keys back into floats), and the largest magnitude
+    bits say NaN (above +inf's 0x7F800000) whatever the sign."""
     key_max = np.int32(-2147483648)
     abs_max = np.int32(0)
     for i in range(bits.shape[0]):
-        s = np.int32(bits[i])
-        key_max = max(key_max, s ^ ((s >> 31) & np.int32(0x7FFFFFFF)))
-        abs_max = max(abs_max, s & np.int32(0x7FFFFFFF))
-    top = np.array([key_max ^ ((key_max >> 31) & np.int32(0x7FFFFFFF))], np.int32).view(np.float32)[0]
-    return top, abs_max > np.int32(0x7F800000) or key_max == np.int32(0x7F800000)
+        s = bits[i]
+        key_max = max(key_max, s ^ ((s >> 31) & _MAGNITUDE))
+        abs_max = max(abs_max, s & _MAGNITUDE)
+    return key_max, abs_max > np.int32(0x7F800000) or key_max == np.int32(0x7F800000)
 
 
 @njit(cache=True, nogil=True)
@@ -139,13 +142,14 @@ def sample_top_k(x, k, top_p, min_p, temperature, u):
     n = 0
     bits = x.view(np.int32)
     blocks, whole = (v + SCAN_BLOCK - 1) // SCAN_BLOCK, v // SCAN_BLOCK
-    maxima = np.empty(blocks, np.float32)
+    keys = np.empty(blocks, np.int32)
     rows = bits[:whole * SCAN_BLOCK].reshape(whole, SCAN_BLOCK)
     for b in range(blocks):
-        top, bad = _block_max(rows[b] if b < whole else bits[whole * SCAN_BLOCK:])
+        key, bad = _block_max(rows[b] if b < whole else bits[whole * SCAN_BLOCK:])
         if bad:  # NaN or +inf
             return -1
-        maxima[b] = top
+        keys[b] = key
+    maxima = (keys ^ ((keys >> 31) & _MAGNITUDE)).astype(np.int32).view(np.float32)  # the keys back to floats
     # the k-th largest block maximum: k logits reach it, so the k best all do and lie in blocks
     # whose maximum does; the others cannot enter (a tie with the k-th is in such a block too)
     bound = np.partition(maxima, blocks - k)[blocks - k] if k <= blocks else np.float32(-np.inf)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -31,12 +30,8 @@ TOKENS = 256
 
 
 def _colibri_logits(model: str, tokens: list[int], threads: int) -> np.ndarray:
-    from engine.api import Engine
-    from engine.model_dir import open_model_dir
-    cfg = open_model_dir(model).config
-    eng = Engine(model, threads=threads, context_length=len(tokens) + 8,
-                 **({"expert_cache_size": cfg.num_experts} if cfg.is_moe else {}))
-    return eng.logits(tokens)
+    from app.bench.speed import _open_colibri  # (the engine as the speed runs open it: every expert resident)
+    return _open_colibri(model, threads, len(tokens) + 8).logits(tokens)
 
 
 def _llamacpp_logits(model: str, tokens: list[int], threads: int) -> np.ndarray:
@@ -84,12 +79,8 @@ def prompt_tokens(model: str, count: int = TOKENS) -> list[int]:
 def measure(colibri_path: str, gguf: str, colibri_py: str, llama_py: str, workdir: Path, threads: int = 2,
             count: int = TOKENS) -> dict:
     """Teacher-force `count` tokens through both engines (fresh processes) and compare their argmax."""
-    env = dict(os.environ)
-    if "LLAMA_CPP_LIB_PATH" not in env:  # the binding over the libllama built beside llama-bench
-        from app.bench.llamacpp import find_llama_bench
-        exe, _ = find_llama_bench(None)
-        if exe:
-            env["LLAMA_CPP_LIB_PATH"] = str(Path(exe).resolve().parent)
+    from app.bench.llamacpp import find_llama_bench, use_binding_beside
+    use_binding_beside(find_llama_bench(None)[0])
     tokens = prompt_tokens(colibri_path, count)
     tfile = workdir / "fidelity-tokens.json"
     tfile.write_text(json.dumps(tokens))
@@ -98,7 +89,7 @@ def measure(colibri_path: str, gguf: str, colibri_py: str, llama_py: str, workdi
         out = workdir / f"fidelity-{engine}.npy"
         cmd = [py, "-m", "app.bench.fidelity", "--worker", engine, "--model", model, "--tokens", str(tfile),
                "--out", str(out), "--threads", str(threads)]
-        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, timeout=1800)
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=1800)
         if proc.returncode:
             raise RuntimeError(f"fidelity: the {engine} worker failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
         logits[engine] = np.load(out)

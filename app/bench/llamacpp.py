@@ -43,6 +43,13 @@ def find_llama_bench(given: str | None) -> tuple[str | None, str]:
     return None, f"no llama-bench found ({LLAMA_BENCH_HELP})"
 
 
+def use_binding_beside(bench_exe: str | Path | None) -> None:
+    """Point the llama-cpp-python binding at the libllama built beside llama-bench (README, Performance:
+    the binding installed without a second build), unless LLAMA_CPP_LIB_PATH already says where."""
+    if bench_exe:
+        os.environ.setdefault("LLAMA_CPP_LIB_PATH", str(Path(bench_exe).resolve().parent))
+
+
 def run_llama_bench(binary: str, model: str, threads: int, prompt_tokens: int, gen: int) -> dict:
     """One llama-bench run (pp`prompt_tokens` and tg`gen`, one repetition, its own warm-up). Its peak
     RSS is the exec'd image's VmHWM, polled until it exits (wait4's ru_maxrss would count the pages

@@ -399,9 +399,9 @@ def run_suite(workdir: Path, caches: list[str], threads: int, ram_caps: list[flo
                                    "colibri_mb": sum(p.stat().st_size for p in ours.rglob("*") if p.is_file()) / 1e6}
     first = models[presets[0]][1]
     info["disk_mb_s"] = disk_bandwidth(sorted((first / "experts").glob("*.bin"))) / 1e6
+    from app.bench.llamacpp import use_binding_beside
     bench_exe = llama_bench()
-    if bench_exe is not None:  # the binding loads the libllama built beside llama-bench
-        os.environ.setdefault("LLAMA_CPP_LIB_PATH", str(bench_exe.parent))
+    use_binding_beside(bench_exe)  # the binding loads the libllama built beside llama-bench
     py_llama = llama_python()
     results = {"model": info, "threads": threads, "engine_root": str(engine_root or ""), "repeats": repeats,
                "trace": str(trace or ""), "runs": []}

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from app.bench.llamacpp import find_llama_bench, find_llama_cpp, llama_cpp_gguf, run_llama_bench
+from app.bench.llamacpp import find_llama_bench, find_llama_cpp, llama_cpp_gguf, run_llama_bench, use_binding_beside
 from app.bench.report import BEGIN, END, cpu_info, figure, machine, markdown, write_readme  # noqa: F401 (BEGIN, END, cpu_info: API)
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -593,9 +593,7 @@ def _weights_per_token(model_dir: Path) -> int:
 
 def cmd_speed(args: argparse.Namespace) -> int:
     models = [m.strip() for m in (args.model or "default").split(",") if m.strip()]
-    bench_exe, _ = find_llama_bench(args.llama_bench)
-    if bench_exe and "LLAMA_CPP_LIB_PATH" not in os.environ:  # the binding over the libllama built beside it
-        os.environ["LLAMA_CPP_LIB_PATH"] = str(Path(bench_exe).resolve().parent)
+    use_binding_beside(find_llama_bench(args.llama_bench)[0])
     for m in models:
         if m not in NAMED and split_preset(m) is None and not Path(m).expanduser().exists():
             raise SystemExit(f"--model {m}: no such file or folder (or one of: {', '.join(NAMED)})")

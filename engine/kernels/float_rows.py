@@ -118,6 +118,7 @@ def dot(typingctx, a, b):
 
 
 ROWS_AT_ONCE = 8 if WIDE else 4  # key rows dot_rows sums side by side (16-lane accumulators each)
+HEAD_ROWS_AT_ONCE = 4 if WIDE else 1  # ... and dot_rows_heads (HEADS x 4 accumulators)
 
 
 def _across(builder, vectors: list, width: int):
@@ -146,6 +147,42 @@ def _across(builder, vectors: list, width: int):
     return vectors[0]
 
 
+def _position_blocks(builder, n, pqs, pos, head0, stride, dtype, first, last, P: int):
+    """Positions first.. in blocks of P for the query heads at pqs (outputs at pos): each key row widened
+    once for all the heads, each head's P lane sums reduced together (`_across`), then each position's
+    leftover elements in order: `dot`'s float for every (head, position). Returns the first position
+    left for a one-at-a-time loop (dot_rows, dot_rows_heads)."""
+    v16, sixteen, one = _vec(F32, 16), ir.Constant(n.type, 16), ir.Constant(n.type, 1)
+    chunks, tail = builder.sdiv(n, sixteen), builder.mul(builder.sdiv(n, sixteen), sixteen)
+    accs = [[cgutils.alloca_once(builder, v16) for _ in range(P)] for _ in pqs]
+    total = cgutils.alloca_once(builder, F32)
+    blocks = builder.sdiv(builder.sub(builder.add(last, one), first), ir.Constant(n.type, P))
+    with cgutils.for_range(builder, blocks) as outer:
+        s0 = builder.add(first, builder.mul(outer.index, ir.Constant(n.type, P)))
+        rows = [builder.gep(head0, [builder.mul(builder.add(s0, ir.Constant(n.type, j)), stride)]) for j in range(P)]
+        for head in accs:
+            for a in head:
+                builder.store(ir.Constant(v16, [0.0] * 16), a)
+        with cgutils.for_range(builder, chunks) as loop:
+            off = builder.mul(loop.index, sixteen)
+            keys = [_widened(builder, row, off, dtype, 16) for row in rows]
+            for pq, head in zip(pqs, accs):
+                va = _load(builder, builder.gep(pq, [off]), v16)
+                for a, vb in zip(head, keys):
+                    builder.store(builder.fadd(builder.load(a), builder.fmul(va, vb, flags=_CONTRACT),
+                                               flags=_CONTRACT), a)
+        for pq, po, head in zip(pqs, pos, accs):
+            sums = _across(builder, [builder.load(a) for a in head], 16)
+            for j, row in enumerate(rows):  # then the leftover elements, in order, as `dot` adds them
+                builder.store(builder.extract_element(sums, ir.Constant(I32, j)), total)
+                with cgutils.for_range_slice(builder, tail, n, one) as (i, _):
+                    x, y = builder.load(builder.gep(pq, [i])), _lane0(builder, _widened(builder, row, i, dtype, 1))
+                    builder.store(builder.fadd(builder.load(total), builder.fmul(x, y, flags=_CONTRACT),
+                                               flags=_CONTRACT), total)
+                builder.store(builder.load(total), builder.gep(po, [builder.add(s0, ir.Constant(n.type, j))]))
+    return builder.add(first, builder.mul(blocks, ir.Constant(n.type, P)))
+
+
 @intrinsic
 def dot_rows(typingctx, q, k, kh, first, last, out):
     """out[s] = dot(q, k[s, kh]) for s in first..last: one query head q (hd,) against a KV cache's
@@ -164,31 +201,7 @@ def dot_rows(typingctx, q, k, kh, first, last, out):
         acc, total = cgutils.alloca_once(builder, _vec(F32, 16)), cgutils.alloca_once(builder, F32)
         first, last = (_widest(builder, a, n.type) for a in args[3:5])
         end = builder.add(last, ir.Constant(n.type, 1))
-        P, v16, sixteen = ROWS_AT_ONCE, _vec(F32, 16), ir.Constant(n.type, 16)
-        chunks, tail = builder.sdiv(n, sixteen), builder.mul(builder.sdiv(n, sixteen), sixteen)
-        accs = [cgutils.alloca_once(builder, v16) for _ in range(P)]
-        blocks = builder.sdiv(builder.sub(end, first), ir.Constant(n.type, P))
-        with cgutils.for_range(builder, blocks) as outer:
-            s0 = builder.add(first, builder.mul(outer.index, ir.Constant(n.type, P)))
-            rows = [builder.gep(head0, [builder.mul(builder.add(s0, ir.Constant(n.type, j)), stride)]) for j in range(P)]
-            for a in accs:
-                builder.store(ir.Constant(v16, [0.0] * 16), a)
-            with cgutils.for_range(builder, chunks) as loop:
-                off = builder.mul(loop.index, sixteen)
-                va = _load(builder, builder.gep(pq, [off]), v16)
-                for a, row in zip(accs, rows):
-                    vb = _widened(builder, row, off, dtype, 16)
-                    builder.store(builder.fadd(builder.load(a), builder.fmul(va, vb, flags=_CONTRACT),
-                                               flags=_CONTRACT), a)
-            sums = _across(builder, [builder.load(a) for a in accs], 16)
-            for j, row in enumerate(rows):  # then each row's leftover elements, in order, as `dot` adds them
-                builder.store(builder.extract_element(sums, ir.Constant(I32, j)), total)
-                with cgutils.for_range_slice(builder, tail, n, ir.Constant(n.type, 1)) as (i, _):
-                    x, y = builder.load(builder.gep(pq, [i])), _lane0(builder, _widened(builder, row, i, dtype, 1))
-                    builder.store(builder.fadd(builder.load(total), builder.fmul(x, y, flags=_CONTRACT),
-                                               flags=_CONTRACT), total)
-                builder.store(builder.load(total), builder.gep(po, [builder.add(s0, ir.Constant(n.type, j))]))
-        rest = builder.add(first, builder.mul(blocks, ir.Constant(n.type, P)))
+        rest = _position_blocks(builder, n, [pq], [po], head0, stride, dtype, first, last, ROWS_AT_ONCE)
         with cgutils.for_range_slice(builder, rest, end, ir.Constant(n.type, 1)) as (s, _):
             row = builder.gep(head0, [builder.mul(s, stride)])
             builder.store(_dot_code(builder, n, pq, row, dtype, acc, total), builder.gep(po, [s]))
@@ -293,45 +306,6 @@ def _head_rows(context, builder, sig, args, i: int):
                for h in range(HEADS)]
 
 
-HEAD_ROWS_AT_ONCE = 4 if WIDE else 1  # key rows dot_rows_heads sums side by side (HEADS x 4 accumulators)
-
-
-def _head_blocks(builder, n, pqs, pos, head0, stride, dtype, first, last):
-    """dot_rows_heads' positions first.. in blocks of P = HEAD_ROWS_AT_ONCE: each key row widened once
-    for the HEADS heads, each head's P lane sums reduced together (`_across`), then each position's
-    leftover elements in order: `dot`'s float for every (head, position). Returns the first position
-    left for the one-at-a-time loop."""
-    P, v16, sixteen, one = HEAD_ROWS_AT_ONCE, _vec(F32, 16), ir.Constant(n.type, 16), ir.Constant(n.type, 1)
-    chunks, tail = builder.sdiv(n, sixteen), builder.mul(builder.sdiv(n, sixteen), sixteen)
-    accs = [[cgutils.alloca_once(builder, v16) for _ in range(P)] for _ in range(HEADS)]
-    total = cgutils.alloca_once(builder, F32)
-    blocks = builder.sdiv(builder.sub(builder.add(last, one), first), ir.Constant(n.type, P))
-    with cgutils.for_range(builder, blocks) as outer:
-        s0 = builder.add(first, builder.mul(outer.index, ir.Constant(n.type, P)))
-        rows = [builder.gep(head0, [builder.mul(builder.add(s0, ir.Constant(n.type, j)), stride)]) for j in range(P)]
-        for head in accs:
-            for a in head:
-                builder.store(ir.Constant(v16, [0.0] * 16), a)
-        with cgutils.for_range(builder, chunks) as loop:
-            off = builder.mul(loop.index, sixteen)
-            keys = [_widened(builder, row, off, dtype, 16) for row in rows]
-            for pq, head in zip(pqs, accs):
-                va = _load(builder, builder.gep(pq, [off]), v16)
-                for a, vb in zip(head, keys):
-                    builder.store(builder.fadd(builder.load(a), builder.fmul(va, vb, flags=_CONTRACT),
-                                               flags=_CONTRACT), a)
-        for pq, po, head in zip(pqs, pos, accs):
-            sums = _across(builder, [builder.load(a) for a in head], 16)
-            for j, row in enumerate(rows):  # then the leftover elements, in order, as `dot` adds them
-                builder.store(builder.extract_element(sums, ir.Constant(I32, j)), total)
-                with cgutils.for_range_slice(builder, tail, n, one) as (i, _):
-                    x, y = builder.load(builder.gep(pq, [i])), _lane0(builder, _widened(builder, row, i, dtype, 1))
-                    builder.store(builder.fadd(builder.load(total), builder.fmul(x, y, flags=_CONTRACT),
-                                               flags=_CONTRACT), total)
-                builder.store(builder.load(total), builder.gep(po, [builder.add(s0, ir.Constant(n.type, j))]))
-    return builder.add(first, builder.mul(blocks, ir.Constant(n.type, P)))
-
-
 @intrinsic
 def dot_rows_heads(typingctx, q, k, kh, first, last, out):
     """dot_rows for HEADS query heads q (HEADS, hd) that read the same KV head: out[h, s] =
@@ -352,7 +326,7 @@ def dot_rows_heads(typingctx, q, k, kh, first, last, out):
         first, last = (_widest(builder, a, n.type) for a in args[3:5])
         sixteen, one = ir.Constant(n.type, 16), ir.Constant(n.type, 1)
         if HEAD_ROWS_AT_ONCE > 1:
-            first = _head_blocks(builder, n, pqs, pos, head0, stride, dtype, first, last)
+            first = _position_blocks(builder, n, pqs, pos, head0, stride, dtype, first, last, HEAD_ROWS_AT_ONCE)
         with cgutils.for_range_slice(builder, first, builder.add(last, one), one) as (s, _):
             row = builder.gep(head0, [builder.mul(s, stride)])
             for acc in accs:
