@@ -127,8 +127,11 @@ class KVCache:
         elif self.kind == "f16":
             from engine.kernels.cpu import store_f16  # (here: the GUI imports this module for its sizes only)
             for src, dst in ((k, self.k), (v, self.v)):
-                rows = dst[layer, pos0:end].view(np.uint16).reshape(end - pos0, -1)
-                store_f16(np.ascontiguousarray(src, np.float32).reshape(end - pos0, -1), rows)
+                rows = dst[layer, pos0:end]
+                if rows.shape != src.shape:  # (past the capacity: the kernel checks no bounds, numpy's copy did)
+                    raise ValueError(f"KV cache write of {src.shape} at position {pos0} into {rows.shape}")
+                store_f16(np.ascontiguousarray(src, np.float32).reshape(len(src), -1),
+                          rows.view(np.uint16).reshape(len(src), -1))
         else:
             self.k[layer, pos0:end] = k
             self.v[layer, pos0:end] = v

@@ -416,6 +416,20 @@ def test_f16_store_is_numpys_rounding_bit_for_bit():
     assert np.isnan(out.view(np.float16)[nan]).all()
 
 
+def test_f16_cache_write_past_its_capacity_is_refused():
+    """KVCache.write through cpu.store_f16 (which checks no bounds): rows past the capacity are a
+    ValueError, as numpy's copy made them, not a write past the buffer; rows inside are kept."""
+    from engine.kvcache import KVCache
+    cache = KVCache(2, 4, 2, 8, "f16")
+    kv = np.random.default_rng(9).standard_normal((3, 2, 8)).astype(np.float32)
+    cache.write(1, 1, kv, kv)
+    before = cache.k.copy()
+    with pytest.raises(ValueError, match="KV cache write"):  # positions 3..4 of 4: one row's room, whose
+        cache.write(1, 3, kv[:2], kv[:2])                    # elements reshape to 2 short rows
+    np.testing.assert_array_equal(cache.k, before)
+    np.testing.assert_array_equal(cache.k[1, 1:4], kv.astype(np.float16))
+
+
 @pytest.mark.parametrize("name,repack", [("q4_0", True), ("q4_1", False), ("q8_0", False), ("q8_0", True)])
 def test_moe_experts_in_one_call_match_numpy(name, repack):
     """cpu.moe_int: one token through k experts (SwiGLU each, weighted sum) against the numpy
