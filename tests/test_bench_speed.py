@@ -147,3 +147,6 @@ def test_fidelity_counts_only_positions_where_llama_cpp_is_confident():
               "models": [{"name": "m", "weight_bytes_per_token": 1.0, "decode_scaling_vs_1_thread": {},
                           "fidelity": r | {"text": "t.txt"}}]}
     assert "at 2 of the 3 positions" in bench_speed.markdown(report)
+    report["models"][0]["fidelity"] |= {"llama_cpp_self": {"compared": 3, "agreed": 3, "rate": 1.0},
+                                        "vs_llama_cpp_one_by_one": 0.5}
+    assert "batched run at 3 of 3 (100.0%), Colibri with that one-token run at 50.0%" in bench_speed.markdown(report)

@@ -92,10 +92,20 @@ def markdown(report: dict) -> str:
         if f and f.get("compared"):
             out += ["", f"Teacher-forced on {f['positions']} tokens of {f['text']}: Colibri's argmax equals llama.cpp's "
                     f"at {f['agreed']} of the {f['compared']} positions where llama.cpp's top-1 leads by ≥ {f['margin']} "
-                    f"({100 * f['rate']:.1f}%; {100 * f['agreed_all']:.1f}% of all positions)."]
+                    f"({100 * f['rate']:.1f}%; {100 * f['agreed_all']:.1f}% of all positions)"
+                    + _floor(f) + "."]
     for what, why in report["skipped"].items():
         out += ["", f"{what}: skipped ({why})"]
     return "\n".join(out)
+
+
+def _floor(f: dict) -> str:
+    """llama.cpp against itself (one token at a time vs batched): how far two correct paths agree."""
+    own = f.get("llama_cpp_self")
+    if not own or not own.get("compared"):
+        return ""
+    return (f"; llama.cpp's own one-token path agrees with its batched run at {own['agreed']} of {own['compared']} "
+            f"({100 * own['rate']:.1f}%), Colibri with that one-token run at {100 * f['vs_llama_cpp_one_by_one']:.1f}%")
 
 
 BEGIN, END = "<!-- colibri-bench speed: begin (generated from {json}; do not edit) -->", "<!-- colibri-bench speed: end -->"

@@ -466,8 +466,10 @@ def _fidelity(name: str, paths: dict, pythons: dict, workdir: Path, threads: int
         log(f"{name}: no fidelity check: {why_py}")
         return {"skipped": why_py}
     res = fidelity.measure(paths["colibri"][0], gguf, sys.executable, py, workdir, threads)
+    own = res["llama_cpp_self"]
     log(f"{name}: teacher-forced argmax equals llama.cpp's at {res['agreed']} of {res['compared']} confident "
-        f"positions ({100 * (res['rate'] or 0):.1f}%)")
+        f"positions ({100 * (res['rate'] or 0):.1f}%; llama.cpp one token at a time vs batched: {own['agreed']} of "
+        f"{own['compared']})")
     return res
 
 
