@@ -122,6 +122,16 @@ def _share_cache_between_processes() -> None:
 _share_cache_between_processes()
 
 
+def _cached_kernels_without_ir() -> None:
+    """Kernels loaded from the cache keep their LLVM IR as bytes, not as live modules (cached_ir.py):
+    37 of the 82 MB that loading the bench MoE's kernels took."""
+    from engine.kernels import cached_ir
+    cached_ir.install()
+
+
+_cached_kernels_without_ir()
+
+
 class _RandomUids:
     """Numba names each compiled function after its qualified name, its argument types and a
     per-process counter (`v<uid>`). A process that loads kernels another process cached then
