@@ -343,9 +343,18 @@ def disk_bandwidth(files: list[Path], nbytes: int = 256 << 20) -> float:
 
 CAPS = (None, 0.9, 0.75, 0.6, 0.5, 0.35)  # fractions of the model's size; None: no cap, files warm
 PRESETS = ("q8_0", "q4_k_m")  # the GGUFs llama.cpp writes; Colibri imports the same files
-FORMATS_PYTHON = os.environ.get("COLIBRI_FORMATS_PYTHON", "/tmp/venv-formats/bin/python")  # torch + gguf
 CONVERT_HF = str(Path(os.environ.get("COLIBRI_LLAMA_CPP") or Path(__file__).resolve().parents[2] / ".llama.cpp")
                  / "convert_hf_to_gguf.py")  # the llama.cpp tree beside the checkout (README, Performance)
+
+
+def converter_python() -> str:
+    """An interpreter with torch for llama.cpp's convert_hf_to_gguf.py: $COLIBRI_CONVERT_PYTHON, this one, or
+    .venv-fixtures (the `fixtures` extra), as `colibri-bench speed` finds it."""
+    from app.bench.speed import find_python
+    py, why = find_python("transformers", os.environ.get("COLIBRI_CONVERT_PYTHON"))
+    if py is None:
+        raise SystemExit(f"convert_hf_to_gguf.py needs torch: {why} (or set COLIBRI_CONVERT_PYTHON)")
+    return py
 
 
 def llamacpp_gguf(workdir: Path, preset: str) -> Path:
@@ -356,14 +365,14 @@ def llamacpp_gguf(workdir: Path, preset: str) -> Path:
         return out
     hf, exe = workdir / "mixtral-hf", llama_bench()
     if preset == "q8_0":
-        subprocess.run([FORMATS_PYTHON, CONVERT_HF, str(hf), "--outtype", "q8_0", "--outfile", str(out)], check=True,
+        subprocess.run([converter_python(), CONVERT_HF, str(hf), "--outtype", "q8_0", "--outfile", str(out)], check=True,
                        capture_output=True)
         return out
     if exe is None:
         raise FileNotFoundError("llama-quantize not found (COLIBRI_LLAMA_BIN)")
     f16 = workdir / "mixtral-f16-llamacpp.gguf"
     if not f16.exists():
-        subprocess.run([FORMATS_PYTHON, CONVERT_HF, str(hf), "--outtype", "f16", "--outfile", str(f16)], check=True,
+        subprocess.run([converter_python(), CONVERT_HF, str(hf), "--outtype", "f16", "--outfile", str(f16)], check=True,
                        capture_output=True)
     subprocess.run([str(exe.parent / "llama-quantize"), str(f16), str(out), preset.upper()], check=True,
                    capture_output=True)
