@@ -25,7 +25,7 @@ from app.reasoning import OPEN, ThinkSplitter, can_switch, is_reasoning_model, s
 from app.server_jobs import EngineThread, Turns
 from engine import params as P
 from engine.errors import ColibriError, ConversionCancelled
-from engine.experts import plan_expert_cache
+from engine.cache_plan import plan_expert_cache
 from engine.model_dir import open_model_dir
 
 log = logging.getLogger("colibri.app")
@@ -81,7 +81,7 @@ def _plan(model_path: str | Path, params: dict[str, Any], available: int | None)
 
 def check_fit(model_path: str | Path, params: dict[str, Any], available: int | None = None) -> FitReport:
     """Weights + KV cache + expert cache against the memory that is free now, as the engine will
-    plan them (engine.experts.plan_expert_cache: the same estimate, auto cache size included)."""
+    plan them (engine.cache_plan.plan_expert_cache: the same estimate, auto cache size included)."""
     model, plan = _plan(model_path, params, available)
     return FitReport(model.path.name, plan.resident_bytes, plan.kv_bytes, plan.cache_bytes, plan.available)
 

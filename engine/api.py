@@ -25,7 +25,9 @@ import psutil
 from engine import params as P
 from engine.errors import ColibriError, ModelFormatError
 from engine.scheduler import ScheduleSnapshot, attach
-from engine.experts import CacheStats, ExpertCache, ExpertStore, plan_expert_cache, replan
+from engine.cache_plan import plan_expert_cache, replan
+from engine.expert_store import ExpertStore
+from engine.experts import CacheStats, ExpertCache
 from engine.hardware import EnergyReading, HardwareMonitor, HardwareSnapshot
 from engine.kernels import isa
 from engine.kernels.matmul import INT_MAX_T

@@ -31,7 +31,7 @@ def load_vector(tf: TensorFile, name: str) -> np.ndarray:
 
 class ModelWeights:
     def __init__(self, model: ModelDir, pool, store, experts, repack: bool = True):
-        """`store` (engine.experts.ExpertStore) reads experts from the model directory; `experts`
+        """`store` (engine.expert_store.ExpertStore) reads experts from the model directory; `experts`
         (engine.experts.ExpertCache over it) is the expert cache, built by the Engine, which
         replaces it when its settings change. `repack`: q4/q8_0 matrices go into the CPU
         kernels' 8-row groups; off when a GPU may take matmuls (its kernels read the stored layout)."""

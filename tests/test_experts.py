@@ -16,7 +16,9 @@ from hf_util import write_safetensors
 
 from engine.api import Engine
 from engine.convert.convert import convert
-from engine.experts import SPARE_SLOTS, ExpertCache, ExpertLoadError, ExpertStore
+from engine import sysmem
+from engine.expert_store import ExpertLoadError, ExpertStore
+from engine.experts import SPARE_SLOTS, ExpertCache
 from engine.mempool import MemoryPool
 from engine.model_dir import open_model_dir
 
@@ -334,8 +336,7 @@ def _fs_type(path) -> str:
 @pytest.mark.parametrize("mode", ["auto", "direct", "dontneed"])
 @pytest.mark.parametrize("warm", [False, True])
 def test_reads_leave_no_second_copy_in_the_page_cache(routed_model, mode, warm, monkeypatch):
-    from engine import experts as X
-    monkeypatch.setattr(X.sysmem, "room", lambda: (64 << 20, "cgroup limit"))  # under pressure: one copy
+    monkeypatch.setattr(sysmem, "room", lambda: (64 << 20, "cgroup limit"))  # under pressure: one copy
     path, _ = routed_model
     store, pool = ExpertStore(open_model_dir(path), read_mode=mode), MemoryPool()
     sp = store.span(1, 2)
@@ -364,9 +365,8 @@ def test_reads_leave_no_second_copy_in_the_page_cache(routed_model, mode, warm, 
 def test_auto_keeps_the_page_cache_copy_only_with_room_to_spare(routed_model, monkeypatch, source):
     """No cgroup binding and room for twice the experts: a miss leaves its pages in the page
     cache (the next miss of it is a memcpy, and it is not our RSS); a cgroup limit: dropped."""
-    from engine import experts as X
     path, _ = routed_model
-    monkeypatch.setattr(X.sysmem, "room", lambda: (8 << 30, source))
+    monkeypatch.setattr(sysmem, "room", lambda: (8 << 30, source))
     store, pool = ExpertStore(open_model_dir(path)), MemoryPool()
     sp = store.span(0, 3)
     fd = os.open(sp.path, os.O_RDONLY)
@@ -394,7 +394,7 @@ def test_auto_keeps_the_page_cache_copy_only_with_room_to_spare(routed_model, mo
 def test_falls_back_to_buffered_reads_where_o_direct_is_refused(routed_model, monkeypatch, caplog):
     import errno
 
-    from engine import experts as X
+    from engine import expert_store as X
     path, _ = routed_model
     real_open = os.open
 
@@ -578,10 +578,9 @@ def test_eviction_policy_matches_the_routing_replay(routed_model, monkeypatch, p
     all layers), so the policy figures measured on traces are the engine's. lfu_admit: LFU with
     room to spare, where a miss colder than its victim is served from the page cache."""
     from app.bench import routing
-    from engine import experts as X
     monkeypatch.setattr(routing, "LFU_DECAY", 0.9)
     room = (8 << 30, "MemAvailable") if policy == "lfu_admit" else (0, "cgroup limit")  # (no page-cache room)
-    monkeypatch.setattr(X.sysmem, "room", lambda: room)
+    monkeypatch.setattr(sysmem, "room", lambda: room)
     path, table = routed_model
     store, pool = ExpertStore(open_model_dir(path)), MemoryPool()
     slot = pool.block_size(store.span(0, 0).slot_bytes)
@@ -605,9 +604,8 @@ def test_predictions_pause_while_they_are_wasted_and_stay_on_while_used(routed_m
     """A guess evicted unused costs a read and someone's expert: after mostly wasted guesses the
     cache holds predictions back (one probe in PREFETCH_PROBE still goes out); used guesses keep
     them on."""
-    from engine import experts as X
     from engine.experts import PREFETCH_OUTCOMES, PREFETCH_PROBE
-    monkeypatch.setattr(X.sysmem, "room", lambda: (0, "cgroup limit"))  # every miss takes a pool slot
+    monkeypatch.setattr(sysmem, "room", lambda: (0, "cgroup limit"))  # every miss takes a pool slot
     path, _ = routed_model
     store, pool = ExpertStore(open_model_dir(path)), MemoryPool()
     slot = pool.block_size(store.span(0, 0).slot_bytes)
@@ -647,7 +645,7 @@ def test_room_for_all_counts_bytes_when_layers_differ_in_expert_size():
     (that read 7 of 8 and never held them all, uncapped)."""
     from types import SimpleNamespace
 
-    from engine.experts import ExpertSpan, routed_bytes
+    from engine.expert_store import ExpertSpan, routed_bytes
     page = 300 * 4096  # (above the pool's power-of-two tier: blocks are these bytes)
     cfg = SimpleNamespace(num_layers=2, num_experts=E, dense_layers=0)
 
@@ -681,7 +679,7 @@ def test_a_colder_miss_is_served_from_the_page_cache_and_the_hot_expert_stays(ro
     if room == 13:
         assert X.MAP_ROOM_SLOTS == 4
         room = 13 * slot - (not mapped)
-    monkeypatch.setattr(X.sysmem, "room", lambda: (room, source))
+    monkeypatch.setattr(sysmem, "room", lambda: (room, source))
     cache = ExpertCache(store, pool, LAYERS, E, budget=(8 + SPARE_SLOTS) * slot, prefetch_window=0, top_k=1,
                         per_layer=1)
     for _ in range(3):
@@ -708,8 +706,9 @@ def test_under_a_cgroup_mapping_pauses_while_the_page_cache_keeps_too_little(rou
     in MAP_PROBE still mapped to follow the page cache."""
     from engine import experts as X
     path, _ = routed_model
-    monkeypatch.setattr(X.sysmem, "room", lambda: (8 << 30, "cgroup limit"))
-    monkeypatch.setattr(X, "resident_bytes", lambda mm, o, n: held * n)  # what mincore says
+    monkeypatch.setattr(sysmem, "room", lambda: (8 << 30, "cgroup limit"))
+    from engine import expert_store
+    monkeypatch.setattr(expert_store, "resident_bytes", lambda mm, o, n: held * n)  # what mincore says
     store, pool = ExpertStore(open_model_dir(path)), MemoryPool()
     slot = pool.block_size(store.span(0, 0).slot_bytes)
     cache = ExpertCache(store, pool, LAYERS, E, budget=(8 + SPARE_SLOTS) * slot, prefetch_window=0, top_k=1,
@@ -741,7 +740,7 @@ def test_page_cache_the_mapped_experts_take_is_room_for_the_pool_not_pressure(ro
     (clean, reclaimable): a replan counts it as room, so mapping never shrinks the pool; the same
     room lost to anything else does shrink it."""
     from engine import sysmem
-    from engine.experts import replan
+    from engine.cache_plan import replan
     path, _ = routed_model
     monkeypatch.setattr(sysmem, "_rss", lambda: 100 << 20)
     monkeypatch.setattr(sysmem, "cgroup_active_file", lambda: 10 << 20)
@@ -773,7 +772,7 @@ def test_an_expert_file_cut_short_is_an_error_when_mapped_not_sigbus(routed_mode
     broken = shutil.copytree(path, tmp_path / "m")
     child = textwrap.dedent(f"""
         import os, sys
-        from engine import experts as X
+        from engine import expert_store as X
         from engine.model_dir import open_model_dir
         X._populate_works[0] = {populate}
         store = X.ExpertStore(open_model_dir(sys.argv[1]))
@@ -800,7 +799,7 @@ def test_a_mapped_expert_comes_with_its_page_tables_filled(routed_model, monkeyp
     faulting as before."""
     import resource
 
-    from engine import experts as X
+    from engine import expert_store as X
     path, _ = routed_model
     store = ExpertStore(open_model_dir(path))
     monkeypatch.setattr(X, "_populate_works", [True])

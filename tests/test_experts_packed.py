@@ -15,7 +15,7 @@ from gguf_fixtures import make_random_hf
 from engine import quant, tensorfile
 from engine.api import Engine
 from engine.convert.convert import convert
-from engine.experts import ExpertStore
+from engine.expert_store import ExpertStore
 from engine.kernels import cpu
 from engine.model_dir import open_model_dir
 

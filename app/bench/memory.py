@@ -653,7 +653,7 @@ def measure_loads(model: Path, repeats: int = 7) -> dict:
 
     import numpy as np
 
-    from engine.experts import ExpertStore
+    from engine.expert_store import ExpertStore
     from engine.mempool import MemoryPool
     from engine.model_dir import open_model_dir
     md = open_model_dir(model)
@@ -703,7 +703,7 @@ def measure_repack(model: Path, repeats: int = 15) -> dict:
     import numpy as np
 
     from engine import quant
-    from engine.experts import ExpertStore
+    from engine.expert_store import ExpertStore
     from engine.kernels import cpu
     from engine.mempool import MemoryPool
     from engine.model_dir import open_model_dir
