@@ -1,5 +1,4 @@
-"""Reading an expert from disk: one read of its byte span into a pool slot, or a mapping of the page
-cache for one use (engine.experts decides which and when; this module reads).
+"""Reading experts from disk (engine.experts decides which are held, and when they are read).
 
 One read of an expert's byte span (gate, up, down are consecutive in its file) into a
 slot from the memory pool, leaving no second copy in the page cache: an expert the page cache
