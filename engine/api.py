@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -52,9 +53,11 @@ def _level(name: str) -> str:
 def _return_freed_heap() -> None:
     """Give the C heap's free pages back to the OS (glibc's malloc_trim; elsewhere nothing): under a RAM
     cap, resident pages the process no longer uses are experts the cache cannot hold."""
+    if not sys.platform.startswith("linux"):
+        return
     try:
         ctypes.CDLL(None).malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc
+    except (OSError, AttributeError, TypeError):  # not glibc (musl has no malloc_trim)
         pass
 
 class ContextOverflowError(ColibriError, ValueError):
