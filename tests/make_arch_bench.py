@@ -15,7 +15,7 @@ convert_hf_to_gguf.py) and <arch>-Q8_0.gguf, <arch>-Q4_K_M.gguf (llama-quantize)
 
 Re-run (the torch venv; no network)::
 
-    /tmp/venv-formats/bin/python tests/make_arch_bench.py --out /work/bench-models/arch \\
+    .venv-fixtures/bin/python tests/make_arch_bench.py --out /work/bench-models/arch \\
         --llama-cpp /work/llamacpp/llama_cpp_python-0.3.36 --bin /work/llamacpp/build/bin [--only gpt_oss]
 """
 from __future__ import annotations

@@ -44,7 +44,7 @@ transformers into tests/fixtures/templates/rendered.json instead.
 
 Re-run (the torch venv, never the project venv; no network)::
 
-    /tmp/venv-formats/bin/python tests/make_arch_fixtures.py [--only gpt_oss,gemma4] [--templates]
+    .venv-fixtures/bin/python tests/make_arch_fixtures.py [--only gpt_oss,gemma4] [--templates]
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ gpt_oss, lfm2_moe: converted and run as they are.
 
 Re-run by hand (the torch venv; nothing in the suite needs llama.cpp, torch or a network)::
 
-    /tmp/venv-formats/bin/python tests/make_arch_llamacpp.py \\
+    .venv-fixtures/bin/python tests/make_arch_llamacpp.py \\
         --llama-cpp /work/llamacpp/llama_cpp_python-0.3.36 --bin /work/llamacpp/build/bin
 
 Each fixture tokenizer uses its family's pre-tokenizer regex, which llama.cpp knows by the hash of

@@ -18,7 +18,7 @@ same type per tensor as its presets. Steps:
 
 Re-run by hand (the suite needs none of this)::
 
-    /tmp/venv-formats/bin/python tests/make_kquant_fixtures.py \\
+    .venv-fixtures/bin/python tests/make_kquant_fixtures.py \\
         --llama-cpp /work/llamacpp/llama_cpp_python-0.3.36 --bin /work/llamacpp/build/bin
 """
 from __future__ import annotations
