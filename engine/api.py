@@ -8,10 +8,8 @@ CLI, GUI and server use only this module. Nothing here imports Qt.
 """
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -33,7 +31,7 @@ from engine.hardware import EnergyReading, HardwareMonitor, HardwareSnapshot
 from engine.kernels import isa
 from engine.kernels.matmul import INT_MAX_T
 from engine.kvcache import KVCache
-from engine.mempool import MemoryPool, PoolStats
+from engine.mempool import MemoryPool, PoolStats, return_freed_heap
 from engine.model_dir import open_model_dir
 from engine.models import Transformer
 from engine.sampling import Sampler
@@ -48,17 +46,6 @@ log = logging.getLogger("colibri.engine")
 def _level(name: str) -> str:
     return "WARNING" if name == "WARN" else name
 
-
-
-def _return_freed_heap() -> None:
-    """Give the C heap's free pages back to the OS (glibc's malloc_trim; elsewhere nothing): under a RAM
-    cap, resident pages the process no longer uses are experts the cache cannot hold."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        ctypes.CDLL(None).malloc_trim(0)
-    except (OSError, AttributeError, TypeError):  # not glibc (musl has no malloc_trim)
-        pass
 
 class ContextOverflowError(ColibriError, ValueError):
     """The prompt does not fit in the context; raised before any work is done."""
@@ -568,7 +555,7 @@ class Engine:
                                          self.cache.nbytes_used, settled=True)
                 self._planned_at = time.monotonic()
                 ec.set_budget(self.cache_plan.cache_bytes)
-        _return_freed_heap()  # loading the kernels parsed IR and freed it: 13 MB of heap on the bench MoE
+        return_freed_heap()  # loading the kernels parsed IR and freed it: 13 MB of heap on the bench MoE
         seconds = time.perf_counter() - t0
         log.info("warmup took %.2f s", seconds)
         return seconds

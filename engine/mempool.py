@@ -17,6 +17,7 @@ from __future__ import annotations
 import ctypes
 import math
 import mmap
+import sys
 import threading
 from dataclasses import dataclass
 
@@ -261,6 +262,19 @@ def resident_bytes(buf: mmap.mmap, offset: int, length: int) -> int:
                        vec.ctypes.data_as(ctypes.c_void_p)) == 0
     del view
     return int((vec & 1).sum()) * PAGE if ok else 0
+
+
+def return_freed_heap() -> None:
+    """Give the C heap's free pages back to the OS (glibc's malloc_trim; elsewhere nothing): under a RAM
+    cap, resident pages the process no longer uses are experts the cache cannot hold."""
+    global _libc
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        _libc = _libc or ctypes.CDLL(None, use_errno=True)
+        _libc.malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc (musl has no malloc_trim)
+        pass
 
 
 def _try_close(buf: mmap.mmap) -> bool:

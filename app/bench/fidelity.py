@@ -89,10 +89,9 @@ def prompt_tokens(model: str, count: int = TOKENS) -> list[int]:
 
 def measure(colibri_path: str, gguf: str, colibri_py: str, llama_py: str, workdir: Path, threads: int = 2,
             count: int = TOKENS) -> dict:
-    """Teacher-force `count` tokens through both engines (fresh processes) and compare their argmax;
+    """Teacher-force `count` tokens through both engines (fresh processes, which find the binding's
+    libllama as cmd_speed pointed it: llamacpp.use_binding_beside) and compare their argmax;
     `llama_cpp_self`: llama.cpp one token at a time against its own batched run (the floor)."""
-    from app.bench.llamacpp import find_llama_bench, use_binding_beside
-    use_binding_beside(find_llama_bench(None)[0])
     tokens = prompt_tokens(colibri_path, count)
     tfile = workdir / "fidelity-tokens.json"
     tfile.write_text(json.dumps(tokens))

@@ -347,22 +347,13 @@ CONVERT_HF = str(Path(os.environ.get("COLIBRI_LLAMA_CPP") or Path(__file__).reso
                  / "convert_hf_to_gguf.py")  # the llama.cpp tree beside the checkout (README, Performance)
 
 
-def converter_python() -> str:
-    """An interpreter with torch for llama.cpp's convert_hf_to_gguf.py: $COLIBRI_CONVERT_PYTHON, this one, or
-    .venv-fixtures (the `fixtures` extra), as `colibri-bench speed` finds it."""
-    from app.bench.speed import find_python
-    py, why = find_python("transformers", os.environ.get("COLIBRI_CONVERT_PYTHON"))
-    if py is None:
-        raise SystemExit(f"convert_hf_to_gguf.py needs torch: {why} (or set COLIBRI_CONVERT_PYTHON)")
-    return py
-
-
 def llamacpp_gguf(workdir: Path, preset: str) -> Path:
     """The benchmark model as llama.cpp's own tools write it: convert_hf_to_gguf.py --outtype q8_0,
     or --outtype f16 then llama-quantize to the preset (built once, kept in workdir)."""
     out = workdir / f"mixtral-{preset}-llamacpp.gguf"
     if out.exists():
         return out
+    from app.bench.speed import converter_python
     hf, exe = workdir / "mixtral-hf", llama_bench()
     if preset == "q8_0":
         subprocess.run([converter_python(), CONVERT_HF, str(hf), "--outtype", "q8_0", "--outfile", str(out)], check=True,

@@ -378,6 +378,15 @@ def split_preset(spec: str) -> tuple[str, str] | None:
     return base, preset
 
 
+def converter_python() -> str:
+    """An interpreter with torch for llama.cpp's convert_hf_to_gguf.py: $COLIBRI_CONVERT_PYTHON, this one,
+    or .venv-fixtures (the `fixtures` extra)."""
+    py, why = find_python("transformers", os.environ.get("COLIBRI_CONVERT_PYTHON"))
+    if py is None:
+        raise SystemExit(f"convert_hf_to_gguf.py needs torch: {why} (or set COLIBRI_CONVERT_PYTHON)")
+    return py
+
+
 def resolve_spec(spec: str, moe_dir: Path, llama_cpp: str | None = None, log=print) -> str:
     """`NAME:PRESET` / `PATH:PRESET` -> the GGUF llama.cpp's own tools make of it (`default:Q4_K_M`,
     `moe:Q4_K_M`); anything else is returned as it is."""
@@ -399,11 +408,6 @@ def resolve_spec(spec: str, moe_dir: Path, llama_cpp: str | None = None, log=pri
         source = small_moe(moe_dir, log)
     else:
         source = Path(base).expanduser()
-    def converter_python() -> str:  # convert_hf_to_gguf.py imports torch
-        py, why = find_python("transformers", os.environ.get("COLIBRI_CONVERT_PYTHON"))
-        if py is None:
-            raise SystemExit(f"convert_hf_to_gguf.py needs torch: {why} (or set COLIBRI_CONVERT_PYTHON)")
-        return py
     return str(llama_cpp_gguf(source, preset, moe_dir / "llama.cpp", tools, converter_python, log))
 
 
