@@ -175,7 +175,7 @@ def test_moefy_of_a_dense_model_repacked_on_disk(models, tmp_path):
 
 def test_bench_compares_the_layouts(models):
     """colibri-bench loads on a model repacked on disk, --against its stored-layout twin."""
-    from app.bench.memory import measure_layout_decode, measure_repack
+    from app.bench.loads import measure_layout_decode, measure_repack
     stored, packed = models("int8")
     r = measure_repack(packed, repeats=2)
     assert r["repacked_on_disk"] == 1.0 and {"on_disk_read_ms", "on_disk_token_ms", "stored_token_ms", "repack_ms"} <= set(r)

@@ -103,10 +103,10 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
 
 def cmd_loads(args: argparse.Namespace) -> int:
-    from app.bench.memory import measure_loads, measure_repack
+    from app.bench.loads import measure_loads, measure_repack
     result = measure_loads(Path(args.model)) | measure_repack(Path(args.model))
     if args.against:  # the same model in the other expert layout: decode both, alternating
-        from app.bench.memory import measure_layout_decode
+        from app.bench.loads import measure_layout_decode
         ours = "repacked" if result["repacked_on_disk"] else "stored"
         other = "stored" if ours == "repacked" else "repacked"
         result |= measure_layout_decode({ours: Path(args.model), other: Path(args.against)}, args.threads,
@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     lo.add_argument("--json", help="also write the results to this file")
     lo.set_defaults(func=cmd_loads)
     pl = sub.add_parser("pool", help="memory pool: per-tier locks against one global lock, 2 threads")
-    pl.set_defaults(func=lambda a: print(__import__("app.bench.memory", fromlist=["x"]).measure_pool_locks()) or 0)
+    pl.set_defaults(func=lambda a: print(__import__("app.bench.loads", fromlist=["x"]).measure_pool_locks()) or 0)
     args = ap.parse_args(argv)
     return args.func(args)
 
