@@ -72,17 +72,18 @@ def test_with_avx512_each_path_is_measured_under_both_targets(home, monkeypatch)
     """Whether AVX-512 pays is measured, not read off the vendor: the vendor's default goes first
     (kept when within 5%), the measured target is what engine.kernels applies at the next start."""
     monkeypatch.setattr(isa, "vendor_target", lambda: "avx2")  # an Intel CPU
-    assert isa.candidates(WIDE) == ("avx2/avx2", "avx512/vnni", "avx512/avx2", "avx2/generic")
+    assert isa.candidates(WIDE) == ("avx2/avx2", "avx512/vnni", "avx2/generic")
     both = dict(WIDE, avxvnni=True)  # Sapphire Rapids: AVX-VNNI as well
-    assert isa.candidates(both) == ("avx2/vnni", "avx2/avx2", "avx512/vnni", "avx512/avx2", "avx2/generic")
+    assert isa.candidates(both) == ("avx2/vnni", "avx2/avx2", "avx512/vnni", "avx2/generic")
+    assert isa.candidates({"avx2": True, "avx512f": True}) == ("avx2/avx2", "avx512/avx2", "avx2/generic")  # Skylake-X
     monkeypatch.setattr(isa, "vendor_target", lambda: "avx512")  # an AMD CPU
-    assert isa.candidates(WIDE) == ("avx512/vnni", "avx512/avx2", "avx2/avx2", "avx2/generic")
+    assert isa.candidates(WIDE) == ("avx512/vnni", "avx2/avx2", "avx2/generic")
     assert isa.candidates(VNNI) == ("vnni", "avx2", "generic")  # no AVX-512: nothing to choose
     monkeypatch.setenv("COLIBRI_USER_TARGET", "1")  # the user set numba's target: theirs
     assert isa.candidates(WIDE) == ("vnni", "avx2", "generic")
     monkeypatch.setenv("COLIBRI_USER_TARGET", "0")
-    run, calls = runner_of({"avx512/vnni": {"q4_k@64": 1.0}, "avx512/avx2": {"q4_k@64": 2.0},
-                            "avx2/avx2": {"q4_k@64": 1.8}, "avx2/generic": {"q4_k@64": 9.0}})
+    run, calls = runner_of({"avx512/vnni": {"q4_k@64": 1.0}, "avx2/avx2": {"q4_k@64": 1.8},
+                            "avx2/generic": {"q4_k@64": 9.0}})
     monkeypatch.setattr(isa, "host_features", lambda: WIDE)
     assert isa.decide("v1", WIDE, runner=run)[:2] == ("vnni", "measured")
     assert calls == list(isa.candidates(WIDE)) and isa.measured_target("v1") == "avx512"

@@ -91,10 +91,12 @@ def vendor_target() -> str:
 def candidates(feats: dict[str, bool]) -> tuple[str, ...]:
     """What is measured on a CPU with these (host) features, the vendor's default first: the
     executable paths, each as "TARGET/PATH" where the CPU has AVX-512 and numba's target is ours
-    to choose (generic only once: a correctness fallback, never the fastest)."""
+    to choose. Each child costs a cold compile (1-2 min on 2 cores, niced, in the background), so
+    AVX-512 is tried with its best path only (vnni where AVX-512 VNNI is there) and generic only
+    once (a correctness fallback, never the fastest)."""
     if _user_target() or not feats.get("avx512f"):
         return executable(feats)
-    wide = tuple(f"avx512/{p}" for p in executable(feats) if p != "generic")
+    wide = (f"avx512/{executable(feats)[0]}",)
     narrow = tuple(f"avx2/{p}" for p in executable(without_avx512(feats)))
     return wide + narrow if vendor_target() == "avx512" else narrow[:-1] + wide + narrow[-1:]
 
