@@ -23,8 +23,9 @@ again when the key changes. The measurement runs in a detached, niced process so
 not held up: that start runs simd.py's own pick, and the next one the measured choice.
 COLIBRI_SIMD_BENCH=0 skips the measurement (the test suite: simd.py's own pick then runs, as before).
 
-Override: `simd` (engine.kernels: the target) and the `simd_path` parameter (read from COLIBRI_SIMD_PATH at import, as `simd`): auto (the measured choice,
-else simd.py's own pick), vnni, avx2 or generic. COLIBRI_DOT (tests, benchmarks) wins over both.
+Override: `simd` (engine.kernels: the target) and the `simd_path` parameter (read from
+COLIBRI_SIMD_PATH at import, as `simd`): auto (the measured choice, else simd.py's own pick), vnni,
+avx2 or generic. COLIBRI_DOT (tests, benchmarks) wins over both.
 """
 from __future__ import annotations
 
