@@ -81,8 +81,9 @@ def _apply_simd(choice: str) -> str:
         os.environ["COLIBRI_USER_TARGET"] = "1" if user else "0"
     if os.environ["COLIBRI_USER_TARGET"] == "1":
         return "custom"  # the user set numba's own variables: theirs win
-    os.environ.pop("NUMBA_CPU_NAME", None)  # (a parent's AVX-512-less target: this process chooses its own)
-    os.environ.pop("NUMBA_CPU_FEATURES", None)
+    if "numba" not in sys.modules:  # a parent's AVX-512-less target: this process chooses its own (never
+        os.environ.pop("NUMBA_CPU_NAME", None)  # under a running numba, which re-reads its variables
+        os.environ.pop("NUMBA_CPU_FEATURES", None)  # and would compile later kernels for another target)
     if choice == "auto":
         from engine.kernels import isa  # (standard library and llvmlite only: numba is not imported yet)
         choice = isa.measured_target(_sources_digest()) or isa.vendor_target()
