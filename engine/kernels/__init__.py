@@ -70,8 +70,8 @@ def _without_avx512() -> tuple[str, str] | None:
     feats = llvm.get_host_cpu_features()
     if not feats.get("avx512f"):
         return None
-    flags = [("-" if k.startswith("avx512") or k == "evex512" or not on else "+") + k for k, on in feats.items()]
-    return llvm.get_host_cpu_name(), ",".join(flags)
+    from engine.kernels.isa import without_avx512  # (the one rule of what AVX-512 off means)
+    return llvm.get_host_cpu_name(), ",".join(("+" if on else "-") + k for k, on in without_avx512(feats).items())
 
 
 def _apply_simd(choice: str) -> str:

@@ -81,12 +81,7 @@ def without_avx512(feats: dict[str, bool]) -> dict[str, bool]:
 def vendor_target() -> str:
     """The target before any measurement: AVX-512 on AMD CPUs (Zen 4 runs it at full clock), off
     elsewhere (it lowers the clock of many Intel CPUs, as the seed warns)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            vendor = next((line.split(":", 1)[1].strip() for line in f if line.startswith("vendor_id")), "")
-    except OSError:
-        vendor = ""
-    return "avx512" if vendor == "AuthenticAMD" else "avx2"
+    return "avx512" if _cpuinfo("vendor_id") == "AuthenticAMD" else "avx2"
 
 
 def candidates(feats: dict[str, bool]) -> tuple[str, ...]:
@@ -118,14 +113,18 @@ def executable(feats: dict[str, bool]) -> tuple[str, ...]:
     return tuple(out) + ("generic",)
 
 
-def cpu_model() -> str:
+def _cpuinfo(field: str) -> str:
+    """A field of /proc/cpuinfo's first CPU ("" where there is none: not Linux)."""
     try:
         with open("/proc/cpuinfo") as f:
-            name = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith(field)), "")
     except OSError:
-        name = ""
+        return ""
+
+
+def cpu_model() -> str:
     import platform
-    return name or platform.processor() or platform.machine()
+    return _cpuinfo("model name") or platform.processor() or platform.machine()
 
 
 def cache_key(digest: str, feats: dict[str, bool] | None = None) -> str:
