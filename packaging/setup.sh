@@ -58,6 +58,8 @@ case "$mode" in
         # one pytest-xdist worker a core, at most 4, a test file on one worker, the longest files
         # first (tests/conftest.py LONG_FILES); the workers share numba's disk cache
         workers=$(nproc 2>/dev/null || echo 1); ((workers > 4)) && workers=4; ((workers < 2)) && workers=0
-        exec .venv/bin/python -m pytest -q --durations=15 -n "$workers" --dist loadfile --no-loadscope-reorder "$@" ;;
+        # --max-worker-restart=0: a worker that dies (a signal) ends the run with its test named; replaced,
+        # it leaves loadfile's scheduler waiting forever (pytest-xdist #784/#1327: CI timed out so)
+        exec .venv/bin/python -m pytest -q --durations=15 -n "$workers" --dist loadfile --no-loadscope-reorder --max-worker-restart=0 "$@" ;;
   *)    echo "usage: bash packaging/setup.sh run|test"; exit 2 ;;
 esac
