@@ -36,8 +36,8 @@ def machine() -> dict:
             "logical_cpus": psutil.cpu_count(), "memory_gb": psutil.virtual_memory().total / 1e9,
             "system": platform.platform()}
     try:
-        from engine.kernels import simd
-        info["colibri_dot_path"] = simd.DOT  # the integer-dot instruction path Colibri's kernels run
+        from engine.kernels import isa
+        info["colibri_dot_path"] = isa.in_effect()  # the integer-dot path Colibri's kernels run, how chosen, width
     except ImportError:
         pass
     return info

@@ -7,9 +7,10 @@ fallback that crashes under threads), and the instruction set is chosen here (`s
 that share the cache folder do so under file locks (cache_lock.py).
 
 `simd` (the `--simd` parameter, or the COLIBRI_SIMD environment variable, read at import):
-  auto    — avx512 on AMD CPUs (Zen 4 runs it at full clock; measured on an EPYC: prefill +25%,
-            decode +5% over avx2, see README "Performance"), avx2 elsewhere (AVX-512 lowers the
-            clock of many Intel CPUs, as the seed warns)
+  auto    — the target measured fastest on this CPU (engine.kernels.isa: each path timed under
+            both); until measured, avx512 on AMD CPUs (Zen 4 runs it at full clock) and avx2
+            elsewhere (AVX-512 lowers the clock of many Intel CPUs, as the seed warns; yet on a
+            Sapphire Rapids-class VM its prefill kernels ran 1.35-1.8x faster: hence measured)
   avx2    — the host's features with every AVX-512 extension switched off
   avx512  — everything the host CPU has (numba's own default)
 A change takes effect at the next start: numba compiles for one target per process (the kernel
@@ -69,24 +70,23 @@ def _without_avx512() -> tuple[str, str] | None:
     feats = llvm.get_host_cpu_features()
     if not feats.get("avx512f"):
         return None
-    flags = [("-" if k.startswith("avx512") or k == "evex512" or not on else "+") + k for k, on in feats.items()]
-    return llvm.get_host_cpu_name(), ",".join(flags)
-
-
-def _vendor() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("vendor_id")), "")
-    except OSError:
-        return ""
+    from engine.kernels.isa import without_avx512  # (the one rule of what AVX-512 off means)
+    return llvm.get_host_cpu_name(), ",".join(("+" if on else "-") + k for k, on in without_avx512(feats).items())
 
 
 def _apply_simd(choice: str) -> str:
     """Set numba's target from `choice`; returns what is in effect ("avx2", "avx512", "native" or "custom")."""
-    if "NUMBA_CPU_NAME" in os.environ or "NUMBA_CPU_FEATURES" in os.environ:
+    if "COLIBRI_USER_TARGET" not in os.environ:  # (children inherit the first process's verdict)
+        user = "NUMBA_CPU_NAME" in os.environ or "NUMBA_CPU_FEATURES" in os.environ
+        os.environ["COLIBRI_USER_TARGET"] = "1" if user else "0"
+    if os.environ["COLIBRI_USER_TARGET"] == "1":
         return "custom"  # the user set numba's own variables: theirs win
+    if "numba" not in sys.modules:  # a parent's AVX-512-less target: this process chooses its own (never
+        os.environ.pop("NUMBA_CPU_NAME", None)  # under a running numba, which re-reads its variables
+        os.environ.pop("NUMBA_CPU_FEATURES", None)  # and would compile later kernels for another target)
     if choice == "auto":
-        choice = "avx512" if _vendor() == "AuthenticAMD" else "avx2"
+        from engine.kernels import isa  # (standard library and llvmlite only: numba is not imported yet)
+        choice = isa.measured_target(_sources_digest()) or isa.vendor_target()
     if choice == "avx512":
         return "avx512"
     target = _without_avx512()

@@ -1,11 +1,17 @@
-"""The byte dot-product path (simd.DOT: vnni, avx2, generic) measured, not assumed.
+"""The instruction path measured, not assumed: the byte dot-product path (simd.DOT: vnni, avx2,
+generic) and, on a CPU with AVX-512, the target numba compiles for (AVX-512 on or off).
 
 Why: which instructions are fastest depends on the CPU (VNNI is not always the winner, e.g. where
 it runs at half rate), and a path that computes wrong numbers on some CPU must never run. So on
 the first import of engine.kernels on a CPU (and kernel version) each path this CPU
-can execute multiplies a small matrix per int8 format, checked against the format's numpy twin
-(engine.kernels.table): a wrong path is excluded, the fastest correct one is chosen (the smallest
-total over the formats: numba compiles one path per process, so one path serves all formats).
+can execute multiplies a small matrix per int8 format, one token (decode) and 64 tokens on the
+8-row repacked layout (prefill), checked against the format's numpy twin (engine.kernels.table): a
+wrong path is excluded, the fastest correct one is chosen (the smallest sum over the cases of its
+time over the best path's: numba compiles one path per process, so one path serves all formats).
+On a CPU with AVX-512 each path is measured under both targets ("avx512/vnni", "avx2/vnni", ...):
+which is faster is the CPU's business (measured on a 2-core Sapphire Rapids-class VM: AVX-512's
+prefill kernels 1.35-1.8x the AVX-VNNI ones, where the vendor rule had switched AVX-512 off on
+every Intel CPU), and engine.kernels applies the measured target at the next start.
 
 Design (the cheapest honest one): simd.DOT is fixed when simd.py is imported, so each path runs
 in its own child process (`python -m engine.kernels.isa PATH`), with its own numba cache folder
@@ -17,8 +23,9 @@ again when the key changes. The measurement runs in a detached, niced process so
 not held up: that start runs simd.py's own pick, and the next one the measured choice.
 COLIBRI_SIMD_BENCH=0 skips the measurement (the test suite: simd.py's own pick then runs, as before).
 
-Override: the `simd_path` parameter (read from COLIBRI_SIMD_PATH at import, as `simd`): auto (the measured choice,
-else simd.py's own pick), vnni, avx2 or generic. COLIBRI_DOT (tests, benchmarks) wins over both.
+Override: `simd` (engine.kernels: the target) and the `simd_path` parameter (read from
+COLIBRI_SIMD_PATH at import, as `simd`): auto (the measured choice, else simd.py's own pick), vnni,
+avx2 or generic. COLIBRI_DOT (tests, benchmarks) wins over both.
 """
 from __future__ import annotations
 
@@ -53,6 +60,49 @@ def _features() -> dict[str, bool]:
     return dict(llvm.get_host_cpu_features())
 
 
+def host_features() -> dict[str, bool]:
+    """The CPU's own features (what the cache key names): the user's NUMBA_CPU_FEATURES where they
+    set numba's target themselves, else the host's — not the AVX-512-less target engine.kernels may
+    have set for this process."""
+    if _user_target():
+        return _features()
+    import llvmlite.binding as llvm
+    return dict(llvm.get_host_cpu_features())
+
+
+def _user_target() -> bool:
+    return os.environ.get("COLIBRI_USER_TARGET") == "1"  # (engine.kernels sets it before its own choice)
+
+
+def without_avx512(feats: dict[str, bool]) -> dict[str, bool]:
+    return {k: v and not k.startswith("avx512") and k != "evex512" for k, v in feats.items()}
+
+
+def vendor_target() -> str:
+    """The target before any measurement: AVX-512 on AMD CPUs (Zen 4 runs it at full clock), off
+    elsewhere (it lowers the clock of many Intel CPUs, as the seed warns)."""
+    return "avx512" if _cpuinfo("vendor_id") == "AuthenticAMD" else "avx2"
+
+
+def candidates(feats: dict[str, bool]) -> tuple[str, ...]:
+    """What is measured on a CPU with these (host) features, the vendor's default first: the
+    executable paths, each as "TARGET/PATH" where the CPU has AVX-512 and numba's target is ours
+    to choose. Each child costs a cold compile (1-2 min on 2 cores, niced, in the background), so
+    AVX-512 is tried with its best path only (vnni where AVX-512 VNNI is there) and generic only
+    once (a correctness fallback, never the fastest)."""
+    if _user_target() or not feats.get("avx512f"):
+        return executable(feats)
+    wide = (f"avx512/{executable(feats)[0]}",)
+    narrow = tuple(f"avx2/{p}" for p in executable(without_avx512(feats)))
+    return wide + narrow if vendor_target() == "avx512" else narrow[:-1] + wide + narrow[-1:]
+
+
+def split(entry: str) -> tuple[str | None, str]:
+    """"avx512/vnni" -> ("avx512", "vnni"); "vnni" -> (None, "vnni")."""
+    target, _, path = entry.rpartition("/")
+    return target or None, path
+
+
 def executable(feats: dict[str, bool]) -> tuple[str, ...]:
     """The paths this CPU (these features) can execute, best first."""
     out = []
@@ -63,20 +113,24 @@ def executable(feats: dict[str, bool]) -> tuple[str, ...]:
     return tuple(out) + ("generic",)
 
 
-def cpu_model() -> str:
+def _cpuinfo(field: str) -> str:
+    """A field of /proc/cpuinfo's first CPU ("" where there is none: not Linux)."""
     try:
         with open("/proc/cpuinfo") as f:
-            name = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith(field)), "")
     except OSError:
-        name = ""
+        return ""
+
+
+def cpu_model() -> str:
     import platform
-    return name or platform.processor() or platform.machine()
+    return _cpuinfo("model name") or platform.processor() or platform.machine()
 
 
 def cache_key(digest: str, feats: dict[str, bool] | None = None) -> str:
     """CPU model + the deciding features + the kernels' source digest: a new CPU, target or kernel
     version measures again."""
-    feats = _features() if feats is None else feats
+    feats = host_features() if feats is None else feats
     flags = ",".join(f for f in _DECIDING if feats.get(f))
     return f"{cpu_model()} | {flags} | {digest}"
 
@@ -92,24 +146,45 @@ def load(key: str) -> dict | None:
         data = json.loads(cache_path().read_text())
     except (OSError, ValueError):
         return None
-    return data if isinstance(data, dict) and data.get("key") == key and data.get("choice") in PATHS else None
+    ok = isinstance(data, dict) and data.get("key") == key and split(str(data.get("choice")))[1] in PATHS
+    return data if ok else None
+
+
+def measured_target(digest: str) -> str | None:
+    """The target ("avx512" or "avx2") measured fastest on this CPU for these kernels, or None
+    (not measured yet, or not ours to choose). engine.kernels reads it before numba is imported."""
+    if _user_target():
+        return None
+    data = load(cache_key(digest))
+    return split(data["choice"])[0] if data else None
 
 
 def choose(times: dict[str, dict[str, float | None]]) -> str:
-    """The path with the smallest total time over the formats, among those correct on every
-    format (a None = a wrong result or a failed run); generic when none is. `times` is in
-    executable() order: the first correct path stays unless another beats it by over 5% (on the
-    2-core Sapphire Rapids VM vnni and avx2 measured 6% apart, within a noisy neighbour's reach)."""
-    ok = {p: sum(t.values()) for p, t in times.items() if t and all(v is not None for v in t.values())}
+    """The entry with the smallest score, among those correct on every case (a None = a wrong result
+    or a failed run); generic when none is. Score: the sum over the cases (formats, decode and
+    prefill) of the entry's time over the best entry's, so each case weighs the same whatever its
+    size. `times` is in candidates() order: the first correct entry stays unless another beats it
+    by over 5% (on the 2-core Sapphire Rapids VM vnni and avx2 measured 6% apart, within a noisy
+    neighbour's reach)."""
+    ok = {p: t for p, t in times.items() if t and all(v is not None for v in t.values())}
     if not ok:
-        return "generic"
-    first, best = next(iter(ok)), min(ok, key=ok.get)
-    return first if ok[first] <= 1.05 * ok[best] else best
+        return next((p for p in times if split(p)[1] == "generic"), "generic")
+    cases = set.intersection(*(set(t) for t in ok.values()))
+    best = {c: min(t[c] for t in ok.values()) for c in cases}
+    score = {p: sum(t[c] / max(best[c], 1e-12) for c in cases) for p, t in ok.items()}
+    first, top = next(iter(score)), min(score, key=score.get)
+    return first if score[first] <= 1.05 * score[top] else top
 
 
-def run_child(path: str) -> dict[str, float | None]:
-    """One path measured in a fresh process (simd.DOT is fixed per process); {} if it failed."""
+def run_child(entry: str) -> dict[str, float | None]:
+    """One entry ("PATH" or "TARGET/PATH") measured in a fresh process (simd.DOT and numba's target
+    are fixed per process); {} if it failed."""
+    target, path = split(entry)
     env = dict(os.environ, COLIBRI_DOT=path, PYTHONPATH=os.pathsep.join(sys.path))
+    if target is not None:  # (the parent's own AVX-512-less target, if any, is not the child's)
+        env["COLIBRI_SIMD"] = target
+        env.pop("NUMBA_CPU_NAME", None)
+        env.pop("NUMBA_CPU_FEATURES", None)
     try:
         r = subprocess.run([sys.executable, "-c", "import engine.kernels.isa as m, sys; m.child_main(sys.argv[1])",
                             path], env=env, capture_output=True, text=True, timeout=600)
@@ -119,9 +194,9 @@ def run_child(path: str) -> dict[str, float | None]:
 
 
 def measure(digest: str, feats: dict[str, bool], runner: Callable[[str], dict[str, float | None]] = run_child) -> dict:
-    """Every path these features can execute timed (`runner`: a path -> {format: seconds or
+    """Every candidate for these (host) features timed (`runner`: an entry -> {case: seconds or
     None}), the choice written to the cache; returns the cache's content."""
-    times = {p: runner(p) for p in executable(feats)}
+    times = {p: runner(p) for p in candidates(feats)}
     data = {"key": cache_key(digest, feats), "choice": choose(times), "times": times, "measured_at": time.time()}
     p = cache_path()
     try:
@@ -145,7 +220,8 @@ def _set(path: str, natural: str) -> None:
 def decide(digest: str, feats: dict[str, bool], wanted: str = "auto", bench: bool = True,
            runner: Callable[[str], dict] = run_child) -> tuple[str | None, str, dict]:
     """(path, how, measurement): the override `wanted` if it names a path; else the cached choice
-    for this key, measured first if absent and `bench`; else (None, "default", {}): simd.py's pick."""
+    for this key (feats: the host's), measured first if absent and `bench`; else (None, "default",
+    {}): simd.py's pick."""
     paths = executable(feats)
     if wanted in PATHS:
         if wanted not in paths:
@@ -156,11 +232,11 @@ def decide(digest: str, feats: dict[str, bool], wanted: str = "auto", bench: boo
     data = load(cache_key(digest, feats))
     if data is None and bench and os.environ.get("COLIBRI_SIMD_BENCH", "1") != "0":
         import logging
-        logging.getLogger("colibri").info("measuring the dot-product paths %s once for this CPU and kernel "
-                                          "version (%s)", ", ".join(paths), cache_path())
+        logging.getLogger("colibri").info("measuring the instruction paths %s once for this CPU and kernel "
+                                          "version (%s)", ", ".join(candidates(feats)), cache_path())
         data = measure(digest, feats, runner)
-    if data is not None and data["choice"] in paths:
-        return data["choice"], "measured", data
+    if data is not None and split(data["choice"])[1] in paths:
+        return split(data["choice"])[1], "measured", data
     return None, "default", {}
 
 
@@ -182,7 +258,7 @@ def measure_in_background(digest: str) -> bool:
     code = ("import os, sys; os.nice(10); import engine.kernels.isa as m; "
             "m.cache_path().parent.mkdir(parents=True, exist_ok=True); "
             "lock = m.cache_path().with_suffix('.lock'); lock.write_text(str(os.getpid())); "
-            "m.measure(sys.argv[1], m._features()); lock.unlink(missing_ok=True)")
+            "m.measure(sys.argv[1], m.host_features()); lock.unlink(missing_ok=True)")
     env = dict(os.environ, COLIBRI_SIMD_BENCH="0", PYTHONPATH=os.pathsep.join(sys.path))  # its own import: no recursion
     try:
         subprocess.Popen([sys.executable, "-c", code, digest], env=env, stdin=subprocess.DEVNULL,
@@ -202,8 +278,10 @@ def apply(digest: str, bench: bool = True) -> str:
     if os.environ.get("COLIBRI_DOT"):
         SOURCE = "forced"
         return SOURCE
-    feats = _features()
+    feats = host_features()
     path, SOURCE, MEASURED = decide(digest, feats, os.environ.get("COLIBRI_SIMD_PATH", "auto").lower(), bench=False)
+    if path is not None and path not in executable(_features()):  # measured under a target not in effect
+        path, SOURCE = None, "default"  # (simd = avx2 asked for on a CPU whose AVX-512 path won)
     if SOURCE == "default" and bench and os.environ.get("COLIBRI_SIMD_BENCH", "1") != "0" \
             and measure_in_background(digest):
         SOURCE = "default; measuring for the next start"
@@ -232,9 +310,10 @@ def _random_blocks(name: str, rows: int, n: int, rng) -> "np.ndarray":  # noqa: 
 
 
 def _child(path: str) -> dict[str, float | None]:
-    """In the child: per format, x (1, 2048) @ W.T for W (128, 2048) checked against the twin at
-    the table's tolerance (None if wrong), then the best of 20 timed calls on one thread (the
-    instructions are measured, not the thread pool's wake-up)."""
+    """In the child: per format, x (1, 2048) @ W.T for W (128, 2048) as stored (decode), and
+    x (64, 2048) @ W.T on W repacked into 8-row groups (prefill: "FORMAT@64"), each checked against
+    the twin at the table's tolerance (None if wrong), then the best of 20 (decode) or 5 timed calls
+    on one thread (the instructions are measured, not the thread pool's wake-up)."""
     import numba
     import numpy as np
 
@@ -246,20 +325,27 @@ def _child(path: str) -> dict[str, float | None]:
     out: dict[str, float | None] = {}
     for name in FORMATS:
         w = _random_blocks(name, 128, 2048, rng)
-        x = rng.standard_normal((1, 2048)).astype(np.float32)
-        y = np.empty((1, 128), np.float32)
+        code = quant.get(name).type_id
         k = table.lookup("matmul", name)
-        cpu.matmul(w, quant.get(name).type_id, x, y, False)
-        want = table.resolve(k.twin)(w, name, x)
-        if not np.allclose(y, want, rtol=k.rtol, atol=k.atol * np.abs(want).max()):
-            out[name] = None
-            continue
-        best = float("inf")
-        for _ in range(20):
-            t0 = time.perf_counter()
-            cpu.matmul(w, quant.get(name).type_id, x, y, False)
-            best = min(best, time.perf_counter() - t0)
-        out[name] = best
+        cases = [(name, w, code, 1, 20)]
+        if code in cpu.PACKABLE:
+            packed = w.copy()
+            cpu.repack_x8(packed, code)
+            cases.append((f"{name}@64", packed, code + cpu.PACKED, 64, 5))
+        for case, m, c, T, repeats in cases:
+            x = rng.standard_normal((T, 2048)).astype(np.float32)
+            y = np.empty((T, 128), np.float32)
+            cpu.matmul(m, c, x, y, False)
+            want = table.resolve(k.twin)(w, name, x)
+            if not np.allclose(y, want, rtol=k.rtol, atol=k.atol * np.abs(want).max()):
+                out[case] = None
+                continue
+            best = float("inf")
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                cpu.matmul(m, c, x, y, False)
+                best = min(best, time.perf_counter() - t0)
+            out[case] = best
     return out
 
 
@@ -268,9 +354,9 @@ def child_main(path: str) -> None:
 
 
 def in_effect() -> str:
-    """This process's path and how it was decided, e.g. "vnni (measured)"."""
+    """This process's path, how it was decided and the vector width, e.g. "vnni (measured, 512-bit)"."""
     from engine.kernels import simd
-    return f"{simd.DOT} ({SOURCE})"
+    return f"{simd.DOT} ({SOURCE}, {512 if simd.WIDE else 256}-bit)"
 
 
 def model_kernels(weights) -> dict[str, str]:
