@@ -46,3 +46,43 @@ def test_lookup_and_describe():
     assert table.describe("q4_k").startswith("kquants (") and table.describe("f16") == "formats (float)"
     with pytest.raises(KeyError, match="iq2_xxs"):
         table.lookup("matmul", "iq2_xxs")
+
+
+def test_every_compiled_kernel_states_its_fastmath():
+    """numba gives a function without its own fastmath flag the flags of whichever caller compiled
+    it first (a parallel fastmath kernel, or none from Python), and its cache then serves that
+    variant to every process: the fused decode and the layered path differed in one logit row of
+    test_batch whenever the other pytest worker had cached rows.attend first. So every kernel that
+    is not inlined says which it is, and the first caller no longer decides."""
+    import importlib
+    import pkgutil
+
+    import engine.kernels
+    import engine.ops
+    from numba.core.registry import CPUDispatcher
+    loose = []
+    for pkg in (engine.kernels, engine.ops):
+        for info in pkgutil.iter_modules(pkg.__path__):
+            if info.name == "cuda":
+                continue
+            mod = importlib.import_module(f"{pkg.__name__}.{info.name}")
+            for name, f in vars(mod).items():
+                if isinstance(f, CPUDispatcher) and f.__module__ == mod.__name__ and \
+                        f.targetoptions.get("inline") != "always" and "fastmath" not in f.targetoptions:
+                    loose.append(f"{mod.__name__}.{name}")
+    assert not loose, loose
+
+
+def test_a_callee_with_its_own_fastmath_is_not_lent_its_callers():
+    """The mechanism the test above guards against, shown on numba itself: a callee compiled first
+    under a fastmath caller takes its flags unless it states its own."""
+    from numba import njit
+
+    def make(own):
+        kw = {"fastmath": False} if own else {}
+        callee = njit(**kw)(lambda a, b: a * b + 1.0)
+        caller = njit(fastmath=True)(lambda a, b: callee(a, b))
+        caller(1.0, 2.0)
+        return next(iter(callee.overloads.values())).library.get_llvm_str()
+    assert " fast " in make(own=False) or "fmul fast" in make(own=False)
+    assert "fmul fast" not in make(own=True) and "fadd fast" not in make(own=True)

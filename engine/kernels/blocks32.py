@@ -289,14 +289,14 @@ for _f, _r in REGIONS.items():
     _BLOCK[CODES[_f]] = FORMATS[_f][0]
 
 
-@njit(cache=True, nogil=True)
+@njit(fastmath=False, cache=True, nogil=True)
 def repack32(w, code):
     """In place, a q5_0/q5_1/iq4_nl/mxfp4 matrix (rows, row_bytes), rows a multiple of 8 -> 8-row
     groups (REGIONS; the same bytes, moved)."""
     kquants.repack8(w, _BLOCK[code], _REGIONS[code])
 
 
-@njit(cache=True, nogil=True)
+@njit(fastmath=False, cache=True, nogil=True)
 def unpack32_row(w, r, code, row):
     """Row r of a matrix repacked by repack32 (code: the GGML id) -> its stored bytes row (row_bytes,)."""
     kquants.unpack8_row(w, r, _BLOCK[code], _REGIONS[code], row)
@@ -433,7 +433,7 @@ group_tokens_q5_0, group_tokens_q5_1, group_tokens_iq4_nl, group_tokens_mxfp4, g
     _group32(f, TOKENS) for f in FORMATS)
 
 
-@njit(cache=True, nogil=True)
+@njit(fastmath=True, cache=True, nogil=True)
 def group_dot(w, g, code, xq, xd, xs, xi):
     """Rows 8g..8g+7 of a matrix repacked by repack32 (code: the GGML id) · one token (n,)."""
     if code == Q5_0:
@@ -447,7 +447,7 @@ def group_dot(w, g, code, xq, xd, xs, xi):
     return group_mxfp4(w, g, xq, xd, xs, xi)
 
 
-@njit(cache=True, nogil=True)
+@njit(fastmath=True, cache=True, nogil=True)
 def group_tokens(w, g, code, xq, xd, xs, xi, t0):
     """Rows 8g..8g+7 of a repacked matrix · tokens t0..t0+TOKENS-1: 8 rows of token t0, then of
     t0+1, ... (IQ4_XS: fewer than tiles.TILE_MIN_T tokens)"""

@@ -101,7 +101,7 @@ def _swiglu_rows(gate, cg, up, cu, r0, xq, xd, xs, xi, act):
         act[r0 + i] = silu(buf[i]) * buf[32 + i]
 
 
-@njit(cache=True, nogil=True)  # no fastmath (but decode_layers lends it its own: see rows.divide)
+@njit(fastmath=True, cache=True, nogil=True)  # its callers' (decode_layers, decode_rows); rows.divide rounds
 def _store_kv(src, dst, scales, pos, scaled):
     """One token's keys or values src (kv_heads, hd) into dst (kv_heads, hd) as stored; int8
     (`scaled`): q = clip(rint(x / s), ±127) with s = max|x| / 127 per head, into scales[pos].

@@ -66,7 +66,7 @@ def _k_scale_min(s, j):
     return sc, mn
 
 
-@njit(cache=True, nogil=True)
+@njit(fastmath=False, cache=True, nogil=True)
 def dequantize_row(row, code, out):
     """One stored row (uint8 bytes) -> float32 weights `out` (n,)."""
     n = out.shape[0]
@@ -188,7 +188,7 @@ def dequantize_row(row, code, out):
         raise ValueError("dequantize_row: a format code engine.quant does not declare")
 
 
-@njit(cache=True, nogil=True)  # no fastmath: the rounding must be exactly the numpy twin's
+@njit(fastmath=False, cache=True, nogil=True)  # the rounding must be exactly the numpy twin's
 def quantize_activations(x, xq, xd, xs, xi):
     """Each 32-block of x (T, n) -> int8 xq (T, n) with scale xd (T, n/32), as llama.cpp's Q8_1:
     d = max|x| / 127 stored as a half, q = round-half-even(x · 127 / max|x|); xi = Σ q (int32)
@@ -199,14 +199,14 @@ def quantize_activations(x, xq, xd, xs, xi):
             quantize_block(x[t], xq[t], xd[t], xs[t], xi[t], b)
 
 
-@njit(cache=True, nogil=True)
+@njit(fastmath=False, cache=True, nogil=True)
 def quantize_block(x, xq, xd, xs, xi, b):
     """Block b (values 32b..32b+31) of one token's x (n,) into xq, xd[b], xs[b], xi[b]
     (quantize_activations; engine.kernels.decode quantizes blocks as soon as they are done)."""
     quantize32(x, xq, xd, xs, xi, b)
 
 
-@njit(cache=True, nogil=True)
+@njit(fastmath=False, cache=True, nogil=True)
 def quantized(x):
     """x (T, n) as quantize_activations leaves it: (int8 blocks, scales, scaled sums, sums)."""
     T, n = x.shape
@@ -224,7 +224,7 @@ def _group_block(code):
     return (20, 2) if code == Q4_1 else (34, 1)
 
 
-@njit(cache=True, nogil=True)
+@njit(fastmath=False, cache=True, nogil=True)
 def repack_x8(w, code):
     """In place, a PACKABLE matrix (rows, row_bytes), rows a multiple of 8 -> groups of 8
     rows stored block by block: the 8 rows' head halves (d; d then m for q4_1: 16 bytes each),
@@ -246,7 +246,7 @@ def repack_x8(w, code):
     kquants.repack8(w, size, regions)
 
 
-@njit(cache=True, nogil=True)
+@njit(fastmath=False, cache=True, nogil=True)
 def dequantize_x8_row(w, r, code, out):
     """Row r of a matrix repacked by repack_x8 (code: the packed id) -> float32 weights (n,)."""
     base_code = code - PACKED
@@ -289,7 +289,7 @@ def _gather_row(w, code, ids, out, t):
         dequantize_row(w[ids[t]], code, out[t])
 
 
-@njit(parallel=True, cache=True, nogil=True)
+@njit(parallel=True, fastmath=False, cache=True, nogil=True)
 def _gather_parallel(w, code, ids, out):
     for t in prange(ids.shape[0]):
         _gather_row(w, code, ids, out, t)
@@ -298,7 +298,7 @@ def _gather_parallel(w, code, ids, out):
 GATHER_PARALLEL_T = 16  # fewer rows: one thread (a decode step's one row cost 8 us through a parallel region, 3 alone)
 
 
-@njit(cache=True, nogil=True)
+@njit(fastmath=False, cache=True, nogil=True)
 def gather_rows(w, code, ids, out):
     """out (T, n) = dequantized rows ids of W (the embedding lookup; a tied table is repacked,
     as the output head)."""

@@ -48,7 +48,7 @@ for _c, _b in BLOCK.items():
     _BLOCK[_c] = _b
 
 
-@njit(cache=True, nogil=True)
+@njit(fastmath=False, cache=True, nogil=True)
 def repack_k8(w, code):
     """In place, a Q4_K/Q5_K/Q6_K matrix (rows, row_bytes), rows a multiple of 8 -> groups of
     8 rows stored super-block by super-block, each region of the block (_REGIONS) interleaved
@@ -56,7 +56,7 @@ def repack_k8(w, code):
     repack8(w, _BLOCK[code], _REGIONS[code])
 
 
-@njit(cache=True, nogil=True)
+@njit(fastmath=False, cache=True, nogil=True)
 def repack8(w, size, regions):
     """In place, a matrix (rows, row_bytes) of `size`-byte blocks, rows a multiple of 8 -> groups
     of 8 rows stored block by block, each region (offset, bytes, unit) of regions (4, 3)
@@ -82,13 +82,13 @@ def repack8(w, size, regions):
         flat[8 * g * rb:8 * (g + 1) * rb] = tmp
 
 
-@njit(cache=True, nogil=True)
+@njit(fastmath=False, cache=True, nogil=True)
 def unpack_k8_row(w, r, code, row):
     """Row r of a matrix repacked by repack_k8 (code: the GGML id) -> its stored bytes row (row_bytes,)."""
     unpack8_row(w, r, _BLOCK[code], _REGIONS[code], row)
 
 
-@njit(cache=True, nogil=True)
+@njit(fastmath=False, cache=True, nogil=True)
 def unpack8_row(w, r, size, regions, row):
     """Row r of a matrix repacked by repack8(w, size, regions) -> its stored bytes row (row_bytes,)."""
     rb = w.shape[1]
@@ -495,7 +495,7 @@ _row_q2_k, _row_q3_k = _row_low_k(Q2_K), _row_low_k(Q3_K)
 
 # --- what matmul.py calls: one compiled copy each, however many kernels call it --------------------
 
-@njit(cache=True, nogil=True)
+@njit(fastmath=True, cache=True, nogil=True)
 def first_sums(xq, xs):
     """xs (T, n/32) = Σ of the first 16 int8 activations of each 32-block of xq (T, n), as float32
     (exact: at most 2032 in size). The Q6_K few-token kernel reads them in place of the scaled sums
@@ -511,7 +511,7 @@ def first_sums(xq, xs):
             xs[t, b] = np.float32(total)
 
 
-@njit(cache=True, nogil=True)
+@njit(fastmath=True, cache=True, nogil=True)
 def row_dot(w, r, code, xq, xd, xs, xi):
     """Row r of a stored Q2_K/Q3_K/Q4_K/Q5_K/Q6_K matrix · one token's int8 activations (n,)."""
     if code == Q4_K:
@@ -525,7 +525,7 @@ def row_dot(w, r, code, xq, xd, xs, xi):
     return _row_q6_k(w, r, xq, xd, xs, xi)
 
 
-@njit(cache=True, nogil=True)
+@njit(fastmath=True, cache=True, nogil=True)
 def group_dot(w, g, code, xq, xd, xs, xi):
     """Rows 8g..8g+7 of a matrix repacked by repack_k8 (code: the GGML id) · one token (n,)."""
     if code == Q4_K:
@@ -535,7 +535,7 @@ def group_dot(w, g, code, xq, xd, xs, xi):
     return _group_q6_k(w, g, xq, xd, xs, xi)
 
 
-@njit(cache=True, nogil=True)
+@njit(fastmath=True, cache=True, nogil=True)
 def group_tokens(w, g, code, xq, xd, xs, xi, t0):
     """Rows 8g..8g+7 of a repacked matrix · tokens t0..t0+TOKENS-1 of (T, n) activations: 8
     rows of token t0, then of t0+1, ... (fewer than tiles.TILE_MIN_T tokens; Q6_K: xs holds

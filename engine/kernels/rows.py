@@ -1,10 +1,12 @@
 """One-row building blocks shared by cpu.py's kernels and the fused decode kernel (decode.py):
 the same compiled code in both, so a decoded token comes out bit for bit the same either way.
 
-They are separate functions, not inlined: numba compiles each once. Called from a parallel
-fastmath kernel they take on its fastmath (numba lends it to what such a kernel calls), so
-their sums go through float_rows.dot, whose order is fixed, rather than a loop LLVM may vectorise
-differently in each caller.
+They are separate functions, not inlined: numba compiles each once. Each states its fastmath
+(that of the parallel kernels calling it): without it numba lends a callee the flags of whichever
+caller compiled it first, and its cache keeps that variant for every process, so the fused decode
+and the layered path once differed in one logit row depending on which test ran first in which
+pytest worker. Their sums go through float_rows.dot, whose order is fixed, rather than a loop LLVM
+may vectorise differently in each caller.
 
 Layout: rows are float32 (n,) arrays; the KV cache (S, kv_heads, hd) as KVCache stores it,
 each element widened as it is read (float_rows.dot_rows, float_rows.add_weighted_rows).
@@ -69,7 +71,7 @@ def silu(g):
     return divide(g, np.float32(1.0) + exp32(-g))
 
 
-@njit(cache=True, nogil=True)
+@njit(fastmath=True, cache=True, nogil=True)
 def rmsnorm_row(x, weight, eps, out):
     """One row (n,) of rmsnorm."""
     n = x.shape[0]
@@ -79,7 +81,7 @@ def rmsnorm_row(x, weight, eps, out):
         out[j] = weight[j] * (x[j] * inv)
 
 
-@njit(cache=True, nogil=True)
+@njit(fastmath=True, cache=True, nogil=True)
 def rope_head(x, cos, sin):
     """One head (hd,) of rope, in place (also engine.kernels.decode's)."""
     half = x.shape[0] // 2
@@ -137,7 +139,7 @@ def _softmax_in_place(row, ks, vs, scaled, kh, first, last, scale):
     _normalise(row, vs, scaled, kh, first, last, sum_in_order(row, first, last))
 
 
-@njit(cache=True, nogil=True)
+@njit(fastmath=True, cache=True, nogil=True)
 def attend(q, k, v, ks, vs, scaled, kh, first, last, scale, scores, out):
     """One query head q (hd,) over KV head kh at positions first..last -> out (hd,); scores (S,)
     scratch (also engine.kernels.decode's)."""
@@ -147,7 +149,7 @@ def attend(q, k, v, ks, vs, scaled, kh, first, last, scale, scores, out):
     add_weighted_rows(out, scores, v, kh, first, last)
 
 
-@njit(cache=True, nogil=True)
+@njit(fastmath=True, cache=True, nogil=True)
 def attend_heads(q, k, v, ks, vs, scaled, kh, first, last, scale, scores, out):
     """attend for HEADS query heads q (HEADS, hd) that read KV head kh -> out (HEADS, hd); scores
     (HEADS, S) scratch. Each key and value row is widened once for the HEADS heads; every head's

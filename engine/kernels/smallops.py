@@ -68,7 +68,7 @@ def attention(q, k, v, ks, vs, scaled, pos0, window, scale, scores, out):
         attend(q[t, h], k, v, ks, vs, scaled, h // group, first, last, scale, scores[th], out[t, h])
 
 
-@njit(cache=True, nogil=True)
+@njit(fastmath=False, cache=True, nogil=True)
 def store_f16(src, dst):
     """dst (R, n) uint16 = src (R, n) float32 as IEEE halves (the KV cache's f16 write): 512 tokens of
     3 KV heads x 64 went from 0.4 ms in numpy to about 0.02."""
@@ -77,7 +77,7 @@ def store_f16(src, dst):
             dst[r, j] = half_bits(src[r, j])
 
 
-@njit(cache=True, nogil=True)
+@njit(fastmath=False, cache=True, nogil=True)
 def softmax_top_k(logits, k, renormalise, weights, ids):
     """Per row of router logits (T, E): the k largest softmax probabilities, largest first (ties:
     the lower expert id first, as a stable sort), renormalised to sum to 1 if asked; into

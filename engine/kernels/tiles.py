@@ -233,7 +233,7 @@ def _tile_tokens(kind: str):
 _tile_k, _tile_q6, _tile_grid = (_tile_tokens(k) for k in ("k", "q6", "grid"))
 
 
-@njit(cache=True, nogil=True)
+@njit(fastmath=True, cache=True, nogil=True)
 def unpack(w, t, code, tq, ta, tb, td):
     """Rows ROWS·t.. of a repacked Q4_K/Q5_K/Q6_K/IQ4_XS matrix (code: the GGML id) -> its tile, one
     8-row group at a time (rows past the matrix's last group: zeros)."""
@@ -248,7 +248,7 @@ def unpack(w, t, code, tq, ta, tb, td):
             _unpack_group(w, g, h, code, tq, ta, tb, td)
 
 
-@njit(cache=True, nogil=True)
+@njit(fastmath=True, cache=True, nogil=True)
 def _unpack_group(w, g, h, code, tq, ta, tb, td):
     if code == Q4_K:
         _unpack_q4_k(w, g, h, tq, ta, tb, td)
@@ -260,7 +260,7 @@ def _unpack_group(w, g, h, code, tq, ta, tb, td):
         _unpack_iq4_xs(w, g, h, tq, ta, tb, td)
 
 
-@njit(cache=True, nogil=True)
+@njit(fastmath=True, cache=True, nogil=True)
 def tile_tokens(code, tq, ta, tb, td, xq, xd, xs, offsets, xi, t0, res):
     """res (TOKENS · ROWS,) = a tile · tokens t0..t0+TOKENS-1: ROWS rows of token t0, then of t0+1, ...
     (Q6_K reads the offsets, Q4_K/Q5_K the min sums in xs, IQ4_XS the block sums xi: _prepare)."""
@@ -297,7 +297,7 @@ def _tile_buffers(n):
             np.empty(ROWS * n // 128, np.float32))
 
 
-@njit(cache=True, nogil=True)
+@njit(fastmath=True, cache=True, nogil=True)
 def quantized_tokens(x, c1, c2):
     """Scratch for x (T, n)'s int8 activations and the sums tiles of formats c1 and c2 read: xq, xd, xs,
     xi, offsets (Q6_K's (T, n/16); else (T, 1)), filled by _quantize_token."""
@@ -317,7 +317,7 @@ def _quantize_token(x, c1, c2, xq, xd, xs, xi, offsets, t):
         _prepare(c2, xq, xd, xs, xi, offsets, t)
 
 
-@njit(parallel=True, cache=True, nogil=True)
+@njit(parallel=True, fastmath=True, cache=True, nogil=True)
 def matmul_tiles(w, code, x, out):
     """out (T, rows) = x (T, n) float32 (T >= TOKENS) @ W.T for a matrix repacked in TILE_CODES (code: the
     GGML id), in two parallel loops: x quantized with its sums (per token), then ROWS rows at a time:

@@ -54,7 +54,7 @@ def gelu_tanh(x: np.ndarray) -> np.ndarray:
 GELU_C = float(np.sqrt(2 / np.pi))
 
 
-@njit(parallel=True, cache=True, nogil=True)
+@njit(parallel=True, fastmath=False, cache=True, nogil=True)
 def gelu_mul(gate, up, out):
     """out = gelu_tanh(gate) * up in one pass (Gemma 4's MLPs), instead of numpy's five
     temporaries per call: numpy twin gelu_tanh(gate) * up."""
@@ -138,7 +138,7 @@ def pick_gemma4(logits: np.ndarray, per_expert_scale: np.ndarray, k: int) -> tup
     return ids, (top / top.sum(-1, keepdims=True) * per_expert_scale[ids]).astype(np.float32)
 
 
-@njit(parallel=True, cache=True, nogil=True)
+@njit(parallel=True, fastmath=False, cache=True, nogil=True)
 def take_rows(x, rows, out):
     """out (m, n) = x[rows] (x (T, n) f32 C-contiguous, rows (m,) int64): a prompt's tokens of one
     expert gathered on every thread (numpy's fancy indexing runs on one)."""
@@ -148,7 +148,7 @@ def take_rows(x, rows, out):
             out[i, j] = x[r, j]
 
 
-@njit(parallel=True, cache=True, nogil=True)  # no fastmath: out + w·y rounded as numpy's `out[rows] += w * y`
+@njit(parallel=True, fastmath=False, cache=True, nogil=True)  # out + w·y rounded as numpy's `out[rows] += w * y`
 def add_weighted_rows(out, rows, weights, y):
     """out[rows[i]] += weights[i] · y[i] (out (T, n), y (m, n) f32 C-contiguous; rows distinct): an
     expert's outputs scattered back to its tokens, weighted, on every thread."""
