@@ -84,9 +84,12 @@ def test_q8_0_costs_almost_nothing(measured):
 
 
 def test_int8_activations_cost_is_bounded(measured):
+    # measured: dPPL +0.45%, KLD 0.0044, same top 94.9% +- 1.4 (241 of 254) since rmsnorm_row lost its
+    # fastmath (before: +0.77%, 0.0046, 96.5%): four near-ties flipped while dPPL and KLD improved
     r = measured["int8 (int8 activations)"]
     assert abs(r["delta_ppl_pct"]) <= 1.5
-    assert r["same_top_pct"] >= 95
+    assert r["same_top_pct"] >= 93
+    assert r["kld_mean"] <= 0.006
 
 
 def test_int4_keeps_the_top_token(measured):
