@@ -3,9 +3,7 @@ the same compiled code in both, so a decoded token comes out bit for bit the sam
 
 They are separate functions, not inlined: numba compiles each once. Each states its fastmath
 (that of the parallel kernels calling it): without it numba lends a callee the flags of whichever
-caller compiled it first, and its cache keeps that variant for every process, so the fused decode
-and the layered path once differed in one logit row depending on which test ran first in which
-pytest worker. Their sums go through float_rows.dot, whose order is fixed, rather than a loop LLVM
+caller compiled it first, and its cache keeps that variant for every process. Their sums go through float_rows.dot, whose order is fixed, rather than a loop LLVM
 may vectorise differently in each caller.
 
 Layout: rows are float32 (n,) arrays; the KV cache (S, kv_heads, hd) as KVCache stores it,
