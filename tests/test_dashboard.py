@@ -77,6 +77,7 @@ def test_live_figures_follow_real_snapshots(qtbot, worker, dash):
         pass
     snap = got.args[0]
     qtbot.waitUntil(lambda: dash.snapshot is snap, timeout=2_000)
+    dash.draw_now()  # its panels, drawn one per turn of the event loop
     acts = np.array(snap.expert_cache.activations)
     assert dash.heat.image.shape == (snap.num_layers, snap.num_experts) == (2, 8)
     assert np.array_equal(dash.heat.image, acts) and acts.sum() > 0
@@ -123,6 +124,7 @@ def test_throttling_is_marked_and_advised(qtbot, worker, dash):
     hot = dataclasses.replace(snap, threads=1, configured_threads=2, throttle_events=(
         ThrottleEvent(time.time() - 5, 2, 1, 91.0, "91.0 °C is above the high-water mark 85 °C"),))
     dash.on_stats(hot)
+    dash.draw_now()  # before the worker's next snapshot draws over it
     assert any("Thermal throttling is active" in line for line in dash.advice)
     assert len(dash._markers) == 1 and "2→1" in dash._markers[0].label.toPlainText()
     assert "threads 1 of 2" in dash.temp_text.text() and "1 throttle event" in dash.temp_text.text()

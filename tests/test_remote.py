@@ -349,6 +349,7 @@ def test_the_window_chats_through_a_remote_endpoint(qtbot, home, tiny, server, e
     assert "sk-gui" not in saved and json.loads(saved)["remote"] == {"url": server.url, "model": server.model_id}
     board = w.open_dashboard()
     board.on_stats(w.snapshot)  # the remote snapshot: the endpoint's figures, where the model runs
+    board.draw_now()
     assert f"runs remotely: {server.model_id} at {server.url} (colibri)" in board.header.text()
     w.serve_action.trigger()  # the local server serves a local engine only: it says so
     qtbot.waitUntil(lambda: bool(dialogs("error_dialog")), timeout=30_000)

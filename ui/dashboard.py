@@ -14,8 +14,8 @@ from collections import deque
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import QCoreApplication, Qt, Signal
-from PySide6.QtWidgets import (QAbstractItemView, QFrame, QGridLayout, QGroupBox, QHBoxLayout, QHeaderView, QLabel,
+from PySide6.QtCore import QCoreApplication, Qt, QTimer, Signal
+from PySide6.QtWidgets import (QAbstractItemView, QFrame, QGraphicsItem, QGridLayout, QGroupBox, QHBoxLayout, QHeaderView, QLabel,
                                QPushButton, QScrollArea, QStackedWidget, QTableWidget, QTableWidgetItem, QVBoxLayout,
                                QWidget)
 
@@ -23,6 +23,7 @@ from app import advice as A
 from app.model_info import human_bytes
 from app.worker import STATS_MS
 from ui import pyside_refcount
+from ui.steady_label import SteadyLabel
 
 WINDOW_S = 120  # seconds of history on every time plot
 NAN = float("nan")
@@ -70,18 +71,32 @@ def _kernels_line(snap) -> str:
     per = ", ".join(f"{fmt} {k.split(' ')[0]}" for fmt, k in kernels.items())
     return f" · kernels {path}" + (f": {per}" if per else "")
 
+_NICE = (1.0, 1.2, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0)
+
+
+def _nice_ceil(v: float) -> float:
+    """`v` rounded up to 1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6 or 8 times a power of ten."""
+    if v <= 0:
+        return v
+    scale = 10.0 ** math.floor(math.log10(v))
+    return next(m * scale for m in _NICE if m * scale >= v * (1 - 1e-9))
+
+
 def _fit_y(plot: pg.PlotWidget, values: np.ndarray, low: float | None, min_span: float = 10.0) -> None:
-    """The y range over the finite values: from `low` to 15% above the largest, or (low None) centred
-    on them, at least min_span wide; nothing to show leaves the range as it is."""
+    """The y range over the finite values: from `low` to at least 15% above the largest, or (low None)
+    around them, at least min_span wide; nothing to show leaves the range as it is. The ends are
+    rounded (to _NICE steps, or whole multiples of min_span / 2): a range that followed every new
+    figure redrew the axis at each snapshot, and its ticks wandered."""
     v = values[np.isfinite(values)]
     if not len(v):
         return
     top, bottom = float(v.max()), float(v.min())
     if low is not None:
-        plot.setYRange(low, max(low + (top - low) * 1.15, low + 1.0), padding=0)
+        plot.setYRange(low, low + _nice_ceil(max((top - low) * 1.15, 1.0)), padding=0)
     else:
+        step = min_span / 2
         mid, half = (top + bottom) / 2, max(top - bottom, min_span) / 2 * 1.15
-        plot.setYRange(mid - half, mid + half, padding=0)
+        plot.setYRange(math.floor((mid - half) / step) * step, math.ceil((mid + half) / step) * step, padding=0)
 
 
 class Dashboard(QWidget):
@@ -105,6 +120,9 @@ class Dashboard(QWidget):
         self.worker = worker
         self._step, self._step_fresh, self._prefill_seen = None, False, None
         self._markers: list[pg.InfiniteLine] = []
+        self._pending: list = []  # what is left to draw of the last snapshot, a panel per turn (on_stats)
+        self._pending_timer = QTimer(self, singleShot=True, interval=0, objectName="dashboard_pending")
+        self._pending_timer.timeout.connect(self._draw_next)
         pg.setConfigOptions(antialias=True)
         self._build()
         self.watch_requested.connect(worker.watch_stats)
@@ -128,6 +146,10 @@ class Dashboard(QWidget):
         _no_focus(p)
         for side in ("left", "bottom", "right"):
             ax = p.getAxis(side)
+            # an axis (and its grid, drawn across the plot) kept as a pixmap while its range and size
+            # stay: the curves move every half second, and replaying the axis' ticks, labels and grid
+            # each time was most of a plot's paint
+            ax.setCacheMode(QGraphicsItem.CacheMode.DeviceCoordinateCache)
             ax.setPen(pg.mkPen(c["border"]))
             ax.setTextPen(pg.mkPen(c["text"]))
         p.setLabel("left", y_label, **self._label_style(color))
@@ -190,7 +212,7 @@ class Dashboard(QWidget):
         return box
 
     def _caption(self, name: str) -> QLabel:
-        lab = QLabel(objectName=name, wordWrap=True)
+        lab = SteadyLabel(name)
         lab.setTextInteractionFlags(Qt.TextSelectableByMouse)
         lab.setStyleSheet(f"color: {self.colors['muted']};")
         return lab
@@ -198,7 +220,7 @@ class Dashboard(QWidget):
     def _build(self) -> None:
         c = self.colors
         blue, orange, green, red, purple = c["accent"], "#e8893a", "#3aa757", c["danger"], "#9b6bd6"
-        self.header = QLabel(objectName="dash_header", wordWrap=True)
+        self.header = SteadyLabel("dash_header")
         self._no_figures()
         self.header.setStyleSheet("font-weight: 600;")
         self.advice_label = QLabel(objectName="advice", wordWrap=True)
@@ -321,6 +343,9 @@ class Dashboard(QWidget):
         self.gpu_chart = self._chart(self.gpu_plot)
         self.gpu_text = self._caption("gpu_text")
 
+        self._curves = {"hit": self.hit_curve, "prefetch": self.prefetch_curve, "rss": self.rss_curve,
+                        "cpu_pct": self.load_curve, "cpu_w": self.cpu_w_curve, "gpu_w": self.gpu_w_curve,
+                        "gpu_pct": self.gpu_curve}
         self.grid = grid = QGridLayout()
         grid.setSpacing(8)
         self.panels = panels = [
@@ -383,6 +408,8 @@ class Dashboard(QWidget):
 
     def set_model_path(self, path: str | None) -> None:
         self.model_path = path
+        for label in self.findChildren(SteadyLabel):
+            label.forget_height()
         self.mounts = A.read_mounts()
         if self.snapshot is None:
             self._no_figures()
@@ -404,7 +431,7 @@ class Dashboard(QWidget):
         self._defrag_done(defrag_text(r))
 
     def on_stats(self, snap) -> None:
-        """One snapshot: a point on every series, then every panel redrawn."""
+        """One snapshot: a point on every series, then the panels redrawn, one per turn of the event loop."""
         self.snapshot = snap
         hw, ec, step = A.hardware(snap), snap.expert_cache, self._step if self._step_fresh else None
         self._step_fresh = False
@@ -429,14 +456,47 @@ class Dashboard(QWidget):
         }
         for k, v in point.items():
             self.history[k].append(v)
-        self._show_advice(A.advice(snap, model_path=self.model_path, mounts=self.mounts))
-        self._draw_series(snap)
-        self._draw_heatmap(ec.activations, snap.num_experts)
-        self._draw_pool(snap.mem_pool)
-        self._draw_text(snap, step)
+        # drawn a panel per turn of the event loop, not all at once: at once it held the GUI thread
+        # 20-40 ms twice a second on two busy cores, which the chat felt as stutter; a newer snapshot
+        # drops what is left of the last one's steps (each step draws from the whole history)
+        # the series copied now: the steps draw this snapshot's history, whatever is appended meanwhile
+        h = {k: np.asarray(v, float) for k, v in self.history.items()}
+        x = h["t"] - point["t"]
+        self._pending = [
+            lambda: self._show_advice(A.advice(snap, model_path=self.model_path, mounts=self.mounts)),
+            lambda: self._draw_text(snap, step),  # first: it decides which charts show a message instead
+            lambda: self._draw_speed(x, h, snap),
+            lambda: self._draw_lines(self.cache_chart, self.cache_plot, x, h, ("hit", "prefetch"), fit=None),
+            lambda: self._draw_heatmap(ec.activations, snap.num_experts),
+            lambda: self._draw_pool(snap.mem_pool),
+            lambda: self._draw_lines(None, self.rss_plot, x, h, ("rss",), fit=0.0),
+            lambda: self._draw_lines(self.load_chart, self.load_plot, x, h, ("cpu_pct",), fit=None),
+            lambda: self._draw_temp(x, h, point["t"], snap),
+            lambda: self._draw_lines(self.power_chart, self.power_plot, x, h, ("cpu_w", "gpu_w"), fit=0.0),
+            lambda: self._draw_lines(self.gpu_chart, self.gpu_plot, x, h, ("gpu_pct",), fit=None),
+        ]
+        self._draw_next()
+
+    @property
+    def drawing(self) -> bool:
+        """Whether panels of the last snapshot are still to be drawn."""
+        return bool(self._pending)
+
+    def draw_now(self) -> None:
+        """Draw what is left of the last snapshot at once (before a screenshot, or a test's checks)."""
+        while self._pending:
+            self._pending.pop(0)()
+
+    def _draw_next(self) -> None:
+        if self._pending:
+            self._pending.pop(0)()
+        if self._pending:
+            self._pending_timer.start()
 
     # --- drawing -----------------------------------------------------------------------------
     def _show_advice(self, lines: list[str]) -> None:
+        if lines == self.advice and self.advice_label.text():
+            return  # the same advice: a style sheet set again re-polished and relaid the whole dashboard
         self.advice = lines
         c = self.colors
         if not lines:
@@ -448,35 +508,42 @@ class Dashboard(QWidget):
         self.advice_label.setStyleSheet(f"background: {c['user']}; color: {c['text']}; border: 1px solid "
                                         f"{c['border']}; border-radius: 6px; padding: 6px 10px;")
 
-    def _draw_series(self, snap) -> None:
-        now = time.time()
-        x = np.asarray(self.history["t"]) - now
-        prefill = np.asarray(self.history["prefill"], float)
+    def _draw_speed(self, x: np.ndarray, h: dict[str, np.ndarray], snap) -> None:
+        prefill = h["prefill"]
         dots = np.isfinite(prefill)  # a scatter of NaNs warns: only the replies' dots
-        self.prefill_curve.setData(x[dots], prefill[dots])
-        if dots.any():
-            self.prefill_view.setYRange(0, float(prefill[dots].max()) * 1.15, padding=0)
-        decode = np.asarray(self.history["decode"], float)
+        decode = h["decode"]
         seen = np.isfinite(decode)
-        self.decode_dots.setData(x[seen], decode[seen])
         # replies written before the dashboard opened are not in its history: an empty plot with a
         # 0-1 axis said nothing of them (with no reply at all the caption says so)
         self._say(self.speed_chart, None if dots.any() or seen.any() or not snap.tokens_generated else
                   _tr("The last reply was written before the dashboard opened (its figures are below); "
                       "the next one is drawn here."))
-        for curve, key in ((self.decode_curve, "decode"), (self.hit_curve, "hit"),
-                           (self.prefetch_curve, "prefetch"), (self.rss_curve, "rss"), (self.temp_curve, "temp"),
-                           (self.cpu_w_curve, "cpu_w"), (self.gpu_w_curve, "gpu_w"), (self.load_curve, "cpu_pct"),
-                           (self.gpu_curve, "gpu_pct")):
-            curve.setData(x, np.asarray(self.history[key], float), connect="finite")
-        # the y axes from zero (or a span of at least 10 °C): near-constant figures autoscaled to a range of
-        # 1 tok/s, which drew a steady reply as a jagged line
-        h = {k: np.asarray(self.history[k], float) for k in ("decode", "rss", "cpu_w", "gpu_w", "temp")}
-        for plot, values, low in ((self.speed_plot, h["decode"], 0.0), (self.rss_plot, h["rss"], 0.0),
-                                  (self.power_plot, np.concatenate([h["cpu_w"], h["gpu_w"]]), 0.0),
-                                  (self.temp_plot, h["temp"], None)):
-            _fit_y(plot, values, low)
-        threads = np.asarray(self.history["threads"], float)
+        self.prefill_curve.setData(x[dots], prefill[dots])
+        if dots.any():
+            self.prefill_view.setYRange(0, _nice_ceil(float(prefill[dots].max()) * 1.15), padding=0)
+        self.decode_dots.setData(x[seen], decode[seen])
+        self.decode_curve.setData(x, decode, connect="finite")
+        _fit_y(self.speed_plot, decode, 0.0)
+
+    def _draw_lines(self, chart: QStackedWidget | None, plot: pg.PlotWidget, x: np.ndarray,
+                    h: dict[str, np.ndarray], keys: tuple[str, ...], fit: float | None) -> None:
+        """A chart of plain lines, one per series in `keys`; `fit` is the low end of a y range fitted to
+        them (None: the plot keeps its fixed range). A chart showing a message instead is left alone."""
+        if chart is not None and chart.currentIndex() != 0:
+            return
+        for key in keys:
+            self._curves[key].setData(x, h[key], connect="finite")
+        if fit is not None:
+            _fit_y(plot, np.concatenate([h[k] for k in keys]), fit)
+
+    def _draw_temp(self, x: np.ndarray, h: dict[str, np.ndarray], now: float, snap) -> None:
+        if self.temp_chart.currentIndex() != 0:
+            return
+        # a span of at least 10 °C: a near-constant figure autoscaled to 1 °C drew a jagged line
+        temp = h["temp"]
+        self.temp_curve.setData(x, temp, connect="finite")
+        _fit_y(self.temp_plot, temp, None)
+        threads = h["threads"]
         self.threads_curve.setData(x, threads, connect="finite")
         self.threads_view.setYRange(0, max(A.configured_threads(snap), int(np.nanmax(threads)) if len(threads) else 1) + 1)
         for m in self._markers:
