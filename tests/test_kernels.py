@@ -62,17 +62,42 @@ def test_activation_quantization_is_the_numpy_twin_bit_for_bit():
     assert np.abs(xq).max() == 127 and not xq[1, :32].any()
 
 
+def test_per_256_activation_quantization_is_llama_cpps_q8_k_and_its_twin_bit_for_bit():
+    """The activations K-quant and IQ4_XS rows read (formats.per_256): one scale per 256 as llama.cpp's
+    quantize_row_q8_K, d = max / -127 with max the value of largest magnitude, which becomes -127."""
+    from engine.kernels.formats import Q4_K, Q4_0, quantized_for
+    rng = np.random.default_rng(12)
+    x = rng.standard_normal((3, 512)).astype(np.float32)
+    x[0, 7] = np.float32(9.0)  # a positive maximum: its quant is -127 and d negative
+    x[1, 256:] = 0  # an all-zero super-block: scale 0, quants 0
+    x[2, 3], x[2, 100] = np.float32(-5.0), np.float32(5.0)  # a tie in |x|: the first is the maximum, -127
+    got = quantized_for(x, Q4_K)
+    for g, want in zip(got, ref.quantize_activations_k(x)):
+        np.testing.assert_array_equal(g, want)
+    xq, xd, xs, xi = got
+    assert xq[0, 7] == -127 and xd[0, 0] == np.float32(1) / (np.float32(-127) / np.float32(9))
+    assert xq[2, 3] == -127 and xq[2, 100] == 127 and (xd[2, :8] > 0).all()  # (d·q = x, and capped at 127)
+    assert not xq[1, 256:].any() and not xd[1, 8:].any()
+    assert (xd[:, :8] == xd[:, :1]).all()  # one scale for the 8 blocks of 32 of a super-block
+    np.testing.assert_array_equal(xi, xq.reshape(3, 16, 32).sum(-1, dtype=np.int32))
+    np.testing.assert_allclose(xq * np.repeat(xd, 32, axis=1), x, atol=float(np.abs(x).max()) / 254 * 1.0001)
+    for g, want in zip(quantized_for(x, Q4_0), ref.quantize_activations(x)):  # per 32 for the others
+        np.testing.assert_array_equal(g, want)
+
+
 @pytest.mark.parametrize("name", INT_FORMATS)
 def test_integer_path_stays_within_the_activation_quantization_budget(name):
     """Decode (int8 activations) against the float product of the same stored weights: the
-    int8 rounding of x costs well under 1% of the largest output."""
+    int8 rounding of x costs well under 1% of the largest output (2% for the formats that read
+    one activation scale per 256, as llama.cpp's Q8_K: measured 1.1% for IQ4_XS)."""
+    from engine.kernels.formats import per_256
     n, rows = 1024, 96
     w = stored_matrix(name, rows, n, seed=21)
     x = np.random.default_rng(22).standard_normal((2, n)).astype(np.float32)
     out = np.empty((2, rows), np.float32)
     cpu.matmul(w, quant.get(name).type_id, x, out, False)
     want = ref.matmul(w, name, n, x)
-    assert np.abs(out - want).max() / np.abs(want).max() < 1e-2
+    assert np.abs(out - want).max() / np.abs(want).max() < (2e-2 if per_256(quant.get(name).type_id) else 1e-2)
 
 
 def test_fused_integer_kernels_match_numpy():
@@ -91,6 +116,33 @@ def test_fused_integer_kernels_match_numpy():
     cpu.swiglu_int(g, codes[0], u, codes[1], x, out)
     want = ref.swiglu(ref.matmul_int(g, "q4_1", x).astype(np.float64), ref.matmul_int(u, "q8_0", x))
     np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-5 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_one_input_read_per_32_and_per_256_by_its_matrices(packed):
+    """Matrices that share an input but read it quantized differently (a Q4_K q beside a Q8_0 v, a Q6_K
+    gate beside a Q5_0 up: formats.per_256): each gets its own quantization, its twin's products."""
+    from engine.kernels.formats import PACKED
+    n, T = 512, 2
+    fmts = ("q4_k", "q8_0", "q6_k", "q5_0")
+    ws = [stored_matrix(f, 16, n, seed=i) for i, f in enumerate(fmts)]
+    codes = [quant.get(f).type_id for f in fmts]
+    if packed:  # repacked at load, as resident matrices are
+        ws = [w.copy() for w in ws]
+        for w, c in zip(ws, codes):
+            cpu.repack_x8(w, c)
+        codes = [PACKED + c for c in codes]
+    x = np.random.default_rng(5).standard_normal((T, n)).astype(np.float32)
+    want = [twin(f, w0, x)[0] for f, w0 in zip(fmts, (stored_matrix(f, 16, n, seed=i) for i, f in enumerate(fmts)))]
+    outs = tuple(np.empty((T, 16), np.float32) for _ in ws)
+    cpu.matmul_int(tuple(ws[:2]), (codes[0], codes[1]), x, outs[:2])
+    cpu.matmul_int(tuple(ws[2:]), (codes[2], codes[3]), x, outs[2:])
+    for out, w in zip(outs, want):
+        np.testing.assert_allclose(out, w, rtol=1e-5, atol=1e-5 * np.abs(w).max())
+    out = np.empty((T, 16), np.float32)
+    cpu.swiglu_int(ws[2], codes[2], ws[3], codes[3], x, out)
+    np.testing.assert_allclose(out, ref.swiglu(want[2].astype(np.float64), want[3]), rtol=1e-4,
+                               atol=1e-5 * np.abs(out).max())
 
 
 DOT_CHECK = """

@@ -127,4 +127,5 @@ def test_a_k_quant_model_decodes_fused_as_layered_and_near_the_float_forward(tmp
     eng.reset()
     logits = eng.net.forward(np.array(prompt + tokens), eng.cache, 0, all_logits=True)
     want = reference_forward(path, prompt + tokens)
-    assert np.abs(logits - want).max() / np.abs(want).max() < 2e-2
+    # (2.6% measured: these formats read activations quantized per 256, llama.cpp's Q8_K; per 32 gave 1.5%)
+    assert np.abs(logits - want).max() / np.abs(want).max() < 3.5e-2

@@ -32,7 +32,7 @@ from numba.extending import intrinsic
 
 import engine.kernels  # noqa: F401  (numba settings first)
 from engine.kernels.decode import CODE, SPAN, _matrix, _rows, _store_kv, _swiglu_rows
-from engine.kernels.formats import PACKED, quantize_activations, quantize_block, quantized
+from engine.kernels.formats import PACKED, per_256, quantize_block, quantize_row_for, quantized_sets
 from engine.kernels.matmul import _group_dot, _group_tokens, _pair, _pair8, _pairable
 from engine.kernels.rows import attend, rmsnorm_row, rope_head, silu
 from engine.kernels.simd import PAIR_TOKENS, TOKENS, WIDE
@@ -121,33 +121,33 @@ def _rows_n(m, code, r0, r1, xq, xd, xs, xi, out):
 
 
 @njit(fastmath=True, cache=True, nogil=True)
-def _swiglu_n(gate, cg, up, cu, r0, xq, xd, xs, xi, act):
+def _swiglu_n(gate, cg, up, cu, r0, gq, gd, gs, gi, uq, ud, us, ui, act):
     """act[n, r] = silu(gate row r · x_n) · (up row r · x_n) for the 32 rows r0..r0+31 and every
-    row n: both matrices repacked, TOKENS rows per unpacked block (as _rows_n), else
-    decode._swiglu_rows row by row."""
-    N = xq.shape[0]
+    row n, x quantized as each matrix reads it (g*, u*: formats.per_256): both matrices repacked,
+    TOKENS rows per unpacked block (as _rows_n), else decode._swiglu_rows row by row."""
+    N = gq.shape[0]
     if WIDE:
         if cg == cu and _pairable(cg, N):  # both matrices in one q4_0/q4_1/q8_0 kind: 16 rows at once
             for g in range(r0 // 8, r0 // 8 + 4, 2):
                 t = 0
                 while t + PAIR_TOKENS <= N:
-                    ga8 = _pair8(gate, g, cg, xq, xd, xs, xi, t)
-                    ua8 = _pair8(up, g, cu, xq, xd, xs, xi, t)
+                    ga8 = _pair8(gate, g, cg, gq, gd, gs, gi, t)
+                    ua8 = _pair8(up, g, cu, uq, ud, us, ui, t)
                     for j in range(PAIR_TOKENS):
                         for i in range(16):
                             act[t + j, 8 * g + i] = silu(ga8[16 * j + i]) * ua8[16 * j + i]
                     t += PAIR_TOKENS
                 while t + TOKENS <= N:
-                    ga = _pair(gate, g, cg, xq, xd, xs, xi, t)
-                    ua = _pair(up, g, cu, xq, xd, xs, xi, t)
+                    ga = _pair(gate, g, cg, gq, gd, gs, gi, t)
+                    ua = _pair(up, g, cu, uq, ud, us, ui, t)
                     for j in range(TOKENS):
                         for i in range(16):
                             act[t + j, 8 * g + i] = silu(ga[16 * j + i]) * ua[16 * j + i]
                     t += TOKENS
                 for u in range(t, N):
                     for gg in range(g, g + 2):
-                        g8 = _group_dot(gate, gg, cg, xq[u], xd[u], xs[u], xi[u])
-                        u8 = _group_dot(up, gg, cu, xq[u], xd[u], xs[u], xi[u])
+                        g8 = _group_dot(gate, gg, cg, gq[u], gd[u], gs[u], gi[u])
+                        u8 = _group_dot(up, gg, cu, uq[u], ud[u], us[u], ui[u])
                         for i in range(8):
                             act[u, 8 * gg + i] = silu(g8[i]) * u8[i]
             return
@@ -155,20 +155,20 @@ def _swiglu_n(gate, cg, up, cu, r0, xq, xd, xs, xi, act):
         for g in range(r0 // 8, r0 // 8 + 4):
             t = 0
             while t + TOKENS <= N:
-                ga = _group_tokens(gate, g, cg, xq, xd, xs, xi, t)
-                ua = _group_tokens(up, g, cu, xq, xd, xs, xi, t)
+                ga = _group_tokens(gate, g, cg, gq, gd, gs, gi, t)
+                ua = _group_tokens(up, g, cu, uq, ud, us, ui, t)
                 for j in range(TOKENS):
                     for i in range(8):
                         act[t + j, 8 * g + i] = silu(ga[8 * j + i]) * ua[8 * j + i]
                 t += TOKENS
             for u in range(t, N):
-                g8 = _group_dot(gate, g, cg, xq[u], xd[u], xs[u], xi[u])
-                u8 = _group_dot(up, g, cu, xq[u], xd[u], xs[u], xi[u])
+                g8 = _group_dot(gate, g, cg, gq[u], gd[u], gs[u], gi[u])
+                u8 = _group_dot(up, g, cu, uq[u], ud[u], us[u], ui[u])
                 for i in range(8):
                     act[u, 8 * g + i] = silu(g8[i]) * u8[i]
         return
     for n in range(N):
-        _swiglu_rows(gate, cg, up, cu, r0, xq[n], xd[n], xs[n], xi[n], act[n])
+        _swiglu_rows(gate, cg, up, cu, r0, gq[n], gd[n], gs[n], gi[n], uq[n], ud[n], us[n], ui[n], act[n])
 
 
 @njit(parallel=True, fastmath=True, cache=True, nogil=True)
@@ -189,7 +189,8 @@ def decode_rows(x, norms, attn, bias, qk_norms, qk_norm, clip, mlp, eps, scale, 
         h = np.empty((N, hidden), np.float32)
         for n in range(N):
             rmsnorm_row(x[n], norms[L, 0], eps, h[n])
-        xq, xd, xs, xi = quantized(h)
+        k256 = (per_256(attn[L, 0, CODE]), per_256(attn[L, 1, CODE]), per_256(attn[L, 2, CODE]))
+        q256, q32 = quantized_sets(h, k256[0] or k256[1] or k256[2], not (k256[0] and k256[1] and k256[2]))
         q, k, v = np.zeros((N, heads, hd), np.float32), np.zeros((N, kv_heads, hd), np.float32), \
             np.zeros((N, kv_heads, hd), np.float32)
         qf, kf, vf = q.reshape((N, qd)), k.reshape((N, kvd)), v.reshape((N, kvd))
@@ -198,6 +199,7 @@ def decode_rows(x, norms, attn, bias, qk_norms, qk_norm, clip, mlp, eps, scale, 
             i = 0 if task < tq else (1 if task < tq + tk else 2)
             r0 = TASK_ROWS * (task - (0 if i == 0 else tq + (i - 1) * tk))
             out = qf if i == 0 else (kf if i == 1 else vf)
+            xq, xd, xs, xi = q256 if k256[i] else q32
             _rows_n(_matrix(attn[L, i]), attn[L, i, CODE], r0, min(r0 + TASK_ROWS, qd if i == 0 else kvd), xq, xd, xs,
                     xi, out)
         for n in range(N):  # as decode_layers: the biases, the q/k norms, the clip, rope, the cache
@@ -237,7 +239,8 @@ def decode_rows(x, norms, attn, bias, qk_norms, qk_norm, clip, mlp, eps, scale, 
         aq, ad = np.empty((N, qd), np.int8), np.empty((N, qd // 32), np.float32)
         as_, ai = np.empty((N, qd // 32), np.float32), np.empty((N, qd // 32), np.int32)
         flat = att.reshape((N, qd))
-        whole = hd % 32 == 0  # each head's output is whole blocks: quantized as soon as it is done
+        # each head's output whole blocks of 32 (and read per 32): quantized as soon as it is done
+        whole = hd % 32 == 0 and not per_256(attn[L, 3, CODE])
         for t in prange(N * heads):
             n, hh = t // heads, t % heads
             p, cap = pos[n], kv[n, CAPACITY]
@@ -251,7 +254,8 @@ def decode_rows(x, norms, attn, bias, qk_norms, qk_norm, clip, mlp, eps, scale, 
                 for b in range(hh * hd // 32, (hh + 1) * hd // 32):
                     quantize_block(flat[n], aq[n], ad[n], as_[n], ai[n], b)
         if not whole:
-            quantize_activations(flat, aq, ad, as_, ai)
+            for n in range(N):
+                quantize_row_for(attn[L, 3, CODE], flat[n], aq[n], ad[n], as_[n], ai[n])
         o = np.zeros((N, hidden), np.float32)
         for task in prange(-(-hidden // TASK_ROWS)):
             r0 = TASK_ROWS * task
@@ -263,7 +267,10 @@ def decode_rows(x, norms, attn, bias, qk_norms, qk_norm, clip, mlp, eps, scale, 
         h = np.empty((N, hidden), np.float32)
         for n in range(N):
             rmsnorm_row(x[n], norms[L, 1], eps, h[n])
-        xq, xd, xs, xi = quantized(h)
+        cg, cu, cd = mlp[L, 0, CODE], mlp[L, 1, CODE], mlp[L, 2, CODE]
+        q256, q32 = quantized_sets(h, per_256(cg) or per_256(cu), not (per_256(cg) and per_256(cu)))
+        gq, gd, gs, gi = q256 if per_256(cg) else q32
+        uq, ud, us, ui = q256 if per_256(cu) else q32
         ff = mlp[L, 0, 1]  # rows: a multiple of 32, the down matrix's blocks span it
         tasks = ff // 32
         act = np.empty((N, ff), np.float32)
@@ -271,9 +278,13 @@ def decode_rows(x, norms, attn, bias, qk_norms, qk_norm, clip, mlp, eps, scale, 
         fs, fi = np.empty((N, tasks), np.float32), np.empty((N, tasks), np.int32)
         for task in prange(tasks):
             r0 = 32 * task
-            _swiglu_n(_matrix(mlp[L, 0]), mlp[L, 0, CODE], _matrix(mlp[L, 1]), mlp[L, 1, CODE], r0, xq, xd, xs, xi, act)
+            _swiglu_n(_matrix(mlp[L, 0]), cg, _matrix(mlp[L, 1]), cu, r0, gq, gd, gs, gi, uq, ud, us, ui, act)
+            if not per_256(cd):
+                for n in range(N):
+                    quantize_block(act[n], fq[n], fd[n], fs[n], fi[n], task)
+        if per_256(cd):  # per 256: once the whole rows are there
             for n in range(N):
-                quantize_block(act[n], fq[n], fd[n], fs[n], fi[n], task)
+                quantize_row_for(cd, act[n], fq[n], fd[n], fs[n], fi[n])
         out = np.zeros((N, hidden), np.float32)
         for task in prange(-(-hidden // TASK_ROWS)):
             r0 = TASK_ROWS * task

@@ -234,10 +234,11 @@ def tokens_dot(w, r, code, xq, xd, xs, xi, t0):
 
 def matmul_reference(w: np.ndarray, qtype: str, x: np.ndarray) -> np.ndarray:
     """The numpy twin: x (T, n) @ W.T computed as the kernels do, x quantized to int8 blocks
-    (reference.quantize_activations), then per block d_w·d_x·Σ q_w q_x with q_w the integer
-    weights (q5 - 16, q5, or the grid value), + m_w·s_x for q5_1; float64 sums."""
-    from engine.kernels.reference import quantize_activations
-    xq, xd, xs, _ = quantize_activations(x)
+    (reference.quantize_activations; iq4_xs per 256, quantize_activations_k, as llama.cpp's Q8_K),
+    then per block d_w·d_x·Σ q_w q_x with q_w the integer weights (q5 - 16, q5, or the grid value),
+    + m_w·s_x for q5_1; float64 sums."""
+    from engine.kernels.reference import quantize_activations, quantize_activations_k
+    xq, xd, xs, _ = (quantize_activations_k if qtype == "iq4_xs" else quantize_activations)(x)
     T, nb = xd.shape
     size = FORMATS[qtype][0]
     def f16(a):

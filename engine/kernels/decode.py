@@ -29,7 +29,8 @@ from numba import carray, njit, prange, types
 from numba.extending import intrinsic
 
 import engine.kernels  # noqa: F401  (numba settings first)
-from engine.kernels.formats import PACKED, Q4_0, Q4_1, Q8_0, dequantize_row, quantize_activations, quantize_block, quantized
+from engine.kernels.formats import (PACKED, Q4_0, Q4_1, Q8_0, dequantize_row, per_256, quantize_block, quantize_row_for,
+                                    quantized_sets)
 from engine.kernels.matmul import _f32_dot4, _group_dot, _int_dot
 from engine.kernels.smallops import softmax_top_k
 from engine.kernels.rows import attend, divide, rmsnorm_row, rope_head, silu
@@ -83,20 +84,20 @@ def _rows(m, code, r0, r1, xq, xd, xs, xi, scale, out, off):
 
 
 @njit(fastmath=True, cache=True, nogil=True)
-def _swiglu_rows(gate, cg, up, cu, r0, xq, xd, xs, xi, act):
-    """act[r] = silu(gate row r · x) · (up row r · x) for the 32 rows r0..r0+31: with both
-    matrices repacked, 8-row groups straight from the dot products (as cpu.moe_int), else
-    through a small buffer."""
+def _swiglu_rows(gate, cg, up, cu, r0, gq, gd, gs, gi, uq, ud, us, ui, act):
+    """act[r] = silu(gate row r · x) · (up row r · x) for the 32 rows r0..r0+31, x quantized as each
+    matrix reads it (g*, u*: formats.per_256): with both matrices repacked, 8-row groups straight from
+    the dot products (as cpu.moe_int), else through a small buffer."""
     if cg > PACKED and cu > PACKED:
         for g in range(r0 // 8, r0 // 8 + 4):
-            g8 = _group_dot(gate, g, cg, xq, xd, xs, xi)
-            u8 = _group_dot(up, g, cu, xq, xd, xs, xi)
+            g8 = _group_dot(gate, g, cg, gq, gd, gs, gi)
+            u8 = _group_dot(up, g, cu, uq, ud, us, ui)
             for i in range(8):
                 act[8 * g + i] = silu(g8[i]) * u8[i]
         return
     buf = np.zeros(64, np.float32)
-    _rows(gate, cg, r0, r0 + 32, xq, xd, xs, xi, np.float32(1.0), buf, -r0)
-    _rows(up, cu, r0, r0 + 32, xq, xd, xs, xi, np.float32(1.0), buf, 32 - r0)
+    _rows(gate, cg, r0, r0 + 32, gq, gd, gs, gi, np.float32(1.0), buf, -r0)
+    _rows(up, cu, r0, r0 + 32, uq, ud, us, ui, np.float32(1.0), buf, 32 - r0)
     for i in range(32):
         act[r0 + i] = silu(buf[i]) * buf[32 + i]
 
@@ -165,7 +166,8 @@ def decode_layers(x, norms, attn, bias, qk_norms, qk_norm, clip, router, experts
         # --- attention: q, k, v in one parallel loop over all three matrices' rows ---
         h = np.empty((1, hidden), np.float32)
         rmsnorm_row(x[0], norms[L, 0], eps, h[0])
-        xq, xd, xs, xi = quantized(h)
+        k256 = (per_256(attn[L, 0, CODE]), per_256(attn[L, 1, CODE]), per_256(attn[L, 2, CODE]))
+        q256, q32 = quantized_sets(h, k256[0] or k256[1] or k256[2], not (k256[0] and k256[1] and k256[2]))
         q, k, v = np.zeros((heads, hd), np.float32), np.zeros((kv_heads, hd), np.float32), \
             np.zeros((kv_heads, hd), np.float32)
         qf, kf, vf = q.reshape(qd), k.reshape(kvd), v.reshape(kvd)
@@ -174,6 +176,7 @@ def decode_layers(x, norms, attn, bias, qk_norms, qk_norm, clip, router, experts
             i = 0 if task < tq else (1 if task < tq + tk else 2)
             r0 = SPAN * (task - (0 if i == 0 else tq + (i - 1) * tk))
             out = qf if i == 0 else (kf if i == 1 else vf)
+            xq, xd, xs, xi = q256 if k256[i] else q32
             _rows(_matrix(attn[L, i]), attn[L, i, CODE], r0, r0 + SPAN, xq[0], xd[0], xs[0], xi[0],
                   np.float32(1.0), out, 0)
         if bias.shape[2] > 0:  # as the layered path: the biases, then the q/k norms, then the clip
@@ -208,14 +211,15 @@ def decode_layers(x, norms, attn, bias, qk_norms, qk_norm, clip, router, experts
         aq, ad = np.empty((1, qd), np.int8), np.empty((1, qd // 32), np.float32)
         as_, ai = np.empty((1, qd // 32), np.float32), np.empty((1, qd // 32), np.int32)
         flat = att.reshape(qd)
-        whole = hd % 32 == 0  # each head's output is whole blocks: quantized as soon as it is done
+        # each head's output whole blocks of 32 (and read per 32): quantized as soon as it is done
+        whole = hd % 32 == 0 and not per_256(attn[L, 3, CODE])
         for hh in prange(heads):
             attend(q[hh], keys, values, ks, vs, scaled, hh // group, first, pos, scale, scores[hh], att[hh])
             if whole:
                 for b in range(hh * hd // 32, (hh + 1) * hd // 32):
                     quantize_block(flat, aq[0], ad[0], as_[0], ai[0], b)
         if not whole:
-            quantize_activations(att.reshape((1, qd)), aq, ad, as_, ai)
+            quantize_row_for(attn[L, 3, CODE], flat, aq[0], ad[0], as_[0], ai[0])
         o = np.zeros(hidden, np.float32)
         for task in prange(hidden // SPAN):
             _rows(_matrix(attn[L, 3]), attn[L, 3, CODE], SPAN * task, SPAN * task + SPAN, aq[0], ad[0], as_[0],
@@ -225,10 +229,15 @@ def decode_layers(x, norms, attn, bias, qk_norms, qk_norm, clip, router, experts
         # --- feed-forward: route, then the chosen experts' gate/up rows, then their down rows ---
         h = np.empty((1, hidden), np.float32)
         rmsnorm_row(x[0], norms[L, 1], eps, h[0])
-        xq, xd, xs, xi = quantized(h)
+        some, every = router[L, ROWS] > 0 and per_256(router[L, CODE]), router[L, ROWS] == 0 or per_256(router[L, CODE])
+        for e in range(experts.shape[1]):
+            for m in range(2):
+                some, every = some or per_256(experts[L, e, m, CODE]), every and per_256(experts[L, e, m, CODE])
+        q256, q32 = quantized_sets(h, some, not every)
         mix = np.ones((1, top_k), np.float32)
         ids = np.zeros((1, top_k), np.int64)
         if router[L, ROWS] > 0:
+            xq, xd, xs, xi = q256 if per_256(router[L, CODE]) else q32
             logits = _router_logits(_matrix(router[L]), router[L, CODE], h, xq[0], xd[0], xs[0], xi[0])
             softmax_top_k(logits, top_k, renormalise, mix, ids)
         picks[L] = ids[0]
@@ -237,12 +246,19 @@ def decode_layers(x, norms, attn, bias, qk_norms, qk_norm, clip, router, experts
         act = np.empty((top_k, ff), np.float32)
         fq, fd = np.empty((top_k, ff), np.int8), np.empty((top_k, tasks), np.float32)
         fs, fi = np.empty((top_k, tasks), np.float32), np.empty((top_k, tasks), np.int32)
-        for task in prange(top_k * tasks):  # 32 rows each: one activation block, quantized here
+        for task in prange(top_k * tasks):  # 32 rows each: one activation block, quantized here (per 32)
             j, r0 = task // tasks, 32 * (task % tasks)
             e = ids[0, j]
             gate, up = experts[L, e, 0], experts[L, e, 1]
-            _swiglu_rows(_matrix(gate), gate[CODE], _matrix(up), up[CODE], r0, xq[0], xd[0], xs[0], xi[0], act[j])
-            quantize_block(act[j], fq[j], fd[j], fs[j], fi[j], task % tasks)
+            gq, gd, gs, gi = q256 if per_256(gate[CODE]) else q32
+            uq, ud, us, ui = q256 if per_256(up[CODE]) else q32
+            _swiglu_rows(_matrix(gate), gate[CODE], _matrix(up), up[CODE], r0, gq[0], gd[0], gs[0], gi[0],
+                         uq[0], ud[0], us[0], ui[0], act[j])
+            if not per_256(experts[L, e, 2, CODE]):
+                quantize_block(act[j], fq[j], fd[j], fs[j], fi[j], task % tasks)
+        for j in range(top_k):  # or per 256, once the whole row is there
+            if per_256(experts[L, ids[0, j], 2, CODE]):
+                quantize_row_for(experts[L, ids[0, j], 2, CODE], act[j], fq[j], fd[j], fs[j], fi[j])
         out = np.zeros(hidden, np.float32)
         for task in prange(hidden // SPAN):
             r0 = SPAN * task

@@ -2,9 +2,11 @@
 their 256-weight super-blocks times int8 activations, in LLVM vector code (the instruction
 paths of simd.py: vnni, avx2, generic).
 
-The activations are the ones every other integer kernel reads (cpu.quantize_activations:
-int8 per 32 with a half scale, llama.cpp's Q8_1), so q/k/v, gate/up and the experts of a
-mixed Q4_K_M model (Q4_K and Q6_K matrices) share one quantization. Per 32 weights (a Q4_K /
+The activations are int8 per 256 with one float scale (formats.quantize_k_block, llama.cpp's Q8_K,
+which llama.cpp dots these formats with), stored in the per-32 arrays every integer kernel reads (the
+scale repeated for each 32), so q/k/v, gate/up and the experts of a mixed Q4_K_M model (Q4_K and
+Q6_K matrices) share one quantization; per-32 activations (Q8_1), finer, moved the argmax away from
+llama.cpp's more often than its own two paths disagree. Per 32 weights (a Q4_K /
 Q5_K sub-block, or two Q6_K sub-blocks of 16) the byte dot product is summed in int32 lanes;
 the six-bit (Q4_K, Q5_K) or int8 (Q6_K) sub-block scale and the activation scale then scale it
 in a float vector, the super-block's d once per 256 weights; Q4_K/Q5_K's minimum is

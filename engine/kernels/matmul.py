@@ -14,7 +14,8 @@ from numba import njit, prange
 import engine.kernels  # noqa: F401  (numba settings first)
 from engine.kernels import blocks32, kquants, tiles
 from engine.kernels.formats import (PACKED, Q2_K, Q3_K, Q4_0, Q4_0X8, Q4_1, Q4_1X8, Q6_KX8, Q8_0X8, _is_k, dequantize_row,
-                                    dequantize_x8_row, is_int_code, quantize_block, quantized)
+                                    dequantize_x8_row, is_int_code, per_256, quantize_row_for, quantized_for,
+                                    quantized_sets)
 from engine.kernels.rows import silu
 from engine.kernels.simd import (PAIR_TOKENS, TOKENS, WIDE, group_dot_q4_0x8, group_dot_q4_1x8, group_dot_q8_0x8,
                                  group_tokens_q4_0x8, group_tokens_q4_1x8, group_tokens_q8_0x8,
@@ -154,13 +155,12 @@ def matmul(w, code, x, out, exact=False):
         return
     if not exact and (is_int_code(code) or blocks32.fused(code)):
         if T < TOKENS:
-            xq, xd, xs, xi = quantized(x)
-        else:  # prefill: the tokens quantized in parallel (each token's blocks alone: the same bits)
+            xq, xd, xs, xi = quantized_for(x, code)
+        else:  # prefill: the tokens quantized in parallel (each token alone: the same bits)
             xq, xd = np.empty((T, n), np.int8), np.empty((T, n // 32), np.float32)
             xs, xi = np.empty((T, n // 32), np.float32), np.empty((T, n // 32), np.int32)
             for t in prange(T):
-                for b in range(n // 32):
-                    quantize_block(x[t], xq[t], xd[t], xs[t], xi[t], b)
+                quantize_row_for(code, x[t], xq[t], xd[t], xs[t], xi[t])
         if code > PACKED and T < TOKENS:
             for g in prange(rows // 8):
                 for t in range(T):
@@ -233,7 +233,10 @@ def matmul_int(ws, codes, x, outs):
     repacked) that read the same x (attention's q, k and v): x is quantized once, and one
     parallel loop covers every matrix's rows. T <= INT_MAX_T."""
     T, n = x.shape
-    xq, xd, xs, xi = quantized(x)
+    some, every = False, True
+    for code in codes:
+        some, every = some or per_256(code), every and per_256(code)
+    ks, bs = quantized_sets(x, some, not every)
     first = np.zeros(len(ws) + 1, np.int64)  # first task of each matrix
     for i in range(len(ws)):
         first[i + 1] = first[i] + (ws[i].shape[0] + ROWS_PER_TASK - 1) // ROWS_PER_TASK
@@ -242,6 +245,7 @@ def matmul_int(ws, codes, x, outs):
         while task >= first[i + 1]:
             i += 1
         w, code, out = ws[i], codes[i], outs[i]
+        xq, xd, xs, xi = ks if per_256(code) else bs
         r0 = (task - first[i]) * ROWS_PER_TASK
         if code > PACKED:  # 8-row groups (ROWS_PER_TASK is a multiple of 8, and so are the rows)
             for g in range(r0 // 8, min(w.shape[0], r0 + ROWS_PER_TASK) // 8):
@@ -260,13 +264,15 @@ def swiglu_int(wg, cg, wu, cu, x, out):
     """out (T, rows) = silu(x @ Wg.T) * (x @ Wu.T) for gate and up matrices in INT_CODES formats: the
     SwiGLU feed-forward's first half in one pass, x quantized once. T <= INT_MAX_T."""
     T, n = x.shape
-    xq, xd, xs, xi = quantized(x)
+    ks, bs = quantized_sets(x, per_256(cg) or per_256(cu), not (per_256(cg) and per_256(cu)))
+    gq, gd, gs, gi = ks if per_256(cg) else bs
+    uq, ud, us, ui = ks if per_256(cu) else bs
     rows = wg.shape[0]
     if cg > PACKED and cu > PACKED:
         for grp in prange(rows // 8):
             for t in range(T):
-                g8 = _group_dot(wg, grp, cg, xq[t], xd[t], xs[t], xi[t])
-                u8 = _group_dot(wu, grp, cu, xq[t], xd[t], xs[t], xi[t])
+                g8 = _group_dot(wg, grp, cg, gq[t], gd[t], gs[t], gi[t])
+                u8 = _group_dot(wu, grp, cu, uq[t], ud[t], us[t], ui[t])
                 for i in range(8):
                     g = g8[i]
                     out[t, 8 * grp + i] = silu(g) * u8[i]
@@ -274,8 +280,8 @@ def swiglu_int(wg, cg, wu, cu, x, out):
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
             for t in range(T):
-                g = _int_dot(wg, r, cg, xq[t], xd[t], xs[t], xi[t])
-                u = _int_dot(wu, r, cu, xq[t], xd[t], xs[t], xi[t])
+                g = _int_dot(wg, r, cg, gq[t], gd[t], gs[t], gi[t])
+                u = _int_dot(wu, r, cu, uq[t], ud[t], us[t], ui[t])
                 out[t, r] = silu(g) * u
 
 
@@ -287,22 +293,24 @@ def moe_int(gates, ups, downs, cg, cu, cd, mix, x, act, out):
     cu, cd (INT_CODES, plain or repacked; gate and up both repacked or neither); x (1, n);
     act (k, ff) scratch. One call per MoE layer instead of two per expert."""
     n, k, ff = x.shape[1], len(gates), gates[0].shape[0]
-    xq, xd, xs, xi = quantized(x)
+    ks, bs = quantized_sets(x, per_256(cg) or per_256(cu), not (per_256(cg) and per_256(cu)))
+    gq, gd, gs, gi = ks if per_256(cg) else bs
+    uq, ud, us, ui = ks if per_256(cu) else bs
     span = 8 if cg > PACKED else ROWS_PER_TASK
     tasks = (ff + span - 1) // span
     for task in prange(k * tasks):
         e, r0 = task // tasks, (task % tasks) * span
         if cg > PACKED:
-            g8 = _group_dot(gates[e], r0 // 8, cg, xq[0], xd[0], xs[0], xi[0])
-            u8 = _group_dot(ups[e], r0 // 8, cu, xq[0], xd[0], xs[0], xi[0])
+            g8 = _group_dot(gates[e], r0 // 8, cg, gq[0], gd[0], gs[0], gi[0])
+            u8 = _group_dot(ups[e], r0 // 8, cu, uq[0], ud[0], us[0], ui[0])
             for i in range(8):
                 act[e, r0 + i] = silu(g8[i]) * u8[i]
         else:
             for r in range(r0, min(ff, r0 + span)):
-                g = _int_dot(gates[e], r, cg, xq[0], xd[0], xs[0], xi[0])
-                u = _int_dot(ups[e], r, cu, xq[0], xd[0], xs[0], xi[0])
+                g = _int_dot(gates[e], r, cg, gq[0], gd[0], gs[0], gi[0])
+                u = _int_dot(ups[e], r, cu, uq[0], ud[0], us[0], ui[0])
                 act[e, r] = silu(g) * u
-    aq, ad, as_, ai = quantized(act)
+    aq, ad, as_, ai = quantized_for(act, cd)
     span = 8 if cd > PACKED else ROWS_PER_TASK
     for task in prange((n + span - 1) // span):
         r0 = task * span

@@ -67,6 +67,21 @@ def quantize_activations(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndar
     return q.reshape(T, n), half(d), half(d * total.astype(np.float32)), total
 
 
+def quantize_activations_k(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """x (T, n) -> int8 as llama.cpp's Q8_K (per 256: d = -max/127, max the value of largest magnitude),
+    in quantize_activations' per-32 arrays: (q, d for each 32, d·Σq as float32, Σq)."""
+    T, n = x.shape
+    g = x.reshape(T, n // 256, 256).astype(np.float32)
+    top = np.take_along_axis(g, np.abs(g).argmax(axis=-1)[..., None], axis=-1)[..., 0]
+    with np.errstate(divide="ignore"):
+        iscale = np.where(top != 0, np.float32(-127) / top, np.float32(0)).astype(np.float32)
+        d = np.where(top != 0, np.float32(1) / iscale, np.float32(0)).astype(np.float32)
+    q = np.minimum(np.rint(g * iscale[..., None]), np.float32(127)).astype(np.int8).reshape(T, n // 32, 32)
+    total = q.sum(axis=-1, dtype=np.int32)
+    d32 = np.repeat(d, 8, axis=-1)
+    return q.reshape(T, n), d32, (d32 * total.astype(np.float32)).astype(np.float32), total
+
+
 def matmul_int(w: np.ndarray, qtype: str, x: np.ndarray) -> np.ndarray:
     """x @ W.T the way the integer kernels compute it: x quantized (quantize_activations), then per
     block d_w·d_x·Σ q_w q_x (+ m_w·s_x for q4_1, - 8·d_w·d_x·Σ q_x for q4_0). q4_0, q4_1, q8_0
@@ -132,10 +147,10 @@ def _k_integers(w: np.ndarray, qtype: str) -> tuple[np.ndarray, ...]:
 
 def matmul_int_k(w: np.ndarray, qtype: str, x: np.ndarray) -> np.ndarray:
     """x @ W.T for a Q4_K/Q5_K/Q6_K matrix the way the kernels compute it (engine.kernels.kquants):
-    x quantized per 32 (quantize_activations), per sub-block the exact integer sum Σ q_w q_x
-    times d·sc_j·d_x, minus dmin·m_j·d_x·Σq_x (Q4_K, Q5_K); Q6_K: d·sc_k·d_x·Σ (q_w - 32) q_x per
-    16. In float64: the kernels differ from it by float32 rounding only."""
-    xq, xd, _, xi = quantize_activations(x)
+    x quantized per 256 (quantize_activations_k: llama.cpp's Q8_K), per sub-block the exact integer
+    sum Σ q_w q_x times d·sc_j·d_x, minus dmin·m_j·d_x·Σq_x (Q4_K, Q5_K); Q6_K: d·sc_k·d_x·Σ (q_w - 32) q_x
+    per 16. In float64: the kernels differ from it by float32 rounding only."""
+    xq, xd, _, xi = quantize_activations_k(x)
     T = x.shape[0]
     parts = _k_integers(w, qtype)
     S = parts[-1].shape[1]
@@ -153,10 +168,10 @@ def matmul_int_k(w: np.ndarray, qtype: str, x: np.ndarray) -> np.ndarray:
 
 
 def matmul_int_low_k(w: np.ndarray, qtype: str, x: np.ndarray) -> np.ndarray:
-    """x @ W.T for a Q2_K/Q3_K matrix the way kquants' kernels compute it: x quantized per 32, per
-    sub-block k of 16 the exact integer sum Σ q_w q_x times d·sc_k·d_x (Q3_K: q_w = q + 4h - 4,
+    """x @ W.T for a Q2_K/Q3_K matrix the way kquants' kernels compute it: x quantized per 256 (Q8_K),
+    per sub-block k of 16 the exact integer sum Σ q_w q_x times d·sc_k·d_x (Q3_K: q_w = q + 4h - 4,
     sc six bits - 32; Q2_K: q_w = q, sc the low nibble), minus Q2_K's dmin·m_k·d_x·Σ q_x. Float64."""
-    xq, xd, _, _ = quantize_activations(x)
+    xq, xd, _, _ = quantize_activations_k(x)
     T = x.shape[0]
     t = quant.get(qtype)
     b = w.reshape(w.shape[0], -1, t.type_size)

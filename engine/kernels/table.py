@@ -71,6 +71,9 @@ TABLE: tuple[Kernel, ...] = (
            0.0, 0.0, LAYOUTS, ("any",), "the embedding lookup; repacked tables read back exactly"),
     Kernel("quantize_activations", (), "engine.kernels.formats:quantize_activations", "engine.kernels.simd",
            "engine.kernels.reference:quantize_activations", 0.0, 0.0, note="llama.cpp's Q8_1, bit for bit"),
+    Kernel("quantize_activations_k", (), "engine.kernels.formats:quantized_for", "engine.kernels.formats",
+           "engine.kernels.reference:quantize_activations_k", 0.0, 0.0,
+           note="llama.cpp's Q8_K (per 256), read by the K-quants and IQ4_XS (formats.per_256); bit for bit"),
     # --- small float operations
     Kernel("rmsnorm", (), "engine.kernels.smallops:rmsnorm", "engine.kernels.rows", "engine.kernels.reference:rmsnorm",
            1e-5, 1e-6),

@@ -32,7 +32,7 @@ from numba.extending import intrinsic
 
 import engine.kernels  # noqa: F401  (numba settings first)
 from engine.kernels import blocks32, simd
-from engine.kernels.formats import quantize_block
+from engine.kernels.formats import quantize_k_block
 from engine.kernels.kquants import Q4_K, Q5_K, Q6_K, _at, _k_scales8, _q6k_parts, _q45k_parts
 from engine.kernels.rows import silu
 from engine.kernels.simd import _EXACT, _ZERO, F32, I8, I32, TOKENS, _byte_ptr, _data_ptr, _dot_accumulate, _load, _vec
@@ -308,10 +308,10 @@ def quantized_tokens(x, c1, c2):
 
 @njit(inline="always", cache=True)
 def _quantize_token(x, c1, c2, xq, xd, xs, xi, offsets, t):
-    """Token t of x into int8 blocks, each block alone (the bits of matmul's quantization), then the
-    sums tiles of formats c1 and c2 read (_prepare)."""
-    for b in range(x.shape[1] // 32):
-        quantize_block(x[t], xq[t], xd[t], xs[t], xi[t], b)
+    """Token t of x into int8, per 256 as every TILE_CODES format reads it (formats.per_256: the bits of
+    matmul's quantization), then the sums tiles of formats c1 and c2 read (_prepare)."""
+    for s in range(x.shape[1] // 256):
+        quantize_k_block(x[t], xq[t], xd[t], xs[t], xi[t], s)
     _prepare(c1, xq, xd, xs, xi, offsets, t)
     if c2 != c1:
         _prepare(c2, xq, xd, xs, xi, offsets, t)
