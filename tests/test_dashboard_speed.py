@@ -28,15 +28,20 @@ def emit(wk, d, snap) -> None:
     d.draw_now()
 
 
-def test_a_short_replys_decode_speed_is_drawn_after_it_ends(qtbot, default_converted):
+def short_reply(model) -> tuple[list, object]:
+    """A real 6-token reply's steps and the engine's snapshot after it."""
     from engine.api import Engine
-    from ui.dashboard import Dashboard
-    eng = Engine(default_converted, threads=1)
+    eng = Engine(model, threads=1)
     try:
         steps = list(eng.generate([{"role": "user", "content": "Hi"}], max_tokens=6, temperature=0))
-        snap = eng.stats()
+        return steps, eng.stats()
     finally:
         eng.close()
+
+
+def test_a_short_replys_decode_speed_is_drawn_after_it_ends(qtbot, default_converted):
+    from ui.dashboard import Dashboard
+    steps, snap = short_reply(default_converted)
     wk = FakeWorker()
     d = Dashboard(wk, theme.palette("light"), str(default_converted))
     qtbot.addWidget(d)
@@ -86,14 +91,8 @@ def test_changing_figures_neither_move_the_panels_nor_hold_the_loop(qtbot, defau
 
     from PySide6.QtCore import QEvent
 
-    from engine.api import Engine
     from ui.dashboard import Dashboard
-    eng = Engine(default_converted, threads=1)
-    try:
-        steps = list(eng.generate([{"role": "user", "content": "Hi"}], max_tokens=6, temperature=0))
-        snap = eng.stats()
-    finally:
-        eng.close()
+    steps, snap = short_reply(default_converted)
     long = dataclasses.replace(snap, tokens_generated=123_456_789, tokens_prefilled=987_654_321,
                                context_used=3_999)  # longer lines: they wrap once more at this width
     wk = FakeWorker()

@@ -579,6 +579,31 @@ def _ieee_divide(builder, a, b):
     return quotient
 
 
+def _quantizer_pointers(context, builder, sig, args, size: int):
+    """A quantizer's (x, xq, xd, xs, xi) data pointers, its block index as int64, and its first value (index · size)."""
+    ptrs = tuple(_data_ptr(context, builder, t, a, e) for t, a, e in zip(sig.args[:5], args[:5], (F32, I8, F32, F32, I32)))
+    index = _widest(builder, args[5], ir.IntType(64))
+    return ptrs, index, builder.mul(index, ir.Constant(index.type, size))
+
+
+def _halve(builder, v, combine):
+    """A 32-lane vector reduced to its lane 0 by combining halves (exact for a maximum, a minimum, an integer sum)."""
+    for width in (16, 8, 4, 2, 1):
+        lo = builder.shuffle_vector(v, v, ir.Constant(_vec(I32, width), list(range(width))))
+        hi = builder.shuffle_vector(v, v, ir.Constant(_vec(I32, width), list(range(width, 2 * width))))
+        v = combine(lo, hi)
+    return v
+
+
+def _quantizer_types(x, xq, xd, xs, xi, index) -> bool:
+    """The arguments quantize32 and quantize256 compile for: C rows of float32 x, int8 xq, float32 xd and
+    xs, int32 xi, and an integer block index."""
+    arrays = (x, xq, xd, xs, xi)
+    return all(isinstance(t, types.Array) and t.ndim == 1 and t.layout == "C" for t in arrays) and \
+        (x.dtype, xq.dtype, xd.dtype, xs.dtype, xi.dtype) == (types.float32, types.int8, types.float32, types.float32,
+                                                             types.int32) and isinstance(index, types.Integer)
+
+
 @intrinsic
 def quantize32(typingctx, x, xq, xd, xs, xi, b):
     """Block b (values 32b..32b+31) of one token's float32 x (n,) into int8 xq, and its half
@@ -587,29 +612,17 @@ def quantize32(typingctx, x, xq, xd, xs, xi, b):
     each value alone (the maximum, the integer sum), so this is the scalar loop's result bit
     for bit, about ten times faster (the decode kernel quantizes every expert's 32-row block as
     soon as it is done)."""
-    arrays = (x, xq, xd, xs, xi)
-    if not all(isinstance(t, types.Array) and t.ndim == 1 and t.layout == "C" for t in arrays):
-        return None
-    if (x.dtype, xq.dtype, xd.dtype, xs.dtype, xi.dtype) != (types.float32, types.int8, types.float32,
-                                                            types.float32, types.int32):
-        return None
-    if not isinstance(b, types.Integer):
+    if not _quantizer_types(x, xq, xd, xs, xi, b):
         return None
 
     def codegen(context, builder, sig, args):
-        px, pq, pd, ps, pi = (_data_ptr(context, builder, t, a, e) for t, a, e in
-                              zip(sig.args[:5], args[:5], (F32, I8, F32, F32, I32)))
-        b = _widest(builder, args[5], ir.IntType(64))
-        start = builder.mul(b, ir.Constant(b.type, 32))
+        (px, pq, pd, ps, pi), b, start = _quantizer_pointers(context, builder, sig, args, 32)
         v32 = _vec(F32, 32)
         v = _load(builder, builder.gep(px, [start]), v32)
         mod = builder.module
         fabs = cgutils.get_or_insert_function(mod, ir.FunctionType(v32, [v32]), "llvm.fabs.v32f32")
         a = builder.call(fabs, [v])
-        for width in (16, 8, 4, 2, 1):  # the maximum, halves at a time (exact in any order)
-            lo = builder.shuffle_vector(a, a, ir.Constant(_vec(I32, width), list(range(width))))
-            hi = builder.shuffle_vector(a, a, ir.Constant(_vec(I32, width), list(range(width, 2 * width))))
-            a = builder.select(builder.fcmp_ordered(">", hi, lo), hi, lo)
+        a = _halve(builder, a, lambda lo, hi: builder.select(builder.fcmp_ordered(">", hi, lo), hi, lo))
         amax = _lane0(builder, a)
         d = _ieee_divide(builder, amax, ir.Constant(F32, 127.0))
         positive = builder.fcmp_ordered(">", amax, ir.Constant(F32, 0.0))
@@ -622,10 +635,7 @@ def quantize32(typingctx, x, xq, xd, xs, xi, b):
         q = builder.fptosi(builder.call(rint, [product]), _vec(I32, 32))
         builder.store(builder.trunc(q, _vec(I8, 32)), builder.bitcast(builder.gep(pq, [start]), _vec(I8, 32).as_pointer()),
                       align=1)
-        for width in (16, 8, 4, 2, 1):
-            lo = builder.shuffle_vector(q, q, ir.Constant(_vec(I32, width), list(range(width))))
-            hi = builder.shuffle_vector(q, q, ir.Constant(_vec(I32, width), list(range(width, 2 * width))))
-            q = builder.add(lo, hi)
+        q = _halve(builder, q, lambda lo, hi: builder.add(lo, hi))
         total = _lane0(builder, q)
         half = lambda f: builder.fpext(builder.fptrunc(f, ir.HalfType()), F32)  # noqa: E731
         scaled_sum = builder.fmul(d, builder.sitofp(total, F32))
@@ -644,20 +654,11 @@ def quantize256(typingctx, x, xq, xd, xs, xi, s):
     magnitude, q = min(rint(x · (-127 / max)), 127) into xq, and per 32: xd = d, xi = Σq, xs = d·Σq. In
     32-lane vectors, every step exact or rounding each value alone, so it equals the scalar loop bit for
     bit, several times faster (K-quant rows read activations quantized this way at every matmul)."""
-    arrays = (x, xq, xd, xs, xi)
-    if not all(isinstance(t, types.Array) and t.ndim == 1 and t.layout == "C" for t in arrays):
-        return None
-    if (x.dtype, xq.dtype, xd.dtype, xs.dtype, xi.dtype) != (types.float32, types.int8, types.float32,
-                                                            types.float32, types.int32):
-        return None
-    if not isinstance(s, types.Integer):
+    if not _quantizer_types(x, xq, xd, xs, xi, s):
         return None
 
     def codegen(context, builder, sig, args):
-        px, pq, pd, ps, pi = (_data_ptr(context, builder, t, a, e) for t, a, e in
-                              zip(sig.args[:5], args[:5], (F32, I8, F32, F32, I32)))
-        s = _widest(builder, args[5], ir.IntType(64))
-        start = builder.mul(s, ir.Constant(s.type, 256))
+        (px, pq, pd, ps, pi), s, start = _quantizer_pointers(context, builder, sig, args, 256)
         v32, i32x32 = _vec(F32, 32), _vec(I32, 32)
         mod = builder.module
         fabs = cgutils.get_or_insert_function(mod, ir.FunctionType(v32, [v32]), "llvm.fabs.v32f32")
@@ -666,10 +667,7 @@ def quantize256(typingctx, x, xq, xd, xs, xi, s):
         for v in vs[1:]:  # the largest magnitude, lane by lane, then across lanes (exact in any order)
             m = builder.call(fabs, [v])
             a = builder.select(builder.fcmp_ordered(">", m, a), m, a)
-        for width in (16, 8, 4, 2, 1):
-            lo = builder.shuffle_vector(a, a, ir.Constant(_vec(I32, width), list(range(width))))
-            hi = builder.shuffle_vector(a, a, ir.Constant(_vec(I32, width), list(range(width, 2 * width))))
-            a = builder.select(builder.fcmp_ordered(">", hi, lo), hi, lo)
+        a = _halve(builder, a, lambda lo, hi: builder.select(builder.fcmp_ordered(">", hi, lo), hi, lo))
         amax = _lane0(builder, a)
         # the first value of that magnitude (its sign): per vector the lowest lane that has it, the first vector first
         lanes = ir.Constant(i32x32, list(range(32)))
@@ -678,10 +676,7 @@ def quantize256(typingctx, x, xq, xd, xs, xi, s):
         for k in reversed(range(8)):
             hit = builder.fcmp_ordered("==", builder.call(fabs, [vs[k]]), _splat(builder, amax, 32))
             idx = builder.select(hit, builder.add(lanes, ir.Constant(i32x32, [32 * k] * 32)), ir.Constant(i32x32, [256] * 32))
-            for width in (16, 8, 4, 2, 1):
-                lo = builder.shuffle_vector(idx, idx, ir.Constant(_vec(I32, width), list(range(width))))
-                hi = builder.shuffle_vector(idx, idx, ir.Constant(_vec(I32, width), list(range(width, 2 * width))))
-                idx = builder.select(builder.icmp_signed("<", hi, lo), hi, lo)
+            idx = _halve(builder, idx, lambda lo, hi: builder.select(builder.icmp_signed("<", hi, lo), hi, lo))
             low = _lane0(builder, idx)
             first = builder.select(builder.icmp_signed("<", low, first), low, first)
         positive = builder.fcmp_ordered(">", amax, ir.Constant(F32, 0.0))
@@ -701,10 +696,7 @@ def quantize256(typingctx, x, xq, xd, xs, xi, s):
             at = builder.add(start, ir.Constant(s.type, 32 * k))
             builder.store(builder.trunc(q, _vec(I8, 32)), builder.bitcast(builder.gep(pq, [at]), _vec(I8, 32).as_pointer()),
                           align=1)
-            for width in (16, 8, 4, 2, 1):
-                lo = builder.shuffle_vector(q, q, ir.Constant(_vec(I32, width), list(range(width))))
-                hi = builder.shuffle_vector(q, q, ir.Constant(_vec(I32, width), list(range(width, 2 * width))))
-                q = builder.add(lo, hi)
+            q = _halve(builder, q, lambda lo, hi: builder.add(lo, hi))
             total = _lane0(builder, q)
             scaled_sum = builder.fmul(d, builder.sitofp(total, F32))
             scaled_sum.flags.append("nsz")
