@@ -72,7 +72,8 @@ class RemoteDialog(QDialog):
         self._answer.models.connect(self._fetched)
         self._answer.key.connect(self._key_known)
         self._told = False  # the user was told the keyring cannot keep the key
-        self._run(lambda: self._answer.key.emit(self._url(), remote.stored_key(self._url()) is not None))
+        url, answer = self._url(), self._answer  # read here: the job must not touch widgets the GUI may delete
+        self._run(lambda: answer.key.emit(url, remote.stored_key(url) is not None))
 
     def _url(self) -> str:
         return self.url.text().strip() or DEFAULT_URL
@@ -87,6 +88,7 @@ class RemoteDialog(QDialog):
 
     @staticmethod
     def _run(job) -> None:
+        """Off the GUI thread; a job reads only values taken before it starts, never a widget."""
         threading.Thread(target=job, name="colibri-remote-dialog", daemon=True).start()
 
     def _key_known(self, url: str, known: bool) -> None:
@@ -101,13 +103,14 @@ class RemoteDialog(QDialog):
         key = self.key.text() or None
         self.fetch_button.setEnabled(False)
         self.status.setText(self.tr("Asking {url} for its models…").format(url=url))
+        answer = self._answer
 
         def job() -> None:
             try:
                 ids, error = [m.id for m in remote.list_models(url, key)], ""
             except remote.RemoteError as e:
                 ids, error = [], str(e)
-            self._answer.models.emit(url, ids, error)
+            answer.models.emit(url, ids, error)
         self._run(job)
 
     def _fetched(self, url: str, ids: list, error: str) -> None:
