@@ -409,3 +409,51 @@ def test_without_a_keyring_the_dialog_says_so_and_connects_for_this_session(qtbo
         assert "sk-session" not in (tmp_path / "settings.json").read_text()
     finally:
         keyring.set_keyring(before)
+
+
+class _SlowKeyring(MemoryKeyring):
+    """A keyring whose lookups wait for `go`: the dialog's background job outlives the dialog."""
+
+    def __init__(self):
+        super().__init__()
+        self.go, self.done = threading.Event(), threading.Event()
+
+    def get_password(self, service: str, username: str) -> str | None:
+        self.go.wait(10)
+        self.done.set()
+        return super().get_password(service, username)
+
+
+def test_a_dialog_dropped_while_its_keyring_lookup_runs_is_not_freed_by_that_job(qtbot, tmp_path):
+    # the job once held the dialog: dropped by the GUI first, the dialog was freed on the job's thread
+    # when the job ended (a segfault: CI's xdist worker died in the dialog's test)
+    import gc
+
+    from app import settings as S_
+    from ui import remote_dialog as RD
+    before, slow = keyring.get_keyring(), _SlowKeyring()
+    keyring.set_keyring(slow)
+    try:
+        freed_on = []
+        dialog = RD.RemoteDialog(S_.load(tmp_path / "settings.json"))
+        dialog.destroyed.connect(lambda: freed_on.append(threading.current_thread().name))
+        dialog.show()
+        qtbot.wait(10)
+        del dialog
+        gc.collect()
+        slow.go.set()
+        assert slow.done.wait(10)
+        for t in [t for t in threading.enumerate() if t.name == "colibri-remote-dialog"]:
+            t.join(10)
+        qtbot.wait(50)  # the answer, queued for a dialog that is gone, is dropped
+        assert freed_on == [threading.main_thread().name]
+        live = RD.RemoteDialog(S_.load(tmp_path / "settings.json"))  # and a new dialog gets its own answers
+        qtbot.addWidget(live)
+        RD._relay().models.emit(live._id, "http://10.0.0.9:8000/v1", ["m"], "")
+        RD._relay().models.emit(live._id + 1, "http://10.0.0.9:8000/v1", ["not this dialog's"], "")
+        qtbot.waitUntil(lambda: live.model.count() == 1)
+        qtbot.wait(20)
+        assert [live.model.itemText(i) for i in range(live.model.count())] == ["m"]
+    finally:
+        slow.go.set()
+        keyring.set_keyring(before)

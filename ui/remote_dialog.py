@@ -6,6 +6,7 @@ model are kept in the settings; the key only in the system keyring (app.remote),
 """
 from __future__ import annotations
 
+import itertools
 import threading
 
 from PySide6.QtCore import QObject, Signal
@@ -18,10 +19,24 @@ from app.settings import Settings
 DEFAULT_URL = "http://127.0.0.1:8080/v1"  # llama-server's own default address
 
 
-class _Answer(QObject):
-    """Carries a background fetch's result to the GUI thread (a queued signal)."""
-    models = Signal(str, list, str)  # url asked, model ids, error ("" when it worked)
-    key = Signal(str, bool)  # url, whether the keyring holds a key for it
+class _Answers(QObject):
+    """Carries the background jobs' results to the GUI thread (queued signals), for every dialog."""
+    models = Signal(int, str, list, str)  # dialog, url asked, model ids, error ("" when it worked)
+    key = Signal(int, str, bool)  # dialog, url, whether the keyring holds a key for it
+
+
+_answers: _Answers | None = None
+_dialogs = itertools.count()
+
+
+def _relay() -> _Answers:
+    """The one relay, made on the GUI thread and kept for the application's life: a job holds no Qt
+    object it could be the last owner of (a dialog dropped while its job ran was freed on the job's
+    thread, a segfault)."""
+    global _answers
+    if _answers is None:
+        _answers = _Answers()
+    return _answers
 
 
 class RemoteDialog(QDialog):
@@ -68,12 +83,12 @@ class RemoteDialog(QDialog):
         layout.addWidget(self.status)
         layout.addWidget(self.buttons)
         self.setMinimumWidth(480)
-        self._answer = _Answer()  # no parent: a fetch that outlives the dialog emits into nothing
-        self._answer.models.connect(self._fetched)
-        self._answer.key.connect(self._key_known)
+        self._id = next(_dialogs)  # which dialog a job's answer is for
+        _relay().models.connect(self._fetched)  # (disconnected when the dialog is deleted)
+        _relay().key.connect(self._key_known)
         self._told = False  # the user was told the keyring cannot keep the key
-        url, answer = self._url(), self._answer  # read here: the job must not touch widgets the GUI may delete
-        self._run(lambda: answer.key.emit(url, remote.stored_key(url) is not None))
+        url, me, answers = self._url(), self._id, _relay()
+        self._run(lambda: answers.key.emit(me, url, remote.stored_key(url) is not None))
 
     def _url(self) -> str:
         return self.url.text().strip() or DEFAULT_URL
@@ -88,11 +103,12 @@ class RemoteDialog(QDialog):
 
     @staticmethod
     def _run(job) -> None:
-        """Off the GUI thread; a job reads only values taken before it starts, never a widget."""
+        """Off the GUI thread. A job holds plain values taken before it starts and the relay, never the
+        dialog or a widget (read off the GUI thread, or freed there as the job's last owner)."""
         threading.Thread(target=job, name="colibri-remote-dialog", daemon=True).start()
 
-    def _key_known(self, url: str, known: bool) -> None:
-        if known and url == self._url() and not self.key.text():
+    def _key_known(self, dialog: int, url: str, known: bool) -> None:
+        if dialog == self._id and known and url == self._url() and not self.key.text():
             self.key.setPlaceholderText(self.tr("kept in the system keyring (type to replace)"))
 
     def fetch(self) -> None:
@@ -103,17 +119,19 @@ class RemoteDialog(QDialog):
         key = self.key.text() or None
         self.fetch_button.setEnabled(False)
         self.status.setText(self.tr("Asking {url} for its models…").format(url=url))
-        answer = self._answer
+        me, answers = self._id, _relay()
 
         def job() -> None:
             try:
                 ids, error = [m.id for m in remote.list_models(url, key)], ""
             except remote.RemoteError as e:
                 ids, error = [], str(e)
-            answer.models.emit(url, ids, error)
+            answers.models.emit(me, url, ids, error)
         self._run(job)
 
-    def _fetched(self, url: str, ids: list, error: str) -> None:
+    def _fetched(self, dialog: int, url: str, ids: list, error: str) -> None:
+        if dialog != self._id:
+            return
         self.fetch_button.setEnabled(True)
         if error:
             self.status.setText(error)
