@@ -16,7 +16,7 @@ from numba import njit, prange
 import engine.kernels  # noqa: F401  (numba settings first)
 from engine import quant
 from engine.kernels import blocks32, kquants
-from engine.kernels.simd import quantize32, quantize256
+from engine.kernels.quantizers import quantize32, quantize256
 
 F32, F16, Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K, BF16 = 0, 1, 2, 3, 8, 12, 13, 14, 30
 Q5_0, Q5_1, Q2_K, Q3_K, IQ4_NL, IQ4_XS, MXFP4 = 6, 7, 10, 11, 20, 23, 39
@@ -205,7 +205,7 @@ def quantize_k_block(x, xq, xd, xs, xi, s):
     its K-quant and IQ4_XS dot products read: one float32 scale per 256, d = -max/127 with max the value
     of largest magnitude (the first such, its sign kept), q = round-half-even(x · (-127/max)) capped at
     127. Stored in the per-32 arrays every integer kernel reads: xd[8s..8s+7] = d, xi = Σq of each 32,
-    xs = d·Σq (float32, not a half). (simd.quantize256, in vectors; reference.quantize_activations_k is
+    xs = d·Σq (float32, not a half). (quantizers.quantize256, in vectors; reference.quantize_activations_k is
     the twin.) Rows of these formats dotted with Q8_1 activations (quantize_block, finer) agreed with
     llama.cpp's argmax less often (SmolLM2 Q4_K_M: 96.3% of confident positions, 97.9% per 256)."""
     quantize256(x, xq, xd, xs, xi, s)
