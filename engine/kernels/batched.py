@@ -32,7 +32,7 @@ from numba.extending import intrinsic
 
 import engine.kernels  # noqa: F401  (numba settings first)
 from engine.kernels.decode import CODE, SPAN, _matrix, _rows, _store_kv, _swiglu_rows
-from engine.kernels.formats import PACKED, per_256, quantize_block, quantize_row_for, quantized_sets
+from engine.kernels.formats import PACKED, per_256, quantize_block, quantize_row_for, quantized_pair, quantized_sets
 from engine.kernels.matmul import _group_dot, _group_tokens, _pair, _pair8, _pairable
 from engine.kernels.rows import attend, rmsnorm_row, rope_head, silu
 from engine.kernels.simd import PAIR_TOKENS, TOKENS, WIDE
@@ -268,9 +268,7 @@ def decode_rows(x, norms, attn, bias, qk_norms, qk_norm, clip, mlp, eps, scale, 
         for n in range(N):
             rmsnorm_row(x[n], norms[L, 1], eps, h[n])
         cg, cu, cd = mlp[L, 0, CODE], mlp[L, 1, CODE], mlp[L, 2, CODE]
-        q256, q32 = quantized_sets(h, per_256(cg) or per_256(cu), not (per_256(cg) and per_256(cu)))
-        gq, gd, gs, gi = q256 if per_256(cg) else q32
-        uq, ud, us, ui = q256 if per_256(cu) else q32
+        (gq, gd, gs, gi), (uq, ud, us, ui) = quantized_pair(h, cg, cu)
         ff = mlp[L, 0, 1]  # rows: a multiple of 32, the down matrix's blocks span it
         tasks = ff // 32
         act = np.empty((N, ff), np.float32)

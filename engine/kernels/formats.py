@@ -272,6 +272,14 @@ def quantized_sets(x, want_256, want_32):
     return b, b
 
 
+@njit(fastmath=False, cache=True, nogil=True)
+def quantized_pair(x, c1, c2):
+    """x as rows of c1 read it, and as rows of c2 read it (gate and up): one quantization where both
+    read alike (quantized_sets)."""
+    k, b = quantized_sets(x, per_256(c1) or per_256(c2), not (per_256(c1) and per_256(c2)))
+    return (k if per_256(c1) else b), (k if per_256(c2) else b)
+
+
 @njit(inline="always", cache=True)
 def _group_block(code):
     """(block bytes, halves at its head) of a repackable format."""

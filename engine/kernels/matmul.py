@@ -15,7 +15,7 @@ import engine.kernels  # noqa: F401  (numba settings first)
 from engine.kernels import blocks32, kquants, tiles
 from engine.kernels.formats import (PACKED, Q2_K, Q3_K, Q4_0, Q4_0X8, Q4_1, Q4_1X8, Q6_KX8, Q8_0X8, _is_k, dequantize_row,
                                     dequantize_x8_row, is_int_code, per_256, quantize_row_for, quantized_for,
-                                    quantized_sets)
+                                    quantized_pair, quantized_sets)
 from engine.kernels.rows import silu
 from engine.kernels.simd import (PAIR_TOKENS, TOKENS, WIDE, group_dot_q4_0x8, group_dot_q4_1x8, group_dot_q8_0x8,
                                  group_tokens_q4_0x8, group_tokens_q4_1x8, group_tokens_q8_0x8,
@@ -264,9 +264,7 @@ def swiglu_int(wg, cg, wu, cu, x, out):
     """out (T, rows) = silu(x @ Wg.T) * (x @ Wu.T) for gate and up matrices in INT_CODES formats: the
     SwiGLU feed-forward's first half in one pass, x quantized once. T <= INT_MAX_T."""
     T, n = x.shape
-    ks, bs = quantized_sets(x, per_256(cg) or per_256(cu), not (per_256(cg) and per_256(cu)))
-    gq, gd, gs, gi = ks if per_256(cg) else bs
-    uq, ud, us, ui = ks if per_256(cu) else bs
+    (gq, gd, gs, gi), (uq, ud, us, ui) = quantized_pair(x, cg, cu)
     rows = wg.shape[0]
     if cg > PACKED and cu > PACKED:
         for grp in prange(rows // 8):
@@ -293,9 +291,7 @@ def moe_int(gates, ups, downs, cg, cu, cd, mix, x, act, out):
     cu, cd (INT_CODES, plain or repacked; gate and up both repacked or neither); x (1, n);
     act (k, ff) scratch. One call per MoE layer instead of two per expert."""
     n, k, ff = x.shape[1], len(gates), gates[0].shape[0]
-    ks, bs = quantized_sets(x, per_256(cg) or per_256(cu), not (per_256(cg) and per_256(cu)))
-    gq, gd, gs, gi = ks if per_256(cg) else bs
-    uq, ud, us, ui = ks if per_256(cu) else bs
+    (gq, gd, gs, gi), (uq, ud, us, ui) = quantized_pair(x, cg, cu)
     span = 8 if cg > PACKED else ROWS_PER_TASK
     tasks = (ff + span - 1) // span
     for task in prange(k * tasks):
