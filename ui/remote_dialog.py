@@ -98,8 +98,13 @@ class RemoteDialog(QDialog):
         try:
             return remote.normalize_url(self._url())
         except remote.RemoteError as e:
-            self.status.setText(str(e))
+            self._say(str(e))
             return None
+
+    def _say(self, text: str) -> None:
+        """The status line, the dialog grown to show all of it (a long keyring error was clipped)."""
+        self.status.setText(text)
+        self.adjustSize()
 
     @staticmethod
     def _run(job) -> None:
@@ -118,7 +123,7 @@ class RemoteDialog(QDialog):
             return
         key = self.key.text() or None
         self.fetch_button.setEnabled(False)
-        self.status.setText(self.tr("Asking {url} for its models…").format(url=url))
+        self._say(self.tr("Asking {url} for its models…").format(url=url))
         me, answers = self._id, _relay()
 
         def job() -> None:
@@ -134,14 +139,14 @@ class RemoteDialog(QDialog):
             return
         self.fetch_button.setEnabled(True)
         if error:
-            self.status.setText(error)
+            self._say(error)
             return
         current = self.model.currentText()
         self.model.clear()
         self.model.addItems(ids)
         if current in ids:
             self.model.setCurrentText(current)
-        self.status.setText(self.tr("{url} serves {n} model(s)").format(url=url, n=len(ids)) if ids
+        self._say(self.tr("{url} serves {n} model(s)").format(url=url, n=len(ids)) if ids
                             else self.tr("{url} serves no model").format(url=url))
 
     def accept(self) -> None:
@@ -154,7 +159,7 @@ class RemoteDialog(QDialog):
             try:
                 remote.store_key(url, key)
             except remote.RemoteError as e:  # no keyring: said here; Connect again uses it for this session
-                self.status.setText(str(e) + " " + self.tr("Press Connect again to use it anyway."))
+                self._say(f"{e}. " + self.tr("Press Connect again to use it anyway."))
                 self._told = True
                 return
         self.settings.remote = {"url": url, "model": model}
