@@ -38,10 +38,22 @@ class CachePlan:
     # under a cgroup, its active page cache when settled: what it grows by later is mapped experts'
     # pages (clean, reclaimable), room for the pool, not pressure (else mapping shrinks the pool)
     active_file: int = 0
+    # an explicit size (expert_cache_size or _bytes) that did not fit the memory measured: its bytes,
+    # now the most the auto budget may reach (an expert cache pinned beyond the room gets the process
+    # OOM-killed under a cgroup, where pool slots are never reclaimed)
+    asked: int | None = None
+    asked_words: str = ""
 
     @property
     def warning(self) -> str | None:
-        return None if self.budget is None else self.budget.warning
+        words = None if self.budget is None else self.budget.warning
+        if self.asked is not None and self.cache_bytes < self.asked:
+            b = self.budget
+            cut = (f"{self.asked_words} asks for {self.asked / 1e6:.0f} MB of experts; only {self.cache_bytes / 1e6:.0f} MB "
+                   f"fit ({b.room / 1e6:.0f} MB free, {b.limited_by}), so the expert cache holds about "
+                   f"{self.capacity} a layer and grows back to the setting when memory frees up.")
+            words = cut if words is None else f"{cut} {words}"
+        return words
 
 
 def activation_bytes(cfg, tokens: int = 256) -> int:
@@ -88,19 +100,28 @@ def plan_expert_cache(model: ModelDir, params: dict, context_limit: int,
                         compile=sysmem.compile_reserve() if refuse else 0)
         return CachePlan(1, one, "dense model: its one MLP per layer stays in memory", resident, 0, kv, b.room,
                          budget=b)
+    b = sysmem.plan(resident, kv, activation_bytes(cfg), L * k * one, everything, min_budget(k, one),
+                    measured, refuse=refuse, compile=sysmem.compile_reserve() if refuse else 0)
+    asked = None
     if params.get("expert_cache_size"):
         cap = min(E, params["expert_cache_size"])
         nbytes = everything if cap >= E else cap * one * L + SPARE_SLOTS * one
-        return CachePlan(cap, one, f"{cap} of {E} experts per layer (expert_cache_size)", resident,
-                         nbytes, kv, sysmem.available_memory(), per_layer=cap)
-    if params.get("expert_cache_bytes"):
+        asked = CachePlan(cap, one, f"{cap} of {E} experts per layer (expert_cache_size)", resident,
+                          nbytes, kv, b.room, per_layer=cap, asked_words=f"expert_cache_size {cap}")
+    elif params.get("expert_cache_bytes"):
         nbytes = params["expert_cache_bytes"]
         cap = max(1, min(E, (nbytes - SPARE_SLOTS * one) // max(1, one * L)))
-        return CachePlan(cap, one, f"{nbytes / 1e6:.0f} MB, about {cap} of {E} experts per layer "
-                         f"(expert_cache_bytes)", resident, nbytes, kv, sysmem.available_memory())
-    b = sysmem.plan(resident, kv, activation_bytes(cfg), L * k * one, everything, min_budget(k, one),
-                    measured, refuse=refuse, compile=sysmem.compile_reserve() if refuse else 0)
-    return _auto_plan(b, one, E, L, resident, kv)
+        asked = CachePlan(cap, one, f"{nbytes / 1e6:.0f} MB, about {cap} of {E} experts per layer "
+                          f"(expert_cache_bytes)", resident, nbytes, kv, b.room,
+                          asked_words=f"expert_cache_bytes {nbytes / 1e6:.0f} MB")
+    if asked is None:
+        return _auto_plan(b, one, E, L, resident, kv)
+    if min(asked.cache_bytes, everything) <= b.experts:  # fits: exactly the setting, never re-planned
+        return asked
+    plan = _auto_plan(b, one, E, L, resident, kv)  # re-planned as memory moves, never above the setting
+    return replace(plan, per_layer=asked.per_layer, capacity=min(plan.capacity, asked.capacity),
+                   asked=min(asked.cache_bytes, everything), asked_words=asked.asked_words,
+                   reason=f"{asked.asked_words}, lowered to fit: {plan.reason}")
 
 
 def _auto_plan(b: MemoryBudget, one: int, E: int, L: int, resident: int, kv: int) -> CachePlan:
@@ -125,7 +146,11 @@ def replan(plan: CachePlan, num_experts: int, num_layers: int, cache_used: int, 
     k = b.cycle // max(1, num_layers * one)
     held_back = sysmem.margin(free, settled)
     left = cache_used + free - max(0, b.kv - kv_used) - b.activations - held_back
-    experts = max(min_budget(k, one), min(b.all_experts, left))
+    experts = max(min_budget(k, one), min(b.all_experts, left, plan.asked or b.all_experts))
     nb = replace(b, room=free, limited_by=source, experts=experts, margin=held_back)
-    return replace(_auto_plan(nb, one, num_experts, num_layers, plan.resident_bytes, plan.kv_bytes), settled=settled,
-                   active_file=active_file)
+    new = _auto_plan(nb, one, num_experts, num_layers, plan.resident_bytes, plan.kv_bytes)
+    if plan.asked is not None:  # an explicit size lowered to fit: its per-layer limit and its words stay
+        new = replace(new, per_layer=plan.per_layer, capacity=min(new.capacity, plan.per_layer or num_experts),
+                      asked=plan.asked, asked_words=plan.asked_words,
+                      reason=f"{plan.asked_words}, lowered to fit: {new.reason}")
+    return replace(new, settled=settled, active_file=active_file)

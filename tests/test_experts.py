@@ -507,6 +507,36 @@ def test_auto_budget_follows_memory_pressure(routed_model, monkeypatch, caplog):
     eng.close()
 
 
+@pytest.mark.parametrize("setting", [{"expert_cache_size": 4}, {"expert_cache_bytes": 1 << 40}])
+def test_an_explicit_cache_size_beyond_the_room_is_lowered_to_fit_not_oom_killed(routed_model, monkeypatch, setting):
+    """Under a cgroup pool slots are never reclaimed: a cache size set above the room measured would
+    get the process killed (every expert allowed, at 0.9x and 0.6x of the bench model, was). It is
+    lowered to the auto budget, said in plain words, and follows memory back up to the setting only."""
+    from engine import sysmem
+    path, _ = routed_model
+    monkeypatch.setattr(sysmem, "_rss", lambda: 100 << 20)
+    monkeypatch.setattr(sysmem, "room", lambda: (8 << 30, "MemAvailable"))
+    roomy = Engine(path, prefetch_window=0, **setting)  # fits: exactly the setting, never re-planned
+    assert not roomy.cache_plan.auto and roomy.cache_plan.warning is None
+    asked = roomy.cache_plan.cache_bytes
+    roomy.close()
+    monkeypatch.setattr(sysmem, "_rss", lambda: 300 << 20)  # (with it, above dense + 200 MB in all)
+    monkeypatch.setattr(sysmem, "room", lambda: (10 << 20, "cgroup limit"))
+    eng = Engine(path, prefetch_window=0, **setting)
+    plan, ec = eng.cache_plan, eng.weights.experts
+    assert plan.auto and plan.cache_bytes < asked and not ec.room_for_all
+    assert plan.reason.startswith(f"{next(iter(setting))} ") and "lowered to fit" in plan.reason
+    assert "asks for" in eng.stats().memory_warning and "grows back to the setting" in eng.stats().memory_warning
+    eng.forward(list(range(30)))
+    assert ec.stats().resident_bytes <= ec.budget  # no slot beyond the room
+    monkeypatch.setattr(sysmem, "room", lambda: (64 << 30, "cgroup limit"))  # memory freed up
+    eng._planned_at = 0.0
+    eng.forward([3])
+    assert eng.cache_plan.cache_bytes == min(asked, eng.cache_plan.budget.all_experts)
+    assert eng.cache_plan.warning is None
+    eng.close()
+
+
 def test_defrag_returns_the_spare_slots_it_frees(routed_model):
     path, _ = routed_model
     eng = Engine(path, expert_cache_size=4, prefetch_window=0)
