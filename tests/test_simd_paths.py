@@ -160,7 +160,7 @@ def test_stats_names_the_path_and_the_kernel_per_format(tmp_path):
 def test_the_dashboard_shows_what_runs_in_one_line():
     from types import SimpleNamespace
 
-    from ui.dashboard import _kernels_line
+    from ui.dashboard_text import kernels_line as _kernels_line
     snap = SimpleNamespace(simd_path="vnni (measured)", kernels={"q4_k": "kquants (vnni)", "f32": "cpu (float)"})
     assert _kernels_line(snap) == " · kernels vnni (measured): q4_k kquants, f32 cpu"
     assert _kernels_line(SimpleNamespace()) == ""  # a remote endpoint's stats: nothing to show

@@ -103,7 +103,8 @@ def test_decode_and_prefill_have_their_own_axes_and_defrag_says_what_changed(qtb
     from PySide6.QtCore import QObject, Signal
 
     from ui import theme
-    from ui.dashboard import Dashboard, defrag_text
+    from ui.dashboard import Dashboard
+    from ui.dashboard_text import defrag_text
 
     class Worker(QObject):
         stats, text, defragged, failed = Signal(object), Signal(int, str, object), Signal(object), Signal(str, str)

@@ -23,6 +23,8 @@ from app import advice as A
 from app.model_info import human_bytes
 from app.worker import STATS_MS
 from ui import pyside_refcount
+from ui.dashboard_text import defrag_text, gpu_text, kernels_line, no_gpu, pct, watts
+from ui.plot_range import fit_y, nice_ceil, no_focus
 from ui.steady_label import SteadyLabel
 
 WINDOW_S = 120  # seconds of history on every time plot
@@ -35,68 +37,6 @@ _mb = human_bytes
 
 def _tr(text: str) -> str:
     return QCoreApplication.translate("Dashboard", text)
-
-
-def defrag_text(r) -> str:
-    """What a defrag did, as measured: the pool's release and the change in RSS, told apart.
-
-    The pool hands free pages back with madvise; RSS drops only by those that were in physical
-    memory (pages never touched cost nothing), and the kernel may take them back later."""
-    before, after, change = _mb(r.rss_before), _mb(r.rss_after), r.rss_change
-    rss = f"RSS {before} → {after} ({'−' if change < 0 else '+'}{_mb(abs(change))})"
-    if r.returned_bytes <= 0:
-        return _tr("Nothing to give back: the pool had no free pages it could release · {rss}").format(rss=rss)
-    if -change >= r.returned_bytes // 2:
-        return _tr("Gave {size} back to the system · {rss}").format(size=_mb(r.returned_bytes), rss=rss)
-    return _tr("Released {size} of free pool pages, but RSS did not drop by as much ({rss}): most of those pages "
-               "were never in physical memory, or the system has not reclaimed them yet").format(
-        size=_mb(r.returned_bytes), rss=rss)
-
-
-def _no_focus(plot: pg.PlotWidget) -> None:
-    """A plot is a picture, mouse and keys off: Tab passes it by (its figures are in the caption below)."""
-    plot.setFocusPolicy(Qt.NoFocus)
-    plot.viewport().setFocusPolicy(Qt.NoFocus)
-
-
-def _pct(x: float | None) -> str:
-    return "—" if x is None else f"{x:.0%}"
-
-
-def _kernels_line(snap) -> str:
-    """What runs: the dot-product path and how it was chosen, the inner kernel per format (stats())."""
-    path, kernels = getattr(snap, "simd_path", ""), getattr(snap, "kernels", None) or {}
-    if not path:
-        return ""
-    per = ", ".join(f"{fmt} {k.split(' ')[0]}" for fmt, k in kernels.items())
-    return f" · kernels {path}" + (f": {per}" if per else "")
-
-_NICE = (1.0, 1.2, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0)
-
-
-def _nice_ceil(v: float) -> float:
-    """`v` rounded up to 1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6 or 8 times a power of ten."""
-    if v <= 0:
-        return v
-    scale = 10.0 ** math.floor(math.log10(v))
-    return next(m * scale for m in _NICE if m * scale >= v * (1 - 1e-9))
-
-
-def _fit_y(plot: pg.PlotWidget, values: np.ndarray, low: float | None, min_span: float = 10.0) -> None:
-    """The y range over the finite values: from `low` to at least 15% above the largest, or (low None)
-    around them, at least min_span wide; nothing to show leaves the range as it is. The ends are
-    rounded (to _NICE steps, or whole multiples of min_span / 2): a range that followed every new
-    figure redrew the axis at each snapshot, and its ticks wandered."""
-    v = values[np.isfinite(values)]
-    if not len(v):
-        return
-    top, bottom = float(v.max()), float(v.min())
-    if low is not None:
-        plot.setYRange(low, low + _nice_ceil(max((top - low) * 1.15, 1.0)), padding=0)
-    else:
-        step = min_span / 2
-        mid, half = (top + bottom) / 2, max(top - bottom, min_span) / 2 * 1.15
-        plot.setYRange(math.floor((mid - half) / step) * step, math.ceil((mid + half) / step) * step, padding=0)
 
 
 class Dashboard(QWidget):
@@ -143,7 +83,7 @@ class Dashboard(QWidget):
         for side in ("left", "right", "bottom"):
             p.getAxis(side).enableAutoSIPrefix(False)  # "(x0.001)" beside a title read as noise
         p.setMinimumHeight(150)
-        _no_focus(p)
+        no_focus(p)
         for side in ("left", "bottom", "right"):
             ax = p.getAxis(side)
             # an axis (and its grid, drawn across the plot) kept as a pixmap while its range and size
@@ -257,7 +197,7 @@ class Dashboard(QWidget):
         self.heat_plot.setMinimumHeight(150)
         for side in ("left", "bottom"):
             self.heat_plot.getAxis(side).enableAutoSIPrefix(False)
-        _no_focus(self.heat_plot)
+        no_focus(self.heat_plot)
         self.heat_plot.setMouseEnabled(x=False, y=False)
         self.heat_plot.hideButtons()
         self.heat_plot.invertY(True)  # layer 0 on top, as in a table
@@ -519,10 +459,10 @@ class Dashboard(QWidget):
                       "the next one is drawn here."))
         self.prefill_curve.setData(x[dots], prefill[dots])
         if dots.any():
-            self.prefill_view.setYRange(0, _nice_ceil(float(prefill[dots].max()) * 1.15), padding=0)
+            self.prefill_view.setYRange(0, nice_ceil(float(prefill[dots].max()) * 1.15), padding=0)
         self.decode_dots.setData(x[seen], decode[seen])
         self.decode_curve.setData(x, decode, connect="finite")
-        _fit_y(self.speed_plot, decode, 0.0)
+        fit_y(self.speed_plot, decode, 0.0)
 
     def _draw_lines(self, chart: QStackedWidget | None, plot: pg.PlotWidget, x: np.ndarray,
                     h: dict[str, np.ndarray], keys: tuple[str, ...], fit: float | None) -> None:
@@ -533,7 +473,7 @@ class Dashboard(QWidget):
         for key in keys:
             self._curves[key].setData(x, h[key], connect="finite")
         if fit is not None:
-            _fit_y(plot, np.concatenate([h[k] for k in keys]), fit)
+            fit_y(plot, np.concatenate([h[k] for k in keys]), fit)
 
     def _draw_temp(self, x: np.ndarray, h: dict[str, np.ndarray], now: float, snap) -> None:
         if self.temp_chart.currentIndex() != 0:
@@ -541,7 +481,7 @@ class Dashboard(QWidget):
         # a span of at least 10 °C: a near-constant figure autoscaled to 1 °C drew a jagged line
         temp = h["temp"]
         self.temp_curve.setData(x, temp, connect="finite")
-        _fit_y(self.temp_plot, temp, None)
+        fit_y(self.temp_plot, temp, None)
         threads = h["threads"]
         self.threads_curve.setData(x, threads, connect="finite")
         self.threads_view.setYRange(0, max(A.configured_threads(snap), int(np.nanmax(threads)) if len(threads) else 1) + 1)
@@ -619,16 +559,16 @@ class Dashboard(QWidget):
                                 f"{snap.tokens_reused:,} reused")
 
     def _draw_rest(self, snap, ec, hw, g) -> None:
-        prefetch = "off" if not ec.prefetch_enabled else _pct(ec.prefetch_accuracy)
+        prefetch = "off" if not ec.prefetch_enabled else pct(ec.prefetch_accuracy)
         # a dense model's plot drew a lone "100 %" hit rate at its edge
         self._say(self.cache_chart, _tr("A dense model has no experts to cache: all its weights stay in memory.")
                   if snap.num_experts <= 1 else None)
-        self.cache_text.setText(f"hit rate {_pct(ec.hit_rate if ec.hits + ec.misses else None)} · prefetch accuracy "
-                                f"{prefetch} · served without waiting {_pct(ec.served_without_wait)} · "
+        self.cache_text.setText(f"hit rate {pct(ec.hit_rate if ec.hits + ec.misses else None)} · prefetch accuracy "
+                                f"{prefetch} · served without waiting {pct(ec.served_without_wait)} · "
                                 f"{ec.resident} experts in memory ({_mb(ec.resident_bytes)}), "
                                 f"{_mb(ec.bytes_loaded)} loaded · {snap.expert_cache_plan}")
         self.rss_text.setText(f"RSS {_mb(snap.rss_bytes)} · weights {_mb(snap.weights_bytes)} · KV cache "
-                              f"{_mb(snap.kv_cache_bytes)}" + _kernels_line(snap))
+                              f"{_mb(snap.kv_cache_bytes)}" + kernels_line(snap))
         configured, effective = A.configured_threads(snap), A.effective_threads(snap)
         temp = f"{hw.cpu_temp_c:.0f} °C ({hw.cpu_temp_sensor})" if hw is not None and hw.cpu_temp_c is not None \
             else f"CPU temperature {A.missing(snap, 'cpu_temp')}"
@@ -640,8 +580,8 @@ class Dashboard(QWidget):
                   f"CPU temperature {A.missing(snap, 'cpu_temp')}.\nThreads: {effective} of {configured or effective}; "
                   f"the thermal governor needs a temperature to act.")
         jpt = A.joules_per_token(snap)
-        parts = [self._watts("CPU", hw and hw.cpu_power_w, hw and hw.cpu_power_limit_w, A.missing(snap, "cpu_power")),
-                 self._watts("GPU", g and g.power_w, g and g.power_limit_w, A.missing(snap, "gpu"))]
+        parts = [watts("CPU", hw and hw.cpu_power_w, hw and hw.cpu_power_limit_w, A.missing(snap, "cpu_power")),
+                 watts("GPU", g and g.power_w, g and g.power_limit_w, A.missing(snap, "gpu"))]
         has = lambda key: any(not math.isnan(v) for v in self.history[key])  # noqa: E731
         power = has("cpu_w") or has("gpu_w")
         self._say(self.power_chart, None if power else
@@ -656,29 +596,5 @@ class Dashboard(QWidget):
         load = f"{hw.cpu_percent:.0f}% of all CPUs now" if hw is not None else f"CPU load {A.NO_HARDWARE}"
         self.load_text.setText(load)
         self._say(self.load_chart, None if has("cpu_pct") else f"CPU load {A.NO_HARDWARE}")
-        self.gpu_text.setText(self._gpu_text(snap, hw, g))
-        self._say(self.gpu_chart, None if g is not None else self._no_gpu(snap, hw))
-
-    @staticmethod
-    def _watts(name: str, watts, limit, why: str) -> str:
-        if watts is None:
-            return f"{name} {why}"
-        return f"{name} {watts:.1f} W" + (f" (limit {limit:g} W)" if limit else "")
-
-    @staticmethod
-    def _no_gpu(snap, hw) -> str:
-        if hw is None:
-            return f"GPU {A.NO_HARDWARE}"
-        why = A.missing(snap, "gpu").removeprefix("not available: ")
-        return why[:1].upper() + why[1:] if why.lower().startswith("no nvidia gpu") else f"No NVIDIA GPU: {why}"
-
-    @staticmethod
-    def _gpu_text(snap, hw, g) -> str:
-        if g is None:
-            return "The engine runs on the CPU." if hw is not None else ""
-
-        def v(x, fmt):
-            return "—" if x is None else fmt.format(x)
-        mem = "—" if g.mem_used_bytes is None else f"{g.mem_used_bytes / 2**30:.1f} / {g.mem_total_bytes / 2**30:.1f} GiB"
-        return (f"GPU {g.index}: {g.name} · {v(g.temp_c, '{:.0f} °C')} · {v(g.power_w, '{:.0f} W')} of "
-                f"{v(g.power_limit_w, '{:.0f} W')} limit · busy {v(g.util_percent, '{:.0f}%')} · memory {mem}")
+        self.gpu_text.setText(gpu_text(snap, hw, g))
+        self._say(self.gpu_chart, None if g is not None else no_gpu(snap, hw))
