@@ -63,12 +63,14 @@ if trace:  # benchmark-only hook: routing and look-ahead replayed from a real mo
     from app.bench.memory import replay_routing
     replay_routing(eng, trace)
 load_s = time.perf_counter() - t0
-ids = [int(i) for i in np.random.default_rng(0).integers(300, eng.cfg.vocab_size, prompt_n)]
-t = time.perf_counter(); nxt = eng.forward(ids); prefill = prompt_n / (time.perf_counter() - t)
+rng = np.random.default_rng(0)  # the prompt, then the tokens decoded: the same for both engines (_LLAMA)
+ids = [int(i) for i in rng.integers(300, eng.cfg.vocab_size, prompt_n)]
+stream = [int(i) for i in rng.integers(300, eng.cfg.vocab_size, decode_n)]
+t = time.perf_counter(); eng.forward(ids); prefill = prompt_n / (time.perf_counter() - t)
 r0, l0 = io_read(), eng.stats().expert_cache.bytes_loaded
 t, n, c0 = time.perf_counter(), 0, time.process_time()
 while n < decode_n and (n < 3 or time.perf_counter() - t < max_s):
-    nxt = eng.forward([nxt]); n += 1
+    eng.forward([stream[n]]); n += 1
 decode = n / (time.perf_counter() - t)
 cpu_ms = (time.process_time() - c0) / n * 1e3  # all threads' CPU time a token: comparable on a loaded machine
 from engine import sysmem
@@ -157,12 +159,16 @@ def io_read():
 t0 = time.perf_counter()
 m = Llama(path, n_ctx=1024, n_threads=threads, n_threads_batch=threads, n_batch=512, use_mmap=mmap_on, verbose=False)
 load_s = time.perf_counter() - t0
-ids = [int(i) for i in np.random.default_rng(0).integers(300, m.n_vocab(), prompt_n)]
+# the same prompt and decoded tokens as Colibri's (_COLIBRI): a greedy decode read m.scores, which the
+# binding leaves zero without logits_all, so llama.cpp decoded token 0 over and over, every step routed
+# alike (it read 14-22 MB a token where random routing misses 5-10 times that), not what Colibri decoded
+rng = np.random.default_rng(0)
+ids = [int(i) for i in rng.integers(300, m.n_vocab(), prompt_n)]
+stream = [int(i) for i in rng.integers(300, m.n_vocab(), decode_n)]
 t = time.perf_counter(); m.eval(ids); prefill = prompt_n / (time.perf_counter() - t)
-nxt = int(np.argmax(m.scores[m.n_tokens - 1]))
 r0, t, n, c0 = io_read(), time.perf_counter(), 0, time.process_time()
 while n < decode_n and (n < 3 or time.perf_counter() - t < max_s):
-    m.eval([nxt]); nxt = int(np.argmax(m.scores[m.n_tokens - 1])); n += 1
+    m.eval([stream[n]]); n += 1
 decode = n / (time.perf_counter() - t)
 hwm = int(next(l for l in open('/proc/self/status') if l.startswith('VmHWM')).split()[1]) * 1024
 print(json.dumps({"engine": "llama.cpp", "mmap": mmap_on, "load_s": load_s, "prefill_tok_s": prefill,
