@@ -41,6 +41,7 @@ def _default_tokenizer() -> str:
     finally:
         g.close()
 PROMPT_TOKENS, DECODE_TOKENS = 128, 48
+DECODE_INPUT = "seeded random tokens (the same for both engines)"  # (runs before 6015cff: "greedy tokens")
 
 # Runs in a child process: measures Colibri and prints one JSON line.
 _COLIBRI = r"""
@@ -553,7 +554,8 @@ def readme_block(results: dict) -> str:
             f"llama.cpp's own tools: {sizes}. {results.get('threads')} threads; {cpu}; "
             f"disk {m.get('disk_mb_s', 0):.0f} MB/s (O_DIRECT, 4 threads); {results['repeats']} alternating rounds, "
             f"medians; a {results.get('prompt_tokens', PROMPT_TOKENS)}-token prompt, then up to "
-            f"{results.get('decode_tokens', DECODE_TOKENS)} greedy tokens or {results.get('decode_seconds', 'no')} s "
+            f"{results.get('decode_tokens', DECODE_TOKENS)} {results.get('decode_input', 'greedy tokens')} or "
+            f"{results.get('decode_seconds', 'no')} s "
             f"of decode; trace: {Path(results['trace']).name if results.get('trace') else 'none'}.")
     return f"{head}\n\n{markdown(results)}"
 
@@ -617,7 +619,7 @@ def main(args) -> int:
     res |= {"machine": machine(), "load_before": load_before, "load_after": [round(x, 1) for x in os.getloadavg()],
             "prompt_tokens": getattr(args, "prompt_tokens", PROMPT_TOKENS),
             "decode_tokens": args.decode_tokens, "decode_seconds": getattr(args, "decode_seconds", None),
-            "finished": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+            "decode_input": DECODE_INPUT, "finished": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     text = json.dumps(res, indent=1, default=str)
     if args.json:
         Path(args.json).write_text(text + "\n")
