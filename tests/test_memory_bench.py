@@ -1,10 +1,14 @@
 """colibri-bench memory's report: medians per cell, the ratio to llama.cpp's mmap run, and the
-README block regenerated from the JSON (no engine runs here)."""
+README block regenerated from the JSON; and what its Colibri child decodes (a real engine run)."""
 from __future__ import annotations
 
+import sys
+
+import numpy as np
 import pytest
 
-from app.bench.memory import README_END, markdown, medians, write_readme
+from app.bench.memory import _COLIBRI, _LLAMA, _TOKENS, README_END, markdown, medians, run_child, write_readme
+from tests.test_experts import VOCAB, routed_model  # noqa: F401 (a fixture)
 
 
 def _results():
@@ -50,3 +54,18 @@ def test_the_readme_block_is_regenerated_between_its_markers(tmp_path):
     readme.write_text("no markers\n")
     with pytest.raises(SystemExit, match="no generated memory block"):
         write_readme(_results(), readme, "x.json")
+
+
+def test_both_engines_are_fed_the_same_seeded_tokens_and_the_colibri_child_decodes_them(routed_model):  # noqa: F811
+    """The capped comparison means something only if both engines decode the same tokens: llama.cpp's
+    child once decoded greedily from the binding's `scores` (zero without logits_all), i.e. token 0 at
+    every step, routed alike each time, beside Colibri's random routing. Both children now take one
+    seeded stream; the Colibri child runs here for real and reports what it fed."""
+    assert _TOKENS in _COLIBRI and _TOKENS in _LLAMA and "argmax" not in _LLAMA
+    path, _ = routed_model
+    out = run_child([sys.executable, "-c", _COLIBRI, str(path), "auto", "1", "8", "6", "", "inf"], None, 300)
+    assert "error" not in out, out
+    scope = {"np": np, "vocab": VOCAB, "prompt_n": 8, "decode_n": 6}
+    exec(_TOKENS, scope)  # what the llama.cpp child computes for the same vocabulary
+    assert out["fed"] == scope["stream"] and out["decode_tokens"] == 6
+    assert len(set(out["fed"])) > 1  # not one token over and over

@@ -41,6 +41,15 @@ def _default_tokenizer() -> str:
     finally:
         g.close()
 PROMPT_TOKENS, DECODE_TOKENS = 128, 48
+# what both engines' children (_COLIBRI, _LLAMA) are fed: a prompt, then one token a decode step, from
+# one seeded generator (llama-bench's tg feeds random tokens too). Until 6015cff llama.cpp's child
+# decoded greedily from the binding's `scores`, which stay zero without logits_all: it fed token 0 at
+# every step, each routed alike (22 MB read a token at cap 0.9 of the moderate model, 142-178 MB fed
+# the tokens Colibri decodes)
+_TOKENS = """rng = np.random.default_rng(0)
+ids = [int(i) for i in rng.integers(300, vocab, prompt_n)]
+stream = [int(i) for i in rng.integers(300, vocab, decode_n)]
+"""
 DECODE_INPUT = "seeded random tokens (the same for both engines)"  # (runs before 6015cff: "greedy tokens")
 
 # Runs in a child process: measures Colibri and prints one JSON line.
@@ -64,10 +73,8 @@ if trace:  # benchmark-only hook: routing and look-ahead replayed from a real mo
     from app.bench.memory import replay_routing
     replay_routing(eng, trace)
 load_s = time.perf_counter() - t0
-rng = np.random.default_rng(0)  # the prompt, then the tokens decoded: the same for both engines (_LLAMA)
-ids = [int(i) for i in rng.integers(300, eng.cfg.vocab_size, prompt_n)]
-stream = [int(i) for i in rng.integers(300, eng.cfg.vocab_size, decode_n)]
-t = time.perf_counter(); eng.forward(ids); prefill = prompt_n / (time.perf_counter() - t)
+vocab = eng.cfg.vocab_size
+%TOKENS%t = time.perf_counter(); eng.forward(ids); prefill = prompt_n / (time.perf_counter() - t)
 r0, l0 = io_read(), eng.stats().expert_cache.bytes_loaded
 t, n, c0 = time.perf_counter(), 0, time.process_time()
 while n < decode_n and (n < 3 or time.perf_counter() - t < max_s):
@@ -81,7 +88,7 @@ acts = np.array(ec.activations, dtype=float)
 p = acts / np.maximum(acts.sum(axis=1, keepdims=True), 1)
 entropy = float(np.mean(-(p * np.log2(np.where(p > 0, p, 1))).sum(axis=1)))
 hwm = int(next(l for l in open('/proc/self/status') if l.startswith('VmHWM')).split()[1]) * 1024
-print(json.dumps({"engine": "colibri", "cache": ec.capacity_per_layer, "plan": st.expert_cache_plan,
+print(json.dumps({"engine": "colibri", "fed": stream[:n], "cache": ec.capacity_per_layer, "plan": st.expert_cache_plan,
     "budget_mb": getattr(ec, "budget_bytes", 0) / 1e6, "warning": getattr(st, "memory_warning", None),
     "load_s": load_s, "prefill_tok_s": prefill, "decode_tok_s": decode, "peak_rss_mb": hwm / 1e6,
     "read_mb_per_token": (io_read() - r0) / n / 1e6, "decode_tokens": n, "cpu_ms_per_token": cpu_ms,
@@ -92,7 +99,7 @@ print(json.dumps({"engine": "colibri", "cache": ec.capacity_per_layer, "plan": s
     "mapping_paused": getattr(ec, "mapping_paused", None),
     "read_ways_mb": {k: v / 1e6 for k, v in getattr(ec, "read_bytes", ())}, "routing_entropy_bits": entropy,
     "max_entropy_bits": float(np.log2(acts.shape[1])), "top4_share": float(np.sort(p, axis=1)[:, -4:].sum(1).mean())}))
-"""
+""".replace("%TOKENS%", _TOKENS)
 
 
 def replay_routing(eng, trace_path: str) -> None:
@@ -160,22 +167,17 @@ def io_read():
 t0 = time.perf_counter()
 m = Llama(path, n_ctx=1024, n_threads=threads, n_threads_batch=threads, n_batch=512, use_mmap=mmap_on, verbose=False)
 load_s = time.perf_counter() - t0
-# the same prompt and decoded tokens as Colibri's (_COLIBRI): a greedy decode read m.scores, which the
-# binding leaves zero without logits_all, so llama.cpp decoded token 0 over and over, every step routed
-# alike (it read 14-22 MB a token where random routing misses 5-10 times that), not what Colibri decoded
-rng = np.random.default_rng(0)
-ids = [int(i) for i in rng.integers(300, m.n_vocab(), prompt_n)]
-stream = [int(i) for i in rng.integers(300, m.n_vocab(), decode_n)]
-t = time.perf_counter(); m.eval(ids); prefill = prompt_n / (time.perf_counter() - t)
+vocab = m.n_vocab()
+%TOKENS%t = time.perf_counter(); m.eval(ids); prefill = prompt_n / (time.perf_counter() - t)
 r0, t, n, c0 = io_read(), time.perf_counter(), 0, time.process_time()
 while n < decode_n and (n < 3 or time.perf_counter() - t < max_s):
     m.eval([stream[n]]); n += 1
 decode = n / (time.perf_counter() - t)
 hwm = int(next(l for l in open('/proc/self/status') if l.startswith('VmHWM')).split()[1]) * 1024
-print(json.dumps({"engine": "llama.cpp", "mmap": mmap_on, "load_s": load_s, "prefill_tok_s": prefill,
+print(json.dumps({"engine": "llama.cpp", "fed": stream[:n], "mmap": mmap_on, "load_s": load_s, "prefill_tok_s": prefill,
     "decode_tok_s": decode, "peak_rss_mb": hwm / 1e6, "read_mb_per_token": (io_read() - r0) / n / 1e6,
     "decode_tokens": n, "cpu_ms_per_token": (time.process_time() - c0) / n * 1e3}))
-"""
+""".replace("%TOKENS%", _TOKENS)
 
 
 def llama_python() -> str | None:
