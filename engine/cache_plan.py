@@ -118,10 +118,16 @@ def plan_expert_cache(model: ModelDir, params: dict, context_limit: int,
         return _auto_plan(b, one, E, L, resident, kv)
     if min(asked.cache_bytes, everything) <= b.experts:  # fits: exactly the setting, never re-planned
         return asked
-    plan = _auto_plan(b, one, E, L, resident, kv)  # re-planned as memory moves, never above the setting
-    return replace(plan, per_layer=asked.per_layer, capacity=min(plan.capacity, asked.capacity),
-                   asked=min(asked.cache_bytes, everything), asked_words=asked.asked_words,
-                   reason=f"{asked.asked_words}, lowered to fit: {plan.reason}")
+    # re-planned as memory moves, never above the setting
+    return _lowered(_auto_plan(b, one, E, L, resident, kv), min(asked.cache_bytes, everything), asked.per_layer,
+                    asked.asked_words, E)
+
+
+def _lowered(plan: CachePlan, asked: int, per_layer: int | None, words: str, E: int) -> CachePlan:
+    """An auto plan standing in for an explicit size that did not fit: the setting's per-layer limit,
+    its bytes as the ceiling, its words in the reason."""
+    return replace(plan, per_layer=per_layer, capacity=min(plan.capacity, per_layer or E), asked=asked,
+                   asked_words=words, reason=f"{words}, lowered to fit: {plan.reason}")
 
 
 def _auto_plan(b: MemoryBudget, one: int, E: int, L: int, resident: int, kv: int) -> CachePlan:
@@ -149,8 +155,6 @@ def replan(plan: CachePlan, num_experts: int, num_layers: int, cache_used: int, 
     experts = max(min_budget(k, one), min(b.all_experts, left, plan.asked or b.all_experts))
     nb = replace(b, room=free, limited_by=source, experts=experts, margin=held_back)
     new = _auto_plan(nb, one, num_experts, num_layers, plan.resident_bytes, plan.kv_bytes)
-    if plan.asked is not None:  # an explicit size lowered to fit: its per-layer limit and its words stay
-        new = replace(new, per_layer=plan.per_layer, capacity=min(new.capacity, plan.per_layer or num_experts),
-                      asked=plan.asked, asked_words=plan.asked_words,
-                      reason=f"{plan.asked_words}, lowered to fit: {new.reason}")
+    if plan.asked is not None:  # an explicit size lowered to fit stays one
+        new = _lowered(new, plan.asked, plan.per_layer, plan.asked_words, num_experts)
     return replace(new, settled=settled, active_file=active_file)
