@@ -193,6 +193,29 @@ def test_every_architecture_decodes_alike_on_both_paths(models, calls, arch):
     assert calls[0] == 2 * len(tokens)
 
 
+def test_given_picks_stand_in_for_the_routers_as_on_the_layered_path(models, calls, tmp_path):
+    """colibri-bench memory --trace on a resident model: the kernel takes the trace's picks at
+    equal weights (FusedDecode.given), as the layered path takes them from its route hook."""
+    from app.bench.memory import replay_routing
+    eng = resident(Engine(models("mixtral", "int8")), [1, 5, 9, 14, 3, 7])
+    L, E, K = eng.cfg.num_layers, eng.cfg.num_experts, eng.cfg.top_k
+    rng = np.random.default_rng(2)
+    ids = np.array([[rng.permutation(E)[:K] for _ in range(L + 1)] for _ in range(12)], np.int16)
+    np.savez(tmp_path / "t.npz", ids=ids, ahead=ids[:, 1:], num_experts=E)
+    start, tokens = eng.cache.length, [11, 2, 30, 4, 17, 8, 21]
+    replay_routing(eng, str(tmp_path / "t.npz"))
+    layered = decode(eng, tokens, False, start)
+    replay_routing(eng, str(tmp_path / "t.npz"))  # the trace from its first token again
+    calls[0] = 0
+    fused = decode(eng, tokens, True, start)
+    assert calls[0] == len(tokens)
+    assert_same(fused, layered)
+    expected = [[int((ids[:len(tokens), layer] == e).sum()) for e in range(E)] for layer in range(L)]
+    np.testing.assert_array_equal(fused["activations"], expected)
+    eng.net.fused.given = None  # the routers pick again
+    assert not np.array_equal(decode(eng, tokens, True, start)["logits"], fused["logits"])
+
+
 def test_not_taken_without_integer_weights_or_with_float_activations(models, calls):
     assert Engine(models("llama", "keep")).net.fused is None  # f32 weights: no integer dot
     eng = Engine(models("llama", "int8"), int8_activations=False)

@@ -106,8 +106,8 @@ def replay_routing(eng, trace_path: str) -> None:
     """Make `eng` route as a recorded trace did (colibri-bench routing --trace): layer L of the
     benchmark model takes layer L of the trace, token after token (wrapping around), with equal
     weights; the prefetcher guesses the next layer with the trace's one-layer-ahead picks (what
-    that model's next router made of this layer's input). The fused decode is off: it routes
-    inside its kernel. Benchmark only: it patches the instance, nothing in the engine."""
+    that model's next router made of this layer's input). The fused decode (all experts resident)
+    takes the trace's picks through its `given` hook. Benchmark only: it patches the instance."""
     import numpy as np
     tr = np.load(trace_path)
     ids, ahead = tr["ids"].astype(np.int64), tr["ahead"].astype(np.int64)
@@ -132,11 +132,14 @@ def replay_routing(eng, trace_path: str) -> None:
             rows = (state["tok"] + np.arange(h.shape[0])) % len(ids)
             cache.prefetch(layer + 1, np.unique(ahead[rows, layer, :K] % E))
 
-    net.route, net.prefetch, net.fused_decode = route, prefetch, False
-    cache = net.w.experts
-    if cache.room_for_all:  # all resident means all resident (the fused decode, now off, would fill it)
-        cache.fill()
-        cache.drain(timeout=120)
+    def given():  # FusedDecode.given: a whole token in one call
+        picks = ids[state["tok"] % len(ids), :L, :K] % E
+        state["call"], state["tok"] = state["call"] + L, state["tok"] + 1
+        return picks
+
+    net.route, net.prefetch = route, prefetch
+    if net.fused is not None:
+        net.fused.given = given
 
 
 # Runs llama.cpp's own llama-bench (mmap on) in a child and reports its peak RSS and block reads.

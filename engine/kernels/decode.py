@@ -152,7 +152,8 @@ def decode_layers(x, norms, attn, bias, qk_norms, qk_norm, clip, router, experts
                   picks):
     """Run one token x (1, hidden), in place, through every layer at position `pos`, writing its
     keys and values into the cache; picks (layers, top_k) receives each layer's experts (for the
-    expert cache's counters). cos, sin (head_dim/2,): the position's rotary angles.
+    expert cache's counters), but a row that comes in with experts (≥ 0) is taken as given, at
+    equal weights, its router's own choice dropped (colibri-bench's trace replay). cos, sin (head_dim/2,): the position's rotary angles.
     bias (layers, 3, heads·head_dim): q, k, v biases (k, v in the first kv_heads·head_dim), or
     (layers, 3, 0) for none; qk_norms (layers, 2, n): q and k RMSNorm weights, n = head_dim per
     head (qk_norm 1, Qwen3) or heads·head_dim over all heads (qk_norm 2, OLMoE; k's in the first
@@ -240,6 +241,9 @@ def decode_layers(x, norms, attn, bias, qk_norms, qk_norm, clip, router, experts
             xq, xd, xs, xi = q256 if per_256(router[L, CODE]) else q32
             logits = _router_logits(_matrix(router[L]), router[L, CODE], h, xq[0], xd[0], xs[0], xi[0])
             softmax_top_k(logits, top_k, renormalise, mix, ids)
+        if picks[L, 0] >= 0:
+            for j in range(top_k):
+                ids[0, j], mix[0, j] = picks[L, j], np.float32(1.0 / top_k)
         picks[L] = ids[0]
         ff = experts[L, 0, 0, ROWS]  # a multiple of 32: the down matrices' blocks span it
         tasks = ff // 32

@@ -11,7 +11,7 @@ arithmetic (tests/test_fused_decode.py holds the two equal on every architecture
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
@@ -73,6 +73,9 @@ class FusedDecode:
         self._key = None
         self._experts = None  # (layers, E, 3, 4) table, or None while some expert is not loaded
         self._keep = None  # the ExpertWeights the table points into
+        # benchmark hook (colibri-bench memory --trace): () -> (layers, top_k) experts the next
+        # token takes instead of its routers' picks, at equal weights; None: the routers pick
+        self.given: Callable[[], np.ndarray] | None = None
 
     @staticmethod
     def refusal(model: Transformer) -> str | None:
@@ -151,7 +154,9 @@ class FusedDecode:
                 experts: np.ndarray, layers: int) -> np.ndarray:
         cfg = self.model.cfg
         keys, values = (cache.k.view(np.uint16), cache.v.view(np.uint16)) if cache.kind == "f16" else (cache.k, cache.v)
-        picks = np.empty((layers, self.top_k), np.int64)
+        picks = np.full((layers, self.top_k), -1, np.int64)
+        if self.given is not None and layers:
+            picks[:] = self.given()
         decode_layers(x, self.norms[:layers], self.attn[:layers], self.bias[:layers], self.qk_norms[:layers],
                       QK_NORM[cfg.qk_norm], np.float32(cfg.clip_qkv or 0.0), self.router[:layers], experts, self.top_k,
                       bool(self.renormalise), np.float32(cfg.rms_norm_eps), self.model.scale, cfg.sliding_window or 0,
