@@ -16,10 +16,8 @@ page cache, reclaimable and not our RSS, holds what the pool does not. Then, too
 colder (LFU) than the expert it would push out is not admitted: it is mapped from the page cache
 for its one use (no copy, no slot) and the hotter expert stays (`colibri-bench routing`'s
 lfu_admit: 59.4% hits at 2 of 8 a layer on the MoEfied trace against LFU's 55.9%). Under a memory
-cgroup too, while its room beyond the pool holds a few experts and the page cache is seen keeping
-the mapped ones (mincore on their next mapping): pool slots are never reclaimed, page-cache pages
-are, so the cache is the pool plus what the cgroup's page cache keeps, as llama.cpp's mmap has it;
-where the page cache keeps nothing (heavy caps) misses go back to one O_DIRECT copy into a slot.
+cgroup every miss takes its one O_DIRECT copy into a slot: mapping there too was measured slower
+(engine.experts, by the cache policies).
 
 Experts come in the layout the kernels consume: the converter writes every expert matrix whose
 format has 8-row-group kernels (cpu.PACKABLE, rows a multiple of 8) already repacked (engine.quant's
@@ -164,7 +162,6 @@ class ExpertStore:
         self.direct = hasattr(os, "O_DIRECT") and read_mode in ("auto", "direct")
         self.read_bytes = Counter()  # bytes by way: page_cache (copied), direct, buffered, mapped (of it mapped_held: in the page cache)
         self._keep, self._keep_at = False, -math.inf
-        self._room, self._room_at = None, -math.inf
         self.holds_every_expert = False  # set by the cache: each expert is read once and stays, keep no copy
 
     def span(self, layer: int, expert: int | str) -> ExpertSpan:
@@ -218,10 +215,6 @@ class ExpertStore:
         """The expert's matrices over a private mapping of its file span: page-cache pages, no
         copy (writable copy-on-write, so the kernels see the array type they were compiled for;
         nothing writes). For a miss served once: the mapping goes when the last view does."""
-        return self.map_held(layer, expert)[0]
-
-    def map_held(self, layer: int, expert: int) -> tuple[ExpertWeights, float]:
-        """map(), and the share of the span the page cache held when mapped (0..1)."""
         sp = self.span(layer, expert)
         start = sp.offset // mmap.ALLOCATIONGRANULARITY * mmap.ALLOCATIONGRANULARITY
         try:
@@ -244,8 +237,7 @@ class ExpertStore:
         with self._lock:
             self.read_bytes["mapped"] += sp.nbytes
             self.read_bytes["mapped_held"] += min(sp.nbytes, held)
-        weights = self._weights(layer, expert, sp, np.frombuffer(mm, np.uint8), sp.offset - start, False)
-        return weights, min(1.0, held / max(1, len(mm)))
+        return self._weights(layer, expert, sp, np.frombuffer(mm, np.uint8), sp.offset - start, False)
 
     @staticmethod
     def _weights(layer: int, expert: int | str, sp: ExpertSpan, buf: np.ndarray, start: int,
@@ -275,18 +267,6 @@ class ExpertStore:
             experts = sum(e["size"] for rel, e in files.items() if rel.startswith("experts/"))
             self._keep, self._keep_at = source == "MemAvailable" and free >= KEEP_ROOM_FACTOR * experts, now
         return self._keep
-
-    def cgroup_room(self) -> int | None:
-        """auto: the bytes a binding memory cgroup still allows (its inactive page cache counted as
-        room, see sysmem), None when none binds or in another read mode; re-measured at most every
-        KEEP_CHECK_S. What colder misses may occupy as page cache beyond the pool."""
-        if self.read_mode != "auto" or self.holds_every_expert:
-            return None
-        now = time.monotonic()
-        if now - self._room_at >= KEEP_CHECK_S:
-            free, source = sysmem.room()
-            self._room, self._room_at = (free if source == "cgroup limit" else None), now
-        return self._room
 
     def _read(self, sp: ExpertSpan, buf: memoryview, start: int, direct: bool) -> int:
         """Bytes of the span now in buf[start:]: copied from the page cache when it holds most of

@@ -29,20 +29,12 @@ log = logging.getLogger("colibri.experts")
 PARTS = ("gate", "up", "down")
 MiB = 1 << 20
 SPARE_SLOTS = 2  # evicted slots kept for reuse (counted in the budget)
-# under a memory cgroup the pool's slots are never reclaimed (no swap) but page-cache pages are: a
-# colder miss may still be mapped from the page cache for its one use (no slot), so the cgroup's room
-# beyond the pool's own growth holds experts too, as llama.cpp's mmap does. Only while that room is at
-# least MAP_ROOM_SLOTS slots: at heavy caps there is none and misses take one O_DIRECT copy as before
-MAP_ROOM_SLOTS = 4
-# ...and only while the page cache keeps what was mapped: of the last MAP_OUTCOMES mapped misses of
-# experts mapped before, the page cache held at least MAP_MIN_HELD of the bytes (mincore); below that
-# a mapped miss is a buffered disk read the pool would have kept. While paused one candidate in
-# MAP_PROBE is still mapped, so the estimate follows. Measured (0.68 B Q8_0, auto budget, one run
-# each, loaded machine): the page cache held 44% of the mapped bytes at cap 0.9 when the pool had
-# shrunk to 243 MB, 3-15% with the pool at its 345 MB (it pauses there), 1-2% at cap 0.5
-MAP_MIN_HELD = 0.25
-MAP_OUTCOMES = 32
-MAP_PROBE = 16
+# a colder miss is mapped from the page cache for its one use (no slot) only where the page cache
+# keeps it (room to spare, no binding cgroup: ExpertStore.keeps_page_cache). Under a memory cgroup it
+# was tried and dropped (sessions 36-39): the pool and the page cache share one limit, the page cache
+# kept 5-9% of what was mapped (Q8_0, cap 0.9), and the mapped misses' page faults slowed decode. Measured, 0.68 B
+# model, 60 tokens, 2 runs each, off against on: Q8_0 cap 0.9 random routing 22.4 / 20.5 tok/s, trace
+# 32.6 / 28.7; cap 0.75 17.9 / 15.5, 25.8 / 24.2; Q4_K_M cap 0.9 28.0 / 25.0, 36.6 / 29.2
 # eviction; lfu ages by LFU_DECAY a token. lfu is the default: on the MoEfied default model's routing
 # trace one LFU over all layers hit 74.4% against LRU's 66.3% at 3 of 8 slots a layer, 85.7/81.8% at 4
 # (colibri-bench routing; tests/test_experts.py holds the cache to that replay)
@@ -115,7 +107,6 @@ class CacheStats:
     fill_bytes: int = 0  # loaded by fill() (room for every expert), not counted as prefetch
     read_bytes: tuple = ()  # (way, bytes): page_cache (copied, then dropped), direct, buffered, mapped, mapped_held
     prefetch_paused: bool = False  # predictions held back: lately they were mostly wasted
-    mapping_paused: bool = False  # under a cgroup, colder misses take slots: the page cache kept too little
     prefetch_skipped: int = 0  # prediction calls held back while paused
 
 
@@ -165,9 +156,6 @@ class ExpertCache:
         self._outcomes: deque = deque(maxlen=PREFETCH_OUTCOMES)  # 1 used, 0 evicted unused: the latest guesses
         self._probe = 0
         self.prefetch_skipped = 0
-        self._mapped_before = np.zeros((num_layers, num_experts), bool)
-        self._held: deque = deque(maxlen=MAP_OUTCOMES)  # page-cache share of the latest re-mapped misses
-        self._map_probe = 0
 
     def set_budget(self, budget: int) -> None:
         """A new byte budget (memory pressure changed); evicts down to it at once where it can."""
@@ -470,9 +458,9 @@ class ExpertCache:
     def _pass_through(self, layer: int, expert: int, nbytes: int) -> bool:
         """Called with the lock held, for a demand miss: serve it mapped from the page cache for
         its one use instead of taking a pool slot — only while misses keep their page-cache copy
-        (room to spare) or a memory cgroup leaves room for page cache beyond the pool's growth
-        (MAP_ROOM_SLOTS), under LFU, and when the expert it would push out is at least as hot."""
-        if self.policy != "lfu" or self.room_for_all:
+        (room to spare, no binding cgroup), under LFU, and when the expert it would push out is at
+        least as hot."""
+        if self.policy != "lfu" or self.room_for_all or not self.store.keeps_page_cache():
             return False
         if self.per_layer is not None and self._count[layer] >= self.per_layer:
             v = self._victim(layer)
@@ -480,28 +468,7 @@ class ExpertCache:
             v = self._victim(None)
         else:
             return False  # room without evicting anything
-        return v is not None and self._heat[layer, expert] <= self._heat[v] and self._page_cache_holds()
-
-    def _page_cache_holds(self) -> bool:
-        """Whether a mapped miss's pages can stay in the page cache: room to spare, or a cgroup
-        whose room, less what the pool may still grow by, is MAP_ROOM_SLOTS slots or more, while
-        the page cache is seen keeping what was mapped (MAP_MIN_HELD; else one probe in MAP_PROBE)."""
-        if self.store.keeps_page_cache():
-            return True
-        if self._quiet:  # (warm-up: its pages would count against the plan made after it)
-            return False
-        room = self.store.cgroup_room()
-        if room is None or room - max(0, self.budget - self._used) < MAP_ROOM_SLOTS * self.slot:
-            return False
-        if len(self._held) < MAP_OUTCOMES or sum(self._held) >= MAP_MIN_HELD * len(self._held):
-            return True
-        self._map_probe += 1
-        return self._map_probe % MAP_PROBE == 0
-
-    @property
-    def mapping_paused(self) -> bool:
-        """Under a cgroup: colder misses take pool slots because the page cache kept too little."""
-        return len(self._held) == MAP_OUTCOMES and sum(self._held) < MAP_MIN_HELD * len(self._held)
+        return v is not None and self._heat[layer, expert] <= self._heat[v]
 
     def _evict(self, key: tuple[int, int]) -> None:
         slot = self._slots.pop(key)
@@ -555,11 +522,7 @@ class ExpertCache:
             sp = self.store.span(layer, expert)
             nbytes = sp.nbytes
             if slot.mapped:
-                slot.weights, held = self.store.map_held(layer, expert)
-                with self._lock:
-                    if self._mapped_before[layer, expert]:  # (a first mapping cannot find it kept)
-                        self._held.append(held)
-                    self._mapped_before[layer, expert] = True
+                slot.weights = self.store.map(layer, expert)
             else:
                 block = self._take_block(slot, sp.slot_bytes)
                 slot.block = block
@@ -622,8 +585,7 @@ class ExpertCache:
                 activations=tuple(tuple(int(v) for v in row) for row in self.activations),
                 budget_bytes=self.budget, cycle_bytes=self.cycle_bytes, fill_bytes=self.fill_bytes,
                 read_bytes=tuple(sorted(self.store.read_bytes.items())),
-                prefetch_paused=self.prefetch_paused, prefetch_skipped=self.prefetch_skipped,
-                mapping_paused=self.mapping_paused)
+                prefetch_paused=self.prefetch_paused, prefetch_skipped=self.prefetch_skipped)
 
     def check_prefetch(self) -> None:
         """Warn once per 256 requests while prefetch accuracy stays under 60%."""

@@ -96,7 +96,6 @@ print(json.dumps({"engine": "colibri", "fed": stream[:n], "cache": ec.capacity_p
     "missed_mb_per_token": (ec.bytes_loaded - l0) / n / 1e6,
     "hit_rate": ec.hit_rate, "served_without_wait": ec.served_without_wait,
     "prefetch_accuracy": ec.prefetch_accuracy, "prefetch_paused": getattr(ec, "prefetch_paused", None),
-    "mapping_paused": getattr(ec, "mapping_paused", None),
     "read_ways_mb": {k: v / 1e6 for k, v in getattr(ec, "read_bytes", ())}, "routing_entropy_bits": entropy,
     "max_entropy_bits": float(np.log2(acts.shape[1])), "top4_share": float(np.sort(p, axis=1)[:, -4:].sum(1).mean())}))
 """.replace("%TOKENS%", _TOKENS)
@@ -587,7 +586,7 @@ def _row(r: dict) -> str:
     if r.get("cpu_ms_per_token") is not None:
         extra += f", CPU {r['cpu_ms_per_token']:.0f} ms/token"
     if r.get("room_after_mb") is not None:
-        extra += (f", cgroup room after {r['room_after_mb']:.0f} MB{', mapping paused' * bool(r.get('mapping_paused'))}"
+        extra += (f", cgroup room after {r['room_after_mb']:.0f} MB"
                   f", read ways {r.get('read_ways_mb')}")
     return (f"{r['engine']:>9} {r.get('preset', '')} {r.get('routing', '')} ram_cap={r['ram_cap']}: peak RSS {r['peak_rss_mb']:.0f} MB, prefill "
             f"{r['prefill_tok_s']:.1f} tok/s, decode {r['decode_tok_s']:.2f} tok/s{extra}")
