@@ -135,6 +135,7 @@ class ExpertCache:
         self._lock = threading.Lock()
         self._slots: OrderedDict[tuple[int, int], _Slot] = OrderedDict()  # least recently used first
         self._count = [0] * num_layers  # experts of each layer in _slots
+        self._scanning = False  # a prompt's pass over the layers (scan())
         self._used = 0  # bytes of the slots in _slots and of the spare blocks
         self._spare: list[Block] = []
         self._holds_all = False  # holds_all(), remembered once true
@@ -286,6 +287,22 @@ class ExpertCache:
                 self._quiet = False
                 for s in self._slots.values():
                     s.prefetched = s.used = False
+
+    @contextmanager
+    def scan(self) -> Iterator[None]:
+        """A prompt's pass: each layer's routed experts in turn, once each. Its loads evict within
+        their own layer once that holds its share (capacity), else from a layer above its share.
+        Left to LRU/LFU, such a pass evicts the first layers for the last ones and leaves them
+        empty for the decode that follows, which starts with them: measured at cap 0.9 of the
+        0.68 B bench model (Q8_0, 37 slots), layers 0-2 held no expert after a 32-token prompt and
+        the first 12 decoded tokens hit 0.49, against 0.60 once balanced."""
+        with self._lock:
+            self._scanning = True
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._scanning = False
 
     def drain(self, timeout: float = 10.0) -> None:
         """Wait until the loader has nothing queued or loading."""
@@ -441,19 +458,31 @@ class ExpertCache:
         if layer is not None and self.per_layer is not None:
             while self._count[layer] + 1 > self.per_layer and (k := victim(layer)) is not None:
                 self._evict(k)
+        if layer is not None and self._scanning:
+            victim = lambda _: self._scan_victim(layer)  # noqa: E731
         limit = self.budget - SPARE_SLOTS * self.slot
         while self._used - sum(b.size for b in self._spare) + nbytes > limit and (k := victim(None)) is not None:
             self._evict(k)
         while self._spare and self._used + nbytes > self.budget:  # spares last: they save a fresh mapping
             self._free_spare(self._spare.pop())
 
-    def _victim(self, in_layer: int | None) -> tuple[int, int] | None:
-        """Called with the lock held: the expert the policy evicts next (of `in_layer`, or any)."""
+    def _victim(self, in_layer: int | None, among: set[int] | None = None) -> tuple[int, int] | None:
+        """Called with the lock held: the expert the policy evicts next (of `in_layer`, or of the
+        layers `among`, or any)."""
         free = (k for k, s in self._slots.items() if (in_layer is None or k[0] == in_layer)
-                and s.pins == 0 and not s.reserved and s.ready.is_set() and not s.mapped)
+                and (among is None or k[0] in among) and s.pins == 0 and not s.reserved and s.ready.is_set()
+                and not s.mapped)
         if self.policy == "lfu":
             return min(free, key=lambda k: self._heat[k], default=None)  # the first minimum: LRU among ties
         return next(free, None)
+
+    def _scan_victim(self, layer: int) -> tuple[int, int] | None:
+        """Called with the lock held, during scan(): of `layer` once it holds its share, else of
+        the layers above their share, else any."""
+        if self._count[layer] >= self.capacity and (k := self._victim(layer)) is not None:
+            return k
+        over = {L for L, n in enumerate(self._count) if n > self.capacity}
+        return (self._victim(None, over) if over else None) or self._victim(None)
 
     def _pass_through(self, layer: int, expert: int, nbytes: int) -> bool:
         """Called with the lock held, for a demand miss: serve it mapped from the page cache for

@@ -2,6 +2,8 @@
 under concurrency, and damaged expert files."""
 from __future__ import annotations
 
+import contextlib
+
 import json
 import os
 import shutil
@@ -588,6 +590,26 @@ def test_trace_replay_routes_as_the_trace_says(routed_model, tmp_path):
                      "decode_tok_s": v} for v in (3.0, 1.0, 2.0)] + [{"engine": "colibri", "preset": "q8_0",
                     "ram_cap": 0.5, "variant": "auto", "routing": "trace", "error": "killed (out of memory)"}])
     assert rows[0]["decode_tok_s"] == 2.0 and (rows[0]["runs"], rows[0]["failed"]) == (4, 1)
+
+
+@pytest.mark.parametrize("scan", [True, False])
+def test_a_prompts_pass_leaves_every_layer_its_share(routed_model, scan):
+    """A prompt loads every routed expert of layer 0, then of layer 1: inside scan() layer 1's
+    loads evict its own experts once it holds its share, so layer 0, which the next decoded token
+    needs first, keeps its share; plain LFU (the oldest heat) would empty layer 0 for layer 1."""
+    path, _ = routed_model
+    store, pool = ExpertStore(open_model_dir(path)), MemoryPool()
+    slot = pool.block_size(store.span(0, 0).slot_bytes)
+    cache = ExpertCache(store, pool, LAYERS, E, budget=(E + SPARE_SLOTS) * slot, prefetch_window=0, top_k=1)
+    assert cache.capacity == E // LAYERS
+    for layer in range(LAYERS):
+        with cache.scan() if scan else contextlib.nullcontext():
+            for e in range(E):
+                with cache.use(layer, e):
+                    pass
+    held = [sum(k[0] == layer for k in cache._slots) for layer in range(LAYERS)]
+    cache.close()
+    assert held == ([E // LAYERS] * LAYERS if scan else [0, E])
 
 
 def test_no_predictions_when_a_layer_holds_only_one_tokens_picks(routed_model):

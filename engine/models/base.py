@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import math
-from contextlib import ExitStack
+from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -283,20 +283,21 @@ class Transformer:
             pick = dict(zip(ids[0].tolist(), weights[0].tolist())) if one else None
             h32 = h if one else np.ascontiguousarray(h, dtype=np.float32)  # what take_rows reads, once a layer
             order = cache.order_for_use(L, ids[0] if one else np.unique(ids))  # resident experts first
-            for i, e in enumerate(order):
-                if i + 1 < len(order):
-                    cache.load_ahead(L, order[i + 1])  # the next one loads while this one computes
-                rows, slot = (slice(None), None) if one else np.nonzero(ids == e)
-                if not one:  # a prompt: its tokens of e gathered and their outputs added back on every thread
-                    hs = step.empty((len(rows), h.shape[1]))
-                    ffn.take_rows(h32, rows, hs)
-                with cache.use(L, e) as ew:
-                    y = expert_mlp(h if one else hs, ew, step, self.act, self.biases(lw, e), self.clamp)
-                if one:
-                    out += pick[e] * y
-                else:
-                    ffn.add_weighted_rows(out, rows, np.ascontiguousarray(weights[rows, slot], dtype=np.float32),
-                                          np.ascontiguousarray(y, dtype=np.float32))
+            with nullcontext() if one else cache.scan():  # a prompt's pass: no layer left empty
+                for i, e in enumerate(order):
+                    if i + 1 < len(order):
+                        cache.load_ahead(L, order[i + 1])  # the next one loads while this one computes
+                    rows, slot = (slice(None), None) if one else np.nonzero(ids == e)
+                    if not one:  # a prompt: its tokens of e gathered and their outputs added back on every thread
+                        hs = step.empty((len(rows), h.shape[1]))
+                        ffn.take_rows(h32, rows, hs)
+                    with cache.use(L, e) as ew:
+                        y = expert_mlp(h if one else hs, ew, step, self.act, self.biases(lw, e), self.clamp)
+                    if one:
+                        out += pick[e] * y
+                    else:
+                        ffn.add_weighted_rows(out, rows, np.ascontiguousarray(weights[rows, slot], dtype=np.float32),
+                                              np.ascontiguousarray(y, dtype=np.float32))
         if lw.shared is not None:  # spec.shared_expert == "sigmoid_gate" (Qwen2-MoE, Qwen3.5)
             gate = 1.0 / (1.0 + np.exp(-(h @ lw.shared_gate)))  # (T,)
             out += gate[:, None].astype(np.float32) * expert_mlp(h, lw.shared, step)
