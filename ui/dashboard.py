@@ -211,7 +211,7 @@ class Dashboard(QWidget):
         self.heat_plot.addItem(self.heat)
         cmap = pg.colormap.get("viridis")
         self.heat_bar = pg.ColorBarItem(values=(0, 1), colorMap=cmap, interactive=False, width=14,
-                                        pen=pg.mkPen(c["border"]), label="picks")
+                                        pen=pg.mkPen(c["border"]))  # (titled below, once, in the text colour)
         self.heat_bar.setImageItem(self.heat, insert_in=self.heat_plot.getPlotItem())
         self.heat_bar.getAxis("right").setTextPen(pg.mkPen(c["text"]))
         self.heat_bar.getAxis("right").setLabel("picks", **self._label_style())
@@ -227,6 +227,7 @@ class Dashboard(QWidget):
         self.pool_table.setEditTriggers(QAbstractItemView.NoEditTriggers)
         self.pool_table.setSelectionMode(QAbstractItemView.NoSelection)
         self.pool_table.horizontalHeader().setSectionResizeMode(QHeaderView.Stretch)
+        self.pool_table.horizontalHeader().setSectionResizeMode(3, QHeaderView.ResizeToContents)  # its long title whole
         self.pool_table.verticalHeader().setSectionResizeMode(QHeaderView.Stretch)
         for col, tip in enumerate([
                 self.tr("Memory handed out to the engine's buffers"),
