@@ -430,13 +430,18 @@ def run_suite(workdir: Path, caches: list[str], threads: int, ram_caps: list[flo
                         for routing in (["random"] + (["trace"] if trace else []))]
                 if with_llama:
                     plan += [("llama.cpp", "mmap", "model"), ("llama.cpp", "none", "model")]
+                disk = info["disk_mb_s"]
+                if cap is not None:  # the disk's speed now: it moves with the host (2x within an hour here)
+                    disk = disk_bandwidth(sorted((ours / "experts").glob("*.bin"))) / 1e6
+                    info.setdefault("disk_probes_mb_s", []).append(disk)
                 for engine, arg, routing in plan[::-1] if rep % 2 else plan:
                     r = _one_run(engine, arg, routing, cap, gguf, ours, info["presets"][preset], threads,
                                  decode_tokens, timeout, engine_root, bench_exe, py_llama, trace, prompt_tokens,
                                  decode_s)
                     r |= {"preset": preset, "repeat": rep}
+                    r["disk_mb_s"] = disk
                     if r.get("missed_mb_per_token"):
-                        r["io_bound_tok_s"] = info["disk_mb_s"] / r["missed_mb_per_token"]
+                        r["io_bound_tok_s"] = disk / r["missed_mb_per_token"]
                     results["runs"].append(r)
                     print(_row(r), file=sys.stderr, flush=True)
     results["medians"] = medians(results["runs"])
@@ -553,10 +558,13 @@ def readme_block(results: dict) -> str:
     cpu = (f"{mc.get('cpu')} ({mc.get('physical_cores')} cores; {flags}), load average "
            f"{results.get('load_before', ['?'])[0]} before and {results.get('load_after', ['?'])[0]} after"
            if mc else "CPU not recorded")
+    got = m.get("disk_probes_mb_s") or []
+    probes = (f", {min(got):.0f}-{max(got):.0f} MB/s probed before each capped group (its runs' I/O bound)"
+              if got else "")
     head = (f"Model: {m.get('params', 0) / 1e9:.2f} B parameters (hidden {shape.get('hidden')}, {shape.get('layers')} "
             f"layers, {shape.get('experts')} experts of width {shape.get('ff')}, top-{shape.get('top_k')}), GGUFs by "
             f"llama.cpp's own tools: {sizes}. {results.get('threads')} threads; {cpu}; "
-            f"disk {m.get('disk_mb_s', 0):.0f} MB/s (O_DIRECT, 4 threads); {results['repeats']} alternating rounds, "
+            f"disk {m.get('disk_mb_s', 0):.0f} MB/s (O_DIRECT, 4 threads){probes}; {results['repeats']} alternating rounds, "
             f"medians; a {results.get('prompt_tokens', PROMPT_TOKENS)}-token prompt, then up to "
             f"{results.get('decode_tokens', DECODE_TOKENS)} {results.get('decode_input', 'greedy tokens')} or "
             f"{results.get('decode_seconds', 'no')} s "
