@@ -31,7 +31,7 @@ MiB = 1 << 20
 SPARE_SLOTS = 2  # evicted slots kept for reuse (counted in the budget)
 # a colder miss is mapped from the page cache for its one use (no slot) only where the page cache
 # keeps it (room to spare, no binding cgroup: ExpertStore.keeps_page_cache). Under a memory cgroup it
-# was tried and dropped (sessions 36-39): the pool and the page cache share one limit, the page cache
+# was tried (sessions 36-38) and dropped: the pool and the page cache share one limit, the page cache
 # kept 5-9% of what was mapped (Q8_0, cap 0.9), and the mapped misses' page faults slowed decode. Measured, 0.68 B
 # model, 60 tokens, 2 runs each, off against on: Q8_0 cap 0.9 random routing 22.4 / 20.5 tok/s, trace
 # 32.6 / 28.7; cap 0.75 17.9 / 15.5, 25.8 / 24.2; Q4_K_M cap 0.9 28.0 / 25.0, 36.6 / 29.2
@@ -295,7 +295,7 @@ class ExpertCache:
         Left to LRU/LFU, such a pass evicts the first layers for the last ones and leaves them
         empty for the decode that follows, which starts with them: measured at cap 0.9 of the
         0.68 B bench model (Q8_0, 37 slots), layers 0-2 held no expert after a 32-token prompt and
-        the first 12 decoded tokens hit 0.49, against 0.60 once balanced."""
+        the first 12 decoded tokens hit 0.49 (0.52 after this pass), the 24th on 0.60."""
         with self._lock:
             self._scanning = True
         try:
