@@ -35,9 +35,9 @@ class CachePlan:
     budget: MemoryBudget | None = None  # auto: how the room was split (None for an explicit size)
     auto: bool = False  # re-planned when memory pressure changes
     settled: bool = False  # planned after warm-up: the runtime has grown already (a smaller margin)
-    # under a cgroup, its active page cache when settled: what it grows by later is the model's own
-    # mapped pages turning active (dense weights, read every token: clean, reclaimable, and counted
-    # already as dense weights), room for the pool, not pressure (else they would shrink the pool)
+    # under a cgroup, its active page cache when settled: what it grows by later is pages read again
+    # and again turning active (the mapped embedding rows, the libraries' code: clean, reclaimable),
+    # room for the pool, not pressure (else they would shrink the pool)
     active_file: int = 0
     # an explicit size (expert_cache_size or _bytes) that did not fit the memory measured: its bytes,
     # now the most the auto budget may reach (an expert cache pinned beyond the room gets the process

@@ -745,10 +745,10 @@ def test_a_colder_miss_is_served_from_the_page_cache_and_the_hot_expert_stays(ro
 
 
 def test_page_cache_the_model_files_take_is_room_for_the_pool_not_pressure(routed_model, monkeypatch):
-    """Under a cgroup, active page cache grown since the settled plan is the model's own mapped
-    pages (dense weights read every token turn active: clean, reclaimable, counted already as
-    dense weights): a replan counts it as room, so it never shrinks the pool; the same room lost
-    to anything else does shrink it."""
+    """Under a cgroup, active page cache grown since the settled plan is pages read again and
+    again turning active (the mapped embedding rows, the libraries' code: clean, reclaimable): a
+    replan counts it as room, so it never shrinks the pool; the same room lost to anything else
+    does shrink it."""
     from engine import sysmem
     from engine.cache_plan import replan
     path, _ = routed_model
