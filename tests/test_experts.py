@@ -573,7 +573,8 @@ def test_a_guess_into_a_full_layer_never_evicts_another_layers_expert(routed_mod
 
 def test_trace_replay_routes_as_the_trace_says(routed_model, tmp_path):
     """colibri-bench memory --trace: every layer's picks come from the trace, token by token."""
-    from app.bench.memory import medians, replay_routing
+    from app.bench.memory import replay_routing
+    from app.bench.memory_report import medians
     path, _ = routed_model
     rng = np.random.default_rng(5)
     ids = rng.integers(0, E, (30, LAYERS + 1, 1)).astype(np.int16)  # a deeper trace: its first layers are used

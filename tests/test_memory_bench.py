@@ -7,7 +7,8 @@ import sys
 import numpy as np
 import pytest
 
-from app.bench.memory import _COLIBRI, _LLAMA, _TOKENS, README_END, markdown, medians, run_child, write_readme
+from app.bench.memory import _COLIBRI, _LLAMA, _TOKENS, run_child
+from app.bench.memory_report import README_END, markdown, medians, write_readme
 from tests.test_experts import VOCAB, routed_model  # noqa: F401 (a fixture)
 
 
