@@ -454,14 +454,13 @@ class ExpertCache:
         """Called with the lock held. Evict unpinned experts (by the policy) until `nbytes`
         more fit in the budget (and, per_layer set, in `layer`'s count); spare blocks count as
         room, since the next load reuses one. Everything pinned or loading: a temporary overflow."""
-        victim = self._victim
         if layer is not None and self.per_layer is not None:
-            while self._count[layer] + 1 > self.per_layer and (k := victim(layer)) is not None:
+            while self._count[layer] + 1 > self.per_layer and (k := self._victim(layer)) is not None:
                 self._evict(k)
-        if layer is not None and self._scanning:
-            victim = lambda _: self._scan_victim(layer)  # noqa: E731
+        scan = layer is not None and self._scanning
         limit = self.budget - SPARE_SLOTS * self.slot
-        while self._used - sum(b.size for b in self._spare) + nbytes > limit and (k := victim(None)) is not None:
+        while self._used - sum(b.size for b in self._spare) + nbytes > limit and \
+                (k := self._scan_victim(layer) if scan else self._victim(None)) is not None:
             self._evict(k)
         while self._spare and self._used + nbytes > self.budget:  # spares last: they save a fresh mapping
             self._free_spare(self._spare.pop())

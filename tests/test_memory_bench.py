@@ -53,7 +53,8 @@ def test_the_readme_block_is_regenerated_between_its_markers(tmp_path):
     assert text.endswith(f"{README_END}\nafter\n") and "stale" not in text and "| 7.00 | 3.50 |" in text
     assert "0.68 B parameters" in text and "trace.npz" in text and "disk 1500 MB/s (O_DIRECT, 4 threads);" in text
     res = _results()
-    res["model"]["disk_probes_mb_s"] = [1740.0, 760.0, 1210.0]  # the disk's speed before each capped group
+    for r, disk in zip(res["runs"], [1740.0, 1740.0, 1740.0, 760.0, 760.0, 760.0, 1210.0, 1210.0, 1210.0]):
+        r["disk_mb_s"] = disk  # the disk's speed probed before each capped group
     readme.write_text(f"<!-- colibri-bench memory: begin -->\n{README_END}\n")
     write_readme(res, readme, "x.json")
     assert "disk 1500 MB/s (O_DIRECT, 4 threads), 760-1740 MB/s probed before each capped group" in readme.read_text()

@@ -433,7 +433,6 @@ def run_suite(workdir: Path, caches: list[str], threads: int, ram_caps: list[flo
                 disk = info["disk_mb_s"]
                 if cap is not None:  # the disk's speed now: it moves with the host (2x within an hour here)
                     disk = disk_bandwidth(sorted((ours / "experts").glob("*.bin"))) / 1e6
-                    info.setdefault("disk_probes_mb_s", []).append(disk)
                 for engine, arg, routing in plan[::-1] if rep % 2 else plan:
                     r = _one_run(engine, arg, routing, cap, gguf, ours, info["presets"][preset], threads,
                                  decode_tokens, timeout, engine_root, bench_exe, py_llama, trace, prompt_tokens,

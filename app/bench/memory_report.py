@@ -76,7 +76,7 @@ def readme_block(results: dict) -> str:
     cpu = (f"{mc.get('cpu')} ({mc.get('physical_cores')} cores; {flags}), load average "
            f"{results.get('load_before', ['?'])[0]} before and {results.get('load_after', ['?'])[0]} after"
            if mc else "CPU not recorded")
-    got = m.get("disk_probes_mb_s") or []
+    got = [r["disk_mb_s"] for r in results["runs"] if r.get("ram_cap") is not None and r.get("disk_mb_s")]
     probes = (f", {min(got):.0f}-{max(got):.0f} MB/s probed before each capped group (its runs' I/O bound)"
               if got else "")
     head = (f"Model: {m.get('params', 0) / 1e9:.2f} B parameters (hidden {shape.get('hidden')}, {shape.get('layers')} "
