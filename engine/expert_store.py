@@ -43,6 +43,7 @@ when the budget holds every expert, else streamed in the stored layout.
 """
 from __future__ import annotations
 
+import ctypes
 import errno
 import logging
 import math
@@ -135,6 +136,17 @@ def _populate(mm: mmap.mmap, held: int) -> None:
         mm.madvise(mmap.MADV_WILLNEED)  # not a fault per 16 pages from the kernels
 
 
+def _typed_writable(mm: mmap.mmap) -> np.ndarray:
+    """A read-only mapping's bytes as a uint8 array typed writable: the kernels were compiled for
+    writable arrays, and nothing writes weights (a write would fault). Read-only and shared, a
+    mapping costs less than a private copy-on-write one: measured on a 13.4 MB expert in the
+    page cache (AMD EPYC Zen 1 VM), populating its page tables 0.81 against 1.06 ms, unmapping
+    0.29 against 0.51. The array keeps the mapping (its base holds it)."""
+    view = (ctypes.c_uint8 * len(mm)).from_address(np.frombuffer(mm, np.uint8).ctypes.data)
+    view.mapping = mm
+    return np.frombuffer(view, np.uint8)
+
+
 def _cached_share(fd: int, offset: int, nbytes: int) -> float:
     """The share of the file range that is in the page cache (mincore over a brief mapping; it
     reads nothing, where a RWF_NOWAIT read would start readahead). 0 when it cannot tell."""
@@ -212,21 +224,20 @@ class ExpertStore:
         return self._weights(layer, expert, sp, buf, start, repack)
 
     def map(self, layer: int, expert: int) -> ExpertWeights:
-        """The expert's matrices over a private mapping of its file span: page-cache pages, no
-        copy (writable copy-on-write, so the kernels see the array type they were compiled for;
-        nothing writes). For a miss served once: the mapping goes when the last view does."""
+        """The expert's matrices over a shared read-only mapping of its file span: page-cache
+        pages, no copy. For a miss served once: the mapping goes when the last view does."""
         sp = self.span(layer, expert)
         start = sp.offset // mmap.ALLOCATIONGRANULARITY * mmap.ALLOCATIONGRANULARITY
         try:
-            with open(sp.path, "rb") as f:
-                size = os.fstat(f.fileno()).st_size  # mapped pages past a file's end are SIGBUS when read
+            fd = os.open(sp.path, os.O_RDONLY)
+            try:
+                size = os.fstat(fd).st_size  # mapped pages past a file's end are SIGBUS when read
                 if size < sp.offset + sp.nbytes:
                     raise ExpertLoadError(f"layer {layer} expert {expert}: {sp.path}: the file has {size} bytes, "
                                           f"the expert ends at byte {sp.offset + sp.nbytes} (file truncated?)")
-                # (no MAP_POPULATE: on a writable private mapping it breaks copy-on-write, a copy of every
-                # page; _populate's MADV_POPULATE_READ maps the page-cache pages as read faults would)
-                mm = mmap.mmap(f.fileno(), sp.offset + sp.nbytes - start, mmap.MAP_PRIVATE,
-                               mmap.PROT_READ | mmap.PROT_WRITE, offset=start)
+                mm = mmap.mmap(fd, sp.offset + sp.nbytes - start, mmap.MAP_SHARED, mmap.PROT_READ, offset=start)
+            finally:
+                os.close(fd)
         except (OSError, ValueError) as e:
             raise ExpertLoadError(f"layer {layer} expert {expert}: {sp.path}: {e}") from None
         held = resident_bytes(mm, 0, len(mm))  # (mincore: what the page cache held of it)
@@ -237,7 +248,7 @@ class ExpertStore:
         with self._lock:
             self.read_bytes["mapped"] += sp.nbytes
             self.read_bytes["mapped_held"] += min(sp.nbytes, held)
-        return self._weights(layer, expert, sp, np.frombuffer(mm, np.uint8), sp.offset - start, False)
+        return self._weights(layer, expert, sp, _typed_writable(mm), sp.offset - start, False)
 
     @staticmethod
     def _weights(layer: int, expert: int | str, sp: ExpertSpan, buf: np.ndarray, start: int,
