@@ -825,7 +825,9 @@ def test_a_mapped_expert_comes_with_its_page_tables_filled(routed_model, monkeyp
         got = [m.data.tobytes() for m in (w.gate, w.up, w.down)]
         faults += resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - before
         assert got == [whole[sp.offset + off:sp.offset + off + rows * rb] for off, rows, rb, *_ in sp.parts]
-        assert w.gate.data.flags.writeable
+        assert w.gate.data.flags.writeable  # typed writable for the kernels, over a read-only shared mapping
+        assert any(line.split()[1] == "r--s" for line in Path("/proc/self/maps").read_text().splitlines()
+                   if line.endswith(str(sp.path)))
         del w
     assert X._populate_works[0] is populate
     assert (faults <= len(keys) // 4) if populate else (faults >= len(keys))
