@@ -90,9 +90,9 @@ def test_logits_bit_for_bit_repacked_on_disk_or_at_load(models, monkeypatch, qua
     old, held = run(stored, expert_cache_size=1)  # a stored-layout dir streams with the stored kernels
     assert held == (False, False)
     np.testing.assert_allclose(old, want, rtol=1e-4, atol=1e-4)
-    real = ExpertStore._weights
+    real = ExpertStore._weights  # every miss repacked, in a copy (a mapped miss's pages are read-only)
     monkeypatch.setattr(ExpertStore, "_weights", staticmethod(lambda L, e, sp, buf, start, repack:
-                                                              real(L, e, sp, buf, start, True)))
+                                                              real(L, e, sp, buf.copy(), start, True)))
     repacked, _ = run(stored, expert_cache_size=1)
     np.testing.assert_array_equal(repacked, streamed)
 
