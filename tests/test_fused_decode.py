@@ -302,3 +302,29 @@ def test_the_timing_hook_times_each_operation_without_replacing_any(models):
     timer.reset()
     eng.forward([7])
     assert not timer.calls
+
+
+def test_warmup_compiles_the_expert_call_a_small_cache_decodes_with(models, monkeypatch):
+    """A decoded token whose picks are all loaded, in a cache that does not hold every expert, takes
+    cpu.moe_int; warm-up's own tokens seldom find their picks so, and the first reply compiled it
+    (minutes with a cold numba cache on a 2-core VM). Warm-up calls it with the argument types the
+    decode then calls it with, so nothing is left to compile."""
+    import numba
+
+    from engine.kernels import cpu
+    seen, inputs = [], []
+    real = cpu.moe_int
+
+    def spy(*args):
+        seen.append(tuple(numba.typeof(a) for a in args))
+        inputs.append(args[7].shape)
+        return real(*args)
+    monkeypatch.setattr(cpu, "moe_int", spy)
+    eng = Engine(models("mixtral", "int8"), expert_cache_size=3, prefetch_window=0)
+    eng.warmup()
+    assert (1, 0) in inputs  # Transformer.compile_expert_call's empty call, whatever warm-up's tokens met
+    warm = len(seen)
+    eng.forward([1, 5, 9, 14, 3, 7])
+    for t in (11, 2, 30, 4, 17, 8, 21, 6, 13, 11, 2, 30):
+        eng.forward([t])
+    assert len(seen) > warm and all(types == seen[0] for types in seen)

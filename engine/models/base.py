@@ -329,6 +329,17 @@ class Transformer:
         codes = {tuple(p[3] % cpu.PACKED for p in self.w.store.span(L, e).parts) for e in experts}
         return len(codes) == 1 and all(c in cpu.PACKABLE for c in next(iter(codes)))
 
+    def compile_expert_call(self) -> None:
+        """Compile (or load) cpu.moe_int now: a decoded token takes it when its picks are all loaded in
+        a cache that does not hold every expert, and warm-up's own tokens seldom find them so, so the
+        first reply compiled it (minutes on a 2-core VM with a cold numba cache). Empty matrices: the
+        types are a real call's, nothing is computed."""
+        if not self.cfg.is_moe or self.act != "silu":
+            return
+        k, z = self.cfg.top_k, np.zeros((0, 0), np.uint8)
+        cpu.moe_int((z,) * k, (z,) * k, (z,) * k, cpu.Q8_0, cpu.Q8_0, cpu.Q8_0, np.zeros(k, np.float32),
+                    np.zeros((1, 0), np.float32), np.zeros((k, 0), np.float32), np.zeros((1, 0), np.float32))
+
     def _experts_in_one_call(self, L: int, h: np.ndarray, experts: list[int], mix: np.ndarray,
                              step: Step) -> np.ndarray:
         """A token's loaded experts in one kernel call (cpu.moe_int), pinned meanwhile."""
