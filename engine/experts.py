@@ -140,6 +140,7 @@ class ExpertCache:
         self._spare: list[Block] = []
         self._holds_all = False  # holds_all(), remembered once true
         self._filling = self._quiet = False
+        self._frozen = False  # inside frozen(): nothing is evicted
         self.counters = [LayerCounters() for _ in range(num_layers)]
         self.fill_bytes = 0
         self.set_budget(budget)
@@ -289,6 +290,27 @@ class ExpertCache:
                     s.prefetched = s.used = False
 
     @contextmanager
+    def frozen(self) -> Iterator[None]:
+        """Nothing is evicted inside: a kernel reads the held experts (held()) by address, unpinned
+        (engine.models.fused streams a token so). Loads meanwhile (the loader's guesses) find no
+        victim and give up; the budget is enforced again on the way out."""
+        with self._lock:
+            self._frozen = True
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._frozen = False
+                self._make_room(None, 0)
+
+    def held(self) -> dict[tuple[int, int], ExpertWeights]:
+        """The experts loaded in pool slots now, by (layer, expert): those a kernel may reach by
+        address while frozen() (a mapped miss is not among them: its mapping goes with its use)."""
+        with self._lock:
+            return {k: s.weights for k, s in self._slots.items()
+                    if s.ready.is_set() and s.weights is not None and s.error is None and not s.mapped}
+
+    @contextmanager
     def scan(self) -> Iterator[None]:
         """A prompt's pass: each layer's routed experts in turn, once each. Its loads evict within
         their own layer once that holds its share (capacity), else from a layer above its share.
@@ -314,15 +336,17 @@ class ExpertCache:
                 return
             time.sleep(0.002)
 
-    def count_uses(self, picks: np.ndarray, routed: bool = True) -> None:
-        """Count a fused decode step's picks (layers, k) as use() and record() count them: hits on
-        resident experts, and (routed) the heatmap and the prefetch window."""
+    def count_uses(self, picks: np.ndarray, routed: bool = True, layers: range | None = None) -> None:
+        """Count a fused decode step's picks (layers, k), or those of `layers`, as use() and
+        record() count them: hits on resident experts, and (routed) the heatmap and the prefetch
+        window."""
         with self._lock:
             if self._quiet:
                 return
-            for layer, row in enumerate(picks.tolist()):
+            for layer in layers if layers is not None else range(len(picks)):
                 c = self.counters[layer]
-                for e in row:
+                for e in picks[layer].tolist():
+                    self._warm(layer, e)
                     slot = self._slots[(layer, e)]
                     self._slots.move_to_end((layer, e))
                     c.hits += 1
@@ -447,7 +471,7 @@ class ExpertCache:
         """Whether _make_room could make room for one more expert of `layer`: a full layer (its
         per-layer count reached) needs a victim of its own, any other a victim anywhere."""
         full = self.per_layer is not None and self._count[layer] >= self.per_layer
-        return any(s.pins == 0 and not s.reserved and s.ready.is_set() and (not full or k[0] == layer)
+        return not self._frozen and any(s.pins == 0 and not s.reserved and s.ready.is_set() and (not full or k[0] == layer)
                    for k, s in self._slots.items())
 
     def _make_room(self, layer: int | None, nbytes: int) -> None:
@@ -468,6 +492,8 @@ class ExpertCache:
     def _victim(self, in_layer: int | None, among: set[int] | None = None) -> tuple[int, int] | None:
         """Called with the lock held: the expert the policy evicts next (of `in_layer`, or of the
         layers `among`, or any)."""
+        if self._frozen:
+            return None
         free = (k for k, s in self._slots.items() if (in_layer is None or k[0] == in_layer)
                 and (among is None or k[0] in among) and s.pins == 0 and not s.reserved and s.ready.is_set()
                 and not s.mapped)

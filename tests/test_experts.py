@@ -613,6 +613,31 @@ def test_a_prompts_pass_leaves_every_layer_its_share(routed_model, scan):
     assert held == ([E // LAYERS] * LAYERS if scan else [0, E])
 
 
+def test_nothing_is_evicted_while_frozen_and_the_held_table_says_what_stays(routed_model):
+    """A streamed token's kernel reads the held experts by address, unpinned (engine.models.fused):
+    inside frozen() neither a demand load nor the loader's guess evicts one of them (the guess gives
+    up, the demand load overflows for the moment), and the budget holds again on the way out."""
+    path, _ = routed_model
+    store, pool = ExpertStore(open_model_dir(path)), MemoryPool()
+    slot = pool.block_size(store.span(0, 0).slot_bytes)
+    cache = ExpertCache(store, pool, LAYERS, E, budget=(4 + SPARE_SLOTS) * slot, prefetch_window=4, top_k=1)
+    for e in range(4):
+        with cache.use(0, e):
+            pass
+    held = cache.held()
+    assert sorted(held) == [(0, e) for e in range(4)]
+    addresses = {k: w.gate.data.ctypes.data for k, w in held.items()}
+    with cache.frozen():
+        cache.prefetch(1, [0, 1], spare_only=False)
+        cache.drain()
+        with cache.use(1, 3):  # a demand miss: over budget until the way out
+            assert sorted(cache.held())[:4] == sorted(held)
+        assert {k: w.gate.data.ctypes.data for k, w in cache.held().items() if k in held} == addresses
+        assert cache.stats().evictions == 0
+    assert cache.used_bytes <= cache.budget and cache.stats().evictions >= 1
+    cache.close()
+
+
 def test_no_predictions_when_a_layer_holds_only_one_tokens_picks(routed_model):
     """Trace replay measured it: with k experts a layer, a guess evicts what the next token reuses."""
     path, _ = routed_model

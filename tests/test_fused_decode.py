@@ -227,14 +227,26 @@ def test_not_taken_without_integer_weights_or_with_float_activations(models, cal
     assert calls[0] == 1
 
 
-def test_a_small_expert_cache_keeps_the_layered_path(models, calls):
-    """With room for 3 of 8 experts per layer, experts are evicted: no addresses may be kept."""
-    eng = Engine(models("mixtral", "int4"), expert_cache_size=3)
-    eng.forward([1, 2, 3])
-    for t in (4, 5, 6, 7):
-        eng.forward([t])
-    assert calls[0] == 0 and not eng.net.fused.ready()
-    assert eng.weights.experts.stats().resident <= 3 * eng.cfg.num_layers
+@pytest.mark.parametrize("quantize", ["int4", "int8"])
+def test_a_small_expert_cache_streams_through_the_kernel_as_the_layered_path(models, calls, quantize):
+    """With room for 3 of 8 experts a layer, experts come and go: decode_layers runs over the held
+    ones and stops at a layer whose pick is missing; the cache brings it in (a slot, or mapped for
+    its one use) and the next call resumes at that layer's feed-forward part. Logits, KV cache,
+    hits and misses as the layered path's, bit for bit (no loader thread: the same evictions)."""
+    engines = {}
+    for fused in (True, False):
+        eng = Engine(models("mixtral", quantize), expert_cache_size=3, prefetch_window=0)
+        eng.forward([1, 5, 9, 14, 3, 7])
+        engines[fused] = eng
+    start, tokens = engines[True].cache.length, [11, 2, 30, 4, 17, 8, 21, 6, 13]
+    got = {f: decode(e, tokens, f, start) | {"misses": e.weights.experts.stats().misses} for f, e in engines.items()}
+    assert_same(got[True], got[False])
+    assert got[True]["misses"] == got[False]["misses"] > 0
+    net = engines[True].net
+    assert not net.fused.ready() and net.fused.streamed == len(tokens)
+    assert len(tokens) < calls[0] < len(tokens) * (eng.cfg.num_layers + 1)  # a call per layer that missed, and one
+    st = engines[True].weights.experts.stats()
+    assert st.resident <= 3 * eng.cfg.num_layers
 
 
 def test_room_for_every_expert_loads_the_rest_in_the_background(models):

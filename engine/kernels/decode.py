@@ -149,11 +149,18 @@ def _router_logits(m, code, h, xq, xd, xs, xi):
 @njit(parallel=True, fastmath=True, cache=True, nogil=True)
 def decode_layers(x, norms, attn, bias, qk_norms, qk_norm, clip, router, experts, top_k, renormalise, eps, scale,
                   window, cos, sin, pos, k_cache, v_cache, k_scale, v_scale, scaled, heads, kv_heads, head_dim,
-                  picks):
-    """Run one token x (1, hidden), in place, through every layer at position `pos`, writing its
-    keys and values into the cache; picks (layers, top_k) receives each layer's experts (for the
-    expert cache's counters), but a row that comes in with experts (≥ 0) is taken as given, at
-    equal weights, its router's own choice dropped (colibri-bench's trace replay). cos, sin (head_dim/2,): the position's rotary angles.
+                  picks, mixes, start, resume):
+    """Run one token x (1, hidden), in place, through the layers from `start` at position `pos`,
+    writing its keys and values into the cache; picks (layers, top_k) and mixes (layers, top_k)
+    receive each layer's experts and their weights, but a row that comes in with experts (>= 0) is
+    taken as given with its mixes, its router's own choice dropped (colibri-bench's trace replay,
+    or the routing of a call that stopped at that layer).
+
+    Returns the number of layers when done, or the first layer L whose picks include an expert
+    the table does not hold (address 0): x then holds L's attention output, picks[L] and mixes[L]
+    its routing, and a call with start=L, resume=True (the table now holding those experts) goes
+    on from L's feed-forward part. So an expert cache that holds some of the experts streams the
+    rest between calls (engine.models.fused). cos, sin (head_dim/2,): the position's rotary angles.
     bias (layers, 3, heads·head_dim): q, k, v biases (k, v in the first kv_heads·head_dim), or
     (layers, 3, 0) for none; qk_norms (layers, 2, n): q and k RMSNorm weights, n = head_dim per
     head (qk_norm 1, Qwen3) or heads·head_dim over all heads (qk_norm 2, OLMoE; k's in the first
@@ -163,89 +170,98 @@ def decode_layers(x, norms, attn, bias, qk_norms, qk_norm, clip, router, experts
     qd = heads * hd
     group = heads // kv_heads
     first = max(0, pos - window + 1) if window > 0 else 0
-    for L in range(n_layers):
-        # --- attention: q, k, v in one parallel loop over all three matrices' rows ---
-        h = np.empty((1, hidden), np.float32)
-        rmsnorm_row(x[0], norms[L, 0], eps, h[0])
-        k256 = (per_256(attn[L, 0, CODE]), per_256(attn[L, 1, CODE]), per_256(attn[L, 2, CODE]))
-        q256, q32 = quantized_sets(h, k256[0] or k256[1] or k256[2], not (k256[0] and k256[1] and k256[2]))
-        q, k, v = np.zeros((heads, hd), np.float32), np.zeros((kv_heads, hd), np.float32), \
-            np.zeros((kv_heads, hd), np.float32)
-        qf, kf, vf = q.reshape(qd), k.reshape(kvd), v.reshape(kvd)
-        tq, tk = qd // SPAN, kvd // SPAN
-        for task in prange(tq + 2 * tk):
-            i = 0 if task < tq else (1 if task < tq + tk else 2)
-            r0 = SPAN * (task - (0 if i == 0 else tq + (i - 1) * tk))
-            out = qf if i == 0 else (kf if i == 1 else vf)
-            xq, xd, xs, xi = q256 if k256[i] else q32
-            _rows(_matrix(attn[L, i]), attn[L, i, CODE], r0, r0 + SPAN, xq[0], xd[0], xs[0], xi[0],
-                  np.float32(1.0), out, 0)
-        if bias.shape[2] > 0:  # as the layered path: the biases, then the q/k norms, then the clip
-            for j in range(qd):
-                qf[j] += bias[L, 0, j]
-            for j in range(kvd):
-                kf[j] += bias[L, 1, j]
-                vf[j] += bias[L, 2, j]
-        if qk_norm == 2:
-            rmsnorm_row(qf, qk_norms[L, 0, :qd], eps, qf)
-            rmsnorm_row(kf, qk_norms[L, 1, :kvd], eps, kf)
-        elif qk_norm == 1:
+    for L in range(start, n_layers):
+        if not (resume and L == start):  # (resumed: this layer's attention is done)
+            # --- attention: q, k, v in one parallel loop over all three matrices' rows ---
+            h = np.empty((1, hidden), np.float32)
+            rmsnorm_row(x[0], norms[L, 0], eps, h[0])
+            k256 = (per_256(attn[L, 0, CODE]), per_256(attn[L, 1, CODE]), per_256(attn[L, 2, CODE]))
+            q256, q32 = quantized_sets(h, k256[0] or k256[1] or k256[2], not (k256[0] and k256[1] and k256[2]))
+            q, k, v = np.zeros((heads, hd), np.float32), np.zeros((kv_heads, hd), np.float32), \
+                np.zeros((kv_heads, hd), np.float32)
+            qf, kf, vf = q.reshape(qd), k.reshape(kvd), v.reshape(kvd)
+            tq, tk = qd // SPAN, kvd // SPAN
+            for task in prange(tq + 2 * tk):
+                i = 0 if task < tq else (1 if task < tq + tk else 2)
+                r0 = SPAN * (task - (0 if i == 0 else tq + (i - 1) * tk))
+                out = qf if i == 0 else (kf if i == 1 else vf)
+                xq, xd, xs, xi = q256 if k256[i] else q32
+                _rows(_matrix(attn[L, i]), attn[L, i, CODE], r0, r0 + SPAN, xq[0], xd[0], xs[0], xi[0],
+                      np.float32(1.0), out, 0)
+            if bias.shape[2] > 0:  # as the layered path: the biases, then the q/k norms, then the clip
+                for j in range(qd):
+                    qf[j] += bias[L, 0, j]
+                for j in range(kvd):
+                    kf[j] += bias[L, 1, j]
+                    vf[j] += bias[L, 2, j]
+            if qk_norm == 2:
+                rmsnorm_row(qf, qk_norms[L, 0, :qd], eps, qf)
+                rmsnorm_row(kf, qk_norms[L, 1, :kvd], eps, kf)
+            elif qk_norm == 1:
+                for hh in range(heads):
+                    rmsnorm_row(q[hh], qk_norms[L, 0, :hd], eps, q[hh])
+                for hh in range(kv_heads):
+                    rmsnorm_row(k[hh], qk_norms[L, 1, :hd], eps, k[hh])
+            if clip > 0:
+                for j in range(qd):
+                    qf[j] = min(max(qf[j], -clip), clip)
+                for j in range(kvd):
+                    kf[j] = min(max(kf[j], -clip), clip)
+                    vf[j] = min(max(vf[j], -clip), clip)
             for hh in range(heads):
-                rmsnorm_row(q[hh], qk_norms[L, 0, :hd], eps, q[hh])
+                rope_head(q[hh], cos, sin)
             for hh in range(kv_heads):
-                rmsnorm_row(k[hh], qk_norms[L, 1, :hd], eps, k[hh])
-        if clip > 0:
-            for j in range(qd):
-                qf[j] = min(max(qf[j], -clip), clip)
-            for j in range(kvd):
-                kf[j] = min(max(kf[j], -clip), clip)
-                vf[j] = min(max(vf[j], -clip), clip)
-        for hh in range(heads):
-            rope_head(q[hh], cos, sin)
-        for hh in range(kv_heads):
-            rope_head(k[hh], cos, sin)
-        _store_kv(k, k_cache[L, pos], k_scale[L], pos, scaled)
-        _store_kv(v, v_cache[L, pos], v_scale[L], pos, scaled)
-        keys, values, ks, vs = k_cache[L], v_cache[L], k_scale[L], v_scale[L]
-        att = np.empty((heads, hd), np.float32)  # rows of 2-D arrays, as cpu.attention's: the same code
-        scores = np.empty((heads, pos + 1), np.float32)
-        aq, ad = np.empty((1, qd), np.int8), np.empty((1, qd // 32), np.float32)
-        as_, ai = np.empty((1, qd // 32), np.float32), np.empty((1, qd // 32), np.int32)
-        flat = att.reshape(qd)
-        # each head's output whole blocks of 32 (and read per 32): quantized as soon as it is done
-        whole = hd % 32 == 0 and not per_256(attn[L, 3, CODE])
-        for hh in prange(heads):
-            attend(q[hh], keys, values, ks, vs, scaled, hh // group, first, pos, scale, scores[hh], att[hh])
-            if whole:
-                for b in range(hh * hd // 32, (hh + 1) * hd // 32):
-                    quantize_block(flat, aq[0], ad[0], as_[0], ai[0], b)
-        if not whole:
-            quantize_row_for(attn[L, 3, CODE], flat, aq[0], ad[0], as_[0], ai[0])
-        o = np.zeros(hidden, np.float32)
-        for task in prange(hidden // SPAN):
-            _rows(_matrix(attn[L, 3]), attn[L, 3, CODE], SPAN * task, SPAN * task + SPAN, aq[0], ad[0], as_[0],
-                  ai[0], np.float32(1.0), o, 0)
-        for j in range(hidden):
-            x[0, j] += o[j]
+                rope_head(k[hh], cos, sin)
+            _store_kv(k, k_cache[L, pos], k_scale[L], pos, scaled)
+            _store_kv(v, v_cache[L, pos], v_scale[L], pos, scaled)
+            keys, values, ks, vs = k_cache[L], v_cache[L], k_scale[L], v_scale[L]
+            att = np.empty((heads, hd), np.float32)  # rows of 2-D arrays, as cpu.attention's: the same code
+            scores = np.empty((heads, pos + 1), np.float32)
+            aq, ad = np.empty((1, qd), np.int8), np.empty((1, qd // 32), np.float32)
+            as_, ai = np.empty((1, qd // 32), np.float32), np.empty((1, qd // 32), np.int32)
+            flat = att.reshape(qd)
+            # each head's output whole blocks of 32 (and read per 32): quantized as soon as it is done
+            whole = hd % 32 == 0 and not per_256(attn[L, 3, CODE])
+            for hh in prange(heads):
+                attend(q[hh], keys, values, ks, vs, scaled, hh // group, first, pos, scale, scores[hh], att[hh])
+                if whole:
+                    for b in range(hh * hd // 32, (hh + 1) * hd // 32):
+                        quantize_block(flat, aq[0], ad[0], as_[0], ai[0], b)
+            if not whole:
+                quantize_row_for(attn[L, 3, CODE], flat, aq[0], ad[0], as_[0], ai[0])
+            o = np.zeros(hidden, np.float32)
+            for task in prange(hidden // SPAN):
+                _rows(_matrix(attn[L, 3]), attn[L, 3, CODE], SPAN * task, SPAN * task + SPAN, aq[0], ad[0], as_[0],
+                      ai[0], np.float32(1.0), o, 0)
+            for j in range(hidden):
+                x[0, j] += o[j]
         # --- feed-forward: route, then the chosen experts' gate/up rows, then their down rows ---
         h = np.empty((1, hidden), np.float32)
         rmsnorm_row(x[0], norms[L, 1], eps, h[0])
-        some, every = router[L, ROWS] > 0 and per_256(router[L, CODE]), router[L, ROWS] == 0 or per_256(router[L, CODE])
-        for e in range(experts.shape[1]):
-            for m in range(2):
-                some, every = some or per_256(experts[L, e, m, CODE]), every and per_256(experts[L, e, m, CODE])
-        q256, q32 = quantized_sets(h, some, not every)
         mix = np.ones((1, top_k), np.float32)
         ids = np.zeros((1, top_k), np.int64)
-        if router[L, ROWS] > 0:
-            xq, xd, xs, xi = q256 if per_256(router[L, CODE]) else q32
+        if picks[L, 0] >= 0:  # given
+            for j in range(top_k):
+                ids[0, j], mix[0, j] = picks[L, j], mixes[L, j]
+        elif router[L, ROWS] > 0:
+            r256 = per_256(router[L, CODE])
+            xq, xd, xs, xi = quantized_sets(h, r256, not r256)[0]
             logits = _router_logits(_matrix(router[L]), router[L, CODE], h, xq[0], xd[0], xs[0], xi[0])
             softmax_top_k(logits, top_k, renormalise, mix, ids)
-        if picks[L, 0] >= 0:
-            for j in range(top_k):
-                ids[0, j], mix[0, j] = picks[L, j], np.float32(1.0 / top_k)
-        picks[L] = ids[0]
-        ff = experts[L, 0, 0, ROWS]  # a multiple of 32: the down matrices' blocks span it
+        for j in range(top_k):
+            picks[L, j], mixes[L, j] = ids[0, j], mix[0, j]
+            if experts[L, ids[0, j], 0, ADDRESS] == 0 or experts[L, ids[0, j], 1, ADDRESS] == 0 or \
+                    experts[L, ids[0, j], 2, ADDRESS] == 0:
+                for i in range(j + 1, top_k):
+                    picks[L, i], mixes[L, i] = ids[0, i], mix[0, i]
+                return L  # not held: the caller brings it in and resumes here
+        some, every = False, True
+        for j in range(top_k):
+            for m in range(2):
+                c = experts[L, ids[0, j], m, CODE]
+                some, every = some or per_256(c), every and per_256(c)
+        q256, q32 = quantized_sets(h, some, not every)
+        ff = experts[L, ids[0, 0], 0, ROWS]  # a multiple of 32: the down matrices' blocks span it
         tasks = ff // 32
         act = np.empty((top_k, ff), np.float32)
         fq, fd = np.empty((top_k, ff), np.int8), np.empty((top_k, tasks), np.float32)
@@ -271,3 +287,4 @@ def decode_layers(x, norms, attn, bias, qk_norms, qk_norm, clip, router, experts
                 _rows(_matrix(down), down[CODE], r0, r0 + SPAN, fq[j], fd[j], fs[j], fi[j], mix[0, j], out, 0)
         for j in range(hidden):
             x[0, j] += out[j]
+    return n_layers

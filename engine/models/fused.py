@@ -11,6 +11,7 @@ arithmetic (tests/test_fused_decode.py holds the two equal on every architecture
 """
 from __future__ import annotations
 
+from contextlib import ExitStack
 from typing import TYPE_CHECKING, Callable
 
 import numpy as np
@@ -73,6 +74,9 @@ class FusedDecode:
         self._key = None
         self._experts = None  # (layers, E, 3, 4) table, or None while some expert is not loaded
         self._keep = None  # the ExpertWeights the table points into
+        self._held_key, self._held, self._held_keep = None, None, None  # held_table's
+        self._streamable: bool | None = None  # _stream_refusal() is None, once asked
+        self.streamed = 0  # tokens that streamed experts between decode_layers calls
         # benchmark hook (colibri-bench memory --trace): () -> (layers, top_k) experts the next
         # token takes instead of its routers' picks, at equal weights; None: the routers pick
         self.given: Callable[[], np.ndarray] | None = None
@@ -118,6 +122,39 @@ class FusedDecode:
         self._experts, self._keep = table, resident
         return table
 
+    def held_table(self) -> np.ndarray | None:
+        """The table of the experts the cache holds now (address 0 for the rest: decode_layers stops
+        there), rebuilt when the cache changes; None when the experts are not all in one readable
+        layout (the token then runs layer by layer)."""
+        cache = self.model.w.experts
+        key = (id(cache), cache.generation)
+        if key == self._held_key:
+            return self._held
+        if self._streamable is None:
+            self._streamable = self._stream_refusal() is None
+        held, table = cache.held(), None
+        if self._streamable and all(_readable(m) for ew in held.values() for m in (ew.gate, ew.up, ew.down)):
+            table = np.zeros((len(self.norms), cache.num_experts, 3, 4), np.int64)
+            for (L, e), ew in held.items():
+                table[L, e] = [_row(ew.gate), _row(ew.up), _row(ew.down)]
+        self._held_key, self._held, self._held_keep = key, table, held
+        return table
+
+    def _stream_refusal(self) -> str | None:
+        """Why a token cannot stream through decode_layers (experts coming in between its calls):
+        a dense model, or experts stored in a layout the kernel cannot dot."""
+        if self.dense:
+            return "a dense model"
+        store, cfg = self.model.w.store, self.model.cfg
+        rows = set()
+        for L in range(cfg.dense_layers, cfg.num_layers):
+            for e in range(cfg.num_experts):
+                parts = store.span(L, e).parts  # (relative offset, rows, row_bytes, code, cols)
+                if any(code not in cpu.INT_CODES or r % SPAN for _, r, _, code, _ in parts):
+                    return f"layer {L} expert {e}: not an integer-dot format in whole {SPAN}-row spans"
+                rows.add(parts[0][1])
+        return None if len(rows) == 1 and cfg.dense_layers == 0 else "experts of different widths, or dense layers"
+
     def ready(self) -> bool:
         """Whether the next decoded token takes the fused kernel (every expert loaded, those
         missing loaded first where the cache has room for all)."""
@@ -125,21 +162,80 @@ class FusedDecode:
 
     def run(self, x: np.ndarray, step: Step) -> bool:
         """x (1, hidden) through every layer, in place; False (nothing done) when the fused
-        kernel cannot take this token: no room in the KV cache, or an expert cache without room
-        for every expert (or an expert that failed to load). With room for all, the experts not
-        loaded yet are loaded first, waiting for them: which path runs never depends on timing."""
+        kernel cannot take this token: no room in the KV cache, or experts it cannot read. With
+        room for all, the experts not loaded yet are loaded first, waiting for them (one call);
+        otherwise the token streams (stream()): which path runs never depends on timing."""
         cache, pos = step.cache, step.pos0
         if pos >= cache.capacity:
             return False
         experts = self.expert_table()
         if experts is None:
-            return False
+            return self.stream(x, step)
         t0 = step.timer.start() if step.timer is not None else 0.0
-        picks = self._launch(x, cache, pos, step.cos[0], step.sin[0], experts, len(self.norms))
+        picks, mixes = self._picks(len(self.norms))
+        self._launch(x, cache, pos, step.cos[0], step.sin[0], experts, len(self.norms), picks, mixes)
         if step.timer is not None:
             step.timer.stop("decode_layers (fused)", t0)
         self.model.w.experts.count_uses(picks, routed=not self.dense)
         return True
+
+    def stream(self, x: np.ndarray, step: Step) -> bool:
+        """x through every layer with an expert cache that holds only some experts: decode_layers
+        runs over the held ones (the cache frozen meanwhile) and stops at the first layer whose
+        picks it lacks; those come in through the cache (loaded, or mapped for their one use),
+        and the next call resumes at that layer's feed-forward part. A token costs a call per layer
+        that misses, not ten calls per layer; the arithmetic is the same. False (nothing done):
+        the experts are not in a layout the kernel reads."""
+        cache, n = self.model.w.experts, len(self.norms)
+        if self.held_table() is None:
+            return False
+        picks, mixes = self._picks(n)
+        start, resume, counted, taken = 0, False, 0, []
+        uses = ExitStack()  # the stopped layer's experts, pinned until the call that resumes there returns
+        try:
+            while True:
+                t0 = step.timer.start() if step.timer is not None else 0.0
+                with cache.frozen():  # (the table is made inside: nothing it points to goes before the call ends)
+                    table = self.held_table()
+                    if table is None:
+                        raise RuntimeError("an expert in the cache is not in a layout decode_layers reads")
+                    if resume:  # the stopped layer's picks, as their use() gave them
+                        table = table.copy()
+                        for e, ew in zip(picks[start].tolist(), taken):
+                            table[start, e] = [_row(ew.gate), _row(ew.up), _row(ew.down)]
+                    stop = self._launch(x, step.cache, step.pos0, step.cos[0], step.sin[0], table, n, picks, mixes,
+                                        start, resume)
+                if step.timer is not None:
+                    step.timer.stop("decode_layers (streamed)", t0)
+                uses.close()  # the last stop's experts: their use is over (a mapped one unmapped)
+                cache.count_uses(picks, layers=range(counted, stop))  # the held ones' hits, before any load
+                if stop == n:
+                    break
+                cache.record(stop, picks[stop:stop + 1])
+                got = {}
+                order = cache.order_for_use(stop, picks[stop])
+                for i, e in enumerate(order):
+                    if i + 1 < len(order):
+                        cache.load_ahead(stop, order[i + 1])  # the next one loads while this one does
+                    got[e] = uses.enter_context(cache.use(stop, e))
+                taken = [got[e] for e in picks[stop].tolist()]
+                if not all(_readable(m) for ew in taken for m in (ew.gate, ew.up, ew.down)):
+                    raise RuntimeError(f"layer {stop}: an expert came in that decode_layers cannot read")
+                start, resume, counted = stop, True, stop + 1
+        finally:
+            uses.close()
+        self.streamed += 1
+        return True
+
+    def _picks(self, layers: int) -> tuple[np.ndarray, np.ndarray]:
+        """The (layers, top_k) picks and mixes decode_layers fills: -1 (its routers choose), or the
+        benchmark hook's given experts at equal weights."""
+        picks = np.full((layers, self.top_k), -1, np.int64)
+        mixes = np.zeros((layers, self.top_k), np.float32)
+        if self.given is not None and layers:
+            picks[:] = self.given()
+            mixes[:] = np.float32(1.0 / self.top_k)
+        return picks, mixes
 
     def compile(self, kv_kind: str) -> None:
         """Compile the kernel for this KV cache format now (or load it from numba's cache), by a
@@ -148,18 +244,16 @@ class FusedDecode:
         cache = KVCache(0, 1, cfg.num_kv_heads, cfg.head_dim, kv_kind)
         rot = np.zeros(cfg.head_dim // 2, np.float32)
         self._launch(np.zeros((1, cfg.hidden_size), np.float32), cache, 0, rot, rot,
-                     np.zeros((0, cfg.num_experts, 3, 4), np.int64), 0)
+                     np.zeros((0, cfg.num_experts, 3, 4), np.int64), 0, *self._picks(0))
 
     def _launch(self, x: np.ndarray, cache: KVCache, pos: int, cos: np.ndarray, sin: np.ndarray,
-                experts: np.ndarray, layers: int) -> np.ndarray:
+                experts: np.ndarray, layers: int, picks: np.ndarray, mixes: np.ndarray, start: int = 0,
+                resume: bool = False) -> int:
+        """decode_layers from `start` (resume: at its feed-forward part); where it stopped."""
         cfg = self.model.cfg
         keys, values = (cache.k.view(np.uint16), cache.v.view(np.uint16)) if cache.kind == "f16" else (cache.k, cache.v)
-        picks = np.full((layers, self.top_k), -1, np.int64)
-        if self.given is not None and layers:
-            picks[:] = self.given()
-        decode_layers(x, self.norms[:layers], self.attn[:layers], self.bias[:layers], self.qk_norms[:layers],
+        return decode_layers(x, self.norms[:layers], self.attn[:layers], self.bias[:layers], self.qk_norms[:layers],
                       QK_NORM[cfg.qk_norm], np.float32(cfg.clip_qkv or 0.0), self.router[:layers], experts, self.top_k,
                       bool(self.renormalise), np.float32(cfg.rms_norm_eps), self.model.scale, cfg.sliding_window or 0,
                       cos, sin, pos, keys, values, cache.k_scale, cache.v_scale, cache.kind == "int8", cfg.num_heads,
-                      cfg.num_kv_heads, cfg.head_dim, picks)
-        return picks
+                      cfg.num_kv_heads, cfg.head_dim, picks, mixes, start, resume)
