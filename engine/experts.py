@@ -140,7 +140,7 @@ class ExpertCache:
         self._spare: list[Block] = []
         self._holds_all = False  # holds_all(), remembered once true
         self._filling = self._quiet = False
-        self._frozen = False  # inside frozen(): nothing is evicted
+        self._frozen: int | None = None  # inside frozen(L): only experts of layers below L are evicted
         self.counters = [LayerCounters() for _ in range(num_layers)]
         self.fill_bytes = 0
         self.set_budget(budget)
@@ -290,17 +290,18 @@ class ExpertCache:
                     s.prefetched = s.used = False
 
     @contextmanager
-    def frozen(self) -> Iterator[None]:
-        """Nothing is evicted inside: a kernel reads the held experts (held()) by address, unpinned
-        (engine.models.fused streams a token so). Loads meanwhile (the loader's guesses) find no
-        victim and give up; the budget is enforced again on the way out."""
+    def frozen(self, below: int = 0) -> Iterator[None]:
+        """Inside, only experts of layers below `below` are evicted: a kernel going through the
+        layers from `below` on reads the held experts (held()) by address, unpinned
+        (engine.models.fused streams a token so). A load meanwhile (the loader's guess) that finds
+        no such victim gives up; the budget is enforced again on the way out."""
         with self._lock:
-            self._frozen = True
+            self._frozen = below
         try:
             yield
         finally:
             with self._lock:
-                self._frozen = False
+                self._frozen = None
                 self._make_room(None, 0)
 
     def held(self) -> dict[tuple[int, int], ExpertWeights]:
@@ -389,6 +390,10 @@ class ExpertCache:
         for e in wanted:
             self._queue.put((layer, e, None, False))
 
+    def prefetching(self) -> bool:
+        """Whether predictions can go out at all: a loader thread, and room for them (predict)."""
+        return self._loader is not None and self.predict
+
     @property
     def prefetch_paused(self) -> bool:
         """Whether the latest resolved guesses were mostly wasted (predictions then held back)."""
@@ -471,7 +476,8 @@ class ExpertCache:
         """Whether _make_room could make room for one more expert of `layer`: a full layer (its
         per-layer count reached) needs a victim of its own, any other a victim anywhere."""
         full = self.per_layer is not None and self._count[layer] >= self.per_layer
-        return not self._frozen and any(s.pins == 0 and not s.reserved and s.ready.is_set() and (not full or k[0] == layer)
+        below = self.num_layers if self._frozen is None else self._frozen
+        return any(s.pins == 0 and not s.reserved and s.ready.is_set() and (not full or k[0] == layer) and k[0] < below
                    for k, s in self._slots.items())
 
     def _make_room(self, layer: int | None, nbytes: int) -> None:
@@ -492,9 +498,8 @@ class ExpertCache:
     def _victim(self, in_layer: int | None, among: set[int] | None = None) -> tuple[int, int] | None:
         """Called with the lock held: the expert the policy evicts next (of `in_layer`, or of the
         layers `among`, or any)."""
-        if self._frozen:
-            return None
-        free = (k for k, s in self._slots.items() if (in_layer is None or k[0] == in_layer)
+        below = self.num_layers if self._frozen is None else self._frozen
+        free = (k for k, s in self._slots.items() if (in_layer is None or k[0] == in_layer) and k[0] < below
                 and (among is None or k[0] in among) and s.pins == 0 and not s.reserved and s.ready.is_set()
                 and not s.mapped)
         if self.policy == "lfu":

@@ -635,6 +635,13 @@ def test_nothing_is_evicted_while_frozen_and_the_held_table_says_what_stays(rout
         assert {k: w.gate.data.ctypes.data for k, w in cache.held().items() if k in held} == addresses
         assert cache.stats().evictions == 0
     assert cache.used_bytes <= cache.budget and cache.stats().evictions >= 1
+    layer1 = {k for k in cache.held() if k[0] == 1}
+    evicted = cache.stats().evictions
+    with cache.frozen(1):  # past layer 0: its experts may go, layer 1's stay
+        with cache.use(1, next(e for e in range(E) if (1, e) not in layer1)):
+            pass
+        assert layer1 <= set(cache.held()) and cache.stats().evictions == evicted + 1
+    assert cache.used_bytes <= cache.budget
     cache.close()
 
 

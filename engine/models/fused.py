@@ -74,7 +74,7 @@ class FusedDecode:
         self._key = None
         self._experts = None  # (layers, E, 3, 4) table, or None while some expert is not loaded
         self._keep = None  # the ExpertWeights the table points into
-        self._held_key, self._held, self._held_keep = None, None, None  # held_table's
+        self._held_key, self._held = None, None  # held_table's
         self._streamable: bool | None = None  # _stream_refusal() is None, once asked
         self.streamed = 0  # tokens that streamed experts between decode_layers calls
         # benchmark hook (colibri-bench memory --trace): () -> (layers, top_k) experts the next
@@ -137,7 +137,7 @@ class FusedDecode:
             table = np.zeros((len(self.norms), cache.num_experts, 3, 4), np.int64)
             for (L, e), ew in held.items():
                 table[L, e] = [_row(ew.gate), _row(ew.up), _row(ew.down)]
-        self._held_key, self._held, self._held_keep = key, table, held
+        self._held_key, self._held = key, table  # (addresses only: valid while the cache is frozen)
         return table
 
     def _stream_refusal(self) -> str | None:
@@ -195,7 +195,7 @@ class FusedDecode:
         try:
             while True:
                 t0 = step.timer.start() if step.timer is not None else 0.0
-                with cache.frozen():  # (the table is made inside: nothing it points to goes before the call ends)
+                with cache.frozen(start):  # (the table made inside: nothing it points to goes before the call ends)
                     table = self.held_table()
                     if table is None:
                         raise RuntimeError("an expert in the cache is not in a layout decode_layers reads")
@@ -208,10 +208,12 @@ class FusedDecode:
                 if step.timer is not None:
                     step.timer.stop("decode_layers (streamed)", t0)
                 uses.close()  # the last stop's experts: their use is over (a mapped one unmapped)
+                taken = []
                 cache.count_uses(picks, layers=range(counted, stop))  # the held ones' hits, before any load
                 if stop == n:
                     break
                 cache.record(stop, picks[stop:stop + 1])
+                self._prefetch(stop, x, step)
                 got = {}
                 order = cache.order_for_use(stop, picks[stop])
                 for i, e in enumerate(order):
@@ -226,6 +228,17 @@ class FusedDecode:
             uses.close()
         self.streamed += 1
         return True
+
+    def _prefetch(self, L: int, x: np.ndarray, step: Step) -> None:
+        """At a stop, what the layered path asks of the prefetcher at every layer (the next
+        layer's picks from this layer's input, this layer's runners-up), where it would go out."""
+        cache, model = self.model.w.experts, self.model
+        if cache.holds_all() or not cache.prefetching():
+            return
+        from engine.models.base import linear, rmsnorm
+        lw = model.w.layers[L]
+        h = rmsnorm(x, lw.ffn_norm, model.cfg.rms_norm_eps, step)
+        model.prefetch(L, h, linear(h, lw.router, step), step)
 
     def _picks(self, layers: int) -> tuple[np.ndarray, np.ndarray]:
         """The (layers, top_k) picks and mixes decode_layers fills: -1 (its routers choose), or the
