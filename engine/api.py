@@ -541,9 +541,9 @@ class Engine:
         try:
             with ec.quiet():
                 Sampler(**self.sampling).sample(self.logits(probe)[-1], probe)  # the chat's sampling kernel too
-                if self.net.fused is not None:  # an MoE takes it once every expert is in: compile it now
+                if self.net.fused is not None:  # every decoded token takes it (a partial cache streams): compile it now
                     self.net.fused.compile(self.params["kv_cache_quantize"])
-                self.net.compile_expert_call()  # and with a cache that holds some of them, this one
+                self.net.compile_expert_call()  # a model decoded layer by layer, with a partial cache, takes this one
                 with self._lock:
                     c = self.cfg
                     cache = KVCache(c.num_layers, len(probe) + 1, c.num_kv_heads, c.head_dim,

@@ -121,9 +121,10 @@ class ExpertSpan:
 _populate_works = [True]  # cleared by the first EINVAL (a kernel before 5.14)
 
 
-def _populate(mm: mmap.mmap, held: int) -> None:
-    """Fill a fresh private file mapping's page tables from the page cache (reading what it
-    lacks) in one call, so the kernels that read it take no page faults."""
+def _populate(mm: mmap.mmap) -> None:
+    """Fill a fresh file mapping's page tables from the page cache (reading what it lacks) in one
+    call, so the kernels that read it take no page faults. Before Linux 5.14: one readahead of
+    what the page cache lacks (mincore), not a fault per 16 pages from the kernels."""
     if _populate_works[0]:
         try:
             mm.madvise(MADV_POPULATE_READ)
@@ -132,8 +133,8 @@ def _populate(mm: mmap.mmap, held: int) -> None:
             if e.errno not in (errno.EINVAL, errno.ENOSYS):
                 raise
             _populate_works[0] = False
-    if held < len(mm) and hasattr(mmap, "MADV_WILLNEED"):  # the rest: one readahead of the span,
-        mm.madvise(mmap.MADV_WILLNEED)  # not a fault per 16 pages from the kernels
+    if hasattr(mmap, "MADV_WILLNEED") and resident_bytes(mm, 0, len(mm)) < len(mm):
+        mm.madvise(mmap.MADV_WILLNEED)
 
 
 def _typed_writable(mm: mmap.mmap) -> np.ndarray:
@@ -172,7 +173,7 @@ class ExpertStore:
         self._lock = threading.Lock()
         self._io: ThreadPoolExecutor | None = None
         self.direct = hasattr(os, "O_DIRECT") and read_mode in ("auto", "direct")
-        self.read_bytes = Counter()  # bytes by way: page_cache (copied), direct, buffered, mapped (of it mapped_held: in the page cache)
+        self.read_bytes = Counter()  # bytes by way: page_cache (copied), direct, buffered, mapped
         self._keep, self._keep_at = False, -math.inf
         self.holds_every_expert = False  # set by the cache: each expert is read once and stays, keep no copy
 
@@ -240,14 +241,12 @@ class ExpertStore:
                 os.close(fd)
         except (OSError, ValueError) as e:
             raise ExpertLoadError(f"layer {layer} expert {expert}: {sp.path}: {e}") from None
-        held = resident_bytes(mm, 0, len(mm))  # (mincore: what the page cache held of it)
         try:
-            _populate(mm, held)
+            _populate(mm)
         except OSError as e:  # (a read error populating, e.g. EIO, EFAULT past a truncated file's end)
             raise ExpertLoadError(f"layer {layer} expert {expert}: {sp.path}: {e.strerror}") from None
         with self._lock:
             self.read_bytes["mapped"] += sp.nbytes
-            self.read_bytes["mapped_held"] += min(sp.nbytes, held)
         return self._weights(layer, expert, sp, _typed_writable(mm), sp.offset - start, False)
 
     @staticmethod

@@ -33,6 +33,13 @@ def routing_table(seed=0):
     return rng.integers(0, E, size=(LAYERS, D))
 
 
+@pytest.fixture
+def disk_misses(monkeypatch):
+    """Misses read the disk (a memory cgroup's room): the loader thread then reads ahead; with room
+    to spare a miss is a copy from the page cache and nothing is read ahead."""
+    monkeypatch.setattr(sysmem, "room", lambda: (0, "cgroup limit"))
+
+
 @pytest.fixture(scope="module")
 def routed_model(tmp_path_factory):
     """A Mixtral-style model whose router sends token t to expert table[L][t] in layer L.
@@ -132,7 +139,7 @@ def test_expert_outputs_do_not_depend_on_the_cache(routed_model):
         np.testing.assert_array_equal(Engine(path, expert_cache_size=cap, prefetch_window=window).logits(ids), full)
 
 
-def test_concurrent_loader_and_compute_keep_invariants(routed_model):
+def test_concurrent_loader_and_compute_keep_invariants(routed_model, disk_misses):
     path, _ = routed_model
     model = open_model_dir(path)
     store, pool = ExpertStore(model), MemoryPool()
@@ -553,7 +560,7 @@ def test_defrag_returns_the_spare_slots_it_frees(routed_model):
     eng.close()
 
 
-def test_a_guess_into_a_full_layer_never_evicts_another_layers_expert(routed_model):
+def test_a_guess_into_a_full_layer_never_evicts_another_layers_expert(routed_model, disk_misses):
     """per_layer 1: layer 0 holds its one expert pinned; a prefetch into layer 0 must not take the
     room of layer 1's unpinned expert and leave layer 0 with two."""
     path, _ = routed_model
@@ -613,7 +620,7 @@ def test_a_prompts_pass_leaves_every_layer_its_share(routed_model, scan):
     assert held == ([E // LAYERS] * LAYERS if scan else [0, E])
 
 
-def test_nothing_is_evicted_while_frozen_and_the_held_table_says_what_stays(routed_model):
+def test_nothing_is_evicted_while_frozen_and_the_held_table_says_what_stays(routed_model, disk_misses):
     """A streamed token's kernel reads the held experts by address, unpinned (engine.models.fused):
     inside frozen() neither a demand load nor the loader's guess evicts one of them (the guess gives
     up, the demand load overflows for the moment), and the budget holds again on the way out."""
@@ -655,6 +662,25 @@ def test_no_predictions_when_a_layer_holds_only_one_tokens_picks(routed_model):
                             per_layer=per_layer)
         assert cache.predict is predicts
         cache.close()
+
+
+@pytest.mark.parametrize("source,ahead", [("MemAvailable", False), ("cgroup limit", True)])
+def test_the_loader_reads_ahead_only_when_misses_read_the_disk(routed_model, monkeypatch, source, ahead):
+    """With room to spare the experts' files stay in the page cache: a miss is a copy from memory,
+    and the loader's copy would only take a core from the kernels (measured slower). Under a cgroup
+    misses read the disk, and predictions and early demand loads go out."""
+    monkeypatch.setattr(sysmem, "room", lambda: (8 << 30, source))
+    path, _ = routed_model
+    store, pool = ExpertStore(open_model_dir(path)), MemoryPool()
+    slot = pool.block_size(store.span(0, 0).slot_bytes)
+    cache = ExpertCache(store, pool, LAYERS, E, budget=(4 + SPARE_SLOTS) * slot, prefetch_window=4, top_k=1)
+    assert cache.predict and cache.prefetching() is ahead
+    cache.prefetch(1, [0])
+    cache.load_ahead(0, 1)
+    cache.drain()
+    assert ((1, 0) in cache._slots, (0, 1) in cache._slots) == (ahead, ahead)
+    assert (cache.stats().bytes_loaded > 0) is ahead
+    cache.close()
 
 
 @pytest.mark.parametrize("policy,slots", [("lfu", 3), ("lfu", 5), ("lru", 3), ("lfu_admit", 3)])

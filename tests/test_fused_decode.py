@@ -317,8 +317,8 @@ def test_the_timing_hook_times_each_operation_without_replacing_any(models):
 
 
 def test_warmup_compiles_the_expert_call_a_small_cache_decodes_with(models, monkeypatch):
-    """A decoded token whose picks are all loaded, in a cache that does not hold every expert, takes
-    cpu.moe_int; warm-up's own tokens seldom find their picks so, and the first reply compiled it
+    """A token decoded layer by layer (a model the fused kernel does not take) whose picks are all
+    loaded, in a cache that does not hold every expert, takes cpu.moe_int; warm-up's own tokens seldom find their picks so, and the first reply compiled it
     (minutes with a cold numba cache on a 2-core VM). Warm-up calls it with the argument types the
     decode then calls it with, so nothing is left to compile."""
     import numba
@@ -333,6 +333,7 @@ def test_warmup_compiles_the_expert_call_a_small_cache_decodes_with(models, monk
         return real(*args)
     monkeypatch.setattr(cpu, "moe_int", spy)
     eng = Engine(models("mixtral", "int8"), expert_cache_size=3, prefetch_window=0)
+    eng.net.fused_decode = False  # as for a model decode_layers does not take: a token goes layer by layer
     eng.warmup()
     assert (1, 0) in inputs  # Transformer.compile_expert_call's empty call, whatever warm-up's tokens met
     warm = len(seen)

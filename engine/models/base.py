@@ -330,9 +330,9 @@ class Transformer:
         return len(codes) == 1 and all(c in cpu.PACKABLE for c in next(iter(codes)))
 
     def compile_expert_call(self) -> None:
-        """Compile (or load) cpu.moe_int now: a decoded token takes it when its picks are all loaded in
-        a cache that does not hold every expert, and warm-up's own tokens seldom find them so, so the
-        first reply compiled it (minutes on a 2-core VM with a cold numba cache). Empty matrices: the
+        """Compile (or load) cpu.moe_int now: a token decoded layer by layer (a model the fused kernel
+        does not take) takes it when its picks are all loaded in a cache that does not hold every
+        expert, and warm-up's own tokens seldom find them so, so the first reply compiled it (minutes on a 2-core VM with a cold numba cache). Empty matrices: the
         types are a real call's, nothing is computed."""
         if not self.cfg.is_moe or self.act != "silu":
             return
