@@ -131,7 +131,7 @@ class ExpertCache:
         self.per_layer = None if per_layer is None else max(1, min(per_layer, num_experts))
         self.slot = pool.block_size(store.span(store.model.config.dense_layers, 0).slot_bytes) if num_layers else 0  # a routed expert
         self.all_bytes = routed_bytes(store) if num_layers else 0  # every routed expert's slot
-        self.generation = 0  # counts loads and evictions: what a table of expert addresses checks
+        self.generation = 0  # counts loads and evictions into slots: what a table of expert addresses checks
         self._lock = threading.Lock()
         self._slots: OrderedDict[tuple[int, int], _Slot] = OrderedDict()  # least recently used first
         self._count = [0] * num_layers  # experts of each layer in _slots
@@ -553,7 +553,7 @@ class ExpertCache:
         """Called with the lock held. An evicted slot's memory is kept for the next load (its
         pages are already faulted in, and unmapping is not free), up to SPARE_SLOTS of them."""
         slot.weights = None  # drop the views before the memory is reused
-        self.generation += 1
+        self.generation += not slot.mapped  # (a mapped miss is in no address table)
         self._used -= slot.nbytes
         if slot.block is not None:
             if len(self._spare) < SPARE_SLOTS:
@@ -604,7 +604,7 @@ class ExpertCache:
                     if fill:
                         self.fill_bytes += nbytes
                     c.bytes_loaded += nbytes
-                self.generation += 1
+                self.generation += not slot.mapped
                 if not slot.prefetched and not slot.early and not fill and not self._quiet:
                     c.wait_s += time.perf_counter() - t0
             slot.ready.set()
