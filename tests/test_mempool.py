@@ -165,3 +165,44 @@ def test_a_kv_cache_is_paid_as_its_context_fills():
     held = sum(resident_bytes(b.buf, b.offset - b.offset % 4096, b.size) for b in cache._blocks)
     assert held <= 2 * 8 * 16 * 4096, held  # a page or so per layer each, not 2 MB
     cache.free()
+
+
+def _mapped_rss_kb(name: str) -> int:
+    rss, mapped = 0, False
+    for line in open("/proc/self/smaps"):
+        head = line.split()
+        if "-" in head[0] and len(head) >= 5 and ":" in head[3]:
+            mapped = head[-1].endswith("/" + name)
+        elif mapped and head[0] == "Rss:":
+            rss += int(head[1])
+    return rss
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="Linux only")
+def test_unmapping_a_library_drops_only_clean_read_only_pages(tmp_path):
+    """unmap_library_pages (warm-up runs it on LLVM's library) drops the resident pages of clean,
+    read-only mappings of the named file, and leaves a page the process wrote (copy-on-write)
+    alone, writable or made read-only since (as a library's RELRO is): dropping it would revert
+    it to the file's bytes."""
+    import ctypes
+    import mmap
+
+    from engine.mempool import unmap_library_pages
+    size = 64 * mmap.PAGESIZE
+    lib = tmp_path / "libfake.so"
+    lib.write_bytes(bytes(range(256)) * (size // 256))
+    with open(lib, "rb") as f:
+        clean = mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ)  # read-only, private
+        written = mmap.mmap(f.fileno(), size, flags=mmap.MAP_PRIVATE)  # copy-on-write
+        relro = mmap.mmap(f.fileno(), size, flags=mmap.MAP_PRIVATE)
+    assert sum(clean[i] for i in range(0, size, mmap.PAGESIZE)) >= 0  # fault every page in
+    written[0] = relro[0] = 7
+    libc = ctypes.CDLL(None, use_errno=True)
+    addr = ctypes.addressof(ctypes.c_char.from_buffer(relro))
+    assert libc.mprotect(ctypes.c_void_p(addr), ctypes.c_size_t(size), mmap.PROT_READ) == 0
+    assert _mapped_rss_kb("libfake.so") >= size // 1024
+    released = unmap_library_pages("libfake.so")
+    assert released == size  # the clean mapping's 64 pages, nothing of the other two
+    assert written[0] == 7 and relro[0] == 7 and written[1] == 1  # what was written is still there
+    assert clean[5 * mmap.PAGESIZE + 3] == 3  # a dropped page faults back in from the file
+    assert unmap_library_pages("libnothing.so") == 0
