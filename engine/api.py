@@ -20,7 +20,6 @@ import engine.kernels  # noqa: F401  (sets NUMBA_CACHE_DIR etc. before numba is 
 import numba
 import numpy as np
 import psutil
-from llvmlite.binding import ffi as llvm_ffi
 
 from engine import params as P
 from engine.errors import ColibriError, ModelFormatError
@@ -32,7 +31,7 @@ from engine.hardware import EnergyReading, HardwareMonitor, HardwareSnapshot
 from engine.kernels import isa
 from engine.kernels.matmul import INT_MAX_T
 from engine.kvcache import KVCache
-from engine.mempool import MemoryPool, PoolStats, return_freed_heap, unmap_library_pages
+from engine.mempool import MemoryPool, PoolStats, return_freed_heap, unmap_compiler_pages
 from engine.model_dir import open_model_dir
 from engine.models import Transformer
 from engine.sampling import Sampler
@@ -554,7 +553,7 @@ class Engine:
         finally:
             # the kernels are in: LLVM's code pages (about 100 MB of RSS) go back to the page cache,
             # and loading them parsed IR and freed it (13 MB of heap on the bench MoE)
-            unmapped = unmap_library_pages(llvm_ffi.get_library_name())
+            unmapped = unmap_compiler_pages()
             return_freed_heap()
             if auto:  # the room measured again, what the compile kept included
                 self.cache_plan = replan(self.cache_plan, self.cfg.num_experts, self.cfg.num_layers, ec.used_bytes,

@@ -37,6 +37,7 @@ from engine import params as P
 from engine.kernels import cpu
 from engine.kernels.batched import decode_rows
 from engine.kvcache import KVCache
+from engine.mempool import unmap_compiler_pages
 from engine.models.base import Step as PassStep
 from engine.models.base import linear, rmsnorm
 from engine.models.fused import QK_NORM
@@ -436,6 +437,7 @@ class Batcher:
                 decode_batch(e.net, [tok] * n, caches)  # a second position: attention over a cache
                 for cache in caches:
                     cache.free()
+        unmap_compiler_pages()  # compiling faulted LLVM's library back in
         return time.perf_counter() - t0
 
     def step(self, seqs: Seq[Sequence]) -> np.ndarray:

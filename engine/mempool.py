@@ -313,6 +313,12 @@ def unmap_library_pages(name: str, smaps: str = "/proc/self/smaps") -> int:
     return released
 
 
+def unmap_compiler_pages() -> int:
+    """unmap_library_pages for LLVM's library, once the kernels are compiled or loaded (warm-ups)."""
+    from llvmlite.binding import ffi
+    return unmap_library_pages(ffi.get_library_name())
+
+
 def _try_close(buf: mmap.mmap) -> bool:
     try:
         buf.close()
