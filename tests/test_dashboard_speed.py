@@ -59,8 +59,9 @@ def test_a_short_replys_decode_speed_is_drawn_after_it_ends(qtbot, default_conve
     x, y = d.decode_dots.getData()
     assert len(y) == 1 and y[0] == pytest.approx(steps[-1].decode_tok_s) and x[0] < 0
     low, high = d.speed_plot.getPlotItem().getViewBox().viewRange()[1]  # one figure: drawn from zero, not
-    assert low == 0 and y[0] < high <= y[0] * 1.15 * 1.25 + 1         # on a 1 tok/s range around it (the
-    # top is 15% above it, rounded up to the next of 1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 8 x 10^k)
+    assert low == 0 and y[0] * 1.15 <= high <= max(y[0] * 1.15, 1) * 4 / 3  # on a 1 tok/s range around it
+    # (the top is 15% above it, rounded up to the next of 1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 8 x 10^k: at most
+    # 4/3 up, from 1.5 to 2 as at 131 tok/s on a Zen 4 VM, where a bound of 1.25 failed)
     d.close()
 
 
