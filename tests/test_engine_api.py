@@ -205,16 +205,20 @@ print(sorted(k for k in after if after[k] != before.get(k, 0)))
 """
 
 
-def test_warmup_compiles_everything_the_first_chat_reply_runs(default_converted):
+@pytest.mark.parametrize("model", ["default Q4_1", "llama.cpp's Q4_K_M"])
+def test_warmup_compiles_everything_the_first_chat_reply_runs(model, default_converted, tmp_path):
     """The first reply in a fresh window must not compile (or load from the cache) a kernel:
-    warmup() runs a prompt-sized prefill, a decode step and the chat's default sampler. A fresh
-    process, because compiled overloads are per process. Then warm-up unmaps LLVM's library
-    (about 100 MB of RSS), and the reply does not map it back."""
+    warmup() runs a prompt-sized prefill, a decode step and the chat's default sampler, and
+    compiles the prompt's K-quant SwiGLU tiles (warm-up's probe is shorter than the 16 tokens
+    they take). A fresh process, because compiled overloads are per process. Then warm-up unmaps
+    LLVM's library (about 100 MB of RSS), and the reply does not map it back."""
     import os
     import subprocess
     import sys
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    r = subprocess.run([sys.executable, "-c", WARM_CHECK, str(default_converted)], cwd=root, capture_output=True,
+    path = default_converted if model.startswith("default") else \
+        convert(os.path.join(root, "tests/fixtures/llamacpp_presets/tiny-q4_k_m.gguf"), tmp_path / "q4km").path
+    r = subprocess.run([sys.executable, "-c", WARM_CHECK, str(path)], cwd=root, capture_output=True,
                        text=True, timeout=900, env=dict(os.environ, PYTHONPATH=root))
     assert r.returncode == 0, r.stderr[-2000:]
     lines = r.stdout.strip().splitlines()

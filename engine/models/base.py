@@ -22,6 +22,7 @@ import numpy as np
 
 from engine import arch
 from engine.kernels import cpu
+from engine.expert_store import ExpertLoadError
 from engine.kvcache import KVCache, own_attention_caches
 from engine.mempool import Arena
 from engine.model_dir import ModelConfig
@@ -339,6 +340,34 @@ class Transformer:
         k, z = self.cfg.top_k, np.zeros((0, 0), np.uint8)
         cpu.moe_int((z,) * k, (z,) * k, (z,) * k, cpu.Q8_0, cpu.Q8_0, cpu.Q8_0, np.zeros(k, np.float32),
                     np.zeros((1, 0), np.float32), np.zeros((k, 0), np.float32), np.zeros((1, 0), np.float32))
+
+    def compile_prompt_swiglu(self) -> None:
+        """Compile (or load) cpu.swiglu_tiles now where the model's gate and up matrices are in a tiled
+        format (Q4_K..Q6_K, IQ4_XS): a prompt of TILE_MIN_T tokens or more through an MLP or an expert
+        takes it, warm-up's probe is shorter, and an expert's share of a prompt shorter still. Left to
+        the first reply on a Q4_K_M model, it was loaded there, and LLVM's library mapped back in
+        (15 MB of RSS). Empty matrices: nothing is computed."""
+        if self.act != "silu" or not self._gate_up_codes() & set(cpu.TILE_CODES):
+            return
+        z, c = np.zeros((0, 0), np.uint8), cpu.TILE_CODES[0]
+        cpu.swiglu_tiles(z, c, z, c, np.zeros((cpu.TILE_MIN_T, 0), np.float32),
+                         np.zeros((cpu.TILE_MIN_T, 0), np.float32))
+
+    def _gate_up_codes(self) -> set[int]:
+        """The formats (GGML ids, repacked or not) of the gate and up matrices: resident MLPs and shared
+        experts, and one routed expert of each layer that has them (its file's header: nothing loaded)."""
+        codes: set[int] = set()
+        for L, lw in enumerate(self.w.layers):
+            for ew in (lw.dense, lw.shared):
+                if ew is not None:
+                    codes |= {m.code - cpu.PACKED if m.code >= cpu.PACKED else m.code for m in (ew.gate, ew.up)}
+            if lw.dense is None and (lw.router is not None or self.cfg.num_experts == 1):
+                try:
+                    parts = self.w.experts.store.span(L, 0).parts
+                except ExpertLoadError:  # (a broken file says so when it is used)
+                    continue
+                codes |= {code - cpu.PACKED if code >= cpu.PACKED else code for _, _, _, code, _ in parts[:2]}
+        return codes
 
     def _experts_in_one_call(self, L: int, h: np.ndarray, experts: list[int], mix: np.ndarray,
                              step: Step) -> np.ndarray:
