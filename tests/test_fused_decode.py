@@ -249,6 +249,36 @@ def test_a_small_expert_cache_streams_through_the_kernel_as_the_layered_path(mod
     assert st.resident <= 3 * eng.cfg.num_layers
 
 
+def test_a_budget_cut_during_a_streamed_call_leaves_its_hits_counted(models, monkeypatch):
+    """Memory pressure while decode_layers runs (a smaller budget, or the loader's guesses): the way
+    out of frozen() evicts down to the budget, and may take experts the call has just read. Their
+    hits are counted inside, while they are held: counted after, a KeyError ended the bench's run
+    at cap 0.9 (q4_k_m, random routing, 2 of 3 runs)."""
+    shape = {"hidden": 128, "n_layer": 6, "n_head": 8, "n_head_kv": 2, "n_expert": 8, "moe_intermediate": 64, "seed": 4}
+    eng = Engine(models("mixtral", "int8", **shape), expert_cache_size=6, prefetch_window=0)
+    eng.forward([1, 5, 9, 14, 3, 7])
+    ec, real, asked = eng.weights.experts, fused_module.decode_layers, eng.weights.experts.budget
+
+    def cut(*args):
+        stop = real(*args)
+        ec.set_budget(0)  # the working minimum: fewer slots than the call read (evicted on the way out)
+        return stop
+
+    def restore(*args, **kw):  # ... and the asked size back before each token, so that its first call reads a few layers
+        ec.set_budget(asked)
+        return forward(*args, **kw)
+    forward = eng.net.forward
+    monkeypatch.setattr(eng.net, "forward", restore)
+    monkeypatch.setattr(fused_module, "decode_layers", cut)
+    tokens, before, streamed = [11, 2, 30, 4, 17], ec.stats(), eng.net.fused.streamed
+    for t in tokens:
+        eng.forward([t])
+    st = ec.stats()
+    assert eng.net.fused.streamed == streamed + len(tokens)
+    assert (st.hits + st.misses) - (before.hits + before.misses) == len(tokens) * eng.cfg.num_layers * eng.cfg.top_k
+    assert st.evictions > before.evictions
+
+
 def test_room_for_every_expert_loads_the_rest_in_the_background(models):
     eng = Engine(models("mixtral", "int8"))
     eng.forward([1, 2])

@@ -221,11 +221,14 @@ class FusedDecode:
                             table[start, e] = [_row(ew.gate), _row(ew.up), _row(ew.down)]
                     stop = self._launch(x, step.cache, step.pos0, step.cos[0], step.sin[0], table, n, picks, mixes,
                                         start, resume)
+                    # the held ones' hits, while they are still held: leaving frozen() enforces the budget,
+                    # and its evictions (or the loader's) may take them (cap 0.9, q4_k_m, random routing:
+                    # a KeyError in 2 of 3 runs when these were counted after)
+                    cache.count_uses(picks, layers=range(counted, stop))
                 if step.timer is not None:
                     step.timer.stop("decode_layers (streamed)", t0)
                 uses.close()  # the last stop's experts: their use is over (a mapped one unmapped)
                 taken = []
-                cache.count_uses(picks, layers=range(counted, stop))  # the held ones' hits, before any load
                 if stop == n:
                     break
                 cache.record(stop, picks[stop:stop + 1])
