@@ -91,11 +91,13 @@ def plan_expert_cache(model: ModelDir, params: dict, context_limit: int,
     if not cfg.tie_word_embeddings:  # the embedding table stays mapped: a token reads its one row
         resident -= _tensor_bytes(model.path / "embeddings.bin", "token_embd.weight")
     measured = None if available is None else (available, "given")
+    spare = SPARE_SLOTS * one
     if E > 1 and L > 0:  # every expert's slot as the cache counts it (ExpertCache.all_bytes), and its spares
         probe = ExpertStore(model)
-        everything = routed_bytes(probe) + SPARE_SLOTS * MemoryPool.block_size(probe.span(cfg.dense_layers, 0).slot_bytes)
+        spare = SPARE_SLOTS * MemoryPool.block_size(probe.span(cfg.dense_layers, 0).slot_bytes)
+        everything = routed_bytes(probe) + spare
     else:
-        everything = one * E * L + SPARE_SLOTS * one
+        everything = one * E * L + spare
     if E == 1:  # dense: the MLP is resident like everything else (ExpertCache keeps all of them)
         b = sysmem.plan(resident, kv, activation_bytes(cfg), 0, 0, 0, measured, refuse=refuse,
                         compile=sysmem.compile_reserve() if refuse else 0)
@@ -106,7 +108,7 @@ def plan_expert_cache(model: ModelDir, params: dict, context_limit: int,
     asked = None
     if params.get("expert_cache_size"):
         cap = min(E, params["expert_cache_size"])
-        nbytes = everything if cap >= E else cap * one * L + SPARE_SLOTS * one
+        nbytes = everything if cap >= E else cap * one * L + spare  # (spares as ExpertCache counts them)
         asked = CachePlan(cap, one, f"{cap} of {E} experts per layer (expert_cache_size)", resident,
                           nbytes, kv, b.room, per_layer=cap, asked_words=f"expert_cache_size {cap}")
     elif params.get("expert_cache_bytes"):

@@ -161,7 +161,7 @@ class ExpertCache:
 
     def set_budget(self, budget: int) -> None:
         """A new byte budget (memory pressure changed); evicts down to it at once where it can."""
-        L, E, k = self.num_layers, self.num_experts, self.top_k
+        E, k = self.num_experts, self.top_k
         with self._lock:
             self.budget = max(int(budget), min_budget(k, self.slot))  # one layer's picks + one ahead
             if E == 1:  # a dense model's MLPs: counted with its dense weights, never evicted
@@ -169,7 +169,9 @@ class ExpertCache:
             # room for all: by bytes (layers' experts may differ in size), as _make_room counts them
             fits_all = self.budget - SPARE_SLOTS * self.slot >= self.all_bytes
             self.room_for_all = fits_all and (self.per_layer is None or self.per_layer >= E)
-            per_layer = (self.budget - SPARE_SLOTS * self.slot) // max(1, self.slot * L)
+            # experts of a mean size: layers' experts may differ (Q4_K_M's Q6_K downs), and layer 0's
+            # slot taken for all read an explicit 2 of 8 as 1 a layer
+            per_layer = (self.budget - SPARE_SLOTS * self.slot) * E // max(1, self.all_bytes)
             per_layer = E if fits_all else min(E - 1, per_layer)
             self.capacity = min(E, self.per_layer or E, max(1, per_layer))  # experts per layer it amounts to
             self.store.holds_every_expert = self.room_for_all

@@ -797,6 +797,31 @@ def test_room_for_all_counts_bytes_when_layers_differ_in_expert_size():
         cache.close()
 
 
+@pytest.mark.parametrize("size", [2, 3])
+def test_an_explicit_size_holds_that_many_when_layers_differ_in_expert_size(tmp_path, size):
+    """A GGUF laid out as llama.cpp's Q4_K_M: the first and last layers' expert downs in Q6_K, the
+    rest Q4_K. expert_cache_size N is N a layer: counted in layer 0's (bigger) experts, 2 of 8
+    amounted to 1 a layer, and a prompt's scan cut every layer to 1."""
+    from gguf import GGMLQuantizationType as Q
+    from gguf_fixtures import make_random_hf, write_gguf
+
+    hf = make_random_hf(tmp_path / "hf", "mixtral", hidden=512, intermediate=1536, n_layer=4,
+                        n_expert=8, n_expert_used=2, vocab_size=300)
+
+    def qtype(name, shape):
+        if ".ffn_down_exps." in name:
+            return Q.Q6_K if name.startswith(("blk.0.", "blk.3.")) else Q.Q4_K
+        return Q.Q4_K if name.startswith("blk.") and len(shape) > 1 and not name.endswith("gate_inp.weight") else None
+    gguf = write_gguf(hf, tmp_path / "mixed-q4_k_m.gguf", qtypes=qtype)
+    eng = Engine(convert(gguf, tmp_path / "mixed", "keep").path, expert_cache_size=size, prefetch_window=0)
+    ec = eng.weights.experts
+    assert ec.slot > ec.pool.block_size(ec.store.span(1, 0).slot_bytes)  # the layers' slots do differ
+    assert (eng.cache_plan.capacity, ec.capacity, ec.stats().capacity_per_layer) == (size, size, size)
+    eng.forward(list(range(1, 40)))  # a prompt: its scan leaves each layer its share
+    assert max(ec._count) == size and sum(ec._count) == size * eng.cfg.num_layers
+    eng.close()
+
+
 @pytest.mark.parametrize("source,mapped", [("MemAvailable", True), ("cgroup limit", False)])
 def test_a_colder_miss_is_served_from_the_page_cache_and_the_hot_expert_stays(routed_model, monkeypatch, source,
                                                                               mapped):
