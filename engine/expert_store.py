@@ -83,6 +83,12 @@ KEEP_CHECK_S = 1.0
 # anonymous buffer's touch: 1.1). Populating reads what the page cache lacks, as a pread would.
 # Linux >= 5.14; elsewhere (EINVAL) one MADV_WILLNEED readahead and the faults as before
 MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)
+# A file read through a MADV_HUGEPAGE mapping comes into the page cache in 2 MiB folios, and every
+# later mapping of it gets one page-table entry per 2 MiB instead of 512 (Linux >= 6.16 on ext4 and
+# others with large folios, transparent huge pages not "never"). Plain reads leave small folios, and
+# those stay small. Measured on a 13.4 MB q8_0 expert in the page cache (AMD EPYC Zen 3 VM, kernel
+# 6.18, ext4, medians of 30): populate 0.97 -> 0.06 ms, unmap 0.32 -> 0.02 ms.
+MADV_HUGEPAGE = getattr(mmap, "MADV_HUGEPAGE", 14)
 
 
 def routed_bytes(store: "ExpertStore") -> int:
@@ -135,6 +141,32 @@ def _populate(mm: mmap.mmap) -> None:
             _populate_works[0] = False
     if hasattr(mmap, "MADV_WILLNEED") and resident_bytes(mm, 0, len(mm)) < len(mm):
         mm.madvise(mmap.MADV_WILLNEED)
+
+
+def _huge(mm: mmap.mmap) -> None:
+    """Ask for 2 MiB folios where the mapping's faults read the file (see MADV_HUGEPAGE); a kernel
+    without transparent huge pages refuses, and the mapping works as before."""
+    try:
+        mm.madvise(MADV_HUGEPAGE)
+    except (OSError, ValueError):
+        pass
+
+
+def _read_ahead_huge(fd: int, offset: int, nbytes: int) -> None:
+    """Bring the file range into the page cache through a MADV_HUGEPAGE mapping (2 MiB folios):
+    the misses that later map it then map it cheaply. A failure leaves the read to pread."""
+    start = offset // mmap.ALLOCATIONGRANULARITY * mmap.ALLOCATIONGRANULARITY
+    try:
+        mm = mmap.mmap(fd, offset + nbytes - start, mmap.MAP_SHARED, mmap.PROT_READ, offset=start)
+    except (OSError, ValueError):
+        return
+    try:
+        _huge(mm)
+        _populate(mm)
+    except OSError:
+        pass
+    finally:
+        mm.close()
 
 
 def _typed_writable(mm: mmap.mmap) -> np.ndarray:
@@ -242,6 +274,7 @@ class ExpertStore:
         except (OSError, ValueError) as e:
             raise ExpertLoadError(f"layer {layer} expert {expert}: {sp.path}: {e}") from None
         try:
+            _huge(mm)
             _populate(mm)
         except OSError as e:  # (a read error populating, e.g. EIO, EFAULT past a truncated file's end)
             raise ExpertLoadError(f"layer {layer} expert {expert}: {sp.path}: {e.strerror}") from None
@@ -286,7 +319,9 @@ class ExpertStore:
         fd = os.open(sp.path, os.O_RDONLY)
         try:
             if self.keeps_page_cache():
-                cached = self.read_mode == "auto" and _cached_share(fd, sp.offset, n) >= 0.5
+                cached = _cached_share(fd, sp.offset, n) >= 0.5
+                if not cached:  # the copy the page cache keeps, in 2 MiB folios
+                    _read_ahead_huge(fd, sp.offset, n)
                 got = os.preadv(fd, [buf[start:start + n]], sp.offset)
                 self.read_bytes["page_cache" if cached else "buffered"] += got
                 return got
