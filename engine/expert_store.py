@@ -88,7 +88,7 @@ MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)
 # others with large folios, transparent huge pages not "never"). Plain reads leave small folios, and
 # those stay small. Measured on a 13.4 MB q8_0 expert in the page cache (AMD EPYC Zen 3 VM, kernel
 # 6.18, ext4, medians of 30): populate 0.97 -> 0.06 ms, unmap 0.32 -> 0.02 ms.
-MADV_HUGEPAGE = getattr(mmap, "MADV_HUGEPAGE", 14)
+MADV_HUGEPAGE = getattr(mmap, "MADV_HUGEPAGE", None)  # (Linux only)
 
 
 def routed_bytes(store: "ExpertStore") -> int:
@@ -146,6 +146,8 @@ def _populate(mm: mmap.mmap) -> None:
 def _huge(mm: mmap.mmap) -> None:
     """Ask for 2 MiB folios where the mapping's faults read the file (see MADV_HUGEPAGE); a kernel
     without transparent huge pages refuses, and the mapping works as before."""
+    if MADV_HUGEPAGE is None:
+        return
     try:
         mm.madvise(MADV_HUGEPAGE)
     except (OSError, ValueError):
@@ -221,7 +223,7 @@ class ExpertStore:
         path = self.model.path / rel
         sfx = "_shexp" if expert == "shared" else f".{expert}"
         try:
-            infos, _ = tensorfile.read_header(path)
+            infos, _ = tensorfile.read_header(path, quiet=True)  # (no readahead: see MADV_HUGEPAGE)
             listed = self.model.manifest["files"].get(rel, {}).get("size")
             if listed is not None and path.stat().st_size != listed:
                 raise ModelFormatError(f"size {path.stat().st_size} bytes, manifest.json says {listed}")

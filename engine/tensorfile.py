@@ -161,28 +161,62 @@ def write_tensor_file(path: Path, tensors: dict[str, tuple[np.ndarray, str]],
 
 # --- reading ---------------------------------------------------------------------------------
 
-def read_header(path: Path, file_size: int | None = None) -> tuple[dict[str, TensorInfo], dict]:
-    """Parse and check a tensor file's header without mapping its data."""
+HEAD_READ = 16 << 10  # a quiet header read takes this much at once (an expert file's header: ~1 KB)
+
+
+def _first_bytes(path: Path, n: int, quiet: bool) -> bytes:
+    """The file's first n bytes (fewer if it is shorter). `quiet`: past the page cache (O_DIRECT;
+    where refused, buffered with readahead off), so the read leaves no readahead behind: the
+    expert store later reads the file in 2 MiB folios (engine.expert_store.MADV_HUGEPAGE), which
+    a readahead's small folios would block for good."""
+    if quiet and hasattr(os, "O_DIRECT"):
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+        except OSError:
+            fd = None
+        if fd is not None:
+            buf = mmap.mmap(-1, max(1, -(-n // mmap.PAGESIZE)) * mmap.PAGESIZE)  # (page-aligned)
+            try:
+                return buf[:min(n, os.preadv(fd, [buf], 0))]
+            except OSError:
+                pass  # (a filesystem that takes the open but not the read)
+            finally:
+                buf.close()
+                os.close(fd)
+    with open(path, "rb", buffering=0) as f:
+        if quiet and hasattr(os, "posix_fadvise"):
+            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_RANDOM)
+        out = b""
+        while len(out) < n and (more := f.read(n - len(out))):
+            out += more
+        return out
+
+
+def read_header(path: Path, file_size: int | None = None, quiet: bool = False) -> tuple[dict[str, TensorInfo], dict]:
+    """Parse and check a tensor file's header without mapping its data. `quiet`: read it past the
+    page cache (see _first_bytes)."""
     path = Path(path)
     size = path.stat().st_size if file_size is None else file_size
-    with open(path, "rb") as f:
-        pre = f.read(_PREAMBLE.size)
-        if len(pre) < _PREAMBLE.size:
-            raise TensorFileError(f"{path}: bad header: file is {size} bytes, too short for a header")
-        magic, version, hlen = _PREAMBLE.unpack(pre)
-        if magic != MAGIC:
-            raise TensorFileError(f"{path}: bad header: magic {magic!r}, expected {MAGIC!r}")
-        if version > TENSORFILE_VERSION:
-            raise NewerFormatError(f"{path}: tensor file version {version} is newer than this Colibri "
-                                  f"reads ({TENSORFILE_VERSION}); update Colibri")
-        if _PREAMBLE.size + hlen > size:
-            raise TensorFileError(f"{path}: bad header: header length {hlen} runs past the end of "
-                                  f"the {size}-byte file")
-        try:
-            doc = json.loads(f.read(hlen))
-            entries = doc["tensors"]
-        except (ValueError, KeyError, TypeError) as e:
-            raise TensorFileError(f"{path}: bad header: {e}") from None
+    head = _first_bytes(path, HEAD_READ if quiet else _PREAMBLE.size, quiet)
+    pre = head[:_PREAMBLE.size]
+    if len(pre) < _PREAMBLE.size:
+        raise TensorFileError(f"{path}: bad header: file is {size} bytes, too short for a header")
+    magic, version, hlen = _PREAMBLE.unpack(pre)
+    if magic != MAGIC:
+        raise TensorFileError(f"{path}: bad header: magic {magic!r}, expected {MAGIC!r}")
+    if version > TENSORFILE_VERSION:
+        raise NewerFormatError(f"{path}: tensor file version {version} is newer than this Colibri "
+                              f"reads ({TENSORFILE_VERSION}); update Colibri")
+    if _PREAMBLE.size + hlen > size:
+        raise TensorFileError(f"{path}: bad header: header length {hlen} runs past the end of "
+                              f"the {size}-byte file")
+    if len(head) < _PREAMBLE.size + hlen:
+        head = _first_bytes(path, _PREAMBLE.size + hlen, quiet)
+    try:
+        doc = json.loads(head[_PREAMBLE.size:_PREAMBLE.size + hlen])
+        entries = doc["tensors"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise TensorFileError(f"{path}: bad header: {e}") from None
     infos: dict[str, TensorInfo] = {}
     for name, e in entries.items():
         try:
