@@ -223,7 +223,7 @@ class ExpertStore:
         path = self.model.path / rel
         sfx = "_shexp" if expert == "shared" else f".{expert}"
         try:
-            infos, _ = tensorfile.read_header(path, quiet=True)  # (no readahead: see MADV_HUGEPAGE)
+            infos = self.model.headers.get(rel) or tensorfile.read_header(path, quiet=True)[0]  # (see MADV_HUGEPAGE)
             listed = self.model.manifest["files"].get(rel, {}).get("size")
             if listed is not None and path.stat().st_size != listed:
                 raise ModelFormatError(f"size {path.stat().st_size} bytes, manifest.json says {listed}")

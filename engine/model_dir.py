@@ -236,6 +236,9 @@ class ModelDir:
     config: ModelConfig
     meta: dict  # the rest of config.json: quantization, tokenizer, source, layout
     manifest: dict
+    # each tensor file's header as validated on opening (relative path -> TensorInfo by name): the
+    # expert store locates experts from these rather than reading every file's header again
+    headers: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def split_experts(self) -> bool:
@@ -315,6 +318,7 @@ def open_model_dir(path: str | Path, verify: bool = False) -> ModelDir:
             raise MissingFileError(f"{root / rel}: missing (the config needs it; not in manifest.json)")
         # experts' headers past the page cache: a readahead would keep them out of 2 MiB folios
         infos, _ = tensorfile.read_header(root / rel, quiet=rel.startswith("experts/"))
+        model.headers[rel] = infos
         for name, shape in tensors.items():
             if name not in infos:
                 raise BadHeaderError(f"{root / rel}: tensor {name!r} is missing")

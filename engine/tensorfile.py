@@ -161,7 +161,7 @@ def write_tensor_file(path: Path, tensors: dict[str, tuple[np.ndarray, str]],
 
 # --- reading ---------------------------------------------------------------------------------
 
-HEAD_READ = 16 << 10  # a quiet header read takes this much at once (an expert file's header: ~1 KB)
+HEAD_READ = 16 << 10  # a header read takes this much at once (an expert file's header: ~1 KB)
 
 
 def _first_bytes(path: Path, n: int, quiet: bool) -> bytes:
@@ -197,7 +197,7 @@ def read_header(path: Path, file_size: int | None = None, quiet: bool = False) -
     page cache (see _first_bytes)."""
     path = Path(path)
     size = path.stat().st_size if file_size is None else file_size
-    head = _first_bytes(path, HEAD_READ if quiet else _PREAMBLE.size, quiet)
+    head = _first_bytes(path, HEAD_READ, quiet)
     pre = head[:_PREAMBLE.size]
     if len(pre) < _PREAMBLE.size:
         raise TensorFileError(f"{path}: bad header: file is {size} bytes, too short for a header")

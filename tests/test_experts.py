@@ -835,15 +835,6 @@ def _file_pmd_kb(addr: int) -> int:
     return 0
 
 
-def _drop_from_page_cache(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
-
 def test_a_miss_with_room_to_spare_leaves_its_file_in_2_mib_folios(tmp_path):
     """With room to spare, a miss's file stays in the page cache; read in through a MADV_HUGEPAGE
     mapping it stays there in 2 MiB folios, and the misses that map it later take a page-table entry
@@ -853,9 +844,11 @@ def test_a_miss_with_room_to_spare_leaves_its_file_in_2_mib_folios(tmp_path):
     import mmap as _mmap
 
     from gguf_fixtures import make_random_hf
+
+    from app.bench.memory import evict
     probe = tmp_path / "probe.bin"
     probe.write_bytes(os.urandom(4 << 20))
-    _drop_from_page_cache(probe)
+    evict([probe])
     with open(probe, "rb") as f:
         mm = _mmap.mmap(f.fileno(), 0, _mmap.MAP_SHARED, _mmap.PROT_READ)
     try:
@@ -871,8 +864,7 @@ def test_a_miss_with_room_to_spare_leaves_its_file_in_2_mib_folios(tmp_path):
     src = make_random_hf(tmp_path / "hf", "mixtral", hidden=1024, intermediate=1024, n_layer=1, n_expert=2,
                          n_expert_used=1, vocab_size=300)
     md = open_model_dir(convert(src, tmp_path / "m", "int8").path)
-    for f in (md.path / "experts").iterdir():  # cold, as after a reboot
-        _drop_from_page_cache(f)
+    evict(list((md.path / "experts").iterdir()))  # cold, as after a reboot
     md = open_model_dir(md.path)  # (it reads every file's header: past the page cache, as the store does)
     store = ExpertStore(md, read_mode="cached")  # misses keep their page-cache copy
     sp = store.span(0, 0)  # (its header is read past the page cache: a readahead's small folios stay)
