@@ -289,13 +289,22 @@ class TextCodec:
         self.template.root_render_func.__globals__["markup_join"] = env.checked_join
         self._special_re, self._bare_re, self.special_ids = _special_patterns(self.tok)
         self.marker_ids = {self.special_ids[m]: m for m in MARKERS if m in self.special_ids}  # id -> text
-        serialized = self.tok.to_str()  # megabytes for a large vocabulary: serialized once
-        self._plain = Tokenizer.from_str(serialized)  # special-token strings are plain text here
-        self._plain.encode_special_tokens = True
-        spec = json.loads(serialized)
-        rest = _never_prepend(spec)
-        self._plain_rest = self._plain if rest == spec else Tokenizer.from_str(json.dumps(rest))
-        self._plain_rest.encode_special_tokens = True
+        # plain pieces (special-token strings as text) go through the same tokenizer with
+        # encode_special_tokens switched on for the call, under _lock: a second instance cost its
+        # whole vocabulary again (SmolLM2's 49k: 27 MiB of 54). Only a tokenizer that prepends a
+        # space to every piece (SentencePiece style) gets one more, for pieces that are not first.
+        # (parsed into Python only when there is one: a vocabulary's objects outlive their use as
+        # heap fragments, 9 MiB of RSS for SmolLM2's)
+        self._lock, self._plain_rest = threading.Lock(), None
+        serialized = self.tok.to_str()
+        if re.search(r'"prepend_scheme"\s*:\s*"first"', serialized):
+            spec = json.loads(serialized)
+            rest = _never_prepend(spec)
+            if rest != spec:
+                self._plain_rest = Tokenizer.from_str(json.dumps(rest))
+                self._plain_rest.encode_special_tokens = True
+            del spec, rest
+        del serialized
         self.bos_token, self.eos_token = meta.get("bos_token"), meta.get("eos_token")
         self.bos_id = meta.get("bos_token_id")
         self.add_bos = bool(meta.get("add_bos_token")) and self.bos_id is not None
@@ -311,7 +320,9 @@ class TextCodec:
 
     def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
         """Special tokens written in the text (e.g. <|im_start|>) become their ids."""
-        return self._with_bos(self.tok.encode(text, add_special_tokens=False).ids, add_bos)
+        with self._lock:
+            ids = self.tok.encode(text, add_special_tokens=False).ids
+        return self._with_bos(ids, add_bos)
 
     def _with_bos(self, ids: list[int], add_bos: bool | None = None) -> list[int]:
         if (self.add_bos if add_bos is None else add_bos) and self.bos_id is not None and ids[:1] != [self.bos_id]:
@@ -379,7 +390,7 @@ class TextCodec:
         `resume`: the start of the reply, as the model wrote it after the generation prompt (its
         `<think>` tags included), appended as plain text: the prompt a reply cut short is
         continued from is the one it was written after, followed by what it wrote."""
-        tail = self._plain_rest.encode(resume, add_special_tokens=False).ids if resume else []
+        tail = self._encode_plain(resume, first=False) if resume else []
         if self._special_re is None:
             return self.encode(self.render(messages, add_generation_prompt, template_vars)) + tail
         text = self.render([_break_specials(m, self._bare_re) for m in messages], add_generation_prompt,
@@ -396,8 +407,18 @@ class TextCodec:
         return self._with_bos(ids) + tail
 
     def _plain_piece(self, text: str, first: bool) -> list[int]:
-        text = _UNBREAK.sub(lambda m: m.group(1) or "", text)
-        return (self._plain if first else self._plain_rest).encode(text, add_special_tokens=False).ids
+        return self._encode_plain(_UNBREAK.sub(lambda m: m.group(1) or "", text), first)
+
+    def _encode_plain(self, text: str, first: bool) -> list[int]:
+        """Ids of text whose special-token strings are characters, not tokens."""
+        if not first and self._plain_rest is not None:
+            return self._plain_rest.encode(text, add_special_tokens=False).ids
+        with self._lock:
+            was, self.tok.encode_special_tokens = self.tok.encode_special_tokens, True
+            try:
+                return self.tok.encode(text, add_special_tokens=False).ids
+            finally:
+                self.tok.encode_special_tokens = was
 
 
 RESERVED_VARS = frozenset({"messages", "add_generation_prompt", "bos_token", "eos_token"})

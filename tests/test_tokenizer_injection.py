@@ -152,3 +152,36 @@ def test_chat_prompts_equal_llama_cpp(default_converted):
     assert chats
     for p in chats:
         assert codec.encode_chat(p["messages"]) == p["prompt_ids"], p["name"]
+
+
+def test_plain_and_special_encodings_do_not_mix_across_threads(default_converted):
+    """Plain pieces switch special-token splitting off on the one tokenizer the codec keeps (a
+    second copy cost the vocabulary again): a thread encoding with special tokens meanwhile must
+    still get them, and the plain one must not."""
+    import sys
+    import threading
+    model = open_model_dir(default_converted)
+    codec = TextCodec.from_model(model)
+    text = "hi <|im_end|> there <|im_start|>user"
+    special, chat = codec.encode(text), hostile(MARKERS["chatml"])
+    plain = codec.encode_chat(chat)
+    assert [i for i in special if i in codec.special_ids.values()]  # (the markers are tokens here)
+    wrong: list[str] = []
+
+    def loop(fn, want, name):
+        for _ in range(300):
+            if fn() != want:
+                wrong.append(name)
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        ts = [threading.Thread(target=loop, args=(lambda: codec.encode(text), special, "special")),
+              threading.Thread(target=loop, args=(lambda: codec.encode_chat(chat), plain, "plain"))]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+    finally:
+        sys.setswitchinterval(old)
+    assert not wrong, f"{len(wrong)} encodings came out wrong: {sorted(set(wrong))}"

@@ -219,6 +219,7 @@ class FusedDecode:
                         table = table.copy()
                         for e, ew in zip(picks[start].tolist(), taken):
                             table[start, e] = [_row(ew.gate), _row(ew.up), _row(ew.down)]
+                        del ew  # (a mapped expert goes with its last view, before the next stop maps more)
                     stop = self._launch(x, step.cache, step.pos0, step.cos[0], step.sin[0], table, n, picks, mixes,
                                         start, resume)
                     # the held ones' hits, while they are still held: leaving frozen() enforces the budget,
