@@ -835,15 +835,8 @@ def _file_pmd_kb(addr: int) -> int:
     return 0
 
 
-def test_a_miss_with_room_to_spare_leaves_its_file_in_2_mib_folios(tmp_path):
-    """With room to spare, a miss's file stays in the page cache; read in through a MADV_HUGEPAGE
-    mapping it stays there in 2 MiB folios, and the misses that map it later take a page-table entry
-    per 2 MiB, not 512 (populate 0.97 -> 0.06 ms, unmap 0.32 -> 0.02 for a 13.4 MB expert). Read
-    with pread, first mapped without the advice, or after a buffered read of its header (the readahead
-    it starts), it stays in small folios for good."""
+def _skip_without_2_mib_file_folios(tmp_path) -> None:
     import mmap as _mmap
-
-    from gguf_fixtures import make_random_hf
 
     from app.bench.memory import evict
     probe = tmp_path / "probe.bin"
@@ -861,6 +854,18 @@ def test_a_miss_with_room_to_spare_leaves_its_file_in_2_mib_folios(tmp_path):
         mm.close()
     if not capable:
         pytest.skip("this kernel or filesystem maps no file page cache 2 MiB at a time (Linux >= 6.16, THP)")
+
+
+def test_a_miss_with_room_to_spare_leaves_its_file_in_2_mib_folios(tmp_path):
+    """With room to spare, a miss's file stays in the page cache; read in through a MADV_HUGEPAGE
+    mapping it stays there in 2 MiB folios, and the misses that map it later take a page-table entry
+    per 2 MiB, not 512 (populate 0.97 -> 0.06 ms, unmap 0.32 -> 0.02 for a 13.4 MB expert). Read
+    with pread, first mapped without the advice, or after a buffered read of its header (the readahead
+    it starts), it stays in small folios for good."""
+    from gguf_fixtures import make_random_hf
+
+    from app.bench.memory import evict
+    _skip_without_2_mib_file_folios(tmp_path)
     src = make_random_hf(tmp_path / "hf", "mixtral", hidden=1024, intermediate=1024, n_layer=1, n_expert=2,
                          n_expert_used=1, vocab_size=300)
     md = open_model_dir(convert(src, tmp_path / "m", "int8").path)
@@ -876,6 +881,47 @@ def test_a_miss_with_room_to_spare_leaves_its_file_in_2_mib_folios(tmp_path):
     for w in (read, cold):
         assert _file_pmd_kb(w.gate.data.ctypes.data) >= 2048
     assert all(np.array_equal(getattr(read, p).data, getattr(slot, p).data) for p in ("gate", "up", "down"))
+
+
+def test_a_mapped_miss_found_in_small_folios_is_read_again_into_2_mib_ones(tmp_path):
+    """Experts someone else read (a copy, a backup: plain reads) sit in small folios, and every
+    mapped miss of them pays 512 page-table entries per 2 MiB. The first such miss has its range
+    read again through a huge mapping once it is unmapped, in the background; the next miss maps
+    it 2 MiB at a time, the same bytes."""
+    import gc
+
+    from gguf_fixtures import make_random_hf
+
+    from app.bench.memory import evict, warm
+    from engine.expert_store import pmd_mapped_bytes
+    _skip_without_2_mib_file_folios(tmp_path)
+    if pmd_mapped_bytes(0, 2 << 20) is None:
+        pytest.skip("no PAGEMAP_SCAN (Linux >= 6.7): small folios cannot be told apart")
+    src = make_random_hf(tmp_path / "hf", "mixtral", hidden=1024, intermediate=1024, n_layer=1, n_expert=2,
+                         n_expert_used=1, vocab_size=300)
+    md = open_model_dir(convert(src, tmp_path / "m", "int8").path)
+    files = sorted((md.path / "experts").iterdir())
+    evict(files)
+    warm(files)  # plain reads: small folios
+    store = ExpertStore(md, read_mode="cached")
+    first = store.map(0, 0)
+    assert _file_pmd_kb(first.gate.data.ctypes.data) == 0
+    before = [getattr(first, p).data.copy() for p in ("gate", "up", "down")]
+    del first
+    gc.collect()
+    store.settle()
+    assert store.refolio["refreshed"] == 1 and store.read_bytes["refolio"] >= store.span(0, 0).nbytes
+    again = store.map(0, 0)
+    assert _file_pmd_kb(again.gate.data.ctypes.data) >= 2048
+    assert all(np.array_equal(getattr(again, p).data, b) for p, b in zip(("gate", "up", "down"), before))
+    evict(files[1:])
+    other = store.map(0, 1)  # read from the disk through the huge mapping: 2 MiB folios, left alone
+    assert _file_pmd_kb(other.gate.data.ctypes.data) >= 2048
+    del again, other
+    gc.collect()
+    store.settle()
+    assert store.refolio["refreshed"] == 1 and store.refolio["small"] == 0
+    store.close()
 
 
 @pytest.mark.parametrize("source,mapped", [("MemAvailable", True), ("cgroup limit", False)])
