@@ -362,7 +362,7 @@ class ExpertStore:
                 self._refolio = threading.Thread(target=self._refolio_loop, name="colibri-folios", daemon=True)
                 self._refolio.start()
         # once unmapped (DONTNEED leaves mapped pages alone); SimpleQueue.put is safe in a finalizer
-        weakref.finalize(mm, self._refolio_q.put, sp)
+        weakref.finalize(mm, self._refolio_q.put, sp).atexit = False
 
     def _refolio_loop(self) -> None:
         while (item := self._refolio_q.get()) is not None:
