@@ -125,11 +125,11 @@ def replay_routing(eng, trace_path: str) -> None:
             state["tok"] += T
         return np.full((T, K), 1.0 / K, np.float32), ids[rows, layer, :K] % E
 
-    def prefetch(layer, h, logits, step=None):  # Transformer.prefetch's signature
+    def prefetch(layer, h, logits, step=None):  # Transformer.prefetch's (called where prediction_due())
         cache = net.w.experts
-        if layer + 1 < L and not cache.holds_all():
+        if layer + 1 < L:
             rows = (state["tok"] + np.arange(h.shape[0])) % len(ids)
-            cache.prefetch(layer + 1, np.unique(ahead[rows, layer, :K] % E))
+            cache.prefetch(layer + 1, np.unique(ahead[rows, layer, :K] % E), due=True)
 
     def given():  # FusedDecode.given: a whole token in one call
         picks = ids[state["tok"] % len(ids), :L, :K] % E

@@ -269,7 +269,7 @@ class Transformer:
         cache.record(L, ids)
         if step.routes is not None:
             step.routes.append((L, ids.copy()))
-        if h.shape[0] <= PREFETCH_MAX_TOKENS:
+        if h.shape[0] <= PREFETCH_MAX_TOKENS and cache.prediction_due():
             self.prefetch(L, h, logits, step)
         if step.dump is not None:
             step.dump[f"blk.{L}.router_logits"] = logits.copy()
@@ -383,15 +383,14 @@ class Transformer:
 
     def prefetch(self, L: int, h: np.ndarray, logits: np.ndarray, step: Step) -> None:
         """Queue the experts the next layer's router picks from this layer's hidden state, and
-        this layer's runners-up (ranked just after the top-k) for the next token."""
+        this layer's runners-up (ranked just after the top-k) for the next token. Called where the
+        cache's prediction_due() said yes."""
         cache, k = self.w.experts, self.cfg.top_k
-        if cache.holds_all():  # nothing could be brought in
-            return
         if L + 1 < len(self.w.layers) and self.w.layers[L + 1].router is not None:
             nxt = np.argsort(-linear(h, self.w.layers[L + 1].router, step), axis=-1)[:, :k]
-            cache.prefetch(L + 1, np.unique(nxt))
+            cache.prefetch(L + 1, np.unique(nxt), due=True)
         ranked = np.argsort(-logits, axis=-1)
-        cache.prefetch(L, np.unique(ranked[:, k:k + 1]), spare_only=True)
+        cache.prefetch(L, np.unique(ranked[:, k:k + 1]), spare_only=True, due=True)
 
     def sandwich_layer(self, L: int, x: np.ndarray, lw: LayerWeights, mixer, step: Step) -> np.ndarray:
         """Gemma 4, in place on x: x += post(mixer(pre x)); a dense MLP on ffn_norm(x) beside the

@@ -253,7 +253,7 @@ class FusedDecode:
         """At a stop, what the layered path asks of the prefetcher at every layer (the next
         layer's picks from this layer's input, this layer's runners-up), where it would go out."""
         cache, model = self.model.w.experts, self.model
-        if cache.holds_all() or not cache.prefetching():
+        if not cache.prediction_due():
             return
         from engine.models.base import linear, rmsnorm
         lw = model.w.layers[L]
