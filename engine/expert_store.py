@@ -157,7 +157,7 @@ def _huge(mm: mmap.mmap) -> None:
         pass
 
 
-def _read_ahead_huge(fd: int, offset: int, nbytes: int) -> None:
+def read_ahead_huge(fd: int, offset: int, nbytes: int) -> None:
     """Bring the file range into the page cache through a MADV_HUGEPAGE mapping (2 MiB folios):
     the misses that later map it then map it cheaply. A failure leaves the read to pread."""
     start = offset // mmap.ALLOCATIONGRANULARITY * mmap.ALLOCATIONGRANULARITY
@@ -265,7 +265,7 @@ class ExpertStore:
         self._folios_seen: set[tuple[Path, int]] = set()  # spans whose mapped folios were looked at
         self._refolio_q: queue.SimpleQueue = queue.SimpleQueue()  # spans to read again (put from finalizers)
         self._refolio: threading.Thread | None = None
-        self._refolio_left, self._refolio_works = REFOLIO_TRIES, False
+        self._refolio_left = REFOLIO_TRIES  # 0: no more refreshes (closed, or they came back small)
         self.refolio = Counter()  # refreshed: experts read again into 2 MiB folios; small: still small after
 
     def span(self, layer: int, expert: int | str) -> ExpertSpan:
@@ -384,13 +384,12 @@ class ExpertStore:
         try:
             end = min(end, os.fstat(fd).st_size)
             os.posix_fadvise(fd, a, end - a, os.POSIX_FADV_DONTNEED)
-            _read_ahead_huge(fd, a, end - a)
             mm = mmap.mmap(fd, end - a, mmap.MAP_SHARED, mmap.PROT_READ, offset=a)
         except (OSError, ValueError):
-            os.close(fd)
             return
-        os.close(fd)
-        try:
+        finally:
+            os.close(fd)
+        try:  # the read itself, through the huge mapping; then how it came mapped
             _huge(mm)
             _populate(mm)
             got = pmd_mapped_bytes(np.frombuffer(mm, np.uint8, 1).ctypes.data + lo - a, hi - lo)
@@ -402,10 +401,9 @@ class ExpertStore:
             self.read_bytes["refolio"] += end - a
             if got is not None and got >= hi - lo:
                 self.refolio["refreshed"] += 1
-                self._refolio_works = True
                 return
             self.refolio["small"] += 1
-            if not self._refolio_works:
+            if not self.refolio["refreshed"]:  # (after one success, a small one raced a new mapping)
                 self._refolio_left -= 1
                 if self._refolio_left == 0:
                     log.info("%s: experts read again still came in small folios; mapped misses stay in "
@@ -450,7 +448,7 @@ class ExpertStore:
             if self.keeps_page_cache():
                 cached = _cached_share(fd, sp.offset, n) >= 0.5
                 if not cached:  # the copy the page cache keeps, in 2 MiB folios
-                    _read_ahead_huge(fd, sp.offset, n)
+                    read_ahead_huge(fd, sp.offset, n)
                 got = os.preadv(fd, [buf[start:start + n]], sp.offset)
                 self.read_bytes["page_cache" if cached else "buffered"] += got
                 return got

@@ -403,7 +403,7 @@ class ExpertCache:
         """Whether a layer's predictions go out now: prefetching(), and not held back (see
         prefetch_paused; one layer in PREFETCH_PROBE still goes out then). Asked once per layer a
         token, before the router looks ahead: held back, that matmul is not worth doing either
-        (measured at cap 0.9, q4_k_m, trace replay: 1.4 ms a token of 44)."""
+        (measured at cap 0.9, q4_k_m, trace replay: its share of a token's stops 33 -> 15 ms over 24 tokens)."""
         return not self.holds_all() and self.prefetching() and self._prefetch_pays()
 
     def prefetching(self) -> bool:
