@@ -50,7 +50,6 @@ import math
 import mmap
 import os
 import queue
-import sys
 import threading
 import time
 import weakref
@@ -63,6 +62,7 @@ import numpy as np
 
 from engine import sysmem, tensorfile
 from engine.errors import ModelFormatError
+from engine.folios import HUGE, MADV_HUGEPAGE, advise_huge, pmd_mapped_bytes, populate, read_ahead_huge
 from engine.kernels import cpu
 from engine.mempool import MemoryPool, resident_bytes
 from engine.model_dir import ModelDir, expert_file
@@ -80,18 +80,6 @@ READ_MODES = ("auto", "direct", "dontneed", "cached")  # cached: plain pread, th
 # pool does not. Under pressure one copy: O_DIRECT or copy + DONTNEED. Checked again every KEEP_CHECK_S.
 KEEP_ROOM_FACTOR = 2
 KEEP_CHECK_S = 1.0
-# a mapped miss's page tables are filled by one madvise(MADV_POPULATE_READ) on the loading thread,
-# not by the kernels' read faults: measured (a 13.4 MB q8_0 expert of the 1.75 B bench model, in the
-# page cache, medians of 40, loaded machine) map + touch 10.6 ms faulting against 1.9 populated (an
-# anonymous buffer's touch: 1.1). Populating reads what the page cache lacks, as a pread would.
-# Linux >= 5.14; elsewhere (EINVAL) one MADV_WILLNEED readahead and the faults as before
-MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)
-# A file read through a MADV_HUGEPAGE mapping comes into the page cache in 2 MiB folios, and every
-# later mapping of it gets one page-table entry per 2 MiB instead of 512 (Linux >= 6.16 on ext4 and
-# others with large folios, transparent huge pages not "never"). Plain reads leave small folios, and
-# those stay small. Measured on a 13.4 MB q8_0 expert in the page cache (AMD EPYC Zen 3 VM, kernel
-# 6.18, ext4, medians of 30): populate 0.97 -> 0.06 ms, unmap 0.32 -> 0.02 ms.
-MADV_HUGEPAGE = getattr(mmap, "MADV_HUGEPAGE", None)  # (Linux only)
 
 
 def routed_bytes(store: "ExpertStore") -> int:
@@ -127,54 +115,6 @@ class ExpertSpan:
         return -(-(self.head + self.nbytes) // DIRECT_ALIGN) * DIRECT_ALIGN
 
 
-_populate_works = [True]  # cleared by the first EINVAL (a kernel before 5.14)
-
-
-def _populate(mm: mmap.mmap) -> None:
-    """Fill a fresh file mapping's page tables from the page cache (reading what it lacks) in one
-    call, so the kernels that read it take no page faults. Before Linux 5.14: one readahead of
-    what the page cache lacks (mincore), not a fault per 16 pages from the kernels."""
-    if _populate_works[0]:
-        try:
-            mm.madvise(MADV_POPULATE_READ)
-            return
-        except OSError as e:
-            if e.errno not in (errno.EINVAL, errno.ENOSYS):
-                raise
-            _populate_works[0] = False
-    if hasattr(mmap, "MADV_WILLNEED") and resident_bytes(mm, 0, len(mm)) < len(mm):
-        mm.madvise(mmap.MADV_WILLNEED)
-
-
-def _huge(mm: mmap.mmap) -> None:
-    """Ask for 2 MiB folios where the mapping's faults read the file (see MADV_HUGEPAGE); a kernel
-    without transparent huge pages refuses, and the mapping works as before."""
-    if MADV_HUGEPAGE is None:
-        return
-    try:
-        mm.madvise(MADV_HUGEPAGE)
-    except (OSError, ValueError):
-        pass
-
-
-def read_ahead_huge(fd: int, offset: int, nbytes: int) -> None:
-    """Bring the file range into the page cache through a MADV_HUGEPAGE mapping (2 MiB folios):
-    the misses that later map it then map it cheaply. A failure leaves the read to pread."""
-    start = offset // mmap.ALLOCATIONGRANULARITY * mmap.ALLOCATIONGRANULARITY
-    try:
-        mm = mmap.mmap(fd, offset + nbytes - start, mmap.MAP_SHARED, mmap.PROT_READ, offset=start)
-    except (OSError, ValueError):
-        return
-    try:
-        _huge(mm)
-        _populate(mm)
-    except OSError:
-        pass
-    finally:
-        mm.close()
-
-
-HUGE = 2 << 20  # a PMD-mapped folio
 # A file read by someone else (a copy, a backup, a plain read) sits in the page cache in small
 # folios, and a mapped miss of it pays for them every time (populate + unmap 1.3 against 0.08 ms
 # for a 13.4 MB expert, and the kernels' TLB misses): measured at 2 of 8 experts a layer uncapped
@@ -185,42 +125,6 @@ HUGE = 2 << 20  # a PMD-mapped folio
 # once. Where that leaves small folios too (no large folios in this filesystem), REFOLIO_TRIES
 # such reads and the store stops trying.
 REFOLIO_TRIES = 4
-_PAGEMAP_SCAN_WORKS = [True]
-
-
-class _ScanArg(ctypes.Structure):  # struct pm_scan_arg (linux/fs.h)
-    _fields_ = [(n, ctypes.c_uint64) for n in ("size", "flags", "start", "end", "walk_end", "vec", "vec_len",
-                                                "max_pages", "category_inverted", "category_mask",
-                                                "category_anyof_mask", "return_mask")]
-
-
-class _PageRegion(ctypes.Structure):  # struct page_region
-    _fields_ = [("start", ctypes.c_uint64), ("end", ctypes.c_uint64), ("categories", ctypes.c_uint64)]
-
-
-_PAGEMAP_SCAN = (3 << 30) | (ctypes.sizeof(_ScanArg) << 16) | (ord("f") << 8) | 16  # _IOWR('f', 16, ...)
-_PAGE_IS_HUGE = 1 << 6
-
-
-def pmd_mapped_bytes(addr: int, nbytes: int) -> int | None:
-    """Bytes of this process's [addr, addr + nbytes) mapped 2 MiB at a time; None where the kernel
-    cannot say (PAGEMAP_SCAN: Linux >= 6.7)."""
-    if not _PAGEMAP_SCAN_WORKS[0] or not sys.platform.startswith("linux"):
-        return None
-    import fcntl
-    vec = (_PageRegion * (nbytes // HUGE + 2))()
-    arg = _ScanArg(size=ctypes.sizeof(_ScanArg), start=addr, end=addr + nbytes, vec=ctypes.addressof(vec),
-                   vec_len=len(vec), category_mask=_PAGE_IS_HUGE, return_mask=_PAGE_IS_HUGE)
-    try:
-        fd = os.open("/proc/self/pagemap", os.O_RDONLY)
-        try:
-            n = fcntl.ioctl(fd, _PAGEMAP_SCAN, arg, True)
-        finally:
-            os.close(fd)
-    except OSError:  # ENOTTY or EINVAL: a kernel without it
-        _PAGEMAP_SCAN_WORKS[0] = False
-        return None
-    return sum(vec[i].end - vec[i].start for i in range(n))
 
 
 def _typed_writable(mm: mmap.mmap) -> np.ndarray:
@@ -280,7 +184,7 @@ class ExpertStore:
         path = self.model.path / rel
         sfx = "_shexp" if expert == "shared" else f".{expert}"
         try:
-            infos = self.model.headers.get(rel) or tensorfile.read_header(path, quiet=True)[0]  # (see MADV_HUGEPAGE)
+            infos = self.model.headers.get(rel) or tensorfile.read_header(path, quiet=True)[0]  # (see engine.folios)
             listed = self.model.manifest["files"].get(rel, {}).get("size")
             if listed is not None and path.stat().st_size != listed:
                 raise ModelFormatError(f"size {path.stat().st_size} bytes, manifest.json says {listed}")
@@ -333,8 +237,8 @@ class ExpertStore:
         except (OSError, ValueError) as e:
             raise ExpertLoadError(f"layer {layer} expert {expert}: {sp.path}: {e}") from None
         try:
-            _huge(mm)
-            _populate(mm)
+            advise_huge(mm)
+            populate(mm)
         except OSError as e:  # (a read error populating, e.g. EIO, EFAULT past a truncated file's end)
             raise ExpertLoadError(f"layer {layer} expert {expert}: {sp.path}: {e.strerror}") from None
         with self._lock:
@@ -390,8 +294,8 @@ class ExpertStore:
         finally:
             os.close(fd)
         try:  # the read itself, through the huge mapping; then how it came mapped
-            _huge(mm)
-            _populate(mm)
+            advise_huge(mm)
+            populate(mm)
             got = pmd_mapped_bytes(np.frombuffer(mm, np.uint8, 1).ctypes.data + lo - a, hi - lo)
         except OSError:
             got = None

@@ -167,7 +167,7 @@ HEAD_READ = 16 << 10  # a header read takes this much at once (an expert file's 
 def _first_bytes(path: Path, n: int, quiet: bool) -> bytes:
     """The file's first n bytes (fewer if it is shorter). `quiet`: past the page cache (O_DIRECT;
     where refused, buffered with readahead off), so the read leaves no readahead behind: the
-    expert store later reads the file in 2 MiB folios (engine.expert_store.MADV_HUGEPAGE), which
+    expert store later reads the file in 2 MiB folios (engine.folios.MADV_HUGEPAGE), which
     a readahead's small folios would block for good."""
     if quiet and hasattr(os, "O_DIRECT"):
         try:

@@ -893,7 +893,7 @@ def test_a_mapped_miss_found_in_small_folios_is_read_again_into_2_mib_ones(tmp_p
     from gguf_fixtures import make_random_hf
 
     from app.bench.memory import evict, warm
-    from engine.expert_store import pmd_mapped_bytes
+    from engine.folios import pmd_mapped_bytes
     _skip_without_2_mib_file_folios(tmp_path)
     if pmd_mapped_bytes(0, 2 << 20) is None:
         pytest.skip("no PAGEMAP_SCAN (Linux >= 6.7): small folios cannot be told apart")
@@ -996,9 +996,9 @@ def test_an_expert_file_cut_short_is_an_error_when_mapped_not_sigbus(routed_mode
     broken = shutil.copytree(path, tmp_path / "m")
     child = textwrap.dedent(f"""
         import os, sys
-        from engine import expert_store as X
+        from engine import expert_store as X, folios
         from engine.model_dir import open_model_dir
-        X._populate_works[0] = {populate}
+        folios._populate_works[0] = {populate}
         store = X.ExpertStore(open_model_dir(sys.argv[1]))
         sp = store.span(1, 2)
         os.truncate(sp.path, sp.offset + sp.nbytes // 2)
@@ -1023,7 +1023,7 @@ def test_a_mapped_expert_comes_with_its_page_tables_filled(routed_model, monkeyp
     faulting as before."""
     import resource
 
-    from engine import expert_store as X
+    from engine import folios as X  # (populating a mapping)
     path, _ = routed_model
     store = ExpertStore(open_model_dir(path))
     monkeypatch.setattr(X, "_populate_works", [True])

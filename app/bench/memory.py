@@ -250,7 +250,7 @@ def warm(paths: list[Path], huge: bool = False) -> None:
     """Read the files into the page cache: with plain reads (small folios, as llama.cpp's mapped
     reads and any copy leave them), or `huge` through a MADV_HUGEPAGE mapping, as Colibri's misses
     read expert files (2 MiB folios: engine.expert_store)."""
-    from engine.expert_store import read_ahead_huge
+    from engine.folios import read_ahead_huge
     for p in paths:
         if huge:
             fd = os.open(p, os.O_RDONLY)
