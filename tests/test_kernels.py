@@ -6,7 +6,7 @@ import pytest
 from test_quant import random_blocks
 
 from engine import quant
-from engine.kernels import cpu, table
+from engine.kernels import cpu, table, tiles
 from engine.kernels import reference as ref
 
 # What is tested comes from the kernel table (engine/kernels/table.py): its formats, twins and tolerances.
@@ -423,6 +423,33 @@ def check_repacked(name: str, rows: int, n: int):
         want, rtol, atol = twin(name, w, x, "matmul_exact")
         np.testing.assert_allclose(out, want, rtol=rtol, atol=atol * np.abs(want).max())
     return w, packed, code, rng
+
+
+# the quant bytes of a block (start, end): all ones makes every weight its format's largest unsigned value
+LARGEST = {"q4_0": [(2, 18)], "q4_1": [(4, 20)], "q5_0": [(2, 22)], "q5_1": [(4, 24)], "mxfp4": [(1, 17)],
+           "q4_k": [(16, 144)], "q5_k": [(16, 176)], "q6_k": [(0, 192)]}
+
+
+@pytest.mark.parametrize("name", sorted(LARGEST))
+def test_the_largest_weights_times_the_largest_activations_sum_exactly(name):
+    """Every weight at its largest magnitude and every activation at ±127 with one sign: the most
+    a repacked kernel's partial sums can reach (avx2 adds several byte products in int16 before
+    widening them: simd.dots_accumulate). Decode, a few tokens and a prompt's tiles against the twin."""
+    t = quant.get(name)
+    n, rows = 512, 16
+    w = stored_matrix(name, rows, n, seed=31)
+    blocks = w.reshape(rows, n // t.block_size, -1)
+    for a, b in LARGEST[name]:
+        blocks[:, :, a:b] = 0xFF
+    packed = w.copy()
+    cpu.repack_x8(packed, t.type_id)
+    for T in (1, cpu.TOKENS, tiles.TILE_MIN_T):
+        x = np.full((T, n), 0.5, np.float32)
+        x[1::2] = -3.0  # other tokens: the other sign
+        out = np.empty((T, rows), np.float32)
+        cpu.matmul(packed, t.type_id + cpu.PACKED, x, out, False)
+        want, rtol, atol = twin(name, w, x)
+        np.testing.assert_allclose(out, want, rtol=rtol, atol=atol * np.abs(want).max())
 
 
 @pytest.mark.parametrize("name", PACK_FORMATS)

@@ -344,6 +344,7 @@ def _group32(fmt: str, tokens: int):
     size, _, _, q_at, m_at, grid = FORMATS[fmt]
     qh_at = {"q5_0": 16, "q5_1": 32}.get(fmt)
     offset = grid is not None and simd.DOT != "avx2"
+    limit = simd.i16_limit(31 if grid is None else max(abs(int(x)) for x in grid))  # (avx2: |grid|)
 
     def typer(w, g, xq, xd, xs, xi, *t0):
         def codegen(context, builder, sig, args):
@@ -399,14 +400,14 @@ def _group32(fmt: str, tokens: int):
                         dots = builder.shuffle_vector(builder.insert_element(ir.Constant(vi, None), bias,
                                                                              ir.Constant(I32, 0)),
                                                       ir.Constant(vi, None), ir.Constant(vi, [0] * 8))
+                    pairs = []
                     for u, at, signed in parts:
                         word = builder.load(builder.gep(x4, [ir.Constant(b.type, at)]), align=1)
                         s = builder.shuffle_vector(builder.insert_element(ir.Constant(vi, None), word, ir.Constant(I32, 0)),
                                                    ir.Constant(vi, None), ir.Constant(vi, [0] * 8))
                         s = builder.bitcast(s, _vec(I8, 32))
-                        if signed is not None:
-                            s = _psign(builder, s, signed)
-                        dots = simd._dot_accumulate(builder, dots, u, s)
+                        pairs.append((u, s if signed is None else _psign(builder, s, signed)))
+                    dots = simd.dots_accumulate(builder, dots, pairs, limit)
                     xscale = builder.load(builder.gep(dp, [b]))
                     term = builder.fmul(builder.sitofp(dots, vf), builder.fmul(d8, _splat(builder, xscale), flags=_EXACT),
                                         flags=_EXACT)

@@ -34,7 +34,8 @@ from numba.extending import intrinsic
 
 import engine.kernels  # noqa: F401  (numba settings first)
 from engine.kernels.simd import (_EXACT, _FAST, _ZERO, F32, I8, I32, TOKENS, WIDE, _activations, _byte_ptr, _dot_accumulate, _load,
-                                 _splat, _token_pointers, _vec, copy4, group_intrinsic, prefetch)
+                                 _splat, _token_pointers, _vec, copy4, dots_accumulate, group_intrinsic, i16_limit,
+                                 prefetch)
 
 Q2_K, Q3_K, Q4_K, Q5_K, Q6_K = 10, 11, 12, 13, 14
 # GGML id -> block bytes, and per row of a block the regions (offset, bytes, unit) that
@@ -217,6 +218,7 @@ def _q6k_parts(builder, blk, h, s, part, per: int = 1):
     return out
 
 
+I16_LIMIT = {Q4_K: i16_limit(15), Q5_K: i16_limit(31), Q6_K: i16_limit(63)}  # (simd.dots_accumulate)
 GROUP_FORMATS = {"q4_k": (Q4_K, 8 * 144), "q5_k": (Q5_K, 8 * 176), "q6_k": (Q6_K, 8 * 210)}
 
 
@@ -260,11 +262,10 @@ def _group_k(fmt: str, tokens: int, lanes: int = 8):
                 sums = [ir.Constant(vf, None)] * tokens  # Σ_j scale_j · d_x · (integer sums): the d terms
                 mins = [ir.Constant(vf, None)] * tokens  # Σ_j m_j · d_x · Σq_x: the dmin terms
 
-                def dot(parts, qp):
-                    dots = ir.Constant(vi, None)
-                    for u, at in parts:
-                        dots = _dot_accumulate(builder, dots, u, _broadcast_word(builder, qp, at, lanes))
-                    return dots
+                def dot(parts, qp, acc=None, scale=None):
+                    pairs = [(u, _broadcast_word(builder, qp, at, lanes)) for u, at in parts]
+                    return dots_accumulate(builder, ir.Constant(vi, None) if acc is None else acc, pairs,
+                                           I16_LIMIT[code], scale)
 
                 def sub_block(parts, scale, j, minimum):
                     """Adds one Q4_K/Q5_K sub-block (activation block j of the super-block) to sums/mins."""
@@ -290,10 +291,10 @@ def _group_k(fmt: str, tokens: int, lanes: int = 8):
                             scs = []
                             for part in range(2):
                                 parts = _q6k_parts(builder, blk, h, s, part, per)
-                                sc = builder.sext(_load(builder, _at(builder, blk, 1536 + 8 * (2 * j + part)), _vec(I8, 8)), vi8)
-                                scs.append(sc)
+                                sc8 = _load(builder, _at(builder, blk, 1536 + 8 * (2 * j + part)), _vec(I8, 8))
+                                scs.append(builder.sext(sc8, vi8))
                                 for k, (qp, _, _) in enumerate(xps):
-                                    isums[k] = builder.add(isums[k], builder.mul(dot(parts, qp), builder.shuffle_vector(sc, sc, twice)))
+                                    isums[k] = dot(parts, qp, isums[k], builder.shuffle_vector(sc8, sc8, twice))
                             for k, (_, dp, ip) in enumerate(xps):
                                 first = firsts[k][j]  # the offset of 32: - 32 Σx of each sub-block · its scale
                                 second = builder.sub(builder.load(_at(builder, ip, j)), first)
