@@ -9,7 +9,8 @@ times 32 int8 activations summed in int32 lanes, then scaled into a float vector
 Which instructions, chosen once per process from the CPU numba compiles for (the `simd` setting
 and NUMBA_CPU_FEATURES count):
   vnni    — vpdpbusd (AVX512-VNNI with AVX512-VL, or AVX-VNNI): unsigned × signed bytes, 4 per lane
-  avx2    — vpmaddubsw then vpmaddwd (AVX2)
+  avx2    — vpmaddubsw then vpmaddwd (AVX2; several vpmaddubsw added in int16 first where the weights'
+            bits allow: dots_accumulate)
   generic — widen to int16, multiply, add pairs: any LLVM target (NEON on ARM, SSE elsewhere)
 
 Layout: `w` is a uint8 matrix (rows, row_bytes) of blocks (engine.quant), row r at
