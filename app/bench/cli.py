@@ -26,6 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from app.bench import duel as bench_duel
 from app.bench import fuzz as bench_fuzz
 from app.bench import perplexity as bench_perplexity
 from app.bench import quality as bench_quality
@@ -136,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     bench_perplexity.add_parser(sub)
     bench_serve.add_parser(sub)
     bench_routing.add_parser(sub)
+    bench_duel.add_parser(sub)
     bench_quality.add_parser(sub)
     m = sub.add_parser("memory", help="expert cache vs llama.cpp on a Mixtral-style model (peak RSS, tok/s)")
     m.add_argument("--workdir", help="where the benchmark model is built and kept (default ~/.cache/colibri/bench)")
