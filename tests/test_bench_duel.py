@@ -39,3 +39,11 @@ def test_a_side_that_fails_to_start_is_named():
     bad = [sys.executable, "-c", "import sys; print('no model here', flush=True); sys.exit(3)"]
     with pytest.raises(RuntimeError, match="slow: no model here"):
         duel({"fast": side(0.01), "slow": bad}, slices=1, slice_s=0.1)
+
+
+def test_a_side_that_dies_mid_duel_is_named():
+    """Its later slices would read as 0 tokens a second: an error instead of a ratio."""
+    dies = side(0.01).copy()
+    dies[-1] = dies[-1].replace("while True:", "for _ in range(5):")
+    with pytest.raises(RuntimeError, match="slow: exited during the duel"):
+        duel({"fast": side(0.01), "slow": dies}, slices=2, slice_s=0.3)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import selectors
 import signal
 import subprocess
 import sys
@@ -28,16 +29,11 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 READY_TIMEOUT_S = 600.0  # loading and the untimed tokens (a first conversion is done before)
 
-# Each child: load, the same seeded prompt and 8 untimed tokens, READY, then (once a line comes
-# in) decode seeded tokens for ever, one timestamp line per token into the file argv[1].
-_PRELUDE = """
-import sys, time, numpy as np
-rng = np.random.default_rng(0)
-"""
+CONTEXT = 4096
+# Each child: load, the same seeded prompt (memory.py's tokens: the same for both engines) and 8
+# untimed tokens, READY, then (once a line comes in) decode seeded tokens for ever, one timestamp
+# line per token into the file argv[1].
 _LOOP = """
-prompt = [int(i) for i in rng.integers(300, vocab, 32)]
-stream = [int(i) for i in rng.integers(300, vocab, CONTEXT - 64)]
-step(prompt)
 for t in stream[:8]:
     step([t])
 print("READY", flush=True)
@@ -48,21 +44,25 @@ with open(sys.argv[1], "w") as out:
         out.write(f"{time.monotonic()}\\n")
         out.flush()
 """
-CONTEXT = 4096
+
+
+def _child(load: str) -> str:
+    """A child's source: `load` defines vocab and step (one call of the engine on a list of ids)."""
+    from app.bench.memory import _TOKENS
+    return (f"import sys, time, numpy as np\n{load}\nprompt_n, decode_n = 32, {CONTEXT - 64}\n{_TOKENS}"
+            f"step(ids)\n{_LOOP}")
 
 
 def colibri_child(model: str, threads: int, trace: str | None) -> str:
-    replay = (f"from app.bench.memory import replay_routing\nreplay_routing(eng, {trace!r})\n" if trace else "")
-    return (_PRELUDE + f"from engine.api import Engine\n"
-            f"eng = Engine({model!r}, threads={threads}, context_length={CONTEXT}, log_level='WARN')\n"
-            f"eng.warmup(); eng.reset()\n{replay}vocab = eng.cfg.vocab_size\nstep = eng.forward\n"
-            + _LOOP.replace("CONTEXT", str(CONTEXT)))
+    replay = f"from app.bench.memory import replay_routing\nreplay_routing(eng, {trace!r})\n" if trace else ""
+    return _child(f"from engine.api import Engine\n"
+                  f"eng = Engine({model!r}, threads={threads}, context_length={CONTEXT}, log_level='WARN')\n"
+                  f"eng.warmup(); eng.reset()\n{replay}vocab = eng.cfg.vocab_size\nstep = eng.forward")
 
 
 def llama_child(gguf: str, threads: int) -> str:
-    return (_PRELUDE + "from llama_cpp import Llama\n"
-            f"m = Llama({gguf!r}, n_ctx={CONTEXT}, n_threads={threads}, n_threads_batch={threads}, n_batch=512, "
-            "verbose=False)\nvocab = m.n_vocab()\nstep = m.eval\n" + _LOOP.replace("CONTEXT", str(CONTEXT)))
+    return _child(f"from llama_cpp import Llama\nm = Llama({gguf!r}, n_ctx={CONTEXT}, n_threads={threads}, "
+                  f"n_threads_batch={threads}, n_batch=512, verbose=False)\nvocab = m.n_vocab()\nstep = m.eval")
 
 
 def duel(commands: dict[str, list[str]], slices: int, slice_s: float, env: dict | None = None) -> dict:
@@ -95,6 +95,10 @@ def duel(commands: dict[str, list[str]], slices: int, slice_s: float, env: dict 
                     time.sleep(slice_s)
                     os.kill(procs[n].pid, signal.SIGSTOP)
                     windows[n].append((t0, time.monotonic()))
+            gone = [n for n in names if procs[n].poll() is not None]
+            if gone:  # a side that died mid-duel: its slices after that would read as 0 tok/s
+                raise RuntimeError(f"{', '.join(gone)}: exited during the duel (exit code "
+                                   f"{procs[gone[0]].returncode})")
         finally:
             for p in procs.values():
                 if p.poll() is None:
@@ -115,7 +119,6 @@ def duel(commands: dict[str, list[str]], slices: int, slice_s: float, env: dict 
 
 def _readline(p: subprocess.Popen, timeout: float) -> str:
     """A line of the child's stdout, or "" when it exits or stays silent past `timeout` seconds."""
-    import selectors
     with selectors.DefaultSelector() as sel:
         sel.register(p.stdout, selectors.EVENT_READ)
         return p.stdout.readline() if sel.select(timeout) else ""
