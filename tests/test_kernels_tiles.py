@@ -56,8 +56,8 @@ def test_swiglu_tiles_is_two_matmuls_and_a_swiglu(gate, up):
 
 def test_tile_layout_holds_the_codes_and_scales():
     """One Q4_K tile against the format definition: codes 0..15, row i's 4 weights of chunk c at
-    4Rc + 4i (R = tiles.ROWS rows), and d·sc_j · q - dmin·m_j the dequantized weight; a matrix of one
-    8-row group fills a 16-row tile's other half with zeros."""
+    4Rc + 4i (R = tiles.ROWS rows), the six-bit sc_j and m_j as int32, and d·sc_j · q - dmin·m_j the
+    dequantized weight; a matrix of one 8-row group fills a 16-row tile's other half with zeros."""
     n, R = 512, tiles.ROWS
     code = quant.get("q4_k").type_id
     for rows in sorted({R, 8}):
@@ -72,7 +72,7 @@ def test_tile_layout_holds_the_codes_and_scales():
         q = tq.reshape(n // 32, 8, R, 4).transpose(2, 0, 1, 3).reshape(R, n).astype(np.float32)  # (row, weight)
         assert q.max() <= 15
         d, dmin = (np.repeat(td.reshape(n // 256, 2, R)[:, k].T, 256, axis=1) for k in (0, 1))
-        scale = np.repeat(ta.reshape(n // 32, 2, R)[:, 0].T, 32, axis=1)
-        minimum = np.repeat(tb.reshape(n // 32, R).T, 32, axis=1)
+        scale = np.repeat(ta.view(np.int32).reshape(n // 32, 2, R)[:, 0].T, 32, axis=1)  # (integers)
+        minimum = np.repeat(tb.view(np.int32).reshape(n // 32, R).T, 32, axis=1)
         np.testing.assert_allclose(d * scale * q - dmin * minimum, want, rtol=1e-6, atol=1e-6 * np.abs(want).max())
         assert not q[rows:].any() and not d[rows:].any()

@@ -7,10 +7,10 @@ which llama.cpp dots these formats with), stored in the per-32 arrays every inte
 scale repeated for each 32), so q/k/v, gate/up and the experts of a mixed Q4_K_M model (Q4_K and
 Q6_K matrices) share one quantization; per-32 activations (Q8_1), finer, moved the argmax away from
 llama.cpp's more often than its own two paths disagree. Per 32 weights (a Q4_K /
-Q5_K sub-block, or two Q6_K sub-blocks of 16) the byte dot product is summed in int32 lanes;
-the six-bit (Q4_K, Q5_K) or int8 (Q6_K) sub-block scale and the activation scale then scale it
-in a float vector, the super-block's d once per 256 weights; Q4_K/Q5_K's minimum is
-dmin·m_j·d_x·Σq_x per sub-block, Q6_K's offset of 32 is taken off the integer sums.
+Q5_K sub-block, or two Q6_K sub-blocks of 16) the byte dot product is summed in int32 lanes and multiplied by the
+six-bit (Q4_K, Q5_K) or int8 (Q6_K) sub-block scale in integers; the super-block's sum then takes
+d·d_x once per 256 weights (llama.cpp's order); Q4_K/Q5_K's minimum is dmin·d_x·Σ_j m_j Σq_x,
+Q6_K's offset of 32 is taken off the integer sums.
 
 Two layouts:
 - rows as stored (row_dot_*: one row and one token; rows that are not repacked, such as
@@ -148,11 +148,10 @@ def _first_sums(builder, x0, lanes: int):
 
 
 def _k_scales8(builder, blk, at):
-    """The 8 rows' six-bit scales and minimums of sub-blocks 0..7 as <8 x float> each, from the
+    """The 8 rows' six-bit scales and minimums of sub-blocks 0..7 as <8 x i8> each (0..63), from the
     12 interleaved scale bytes at blk + at (byte k of row i at at + 8k + i; formats._k_scale_min)."""
     s = [_load(builder, _at(builder, blk, at + 8 * k), _vec(I8, 8)) for k in range(12)]
     c = lambda v: ir.Constant(_vec(I8, 8), [v] * 8)  # noqa: E731
-    vf = _vec(F32, 8)
     scales, mins = [], []
     for j in range(8):
         if j < 4:
@@ -161,9 +160,23 @@ def _k_scales8(builder, blk, at):
             top = lambda v: builder.shl(builder.lshr(v, c(6)), c(4))  # noqa: E731
             sc = builder.or_(builder.and_(s[j + 4], c(15)), top(s[j - 4]))
             mn = builder.or_(builder.lshr(s[j + 4], c(4)), top(s[j]))
-        scales.append(builder.uitofp(sc, vf))
-        mins.append(builder.uitofp(mn, vf))
+        scales.append(sc)
+        mins.append(mn)
     return scales, mins
+
+
+def super_block_total(builder, d8, dmin8, dx, isum, msum):
+    """A super-block's rows: d·d_x·S - dmin·d_x·M (Q6_K: d·d_x·S) from its exact integer sums S =
+    Σ_j sc_j Σ q_w q_x and M = Σ_j m_j Σq_x (int32 vectors, a row a lane) and the activations' one
+    scale d_x (llama.cpp's Q8_K: one per 256), as llama.cpp's K-quant dot products take them. The
+    group kernels and tiles.py both end a super-block here: the same float steps, the same bits."""
+    vf = d8.type
+    fx = _splat(builder, dx, vf.count)
+    total = builder.fmul(builder.fmul(d8, fx, flags=_EXACT), builder.sitofp(isum, vf), flags=_EXACT)
+    if dmin8 is not None:
+        low = builder.fmul(builder.fmul(dmin8, fx, flags=_EXACT), builder.sitofp(msum, vf), flags=_EXACT)
+        total = builder.fsub(total, low, flags=_EXACT)
+    return total
 
 
 def _fifth_bit(builder, h, j):
@@ -234,11 +247,14 @@ def _group_k(fmt: str, tokens: int, lanes: int = 8):
     """An intrinsic dotting rows 8g..8g+7 of a K-quant matrix repacked by repack_k8 with int8
     activations: one token's (tokens=1: xq (n,) ...) or TOKENS tokens' from t0 on (xq (T, n) ...),
     each super-block's weights unpacked once for all of them. Returns a tuple of 8 float32 per
-    token, token by token. Per sub-block and token: the 8 rows' integer sums in 8 lanes, scaled
-    by (sub-block scales · d_x) in a float vector; per super-block · d (and - dmin · Σ m_j d_x Σq_x).
+    token, token by token. Per super-block and token: the 8 rows' integer sums in 8 lanes, each
+    sub-block's times its scale in integers (on avx2 in the vpmaddwd that widens them), the
+    minimums' m_j Σq_x (Q6_K: its offsets of 32) likewise; then one float step per super-block
+    (super_block_total). Why: the float work per sub-block was a fifth of the Q4_K kernel's
+    instructions, and from DRAM a kernel here runs slower the more it computes per byte.
     lanes 16 (simd.WIDE): each 512-bit vector holds two neighbouring chunks (the 8 rows, then the
     8 rows 4 weights further on), one vpdpbusd for 8 weights of 8 rows, the halves added in
-    integers per sub-block. Its float steps are _EXACT and the integer sums exact: tiles.py's
+    integers per super-block. The integer sums are exact and the float steps _EXACT: tiles.py's
     prefill repeats them, so a token gets the same bits alone, among many, or on either width."""
     code, gsize = GROUP_FORMATS[fmt]
     per = lanes // 8  # chunks per vector
@@ -259,25 +275,13 @@ def _group_k(fmt: str, tokens: int, lanes: int = 8):
                 x0 = builder.mul(sb, ir.Constant(sb.type, 256))
                 xps = [(builder.gep(qp, [x0]), builder.gep(dp, [b0]), builder.gep(ip, [b0])) for qp, dp, _, ip in per_token]
                 sps = [builder.gep(sp, [b0]) for _, _, sp, _ in per_token]
-                sums = [ir.Constant(vf, None)] * tokens  # Σ_j scale_j · d_x · (integer sums): the d terms
-                mins = [ir.Constant(vf, None)] * tokens  # Σ_j m_j · d_x · Σq_x: the dmin terms
+                isums = [ir.Constant(vi, None)] * tokens  # Σ_j sc_j · (integer sums of sub-block j), per row
+                msums = [ir.Constant(vi8, None)] * tokens  # Σ_j m_j · Σq_x of block j (Q4_K, Q5_K)
 
-                def dot(parts, qp, acc=None, scale=None):
+                def dot(parts, qp, acc, scale):
                     pairs = [(u, _broadcast_word(builder, qp, at, lanes)) for u, at in parts]
-                    return dots_accumulate(builder, ir.Constant(vi, None) if acc is None else acc, pairs,
-                                           I16_LIMIT[code], scale)
-
-                def sub_block(parts, scale, j, minimum):
-                    """Adds one Q4_K/Q5_K sub-block (activation block j of the super-block) to sums/mins."""
-                    for k, (qp, dp, ip) in enumerate(xps):
-                        dots = _fold(builder, dot(parts, qp))
-                        dx = builder.load(_at(builder, dp, j))
-                        f = builder.fmul(scale, _splat(builder, dx), flags=_EXACT)
-                        sums[k] = builder.fadd(sums[k], builder.fmul(builder.sitofp(dots, vf), f, flags=_EXACT),
-                                               flags=_EXACT)
-                        qsum = builder.sitofp(builder.load(_at(builder, ip, j)), F32)
-                        e = builder.fmul(minimum, _splat(builder, builder.fmul(dx, qsum, flags=_EXACT)), flags=_EXACT)
-                        mins[k] = builder.fadd(mins[k], e, flags=_EXACT)
+                    return dots_accumulate(builder, acc, pairs, I16_LIMIT[code],
+                                           builder.shuffle_vector(scale, scale, twice))
 
                 if code == Q6_K:  # per activation block j: the 8 rows' Σ (q - 32) x of its two
                     if tokens == 1:  # sub-blocks times their int8 scales, summed in integers
@@ -287,38 +291,39 @@ def _group_k(fmt: str, tokens: int, lanes: int = 8):
                     for h in range(2):
                         for s in range(4):
                             j = 4 * h + s
-                            isums = [ir.Constant(vi, None)] * tokens
-                            scs = []
+                            scs, block = [], [ir.Constant(vi, None)] * tokens
                             for part in range(2):
                                 parts = _q6k_parts(builder, blk, h, s, part, per)
                                 sc8 = _load(builder, _at(builder, blk, 1536 + 8 * (2 * j + part)), _vec(I8, 8))
                                 scs.append(builder.sext(sc8, vi8))
                                 for k, (qp, _, _) in enumerate(xps):
-                                    isums[k] = dot(parts, qp, isums[k], builder.shuffle_vector(sc8, sc8, twice))
-                            for k, (_, dp, ip) in enumerate(xps):
+                                    block[k] = dot(parts, qp, block[k], sc8)
+                            for k, (_, _, ip) in enumerate(xps):
+                                isums[k] = builder.add(isums[k], block[k])
                                 first = firsts[k][j]  # the offset of 32: - 32 Σx of each sub-block · its scale
                                 second = builder.sub(builder.load(_at(builder, ip, j)), first)
-                                isum = _fold(builder, isums[k])
                                 for sc, sx in zip(scs, (first, second)):
-                                    isum = builder.add(isum, builder.mul(sc, _splat_i32(builder, builder.mul(sx, ir.Constant(I32, -32)))))
-                                f = _splat(builder, builder.load(_at(builder, dp, j)))
-                                sums[k] = builder.fadd(sums[k], builder.fmul(builder.sitofp(isum, vf), f, flags=_EXACT),
-                                                       flags=_EXACT)
+                                    offset = builder.mul(sc, _splat_i32(builder, builder.mul(sx, ir.Constant(I32, -32))))
+                                    msums[k] = builder.add(msums[k], offset)
                     d8 = builder.fpext(_load(builder, _at(builder, blk, 1664), _vec(ir.HalfType(), 8)), vf)
                     dmin8 = None
                 else:
                     scales, ms = _k_scales8(builder, blk, 32)
                     qh_at, qs_at = (128, 384) if code == Q5_K else (None, 128)
                     for q in range(4):
-                        low, high = _q45k_parts(builder, blk, qs_at, qh_at, q, per)
-                        sub_block(low, scales[2 * q], 2 * q, ms[2 * q])
-                        sub_block(high, scales[2 * q + 1], 2 * q + 1, ms[2 * q + 1])
+                        for j, parts in zip((2 * q, 2 * q + 1), _q45k_parts(builder, blk, qs_at, qh_at, q, per)):
+                            m = builder.zext(ms[j], vi8)
+                            for k, (qp, _, ip) in enumerate(xps):
+                                isums[k] = dot(parts, qp, isums[k], scales[j])
+                                msums[k] = builder.add(msums[k], builder.mul(m, _splat_i32(builder, builder.load(_at(builder, ip, j)))))
                     d8 = builder.fpext(_load(builder, blk, _vec(ir.HalfType(), 8)), vf)
                     dmin8 = builder.fpext(_load(builder, _at(builder, blk, 16), _vec(ir.HalfType(), 8)), vf)
-                for k in range(tokens):
-                    total = builder.fmul(d8, sums[k], flags=_EXACT)
-                    if dmin8 is not None:
-                        total = builder.fsub(total, builder.fmul(dmin8, mins[k], flags=_EXACT), flags=_EXACT)
+                for k, (_, dp, _) in enumerate(xps):  # the super-block's one d_x (xd repeats it per 32)
+                    if dmin8 is None:  # Q6_K: its offsets are integers of the same sum
+                        isum = builder.add(_fold(builder, isums[k]), msums[k])
+                    else:
+                        isum = _fold(builder, isums[k])
+                    total = super_block_total(builder, d8, dmin8, builder.load(dp), isum, msums[k])
                     builder.store(builder.fadd(builder.load(accs[k]), total, flags=_EXACT), accs[k])
             values = []
             for acc in accs:

@@ -13,14 +13,16 @@ where simd.WIDE, else 8 (one group, 256-bit vectors). Layout (nb = n / 32 activa
   tq  uint8 (nb · 32R,): block b at 32Rb, chunk c (weights 4c..4c+3) at +4Rc, row i at +4i:
       unsigned codes (Q4_K 0..15, Q5_K 0..31, Q6_K 0..63), or IQ4_XS's grid values as
       grid + 128 (vnni, generic: summed from -128·Σq_x) or as signed bytes (avx2: vpsignb);
-  ta  float32 (nb · 2R,): per block the R rows' sub-block scales sc_j (Q4_K, Q5_K, as floats),
+  ta  float32 (nb · 2R,): per block the R rows' sub-block scales sc_j (Q4_K, Q5_K, as int32 bits),
       d·(ls - 32) (IQ4_XS), or Q6_K's int8 scales of its two sub-blocks of 16 as int32 bits
       (R of the first, then R of the second);
-  tb  float32 (nb · R,): the minimums m_j (Q4_K, Q5_K);
+  tb  float32 (nb · R,): the minimums m_j (Q4_K, Q5_K, as int32 bits);
   td  float32 (nb / 8 · 2R,): per super-block the R rows' d, then dmin.
 Group 2p + h of a 16-row tile fills rows 8h..8h+7 (an odd last group: the other half is zero).
-The float steps are the group kernels' (kquants._group_k, blocks32._group32) in the same order,
-lane by lane, all _EXACT there and here, so a token's products are the decode kernels' bit for bit.
+The K-quants' integer sums are the group kernels' (kquants._group_k) and each super-block ends in
+the same float steps (kquants.super_block_total); IQ4_XS's float steps are blocks32._group32's in the
+same order, lane by lane; all _EXACT there and here, so a token's products are the decode kernels'
+bit for bit.
 """
 from __future__ import annotations
 
@@ -33,7 +35,7 @@ from numba.extending import intrinsic
 import engine.kernels  # noqa: F401  (numba settings first)
 from engine.kernels import blocks32, simd
 from engine.kernels.formats import quantize_k_block
-from engine.kernels.kquants import Q4_K, Q5_K, Q6_K, _at, _k_scales8, _q6k_parts, _q45k_parts
+from engine.kernels.kquants import Q4_K, Q5_K, Q6_K, _at, _k_scales8, _q6k_parts, _q45k_parts, super_block_total
 from engine.kernels.rows import silu
 from engine.kernels.simd import _EXACT, _ZERO, F32, I8, I32, TOKENS, _byte_ptr, _data_ptr, _dot_accumulate, _load, _vec
 
@@ -124,8 +126,8 @@ def _unpack(code: int):
                         for j, parts in zip((2 * q, 2 * q + 1), _q45k_parts(builder, blk, qs_at, qh_at, q)):
                             for c, (v, _) in enumerate(parts):
                                 _store(builder, _at(builder, q0, 32 * R * j + 4 * R * c), v)
-                            _store(builder, _at(builder, a0, 2 * R * j), scales[j])
-                            _store(builder, _at(builder, b0, R * j), ms[j])
+                            _store(builder, _at(builder, a0, 2 * R * j), builder.zext(scales[j], vi))
+                            _store(builder, _at(builder, b0, R * j), builder.zext(ms[j], vi))
             return context.get_dummy_value()
         return types.none(w, types.intp, types.intp, tq, ta, tb, td), codegen
     return unpack
@@ -136,7 +138,7 @@ _unpack_q4_k, _unpack_q5_k, _unpack_q6_k, _unpack_iq4_xs = (_unpack(c) for c in 
 
 def _tile_tokens(kind: str):
     """An intrinsic dotting a tile (R = ROWS rows) with tokens t0..t0+TOKENS-1 of (T, n) int8 activations:
-    R float32 per token into res (TOKENS · R,), token by token. kind: "k" (Q4_K, Q5_K; xs holds the min sums),
+    R float32 per token into res (TOKENS · R,), token by token. kind: "k" (Q4_K, Q5_K; reads xi),
     "q6" (Q6_K; xs is the offsets (T, n/16) int32), "grid" (IQ4_XS). Each block's 8 weight vectors
     are loaded once for the TOKENS tokens; per token the float steps of the group kernel."""
     R = ROWS
@@ -153,7 +155,8 @@ def _tile_tokens(kind: str):
             sub = 1 if kind == "grid" else 8  # blocks per step: IQ4_XS adds each block, the K-quants each super-block
 
             def block(b, sums, mins):
-                """Block b's R rows · every token, into sums[k] (and mins[k])."""
+                """Block b's R rows · every token: into sums[k] (IQ4_XS: floats), or the super-block's
+                integer sums[k] (Σ sc_j Σ q_w q_x; Q6_K with its offsets) and mins[k] (Σ m_j Σq_x)."""
                 wp = builder.gep(qp, [builder.mul(b, ir.Constant(b.type, 32 * R))])
                 vs = [_load(builder, _at(builder, wp, 4 * R * c), _vec(I8, 4 * R)) for c in range(8)]
                 signs = None
@@ -162,41 +165,40 @@ def _tile_tokens(kind: str):
                 a16 = builder.gep(ap, [builder.mul(b, ir.Constant(b.type, 2 * R))])
                 if kind == "q6":
                     sc = [_load(builder, builder.bitcast(_at(builder, a16, R * p), I32.as_pointer()), vi) for p in range(2)]
+                elif kind == "k":
+                    sc8 = _load(builder, builder.bitcast(a16, I32.as_pointer()), vi)
+                    m8 = _load(builder, builder.bitcast(builder.gep(bp, [builder.mul(b, ir.Constant(b.type, R))]),
+                                                        I32.as_pointer()), vi)
                 else:
                     a8 = _load(builder, a16, vf)
-                    m8 = _load(builder, builder.gep(bp, [builder.mul(b, ir.Constant(b.type, R))]), vf) if kind == "k" else None
                 for k, (xqp, dp, sp, ip) in enumerate(per_token):
                     x32 = builder.gep(xqp, [builder.mul(b, ir.Constant(b.type, 32))])
-                    dx = builder.load(builder.gep(dp, [b]))
                     words = []
                     for c in range(8):
                         s = _broadcast_word(builder, x32, 4 * c, R)
                         words.append(blocks32._psign(builder, s, signs[c]) if signs is not None else s)
                     if kind == "q6":  # Σ (q - 32) x per sub-block of 16 (from -32 Σx), times its scale, in integers
                         op = builder.bitcast(sp, I32.as_pointer())
-                        isum = ir.Constant(vi, None)
                         for part in range(2):
                             at = builder.add(builder.mul(b, ir.Constant(b.type, 2)), ir.Constant(b.type, part))
                             dots = _splat(builder, builder.load(builder.gep(op, [at])), R)
                             for c in range(4 * part, 4 * part + 4):
                                 dots = _dot_accumulate(builder, dots, vs[c], words[c])
-                            isum = builder.add(isum, builder.mul(dots, sc[part]))
-                        sums[k] = builder.fadd(sums[k], builder.fmul(builder.sitofp(isum, vf), _splat(builder, dx, R),
-                                                                     flags=_EXACT), flags=_EXACT)
+                            sums[k] = builder.add(sums[k], builder.mul(dots, sc[part]))
                         continue
                     chains = [ir.Constant(vi, None), ir.Constant(vi, None)]  # two chains: vpdpbusd's latency
                     if kind == "grid" and not _SIGNED:  # grid + 128: - 128 Σx
                         chains[0] = _splat(builder, builder.mul(builder.load(builder.gep(ip, [b])), ir.Constant(I32, -128)), R)
                     for c in range(8):
                         chains[c % 2] = _dot_accumulate(builder, chains[c % 2], vs[c], words[c])
-                    dots = builder.sitofp(builder.add(chains[0], chains[1]), vf)
-                    f = builder.fmul(a8, _splat(builder, dx, R), flags=_EXACT)  # (IQ4_XS: d·(ls - 32) · d_x)
+                    dots = builder.add(chains[0], chains[1])
                     if kind == "k":
-                        sums[k] = builder.fadd(sums[k], builder.fmul(dots, f, flags=_EXACT), flags=_EXACT)
-                        e = builder.fmul(m8, _splat(builder, builder.load(builder.gep(sp, [b])), R), flags=_EXACT)
-                        mins[k] = builder.fadd(mins[k], e, flags=_EXACT)
+                        sums[k] = builder.add(sums[k], builder.mul(dots, sc8))
+                        mins[k] = builder.add(mins[k], builder.mul(m8, _splat(builder, builder.load(builder.gep(ip, [b])), R)))
                     else:
-                        sums[k] = builder.fadd(sums[k], builder.fmul(dots, f, flags=_EXACT), flags=_EXACT)
+                        f = builder.fmul(a8, _splat(builder, builder.load(builder.gep(dp, [b])), R), flags=_EXACT)
+                        sums[k] = builder.fadd(sums[k], builder.fmul(builder.sitofp(dots, vf), f, flags=_EXACT),
+                                               flags=_EXACT)  # (IQ4_XS: d·(ls - 32) · d_x)
 
             with cgutils.for_range(builder, builder.sdiv(nb, ir.Constant(nb.type, sub))) as loop:
                 if kind == "grid":
@@ -206,17 +208,16 @@ def _tile_tokens(kind: str):
                         builder.store(v, acc)
                 else:
                     sb = loop.index
-                    sums = [ir.Constant(vf, None)] * TOKENS
-                    mins = [ir.Constant(vf, None)] * TOKENS
+                    sums = [ir.Constant(vi, None)] * TOKENS
+                    mins = [ir.Constant(vi, None)] * TOKENS
+                    b0 = builder.mul(sb, ir.Constant(sb.type, 8))
                     for j in range(8):
-                        block(builder.add(builder.mul(sb, ir.Constant(sb.type, 8)), ir.Constant(sb.type, j)), sums, mins)
+                        block(builder.add(b0, ir.Constant(sb.type, j)), sums, mins)
                     d16 = builder.gep(tdp, [builder.mul(sb, ir.Constant(sb.type, 2 * R))])
                     d8 = _load(builder, d16, vf)
-                    for k in range(TOKENS):
-                        total = builder.fmul(d8, sums[k], flags=_EXACT)
-                        if kind == "k":
-                            dmin8 = _load(builder, _at(builder, d16, R), vf)
-                            total = builder.fsub(total, builder.fmul(dmin8, mins[k], flags=_EXACT), flags=_EXACT)
+                    dmin8 = _load(builder, _at(builder, d16, R), vf) if kind == "k" else None
+                    for k, (_, dp, _, _) in enumerate(per_token):
+                        total = super_block_total(builder, d8, dmin8, builder.load(builder.gep(dp, [b0])), sums[k], mins[k])
                         builder.store(builder.fadd(builder.load(accs[k]), total, flags=_EXACT), accs[k])
             rp = _data_ptr(context, builder, sig.args[9], args[9], F32)
             for k, acc in enumerate(accs):
@@ -263,7 +264,7 @@ def _unpack_group(w, g, h, code, tq, ta, tb, td):
 @njit(fastmath=True, cache=True, nogil=True)
 def tile_tokens(code, tq, ta, tb, td, xq, xd, xs, offsets, xi, t0, res):
     """res (TOKENS · ROWS,) = a tile · tokens t0..t0+TOKENS-1: ROWS rows of token t0, then of t0+1, ...
-    (Q6_K reads the offsets, Q4_K/Q5_K the min sums in xs, IQ4_XS the block sums xi: _prepare)."""
+    (Q6_K reads the offsets (_prepare), Q4_K/Q5_K and IQ4_XS the block sums xi)."""
     if code == Q6_K:
         _tile_q6(tq, ta, tb, td, xq, xd, offsets, xi, t0, res)
     elif code == IQ4_XS:
@@ -274,15 +275,11 @@ def tile_tokens(code, tq, ta, tb, td, xq, xd, xs, offsets, xi, t0, res):
 
 @njit(inline="always", cache=True)
 def _prepare(code, xq, xd, xs, xi, offsets, t):
-    """Token t's sums a tile reads beside its int8 activations: Q4_K/Q5_K's min sums (xs = d_x·Σq_x as
-    float32, the product the decode kernels form, not the half-rounded sum quantize_activations
-    stores); Q6_K's offsets (T, n/16): -32·Σ of each 16 int8 activations, where a sub-block's sums
-    start (its codes are q + 32)."""
+    """Token t's sums a tile reads beside its int8 activations: Q6_K's offsets (T, n/16): -32·Σ of
+    each 16 int8 activations, where a sub-block's sums start (its codes are q + 32). (Q4_K/Q5_K
+    read the block sums xi, IQ4_XS xi as well.)"""
     n = xq.shape[1]
-    if code == Q4_K or code == Q5_K:
-        for b in range(n // 32):
-            xs[t, b] = xd[t, b] * np.float32(xi[t, b])
-    elif code == Q6_K:
+    if code == Q6_K:
         for k in range(n // 16):
             total = 0
             for i in range(16):
