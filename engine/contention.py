@@ -33,6 +33,12 @@ BETTER = 0.9  # a tried count is kept when its median step is at most this share
 GIVE_UP = 2.0  # a trial step slower than this many times the median it competes with ends the trial
 BACKOFF_S = (1.0, 16.0)  # the wait before the next try after one that lost, doubling
 PROBE_S = 0.1  # the others' CPU use is read at most this often
+# A reading that spans more than STALE times the decoding done since the previous one (plus PROBE_S)
+# covers mostly time this process was idle between replies or stopped: what the others did then
+# says nothing of the cores while it decodes, and the reading starts the next one over. Measured:
+# Colibri stopped every other 2 s while two other processes spun (colibri-bench duel does the same
+# with llama.cpp), the first window after each resume tried one thread in 4 of 6 slices, at half speed.
+STALE = 2.0
 
 
 class OtherLoad:
@@ -71,6 +77,7 @@ class ThreadTuner:
         self._backoff = BACKOFF_S[0]
         self._next_try = 0.0
         self._probed = -PROBE_S
+        self._decoded = 0.0  # seconds of decode steps since the last reading
 
     def threads(self, limit: int) -> int:
         """Threads for the next step."""
@@ -85,6 +92,8 @@ class ThreadTuner:
         """A decode step of `rows` sequences took `seconds` on `threads` threads. Returns why the
         chosen count changed, or None."""
         key = (threads, rows)
+        typical = self._last.get(key)  # (a step the process was stopped in counts as a few typical ones)
+        self._decoded += seconds if typical is None else min(seconds, 4 * typical)
         if key != self._key:
             self._window.clear()
             self._key = key
@@ -108,9 +117,10 @@ class ThreadTuner:
         now = self._clock()
         if now - self._probed < PROBE_S:
             return None
-        self._probed = now
+        span, decoded = now - self._probed, self._decoded
+        self._probed, self._decoded = now, 0.0
         others = self._others()  # (~40 us: /proc/stat and this process's times)
-        if others is None:
+        if others is None or span > STALE * decoded + PROBE_S:  # (idle or stopped for most of it)
             return None
         if threads < self.limit and others < QUIET:
             self.count, self._backoff, self._next_try = self.limit, BACKOFF_S[0], 0.0

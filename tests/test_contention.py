@@ -60,6 +60,48 @@ def test_another_program_and_fewer_threads_faster_drops_a_thread():
     assert used.index(1) <= 2 * WINDOW  # found within a few windows
 
 
+class Spent:
+    """The others' CPU seconds so far, read as OtherLoad reads /proc/stat: the CPUs they used on
+    average since the previous reading."""
+
+    def __init__(self, clock: Clock):
+        self.clock, self.total, self._last = clock, 0.0, None
+
+    def __call__(self) -> float | None:
+        now = (self.clock(), self.total)
+        last, self._last = self._last, now
+        return None if last is None or now[0] <= last[0] else (now[1] - last[1]) / (now[0] - last[0])
+
+
+def test_others_busy_only_while_this_process_was_stopped_or_idle_start_no_trial():
+    """As in a duel (this process SIGSTOPped while the other decodes) or between replies: the first
+    reading after the pause spans it and is not taken for contention now; the same load met while
+    decoding is."""
+    clock, m = Clock(), Machine(QUIET_COST)
+    spent = Spent(clock)
+    t = ThreadTuner(clock, spent)
+
+    def decode(seconds: float, others: float, stopped: float = 0.0) -> list[int]:
+        """Steps for `seconds`; the first one stopped for `stopped` s while the others use both cores."""
+        used = []
+        while seconds > 0:
+            n = t.threads(2)
+            clock.t += m.cost[n] + stopped
+            spent.total += others * m.cost[n] + 2 * stopped
+            t.observe(n, m.cost[n] + stopped)
+            seconds -= m.cost[n]
+            used.append(n)
+            stopped = 0.0
+        return used
+    decode(0.5, 0.0)
+    used = []
+    for _ in range(6):  # 2 s stopped in a step, then 2 s of decode with the cores free
+        used += decode(2.0, 0.0, stopped=2.0)
+    assert set(used) == {2}
+    m.cost = BUSY_COST  # the same others while decoding: a thread fewer is tried, and kept
+    assert decode(1.0, 1.0)[-1] == 1
+
+
 def test_another_program_that_fewer_threads_do_not_beat_keeps_the_count():
     """A light program beside us (a client of our server): two threads still win; tries grow rare."""
     t, clock, m = tuner()
