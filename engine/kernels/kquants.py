@@ -250,8 +250,9 @@ def _group_k(fmt: str, tokens: int, lanes: int = 8):
     token, token by token. Per super-block and token: the 8 rows' integer sums in 8 lanes, each
     sub-block's times its scale in integers (on avx2 in the vpmaddwd that widens them), the
     minimums' m_j Σq_x (Q6_K: its offsets of 32) likewise; then one float step per super-block
-    (super_block_total). Why: the float work per sub-block was a fifth of the Q4_K kernel's
-    instructions, and from DRAM a kernel here runs slower the more it computes per byte.
+    (super_block_total). Why: float work per sub-block was about 90 of the Q4_K loop's 527
+    instructions a super-block (avx2), and from DRAM a kernel runs slower the more it computes per
+    byte (AMD Zen 3, 2 threads: the same bytes with twice the arithmetic, Q8_0 27.8 -> 19.8 GB/s).
     lanes 16 (simd.WIDE): each 512-bit vector holds two neighbouring chunks (the 8 rows, then the
     8 rows 4 weights further on), one vpdpbusd for 8 weights of 8 rows, the halves added in
     integers per super-block. The integer sums are exact and the float steps _EXACT: tiles.py's
