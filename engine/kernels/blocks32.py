@@ -28,7 +28,6 @@ from numba.extending import intrinsic
 
 from engine import quant
 from engine.kernels import kquants, simd
-from engine.kernels.kquants import _splat_i32
 from engine.kernels.simd import _EXACT, _FAST, _ZERO, F32, I8, I32, TOKENS, _block_dot, _byte_ptr, _load, _splat, _vec
 
 Q5_0, Q5_1, IQ4_NL, MXFP4, IQ4_XS = 6, 7, 20, 39, 23  # GGML type ids
@@ -364,9 +363,9 @@ def _group32(fmt: str, tokens: int):
                     j = builder.trunc(builder.srem(b, eight), I32)
                     sh = builder.zext(_load(builder, builder.gep(sup, [ir.Constant(b.type, 16)]), _vec(ir.IntType(16), 8)), vi)
                     sl = _load(builder, builder.gep(sup, [ir.Constant(b.type, 32)]), vi)
-                    lo = builder.and_(builder.lshr(sl, _splat_i32(builder, builder.mul(j, ir.Constant(I32, 4)))),
+                    lo = builder.and_(builder.lshr(sl, _splat(builder, builder.mul(j, ir.Constant(I32, 4)))),
                                       ir.Constant(vi, [15] * 8))
-                    hi = builder.shl(builder.and_(builder.lshr(sh, _splat_i32(builder, builder.mul(j, ir.Constant(I32, 2)))),
+                    hi = builder.shl(builder.and_(builder.lshr(sh, _splat(builder, builder.mul(j, ir.Constant(I32, 2)))),
                                                   ir.Constant(vi, [3] * 8)), ir.Constant(vi, [4] * 8))
                     ls = builder.sub(builder.or_(lo, hi), ir.Constant(vi, [32] * 8))
                     d8 = builder.fmul(_scales8(builder, sup, fmt), builder.sitofp(ls, vf), flags=_EXACT)

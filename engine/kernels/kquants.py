@@ -126,12 +126,6 @@ def _broadcast_word(builder, qp, off, lanes: int = 8):
     return builder.bitcast(s, _vec(I8, 4 * lanes))
 
 
-def _splat_i32(builder, v):
-    vi = _vec(I32, 8)
-    return builder.shuffle_vector(builder.insert_element(ir.Constant(vi, None), v, ir.Constant(I32, 0)),
-                                  ir.Constant(vi, None), ir.Constant(vi, [0] * 8))
-
-
 def _first_sums(builder, x0, lanes: int):
     """Σ of the first 16 int8 activations of each of the 8 blocks of 32 at x0 (a super-block's),
     as 8 i32 (Q6_K's offset of 32): byte dots with ones (4-sums in lanes), then two rounds of
@@ -277,7 +271,7 @@ def _group_k(fmt: str, tokens: int, lanes: int = 8):
                 xps = [(builder.gep(qp, [x0]), builder.gep(dp, [b0]), builder.gep(ip, [b0])) for qp, dp, _, ip in per_token]
                 sps = [builder.gep(sp, [b0]) for _, _, sp, _ in per_token]
                 isums = [ir.Constant(vi, None)] * tokens  # Σ_j sc_j · (integer sums of sub-block j), per row
-                msums = [ir.Constant(vi8, None)] * tokens  # Σ_j m_j · Σq_x of block j (Q4_K, Q5_K)
+                msums = [ir.Constant(vi8, None)] * tokens  # Σ_j m_j · Σq_x (Q4_K, Q5_K); Q6_K: its offsets of 32
 
                 def dot(parts, qp, acc, scale):
                     pairs = [(u, _broadcast_word(builder, qp, at, lanes)) for u, at in parts]
@@ -304,7 +298,7 @@ def _group_k(fmt: str, tokens: int, lanes: int = 8):
                                 first = firsts[k][j]  # the offset of 32: - 32 Σx of each sub-block · its scale
                                 second = builder.sub(builder.load(_at(builder, ip, j)), first)
                                 for sc, sx in zip(scs, (first, second)):
-                                    offset = builder.mul(sc, _splat_i32(builder, builder.mul(sx, ir.Constant(I32, -32))))
+                                    offset = builder.mul(sc, _splat(builder, builder.mul(sx, ir.Constant(I32, -32))))
                                     msums[k] = builder.add(msums[k], offset)
                     d8 = builder.fpext(_load(builder, _at(builder, blk, 1664), _vec(ir.HalfType(), 8)), vf)
                     dmin8 = None
@@ -316,14 +310,13 @@ def _group_k(fmt: str, tokens: int, lanes: int = 8):
                             m = builder.zext(ms[j], vi8)
                             for k, (qp, _, ip) in enumerate(xps):
                                 isums[k] = dot(parts, qp, isums[k], scales[j])
-                                msums[k] = builder.add(msums[k], builder.mul(m, _splat_i32(builder, builder.load(_at(builder, ip, j)))))
+                                msums[k] = builder.add(msums[k], builder.mul(m, _splat(builder, builder.load(_at(builder, ip, j)))))
                     d8 = builder.fpext(_load(builder, blk, _vec(ir.HalfType(), 8)), vf)
                     dmin8 = builder.fpext(_load(builder, _at(builder, blk, 16), _vec(ir.HalfType(), 8)), vf)
                 for k, (_, dp, _) in enumerate(xps):  # the super-block's one d_x (xd repeats it per 32)
+                    isum = _fold(builder, isums[k])
                     if dmin8 is None:  # Q6_K: its offsets are integers of the same sum
-                        isum = builder.add(_fold(builder, isums[k]), msums[k])
-                    else:
-                        isum = _fold(builder, isums[k])
+                        isum = builder.add(isum, msums[k])
                     total = super_block_total(builder, d8, dmin8, builder.load(dp), isum, msums[k])
                     builder.store(builder.fadd(builder.load(accs[k]), total, flags=_EXACT), accs[k])
             values = []
@@ -449,7 +442,7 @@ def _row_low_k(code: int):
             acc = cgutils.alloca_once_value(builder, ir.Constant(vf, None))
             c = lambda n: ir.Constant(I32, n)  # noqa: E731
             byte = lambda blk, k: builder.zext(_load(builder, _at(builder, blk, k), I8), I32)  # noqa: E731
-            pair = lambda a, b: builder.select(halves, _splat_i32(builder, a), _splat_i32(builder, b))  # noqa: E731
+            pair = lambda a, b: builder.select(halves, _splat(builder, a), _splat(builder, b))  # noqa: E731
             with cgutils.for_range(builder, builder.sdiv(nb, ir.Constant(nb.type, 8))) as loop:
                 sb = loop.index
                 blk = builder.gep(row, [builder.mul(sb, ir.Constant(sb.type, size))])
@@ -480,7 +473,7 @@ def _row_low_k(code: int):
                             hi = builder.and_(builder.lshr(byte(blk, 104 + k % 4), c(2 * (k // 4))), c(3))
                             scs.append(builder.sub(builder.or_(lo, builder.shl(hi, c(4))), c(32)))
                         sc = pair(*scs)
-                        dots = builder.sub(dots, builder.shl(ones, _splat_i32(builder, c(2))))  # - 4 Σx
+                        dots = builder.sub(dots, builder.shl(ones, _splat(builder, c(2))))  # - 4 Σx
                     sums = builder.fadd(sums, builder.fmul(builder.sitofp(builder.mul(dots, sc), vf), dx, flags=_FAST),
                                         flags=_FAST)
                 d_at = 80 if code == Q2_K else 108

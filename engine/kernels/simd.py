@@ -301,7 +301,8 @@ def dots_accumulate(builder, acc, pairs, limit: int, scale=None):
     limit · 2 · max(u) · 127 stays within int16 (i16_limit): the sums are exact, the same integers
     as one vpmaddwd a product. Measured (AMD Zen 3, 2 threads, one token, 8-row groups of real
     expert matrices in L2, medians of 15 alternating runs): Q4_K 39.1 -> 46.5 GB/s, Q6_K 36.7 ->
-    39.1 GB/s; from DRAM (about 11 GB/s a core here) no change."""
+    39.1 GB/s (from DRAM a change this size is within the host's noise there; a kernel's DRAM rate
+    does fall with its compute per byte: kquants._group_k)."""
     lanes = acc.type.count
     if DOT != "avx2" or limit < 2 or lanes != 8:
         dots = acc if scale is None else ir.Constant(acc.type, None)

@@ -264,7 +264,7 @@ def _unpack_group(w, g, h, code, tq, ta, tb, td):
 @njit(fastmath=True, cache=True, nogil=True)
 def tile_tokens(code, tq, ta, tb, td, xq, xd, xs, offsets, xi, t0, res):
     """res (TOKENS · ROWS,) = a tile · tokens t0..t0+TOKENS-1: ROWS rows of token t0, then of t0+1, ...
-    (Q6_K reads the offsets (_prepare), Q4_K/Q5_K and IQ4_XS the block sums xi)."""
+    (Q6_K reads the offsets (_q6k_offsets), Q4_K/Q5_K and IQ4_XS the block sums xi)."""
     if code == Q6_K:
         _tile_q6(tq, ta, tb, td, xq, xd, offsets, xi, t0, res)
     elif code == IQ4_XS:
@@ -274,17 +274,14 @@ def tile_tokens(code, tq, ta, tb, td, xq, xd, xs, offsets, xi, t0, res):
 
 
 @njit(inline="always", cache=True)
-def _prepare(code, xq, xd, xs, xi, offsets, t):
-    """Token t's sums a tile reads beside its int8 activations: Q6_K's offsets (T, n/16): -32·Σ of
-    each 16 int8 activations, where a sub-block's sums start (its codes are q + 32). (Q4_K/Q5_K
-    read the block sums xi, IQ4_XS xi as well.)"""
-    n = xq.shape[1]
-    if code == Q6_K:
-        for k in range(n // 16):
-            total = 0
-            for i in range(16):
-                total += xq[t, 16 * k + i]
-            offsets[t, k] = -32 * total
+def _q6k_offsets(xq, offsets, t):
+    """Token t's offsets (T, n/16) a Q6_K tile reads beside its int8 activations: -32·Σ of each 16,
+    where a sub-block's sums start (its codes are q + 32). (Q4_K/Q5_K and IQ4_XS read the block sums xi.)"""
+    for k in range(xq.shape[1] // 16):
+        total = 0
+        for i in range(16):
+            total += xq[t, 16 * k + i]
+        offsets[t, k] = -32 * total
 
 
 @njit(inline="always", cache=True)
@@ -306,12 +303,11 @@ def quantized_tokens(x, c1, c2):
 @njit(inline="always", cache=True)
 def _quantize_token(x, c1, c2, xq, xd, xs, xi, offsets, t):
     """Token t of x into int8, per 256 as every TILE_CODES format reads it (formats.per_256: the bits of
-    matmul's quantization), then the sums tiles of formats c1 and c2 read (_prepare)."""
+    matmul's quantization), then Q6_K's offsets where c1 or c2 is Q6_K."""
     for s in range(x.shape[1] // 256):
         quantize_k_block(x[t], xq[t], xd[t], xs[t], xi[t], s)
-    _prepare(c1, xq, xd, xs, xi, offsets, t)
-    if c2 != c1:
-        _prepare(c2, xq, xd, xs, xi, offsets, t)
+    if c1 == Q6_K or c2 == Q6_K:
+        _q6k_offsets(xq, offsets, t)
 
 
 @njit(parallel=True, fastmath=True, cache=True, nogil=True)
