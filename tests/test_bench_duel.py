@@ -47,3 +47,16 @@ def test_a_side_that_dies_mid_duel_is_named():
     dies[-1] = dies[-1].replace("while True:", "for _ in range(5):")
     with pytest.raises(RuntimeError, match="slow: exited during the duel"):
         duel({"fast": side(0.01), "slow": dies}, slices=2, slice_s=0.3)
+
+
+def test_each_side_runs_the_code_of_its_own_tree(tmp_path):
+    """--baseline: one command, two source trees; each side imports its own tree's module (here
+    its pace), so the ratio is that of the two trees' code, not of one tree twice."""
+    trees = {}
+    for name, delay in (("new", 0.01), ("old", 0.02)):
+        trees[name] = tmp_path / name
+        trees[name].mkdir()
+        (trees[name] / "pace.py").write_text(f"DELAY = {delay}\n")
+    child = [sys.executable, "-c", "from pace import DELAY\n" + CHILD]
+    out = duel({"new": child, "old": child}, slices=2, slice_s=0.4, trees=trees)
+    assert 1.6 < out["median_ratio"] < 2.4

@@ -1,6 +1,7 @@
 """colibri-bench duel: Colibri and llama.cpp decoding the same model in turns, seconds apart.
 
     colibri-bench duel --model GGUF [--slices 16] [--slice_s 2] [--threads 2] [--trace T.npz] [--json F]
+    colibri-bench duel --model GGUF --baseline DIR   # this code against another checkout of Colibri
 
 Both engines load in their own process, prefill the same 32 seeded tokens and decode 8 untimed;
 then one decodes while the other is stopped (SIGSTOP), swapped every `slice_s` seconds, the first
@@ -65,11 +66,13 @@ def llama_child(gguf: str, threads: int) -> str:
                   f"n_threads_batch={threads}, n_batch=512, verbose=False)\nvocab = m.n_vocab()\nstep = m.eval")
 
 
-def duel(commands: dict[str, list[str]], slices: int, slice_s: float, env: dict | None = None) -> dict:
+def duel(commands: dict[str, list[str]], slices: int, slice_s: float, env: dict | None = None,
+         trees: dict[str, Path] | None = None) -> dict:
     """Run two child commands (name -> argv, each ending where its timestamp file goes) in turns:
-    `slices` pairs of `slice_s` seconds. Returns each side's tokens per second per slice, the tokens
-    stamped outside its slices (a stamp can land just past a slice's end), and the ratios of the
-    first side's speeds to the second's, pair by pair."""
+    `slices` pairs of `slice_s` seconds. `trees` (name -> a checkout) runs that side's code from
+    another source tree (its folder first on PYTHONPATH, and its working directory). Returns each
+    side's tokens per second per slice, the tokens stamped outside its slices (a stamp can land just
+    past a slice's end), and the ratios of the first side's speeds to the second's, pair by pair."""
     if len(commands) != 2:
         raise ValueError("a duel has two sides")
     names = list(commands)
@@ -78,8 +81,11 @@ def duel(commands: dict[str, list[str]], slices: int, slice_s: float, env: dict 
         stamps = {n: Path(tmp) / f"{i}.txt" for i, n in enumerate(names)}
         try:
             for n in names:  # one at a time: each loads and warms up on its own
+                tree = (trees or {}).get(n, ROOT)
+                base = os.environ if env is None else env
+                side_env = dict(base, PYTHONPATH=os.pathsep.join(filter(None, [str(tree), base.get("PYTHONPATH")])))
                 p = subprocess.Popen([*commands[n], str(stamps[n])], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     text=True, env=env, cwd=ROOT)
+                                     text=True, env=side_env, cwd=tree)
                 procs[n] = p
                 line = _readline(p, READY_TIMEOUT_S)
                 if line.strip() != "READY":
@@ -133,6 +139,8 @@ def add_parser(sub) -> None:
     p.add_argument("--trace", help="replay this routing trace in Colibri (colibri-bench routing --trace)")
     p.add_argument("--self", dest="self_duel", choices=("colibri", "llama.cpp"),
                    help="that engine against itself: what the method's own spread is")
+    p.add_argument("--baseline", help="a checkout of Colibri (e.g. `git worktree add ../base COMMIT`): this code "
+                   "against that one, no llama.cpp needed")
     p.add_argument("--workdir", help="where the converted copy is kept (default ~/.cache/colibri/bench)")
     p.add_argument("--json", help="also write the result to this file")
     p.set_defaults(func=main)
@@ -146,18 +154,24 @@ def main(args: argparse.Namespace) -> int:
     if not (gguf.is_file() and gguf.suffix.lower() == ".gguf"):
         raise SystemExit(f"--model {args.model}: a GGUF file is needed (both engines load it)")
     ours = prepare(gguf, Path(args.workdir).expanduser() if args.workdir else MOE_DIR)["colibri"][0]
-    use_binding_beside(find_llama_bench(None)[0])
-    py_llama = llama_python()
-    if py_llama is None and args.self_duel != "colibri":
-        raise SystemExit("llama.cpp's Python binding (llama_cpp) is not installed: see README, Performance")
     col = [sys.executable, "-c", colibri_child(ours, args.threads, args.trace)]
-    lla = [py_llama or "", "-c", llama_child(str(gguf), args.threads)]
-    sides = {"colibri": col, "llama.cpp": lla}
-    if args.self_duel:
-        sides = {f"{args.self_duel} A": sides[args.self_duel], f"{args.self_duel} B": sides[args.self_duel]}
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-    out = duel(sides, args.slices, args.slice_s, env) | {"model": str(gguf), "threads": args.threads,
-                                                        "trace": args.trace}
+    trees: dict[str, Path] = {}
+    if args.baseline:
+        base = Path(args.baseline).expanduser().resolve()
+        if not (base / "engine" / "api.py").is_file():
+            raise SystemExit(f"--baseline {args.baseline}: not a checkout of Colibri (no engine/api.py)")
+        sides, trees = {"colibri": col, "baseline": col}, {"baseline": base}
+    else:
+        use_binding_beside(find_llama_bench(None)[0])
+        py_llama = llama_python()
+        if py_llama is None and args.self_duel != "colibri":
+            raise SystemExit("llama.cpp's Python binding (llama_cpp) is not installed: see README, Performance")
+        lla = [py_llama or "", "-c", llama_child(str(gguf), args.threads)]
+        sides = {"colibri": col, "llama.cpp": lla}
+        if args.self_duel:
+            sides = {f"{args.self_duel} A": sides[args.self_duel], f"{args.self_duel} B": sides[args.self_duel]}
+    out = duel(sides, args.slices, args.slice_s, trees=trees) | {"model": str(gguf), "threads": args.threads,
+                                                                "trace": args.trace, "baseline": args.baseline}
     a, b = out["sides"]
     for i, (x, y, r) in enumerate(zip(out["tok_s"][a], out["tok_s"][b], out["ratios"])):
         print(f"pair {i + 1:2d}: {a} {x:6.1f} tok/s  {b} {y:6.1f} tok/s  ratio {r:.3f}")
