@@ -141,6 +141,7 @@ def add_parser(sub) -> None:
 def main(args: argparse.Namespace) -> int:
     from app.bench.llamacpp import find_llama_bench, use_binding_beside
     from app.bench.memory import llama_python
+    from app.bench.report import machine, stamp
     from app.bench.speed import MOE_DIR, prepare
     gguf = Path(args.model).expanduser()
     if not (gguf.is_file() and gguf.suffix.lower() == ".gguf"):
@@ -149,7 +150,7 @@ def main(args: argparse.Namespace) -> int:
     use_binding_beside(find_llama_bench(None)[0])
     py_llama = llama_python()
     if py_llama is None and args.self_duel != "colibri":
-        raise SystemExit("llama.cpp's Python binding (llama_cpp) is not installed: see README, Performance")
+        raise SystemExit("llama.cpp's Python binding (llama_cpp) is not installed: see docs/bench/README.md")
     col = [sys.executable, "-c", colibri_child(ours, args.threads, args.trace)]
     lla = [py_llama or "", "-c", llama_child(str(gguf), args.threads)]
     sides = {"colibri": col, "llama.cpp": lla}
@@ -157,7 +158,7 @@ def main(args: argparse.Namespace) -> int:
         sides = {f"{args.self_duel} A": sides[args.self_duel], f"{args.self_duel} B": sides[args.self_duel]}
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     out = duel(sides, args.slices, args.slice_s, env) | {"model": str(gguf), "threads": args.threads,
-                                                        "trace": args.trace}
+                                                        "trace": args.trace} | stamp() | {"machine": machine()}
     a, b = out["sides"]
     for i, (x, y, r) in enumerate(zip(out["tok_s"][a], out["tok_s"][b], out["ratios"])):
         print(f"pair {i + 1:2d}: {a} {x:6.1f} tok/s  {b} {y:6.1f} tok/s  ratio {r:.3f}")
