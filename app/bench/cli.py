@@ -6,6 +6,7 @@
     colibri-bench fuzz [--files A.gguf,HF_FOLDER] [--default_model] [--seconds 60] [--json FILE]
     colibri-bench perplexity --model M --text FILE [--ctx 512] [--reference M2] [--json FILE]
     colibri-bench serve [--clients 1,2,4,8,16] [--requests 2 | --duration 120] [--soak 1000] [--json FILE]
+    colibri-bench docs [--check]     (the generated tables of README.md and docs/, from the saved JSONs)
 
 `convert` times a conversion in a child process and reports its throughput and peak resident
 memory beside the streaming bound (3 × the largest tensor + 300 MB). `speed` runs Colibri,
