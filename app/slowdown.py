@@ -1,5 +1,5 @@
 """Slowdown under load: decode far below this model's own measured speed while other programs keep
-the CPU busy (defect 9: 36 -> 2.5 tok/s and the app said nothing).
+the CPU busy (defect 9: decode fell more than tenfold and the app said nothing).
 
 `SlowdownWatch` is pure logic fed by the worker: the model's speed is learned from replies written
 while the machine was quiet; during a reply, a recent decode rate under `SLOW` of it while other

@@ -1,10 +1,9 @@
 """Fewer threads while other programs share the cores, chosen by timing decode steps.
 
 Why: an OpenMP team waits at every barrier for its slowest thread, and a thread whose core another
-program takes stalls the whole team each time the OS preempts it. Measured on a 2-core AMD EPYC
-(Zen 5) VM beside one busy process (a spinning Python loop), moe-small Q4_0, tg128 medians: 2 threads
-113 tok/s (2 to 185 per run), 1 thread 315; llama-bench at 2 threads 123. On the quiet machine 2
-threads win (450 against 296).
+program takes stalls the whole team each time the OS preempts it: beside one busy process on a
+two-core machine, one thread decoded several times faster than two, and far more steadily, while
+on the quiet machine two threads win.
 
 So the count is measured, never assumed. Decode steps are timed in windows of WINDOW steps. After
 a window, while other programs keep at least BUSY CPUs busy, one thread fewer is tried for a
@@ -119,7 +118,7 @@ class ThreadTuner:
             return None
         span, decoded = now - self._probed, self._decoded
         self._probed, self._decoded = now, 0.0
-        others = self._others()  # (~40 us: /proc/stat and this process's times)
+        others = self._others()  # (cheap: /proc/stat and this process's times)
         if others is None or span > STALE * decoded + PROBE_S:  # (idle or stopped for most of it)
             return None
         if threads < self.limit and others < QUIET:

@@ -4,40 +4,26 @@ One read of an expert's byte span (gate, up, down are consecutive in its file) i
 slot from the memory pool, leaving no second copy in the page cache: an expert the page cache
 mostly holds (mincore says) is copied out and dropped (POSIX_FADV_DONTNEED); any other comes
 with O_DIRECT straight into the page-aligned slot, 1 MiB pieces read by a small pool of I/O
-threads. Measured (`colibri-bench loads`, a 9.2 MB q8_0 expert, ext4 on virtio, medians of 7):
-cold, O_DIRECT 3.6 ms against 6.0 for pread + DONTNEED and 7.7 for plain pread; warm, a copy
-1.4-1.6 ms against 5.6 for O_DIRECT; `auto` takes the faster per case (5.2 cold, 1.6 warm).
-(A RWF_NOWAIT read to pick up the cached part starts readahead: 16.5 ms cold.) Where O_DIRECT is
-refused, buffered pread then DONTNEED. Under a memory cgroup the page cache is charged like
-anonymous memory, so a second copy halves the experts a cap can hold. With room to spare (no
-cgroup binds, MemAvailable holds twice the experts) a miss is a plain pread that leaves the page
-cache alone: the next miss of that expert is then a copy from memory (1.4-1.6 ms, not 5.6), and the
-page cache, reclaimable and not our RSS, holds what the pool does not. Then, too, a demand miss
-colder (LFU) than the expert it would push out is not admitted: it is mapped from the page cache
-for its one use (no copy, no slot) and the hotter expert stays (`colibri-bench routing`'s
-lfu_admit: 59.4% hits at 2 of 8 a layer on the MoEfied trace against LFU's 55.9%). Under a memory
-cgroup every miss takes its one O_DIRECT copy into a slot: mapping there too was measured slower
-(engine.experts, by the cache policies).
+threads, which beats a buffered read cold while a copy beats O_DIRECT warm (`colibri-bench loads`
+times each way). A RWF_NOWAIT read, which would pick up only the cached part, starts a readahead,
+hence mincore. Where O_DIRECT is refused, buffered pread then DONTNEED. Under a memory cgroup the
+page cache is charged like anonymous memory, so a second copy halves the experts a cap can hold.
+With room to spare (no cgroup binds, MemAvailable holds twice the experts) a miss is a plain pread
+that leaves the page cache alone: the next miss of that expert is then a copy from memory, not a
+disk read, and the page cache, reclaimable and not our RSS, holds what the pool does not. Then,
+too, a demand miss colder (LFU) than the expert it would push out is not admitted: it is mapped
+from the page cache for its one use (no copy, no slot) and the hotter expert stays
+(`colibri-bench routing`'s lfu_admit replay). Under a memory cgroup every miss takes its one
+O_DIRECT copy into a slot: mapping there too was measured slower (engine.experts, by the cache
+policies).
 
 Experts come in the layout the kernels consume: the converter writes every expert matrix whose
 format has 8-row-group kernels (cpu.PACKABLE, rows a multiple of 8) already repacked (engine.quant's
 x8 types), so a miss, read into a slot or mapped from the page cache, is one read and nothing else,
-and streamed experts take the repacked kernels as resident ones do. Measured on colibri-bench
-memory's moderate model (q8_0, 9.2 MB experts) converted both ways, AMD EPYC Zen 5 VM (avx512f/bw/vl/
-vnni, avx_vnni), 2 vCPUs shared with other work (load 1-9), runs alternating, medians:
-- a miss and one token through the expert (`colibri-bench loads`, NUMBA_NUM_THREADS=1): read 1.9 ms
-  and token 0.30 ms repacked on disk, against the stored layout's token 0.49-0.53 ms, or 12.9-16.9 ms
-  of repack_x8 on each miss for the repacked kernels (0.36 ms); with 2 threads the token medians
-  (33-36 ms) measure the preempted OpenMP threads, not the kernels (minima 0.26 against 0.38 ms);
-- decode, the same tokens fed to both layouts in one process token by token, 1 thread (`colibri-bench
-  loads --model DIR --against DIR_CONVERTED_WITH_--no-repack_experts --threads 1 [--cache N]`): at
-  2 of 8 experts a layer cached (12 misses, 112 MB a token) the experts' compute is 3.9 ms a token
-  less repacked on disk, but the token then waits about that much longer for its reads (feed-forward
-  54.1 ms, 26.4 of it waiting, against 53.9 and 22.3 stored): decode there is bound by the miss
-  reads more than the kernels (four paired runs: 53.3, 55.1, 60.9, 82.1 ms a token against 52.8,
-  53.0, 68.6, 90.7); at 4 of 8, 58.7, 67.0, 71.5 against 63.0, 71.0, 77.1 (-6%); at 6 of 8, 39.6
-  against 40.4. With 2 threads the shared machine's preemption of OpenMP threads dominates
-  (paired at load ~5: 2 of 8 183.6 against 167.8 ms a token, 4 of 8 148.7 against 168.8).
+and streamed experts take the repacked kernels as resident ones do: repacking on each miss would
+cost far more than the token's work through the expert. Where few experts are cached, decode is
+bound by the miss reads more than by the kernels, so the gain there is small (`colibri-bench loads
+--against DIR_CONVERTED_WITH_--no-repack_experts` decodes the same tokens on both layouts).
 Model dirs converted in the stored layout still load: their experts are repacked on their one load
 when the budget holds every expert, else streamed in the stored layout.
 """
@@ -71,7 +57,7 @@ from engine.weight_types import ExpertWeights, Matrix
 log = logging.getLogger("colibri.experts")
 PARTS = ("gate", "up", "down")
 DIRECT_ALIGN = 4096  # O_DIRECT: file offset, length and buffer address multiples of this
-IO_CHUNK = 1 << 20  # one O_DIRECT request; 4 in flight measured 3.6 GB/s against 1.1-3.2 for one read
+IO_CHUNK = 1 << 20  # one O_DIRECT request; several in flight read faster than one large read
 IO_THREADS = 4
 READ_MODES = ("auto", "direct", "dontneed", "cached")  # cached: plain pread, the page-cache copy stays
 # auto with room to spare (no memory cgroup binds, and MemAvailable holds KEEP_ROOM_FACTOR x the
@@ -116,10 +102,9 @@ class ExpertSpan:
 
 
 # A file read by someone else (a copy, a backup, a plain read) sits in the page cache in small
-# folios, and a mapped miss of it pays for them every time (populate + unmap 1.3 against 0.08 ms
-# for a 13.4 MB expert, and the kernels' TLB misses): measured at 2 of 8 experts a layer uncapped
-# (1.75 B bench model, Q8_0, trace replay; AMD EPYC Zen 3 VM, 2 cores, kernel 6.18, ext4), decode
-# 17.4-18.4 tok/s against 25.1-27.0 with the experts in 2 MiB folios. A mapped miss that finds its
+# folios, and a mapped miss of it pays for them every time (512 page-table entries per 2 MiB to
+# populate and unmap, and the kernels' TLB misses), which slowed a streaming decode by a third in
+# `colibri-bench memory` at 2 of 8 experts a layer. A mapped miss that finds its
 # range in small folios (PAGEMAP_SCAN, Linux >= 6.7) has it dropped and read again through a
 # MADV_HUGEPAGE mapping once it is unmapped, on a background thread: one disk read per expert,
 # once. Where that leaves small folios too (no large folios in this filesystem), REFOLIO_TRIES
@@ -130,9 +115,8 @@ REFOLIO_TRIES = 4
 def _typed_writable(mm: mmap.mmap) -> np.ndarray:
     """A read-only mapping's bytes as a uint8 array typed writable: the kernels were compiled for
     writable arrays, and nothing writes weights (a write would fault). Read-only and shared, a
-    mapping costs less than a private copy-on-write one: measured on a 13.4 MB expert in the
-    page cache (AMD EPYC Zen 1 VM), populating its page tables 0.81 against 1.06 ms, unmapping
-    0.29 against 0.51. The array keeps the mapping (its base holds it)."""
+    mapping costs less to populate and unmap than a private copy-on-write one. The array keeps
+    the mapping (its base holds it)."""
     view = (ctypes.c_uint8 * len(mm)).from_address(np.frombuffer(mm, np.uint8).ctypes.data)
     view.mapping = mm
     return np.frombuffer(view, np.uint8)
@@ -203,7 +187,7 @@ class ExpertStore:
 
         Matrices the converter wrote repacked (x8 types) come as they are, in the kernels' 8-row
         groups. `repack`: stored-layout ones of a PACKABLE format are rearranged so in place
-        (cpu.repack_x8, about 2 ms per 2.4 MB once; model dirs converted before repacking on disk)
+        (cpu.repack_x8, once; model dirs converted before repacking on disk)
         — for experts that stay, not streamed ones."""
         sp = self.span(layer, expert)
         direct = self.direct and buf.nbytes >= sp.slot_bytes and buf.ctypes.data % DIRECT_ALIGN == 0

@@ -30,26 +30,22 @@ PARTS = ("gate", "up", "down")
 MiB = 1 << 20
 # evicted slots kept for reuse (counted in the budget): a miss that evicts takes its victim's block,
 # already faulted in. One does that; a second was a slot of memory held for a rarer overlap (the
-# loader's guess beside a demand load): measured at 2 of 8 experts a layer uncapped (1.75 B bench
-# model, Q4_K_M, trace replay; AMD EPYC Zen 3 VM, 2 cores), peak RSS 491 -> 483 MB, decode level
+# loader's guess beside a demand load), which cost RSS and gained no decode speed
 SPARE_SLOTS = 1
 # a colder miss is mapped from the page cache for its one use (no slot) only where the page cache
 # keeps it (room to spare, no binding cgroup: ExpertStore.keeps_page_cache). Under a memory cgroup it
-# was tried (sessions 36-38) and dropped: the pool and the page cache share one limit, the page cache
-# kept 5-9% of what was mapped (Q8_0, cap 0.9), and the mapped misses' page faults slowed decode. Measured, 0.68 B
-# model, 60 tokens, 2 runs each, off against on: Q8_0 cap 0.9 random routing 22.4 / 20.5 tok/s, trace
-# 32.6 / 28.7; cap 0.75 17.9 / 15.5, 25.8 / 24.2; Q4_K_M cap 0.9 28.0 / 25.0, 36.6 / 29.2
+# was tried and dropped: the pool and the page cache share one limit, the page cache kept a little of
+# what was mapped, and the mapped misses' page faults slowed decode at every cap measured
 # eviction; lfu ages by LFU_DECAY a token. lfu is the default: on the MoEfied default model's routing
-# trace one LFU over all layers hit 74.4% against LRU's 66.3% at 3 of 8 slots a layer, 85.7/81.8% at 4
-# (colibri-bench routing; tests/test_experts.py holds the cache to that replay)
+# trace one LFU over all layers beat LRU, most where memory is short (colibri-bench routing;
+# tests/test_experts.py holds the cache to that replay)
 POLICIES = ("lfu", "lru")
 LFU_DECAY = 0.98
 # predictions (next layer's picks, runners-up) go out only while they pay: of the last
 # PREFETCH_OUTCOMES resolved ones (used, or evicted unused) at least PREFETCH_MIN_ACCURACY used; a
 # wasted guess costs a read and evicts an expert someone wanted. While paused, one call in
-# PREFETCH_PROBE still goes out so the estimate follows the routing. Measured (the 0.68 B bench model,
-# Q8_0, 4 of 8 experts a layer, the cache driven without compute): prefetch on, accuracy 0.23 on the
-# trace and 0.11 on random routing, read 77/143 MB a token against 39/81 MB with it off
+# PREFETCH_PROBE still goes out so the estimate follows the routing. Where guesses are mostly wrong,
+# prefetching reads about twice the bytes a token needs
 PREFETCH_MIN_ACCURACY = 0.6
 PREFETCH_OUTCOMES = 32
 PREFETCH_PROBE = 16
@@ -182,8 +178,8 @@ class ExpertCache:
             self.spare = max(0, self.capacity - k)  # slots a layer has beyond what one token needs
             # predictions only pay when the next layer's picks fit beside this layer's, and when a
             # layer holds more than one token's picks: with exactly k a guess evicts an expert the
-            # next token reuses (measured, trace replay at 2 of 8 per layer, top-2: prefetch on read
-            # 183 MB per token at a 0.29 hit rate, off 91 MB at 0.36)
+            # next token reuses (a trace replayed at 2 of 8 a layer, top-2, read twice the bytes at a
+            # lower hit rate with predictions on)
             self.predict = self.budget - SPARE_SLOTS * self.slot >= (2 * k + 1) * self.slot and self.capacity > k
             self._make_room(None, 0)
 
@@ -402,8 +398,7 @@ class ExpertCache:
     def prediction_due(self) -> bool:
         """Whether a layer's predictions go out now: prefetching(), and not held back (see
         prefetch_paused; one layer in PREFETCH_PROBE still goes out then). Asked once per layer a
-        token, before the router looks ahead: held back, that matmul is not worth doing either
-        (measured at cap 0.9, q4_k_m, trace replay: its share of a token's stops 33 -> 15 ms over 24 tokens)."""
+        token, before the router looks ahead: held back, that matmul is not worth doing either."""
         return not self.holds_all() and self.prefetching() and self._prefetch_pays()
 
     def prefetching(self) -> bool:
@@ -414,9 +409,8 @@ class ExpertCache:
     def _ahead_pays(self) -> bool:
         """Whether loading ahead of use can pay: a loader thread, and misses that read the disk. With
         room to spare the experts' files stay in the page cache, so a miss is a copy from memory and
-        the loader's copy only takes a core from the kernels: measured (q8_0 bench model, trace
-        replay, 2 of 8 experts a layer, uncapped; AMD EPYC Zen 1, 2 cores) 11.0 tok/s loading ahead
-        against 12.4 not, and with one kernel thread (a core spare) 7.6 against 8.8."""
+        the loader's copy only takes a core from the kernels (decode was slower loading ahead there,
+        even with a core spare)."""
         return self._loader is not None and not self.store.keeps_page_cache()
 
     @property

@@ -12,16 +12,15 @@ import sys
 from engine.mempool import resident_bytes
 
 # a mapped miss's page tables are filled by one madvise(MADV_POPULATE_READ) on the loading thread,
-# not by the kernels' read faults: measured (a 13.4 MB q8_0 expert of the 1.75 B bench model, in the
-# page cache, medians of 40, loaded machine) map + touch 10.6 ms faulting against 1.9 populated (an
-# anonymous buffer's touch: 1.1). Populating reads what the page cache lacks, as a pread would.
+# not by the kernels' read faults, one fault per page, which cost several times the populate call.
+# Populating reads what the page cache lacks, as a pread would.
 # Linux >= 5.14; elsewhere (EINVAL) one MADV_WILLNEED readahead and the faults as before
 MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)
 # A file read through a MADV_HUGEPAGE mapping comes into the page cache in 2 MiB folios, and every
 # later mapping of it gets one page-table entry per 2 MiB instead of 512 (Linux >= 6.16 on ext4 and
 # others with large folios, transparent huge pages not "never"). Plain reads leave small folios, and
-# those stay small. Measured on a 13.4 MB q8_0 expert in the page cache (AMD EPYC Zen 3 VM, kernel
-# 6.18, ext4, medians of 30): populate 0.97 -> 0.06 ms, unmap 0.32 -> 0.02 ms.
+# those stay small. Populating and unmapping a huge-folio mapping costs a small fraction of a
+# small-folio one.
 MADV_HUGEPAGE = getattr(mmap, "MADV_HUGEPAGE", None)  # (Linux only)
 _populate_works = [True]  # cleared by the first EINVAL (a kernel before 5.14)
 

@@ -229,8 +229,8 @@ def _anonymous(size: int) -> mmap.mmap:
 def _map_large(size: int, huge: bool = True) -> tuple[mmap.mmap, int]:
     """Fresh anonymous pages for a large block, and the block's offset in them. Blocks of 2 MB and
     more start on a 2 MB boundary and ask for transparent huge pages: the kernels stream through
-    expert weights, and with 4 KB pages the TLB misses cost a third of a matmul's speed from RAM
-    (measured: 16 -> 25 GB/s on 2 threads). `huge` False for memory paid as it fills (a KV cache:
+    expert weights, and with 4 KB pages the TLB misses cost about a third of a matmul's speed from
+    RAM. `huge` False for memory paid as it fills (a KV cache:
     its first position in each layer would fault in a whole 2 MB page)."""
     if not huge or size < HUGE_PAGE or not hasattr(mmap, "MADV_HUGEPAGE"):
         return _anonymous(size), 0
@@ -281,7 +281,7 @@ def unmap_library_pages(name: str, smaps: str = "/proc/self/smaps") -> int:
     """Drop this process's page-table entries for the clean, read-only pages of the shared library
     whose file is called `name`; returns the resident bytes they held (Linux; elsewhere 0).
 
-    LLVM's library (libllvmlite, about 180 MB) is 100-110 MB of RSS once numba has compiled or
+    LLVM's library (libllvmlite) is a large share of the process's RSS once numba has compiled or
     loaded the kernels, and nothing on the decode path runs it again. The pages stay in the page
     cache, clean and unmapped (the first the kernel reclaims), and fault back in if a kernel is
     compiled later. Only mappings with no anonymous (copy-on-write) pages and no write permission

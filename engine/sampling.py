@@ -129,12 +129,12 @@ def sample_top_k(x, k, top_p, min_p, temperature, u):
     (no penalties). -1: a NaN or +inf logit; -2: every logit -inf (check_finite says which).
 
     Why: right after a decode step the caches hold the weights, not numpy's code and data, and
-    the dozen numpy calls of the general path cost ~0.3 ms per token there (10x their warm time),
-    5% of a decode step of the default model; one kernel call costs one scan of the logits. The
+    the dozen numpy calls of the general path cost many times their warm time there, a visible
+    share of a small model's decode step; one kernel call costs one scan of the logits. The
     k best are kept sorted (value descending, ties: the lower id, as distribution's lexsort) by
     insertion, a logit below the k-th best costing one compare; only the blocks of SCAN_BLOCK
-    logits whose maximum reaches the k-th largest block maximum are looked at (the default model's
-    49,152 logits: 50 -> about 10 us)."""
+    logits whose maximum reaches the k-th largest block maximum are looked at, a few of them on a
+    real vocabulary."""
     v = x.shape[0]
     k = min(k, v)
     vals = np.empty(k, np.float64)

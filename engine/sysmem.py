@@ -18,13 +18,12 @@ from engine.errors import ColibriError
 MiB = 1 << 20
 FLOOR_EXTRA = 200_000_000  # below dense weights + this (200 MB), a model is refused before it loads
 # runtime growth after planning: loaded kernels and their libraries' pages, thread stacks, Python
-# objects (measured: 62 MB anonymous + 41 MB file pages from import to decode, the moderate bench model)
+# objects (what the bench models grew by from import to decode, with room to spare)
 MARGIN = 96 * MiB
-# after warm-up that growth has happened: measured 14-17 MB more from warm-up through a 32-token
-# prefill and 16 decoded tokens (moderate bench model, q4_k_m, 2 of 8 experts a layer)
+# after warm-up most of that growth has happened: what is left is a prompt's and a few tokens' worth
 SETTLED_MARGIN = 32 * MiB
-# the first start of a kernel version compiles every kernel (Numba, LLVM): measured peak RSS 1060 MB
-# with a cold cache against 400 MB warm (the moderate bench model, q8_0, 2 threads), for minutes
+# the first start of a kernel version compiles every kernel (Numba, LLVM), for minutes, with a peak
+# RSS well above a warm start's: this is room for that compile
 COMPILE_BYTES = 700 * MiB
 
 

@@ -7,7 +7,7 @@ hysteresis that keeps the count from flapping around one threshold. Every change
 "colibri.hardware" and kept as a `ThrottleEvent` for the dashboard.
 
 Other programs taking the CPU are the other reason for fewer threads: an OpenMP team with more
-threads than free cores waits at every barrier for the one the OS preempted (36 -> 2.5 tok/s).
+threads than free cores waits at every barrier for the one the OS preempted (decode falls more than tenfold).
 The engine times its decode steps (`observe`) and keeps fewer threads where they decode faster
 (engine.contention.ThreadTuner, the `thread_tuning` parameter); the app, which sees decode fall
 while the machine is busy, can also cap the count with `set_load_cap`.

@@ -291,10 +291,10 @@ class TextCodec:
         self.marker_ids = {self.special_ids[m]: m for m in MARKERS if m in self.special_ids}  # id -> text
         # plain pieces (special-token strings as text) go through the same tokenizer with
         # encode_special_tokens switched on for the call, under _lock: a second instance cost its
-        # whole vocabulary again (SmolLM2's 49k: 27 MiB of 54). Only a tokenizer that prepends a
+        # whole vocabulary again (half the tokenizer's memory). Only a tokenizer that prepends a
         # space to every piece (SentencePiece style) gets one more, for pieces that are not first.
         # (parsed into Python only when there is one: a vocabulary's objects outlive their use as
-        # heap fragments, 9 MiB of RSS for SmolLM2's)
+        # heap fragments)
         self._lock, self._plain_rest = threading.Lock(), None
         serialized = self.tok.to_str()
         if re.search(r'"prepend_scheme"\s*:\s*"first"', serialized):

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# packaging/smoke_test.sh — build the desktop bundle, then run it as a user would, headless (README "Packaging").
+# packaging/smoke_test.sh — build the desktop bundle, then run it as a user would, headless (docs/packaging.md).
 #   packaging/smoke_test.sh                 build (packaging/build), then test dist/colibri
 #   SKIP_BUILD=1 packaging/smoke_test.sh    test the bundle already in dist/colibri
 # Not part of pytest: it takes minutes and a few hundred MB of disk.

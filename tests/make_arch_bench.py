@@ -1,5 +1,5 @@
 """Moderately sized random models of the 2026 MoE architectures, for `colibri-bench speed` against
-llama-bench (not committed: a few hundred MB each; kept in /work/bench-models/arch/).
+llama-bench (not committed: a few hundred MB each; kept in ~/.cache/colibri/bench/arch/ by default).
 
 Why: the tiny fixtures (make_arch_fixtures.py) hold the forward pass to transformers, but at widths
 of 72 they time nothing but Python. These have hidden 1024, 8 layers of every kind the architecture
@@ -11,12 +11,12 @@ output head costs almost nothing, for both engines alike).
 Each architecture gets <out>/<arch>-hf (transformers' save_pretrained), <arch>-f16.gguf (llama.cpp's own
 convert_hf_to_gguf.py) and <arch>-Q8_0.gguf, <arch>-Q4_K_M.gguf (llama-quantize). Then::
 
-    colibri-bench speed --model /work/bench-models/arch/gpt_oss-Q8_0.gguf,... --engines colibri,llama-bench
+    colibri-bench speed --model ~/.cache/colibri/bench/arch/gpt_oss-Q8_0.gguf,... --engines colibri,llama-bench
 
 Re-run (the torch venv; no network)::
 
-    .venv-fixtures/bin/python tests/make_arch_bench.py --out /work/bench-models/arch \\
-        --llama-cpp /work/llamacpp/llama_cpp_python-0.3.36 --bin /work/llamacpp/build/bin [--only gpt_oss]
+    .venv-fixtures/bin/python tests/make_arch_bench.py --out ~/.cache/colibri/bench/arch \\
+        --llama-cpp llama_cpp_python-0.3.36 --bin .llama.cpp/build/bin [--only gpt_oss]
 """
 from __future__ import annotations
 
@@ -87,9 +87,9 @@ def build(arch: fx.Arch, out: Path) -> Path:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", type=Path, default=Path("/work/bench-models/arch"))
-    ap.add_argument("--llama-cpp", type=Path, default=Path("/work/llamacpp/llama_cpp_python-0.3.36"))
-    ap.add_argument("--bin", type=Path, default=Path("/work/llamacpp/build/bin"))
+    ap.add_argument("--out", type=Path, default=Path.home() / ".cache" / "colibri" / "bench" / "arch")
+    ap.add_argument("--llama-cpp", type=Path, default=Path("llama_cpp_python-0.3.36"))  # docs/bench/README.md
+    ap.add_argument("--bin", type=Path, default=Path(".llama.cpp/build/bin"))
     ap.add_argument("--only", default=",".join(SHAPES))
     a = ap.parse_args()
     src = a.llama_cpp / "vendor" / "llama.cpp"

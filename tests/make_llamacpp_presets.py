@@ -30,7 +30,7 @@ Re-run by hand (nothing in the suite needs llama.cpp, torch or a network)::
     /tmp/venv-convert/bin/pip install torch==2.13.0 numpy safetensors transformers sentencepiece \\
         "protobuf<5" jinja2 diskcache typing_extensions
     /tmp/venv-convert/bin/python tests/make_llamacpp_presets.py \\
-        --llama-cpp /work/llamacpp/llama_cpp_python-0.3.36 --bin /work/llamacpp/build/bin
+        --llama-cpp llama_cpp_python-0.3.36 --bin .llama.cpp/build/bin
 
 The tokenizer's pre-tokenizer is not one llama.cpp knows by hash, so the converter is run with
 its pre-tokenizer name set to "smollm" (the same regex, GPT-2 byte-level BPE).

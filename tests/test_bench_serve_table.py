@@ -1,5 +1,5 @@
-"""colibri-bench serve's README block comes from its saved JSON: every level's figures, the ratios
-to llama-server, grouping and the soak; the stale block is replaced and the rest of the README kept."""
+"""colibri-bench serve's block of docs/bench/serve.md comes from its saved JSON: every level's figures, the
+ratios to llama-server, grouping and the soak; the stale block is replaced and the rest of the page kept."""
 from __future__ import annotations
 
 from app.bench import serve_table
@@ -23,7 +23,7 @@ REPORT = {"gguf": "/x/SmolLM2-135M-Instruct.Q4_1.gguf", "max_tokens": 32, "tempe
 
 
 def test_the_block_is_made_from_the_json_and_replaces_the_stale_one(tmp_path):
-    readme = tmp_path / "README.md"
+    readme = tmp_path / "serve.md"
     readme.write_text("# X\n\n<!-- colibri-bench serve: begin (old) -->\nstale 21.8 tok/s\n"
                       "<!-- colibri-bench serve: end -->\n\nafter\n")
     serve_table.write_readme(REPORT, readme, "app/bench/results/serve.json")
@@ -39,9 +39,9 @@ def test_the_block_is_made_from_the_json_and_replaces_the_stale_one(tmp_path):
     assert "RSS 360.0 MB after 50, 358.2 MB at the end (-0.5%)" in text and "Test CPU" in text
 
 
-def test_a_readme_without_the_markers_is_refused(tmp_path):
+def test_a_page_without_the_markers_is_refused(tmp_path):
     import pytest
-    readme = tmp_path / "README.md"
+    readme = tmp_path / "serve.md"
     readme.write_text("# no block\n")
     with pytest.raises(SystemExit, match="no generated serve block"):
         serve_table.write_readme(REPORT, readme, "r.json")

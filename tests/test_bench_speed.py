@@ -48,7 +48,7 @@ def test_cpu_flags_name_what_the_kernels_depend_on(tmp_path):
     assert name == "AMD EPYC 7B13" and flags == ["sse4_2", "avx", "f16c", "fma", "avx2"]
 
 
-def test_readme_block_is_regenerated_from_the_json(tmp_path):
+def test_the_doc_block_is_regenerated_from_the_json(tmp_path):
     report = {"machine": {"cpu": "Test CPU", "flags": ["avx2", "fma"], "physical_cores": 2, "memory_gb": 24.0},
               "prompt_tokens": 512, "decode_tokens": 128, "bandwidth_gb_s": 40.0,
               "bandwidth_by_threads_gb_s": {"1": 30.0, "2": 40.0}, "bandwidth_probes_gb_s": [40.0, 38.0],
@@ -60,10 +60,10 @@ def test_readme_block_is_regenerated_from_the_json(tmp_path):
                           for e, d in (("colibri", 100.0), ("llama-bench", 80.0))],
               "skipped": {}}
     (tmp_path / "r.json").write_text(json.dumps(report))
-    readme = tmp_path / "README.md"
+    readme = tmp_path / "speed.md"  # docs/bench/speed.md
     readme.write_text("# X\n\nbefore\n\n" + bench_speed.BEGIN.format(json="old") + "\nstale figures\n"
                       + bench_speed.END + "\n\nafter\n")
-    assert main(["readme", "--json", str(tmp_path / "r.json"), "--readme", str(readme)]) == 0
+    assert main(["readme", "--json", str(tmp_path / "r.json"), "--doc", str(readme)]) == 0
     text = readme.read_text()
     assert "stale figures" not in text and text.startswith("# X\n\nbefore") and text.endswith("after\n")
     assert "Test CPU" in text and "avx2 fma" in text and "| colibri | 2 | 100.0 |" in text and "1.25×" in text

@@ -1,5 +1,5 @@
 """colibri-bench memory's report: medians per cell, the ratio to llama.cpp's mmap run, and the
-README block regenerated from the JSON; and what its Colibri child decodes (a real engine run)."""
+docs/bench/memory.md block regenerated from the JSON; and what its Colibri child decodes (a real engine run)."""
 from __future__ import annotations
 
 import sys
@@ -43,8 +43,8 @@ def test_the_table_holds_medians_and_the_ratio_to_llama_cpp():
     assert "refused: below dense weights + 200 MB" in ours and "failed" not in ours
 
 
-def test_the_readme_block_is_regenerated_between_its_markers(tmp_path):
-    readme = tmp_path / "README.md"
+def test_the_doc_block_is_regenerated_between_its_markers(tmp_path):
+    readme = tmp_path / "memory.md"  # docs/bench/memory.md
     readme.write_text("before\n<!-- colibri-bench memory: begin (generated from old.json; do not edit) -->\nstale "
                       f"0.11x\n{README_END}\nafter\n")
     write_readme(_results(), readme, "app/bench/results/memory.json")

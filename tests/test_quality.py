@@ -4,8 +4,8 @@ SmolLM2-135M-Instruct (the Q4_1 GGUF) dequantized to f16 is the reference; our c
 that GGUF to int8 (Q8_0) and int4, and our own Q4_0 re-rounding of the f16 weights (export_gguf's
 requantize, imported back), are measured against it as llama-perplexity --kl-divergence does
 (app/bench/perplexity.py), on a slice of tests/fixtures/texts/en_python_docs.txt: 2 chunks of
-256 tokens, 254 scored positions. Bounds are the measured figures with a margin (README
-"Quality"). The weights' cost is measured with float activations (int8_activations off: what the
+256 tokens, 254 scored positions. Bounds are the measured figures with a margin (docs/bench/quality.md,
+"Bounds in the suite"). The weights' cost is measured with float activations (int8_activations off: what the
 conversion decides); the engine's default, activations rounded to 8-bit blocks as well, is
 measured for int8 too: on this model the rounding of activations costs more than Q8_0 weights.
 """

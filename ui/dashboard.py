@@ -398,7 +398,7 @@ class Dashboard(QWidget):
         for k, v in point.items():
             self.history[k].append(v)
         # drawn a panel per turn of the event loop, not all at once: at once it held the GUI thread
-        # 20-40 ms twice a second on two busy cores, which the chat felt as stutter. The steps draw the
+        # long enough twice a second for the chat to stutter on busy cores. The steps draw the
         # history as copied here; a newer snapshot drops what is left of them
         h = {k: np.asarray(v, float) for k, v in self.history.items()}
         x = h["t"] - point["t"]

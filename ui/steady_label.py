@@ -2,7 +2,7 @@
 
 A plain QLabel asks for a new height whenever its text wraps to fewer or more lines; in the dashboard
 that moved every panel below it, resized every plot and repainted the whole window twice a second
-(40-60 ms of the GUI thread on two busy cores, felt as the chat stuttering while the dashboard was open).
+(felt as the chat stuttering while the dashboard was open on busy cores).
 This one keeps the tallest height it has needed at its current width, so a changing figure repaints
 only its own line.
 """

@@ -6,6 +6,7 @@
     colibri-bench fuzz [--files A.gguf,HF_FOLDER] [--default_model] [--seconds 60] [--json FILE]
     colibri-bench perplexity --model M --text FILE [--ctx 512] [--reference M2] [--json FILE]
     colibri-bench serve [--clients 1,2,4,8,16] [--requests 2 | --duration 120] [--soak 1000] [--json FILE]
+    colibri-bench docs [--check]     (the generated tables of README.md and docs/, from the saved JSONs)
 
 `convert` times a conversion in a child process and reports its throughput and peak resident
 memory beside the streaming bound (3 × the largest tensor + 300 MB). `speed` runs Colibri,
@@ -26,6 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from app.bench import docs as bench_docs
 from app.bench import duel as bench_duel
 from app.bench import fuzz as bench_fuzz
 from app.bench import perplexity as bench_perplexity
@@ -139,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     bench_routing.add_parser(sub)
     bench_duel.add_parser(sub)
     bench_quality.add_parser(sub)
+    bench_docs.add_parser(sub)
     m = sub.add_parser("memory", help="expert cache vs llama.cpp on a Mixtral-style model (peak RSS, tok/s)")
     m.add_argument("--workdir", help="where the benchmark model is built and kept (default ~/.cache/colibri/bench)")
     m.add_argument("--caches", default="auto,2", help="Colibri expert_cache_size values for uncapped runs (auto allowed; "
@@ -150,9 +153,10 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--presets", default="q8_0", help="GGUF presets llama.cpp writes, e.g. q8_0,q4_k_m")
     m.add_argument("--repeats", type=int, default=3, help="rounds over every run (medians are reported)")
     m.add_argument("--trace", help="also run Colibri with this routing trace replayed (colibri-bench routing --trace)")
-    m.add_argument("--markdown", help="write the median table (the README's memory section) to this file")
-    m.add_argument("--readme", help="regenerate this README's generated memory block from the run (or --from_json)")
-    m.add_argument("--from_json", help="no run: read this earlier --json result (with --readme: regenerate the README)")
+    m.add_argument("--markdown", help="write the median table to this file")
+    m.add_argument("--doc", "--readme", dest="readme",
+                   help="regenerate this page's generated memory block (docs/bench/memory.md) from the run (or --from_json)")
+    m.add_argument("--from_json", help="no run: read this earlier --json result (with --doc: regenerate the page's block)")
     m.add_argument("--shape", choices=("large", "moderate"), default="large",
                    help="large: 1.75B parameters (1.9 GB in Q8_0); moderate: 0.68B (0.72 GB)")
     m.add_argument("--engine_root", help="run Colibri from this checkout instead (e.g. main, for before/after)")

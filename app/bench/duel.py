@@ -7,10 +7,9 @@ Both engines load in their own process, prefill the same 32 seeded tokens and de
 then one decodes while the other is stopped (SIGSTOP), swapped every `slice_s` seconds, the first
 of each pair alternating. Each process writes a timestamp per token; a slice's speed is the tokens
 that finished in it, and each pair of neighbouring slices gives a ratio (Colibri / llama.cpp).
-Why: on a shared machine a decode's speed drifts by half within minutes (session 45, Zen 3 VM:
-52 -> 25 tok/s for both engines within one run), so whole runs minutes apart (colibri-bench memory)
-compare the host's moods as much as the engines; two slices seconds apart see the same host. An
-engine against itself (`--self`) gave 1.07 (quartiles 0.96-1.11, 6 pairs) and 1.02 (0.96-1.03).
+Why: on a shared machine a decode's speed drifts by half within minutes, so whole runs minutes
+apart (colibri-bench memory) compare the host's moods as much as the engines; two slices seconds
+apart see the same host. An engine against itself (`--self`) shows the method's own spread.
 """
 from __future__ import annotations
 
@@ -149,6 +148,7 @@ def add_parser(sub) -> None:
 def main(args: argparse.Namespace) -> int:
     from app.bench.llamacpp import find_llama_bench, use_binding_beside
     from app.bench.memory import llama_python
+    from app.bench.report import machine, stamp
     from app.bench.speed import MOE_DIR, prepare
     gguf = Path(args.model).expanduser()
     if not (gguf.is_file() and gguf.suffix.lower() == ".gguf"):
@@ -165,13 +165,14 @@ def main(args: argparse.Namespace) -> int:
         use_binding_beside(find_llama_bench(None)[0])
         py_llama = llama_python()
         if py_llama is None and args.self_duel != "colibri":
-            raise SystemExit("llama.cpp's Python binding (llama_cpp) is not installed: see README, Performance")
+            raise SystemExit("llama.cpp's Python binding (llama_cpp) is not installed: see docs/bench/README.md")
         lla = [py_llama or "", "-c", llama_child(str(gguf), args.threads)]
         sides = {"colibri": col, "llama.cpp": lla}
         if args.self_duel:
             sides = {f"{args.self_duel} A": sides[args.self_duel], f"{args.self_duel} B": sides[args.self_duel]}
     out = duel(sides, args.slices, args.slice_s, trees=trees) | {"model": str(gguf), "threads": args.threads,
                                                                 "trace": args.trace, "baseline": args.baseline}
+    out |= stamp() | {"machine": machine()}
     a, b = out["sides"]
     for i, (x, y, r) in enumerate(zip(out["tok_s"][a], out["tok_s"][b], out["ratios"])):
         print(f"pair {i + 1:2d}: {a} {x:6.1f} tok/s  {b} {y:6.1f} tok/s  ratio {r:.3f}")

@@ -19,16 +19,13 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def bin_dir(env: str | None = None) -> Path:
     """Where llama.cpp's built tools are: $`env` if set, else the checkout's .llama.cpp/build/bin
-    (README, Performance), else an older layout's /work/llamacpp/build/bin where that exists."""
+    (docs/bench/README.md, llama.cpp)."""
     if env and os.environ.get(env):
         return Path(os.environ[env])
-    for d in (ROOT / ".llama.cpp" / "build" / "bin", Path("/work/llamacpp/build/bin")):
-        if d.is_dir():
-            return d
     return ROOT / ".llama.cpp" / "build" / "bin"
 
 
-LLAMA_BENCH_HELP = ("build it from the llama-cpp-python sdist's vendored llama.cpp (README, Performance): "
+LLAMA_BENCH_HELP = ("build it from the llama-cpp-python sdist's vendored llama.cpp (docs/bench/README.md): "
                     "cmake -S vendor/llama.cpp -B build -DLLAMA_CURL=OFF && cmake --build build --target llama-bench")
 
 
@@ -44,7 +41,7 @@ def find_llama_bench(given: str | None) -> tuple[str | None, str]:
 
 
 def use_binding_beside(bench_exe: str | Path | None) -> None:
-    """Point the llama-cpp-python binding at the libllama built beside llama-bench (README, Performance:
+    """Point the llama-cpp-python binding at the libllama built beside llama-bench (docs/bench/README.md:
     the binding installed without a second build), unless LLAMA_CPP_LIB_PATH already says where."""
     if bench_exe:
         os.environ.setdefault("LLAMA_CPP_LIB_PATH", str(Path(bench_exe).resolve().parent))
@@ -87,7 +84,7 @@ def run_llama_bench(binary: str, model: str, threads: int, prompt_tokens: int, g
 
 
 LLAMA_CPP_HELP = ("a llama.cpp source tree with build/bin/llama-quantize (--llama_cpp, $COLIBRI_LLAMA_CPP or "
-                  ".llama.cpp): the llama-cpp-python sdist's vendor/llama.cpp, built as the README says")
+                  ".llama.cpp): the llama-cpp-python sdist's vendor/llama.cpp, built as docs/bench/README.md says")
 
 
 def find_llama_cpp(given: str | None = None) -> tuple[Path | None, str]:

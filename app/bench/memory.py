@@ -366,7 +366,7 @@ def disk_bandwidth(files: list[Path], nbytes: int = 256 << 20) -> float:
 CAPS = (None, 0.9, 0.75, 0.6, 0.5, 0.35)  # fractions of the model's size; None: no cap, files warm
 PRESETS = ("q8_0", "q4_k_m")  # the GGUFs llama.cpp writes; Colibri imports the same files
 CONVERT_HF = str(Path(os.environ.get("COLIBRI_LLAMA_CPP") or Path(__file__).resolve().parents[2] / ".llama.cpp")
-                 / "convert_hf_to_gguf.py")  # the llama.cpp tree beside the checkout (README, Performance)
+                 / "convert_hf_to_gguf.py")  # the llama.cpp tree beside the checkout (docs/bench/README.md)
 
 
 def llamacpp_gguf(workdir: Path, preset: str) -> Path:
@@ -506,7 +506,7 @@ def _one_run(engine: str, arg: str, routing: str, cap: float | None, gguf: Path,
 
 
 def main(args) -> int:
-    if getattr(args, "from_json", None):  # the README regenerated from a finished run
+    if getattr(args, "from_json", None):  # the page's block regenerated from a finished run
         res = json.loads(Path(args.from_json).read_text())
         if args.readme:
             write_readme(res, Path(args.readme), args.from_json)
@@ -532,8 +532,8 @@ def main(args) -> int:
                     Path(root).resolve() if root else None, not getattr(args, "no_llama", False), presets,
                     getattr(args, "repeats", 1), trace, tuple(getattr(args, "capped", "auto").split(",")),
                     getattr(args, "prompt_tokens", PROMPT_TOKENS), getattr(args, "decode_seconds", math.inf))
-    from app.bench.report import machine
-    res |= {"machine": machine(), "load_before": load_before, "load_after": [round(x, 1) for x in os.getloadavg()],
+    from app.bench.report import machine, stamp
+    res |= stamp() | {"machine": machine(), "load_before": load_before, "load_after": [round(x, 1) for x in os.getloadavg()],
             "prompt_tokens": getattr(args, "prompt_tokens", PROMPT_TOKENS),
             "decode_tokens": args.decode_tokens, "decode_seconds": getattr(args, "decode_seconds", None),
             "decode_input": DECODE_INPUT, "finished": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}

@@ -1,10 +1,10 @@
-"""colibri-bench memory's report: the medians of a matrix's runs, its table, and the README block
-generated from its JSON (app/bench/memory.py runs the matrix)."""
+"""colibri-bench memory's report: the medians of a matrix's runs, its table, and the block of
+docs/bench/memory.md generated from its JSON (app/bench/memory.py runs the matrix)."""
 from __future__ import annotations
 
 from pathlib import Path
 
-from app.bench.report import replace_generated
+from app.bench.report import dated, replace_generated
 
 MEDIAN_KEYS = ("decode_tok_s", "prefill_tok_s", "peak_rss_mb", "cgroup_peak_mb", "read_mb_per_token", "cpu_ms_per_token",
                "missed_mb_per_token", "io_bound_tok_s", "hit_rate", "prefetch_accuracy", "budget_mb")
@@ -34,7 +34,7 @@ def medians(runs: list[dict]) -> list[dict]:
 
 
 def markdown(results: dict) -> str:
-    """The README's memory table from a run's medians: per preset and cap, each engine's decode
+    """The memory table from a run's medians: per preset and cap, each engine's decode
     tok/s and what it cost (peak RSS, the cgroup's peak, bytes read per token)."""
     def fmt(v, spec=".1f"):
         return "–" if v is None else format(v, spec)
@@ -65,8 +65,8 @@ def markdown(results: dict) -> str:
 README_END = "<!-- colibri-bench memory: end -->"  # (the block's markers: app.bench.report.replace_generated)
 
 
-def readme_block(results: dict) -> str:
-    """The README's generated memory section: how the matrix ran, then its median table."""
+def memory_block(results: dict) -> str:
+    """The generated memory block: its provenance, how the matrix ran, then its median table."""
     m = results["model"]
     sizes = ", ".join(f"{k} {v['gguf_mb']:.0f} MB" for k, v in m.get("presets", {}).items())
     shape = m.get("shape", {})
@@ -87,12 +87,12 @@ def readme_block(results: dict) -> str:
             f"{results.get('decode_tokens', '?')} {results.get('decode_input', 'greedy tokens')} or "
             f"{results.get('decode_seconds', 'no')} s "
             f"of decode; trace: {Path(results['trace']).name if results.get('trace') else 'none'}.")
-    return f"{head}\n\n{markdown(results)}"
+    return dated(results, f"{head}\n\n{markdown(results)}")
 
 
-def write_readme(results: dict, readme: Path, source: str) -> None:
-    """Replace the README's generated memory block (between its markers) with this run's."""
-    replace_generated(readme, "memory", source, readme_block(results))
+def write_readme(results: dict, page: Path, source: str, block: str = "memory") -> None:
+    """Replace a page's generated memory block (between its markers) with this run's."""
+    replace_generated(page, block, source, memory_block(results))
 
 
 def run_line(r: dict) -> str:

@@ -1,7 +1,7 @@
 """colibri-bench quality: what each quantization choice costs, ours next to llama.cpp's.
 
     colibri-bench quality [--model GGUF] [--text FILE] [--calibration FILE] [--chunks 4] [--formats A,B] [--json F]
-    colibri-bench quality --table F     (the README's Markdown table from a JSON written before)
+    colibri-bench quality --table F     (the Markdown table of docs/bench/quality.md from a JSON written before)
 
 The reference is the model converted to f16 (for the default model: its Q4_1 blocks dequantized),
 exported back to an f16 GGUF: the one source of every re-rounding, ours (colibri-convert
@@ -34,6 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from app.bench.report import stamp
 from app.quality_table import RESULTS  # noqa: F401  (where --json output is committed; the wizard reads it)
 TEXTS = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "texts"
 CALIBRATION_BYTES = 10_000
@@ -189,7 +190,7 @@ def run(model: Path, text: Path, calibration: Path | None, chunks: int, workdir:
             "calibration_summary": cal_summary, "llama_bytes_identical": identical,
             "q4_k_m_imatrix_bytes_identical": identical.get("Q4_K_M +imatrix"),
             "measured_with": "llama-perplexity --kl-divergence" if llama_perplexity else "colibri",
-            "cpu": _cpu(), "seconds": round(time.perf_counter() - t0, 1), "rows": rows}
+            "cpu": _cpu(), "seconds": round(time.perf_counter() - t0, 1), "rows": rows} | stamp()
 
 
 def _same_tensors(a: Path, b: Path) -> str:
@@ -216,7 +217,7 @@ def _cpu() -> str:
 
 
 def table(doc: dict) -> str:
-    """The README's table: one row per format, ours and llama.cpp's, without and with calibration."""
+    """The quality table (docs/bench/quality.md): one row per format, ours and llama.cpp's, without and with calibration."""
     lines = ["| format | by | calibrated | size MB | ΔPPL vs f16 | mean KL | 99% KL | top-1 same |",
              "|---|---|---|---:|---:|---:|---:|---:|"]
     for r in doc["rows"]:

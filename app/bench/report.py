@@ -1,5 +1,5 @@
 """colibri-bench speed's report: the machine (CPU and the flags the kernels depend on), the tables, and
-the README block regenerated from a saved JSON report.
+the generated blocks of the documentation (docs/bench/*.md), regenerated from a saved JSON report.
 """
 from __future__ import annotations
 
@@ -111,19 +111,58 @@ def _floor(f: dict) -> str:
 BEGIN, END = "<!-- colibri-bench speed: begin (generated from {json}; do not edit) -->", "<!-- colibri-bench speed: end -->"
 
 
-def replace_generated(readme: Path, bench: str, source: str, body: str) -> None:
-    """Replace the block `colibri-bench <bench>` generated in `readme` (between its begin and end
-    markers) with `body`, naming the JSON it came from: README figures come from a saved report."""
+def stamp() -> dict:
+    """When and at which commit a run was made, for its JSON: a figure is only as good as the code it measured."""
+    import subprocess
+    import time
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=Path(__file__).parent,
+                                capture_output=True, text=True, timeout=10).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        commit = None
+    return {"date": time.strftime("%Y-%m-%d", time.gmtime()), "commit": commit}
+
+
+def provenance(report: dict) -> str:
+    """The line above every generated table: date, commit and CPU, as the JSON recorded them (never guessed)."""
+    dates = sorted({str(r["measured"]) for r in report.get("rows", []) if r.get("measured")})
+    date = (report.get("date") or report.get("finished")
+            or (f"per row: {'; '.join(dates)}" if len(dates) > 1 else dates[0] if dates else None))
+    m = report.get("machine") or {}
+    cpu = m.get("cpu") or report.get("cpu")
+    if cpu and m.get("physical_cores"):
+        cpu += f", {m['physical_cores']} cores"
+    return (f"Date: {date or 'not recorded'}; commit: {report.get('commit') or 'not recorded'}; "
+            f"CPU: {cpu or 'not recorded'}.")
+
+
+def dated(report: dict, body: str) -> str:
+    """A generated block's text: its provenance line, then what the report's renderer made of it."""
+    return f"{provenance(report)}\n\n{body.strip()}"
+
+
+def speed_block(report: dict) -> str:
+    """The generated speed block of a `speed --json` report."""
+    return dated(report, markdown(report))
+
+
+def replace_block(text: str, bench: str, source: str, body: str, where: str = "the page") -> str:
+    """`text` with the block `colibri-bench <bench>` generated (between its begin and end markers)
+    replaced by `body`, naming the JSON it came from: documented figures come from a saved report."""
     begin = f"<!-- colibri-bench {bench}: begin"
     end_mark = f"<!-- colibri-bench {bench}: end -->"
-    text = readme.read_text()
     start, end = text.find(begin), text.find(end_mark)
     if start < 0 or end < start:
-        raise SystemExit(f"{readme}: no generated {bench} block (a line starting {begin!r} ... {end_mark!r})")
+        raise SystemExit(f"{where}: no generated {bench} block (a line starting {begin!r} ... {end_mark!r})")
     block = f"{begin} (generated from {source}; do not edit) -->\n\n{body.strip()}\n\n{end_mark}"
-    readme.write_text(text[:start] + block + text[end + len(end_mark):])
+    return text[:start] + block + text[end + len(end_mark):]
 
 
-def write_readme(report: dict, readme: Path, source: str, block: str = "speed") -> None:
-    """Replace the README's generated speed block (or another block of speed tables) with this report's."""
-    replace_generated(readme, block, source, markdown(report))
+def replace_generated(page: Path, bench: str, source: str, body: str) -> None:
+    """Replace the block `colibri-bench <bench>` generated in the Markdown file `page`."""
+    page.write_text(replace_block(page.read_text(), bench, source, body, str(page)))
+
+
+def write_readme(report: dict, page: Path, source: str, block: str = "speed") -> None:
+    """Replace a page's generated speed block (or another block of speed tables) with this report's."""
+    replace_generated(page, block, source, speed_block(report))

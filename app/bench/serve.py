@@ -328,10 +328,11 @@ def _level_row(name: str, level: dict) -> str:
 
 def main(args: argparse.Namespace) -> int:
     from app.bench import serve_table
-    from app.bench.report import describe_machine, machine
+    from app.bench.report import describe_machine, machine, stamp
     from engine.default_model import default_gguf_path
-    if args.from_json:  # no run: the README block from an earlier report
-        serve_table.write_readme(json.loads(Path(args.from_json).read_text()), Path(args.readme or "README.md"),
+    if args.from_json:  # no run: the page's block from an earlier report
+        serve_table.write_readme(json.loads(Path(args.from_json).read_text()),
+                                 Path(args.readme or Path(__file__).resolve().parents[2] / "docs" / "bench" / "serve.md"),
                                  args.from_json, args.block)
         return 0
     if args.rounds < 1:
@@ -347,7 +348,7 @@ def main(args: argparse.Namespace) -> int:
     report: dict = {"gguf": gguf, "max_tokens": args.max_tokens, "temperature": args.temperature,
                     "threads": args.threads, "requests": None if args.duration else args.requests,
                     "duration_s": args.duration, "rounds": args.rounds, "machine": machine(), "load_before": os.getloadavg()[0],
-                    "levels": {}}
+                    "levels": {}} | stamp()
     head = (f"{'server':<22} {'clients':>7} {'requests':>8} {'tok/s':>8} {'TTFT p50':>9} {'TTFT p99':>9} "
             f"{'errors':>6} {'lost':>5} {'garbled':>7} {'cpu cli':>8} {'cpu srv':>8}")
     rows = []
@@ -428,9 +429,9 @@ def add_parser(sub) -> None:
     p.add_argument("--experts", help="an MoE model: expert bytes per batched decode step, grouped and not")
     p.add_argument("--expert_clients", type=int, default=8, help="sequences per step for --experts")
     p.add_argument("--json", help="also write the figures to this file")
-    p.add_argument("--readme", help="also regenerate this README's generated serve block (or, with --from_json, "
-                                    "only that)")
-    p.add_argument("--from_json", help="no run: regenerate --readme's block from this earlier --json report")
-    p.add_argument("--block", default="serve", help="the README block's name: serve (the load table) or "
+    p.add_argument("--doc", "--readme", dest="readme", help="also regenerate this page's generated serve block "
+                   "(docs/bench/serve.md; or, with --from_json, only that)")
+    p.add_argument("--from_json", help="no run: regenerate --doc's block from this earlier --json report")
+    p.add_argument("--block", default="serve", help="the page block's name: serve (the load table) or "
                                                     "serve-soak (the 2-minute load and the soak)")
     p.set_defaults(func=main)

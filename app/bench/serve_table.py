@@ -1,11 +1,11 @@
-"""colibri-bench serve's README block, made from its saved JSON report: the throughput and latency
+"""colibri-bench serve's generated block (docs/bench/serve.md), made from its saved JSON report: the throughput and latency
 table at each number of clients beside llama-server, the ratios the targets name, expert grouping and
 the soak. Nothing here measures; it only formats what a run wrote."""
 from __future__ import annotations
 
 from pathlib import Path
 
-from app.bench.report import describe_machine, replace_generated
+from app.bench.report import dated, describe_machine, replace_generated
 
 
 def _ms(v: float | None) -> str:
@@ -65,5 +65,9 @@ def markdown(report: dict) -> str:
     return "\n".join(out)
 
 
-def write_readme(report: dict, readme: Path, source: str, block: str = "serve") -> None:
-    replace_generated(readme, block, source, markdown(report))
+def serve_block(report: dict) -> str:
+    return dated(report, markdown(report))
+
+
+def write_readme(report: dict, page: Path, source: str, block: str = "serve") -> None:
+    replace_generated(page, block, source, serve_block(report))

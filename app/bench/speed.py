@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from app.bench.llamacpp import find_llama_bench, find_llama_cpp, llama_cpp_gguf, run_llama_bench, use_binding_beside
-from app.bench.report import BEGIN, END, cpu_info, figure, machine, markdown, write_readme  # noqa: F401 (BEGIN, END, cpu_info: API)
+from app.bench.report import BEGIN, END, cpu_info, figure, machine, markdown, stamp, write_readme  # noqa: F401 (BEGIN, END, cpu_info: API)
 
 ROOT = Path(__file__).resolve().parents[2]
 ENGINES = ("colibri", "colibri-chat", "llama-bench", "llama.cpp", "transformers")
@@ -612,7 +612,7 @@ def cmd_speed(args: argparse.Namespace) -> int:
                            {"llama.cpp": args.llamacpp_python, "transformers": args.transformers_python,
                             "llama-bench": args.llama_bench}, moe_dir, llama_cpp=args.llama_cpp,
                            fidelity=args.fidelity)
-    report["date"] = time.strftime("%Y-%m-%d")
+    report |= stamp()
     print("\n" + markdown(report))
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
@@ -622,7 +622,7 @@ def cmd_speed(args: argparse.Namespace) -> int:
 
 
 def cmd_readme(args: argparse.Namespace) -> int:
-    """Regenerate the README's Performance tables from a saved `speed --json` report."""
+    """Regenerate a page's generated speed block from a saved `speed --json` report."""
     write_readme(json.loads(Path(args.json).read_text()), Path(args.readme), args.json, args.block)
     print(f"{args.readme}: the {args.block} block regenerated from {args.json}")
     return 0
@@ -653,12 +653,14 @@ def add_parser(sub) -> None:
                    help="also teacher-force 256 tokens of English through Colibri and llama.cpp (its Python binding) "
                         "on each model and report how often their argmax agree where llama.cpp is confident")
     s.add_argument("--json", help="also write the figures to this file")
-    s.add_argument("--readme", help="also regenerate this README's generated Performance block")
+    s.add_argument("--doc", "--readme", dest="readme", help="also regenerate this page's generated speed block "
+                   "(docs/bench/speed.md)")
     s.set_defaults(func=cmd_speed)
-    r = sub.add_parser("readme", help="regenerate the README's Performance tables from a speed --json report")
+    r = sub.add_parser("readme", help="regenerate a page's speed block from a speed --json report (colibri-bench docs "
+                                      "regenerates every block)")
     r.add_argument("--json", required=True)
-    r.add_argument("--readme", default=str(ROOT / "README.md"))
-    r.add_argument("--block", default="speed", help="which generated block: speed (Performance) or another name "
+    r.add_argument("--doc", "--readme", dest="readme", default=str(ROOT / "docs" / "bench" / "speed.md"))
+    r.add_argument("--block", default="speed", help="which generated block: speed or another name "
                    "marked `<!-- colibri-bench NAME: begin ... -->` (e.g. speed-arch)")
     r.set_defaults(func=cmd_readme)
 

@@ -359,7 +359,7 @@ def _gather_parallel(w, code, ids, out):
         _gather_row(w, code, ids, out, t)
 
 
-GATHER_PARALLEL_T = 16  # fewer rows: one thread (a decode step's one row cost 8 us through a parallel region, 3 alone)
+GATHER_PARALLEL_T = 16  # fewer rows: one thread (a parallel region costs more than a decode step's one row)
 
 
 @njit(fastmath=False, cache=True, nogil=True)

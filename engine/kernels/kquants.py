@@ -21,8 +21,7 @@ Two layouts:
   (llama.cpp interleaves its repacked rows for the same reason), and the sub-block scales of the
   8 rows are one <8 x i8> load. The same bytes as the stored matrix, so it is repacked in place.
   Where simd.WIDE, a 512-bit vector holds two neighbouring chunks (LANES 16): one vpdpbusd for 8
-  weights of the 8 rows (Q6_K 8192x4096 decode, 1 thread, Zen 5: 2.2-3.2 ms on 256 bits, 0.8-1.0
-  on 512; Q4_K and Q5_K 1.1-1.5x).
+  weights of the 8 rows, about half the instructions of a 256-bit vector for the same bytes.
 """
 from __future__ import annotations
 
@@ -246,7 +245,7 @@ def _group_k(fmt: str, tokens: int, lanes: int = 8):
     minimums' m_j Σq_x (Q6_K: its offsets of 32) likewise; then one float step per super-block
     (super_block_total). Why: float work per sub-block was about 90 of the Q4_K loop's 527
     instructions a super-block (avx2), and from DRAM a kernel runs slower the more it computes per
-    byte (AMD Zen 3, 2 threads: the same bytes with twice the arithmetic, Q8_0 27.8 -> 19.8 GB/s).
+    byte (the same bytes with twice the arithmetic read markedly slower).
     lanes 16 (simd.WIDE): each 512-bit vector holds two neighbouring chunks (the 8 rows, then the
     8 rows 4 weights further on), one vpdpbusd for 8 weights of 8 rows, the halves added in
     integers per super-block. The integer sums are exact and the float steps _EXACT: tiles.py's

@@ -40,7 +40,7 @@ def _times_power_of_two(typingctx, p, n):
 def divide(typingctx, a, b):
     """a / b as one IEEE division. Numba's own `/` tests b for zero first (to raise
     ZeroDivisionError), a branch that keeps LLVM from vectorising the loop around it: SwiGLU's
-    sigmoid over a row ran 16x slower (2.4 ns a value, scalar vdivss) and attention's softmax
+    sigmoid over a row ran an order of magnitude slower (scalar vdivss) and attention's softmax
     normalisation likewise. `nsz` keeps a fastmath caller from making it a multiply by the
     reciprocal (simd._ieee_divide), so every kernel rounds it alike."""
     if a != b or a not in (types.float32, types.float64):
@@ -52,7 +52,7 @@ def divide(typingctx, a, b):
 def exp32(x):
     """e^x in float32 to about 4e-7 relative (3 ulp), clamped to [e^-87.3, e^88.3]: x = n ln 2 + r
     with |r| <= ln 2 / 2, e^r by its degree-6 Taylor polynomial, times 2^n. Without a vector math
-    library numba calls libm's expf once per value (~4 ns); this vectorises (~0.2 ns), which
+    library numba calls libm's expf once per value; this vectorises, which
     matters for softmax over a long context and SwiGLU's sigmoid over every row."""
     x = min(max(x, np.float32(-87.3)), np.float32(88.3))
     n = np.float32(np.rint(x * np.float32(1.4426950408889634)))
@@ -95,7 +95,7 @@ def rope_head(x, cos, sin):
 def _exp_in_place(row, ks, scaled, kh, first, last, scale):
     """_softmax_in_place's first half: row[first..last] scaled, then exp(x - max). The loops run over
     zero-based views: an index numba cannot prove non-negative gets a wraparound select per access,
-    which kept LLVM from vectorising them (prefill attention ran 2x slower with `first` a variable)."""
+    which kept LLVM from vectorising them (prefill attention ran at half speed with `first` a variable)."""
     r = row[first:last + 1]
     n = r.shape[0]
     if scaled:

@@ -125,11 +125,9 @@ def _block_dot(builder, u, negative, s):
 # How far ahead of the weight bytes a group kernel is reading it asks for later ones (prefetcht0).
 # Why: a decode step reads each matrix once, in stripes of 8 or 16 rows a task, and the hardware
 # prefetcher loses every stripe's first lines and lags behind a stream read slowly (several tokens'
-# products a block). Measured on AMD Zen 5, 1 thread, q4_1 1536x576 matrices not in cache (35 MB in
-# turn), minima: one token 17.0-18.2 -> 12.3 us (0 -> 16 KB ahead; 4 KB 14.2, 8 KB 12.7, 32 KB
-# 12.6), 8 tokens 72-92 -> 44-54 us; 576x1536 and 1024x4096 alike (16-32 KB best). A batched step
-# of SmolLM2 Q4_1, 8 rows, 2 threads, medians of 40 alternating on a loaded machine: 11.9-13.2 ->
-# 8.7-9.7 ms. (An instruction of every x86 vector path: AVX2 machines take it as well.)
+# products a block). Matrices not in cache were read a third faster or more with it, best from
+# 16 to 32 KB ahead, one token or several alike. (An instruction of every x86 vector path: AVX2
+# machines take it as well.)
 PREFETCH_AHEAD = 16384
 
 
@@ -186,7 +184,7 @@ def round_f16(typingctx, v):
 @intrinsic
 def half_bits(typingctx, v):
     """v rounded to the nearest IEEE half (numpy's astype(float16)), as its 16 bits: in a loop LLVM
-    makes it vcvtps2ph where the CPU has F16C (numpy converts one value at a time, ~3 ns each)."""
+    makes it vcvtps2ph where the CPU has F16C (numpy converts one value at a time)."""
     def codegen(context, builder, sig, args):
         return builder.bitcast(builder.fptrunc(args[0], ir.HalfType()), ir.IntType(16))
     return types.uint16(types.float32), codegen
@@ -299,10 +297,8 @@ def dots_accumulate(builder, acc, pairs, limit: int, scale=None):
     int16 before the one vpmaddwd that widens them to int32 and multiplies them by the scale: half
     the multiplies, and no int32 multiply. The caller bounds its weights so that
     limit · 2 · max(u) · 127 stays within int16 (i16_limit): the sums are exact, the same integers
-    as one vpmaddwd a product. Measured (AMD Zen 3, 2 threads, one token, 8-row groups of real
-    expert matrices in L2, medians of 15 alternating runs): Q4_K 39.1 -> 46.5 GB/s, Q6_K 36.7 ->
-    39.1 GB/s (from DRAM a change this size is within the host's noise there; a kernel's DRAM rate
-    does fall with its compute per byte: kquants._group_k)."""
+    as one vpmaddwd a product: faster on matrices in cache (from DRAM within the noise, though a
+    kernel's DRAM rate does fall with its compute per byte: kquants._group_k)."""
     lanes = acc.type.count
     if DOT != "avx2" or limit < 2 or lanes != 8:
         dots = acc if scale is None else ir.Constant(acc.type, None)
@@ -515,7 +511,7 @@ group_tokens_q4_0x8, group_tokens_q4_1x8, group_tokens_q8_0x8 = (_group_dot(f, T
 # (WIDE only) two groups' rows, 16 per token: engine.kernels.batched's steps of TOKENS rows or more
 pair_tokens_q4_0x8, pair_tokens_q4_1x8, pair_tokens_q8_0x8 = (_pair_tokens(f) for f in ("q4_0", "q4_1", "q8_0"))
 # ... and PAIR_TOKENS tokens a pass: a T=8 matmul as two passes of TOKENS over each stripe took longer than
-# two T=4 calls (49152x576 q8_0, 1 thread, Zen 5: 3.3 ms against 2 x 1.2)
+# two T=4 calls
 PAIR_TOKENS = 2 * TOKENS
 pair8_tokens_q4_0x8, pair8_tokens_q4_1x8, pair8_tokens_q8_0x8 = (_pair_tokens(f, PAIR_TOKENS) for f in ("q4_0", "q4_1",
                                                                                                         "q8_0"))
@@ -592,7 +588,7 @@ tokens_q4_0, tokens_q4_1, tokens_q8_0 = (_row_dot_tokens(f) for f in ("q4_0", "q
 
 def _copy(n: int):
     """An intrinsic dst[doff:doff+n] = src[soff:soff+n] for uint8 arrays: one unaligned move of
-    n bytes (repack_x8 moves 4-byte runs; numba's byte loops ran at 1 GB/s)."""
+    n bytes (repack_x8 moves 4-byte runs; numba's byte loops do not vectorise)."""
     ty = _vec(I8, n)
 
     @intrinsic
