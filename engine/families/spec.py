@@ -179,12 +179,12 @@ HF_FUSED = (f"{HF_LAYER}.mlp.experts.gate_up_proj[{{E}}]#0/2", f"{HF_LAYER}.mlp.
 @dataclass(frozen=True)
 class Family:
     """What the converters know of one family, declared in its file: its architectures' spec rows,
-    its Hugging Face tensor names (GGUF's are one vocabulary: engine.convert.names), and the hyper-parameters it reads beyond the shared ones
-    (engine.convert.hf and gguf_file read those; a family's hooks return ModelConfig fields)."""
+    its Hugging Face tensor names (GGUF's are one vocabulary for all: engine.convert.names), and
+    the hyper-parameters it reads beyond the shared ones, as hooks returning ModelConfig fields."""
     name: str  # the `family` of each of its specs
     specs: tuple[ArchSpec, ...]
-    hf_tensors: Rows  # Hugging Face safetensors names; the first row matching an internal name wins
-    # (config.json keys, layer kinds, an engine.convert.hf.HFKeys reader) -> ModelConfig fields
-    hf_config: Callable[[dict, tuple[str, ...] | None, Any], dict] | None = None
-    # (the shared fields read so far, an engine.convert.gguf_file.GGUFModel) -> fields to replace
+    hf_tensors: Rows  # the first row matching an internal name wins
+    # (config.json as an engine.convert.hf.HFConfig, the layer kinds) -> fields
+    hf_config: Callable[[Any, tuple[str, ...] | None], dict] | None = None
+    # (the shared fields, an engine.convert.gguf_file.GGUFModel) -> fields replacing or adding to them
     gguf_config: Callable[[dict, Any], dict] | None = None
