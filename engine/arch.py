@@ -14,7 +14,7 @@ from engine.families import FAMILIES
 from engine.families.spec import (FEATURES, IMPLEMENTED, ArchSpec, Family, LayerKind, Rope, Router,
                                   UnsupportedFeatureError)
 
-__all__ = ["ARCHITECTURES", "FEATURES", "GGUF_ARCHS", "HF_CLASSES", "IMPLEMENTED", "SPECS", "ArchSpec", "Family",
+__all__ = ["ARCHITECTURES", "FAMILIES", "FEATURES", "GGUF_ARCHS", "HF_CLASSES", "IMPLEMENTED", "SPECS", "ArchSpec", "Family",
            "LayerKind", "Rope", "Router", "UnsupportedFeatureError", "family", "gguf_spec", "spec"]
 
 SPECS: dict[str, ArchSpec] = {s.name: s for f in FAMILIES for s in f.specs}

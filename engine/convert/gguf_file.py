@@ -20,19 +20,16 @@ from engine.convert.source import FileReader, SourceTensor
 from engine.convert.tokenizer_import import TokenizerBundle, from_gguf_fields
 from engine.errors import ConfigError, SourceFormatError, UnsupportedArchitectureError
 from engine.model_dir import ModelConfig
-from engine.arch import GGUF_ARCHS, family, gguf_spec  # what each GGUF architecture is
+from engine.arch import FAMILIES, GGUF_ARCHS, family, gguf_spec  # what each GGUF architecture is
 
-# Bounds of the integer hyper-parameters (arch.KEY): far beyond any real model, far below what
-# would make an allocation fail or a loop run for hours.
+# Bounds of the integer hyper-parameters (arch.KEY; a family's own keys: Family.gguf_limits): far
+# beyond any real model, far below what would make an allocation fail or a loop run for hours.
 LIMITS = {"block_count": (1, 4096), "embedding_length": (1, 1 << 20), "attention.head_count": (1, 4096),
           "attention.head_count_kv": (1, 4096), "attention.key_length": (1, 1 << 16),
           "feed_forward_length": (1, 1 << 22), "expert_feed_forward_length": (1, 1 << 22),
           "expert_shared_feed_forward_length": (0, 1 << 22), "expert_count": (0, 1 << 16),
           "expert_used_count": (1, 1 << 16), "vocab_size": (1, 1 << 24), "context_length": (1, 1 << 24),
-          "leading_dense_block_count": (0, 4096), "shortconv.l_cache": (2, 64), "ssm.conv_kernel": (2, 64),
-          "ssm.time_step_rank": (1, 4096), "ssm.group_count": (1, 4096), "ssm.state_size": (1, 1 << 16),
-          "ssm.inner_size": (1, 1 << 22), "rope.dimension_count": (2, 1 << 16),
-          "attention.key_length_swa": (1, 1 << 16)}
+          "rope.dimension_count": (2, 1 << 16)} | {k: v for f in FAMILIES for k, v in f.gguf_limits.items()}
 
 
 def unpermute_order(n_head: int, rows: int) -> np.ndarray:

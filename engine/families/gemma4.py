@@ -5,6 +5,7 @@ softcap; the output is tied."""
 import numpy as np
 
 from engine import quant
+from engine.families.dense import LLAMA
 from engine.families.spec import ArchSpec, Family
 from engine.families.spec import HF_LAYER as _L
 
@@ -55,7 +56,8 @@ def _gguf_config(f: dict, g) -> dict:
                   "final_logit_softcap": float(g.value("final_logit_softcapping") or 0.0), "rope_freq_factors": False}
 
 
-# full layers have no v_proj (k_eq_v); the dense MLP is stored as the shared expert
+# (first: these rows win over LLAMA's) full layers have no v_proj (k_eq_v); the dense MLP is
+# stored as the shared expert
 FAMILY = Family("gemma4", (
     ArchSpec("gemma4", ("Gemma4ForCausalLM", "Gemma4ForConditionalGeneration"), "gemma4", "gemma4",
              layer_types_key="layer_types", norm_place="sandwich", qk_norm="head", logit_softcap=True, moe=True,
@@ -63,10 +65,6 @@ FAMILY = Family("gemma4", (
              hf_ff_key="moe_intermediate_size", activation="gelu_tanh", parallel_dense=True, k_eq_v=True, v_norm=True,
              attention_scale=1.0, full_rope="proportional", embed_scale=True),
 ), hf_tensors=(
-    ("token_embd.weight",                ("model.embed_tokens.weight",)),
-    ("output_norm.weight",               ("model.norm.weight",)),
-    ("output.weight",                    ("lm_head.weight",)),
-    ("blk.{L}.attn_norm.weight",         (f"{_L}.input_layernorm.weight",)),
     ("blk.{L}.post_attention_norm.weight", (f"{_L}.post_attention_layernorm.weight",)),
     ("blk.{L}.ffn_norm.weight",          (f"{_L}.pre_feedforward_layernorm.weight",)),
     ("blk.{L}.post_ffw_norm_1.weight",   (f"{_L}.post_feedforward_layernorm_1.weight",)),
@@ -74,12 +72,6 @@ FAMILY = Family("gemma4", (
     ("blk.{L}.post_ffw_norm_2.weight",   (f"{_L}.post_feedforward_layernorm_2.weight",)),
     ("blk.{L}.post_ffw_norm.weight",     (f"{_L}.post_feedforward_layernorm.weight",)),
     ("blk.{L}.layer_output_scale.weight", (f"{_L}.layer_scalar",)),
-    ("blk.{L}.attn_q.weight",            (f"{_L}.self_attn.q_proj.weight",)),
-    ("blk.{L}.attn_k.weight",            (f"{_L}.self_attn.k_proj.weight",)),
-    ("blk.{L}.attn_v.weight",            (f"{_L}.self_attn.v_proj.weight",)),
-    ("blk.{L}.attn_output.weight",       (f"{_L}.self_attn.o_proj.weight",)),
-    ("blk.{L}.attn_q_norm.weight",       (f"{_L}.self_attn.q_norm.weight",)),
-    ("blk.{L}.attn_k_norm.weight",       (f"{_L}.self_attn.k_norm.weight",)),
     ("blk.{L}.ffn_gate_inp.weight",      (f"{_L}.router.proj.weight",)),
     ("blk.{L}.ffn_gate_inp.scale",       (f"{_L}.router.scale",)),
     ("blk.{L}.ffn_down_exps.scale",      (f"{_L}.router.per_expert_scale",)),
@@ -89,4 +81,5 @@ FAMILY = Family("gemma4", (
     ("blk.{L}.ffn_gate.{E}.weight",      (f"{_L}.experts.gate_up_proj[{{E}}]#0/2",)),
     ("blk.{L}.ffn_up.{E}.weight",        (f"{_L}.experts.gate_up_proj[{{E}}]#1/2",)),
     ("blk.{L}.ffn_down.{E}.weight",      (f"{_L}.experts.down_proj[{{E}}]",)),
-), hf_config=_hf_config, gguf_config=_gguf_config)
+) + LLAMA, hf_config=_hf_config, gguf_config=_gguf_config,
+    gguf_limits={"attention.key_length_swa": (1, 1 << 16)})

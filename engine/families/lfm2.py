@@ -57,4 +57,5 @@ FAMILY = Family("lfm2", (
                                           f"{_L}.feed_forward.experts.gate_up_proj[{{E}}]#1/2")),
     ("blk.{L}.ffn_down.{E}.weight",      (f"{_L}.feed_forward.experts.{{E}}.w2.weight",
                                           f"{_L}.feed_forward.experts.down_proj[{{E}}]")),
-), hf_config=_hf_config, gguf_config=_gguf_config)
+), hf_config=_hf_config, gguf_config=_gguf_config,
+    gguf_limits={"leading_dense_block_count": (0, 4096), "shortconv.l_cache": (2, 64)})

@@ -58,4 +58,6 @@ FAMILY = Family("qwen3_5", (
     ("blk.{L}.ssm_conv1d.weight",        (f"{_L}.linear_attn.conv1d.weight",)),
     ("blk.{L}.ssm_norm.weight",          (f"{_L}.linear_attn.norm.weight",)),
     ("blk.{L}.ssm_out.weight",           (f"{_L}.linear_attn.out_proj.weight",)),
-) + LLAMA + MLP_EXPERTS + SHARED_EXPERT, hf_config=_hf_config, gguf_config=_gguf_config)
+) + LLAMA + MLP_EXPERTS + SHARED_EXPERT, hf_config=_hf_config, gguf_config=_gguf_config,
+    gguf_limits={"ssm.conv_kernel": (2, 64), "ssm.time_step_rank": (1, 4096), "ssm.group_count": (1, 4096),
+                 "ssm.state_size": (1, 1 << 16), "ssm.inner_size": (1, 1 << 22)})

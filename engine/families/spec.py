@@ -10,7 +10,7 @@ weight is read.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Literal
 
 from engine.errors import ModelFormatError
@@ -188,3 +188,4 @@ class Family:
     hf_config: Callable[[Any, tuple[str, ...] | None], dict] | None = None
     # (the shared fields, an engine.convert.gguf_file.GGUFModel) -> fields replacing or adding to them
     gguf_config: Callable[[dict, Any], dict] | None = None
+    gguf_limits: dict[str, tuple[int, int]] = field(default_factory=dict)  # bounds of the integer keys it reads
