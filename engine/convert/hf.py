@@ -280,7 +280,7 @@ def config_from_hf(folder: Path) -> ModelConfig:
         layer_types=kinds,
         partial_rotary_factor=float((cfg.get("rope_parameters") or {}).get("partial_rotary_factor",
                                                                          cfg.get("partial_rotary_factor", 1.0)))
-        if sp.partial_rotary or sp.full_rope != "same" else 1.0,
+        if sp.partial_rotary else 1.0,
         routed_scaling_factor=float(cfg.get("routed_scaling_factor") or 1.0),
     ) | (fam.hf_config(cfg, kinds) if fam.hf_config else {}))
 

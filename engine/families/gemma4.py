@@ -14,15 +14,17 @@ def _hf_config(c, kinds) -> dict:
     """Rope parameters per layer kind (the sliding ones are the model's, the full ones its own
     theta and rotary fraction); the full layers' head shape (per_layer_config, or global_head_dim
     / num_global_key_value_heads)."""
-    out = {"dense_intermediate_size": int(c.need("intermediate_size")),
-           "final_logit_softcap": float(c.get("final_logit_softcapping") or 0.0)}
+    out, rope = {"dense_intermediate_size": int(c.need("intermediate_size")),
+                 "final_logit_softcap": float(c.get("final_logit_softcapping") or 0.0)}, c
     per_kind = c.get("rope_parameters") or {}
     if "sliding_attention" in per_kind:
         full = per_kind.get("full_attention") or {}
-        theta, scaling = c.rope({**c, "rope_parameters": per_kind["sliding_attention"]})
-        out |= {"rope_theta": theta, "rope_scaling": scaling, "rope_theta_full": float(full.get("rope_theta", 10000.0)),
-                "partial_rotary_factor": float(per_kind["sliding_attention"].get(
-                    "partial_rotary_factor", full.get("partial_rotary_factor", 1.0)))}
+        rope = {**c, "rope_parameters": per_kind["sliding_attention"],
+                "partial_rotary_factor": full.get("partial_rotary_factor", 1.0)}
+        theta, scaling = c.rope(rope)
+        out |= {"rope_theta": theta, "rope_scaling": scaling, "rope_theta_full": float(full.get("rope_theta", 10000.0))}
+    out["partial_rotary_factor"] = float((rope.get("rope_parameters") or {}).get(
+        "partial_rotary_factor", rope.get("partial_rotary_factor", 1.0)))
     if not kinds or "attention" not in kinds or "sliding_attention" not in kinds:
         return out
     per = (c.get("per_layer_config") or {}).get(str(kinds.index("attention"))) or {}
