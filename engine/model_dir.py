@@ -168,6 +168,16 @@ def expected_tensors(cfg: ModelConfig, split_experts: bool = True) -> dict[str, 
     return files
 
 
+# what each router function (ArchSpec.router) reads beside its matrix, in the model's dims (E
+# experts, D hidden, F an expert's width): a selection bias; gpt-oss's logit bias; Gemma 4's input
+# scale and each expert's output scale
+ROUTER_TENSORS = {"softmax_topk": (), "sigmoid_bias": (("exp_probs_b.bias", "E"),),
+                  "topk_softmax": (("ffn_gate_inp.bias", "E"),),
+                  "gemma4": (("ffn_gate_inp.scale", "D"), ("ffn_down_exps.scale", "E"))}
+# the experts' biases (ArchSpec.expert_bias), resident beside the router (they are small)
+EXPERT_BIASES = (("ffn_gate_exps.bias", "EF"), ("ffn_up_exps.bias", "EF"), ("ffn_down_exps.bias", "ED"))
+
+
 def _ffn_files(files: dict, cfg: ModelConfig, L: int, split_experts: bool) -> None:
     """Layer L's router and experts; a leading dense layer's MLP is its "shared" expert."""
     D, b = cfg.hidden_size, f"blk.{L}."
@@ -176,17 +186,9 @@ def _ffn_files(files: dict, cfg: ModelConfig, L: int, split_experts: bool) -> No
         router = {b + "ffn_gate_inp.weight": (cfg.num_experts, D)}
         if cfg.shared_expert_intermediate_size:
             router[b + "ffn_gate_inp_shexp.weight"] = (D,)
-        sp = spec(cfg.architecture)
-        if sp.router == "sigmoid_bias":  # the per-expert selection bias
-            router[b + "exp_probs_b.bias"] = (cfg.num_experts,)
-        if sp.router == "topk_softmax":  # gpt-oss: a biased router
-            router[b + "ffn_gate_inp.bias"] = (cfg.num_experts,)
-        if sp.router == "gemma4":  # the router's input scale and each expert's output scale
-            router |= {b + "ffn_gate_inp.scale": (D,), b + "ffn_down_exps.scale": (cfg.num_experts,)}
-        if sp.expert_bias:  # the experts' biases, resident beside the router (they are small)
-            E, F = cfg.num_experts, cfg.intermediate_size
-            router |= {b + "ffn_gate_exps.bias": (E, F), b + "ffn_up_exps.bias": (E, F),
-                       b + "ffn_down_exps.bias": (E, D)}
+        sp, dims = spec(cfg.architecture), {"E": cfg.num_experts, "D": D, "F": cfg.intermediate_size}
+        for name, shape in ROUTER_TENSORS[sp.router] + (EXPERT_BIASES if sp.expert_bias else ()):
+            router[b + name] = tuple(dims[d] for d in shape)
         files[f"router/layer_{L}.bin"] = router
     F = cfg.intermediate_size
     for e in range(0 if dense else cfg.num_experts):

@@ -22,6 +22,7 @@ from typing import Callable
 import numpy as np
 
 from engine import quant
+from engine.arch import spec
 from engine.errors import ConversionError
 from engine.model_dir import ModelConfig
 
@@ -167,7 +168,7 @@ def collect(read: Callable[[str], np.ndarray], cfg: ModelConfig, chunks: list[np
     hd, H, Hkv = cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
     eps = cfg.rms_norm_eps
     unrouted: list[str] = []
-    renorm = cfg.architecture == "mixtral" or cfg.norm_topk_prob
+    renorm = spec(cfg.architecture).renormalises(cfg)
     for L in range(cfg.num_layers):
         b = f"blk.{L}."
         x = _rmsnorm(h, read(b + "attn_norm.weight"), eps)

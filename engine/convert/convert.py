@@ -25,10 +25,11 @@ from typing import Callable, Iterable
 import numpy as np
 
 from engine import quant
+from engine.arch import family
 from engine.convert import hf as hf_src
 from engine.convert import kquant_export
 from engine.convert.gguf_file import GGUFModel
-from engine.convert.names import HF_FAMILY, gguf_names, hf_names, split_slice, split_transforms
+from engine.convert.names import gguf_names, hf_names, split_slice, split_transforms
 from engine.convert.source import SourceTensor
 from engine.convert.tokenizer_import import TokenizerBundle, from_hf_folder
 from engine.errors import (ConfigError, ConversionCancelled, ConversionError, DiskSpaceError,
@@ -139,7 +140,7 @@ def open_source(path: Path, progress: Callable[[float], None] | None = None) -> 
     if path.is_dir():
         cfg = hf_src.config_from_hf(path)
         ckpt = hf_src.HFCheckpoint(path)
-        family = HF_FAMILY[cfg.architecture]
+        fam = family(cfg.architecture)
         try:
             tok = from_hf_folder(path)
         except BaseException:
@@ -147,7 +148,7 @@ def open_source(path: Path, progress: Callable[[float], None] | None = None) -> 
             raise
         src = _Source("huggingface", cfg, tok, ckpt.tensors, None, ckpt.ignorable, ckpt.close,  # type: ignore[arg-type]
                       _hf_generation(path))
-        src.resolve = lambda name, c, consumed: _lookup(ckpt.tensors, hf_names(name, family), consumed)
+        src.resolve = lambda name, c, consumed: _lookup(ckpt.tensors, hf_names(name, fam), consumed)
         return src
     if path.is_file():
         g = GGUFModel(path, progress)  # progress: the fraction of the header read (the wizard's bar)
@@ -255,8 +256,8 @@ def plan(src: _Source, cfg: ModelConfig, target: str, split_experts: bool) -> li
 
 def _candidates(src: _Source, name: str, cfg: ModelConfig) -> list[str]:
     if src.kind == "gguf":
-        return gguf_names(name, cfg.num_experts == 1) or [name]
-    return hf_names(name, HF_FAMILY[cfg.architecture]) or [name]
+        return gguf_names(name, cfg.num_experts == 1)
+    return hf_names(name, family(cfg.architecture)) or [name]
 
 
 # --- writing ---------------------------------------------------------------------------------

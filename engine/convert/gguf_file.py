@@ -20,19 +20,16 @@ from engine.convert.source import FileReader, SourceTensor
 from engine.convert.tokenizer_import import TokenizerBundle, from_gguf_fields
 from engine.errors import ConfigError, SourceFormatError, UnsupportedArchitectureError
 from engine.model_dir import ModelConfig
-from engine.arch import GGUF_ARCHS, gguf_spec  # what each GGUF architecture is
+from engine.arch import FAMILIES, GGUF_ARCHS, family, gguf_spec  # what each GGUF architecture is
 
-# Bounds of the integer hyper-parameters (arch.KEY): far beyond any real model, far below what
-# would make an allocation fail or a loop run for hours.
+# Bounds of the integer hyper-parameters (arch.KEY; a family's own keys: Family.gguf_limits): far
+# beyond any real model, far below what would make an allocation fail or a loop run for hours.
 LIMITS = {"block_count": (1, 4096), "embedding_length": (1, 1 << 20), "attention.head_count": (1, 4096),
           "attention.head_count_kv": (1, 4096), "attention.key_length": (1, 1 << 16),
           "feed_forward_length": (1, 1 << 22), "expert_feed_forward_length": (1, 1 << 22),
           "expert_shared_feed_forward_length": (0, 1 << 22), "expert_count": (0, 1 << 16),
           "expert_used_count": (1, 1 << 16), "vocab_size": (1, 1 << 24), "context_length": (1, 1 << 24),
-          "leading_dense_block_count": (0, 4096), "shortconv.l_cache": (2, 64), "ssm.conv_kernel": (2, 64),
-          "ssm.time_step_rank": (1, 4096), "ssm.group_count": (1, 4096), "ssm.state_size": (1, 1 << 16),
-          "ssm.inner_size": (1, 1 << 22), "rope.dimension_count": (2, 1 << 16),
-          "attention.key_length_swa": (1, 1 << 16)}
+          "rope.dimension_count": (2, 1 << 16)} | {k: v for f in FAMILIES for k, v in f.gguf_limits.items()}
 
 
 def unpermute_order(n_head: int, rows: int) -> np.ndarray:
@@ -194,16 +191,16 @@ class GGUFModel:
         return SourceTensor(t.name, shape, qtype,
                             self.file.rows(t.name, t.data_offset, qtype.row_bytes(shape[-1]), qtype.storage))
 
-    def _get(self, key: str, default=None, required: bool = False):
+    def value(self, key: str, default=None, required: bool = False):
         arch = self.fields.get("general.architecture")
         value = self.fields.get(f"{arch}.{key}", default)
         if value is None and required:
             raise ConfigError(f"{self.path}: GGUF metadata has no {arch}.{key}")
         return value
 
-    def _int(self, key: str, default=None, required: bool = False, high: int | None = None) -> int:
+    def integer(self, key: str, default=None, required: bool = False, high: int | None = None) -> int:
         """An integer hyper-parameter within LIMITS (absurd values are errors naming the key)."""
-        value = self._get(key, default, required)
+        value = self.value(key, default, required)
         lo, hi = LIMITS[key]
         hi = hi if high is None else high
         what = f"{self.path}: GGUF metadata {self.fields.get('general.architecture')}.{key}"
@@ -213,130 +210,88 @@ class GGUFModel:
             raise ConfigError(f"{what} = {value} is out of range (expected {lo} to {hi})")
         return int(value)
 
-    def _positive(self, key: str, default: float) -> float:
-        value = self._get(key, default)
+    def positive(self, key: str, default: float) -> float:
+        value = self.value(key, default)
         if isinstance(value, bool) or not isinstance(value, (int, float, np.number)) or not 0 < value < 1e30:
             raise ConfigError(f"{self.path}: GGUF metadata {self.fields.get('general.architecture')}.{key} = "
                               f"{value!r} is not a positive number")
         return float(value)
 
     def config(self) -> ModelConfig:
+        """The model's shape from the metadata: the keys every family shares here, the rest from
+        its family's gguf_config (engine/families)."""
         garch = self.fields.get("general.architecture")
         if garch not in GGUF_ARCHS:
             raise UnsupportedArchitectureError(
                 f"{self.path}: GGUF architecture {garch!r} is not supported; supported: "
                 f"{', '.join(GGUF_ARCHS)}")
-        experts = self._int("expert_count", 0)
+        experts = self.integer("expert_count", 0)
         sp = gguf_spec(garch, experts)  # llama with experts is Mixtral-style
-        arch = sp.name
-        hidden = self._int("embedding_length", required=True)
-        heads = self._int("attention.head_count", required=True)
-        kv_heads, kinds = self._kv_heads(sp, heads)
-        if heads % kv_heads:
-            raise ConfigError(f"{self.path}: GGUF metadata {garch}.attention.head_count = {heads} is not a multiple "
-                              f"of {garch}.attention.head_count_kv = {kv_heads}")
+        hidden = self.integer("embedding_length", required=True)
+        heads = self.integer("attention.head_count", required=True)
+        per_layer = self.kv_per_layer() is not None  # the family's gguf_config reads such a list
         moe = experts > 1
         # experts' width: its own key where the arch has one (Qwen MoE), else the FFN width
-        ff_key = "expert_feed_forward_length" if moe and self._get("expert_feed_forward_length") else \
+        ff_key = "expert_feed_forward_length" if moe and self.value("expert_feed_forward_length") else \
             "feed_forward_length"
         tokens = self.fields.get("tokenizer.ggml.tokens") or []
-        dense = self._int("leading_dense_block_count", 0) if sp.dense_leading_layers else 0
-        head_dim = self._int("attention.key_length", hidden // heads)
-        recurrent = self._get("attention.recurrent_layers")
-        if "linear_attention" in sp.layer_kinds and isinstance(recurrent, list):  # Qwen3.5
-            kinds = tuple("linear_attention" if r else "attention" for r in recurrent)
-        window = self._get("attention.sliding_window")
-        if sp.attention_sinks and window:  # gpt-oss (llama.cpp fixes it in code): even layers slide, from 0
-            n = self._int("block_count", required=True)
-            kinds = tuple("sliding_attention" if i % 2 == 0 else "attention" for i in range(n))
-        window = int(window) if window and kinds and "sliding_attention" in kinds else None
+        head_dim = self.integer("attention.key_length", hidden // heads)
         scaling = None
-        kind = self._get("rope.scaling.type")
+        kind = self.value("rope.scaling.type")
         if kind and kind != "none":
             if kind not in ("linear", "yarn"):
                 raise ConfigError(f"{self.path}: rope scaling {kind!r} is not supported (linear, yarn)")
-            scaling = {"type": kind, "factor": self._positive("rope.scaling.factor", 1.0),
-                       "original_max_position_embeddings": self._get("rope.scaling.original_context_length")}
-            if kind == "yarn":  # (not in the file: gpt-oss's Hugging Face config says truncate false)
-                scaling |= {"beta_fast": self._positive("rope.scaling.yarn_beta_fast", 32.0),
-                            "beta_slow": self._positive("rope.scaling.yarn_beta_slow", 1.0),
-                            "truncate": not sp.attention_sinks}
+            scaling = {"type": kind, "factor": self.positive("rope.scaling.factor", 1.0),
+                       "original_max_position_embeddings": self.value("rope.scaling.original_context_length")}
+            if kind == "yarn":
+                scaling |= {"beta_fast": self.positive("rope.scaling.yarn_beta_fast", 32.0),
+                            "beta_slow": self.positive("rope.scaling.yarn_beta_slow", 1.0), "truncate": True}
         fields = dict(
-            architecture=arch,
-            vocab_size=self._int("vocab_size", len(tokens)) or len(tokens),
+            architecture=sp.name,
+            vocab_size=self.integer("vocab_size", len(tokens)) or len(tokens),
             hidden_size=hidden,
-            num_layers=self._int("block_count", required=True),
+            num_layers=self.integer("block_count", required=True),
             num_heads=heads,
-            num_kv_heads=kv_heads,
-            head_dim=self._int("attention.key_length_swa", head_dim) if sp.full_rope != "same" else head_dim,
-            intermediate_size=self._int(ff_key, required=True),
+            num_kv_heads=None if per_layer else self.integer("attention.head_count_kv", heads),
+            head_dim=head_dim,
+            intermediate_size=self.integer(ff_key, required=True),
             num_experts=experts if moe else 1,
-            top_k=self._int("expert_used_count", required=moe, high=experts) if moe else 1,
-            norm_topk_prob=bool(self._get("expert_weights_norm", sp.gguf_renormalise)),
-            shared_expert_intermediate_size=self._int("expert_shared_feed_forward_length", 0)
+            top_k=self.integer("expert_used_count", required=moe, high=experts) if moe else 1,
+            norm_topk_prob=bool(self.value("expert_weights_norm", sp.gguf_renormalise)),
+            shared_expert_intermediate_size=self.integer("expert_shared_feed_forward_length", 0)
             if sp.shared_expert != "none" else 0,
-            rms_norm_eps=self._positive("attention.layer_norm_rms_epsilon", 1e-6),
-            rope_theta=self._positive("rope.freq_base", 10000.0),
+            rms_norm_eps=self.positive("attention.layer_norm_rms_epsilon", 1e-6),
+            rope_theta=self.positive("rope.freq_base", 10000.0),
             rope_scaling=scaling,
             rope_freq_factors="rope_freqs.weight" in self.tensors,
-            max_position_embeddings=self._int("context_length", 4096),
+            max_position_embeddings=self.integer("context_length", 4096),
             tie_word_embeddings="output.weight" not in self.tensors,
             attention_bias="blk.0.attn_q.bias" in self.tensors,
             qk_norm=sp.qk_norm,
-            layer_types=kinds,
-            sliding_window=window,
-            dense_layers=dense,
-            dense_intermediate_size=self._int("feed_forward_length", required=True) if dense else 0,
-            conv_kernel=self._int("shortconv.l_cache", required=True) if kinds and "short_conv" in kinds else
-            self._int("ssm.conv_kernel", required=True) if kinds and "linear_attention" in kinds else 0,
-            partial_rotary_factor=self._int("rope.dimension_count", head_dim) / head_dim if sp.partial_rotary else 1.0,
-            **self._linear_attention(kinds),
+            layer_types=None,
+            partial_rotary_factor=self.integer("rope.dimension_count", head_dim) / head_dim if sp.partial_rotary else 1.0,
         )
-        return ModelConfig(**(fields | self._gemma4(sp, head_dim)))  # type: ignore[arg-type]
+        fam = family(sp.name)
+        fields |= fam.gguf_config(fields, self) if fam.gguf_config else {}
+        if fields["num_kv_heads"] is None:
+            raise self.kv_error(self.kv_per_layer())
+        if heads % fields["num_kv_heads"]:
+            raise ConfigError(f"{self.path}: GGUF metadata {garch}.attention.head_count = {heads} is not a multiple "
+                              f"of {garch}.attention.head_count_kv = {fields['num_kv_heads']}")
+        window, kinds = self.value("attention.sliding_window"), fields["layer_types"]
+        fields["sliding_window"] = int(window) if window and kinds and "sliding_attention" in kinds else None
+        return ModelConfig(**fields)  # type: ignore[arg-type]
 
-    def _gemma4(self, sp, head_dim: int) -> dict:
-        """Gemma 4's full layers (own head_dim, KV heads, theta; proportional rope: rope_freqs holds 1
-        for the pairs that turn, 1e30 for the rest), the dense MLP's width and the final softcap."""
-        if sp.full_rope == "same":
-            return {}
-        freqs = self.tensors.get("rope_freqs.weight")
-        turning = int((np.asarray(quant.dequantize(freqs.read(), freqs.qtype)).reshape(-1) == 1).sum()) \
-            if freqs is not None else head_dim // 2
-        return {"full_head_dim": head_dim, "full_kv_heads": getattr(self, "_full_kv", 0) or 1,
-                "rope_theta": self._positive("rope.freq_base_swa", 10000.0),
-                "rope_theta_full": self._positive("rope.freq_base", 10000.0),
-                "partial_rotary_factor": 2 * turning / head_dim,
-                "dense_intermediate_size": self._int("feed_forward_length", required=True),
-                "final_logit_softcap": float(self._get("final_logit_softcapping") or 0.0),
-                "rope_freq_factors": False}
+    def kv_per_layer(self) -> list[int] | None:
+        """attention.head_count_kv where it lists each layer's KV heads (a family's gguf_config
+        reads what it means), else None."""
+        value = self.value("attention.head_count_kv")
+        return [int(v) for v in value] if isinstance(value, list) else None
 
-    def _linear_attention(self, kinds: tuple[str, ...] | None) -> dict:
-        """Gated DeltaNet dims from the ssm.* metadata; llama.cpp's value heads are tiled."""
-        if not kinds or "linear_attention" not in kinds:
-            return {}
-        nv = self._int("ssm.time_step_rank", required=True)
-        return {"linear_key_heads": self._int("ssm.group_count", required=True), "linear_value_heads": nv,
-                "linear_key_dim": self._int("ssm.state_size", required=True),
-                "linear_value_dim": self._int("ssm.inner_size", required=True) // nv, "delta_tiled": True}
-
-    def _kv_heads(self, sp, heads: int) -> tuple[int, tuple[str, ...] | None]:
-        """KV heads, and each layer's kind where head_count_kv is a per-layer list (LFM2: 0
-        marks a short-conv layer)."""
-        value = self._get("attention.head_count_kv", heads)
-        if not isinstance(value, list):
-            return self._int("attention.head_count_kv", heads), None
-        arch = self.fields.get("general.architecture")
-        per = [int(v) for v in value]
-        swa = self._get("attention.sliding_window_pattern")
-        if sp.full_rope != "same" and isinstance(swa, list) and len(swa) == len(per):  # Gemma 4
-            kinds = tuple("sliding_attention" if s else "attention" for s in swa)
-            self._full_kv = max((v for v, s in zip(per, swa, strict=True) if not s), default=0)
-            return max((v for v, s in zip(per, swa, strict=True) if s), default=per[0]), kinds
-        used = sorted({v for v in per if v})
-        if len(per) != self._int("block_count", required=True) or len(used) != 1 or "short_conv" not in sp.layer_kinds:
-            raise ConfigError(f"{self.path}: GGUF metadata {arch}.attention.head_count_kv = {per} is not one "
-                              f"KV head count per layer (0 for a short-conv layer) that this engine runs")
-        return used[0], tuple("attention" if v else "short_conv" for v in per)
+    def kv_error(self, per: list[int] | None) -> ConfigError:
+        return ConfigError(f"{self.path}: GGUF metadata {self.fields.get('general.architecture')}."
+                           f"attention.head_count_kv = {per} is not one KV head count per layer (0 for a short-conv "
+                           f"layer) that this engine runs")
 
     def source_tensor(self, name: str, cfg: ModelConfig) -> SourceTensor:
         """A GGUF tensor in Hugging Face row order (undoes llama.cpp's q/k permutation)."""

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from engine import quant
-from engine.arch import HF_CLASSES
+from engine.arch import HF_CLASSES, family
 from engine.convert.names import HF_IGNORED
 from engine.convert.safetensors_file import read_safetensors_header
 from engine.convert.source import FileReader, SourceTensor
@@ -199,7 +199,27 @@ HF_LIMITS = {"num_hidden_layers": (1, 4096), "hidden_size": (1, 1 << 20), "num_a
              "max_position_embeddings": (1, 1 << 24)}
 
 
+class HFConfig(dict):
+    """config.json's keys, read by the shared fields and by a family's hf_config: the errors name
+    the file and the key."""
+
+    def __init__(self, cfg: dict, path: Path):
+        super().__init__(cfg)
+        self.path = path
+
+    def need(self, key: str):
+        return _need(self, key, self.path)
+
+    def rope(self, cfg: dict) -> tuple[float, dict | None]:
+        return _rope(cfg, self.path)
+
+    def error(self, what: str) -> ConfigError:
+        return ConfigError(f"{self.path}: config.json {what}")
+
+
 def config_from_hf(folder: Path) -> ModelConfig:
+    """The model's shape from config.json: the keys every family shares here, the rest from its
+    family's hf_config (engine/families)."""
     path = folder / "config.json"
     if not path.is_file():
         raise SourceFormatError(f"{folder}: no config.json (is this a Hugging Face model folder?)")
@@ -213,9 +233,9 @@ def config_from_hf(folder: Path) -> ModelConfig:
         raise UnsupportedArchitectureError(
             f"{path}: architecture {classes or cfg.get('model_type')!r} is not supported; supported: "
             f"{', '.join(HF_CLASSES)}")
-    arch = sp.name
     if isinstance(cfg.get("text_config"), dict):  # *ForConditionalGeneration: the text model's config
         cfg = {**{k: v for k, v in cfg.items() if not k.endswith("_config")}, **cfg["text_config"], "architectures": classes}
+    cfg = HFConfig(cfg, path)
     for key, (lo, hi) in HF_LIMITS.items():  # before anything is sized from them
         v = cfg.get(key)
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi):
@@ -227,22 +247,14 @@ def config_from_hf(folder: Path) -> ModelConfig:
     if cfg.get("mlp_only_layers") or cfg.get("decoder_sparse_step", 1) != 1:
         raise ConfigError(f"{path}: models that mix dense and MoE layers (mlp_only_layers / "
                           f"decoder_sparse_step) are not supported yet")
-    per_kind = cfg.get("rope_parameters") or {}
-    if sp.full_rope != "same" and "sliding_attention" in per_kind:  # Gemma 4: rope parameters per layer kind
-        full = per_kind.get("full_attention") or {}
-        cfg = {**cfg, "rope_parameters": per_kind["sliding_attention"], "partial_rotary_factor":
-               full.get("partial_rotary_factor", 1.0)}
-        theta_full = float(full.get("rope_theta", 10000.0))
-    else:
-        theta_full = 0.0
     theta, scaling = _rope(cfg, path)
     experts = cfg.get("num_experts") or cfg.get("num_local_experts")  # names vary by version
     if moe and not experts:
         raise ConfigError(f"{path}: config.json has no 'num_experts' / 'num_local_experts'")
     kinds = _layer_kinds(cfg, sp, path)
-    dense = int(cfg.get("num_dense_layers") or 0) if sp.dense_leading_layers else 0
-    return ModelConfig(
-        architecture=arch,
+    fam = family(sp.name)
+    return ModelConfig(**dict(
+        architecture=sp.name,
         vocab_size=int(_need(cfg, "vocab_size", path)),
         hidden_size=hidden,
         num_layers=int(_need(cfg, "num_hidden_layers", path)),
@@ -266,47 +278,11 @@ def config_from_hf(folder: Path) -> ModelConfig:
         qk_norm=sp.qk_norm,
         clip_qkv=cfg.get("clip_qkv"),
         layer_types=kinds,
-        dense_layers=dense,
-        dense_intermediate_size=int(_need(cfg, "intermediate_size", path)) if dense or sp.parallel_dense else 0,
-        rope_theta_full=theta_full,
-        final_logit_softcap=float(cfg.get("final_logit_softcapping") or 0.0) if sp.logit_softcap else 0.0,
-        **_full_attention_shape(cfg, kinds, path),
-        conv_kernel=int(cfg.get("conv_L_cache") or 0) if kinds and "short_conv" in kinds else
-        int(cfg.get("linear_conv_kernel_dim") or 0) if kinds and "linear_attention" in kinds else 0,
         partial_rotary_factor=float((cfg.get("rope_parameters") or {}).get("partial_rotary_factor",
                                                                          cfg.get("partial_rotary_factor", 1.0)))
-        if sp.partial_rotary or sp.full_rope != "same" else 1.0,
-        **_linear_attention(cfg, kinds, path),
+        if sp.partial_rotary else 1.0,
         routed_scaling_factor=float(cfg.get("routed_scaling_factor") or 1.0),
-        swiglu_alpha=float(cfg.get("swiglu_alpha", 1.702)),
-        swiglu_limit=float(cfg.get("swiglu_limit", 7.0)),
-    )
-
-
-def _full_attention_shape(cfg: dict, kinds: tuple[str, ...] | None, path: Path) -> dict:
-    """Full-attention layers' own head_dim and KV heads (Gemma 4: per_layer_config, or
-    global_head_dim / num_global_key_value_heads)."""
-    if not kinds or "attention" not in kinds or "sliding_attention" not in kinds:
-        return {}
-    full = kinds.index("attention")
-    per = (cfg.get("per_layer_config") or {}).get(str(full)) or {}
-    hd = per.get("head_dim") or cfg.get("global_head_dim")
-    kv = per.get("num_key_value_heads") or cfg.get("num_global_key_value_heads")
-    if not hd or hd == cfg.get("head_dim") and kv in (None, cfg.get("num_key_value_heads")):
-        return {}
-    return {"full_head_dim": int(hd), "full_kv_heads": int(kv or cfg.get("num_key_value_heads"))}
-
-
-def _linear_attention(cfg: dict, kinds: tuple[str, ...] | None, path: Path) -> dict:
-    """Gated DeltaNet dims (ModelConfig.linear_*) when the model has linear_attention layers."""
-    if not kinds or "linear_attention" not in kinds:
-        return {}
-    keys = {"linear_key_heads": "linear_num_key_heads", "linear_value_heads": "linear_num_value_heads",
-            "linear_key_dim": "linear_key_head_dim", "linear_value_dim": "linear_value_head_dim"}
-    out = {ours: int(_need(cfg, theirs, path)) for ours, theirs in keys.items()}
-    if out["linear_value_heads"] % out["linear_key_heads"]:
-        raise ConfigError(f"{path}: config.json linear_num_value_heads must be a multiple of linear_num_key_heads")
-    return out
+    ) | (fam.hf_config(cfg, kinds) if fam.hf_config else {}))
 
 
 # Hugging Face layer_types words -> engine.arch layer kinds
