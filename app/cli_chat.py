@@ -18,7 +18,7 @@ from pathlib import Path
 from app.cli_convert import _progress_printer
 from app.model_library import ensure_default_model
 from app.paths import models_dir
-from engine import default_model
+from engine import default_model, kernels
 from engine import params as P
 from engine.errors import ColibriError
 
@@ -152,6 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
+        kernels.setup(args.simd, args.simd_path)  # before engine.api (the remote path reads its records too)
         engine_p, sampling = P.from_args(args, "engine"), P.from_args(args, "sampling")
         engine_p.setdefault("log_level", "WARN")  # the terminal is for the conversation
         if args.store_key and not args.remote:
@@ -161,7 +162,6 @@ def main(argv: list[str] | None = None) -> int:
             if engine is None:
                 return 0
         else:
-            P.apply_at_import(engine_p)  # before the kernels are first imported, just below
             from engine.api import Engine
             engine = Engine(resolve_model(args.model), **engine_p)
             print("warming up…", end="", file=sys.stderr, flush=True)

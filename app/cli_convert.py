@@ -7,6 +7,7 @@ import sys
 import time
 
 from engine.convert.convert import QUANTIZE_CHOICES, Progress, convert
+from engine import kernels
 from engine.errors import ColibriError
 
 
@@ -73,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--moefy needs --top_k K, the experts each token uses; what it costs on the default model "
                  "(perplexity 12.6 dense): 6 of 8 experts 45.6, 4 of 8 624, 2 of 8 47700 (README: Real routing)")
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+    kernels.setup()  # (repacking and calibration run kernels)
     try:
         if args.moefy:
             return _moefy(args)

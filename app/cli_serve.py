@@ -18,17 +18,18 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from app import server as S
+from engine import kernels
 from engine import params as P
 from engine.errors import ColibriError
 
-if TYPE_CHECKING:  # numba loads with the engine, after the engine settings are applied (main)
+if TYPE_CHECKING:  # app.server and engine.api load after engine.kernels.setup() (main)
     from engine.api import Engine
 
 STOP_S = 20.0  # a stop that takes longer than this is a bug: say where it hangs, then end anyway
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from app import server as S
     ap = argparse.ArgumentParser(prog="colibri-serve", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     d = S.Limits()
@@ -80,13 +81,28 @@ def warm_apart(engine: Engine) -> float:
     return out[0]
 
 
+def _kernel_flags(argv: list[str] | None) -> tuple[str | None, str | None]:
+    """--simd and --simd_path, read before the parser: its defaults come from app.server, which
+    imports engine.api (after engine.kernels.setup())."""
+    ap = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    ap.add_argument("--simd")
+    ap.add_argument("--simd_path")
+    known, _ = ap.parse_known_args(argv)
+    return known.simd, known.simd_path
+
+
 def main(argv: list[str] | None = None) -> int:
+    try:
+        kernels.setup(*_kernel_flags(argv))
+    except ValueError as e:
+        print(f"colibri-serve: error: {e}", file=sys.stderr)
+        return 1
+    from app import server as S
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
         engine_p, sampling = P.from_args(args, "engine"), P.from_args(args, "sampling")
         engine_p.setdefault("log_level", "WARN")
-        P.apply_at_import(engine_p)  # before the kernels are first imported, just below
         from app.cli_chat import resolve_model
         from engine.api import Engine
 

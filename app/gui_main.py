@@ -21,6 +21,7 @@ from PySide6.QtWidgets import QApplication, QMessageBox
 from app import model_library
 from app import settings as app_settings
 from app.history import History, HistoryError
+from engine import kernels
 from engine import params as P
 
 
@@ -85,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     from ui.theme import RESOURCES
     app.setWindowIcon(QIcon(str(RESOURCES / "colibri.png")))
     settings = app_settings.load()
-    P.apply_at_import(settings.engine)  # simd, simd_path: before the window imports the kernels
+    logging.getLogger("colibri").setLevel(settings.engine.get("log_level") or P.PARAMS["log_level"].default)
+    kernels.setup(settings.engine.get("simd"), settings.engine.get("simd_path"))  # before the window imports them
     from ui import i18n
     from ui.main_window import MainWindow  # after the QApplication: widgets need it
     translators = i18n.install(app, settings.language)  # noqa: F841  (before any widget: kept alive here)

@@ -406,15 +406,6 @@ class History:
             self.db.execute("DELETE FROM messages WHERE conversation_id = ? AND id = ?", (cid, message_id))
         self.select(cid, parent)
 
-    # --- export ------------------------------------------------------------------------------
-    def export_json(self, cid: int) -> str:
-        from app.export import to_json
-        return to_json(self, cid)
-
-    def export_markdown(self, cid: int) -> str:
-        from app.export import to_markdown
-        return to_markdown(self, cid)
-
 
 def chat_messages(conv: Conversation, messages: list[Message]) -> list[dict[str, Any]]:
     """The engine's chat prompt: the system prompt, then every message in order.

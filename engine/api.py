@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
-import engine.kernels  # noqa: F401  (sets NUMBA_CACHE_DIR etc. before numba is imported)
+import engine.kernels.ready  # noqa: F401  (engine.kernels.setup() first: fails otherwise)
 import numba
 import numpy as np
 import psutil
@@ -28,7 +28,7 @@ from engine.cache_plan import plan_expert_cache, replan
 from engine.expert_store import ExpertStore
 from engine.experts import CacheStats, ExpertCache
 from engine.hardware import EnergyReading, HardwareMonitor, HardwareSnapshot
-from engine.kernels import isa
+from engine.kernels import isa_run
 from engine.kernels.matmul import INT_MAX_T
 from engine.kvcache import KVCache
 from engine.mempool import MemoryPool, PoolStats, return_freed_heap, unmap_compiler_pages
@@ -254,7 +254,8 @@ class Engine:
         self._totals = {"prefilled": 0, "generated": 0, "reused": 0}
         self._last = {"prefill_tok_s": 0.0, "decode_tok_s": 0.0, "ttft_s": 0.0}
         self._new_cache()
-        logging.getLogger("colibri").setLevel(_level(self.params["log_level"]))
+        if "log_level" in given:  # else the program's logging setup decides (the commands configure it)
+            logging.getLogger("colibri").setLevel(_level(self.params["log_level"]))
         self.hw.apply_limits(self.params)  # never raises: a refusal is logged and shown in stats()
         if self.params["affinity"]:
             self.hw.apply_affinity(True)
@@ -262,9 +263,9 @@ class Engine:
         if self.params["simd"] != kernels.SIMD_REQUESTED:
             log.warning("simd %s takes effect at the next start (this process compiled for %s)",
                         self.params["simd"], kernels.SIMD)
-        if self.params["simd_path"] not in ("auto", isa.in_effect().split()[0]):
-            log.warning("simd_path %s takes effect at the next start with COLIBRI_SIMD_PATH=%s (this process runs "
-                        "%s)", self.params["simd_path"], self.params["simd_path"], isa.in_effect())
+        if self.params["simd_path"] not in ("auto", isa_run.in_effect().split()[0]):
+            log.warning("simd_path %s takes effect at the next start (this process runs %s)",
+                        self.params["simd_path"], isa_run.in_effect())
         log.info("loaded %s: %s, %d layers, %d expert(s), context %d, kv %s, %d threads; expert cache: %s",
                  path.name, self.cfg.architecture, self.cfg.num_layers, self.cfg.num_experts, self.context_limit,
                  self.params["kv_cache_quantize"], self.threads, self.cache_plan.reason)
@@ -585,7 +586,7 @@ class Engine:
             throttle_events=self.hw.governor.events, energy=self._energy,
             joules_per_token=None if self._energy is None else self._energy.joules_per_token,
             params={**self.params, **self.sampling}, memory_budget=self.cache_plan.budget,
-            memory_warning=self.cache_plan.warning, simd_path=isa.in_effect(), kernels=isa.model_kernels(self.weights),
+            memory_warning=self.cache_plan.warning, simd_path=isa_run.in_effect(), kernels=isa_run.model_kernels(self.weights),
             **self._last)
 
     def mem_pool_defrag(self) -> int:

@@ -7,7 +7,6 @@ generation request (`sampling`). `live` says whether a running engine applies a 
 from __future__ import annotations
 
 import argparse
-import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,10 +83,10 @@ PARAMS: dict[str, Param] = {p.name: p for p in [
     Param("batch_size", int, 128, "prompt tokens processed per forward step during prefill", min=1, max=8192),
     Param("simd", str, "auto", "instruction set the kernels are compiled for: auto (avx512 on AMD, where it "
           "measured faster; avx2 elsewhere, as many Intel CPUs clock down under AVX-512), avx2, or avx512; "
-          "applied at the next start (COLIBRI_SIMD)", choices=("auto", "avx2", "avx512"), live=False),
+          "applied at the next start", choices=("auto", "avx2", "avx512"), live=False),
     Param("simd_path", str, "auto", "byte dot-product instructions of the int8 kernels: auto (the fastest correct "
-          "path, measured once per CPU and cached), vnni, avx2, or generic; applied at the next start "
-          "(COLIBRI_SIMD_PATH)", choices=("auto", "vnni", "avx2", "generic"), live=False),
+          "path, measured once per CPU and cached), vnni, avx2, or generic; applied at the next start",
+          choices=("auto", "vnni", "avx2", "generic"), live=False),
     Param("log_level", str, "INFO", "log verbosity", choices=("DEBUG", "INFO", "WARN", "WARNING", "ERROR")),
     Param("power_limit", float, None, "CPU package power limit in watts (Linux RAPL, long-term limit; "
           "needs root); auto = leave it as is; a limit we set is put back on exit", min=1.0, max=10_000.0,
@@ -163,24 +162,3 @@ def from_args(args: argparse.Namespace, scope: str) -> dict[str, Any]:
     return validate({p.name: getattr(args, p.name) for p in PARAMS.values()
                      if p.scope == scope and getattr(args, p.name, None) is not None})
 
-
-# Parameters read from the environment when the kernels are first imported (engine.kernels), not
-# by Engine: a program must put them there before its first `import engine.api`.
-AT_IMPORT = {"simd": "COLIBRI_SIMD", "simd_path": "COLIBRI_SIMD_PATH"}
-
-
-def apply_at_import(values: dict[str, Any]) -> list[str]:
-    """Put the import-time parameters of `values` (a CLI's flags, the GUI's settings) into the
-    environment, so the kernels this process compiles follow them; "auto" leaves what the user's
-    environment says. Returns the names that can no longer take effect in this process (the
-    kernels were imported already): they apply at the next start."""
-    import sys
-    late = []
-    for name, var in AT_IMPORT.items():
-        value = values.get(name)
-        if value is None or value == "auto":
-            continue
-        os.environ[var] = str(check(name, value))
-        if "engine.kernels" in sys.modules:
-            late.append(name)
-    return late

@@ -18,7 +18,7 @@ import math
 
 import numpy as np
 
-import engine.kernels  # noqa: F401  (numba settings first)
+import engine.kernels.ready  # noqa: F401  (engine.kernels.setup() first: fails otherwise)
 from numba import njit
 
 from engine import params

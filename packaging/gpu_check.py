@@ -23,7 +23,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from engine import quant  # noqa: E402
+from engine import kernels, quant  # noqa: E402
+
+kernels.setup()  # before engine.api
 from engine.api import Engine  # noqa: E402
 from engine.convert.convert import convert  # noqa: E402
 from engine.kernels import reference as ref  # noqa: E402

@@ -12,8 +12,11 @@ os.environ.setdefault("COLIBRI_SIMD_BENCH", "0")  # no dot-path measurement in t
 TESTS = Path(__file__).parent
 sys.path.insert(0, str(TESTS))  # test helpers (gguf_fixtures, kquant_ref) import as plain modules
 # numba's settings, and its cache shared whole between pytest-xdist's workers (each kernel compiled
-# by one of them, each cache index save whole: engine/kernels/cache_lock.py)
-import engine.kernels  # noqa: E402,F401
+# by one of them, each cache index save whole: engine/kernels/cache_lock.py), before any test module
+# imports a kernel
+from engine import kernels  # noqa: E402
+
+kernels.setup()
 
 HF_FIXTURES = TESTS / "fixtures" / "hf"
 HF_ARCHS = ("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe")

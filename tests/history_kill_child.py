@@ -13,7 +13,10 @@ from PySide6.QtWidgets import QApplication
 
 from app import settings as S
 from app.history import History
-from engine.api import Engine
+from engine import kernels
+
+kernels.setup()  # before engine.api
+from engine.api import Engine  # noqa: E402
 
 _generate = Engine.generate
 

@@ -23,6 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from app import remote as R  # noqa: E402
 from app.bench.serve import ServerProcess, free_port  # noqa: E402
+from engine import kernels  # noqa: E402
+
+kernels.setup()  # the remote path reads engine.api's records
 
 HI = [{"role": "user", "content": "Write one sentence about hummingbirds."}]
 

@@ -35,7 +35,8 @@ def g(x):
 RACER = '''
 import importlib, json, os, sys, time
 import numpy as np
-import engine.kernels  # noqa: F401  (installs the locks)
+import engine.kernels
+engine.kernels.setup()  # (installs the locks)
 from numba.core import caching
 
 folder, rounds, me = sys.argv[1], int(sys.argv[2]), sys.argv[3]
@@ -70,7 +71,8 @@ print(json.dumps(g_compiles))
 LOADER = '''
 import importlib, sys
 import numpy as np
-import engine.kernels  # noqa: F401
+import engine.kernels
+engine.kernels.setup()
 from numba import types
 
 bad = []
@@ -118,9 +120,9 @@ def test_two_processes_share_one_cache_folder(tmp_path):
     assert loader.stdout.strip() == "ok", loader.stdout
 
 
-def test_installed_once_by_engine_kernels():
-    """Importing engine.kernels patches numba; installing again wraps nothing twice."""
-    import engine.kernels  # noqa: F401
+def test_installed_once_by_setup():
+    """engine.kernels.setup() patches numba (the test suite's, in conftest); installing again wraps
+    nothing twice."""
     from numba.core import caching, dispatcher
 
     from engine.kernels import cache_lock
@@ -139,7 +141,7 @@ def test_kernels_cache_in_the_digest_folder_when_numba_was_imported_first(tmp_pa
     env = {k: v for k, v in os.environ.items() if k not in ("COLIBRI_DOT", "NUMBA_CACHE_DIR",
                                                             "NUMBA_THREADING_LAYER")}
     env.update(COLIBRI_HOME=str(tmp_path / "home"), COLIBRI_SIMD_BENCH="0")
-    code = ("import numba\nimport engine.kernels\nfrom numba.core import config\nfrom engine.kernels import batched\n"
+    code = ("import numba\nimport engine.kernels\nengine.kernels.setup()\nfrom numba.core import config\nfrom engine.kernels import batched\n"
             "print(batched._rows_n._cache._cache_path)\nprint(config.THREADING_LAYER)\n")
     out = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr

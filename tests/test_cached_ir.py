@@ -21,7 +21,8 @@ def callee(x):
 # then a function compiled now calls it (numba links callee's IR into it: parsed again on demand).
 RUN = '''
 import sys
-import engine.kernels  # noqa: F401  (installs cached_ir)
+import engine.kernels
+engine.kernels.setup()  # (installs cached_ir)
 import numba
 import numpy as np
 from engine.kernels import cached_ir
@@ -61,7 +62,6 @@ def test_cached_kernel_loads_without_ir_and_still_links(tmp_path):
 
 
 def test_installed_once():
-    import engine.kernels  # noqa: F401
     from numba.core import codegen
 
     from engine.kernels import cached_ir

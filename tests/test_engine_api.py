@@ -175,6 +175,8 @@ def test_int8_activations_switch_live(smol):
 WARM_CHECK = """
 import sys, numba
 from numba.core.registry import CPUDispatcher
+from engine import kernels
+kernels.setup()
 from engine.api import Engine
 
 def overloads():

@@ -996,6 +996,8 @@ def test_an_expert_file_cut_short_is_an_error_when_mapped_not_sigbus(routed_mode
     broken = shutil.copytree(path, tmp_path / "m")
     child = textwrap.dedent(f"""
         import os, sys
+        from engine import kernels
+        kernels.setup()
         from engine import expert_store as X, folios
         from engine.model_dir import open_model_dir
         folios._populate_works[0] = {populate}

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from app import export
 from app.history import NEW_TITLE, History, HistoryError, chat_messages
 
 
@@ -67,10 +68,10 @@ def test_export_markdown_and_json(db):
     c = h.create("Code", system_prompt="You write Python.")
     h.add_message(c.id, "user", "Add two numbers")
     h.add_message(c.id, "assistant", "```python\ndef add(a, b):\n    return a + b\n```")
-    md = h.export_markdown(c.id)
+    md = export.to_markdown(h, c.id)
     assert md.startswith("# Code\n") and "**System:** You write Python." in md
     assert "## User\n\nAdd two numbers" in md and "```python\ndef add(a, b):" in md
-    doc = json.loads(h.export_json(c.id))
+    doc = json.loads(export.to_json(h, c.id))
     assert doc["format"] == "colibri-conversation" and doc["title"] == "Code"
     assert [m["role"] for m in doc["messages"]] == ["user", "assistant"]
 
@@ -182,11 +183,11 @@ def test_thinking_and_facts_are_kept_and_left_out_of_the_content_sent_back(db):
     assert sent[-1] == {"role": "assistant", "content": "4.", "reasoning_content": "2 and 2 make 4.",
                         "thinking": "2 and 2 make 4."}
     assert sent[1] == {"role": "user", "content": "2+2?"}
-    md = h.export_markdown(c.id)
+    md = export.to_markdown(h, c.id)
     assert "<details><summary>Thinking (7 tokens)</summary>\n\n2 and 2 make 4.\n\n</details>\n\n4." in md
     assert "*qwen3-tiny · thinking on · temperature 0.6 · top_p 0.95 · 10 tokens at 0.0 tok/s · 7 of them " \
            "thinking*" in md
-    doc = json.loads(h.export_json(c.id))
+    doc = json.loads(export.to_json(h, c.id))
     assert doc["version"] == 2 and doc["thinking"] is False and doc["path"] == [mm.id for mm in h.messages(c.id)]
     assert doc["messages"][-1]["facts"] == facts and doc["messages"][-1]["reasoning"] == "2 and 2 make 4."
 
@@ -197,9 +198,9 @@ def test_exports_hold_every_version_in_json_and_the_shown_one_in_markdown(db):
     q = h.add_message(c.id, "user", "Name a bird")
     h.add_message(c.id, "assistant", "Robin")
     h.add_message(c.id, "assistant", "Wren", parent=q.id)
-    md = h.export_markdown(c.id)
+    md = export.to_markdown(h, c.id)
     assert "## Assistant (version 2 of 2)\n\nWren" in md and "Robin" not in md
-    doc = json.loads(h.export_json(c.id))
+    doc = json.loads(export.to_json(h, c.id))
     assert [(m["content"], m["parent_id"]) for m in doc["messages"]] == [("Name a bird", None), ("Robin", q.id),
                                                                          ("Wren", q.id)]
     assert len(doc["path"]) == 2
@@ -259,11 +260,11 @@ def test_exports_list_attachments_with_their_text_folded(db):
     h.add_message(c.id, "user", "Read this", attachments=[
         {"name": "notes.md", "kind": "markdown", "text": "# Title\n```code```", "tokens": 12}])
     h.add_message(c.id, "assistant", "Done.")
-    md = h.export_markdown(c.id)
+    md = export.to_markdown(h, c.id)
     assert "<details><summary>Attached: notes.md (Markdown, 12 tokens)</summary>" in md
     assert "````\n# Title\n```code```\n````" in md  # a fence longer than any run of backticks inside
     assert md.index("Read this") < md.index("notes.md") < md.index("Done.")
-    doc = json.loads(h.export_json(c.id))
+    doc = json.loads(export.to_json(h, c.id))
     assert doc["messages"][0]["attachments"] == [{"name": "notes.md", "kind": "markdown",
                                                   "text": "# Title\n```code```", "tokens": 12}]
     assert doc["messages"][1]["attachments"] == []

@@ -26,7 +26,7 @@ def tiny(tmp_path_factory):
 
 
 def test_sigkill_mid_reply_keeps_every_earlier_message(tmp_path, tiny):
-    import engine.kernels  # noqa: F401 - sets NUMBA_CACHE_DIR: the child reuses this session's compiled kernels
+    # NUMBA_CACHE_DIR is this session's (engine.kernels.setup(), conftest): the child reuses its compiled kernels
     env = os.environ | {"COLIBRI_HOME": str(tmp_path), "QT_QPA_PLATFORM": "offscreen",
                         "PYTHONPATH": str(Path(__file__).parent.parent)}
     child = subprocess.Popen([sys.executable, str(Path(__file__).parent / "history_kill_child.py"), tiny],

@@ -147,6 +147,8 @@ def test_one_input_read_per_32_and_per_256_by_its_matrices(packed):
 
 DOT_CHECK = """
 import sys, numpy as np
+import engine.kernels
+engine.kernels.setup()
 sys.path.insert(0, "tests")
 from test_kernels import stored_matrix
 from engine import quant
@@ -564,7 +566,7 @@ def test_compiled_names_do_not_repeat_across_processes():
     LLVM's weak merge would confuse once one loads what the other cached (numba issue #10486)."""
     import subprocess
     import sys
-    code = ("import engine.kernels, numba\n"
+    code = ("import engine.kernels, numba\nengine.kernels.setup()\n"
             "f = numba.njit(lambda x: x + 1)\nf(1)\n"
             "print(next(iter(f.overloads.values())).fndesc.mangled_name)")
     names = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

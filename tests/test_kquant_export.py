@@ -135,10 +135,11 @@ def test_calibration_energies_of_the_first_layer(tmp_path):
     from gguf import GGUFReader
 
     from engine.convert import calibrate
+    from engine.convert.convert import calibration_for
     text = tmp_path / "cal.txt"
     text.write_text(TEXT.read_text(encoding="utf-8")[:3000], encoding="utf-8")
     src = PRESET_GGUF / "tiny-q8_0.gguf"
-    cal = calibrate.for_model(src, text)
+    cal = calibration_for(src, text)
     t = {x.name: x for x in GGUFReader(str(src)).tensors}
     emb = quant.dequantize(np.asarray(t["token_embd.weight"].data), "q8_0")
     norm = np.asarray(t["blk.0.attn_norm.weight"].data, np.float32)

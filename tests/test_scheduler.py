@@ -131,7 +131,7 @@ def test_gpu_layers_without_gpu_runs_on_cpu(model, monkeypatch):
 
 
 def test_gpu_layers_zero_does_not_import_numba_cuda(model):
-    code = ("import sys; from engine.api import Engine; from engine.scheduler import attach\n"
+    code = ("import sys; from engine import kernels; kernels.setup(); from engine.api import Engine; from engine.scheduler import attach\n"
             f"e = Engine({str(model)!r}, threads=1); s = attach(e); e.logits([1, 2])\n"
             "assert s.snapshot().reason.startswith('gpu_layers is 0'), s.reason\n"
             "assert 'numba.cuda' not in sys.modules, 'numba.cuda imported on the CPU path'\n")

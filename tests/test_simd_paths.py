@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from conftest import HF_FIXTURES
 
-from engine.kernels import isa, simd, table
+from engine.kernels import isa, isa_run, simd, table
 
 VNNI = {"avx2": True, "avxvnni": True}  # a CPU with all three paths and no AVX-512 (AVX-VNNI: Alder Lake)
 WIDE = {"avx2": True, "avx512f": True, "avx512vl": True, "avx512vnni": True}  # AVX-512 VNNI, no AVX-VNNI (Zen 4)
@@ -125,7 +125,7 @@ def test_the_child_excludes_a_kernel_that_disagrees_with_its_twin(monkeypatch):
     monkeypatch.setattr(isa, "FORMATS", ("q4_0", "q8_0"))
     threads = numba.get_num_threads()
     try:
-        out = isa._child(simd.DOT)  # this process's path, in process (the kernels are compiled already)
+        out = isa_run._child(simd.DOT)  # this process's path, in process (the kernels are compiled already)
     finally:
         numba.set_num_threads(threads)
     assert out["q4_0"] is None and out["q8_0"] > 0

@@ -7,6 +7,8 @@ import json
 import pytest
 from conftest import HF_FIXTURES
 from PySide6.QtCore import Qt, QUrl
+
+from app import export
 import test_ui_main_window as M
 from thinking_model import make_thinking_model
 
@@ -84,8 +86,8 @@ def test_regenerate_keeps_versions_and_editing_an_earlier_message_branches(qtbot
     assert (branch[0].version, branch[0].versions) == (2, 2)
     click(w, f"version:{branch[0].id}:-1")  # back to the first branch: all four messages, newest reply
     assert [m.id for m in w.history.messages(w.conv_id)] == [m.id for m in path]
-    doc = json.loads(w.history.export_json(w.conv_id))
-    assert len(doc["messages"]) == 7 and "Name a fish" not in w.history.export_markdown(w.conv_id)
+    doc = json.loads(export.to_json(w.history, w.conv_id))
+    assert len(doc["messages"]) == 7 and "Name a fish" not in export.to_markdown(w.history, w.conv_id)
 
 
 def test_continue_resumes_a_reply_cut_by_the_token_limit(qtbot, home, tiny):
@@ -99,7 +101,7 @@ def test_continue_resumes_a_reply_cut_by_the_token_limit(qtbot, home, tiny):
     assert len(msgs) == 2 and msgs[-1].id == cut.id and msgs[-1].stats["generated_tokens"] == 8
     assert msgs[-1].content.startswith(cut.content) and len(msgs[-1].content) > len(cut.content)
     # (that greedy 4 + 4 equal 8 at once: test_reasoning_chat; this model's bytes are not all UTF-8)
-    md = w.history.export_markdown(w.conv_id)
+    md = export.to_markdown(w.history, w.conv_id)
     assert "*qwen2 · temperature 0.0" in md and "max_tokens 4 · 8 tokens at" in md
     click(w, f"details:{msgs[-1].id}")
     assert "temperature 0.0" in w.view.toPlainText()

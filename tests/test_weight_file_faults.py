@@ -16,6 +16,8 @@ from engine.convert.convert import convert
 
 CHILD = textwrap.dedent("""
     import os, sys
+    from engine import kernels
+    kernels.setup()
     from engine.api import Engine
     from engine.errors import SizeMismatchError
     eng = Engine(sys.argv[1])

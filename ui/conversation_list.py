@@ -10,6 +10,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QFileDialog, QInputDialog, QListView, QLineEdit, QMenu, QMessageBox, QPushButton, \
     QVBoxLayout, QWidget
 
+from app import export
 from ui.model_flow import show_error
 from ui.models import ConversationListModel, shown_title
 from ui.param_form import ConversationDialog
@@ -153,7 +154,7 @@ class ConversationList:
             self.settings.save()
 
     def export_conversation(self, cid: int, path: str | Path, fmt: str) -> None:
-        text = self.history.export_markdown(cid) if fmt == "md" else self.history.export_json(cid)
+        text = export.to_markdown(self.history, cid) if fmt == "md" else export.to_json(self.history, cid)
         Path(path).write_text(text, encoding="utf-8")
 
     def export_dialog(self, fmt: str) -> None:

@@ -37,6 +37,7 @@ from app.bench import routing as bench_routing
 from app.bench import serve as bench_serve
 from app.bench import speed as bench_speed
 from app.bench.models import shape_for_size, write_checkpoint
+from engine import kernels
 
 
 def _largest_tensor_bytes(model_path: Path) -> int:
@@ -181,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     pl = sub.add_parser("pool", help="memory pool: per-tier locks against one global lock, 2 threads")
     pl.set_defaults(func=lambda a: print(__import__("app.bench.loads", fromlist=["x"]).measure_pool_locks()) or 0)
     args = ap.parse_args(argv)
+    kernels.setup()
     return args.func(args)
 
 

@@ -54,8 +54,9 @@ def _child(load: str) -> str:
 
 
 def colibri_child(model: str, threads: int, trace: str | None) -> str:
+    from app.bench.memory import SETUP
     replay = f"from app.bench.memory import replay_routing\nreplay_routing(eng, {trace!r})\n" if trace else ""
-    return _child(f"from engine.api import Engine\n"
+    return _child(f"{SETUP}from engine.api import Engine\n"
                   f"eng = Engine({model!r}, threads={threads}, context_length={CONTEXT}, log_level='WARN')\n"
                   f"eng.warmup(); eng.reset()\n{replay}vocab = eng.cfg.vocab_size\nstep = eng.forward")
 

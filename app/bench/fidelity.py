@@ -39,8 +39,8 @@ TOKENS = 512  # per passage
 
 
 def _colibri_logits(model: str, passages: list[list[int]], threads: int) -> np.ndarray:
-    from app.bench.speed import _open_colibri  # (the engine as the speed runs open it: every expert resident)
-    engine = _open_colibri(model, threads, max(map(len, passages)) + 8)
+    from app.bench.workers import open_colibri  # (the engine as the speed runs open it: every expert resident)
+    engine = open_colibri(model, threads, max(map(len, passages)) + 8)
     return np.concatenate([engine.logits(tokens) for tokens in passages])
 
 

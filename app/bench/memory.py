@@ -53,7 +53,9 @@ stream = [int(i) for i in rng.integers(300, vocab, decode_n)]
 DECODE_INPUT = "seeded random tokens (the same for both engines)"  # (runs before 6015cff: "greedy tokens")
 
 # Runs in a child process: measures Colibri and prints one JSON line.
-_COLIBRI = r"""
+# A child's first lines: engine.kernels.setup() before engine.api (a checkout from before it set up at import)
+SETUP = "import engine.kernels as _k\ngetattr(_k, 'setup', lambda: None)()\n"
+_COLIBRI = SETUP + r"""
 import json, sys, time, numpy as np
 from engine.api import Engine
 path, cache, threads, prompt_n, decode_n = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
@@ -375,7 +377,7 @@ def llamacpp_gguf(workdir: Path, preset: str) -> Path:
     out = workdir / f"mixtral-{preset}-llamacpp.gguf"
     if out.exists():
         return out
-    from app.bench.speed import converter_python
+    from app.bench.workers import converter_python
     hf, exe = workdir / "mixtral-hf", llama_bench()
     if preset == "q8_0":
         subprocess.run([converter_python(), CONVERT_HF, str(hf), "--outtype", "q8_0", "--outfile", str(out)], check=True,

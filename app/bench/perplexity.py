@@ -173,6 +173,8 @@ def prepare_model(path: str | Path, quantize: str | None = None, workdir: Path |
 
 
 def open_engine(model_dir: Path, ctx: int, threads: int | None, params: dict[str, Any] | None = None):
+    from engine import kernels
+    kernels.setup()  # (also run as python -m app.bench.perplexity: before engine.api)
     from engine.api import Engine
     return Engine(model_dir, **{**(params or {}), "context_length": ctx, **({"threads": threads} if threads else {})})
 

@@ -61,7 +61,7 @@ def run(model: Path, text: Path, calibration: Path | None, chunks: int, workdir:
         llama_perplexity: str | None = None) -> dict:
     from app.bench import perplexity as P
     from engine.convert import calibrate
-    from engine.convert.convert import convert
+    from engine.convert.convert import calibration_for, convert
     from engine.convert.gguf_export import export_gguf
     t0 = time.perf_counter()
     full = text.read_text(encoding="utf-8")
@@ -170,7 +170,7 @@ def run(model: Path, text: Path, calibration: Path | None, chunks: int, workdir:
             extra = []
             if calibrated:  # our calibration's energies (the same text), as llama.cpp's imatrix file
                 imatrix = imatrix_done if imatrix_done.exists() else \
-                    calibrate.write_llama_imatrix(calibrate.for_model(f16, calibration), imatrix_done)
+                    calibrate.write_llama_imatrix(calibration_for(f16, calibration), imatrix_done)
                 extra = ["--imatrix", str(imatrix)]
             subprocess.run([llama_quantize, *extra, str(f16), str(gguf), fmt, "2"], check=True, capture_output=True)
         path, _ = converted(gguf, gguf.stem, "keep")

@@ -36,8 +36,8 @@ def machine() -> dict:
             "logical_cpus": psutil.cpu_count(), "memory_gb": psutil.virtual_memory().total / 1e9,
             "system": platform.platform()}
     try:
-        from engine.kernels import isa
-        info["colibri_dot_path"] = isa.in_effect()  # the integer-dot path Colibri's kernels run, how chosen, width
+        from engine.kernels import isa_run
+        info["colibri_dot_path"] = isa_run.in_effect()  # the integer-dot path Colibri's kernels run, how chosen, width
     except ImportError:
         pass
     return info

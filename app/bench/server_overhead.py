@@ -112,6 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     import openai
 
+    from engine import kernels
+    kernels.setup()  # before app.server and engine.api
     from app import server
     from app.model_library import ensure_default_model
     from engine.api import Engine

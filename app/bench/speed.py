@@ -40,12 +40,11 @@ import numpy as np
 
 from app.bench.llamacpp import find_llama_bench, find_llama_cpp, llama_cpp_gguf, run_llama_bench, use_binding_beside
 from app.bench.report import BEGIN, END, cpu_info, figure, machine, markdown, stamp, write_readme  # noqa: F401 (BEGIN, END, cpu_info: API)
+from app.bench.workers import converter_python, find_python, open_colibri
 
 ROOT = Path(__file__).resolve().parents[2]
 ENGINES = ("colibri", "colibri-chat", "llama-bench", "llama.cpp", "transformers")
 REFERENCE = "llama-bench"  # ratios are against llama.cpp's own C++ benchmark
-MODULES = {"colibri": "numba", "colibri-chat": "numba", "llama.cpp": "llama_cpp", "transformers": "transformers"}
-VENVS = {"llama.cpp": ".venv-bench", "transformers": ".venv-fixtures"}
 FIGURES = ("decode_tok_s", "prefill_tok_s", "ttft_s", "load_s", "first_token_s", "peak_rss_mb")
 
 
@@ -168,18 +167,8 @@ def _pp_then_tg(prefill, reset, step, prompt: list[int], gen: int) -> tuple[floa
     return ttft, time.perf_counter() - t0
 
 
-def _open_colibri(model: str, threads: int, context: int):
-    from engine.api import Engine
-    from engine.model_dir import open_model_dir
-    cfg = open_model_dir(model).config  # every expert resident: this measures kernels, not the cache
-    eng = Engine(model, threads=threads, context_length=context,
-                 **({"expert_cache_size": cfg.num_experts} if cfg.is_moe else {}))
-    eng.warmup()  # loads the compiled kernels (numba cache): part of a real start
-    return eng
-
-
 def _colibri(model: str, threads: int, prompt: list[int], gen: int, t_start: float) -> dict:
-    eng = _open_colibri(model, threads, len(prompt) + gen + 8)
+    eng = open_colibri(model, threads, len(prompt) + gen + 8)
     load = time.perf_counter() - t_start
     ttft, decode = _pp_then_tg(eng.forward, eng.reset, lambda t: eng.forward([t]), prompt, gen)
     return {"load_s": load, "ttft_s": ttft, "decode_s": decode}
@@ -187,7 +176,7 @@ def _colibri(model: str, threads: int, prompt: list[int], gen: int, t_start: flo
 
 def _colibri_chat(model: str, threads: int, prompt: list[int], gen: int, t_start: float) -> dict:
     """The chat window's path: generate() on text, the engine's default sampling, streamed Steps."""
-    eng = _open_colibri(model, threads, len(prompt) + gen + 64)
+    eng = open_colibri(model, threads, len(prompt) + gen + 64)
     load = time.perf_counter() - t_start
     eng.codec.stop_ids = frozenset()  # benchmark only: EOS must not end tg early (llama-bench ignores it too)
     text = eng.detokenize(prompt)
@@ -314,17 +303,6 @@ def worker_main(argv: list[str]) -> int:
 
 # --- the parent: prepare, alternate, summarise -----------------------------------------------
 
-def find_python(engine: str, given: str | None) -> tuple[str | None, str]:
-    """An interpreter that can import the engine's package, or None and why not."""
-    if engine == "llama-bench":
-        return find_llama_bench(given)
-    candidates = [given] if given else [sys.executable, str(ROOT / VENVS.get(engine, ".venv") / "bin" / "python")]
-    for py in candidates:
-        if py and Path(py).exists() and subprocess.run([py, "-c", f"import {MODULES[engine]}, numpy"],
-                                                       capture_output=True).returncode == 0:
-            return py, ""
-    return None, f"no interpreter with `{MODULES[engine]}` (tried {', '.join(c for c in candidates if c)})"
-
 
 NAMED = {"default": "the default model's GGUF (SmolLM2-135M-Instruct Q4_1)",
          "moe-q8_0": "the Mixtral-style benchmark model (colibri-bench memory) in int8 = Q8_0",
@@ -376,15 +354,6 @@ def split_preset(spec: str) -> tuple[str, str] | None:
     if not base or not preset[:1].isalpha() or "/" in preset:
         return None
     return base, preset
-
-
-def converter_python() -> str:
-    """An interpreter with torch for llama.cpp's convert_hf_to_gguf.py: $COLIBRI_CONVERT_PYTHON, this one,
-    or .venv-fixtures (the `fixtures` extra)."""
-    py, why = find_python("transformers", os.environ.get("COLIBRI_CONVERT_PYTHON"))
-    if py is None:
-        raise SystemExit(f"convert_hf_to_gguf.py needs torch: {why} (or set COLIBRI_CONVERT_PYTHON)")
-    return py
 
 
 def resolve_spec(spec: str, moe_dir: Path, llama_cpp: str | None = None, log=print) -> str:

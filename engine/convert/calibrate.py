@@ -259,16 +259,6 @@ def calibration_of(items: list, cfg: ModelConfig, src, text_path: str | Path,
     return cal
 
 
-def for_model(model_path: str | Path, text_path: str | Path) -> Calibration:
-    """The calibration colibri-convert --calibration_data computes, for a GGUF file or HF folder."""
-    from engine.convert.convert import open_source, plan
-    src = open_source(Path(model_path))
-    try:
-        return calibration_of(plan(src, src.config, "f32", True), src.config, src, text_path, Path(model_path))
-    finally:
-        src.close()
-
-
 def write_llama_imatrix(cal: Calibration, path: str | Path, num_experts: int = 1) -> Path:
     """The energies as llama.cpp's legacy imatrix file (count, then per entry name, ncall 1, n,
     float32 values), under GGUF tensor names, for llama-quantize --imatrix. Dense models only."""

@@ -532,3 +532,14 @@ def _move_into_place(tmp: Path, dst: Path) -> None:
     _fsync_dir(dst.parent)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def calibration_for(model_path: str | Path, text_path: str | Path):
+    """The calibration colibri-convert --calibration_data computes, for a GGUF file or HF folder
+    (here, not in calibrate.py: it opens the source as convert does, and calibrate stays below convert)."""
+    from engine.convert.calibrate import calibration_of
+    src = open_source(Path(model_path))
+    try:
+        return calibration_of(plan(src, src.config, "f32", True), src.config, src, text_path, Path(model_path))
+    finally:
+        src.close()

@@ -1,16 +1,24 @@
 """Compute kernels: Numba (cpu.py) with a numpy twin of each (reference.py).
 
-Numba's settings must be in place before it is first imported: the compiled-kernel cache goes to
-the user's cache folder (so a read-only install still caches), the threading layer must be one
-that is safe when two Python threads run kernels at once (missing → a loud error, never a silent
-fallback that crashes under threads), and the instruction set is chosen here (`simd`). Processes
-that share the cache folder do so under file locks (cache_lock.py).
+Importing this package changes nothing; `setup()` does the work, once per process, and every
+command, the test suite and whoever uses the Python API call it before they import a module that
+compiles with numba (engine.api included). What it puts in place: the compiled-kernel cache in the
+user's cache folder (so a read-only install still caches), one folder per digest of these sources; a
+threading layer that is safe when two Python threads run kernels at once (missing → a loud error,
+never a silent fallback that crashes under threads); the instruction set (`simd`) and the byte
+dot-product path (`simd_path`, engine.kernels.isa, measured once per CPU in a background process);
+file locks for processes sharing the cache folder (cache_lock.py), cached kernels without live IR
+(cached_ir.py) and unique compiled names (_RandomUids).
 
-`simd` (the `--simd` parameter, or the COLIBRI_SIMD environment variable, read at import):
+Why a module imported before setup() fails (kernels/ready.py) rather than setting up by itself:
+numba reads its cache folder and target when a kernel is decorated, and simd.py fixes its path when
+it is imported, so whatever comes first decides for the whole process. Set up silently by an
+import, a command's --simd or --simd_path (or the window's settings) would be ignored without a word.
+
+`simd` (the parameter, or COLIBRI_SIMD in a child process that Colibri starts):
   auto    — the target measured fastest on this CPU (engine.kernels.isa: each path timed under
             both); until measured, avx512 on AMD CPUs (Zen 4 runs it at full clock) and avx2
-            elsewhere (AVX-512 lowers the clock of many Intel CPUs, as the seed warns; yet on a
-            Sapphire Rapids-class VM its prefill kernels ran 1.35-1.8x faster: hence measured)
+            elsewhere (AVX-512 lowers the clock of many Intel CPUs)
   avx2    — the host's features with every AVX-512 extension switched off
   avx512  — everything the host CPU has (numba's own default)
 A change takes effect at the next start: numba compiles for one target per process (the kernel
@@ -25,6 +33,37 @@ import sys
 import platformdirs
 
 SIMD_CHOICES = ("auto", "avx2", "avx512")
+SIMD_REQUESTED: str | None = None  # the `simd` asked for (None until setup)
+SIMD: str | None = None  # what this process compiles for: "avx2", "avx512", "native" or "custom"
+
+
+def setup(simd: str | None = None, simd_path: str | None = None, bench: bool = True) -> str:
+    """Put numba's settings, this CPU's instruction path and the patches in place before any kernel
+    is imported; returns SIMD. Idempotent: a later call changes nothing (the kernels are compiled for
+    the first one's choice; Engine warns when its parameters ask for another). `simd` and `simd_path`
+    are the parameters (engine.params); None or "auto" leaves what a parent Colibri process passed
+    down (COLIBRI_SIMD), else auto. `bench`: start the background measurement of the paths if this
+    CPU has none cached (COLIBRI_SIMD_BENCH=0 also prevents it: the test suite)."""
+    global SIMD, SIMD_REQUESTED
+    if SIMD is not None:
+        return SIMD
+    if simd not in (None, "auto"):
+        if simd not in SIMD_CHOICES:
+            raise ValueError(f"simd: {simd!r} is not one of {', '.join(SIMD_CHOICES)}")
+        os.environ["COLIBRI_SIMD"] = simd  # (this process's children compile for it too)
+    if SIMD_REQUESTED is None:  # (once, even if what follows fails: a wrong simd_path for this CPU)
+        _numba_settings()
+    requested = os.environ.get("COLIBRI_SIMD", "auto").lower()
+    SIMD_REQUESTED = requested if requested in SIMD_CHOICES else "auto"
+    target = _apply_simd(SIMD_REQUESTED)
+    choose_dot(bench, simd_path)
+    from engine.kernels import cache_lock, cached_ir
+    cache_lock.install()  # after choose_dot, which may move the cache folder (a forced dot path)
+    cached_ir.install()
+    _unique_compiled_names()  # before anything is compiled or loaded
+    SIMD = target
+    return SIMD
+
 
 def _sources_digest() -> str:
     """A digest of every kernel source file. Numba checks only the timestamp of the file that
@@ -45,23 +84,26 @@ def _sources_digest() -> str:
     return h.hexdigest()[:12]
 
 
-if "NUMBA_CACHE_DIR" not in os.environ:
-    home = os.environ.get("COLIBRI_HOME")
-    base = os.path.join(home, "cache") if home else platformdirs.user_cache_dir("colibri", appauthor=False)
-    os.environ["NUMBA_CACHE_DIR"] = os.path.join(base, "numba", _sources_digest())
-if os.environ.get("COLIBRI_DOT"):  # a forced dot-product path (simd.py) compiles apart from the natural one
-    os.environ["NUMBA_CACHE_DIR"] += "-dot-" + os.environ["COLIBRI_DOT"]
-os.environ.setdefault("NUMBA_THREADING_LAYER", "threadsafe")
-if "numba" in sys.modules:  # numba read its settings at its own import: a program that imported it first
-    from numba.core import config as _config  # would cache the kernels beside their sources, by each file's
-    _config.CACHE_DIR = os.environ["NUMBA_CACHE_DIR"]  # timestamp only (simd.py edited: cpu.py's stale code)
-    if _config.THREADING_LAYER == "default":
-        _config.THREADING_LAYER = os.environ["NUMBA_THREADING_LAYER"]
-# OMP_WAIT_POLICY stays libgomp's default (spin briefly, then sleep). Measured on 2 cores: PASSIVE
-# is 2.7x slower decoding the default model on a quiet machine (16 vs 43 tok/s) and 1.4x on an
-# all-resident MoE, while it helps only when other programs compete for the cores (MoE with
-# expert loads: 6.9 vs 3.4 tok/s beside a CPU hog; on a 2-core VM at load 12-16, the moderate bench
-# model streaming at half its size: 1.2 -> 7.5 tok/s). Set it in the environment to choose.
+def _numba_settings() -> None:
+    """The cache folder and the threading layer, in the environment (numba reads them at its import;
+    child processes inherit them) and in numba's config if it is imported already: a program that
+    imported it first would cache the kernels beside their sources, by each file's timestamp only
+    (simd.py edited: cpu.py's stale code)."""
+    if "NUMBA_CACHE_DIR" not in os.environ:
+        home = os.environ.get("COLIBRI_HOME")
+        base = os.path.join(home, "cache") if home else platformdirs.user_cache_dir("colibri", appauthor=False)
+        os.environ["NUMBA_CACHE_DIR"] = os.path.join(base, "numba", _sources_digest())
+    if os.environ.get("COLIBRI_DOT"):  # a forced dot-product path (simd.py) compiles apart from the natural one
+        os.environ["NUMBA_CACHE_DIR"] += "-dot-" + os.environ["COLIBRI_DOT"]
+    os.environ.setdefault("NUMBA_THREADING_LAYER", "threadsafe")
+    if "numba" in sys.modules:
+        from numba.core import config
+        config.CACHE_DIR = os.environ["NUMBA_CACHE_DIR"]
+        if config.THREADING_LAYER == "default":
+            config.THREADING_LAYER = os.environ["NUMBA_THREADING_LAYER"]
+    # OMP_WAIT_POLICY stays libgomp's default (spin briefly, then sleep): PASSIVE decodes several
+    # times slower on a quiet machine and helps only when other programs compete for the cores. Set
+    # it in the environment to choose.
 
 
 def _without_avx512() -> tuple[str, str] | None:
@@ -96,40 +138,11 @@ def _apply_simd(choice: str) -> str:
     return "avx2"
 
 
-_requested = os.environ.get("COLIBRI_SIMD", "auto").lower()
-SIMD_REQUESTED = _requested if _requested in SIMD_CHOICES else "auto"
-SIMD = _apply_simd(SIMD_REQUESTED)  # what this process compiles for
-
-
-def choose_dot(bench: bool = True) -> str:
+def choose_dot(bench: bool = True, simd_path: str | None = None) -> str:
     """Decide the byte dot-product path before simd.py is imported (engine.kernels.isa): the
     override, else the choice measured for this CPU (measured now on the first start)."""
     from engine.kernels import isa
-    return isa.apply(_sources_digest(), bench)
-
-
-choose_dot()
-
-
-def _share_cache_between_processes() -> None:
-    """File locks around numba's cache (cache_lock.py): the dot-path measurement's children and
-    this process compile into one folder on a first start. After choose_dot, which may move the
-    folder (a forced dot path), and numba's other settings."""
-    from engine.kernels import cache_lock
-    cache_lock.install()
-
-
-_share_cache_between_processes()
-
-
-def _cached_kernels_without_ir() -> None:
-    """Kernels loaded from the cache keep their LLVM IR as bytes, not as live modules (cached_ir.py):
-    37 of the 82 MB that loading the bench MoE's kernels took."""
-    from engine.kernels import cached_ir
-    cached_ir.install()
-
-
-_cached_kernels_without_ir()
+    return isa.apply(_sources_digest(), bench, simd_path)
 
 
 class _RandomUids:
@@ -151,6 +164,3 @@ def _unique_compiled_names() -> None:
     from numba.core.bytecode import FunctionIdentity
     if not isinstance(FunctionIdentity._unique_ids, _RandomUids):
         FunctionIdentity._unique_ids = _RandomUids()
-
-
-_unique_compiled_names()  # before anything is compiled or loaded

@@ -17,7 +17,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-import engine.kernels  # noqa: F401  (numba's target first)
+import engine.kernels.ready  # noqa: F401  (engine.kernels.setup() first: fails otherwise)
 from engine.kernels.simd import F32, I8, I16, I32, WIDE, _data_ptr, _lane0, _load, _vec, _widest
 
 _CONTRACT = ("contract",)  # multiply-adds may fuse, nothing is reordered: the same sum wherever it runs

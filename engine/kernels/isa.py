@@ -3,7 +3,7 @@ generic) and, on a CPU with AVX-512, the target numba compiles for (AVX-512 on o
 
 Why: which instructions are fastest depends on the CPU (VNNI is not always the winner, e.g. where
 it runs at half rate), and a path that computes wrong numbers on some CPU must never run. So on
-the first import of engine.kernels on a CPU (and kernel version) each path this CPU
+the first engine.kernels.setup() on a CPU (and kernel version) each path this CPU
 can execute multiplies a small matrix per int8 format, one token (decode) and 64 tokens on the
 8-row repacked layout (prefill), checked against the format's numpy twin (engine.kernels.table): a
 wrong path is excluded, the fastest correct one is chosen (the smallest sum over the cases of its
@@ -14,7 +14,7 @@ prefill kernels 1.35-1.8x the AVX-VNNI ones, where the vendor rule had switched 
 every Intel CPU), and engine.kernels applies the measured target at the next start.
 
 Design (the cheapest honest one): simd.DOT is fixed when simd.py is imported, so each path runs
-in its own child process (`python -m engine.kernels.isa PATH`), with its own numba cache folder
+in its own child process (engine.kernels.isa_run.child_main), with its own numba cache folder
 (engine.kernels appends "-dot-PATH"), so the timing itself is well under a second per path once
 compiled; the first start pays numba's compile of cpu.matmul once per path (measured on 2 cores:
 about 30-50 s a path cold, 1.3 s warm). The result is cached as JSON in the user data folder, keyed
@@ -23,9 +23,9 @@ again when the key changes. The measurement runs in a detached, niced process so
 not held up: that start runs simd.py's own pick, and the next one the measured choice.
 COLIBRI_SIMD_BENCH=0 skips the measurement (the test suite: simd.py's own pick then runs, as before).
 
-Override: `simd` (engine.kernels: the target) and the `simd_path` parameter (read from
-COLIBRI_SIMD_PATH at import, as `simd`): auto (the measured choice, else simd.py's own pick), vnni,
-avx2 or generic. COLIBRI_DOT (tests, benchmarks) wins over both.
+Override: the `simd` parameter (engine.kernels: the target) and the `simd_path` parameter (given to
+engine.kernels.setup()): auto (the measured choice, else simd.py's own pick), vnni, avx2 or generic.
+COLIBRI_DOT (tests, benchmarks, the measurement's children) wins over both.
 """
 from __future__ import annotations
 
@@ -186,7 +186,7 @@ def run_child(entry: str) -> dict[str, float | None]:
         env.pop("NUMBA_CPU_NAME", None)
         env.pop("NUMBA_CPU_FEATURES", None)
     try:
-        r = subprocess.run([sys.executable, "-c", "import engine.kernels.isa as m, sys; m.child_main(sys.argv[1])",
+        r = subprocess.run([sys.executable, "-c", "import engine.kernels.isa_run as m, sys; m.child_main(sys.argv[1])",
                             path], env=env, capture_output=True, text=True, timeout=600)
         return json.loads(r.stdout.strip().splitlines()[-1]) if r.returncode == 0 else {}
     except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
@@ -255,7 +255,7 @@ def measure_in_background(digest: str) -> bool:
     cores cold). False if one is already running or it cannot start."""
     if _measuring_elsewhere():
         return False
-    code = ("import os, sys; os.nice(10); import engine.kernels.isa as m; "
+    code = ("import os, sys; os.nice(10); import engine.kernels as k; k.setup(); import engine.kernels.isa as m; "
             "m.cache_path().parent.mkdir(parents=True, exist_ok=True); "
             "lock = m.cache_path().with_suffix('.lock'); lock.write_text(str(os.getpid())); "
             "m.measure(sys.argv[1], m.host_features()); lock.unlink(missing_ok=True)")
@@ -268,10 +268,11 @@ def measure_in_background(digest: str) -> bool:
     return True
 
 
-def apply(digest: str, bench: bool = True) -> str:
-    """Decide this process's path before simd.py is imported (COLIBRI_DOT, which tests and
-    benchmarks set, wins); returns how (SOURCE). Without a cached measurement this process runs
-    simd.py's own pick and the measurement runs in the background, for the next start."""
+def apply(digest: str, bench: bool = True, wanted: str | None = None) -> str:
+    """Decide this process's path before simd.py is imported: `wanted` (the simd_path parameter;
+    None = auto), except that COLIBRI_DOT (set by tests, benchmarks and the measurement for their
+    children) wins; returns how (SOURCE). Without a cached measurement this process runs simd.py's
+    own pick and the measurement runs in the background, for the next start."""
     global SOURCE, MEASURED
     if SOURCE != "default" or "engine.kernels.simd" in sys.modules:  # decided already
         return SOURCE
@@ -279,7 +280,7 @@ def apply(digest: str, bench: bool = True) -> str:
         SOURCE = "forced"
         return SOURCE
     feats = host_features()
-    path, SOURCE, MEASURED = decide(digest, feats, os.environ.get("COLIBRI_SIMD_PATH", "auto").lower(), bench=False)
+    path, SOURCE, MEASURED = decide(digest, feats, (wanted or "auto").lower(), bench=False)
     if path is not None and path not in executable(_features()):  # measured under a target not in effect
         path, SOURCE = None, "default"  # (simd = avx2 asked for on a CPU whose AVX-512 path won)
     if SOURCE == "default" and bench and os.environ.get("COLIBRI_SIMD_BENCH", "1") != "0" \
@@ -288,100 +289,3 @@ def apply(digest: str, bench: bool = True) -> str:
     if path is not None:
         _set(path, executable(feats)[0])
     return SOURCE
-
-
-def _random_blocks(name: str, rows: int, n: int, rng) -> "np.ndarray":  # noqa: F821
-    """Random blocks with sane f16 scales (the offsets of each format's scale fields)."""
-    import numpy as np
-
-    from engine import quant
-    offsets = {"q8_0": [0], "q4_0": [0], "q4_1": [0, 2], "q5_0": [0], "q5_1": [0, 2], "q2_k": [80, 82],
-               "q3_k": [108], "q4_k": [0, 2], "q5_k": [0, 2], "q6_k": [208], "iq4_nl": [0], "iq4_xs": [0],
-               "mxfp4": []}
-    t = quant.get(name)
-    nb = n // t.block_size
-    raw = rng.integers(0, 256, size=(rows, nb, t.type_size), dtype=np.uint8)
-    for off in offsets[name]:
-        raw[:, :, off:off + 2] = rng.normal(0, 0.05, size=(rows, nb)).astype(np.float16).view(np.uint8) \
-            .reshape(rows, nb, 2)
-    if name == "mxfp4":
-        raw[:, :, 0] = rng.integers(121, 128, size=(rows, nb), dtype=np.uint8)
-    return raw.reshape(rows, -1)
-
-
-def _child(path: str) -> dict[str, float | None]:
-    """In the child: per format, x (1, 2048) @ W.T for W (128, 2048) as stored (decode), and
-    x (64, 2048) @ W.T on W repacked into 8-row groups (prefill: "FORMAT@64"), each checked against
-    the twin at the table's tolerance (None if wrong), then the best of 20 (decode) or 5 timed calls
-    on one thread (the instructions are measured, not the thread pool's wake-up)."""
-    import numba
-    import numpy as np
-
-    from engine import quant
-    from engine.kernels import cpu, simd, table
-    assert simd.DOT == path, (simd.DOT, path)
-    numba.set_num_threads(1)
-    rng = np.random.default_rng(0)
-    out: dict[str, float | None] = {}
-    for name in FORMATS:
-        w = _random_blocks(name, 128, 2048, rng)
-        code = quant.get(name).type_id
-        k = table.lookup("matmul", name)
-        cases = [(name, w, code, 1, 20)]
-        if code in cpu.PACKABLE:
-            packed = w.copy()
-            cpu.repack_x8(packed, code)
-            cases.append((f"{name}@64", packed, code + cpu.PACKED, 64, 5))
-        for case, m, c, T, repeats in cases:
-            x = rng.standard_normal((T, 2048)).astype(np.float32)
-            y = np.empty((T, 128), np.float32)
-            cpu.matmul(m, c, x, y, False)
-            want = table.resolve(k.twin)(w, name, x)
-            if not np.allclose(y, want, rtol=k.rtol, atol=k.atol * np.abs(want).max()):
-                out[case] = None
-                continue
-            best = float("inf")
-            for _ in range(repeats):
-                t0 = time.perf_counter()
-                cpu.matmul(m, c, x, y, False)
-                best = min(best, time.perf_counter() - t0)
-            out[case] = best
-    return out
-
-
-def child_main(path: str) -> None:
-    print(json.dumps(_child(path)))
-
-
-def in_effect() -> str:
-    """This process's path, how it was decided and the vector width, e.g. "vnni (measured, 512-bit)"."""
-    from engine.kernels import simd
-    return f"{simd.DOT} ({SOURCE}, {512 if simd.WIDE else 256}-bit)"
-
-
-def model_kernels(weights) -> dict[str, str]:
-    """{format: what runs for x @ W.T on it (table.describe)} for the formats of a model's mapped
-    and resident matrices (engine.weights.ModelWeights; MoE experts read on demand not included)."""
-    from dataclasses import fields, is_dataclass
-
-    from engine import quant
-    from engine.kernels import cpu, table
-    codes = set()
-
-    def visit(obj) -> None:
-        if hasattr(obj, "code") and hasattr(obj, "data"):  # a Matrix
-            codes.add(obj.code - cpu.PACKED if obj.code >= cpu.PACKED else obj.code)
-        elif is_dataclass(obj):
-            for f in fields(obj):
-                visit(getattr(obj, f.name))
-
-    for m in (weights.token_embd, weights.output, *weights.layers):
-        visit(m)
-    out = {}
-    for code in sorted(codes):
-        name = quant.get(int(code)).name
-        try:
-            out[name] = table.describe(name)
-        except KeyError:
-            out[name] = "?"
-    return out

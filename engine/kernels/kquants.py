@@ -31,7 +31,7 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-import engine.kernels  # noqa: F401  (numba settings first)
+import engine.kernels.ready  # noqa: F401  (engine.kernels.setup() first: fails otherwise)
 from engine.kernels.simd import (_EXACT, _FAST, _ZERO, F32, I8, I32, TOKENS, WIDE, _activations, _byte_ptr, _dot_accumulate, _load,
                                  _splat, _token_pointers, _vec, copy4, dots_accumulate, group_intrinsic, i16_limit,
                                  prefetch)

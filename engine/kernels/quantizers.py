@@ -16,7 +16,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-import engine.kernels  # noqa: F401  (numba's target first)
+import engine.kernels.ready  # noqa: F401  (engine.kernels.setup() first: fails otherwise)
 from engine.kernels.simd import F32, I8, I32, _data_ptr, _ieee_divide, _lane0, _load, _splat, _vec, _widest
 
 

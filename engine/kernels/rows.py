@@ -18,7 +18,7 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
-import engine.kernels  # noqa: F401  (numba settings first)
+import engine.kernels.ready  # noqa: F401  (engine.kernels.setup() first: fails otherwise)
 from engine.kernels.float_rows import (HEADS, add_weighted_rows, add_weighted_rows_heads, dot, dot_rows, dot_rows_heads,
                                        sum_in_order, sums_in_order_heads)
 from engine.kernels.simd import _ieee_divide

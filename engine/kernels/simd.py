@@ -27,7 +27,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-import engine.kernels  # noqa: F401  (numba's target first)
+import engine.kernels.ready  # noqa: F401  (engine.kernels.setup() first: fails otherwise)
 
 I8, I16, I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
 _ZERO = ir.Constant(ir.IntType(64), 0)

@@ -9,7 +9,7 @@ import math
 import numpy as np
 from numba import njit, prange
 
-import engine.kernels  # noqa: F401  (numba settings first)
+import engine.kernels.ready  # noqa: F401  (engine.kernels.setup() first: fails otherwise)
 from engine.kernels.float_rows import HEADS
 from engine.kernels.rows import attend, attend_heads, rmsnorm_row, rope_head, silu
 from engine.kernels.simd import half_bits

@@ -15,7 +15,7 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
-import engine.kernels  # noqa: F401  (numba settings first)
+import engine.kernels.ready  # noqa: F401  (engine.kernels.setup() first: fails otherwise)
 
 NO_SCALE = np.ones((1, 1), np.float32)  # the scales argument of keys and values stored unscaled
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-import engine.kernels  # noqa: F401  (numba settings first)
+import engine.kernels.ready  # noqa: F401  (engine.kernels.setup() first: fails otherwise)
 
 
 def causal_conv_ref(x: np.ndarray, w: np.ndarray, state: np.ndarray, silu: bool) -> tuple[np.ndarray, np.ndarray]:

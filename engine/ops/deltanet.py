@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-import engine.kernels  # noqa: F401  (numba settings first)
+import engine.kernels.ready  # noqa: F401  (engine.kernels.setup() first: fails otherwise)
 
 
 def _prepare(q: np.ndarray, k: np.ndarray, Hv: int, tiled: bool) -> tuple[np.ndarray, np.ndarray]:

@@ -13,7 +13,7 @@ import math
 import numpy as np
 from numba import njit, prange
 
-import engine.kernels  # noqa: F401  (numba settings first)
+import engine.kernels.ready  # noqa: F401  (engine.kernels.setup() first: fails otherwise)
 
 
 def default_inv_freq(theta: float, head_dim: int, partial_rotary_factor: float = 1.0) -> np.ndarray:
