@@ -236,10 +236,7 @@ class Sequence(Reply):
     def prefill(self, before_layer: Any = None) -> np.ndarray:
         """The prompt into this sequence's cache; returns the last prompt token's logits (1, vocab).
         `before_layer(L)` may raise to stop."""
-        logits = None
-        while logits is None:
-            logits = self.prefill_step(before_layer, whole=True)
-        return logits
+        return self.prefill_step(before_layer, whole=True)
 
     def prefill_step(self, before_layer: Any = None, whole: bool = False) -> np.ndarray | None:
         """The next chunk of the prompt into the cache (all of it if `whole`): the last prompt
