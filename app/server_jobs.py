@@ -9,8 +9,7 @@ once, freeing its slot. One worker thread, so the engine never runs on the event
 keeps the only OpenMP team: app.cli_serve.warm_apart). While the GUI serves, its chat replies are jobs here too
 (`local_steps`); any other Engine.generate (on the conversation cache) runs between the steps,
 which take the engine's lock only.
-`SerialScheduler`: one job at a time, in arrival order (the same Job API: `submit`, `cancel`,
-`events`). `Turns` is a line in front of the engine: a reply waits for the one before it.
+`Turns` is a line in front of the engine's conversation cache: a reply waits for the one before it.
 `local_steps`: a reply of a caller on a plain thread (the GUI's chat while it serves) through the
 same scheduler, so it shares the decode steps of the served requests.
 """
@@ -137,7 +136,7 @@ class LocalJob(Job):
         self.inbox.put(item)
 
 
-def local_steps(scheduler: BatchScheduler | SerialScheduler, prompt: str | list[dict], sampling: dict[str, Any],
+def local_steps(scheduler: BatchScheduler, prompt: str | list[dict], sampling: dict[str, Any],
                 cancel: threading.Event, stop: tuple[str, ...] = ()) -> Iterator[Step]:
     """A reply through `scheduler` as Engine.generate(prompt_progress=True)'s steps: joins the
     served requests' decode steps between two of them. `cancel` (the caller's Stop) ends it after
@@ -159,89 +158,6 @@ def local_steps(scheduler: BatchScheduler | SerialScheduler, prompt: str | list[
     finally:
         if not ended:  # the caller dropped the reply: its slot is freed at the next step
             job.cancel()
-
-
-class SerialScheduler:
-    """One worker thread runs the queued jobs on one engine, first come first served."""
-
-    def __init__(self, engine: Engine, max_queue: int, turns: Turns | None = None):
-        self.engine = engine
-        self.max_queue = max_queue
-        self.turns = turns or Turns()  # shared with the GUI's chat when it serves the GUI's engine
-        self._queue: queue.Queue[Job | None] = queue.Queue()
-        self._waiting = 0  # submitted and not yet started
-        self._count_lock = threading.Lock()
-        self.running: Job | None = None
-        self._thread = threading.Thread(target=self._work, name="colibri-serve-engine", daemon=True)
-        self._thread.start()
-
-    @property
-    def waiting(self) -> int:
-        return self._waiting
-
-    def submit(self, job: Job) -> None:
-        with self._count_lock:
-            if self._waiting >= self.max_queue:
-                raise QueueFull(f"{self._waiting} requests are already waiting (the limit is "
-                                f"{self.max_queue})")
-            self._waiting += 1
-        self._queue.put(job)
-
-    def close(self, timeout: float = 10.0) -> None:
-        """Cancel the running job and everything queued, then end the worker thread."""
-        if self.running is not None:
-            self.running.cancel()
-        while True:
-            try:
-                job = self._queue.get_nowait()
-            except queue.Empty:
-                break
-            if job is not None:
-                job.cancel()
-                job._put(None)
-                job.done.set()
-        self._queue.put(None)
-        self._thread.join(timeout)
-
-    def _work(self) -> None:
-        while True:
-            job = self._queue.get()
-            if job is None:
-                return
-            with self._count_lock:
-                self._waiting -= 1
-            if job.cancelled.is_set():  # left while waiting
-                job._put(None)
-                job.done.set()
-                continue
-            try:
-                with self.turns.turn(job.cancelled) as mine:
-                    self.running = job
-                    if mine:
-                        self._run(job)
-                    else:  # left while waiting for the GUI's reply
-                        job._put(None)
-            finally:
-                self.running = None
-                job.done.set()
-
-    def _run(self, job: Job) -> None:
-        gen = None
-        try:
-            # cancel: the engine stops within a prompt's prefill too, not only between tokens
-            gen = self.engine.generate(job.prompt, stop=job.stop, cancel=job.cancelled, **job.sampling)
-            for step in gen:
-                job._put(step)
-                if job.cancelled.is_set():
-                    log.info("request cancelled after %d tokens (client gone)", step.generated_tokens)
-                    break
-            job._put(None)
-        except Exception as e:  # reported to the client; the worker keeps serving
-            log.exception("generation failed")
-            job._put(e)
-        finally:
-            if gen is not None:
-                gen.close()  # releases the engine at once
 
 
 class _Left(Exception):
@@ -420,7 +336,7 @@ class BatchScheduler:
             if self.filling is None:
                 return
             seq = self.filling[1]
-            before = seq.filled or 0
+            before = seq.filled
             self._fill()  # one chunk of one prompt
             if self.filling is not None:  # more of it to read after the others' next step
                 return
@@ -456,13 +372,13 @@ class BatchScheduler:
             logits = seq.prefill_step(check)
             if logits is None:  # more of the prompt to read, after the others' next step
                 if isinstance(job, LocalJob):  # the GUI shows how far its prompt is read
-                    job._put(seq.prompt_step())
+                    job._put(seq.step(kind="prompt"))
                 return
             step = seq.feed(logits)
         except _Left:
             log.info("request cancelled during its prompt (client gone)")
             self.filling = None
-            job._put(seq.cancelled_step())
+            job._put(seq.end("cancelled"))
             self._finish(job, seq)
             return
         except Exception as e:  # reported to the client; the worker keeps serving
@@ -482,7 +398,7 @@ class BatchScheduler:
         for job, seq in self.active:
             if job.cancelled.is_set():  # a vanished client frees its slot before the step
                 log.info("request cancelled after %d tokens (client gone)", seq.generated)
-                job._put(seq.cancelled_step())
+                job._put(seq.end("cancelled"))
                 self._finish(job, seq)
             else:
                 live.append((job, seq))

@@ -12,6 +12,7 @@ import logging
 import os
 import threading
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
@@ -22,7 +23,7 @@ import numpy as np
 import psutil
 
 from engine import params as P
-from engine.errors import ColibriError, ModelFormatError
+from engine.errors import ModelFormatError
 from engine.scheduler import ScheduleSnapshot, attach
 from engine.cache_plan import plan_expert_cache, replan
 from engine.expert_store import ExpertStore
@@ -31,13 +32,15 @@ from engine.hardware import EnergyReading, HardwareMonitor, HardwareSnapshot
 from engine.kernels import isa_run
 from engine.kernels.matmul import INT_MAX_T
 from engine.kvcache import KVCache
+from engine.batch import decode_batch
 from engine.mempool import MemoryPool, PoolStats, return_freed_heap, unmap_compiler_pages
 from engine.model_dir import open_model_dir
 from engine.models import Transformer
 from engine.sampling import Sampler
 from engine.sysmem import MemoryBudget
 from engine.throttle import ThrottleEvent
-from engine.tokenizer import StopMatcher, StreamDecoder, TextCodec
+from engine.reply import ContextOverflowError, Reply, Step, check_ids
+from engine.tokenizer import TextCodec
 from engine.weights import ModelWeights
 
 log = logging.getLogger("colibri.engine")
@@ -47,33 +50,32 @@ def _level(name: str) -> str:
     return "WARNING" if name == "WARN" else name
 
 
-class ContextOverflowError(ColibriError, ValueError):
-    """The prompt does not fit in the context; raised before any work is done."""
-
-
 class _Interrupted(Exception):
     """Raised between prefill layers when a reply is stopped (never leaves engine.api)."""
 
 
-class _Run:
-    """One generate() call's state and timings. It takes the engine's lock for each computation
-    only, and owns the conversation cache until another call uses it (`engine._turn`)."""
+class _Run(Reply):
+    """generate()'s reply, on the conversation cache: it takes the engine's lock for each
+    computation only, and owns the cache until another call uses it (`engine._turn`)."""
 
-    def __init__(self, engine: Engine, ids: list[int], cancel: threading.Event | None):
-        self.e, self.ids, self.cancel = engine, ids, cancel
-        self.generated, self.reuse, self.done = 0, 0, 0
-        self.prefill_tok_s = self.decode_tok_s = self.ttft = 0.0
-        self.t0 = self.t_first = time.perf_counter()
-        self.meter = None
-        self.finished = False
+    meter: Any = None  # the reply's energy, from its prefill on
+    closed = False
+
+    @property
+    def cache(self) -> KVCache:  # type: ignore[override]
+        return self.e.cache
 
     def _owner(self) -> bool:
         return self.e._turn is self
+
+    def cancelled(self) -> bool:
+        return self.e._cancel.is_set() or super().cancelled()
 
     def prefill(self, progress: bool):
         """Generator: the prompt into the cache in chunks (Step(kind="prompt") after each when
         `progress`); returns the last logits, or None when stopped or superseded."""
         e = self.e
+        self.t0 = self.t_first = time.perf_counter()  # (made by generate(), this reply starts when first asked)
         with e._lock:
             e._cancel.clear()
             e._turn = self
@@ -85,99 +87,60 @@ class _Run:
                     break
                 reuse += 1
             # one token must run to get logits; a recurrent cache may keep nothing (KVCache.truncate)
-            self.reuse = self.done = e.cache.truncate(min(reuse, len(self.ids) - 1))
-            e.tokens = self.ids[:self.reuse]
-        bs = len(self.ids) if e.cfg.is_moe else e.params["batch_size"]  # MoE: one pass, see _ready
+            self.reused = self.filled = e.cache.truncate(min(reuse, len(self.ids) - 1))
+            e.tokens = self.ids[:self.reused]
         logits = None
-        while self.done < len(self.ids):
+        while self.filled < len(self.ids):
             with e._lock:
-                if not self._owner() or e._cancelled(self.cancel):
+                if not self._owner() or self.cancelled():
                     return None
-                chunk = self.ids[self.done:self.done + bs]
+                part = self.next_chunk()
                 try:
-                    logits = e._prefill(chunk, e.cache, self.done, all_logits=False, before_layer=self._check_stop)[-1]
+                    logits = e.prefill(part, e.cache, self.filled, before_layer=self._check_stop)
                 except _Interrupted:
                     return None
-                self.done += len(chunk)
-                e.tokens = self.ids[:self.done]
-            if progress and self.done < len(self.ids):
-                yield self.step("", None, kind="prompt")
+                self.filled += len(part)
+                e.tokens = self.ids[:self.filled]
+            if progress and self.filled < len(self.ids):
+                yield self.step(kind="prompt")
         with e._lock:
             if self._owner():
                 e.cache.snapshot()  # rings/recurrent states: the next turn may rewind to here
-        t = time.perf_counter()
-        self.prefill_tok_s = (len(self.ids) - self.reuse) / max(t - self.t0, 1e-9)
-        e._totals["prefilled"] += len(self.ids) - self.reuse
-        e._totals["reused"] += self.reuse
+        self.prompt_read()
+        e.count(reused=self.reused)
         return logits
 
     def _check_stop(self, layer: int) -> None:
-        if self.e._cancelled(self.cancel):
+        if self.cancelled():
             raise _Interrupted
 
-    def first_token(self) -> None:
-        self.t_first = time.perf_counter()
-        self.ttft = self.t_first - self.t0
-
-    def decode(self, tok: int) -> np.ndarray | None:
-        """Logits after `tok`; None when another call owns the conversation cache now."""
+    def decode(self) -> np.ndarray | None:
+        """Logits after `token`; None when another call owns the conversation cache now."""
         e = self.e
         with e._lock:
             if not self._owner():
                 return None
-            logits = e._prefill([tok], e.cache, len(e.tokens), all_logits=False)[-1]
-            e.tokens.append(tok)
+            logits = e.decode([self.token], [e.cache])
+            e.tokens.append(self.token)
         return logits
 
-    def step(self, piece: str, tok: int | None, finish: str | None = None, kind: str = "token") -> Step:
-        if self.generated > 1:
-            self.decode_tok_s = (self.generated - 1) / max(time.perf_counter() - self.t_first, 1e-9)
-        if finish is not None:
+    def step(self, piece: str = "", tok: int | None = None, kind: str = "token") -> Step:
+        out = super().step(piece, tok, kind)
+        if self.finish is not None:
             self.close()
-        return Step(piece, tok, self.generated, len(self.ids), self.reuse, self.prefill_tok_s, self.decode_tok_s,
-                    self.ttft, len(self.e.tokens), self.e.context_limit, finish, kind, self.done)
+        return out
 
     def close(self) -> None:
         """Account for the reply once: at its last step, or when the caller drops the generator."""
-        if self.finished or self.meter is None:
+        if self.closed or self.meter is None:
             return
-        self.finished = True
+        self.closed = True
         e = self.e
         e._last = {"prefill_tok_s": self.prefill_tok_s, "decode_tok_s": self.decode_tok_s, "ttft_s": self.ttft}
-        e._totals["generated"] += self.generated
+        e.count(generated=self.generated)
         e._energy = self.meter.stop(self.generated)
         if self._owner():
             e.weights.experts.check_prefetch()
-
-
-@dataclass(frozen=True)
-class Step:
-    """One streamed piece of a reply. The last step has `finish_reason` set.
-
-    finish_reason: "stop" (the model's end token or a stop string), "length" (max_tokens),
-    "context" (the context filled up mid-reply; OpenAI calls both "length": see
-    `length_limited`), "cancelled" (Engine.stop() or the `cancel` event, during the prompt too).
-    kind "prompt" (only with generate(prompt_progress=True)): no text yet, `prompt_done` of
-    `prompt_tokens` are in the cache.
-    """
-    text: str
-    token_id: int | None
-    generated_tokens: int
-    prompt_tokens: int
-    cached_tokens: int  # prompt tokens reused from the previous turn (not prefilled again)
-    prefill_tok_s: float
-    decode_tok_s: float
-    ttft_s: float
-    context_used: int
-    context_limit: int
-    finish_reason: str | None = None  # "stop", "length", "context", "cancelled"
-    kind: str = "token"  # "token" (a piece of the reply) or "prompt" (prefill progress)
-    prompt_done: int = 0  # prompt tokens in the cache so far (== prompt_tokens once decoding)
-
-    @property
-    def length_limited(self) -> bool:
-        """Cut short by a limit: max_tokens or a full context (OpenAI's "length")."""
-        return self.finish_reason in ("length", "context")
 
 
 @dataclass(frozen=True)
@@ -247,11 +210,12 @@ class Engine:
         self.net = Transformer(self.cfg, self.weights)  # what the architecture is: engine.arch
         self.net.exact = not self.params["int8_activations"]
         self.scheduler = attach(self)  # gpu_layers > 0 and a GPU: matmuls are offered to it
-        self._lock = threading.Lock()  # one computation at a time; never held across a yield
+        self._lock = threading.RLock()  # one computation at a time; never held across a yield
         self._turn: object | None = None  # the generate() run that owns the conversation cache
         self._cancel = threading.Event()
         self.tokens: list[int] = []  # the conversation held in the KV cache
         self._totals = {"prefilled": 0, "generated": 0, "reused": 0}
+        self._counting = threading.Lock()
         self._last = {"prefill_tok_s": 0.0, "decode_tok_s": 0.0, "ttft_s": 0.0}
         self._new_cache()
         if "log_level" in given:  # else the program's logging setup decides (the commands configure it)
@@ -393,15 +357,10 @@ class Engine:
             self.hw.governor.observe(self._step_threads, time.perf_counter() - t0)
         return out
 
-    def _check_ids(self, ids: Sequence[int]) -> None:
-        bad = [i for i in ids if not 0 <= int(i) < self.cfg.vocab_size]
-        if bad:
-            raise ValueError(f"token ids out of range 0..{self.cfg.vocab_size - 1}: {bad[:5]}")
-
     def logits(self, token_ids: Sequence[int], dump: dict | None = None) -> np.ndarray:
         """Logits (len, vocab) of every position, from an empty cache; the conversation is kept."""
         ids = list(token_ids)
-        self._check_ids(ids)
+        check_ids(ids, self.cfg.vocab_size)
         if not ids or len(ids) > self.context_limit:
             raise ContextOverflowError(f"{len(ids)} tokens: logits needs 1 to {self.context_limit}")
         with self._lock:
@@ -415,17 +374,13 @@ class Engine:
     def forward(self, token_ids: Sequence[int]) -> int:
         """Append tokens to the conversation cache; the greedy next token."""
         ids = list(token_ids)
-        self._check_ids(ids)
+        check_ids(ids, self.cfg.vocab_size)
         with self._lock:
             if self.cache.length + len(ids) > self.context_limit:
                 raise ContextOverflowError(f"{self.cache.length} + {len(ids)} tokens exceed the context of "
                                            f"{self.context_limit}")
             self._turn = None  # the conversation moves on without any suspended generate()
-            chunk = self._ready()
-            t0 = time.perf_counter()
-            last = self.net.forward(np.asarray(ids, np.int64), self.cache, self.cache.length, chunk=chunk)
-            if len(ids) == 1:
-                self.hw.governor.observe(self._step_threads, time.perf_counter() - t0)
+            last = self._prefill(ids, self.cache, self.cache.length, all_logits=False)
             self.tokens += ids
         return int(np.argmax(last[-1]))
 
@@ -465,68 +420,50 @@ class Engine:
         A chat takes the template's switches in `template_vars` ({"enable_thinking": False}) and
         continues a reply cut short from `resume`, the text it wrote so far (prompt_ids).
         """
-        sampler = Sampler(**(self.sampling | sampling))
-        max_tokens = P.check("max_tokens", sampling.get("max_tokens", self.sampling["max_tokens"]))
-        ids = self.prompt_ids(prompt, template_vars, resume)
-        if not ids:  # as llama-cli: a model that adds BOS starts from it; any other empty prompt is an error
-            if not self.codec.add_bos:
-                raise ValueError("the prompt is empty (no tokens): give some text to continue")
-            ids = [self.codec.bos_id]
-        self._check_ids(ids)
-        limit = self.context_limit
-        if len(ids) >= limit:
-            raise ContextOverflowError(f"the prompt is {len(ids)} tokens but the context holds {limit} "
-                                       f"(room is needed for the reply): shorten the conversation or raise "
-                                       f"context_length")
-        return self._generate(ids, sampler, max_tokens, tuple(stop), prompt_progress, cancel)
+        return self._generate(_Run(self, prompt, stop, cancel, template_vars, resume, sampling), prompt_progress)
 
-    def _cancelled(self, cancel: threading.Event | None) -> bool:
-        return self._cancel.is_set() or (cancel is not None and cancel.is_set())
-
-    def _generate(self, ids: list[int], sampler: Sampler, max_tokens: int, stop: tuple[str, ...],
-                  prompt_progress: bool = False, cancel: threading.Event | None = None) -> Iterator[Step]:
-        run = _Run(self, ids, cancel)
+    def _generate(self, run: _Run, prompt_progress: bool) -> Iterator[Step]:
         try:
             logits = yield from run.prefill(prompt_progress)
-            if logits is None:  # stopped, or superseded, before the prompt was in
-                yield run.step("", None, "cancelled")
-                return
-            decoder, stops, history = StreamDecoder(self.codec), StopMatcher(stop), list(ids)
-            stop_ids, capacity = self.codec.stop_ids, self.cache.capacity
-            while True:
-                tok = sampler.sample(logits, history)
-                if run.generated == 0:
-                    run.first_token()
-                finish = None
-                if tok in stop_ids:
-                    finish = "stop"
-                    piece, _ = stops.push(decoder.flush())
-                    piece += stops.flush()
-                else:
-                    run.generated += 1
-                    history.append(tok)
-                    piece, hit = stops.push(decoder.feed(tok))
-                    if hit:
-                        finish = "stop"
-                    elif run.generated >= max_tokens:
-                        finish = "length"
-                    elif len(self.tokens) + 1 >= capacity:
-                        finish = "context"
-                    elif self._cancelled(cancel):
-                        finish = "cancelled"
-                    if finish not in (None, "stop"):
-                        more, _ = stops.push(decoder.flush())
-                        piece += more + stops.flush()
-                if finish is not None:
-                    yield run.step(piece, None if tok in stop_ids else tok, finish)
+            while logits is not None:  # (None: stopped or superseded before the prompt was in)
+                yield run.feed(logits)
+                if run.finish is not None:
                     return
-                yield run.step(piece, tok)
-                logits = run.decode(tok)
-                if logits is None:  # another call took the conversation cache meanwhile
-                    yield run.step("", None, "cancelled")
-                    return
+                logits = run.decode()  # None: another call took the conversation cache meanwhile
+            yield run.end("cancelled")
         finally:
             run.close()
+
+    # --- the runner: computations on caches the caller holds (engine.batch's sequences) ------
+    def prefill(self, ids: Sequence[int], cache: KVCache, pos0: int,
+                before_layer: Callable[[int], None] | None = None) -> np.ndarray:
+        """Prompt tokens `ids` into `cache` from position `pos0`, as one computation (under the
+        engine's lock, with the threads the governor allows); the last one's logits (1, vocab),
+        counted in stats(). `before_layer(L)` may raise to stop between layers."""
+        with self._lock:
+            logits = self._prefill(ids, cache, pos0, all_logits=False, before_layer=before_layer)
+        self.count(prefilled=len(ids))
+        return logits
+
+    def decode(self, tokens: Sequence[int], caches: Sequence[KVCache], routes: list | None = None,
+               warmup: bool = False) -> np.ndarray:
+        """The next token of N rows in one pass (tokens[i] on caches[i], engine.batch.decode_batch)
+        as one computation; logits (N, vocab). Its time is the thread tuner's evidence, and its
+        expert lookups count in stats(), unless it is a `warmup` (a compile is no evidence)."""
+        with self._lock, self.weights.experts.quiet() if warmup else nullcontext():
+            self._ready()
+            t0 = time.perf_counter()
+            logits = decode_batch(self.net, tokens, caches, routes)
+            if not warmup:
+                self.hw.governor.observe(self._step_threads, time.perf_counter() - t0, len(tokens))
+        return logits
+
+    def count(self, prefilled: int = 0, reused: int = 0, generated: int = 0) -> None:
+        """A reply's tokens into stats(): prompt tokens run, or reused from a cache, and generated
+        (a lock of its own: counting never waits for a computation)."""
+        with self._counting:
+            for key, n in (("prefilled", prefilled), ("reused", reused), ("generated", generated)):
+                self._totals[key] += n
 
     # --- lifecycle -------------------------------------------------------------------------
     def warmup(self) -> float:

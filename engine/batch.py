@@ -30,10 +30,8 @@ from collections import OrderedDict
 from collections.abc import Sequence as Seq
 from typing import TYPE_CHECKING, Any
 
-import numba
 import numpy as np
 
-from engine import params as P
 from engine.kernels import cpu
 from engine.kernels.batched import decode_rows
 from engine.kvcache import KVCache
@@ -42,11 +40,10 @@ from engine.models.base import Step as PassStep
 from engine.models.base import linear, rmsnorm
 from engine.models.fused import QK_NORM
 from engine.ops import norms, rope
-from engine.sampling import Sampler
-from engine.tokenizer import StopMatcher, StreamDecoder
+from engine.reply import Reply
 
 if TYPE_CHECKING:
-    from engine.api import Engine, Step
+    from engine.api import Engine
     from engine.models.base import Transformer
 
 
@@ -220,114 +217,45 @@ class PrefixCache:
         return best
 
 
-class Sequence:
-    """One reply in a batch: its prompt, its own KV cache, sampler (its own seeded RNG and
-    settings), stream decoder and stop strings. `feed(logits)` samples its next token and gives
-    the `Step` to stream, as Engine.generate's loop does for one reply."""
+class Sequence(Reply):
+    """One reply in a batch (engine.reply.Reply) on a KV cache of its own: its prompt is read in
+    steps between the others' decode steps, and what a PrefixCache holds of it is copied, not run."""
 
-    def __init__(self, engine: Engine, ids: list[int], sampler: Sampler, max_tokens: int, stop: tuple[str, ...],
-                 cancel: threading.Event | None, prefixes: PrefixCache | None = None,
-                 spares: SpareCaches | None = None):
+    def __init__(self, engine: Engine, prompt: str | list[dict], stop: Seq[str], cancel: threading.Event | None,
+                 template_vars: dict | None, resume: str, sampling: dict[str, Any],
+                 prefixes: PrefixCache | None = None, spares: SpareCaches | None = None):
+        super().__init__(engine, prompt, stop, cancel, template_vars, resume, sampling)
         c = engine.cfg
-        self.e, self.ids, self.sampler, self.max_tokens, self.cancel = engine, ids, sampler, max_tokens, cancel
         self.prefixes = prefixes if batchable(engine.net) else None  # a recurrent state cannot be copied in part
         self.spares = spares if batchable(engine.net) else None
         self.cache = (self.spares.take() if self.spares is not None else None) or \
             KVCache(c.num_layers, engine.context_limit, c.num_kv_heads, c.head_dim, engine.params["kv_cache_quantize"],
                     engine.pool)
-        self.decoder, self.stops, self.history = StreamDecoder(engine.codec), StopMatcher(stop), list(ids)
-        self.generated, self.reused = 0, 0
-        self.filled: int | None = None  # prompt positions in the cache (None: prefill not started)
-        self.closed = False
-        # prompt tokens per prefill_step: Engine._prefill's own chunks, so a prompt in steps is the
-        # same computation as in one call; an MoE's prompt goes through each layer at once (its
-        # experts then read once per prompt, and per-expert row counts, hence rounding, unchanged)
-        self.chunk: int | None = None if c.is_moe else int(engine.params["batch_size"])
-        self.token: int | None = None  # the sampled token the next decode step runs
-        self.finish: str | None = None
-        self.t0 = time.perf_counter()
-        self.t_first = self.ttft = self.prefill_tok_s = self.decode_tok_s = 0.0
+        self.started = self.closed = False
 
     def prefill(self, before_layer: Any = None) -> np.ndarray:
-        """The prompt into this sequence's cache (what the prefix cache holds is copied, not run);
-        returns the last prompt token's logits (1, vocab). `before_layer(L)` may raise to stop."""
-        logits = None
-        while logits is None:
-            logits = self.prefill_step(before_layer, whole=True)
-        return logits
+        """The prompt into this sequence's cache; returns the last prompt token's logits (1, vocab).
+        `before_layer(L)` may raise to stop."""
+        return self.prefill_step(before_layer, whole=True)
 
     def prefill_step(self, before_layer: Any = None, whole: bool = False) -> np.ndarray | None:
-        """The next `chunk` prompt tokens into the cache (all of them if `whole`): the last prompt
+        """The next chunk of the prompt into the cache (all of it if `whole`): the last prompt
         token's logits (1, vocab) once the prompt is in, else None. Between two steps the
-        scheduler runs a decode step of the other sequences (chunked prefill)."""
-        e, prefixes = self.e, self.prefixes
-        if self.filled is None:  # the first step: what the prefix cache holds is copied
-            self.reused = prefixes.restore(self.ids, self.cache) if prefixes is not None else 0
-            self.filled = self.reused
-            with e._lock:
-                e._totals["reused"] += self.reused  # the engine's stats count served replies too
-        end = len(self.ids) if whole or self.chunk is None else min(len(self.ids), self.filled + self.chunk)
-        part = self.ids[self.filled:end]
-        with e._lock:
-            logits = e._prefill(part, self.cache, self.filled, all_logits=False, before_layer=before_layer)
-            e._totals["prefilled"] += len(part)
-        self.filled = end
-        if end < len(self.ids):
+        scheduler runs a decode step of the other sequences (chunked prefill): the same
+        computation as the prompt in one call, since the chunks are Engine.generate's."""
+        if not self.started:  # the first step: what the prefix cache holds is copied
+            self.started = True
+            self.reused = self.filled = self.prefixes.restore(self.ids, self.cache) if self.prefixes is not None else 0
+            self.e.count(reused=self.reused)  # the engine's stats count served replies too
+        part = self.next_chunk(whole)
+        logits = self.e.prefill(part, self.cache, self.filled, before_layer)
+        self.filled += len(part)
+        if self.filled < len(self.ids):
             return None
-        if prefixes is not None:
-            prefixes.store(self.ids, self.cache)
-        self.prefill_tok_s = (len(self.ids) - self.reused) / max(time.perf_counter() - self.t0, 1e-9)
+        if self.prefixes is not None:
+            self.prefixes.store(self.ids, self.cache)
+        self.prompt_read()
         return logits
-
-    def feed(self, logits: np.ndarray) -> Step:
-        """Sample the next token from `logits` (vocab,) or (1, vocab); the Step to stream. Sets
-        `finish` when the reply ends, else `token` for the next decode step."""
-        from engine.api import Step
-        logits = logits.reshape(-1)
-        tok = self.sampler.sample(logits, self.history)
-        if self.generated == 0:
-            self.t_first = time.perf_counter()
-            self.ttft = self.t_first - self.t0
-        stop_ids, finish = self.e.codec.stop_ids, None
-        if tok in stop_ids:
-            finish = "stop"
-            piece, _ = self.stops.push(self.decoder.flush())
-            piece += self.stops.flush()
-        else:
-            self.generated += 1
-            self.history.append(tok)
-            piece, hit = self.stops.push(self.decoder.feed(tok))
-            if hit:
-                finish = "stop"
-            elif self.generated >= self.max_tokens:
-                finish = "length"
-            elif self.cache.length + 1 >= self.cache.capacity:
-                finish = "context"
-            elif self.cancel is not None and self.cancel.is_set():
-                finish = "cancelled"
-            if finish not in (None, "stop"):
-                more, _ = self.stops.push(self.decoder.flush())
-                piece += more + self.stops.flush()
-        if self.generated > 1:
-            self.decode_tok_s = (self.generated - 1) / max(time.perf_counter() - self.t_first, 1e-9)
-        self.finish, self.token = finish, None if finish is not None else tok
-        return Step(piece, None if tok in stop_ids else tok, self.generated, len(self.ids), self.reused,
-                    self.prefill_tok_s, self.decode_tok_s, self.ttft, self.cache.length, self.e.context_limit,
-                    finish, "token", len(self.ids))
-
-    def prompt_step(self) -> Step:
-        """A Step(kind="prompt"): `prompt_done` of the prompt's tokens are in the cache, no text yet
-        (as Engine.generate(prompt_progress=True) gives between its prefill chunks)."""
-        from engine.api import Step
-        return Step("", None, 0, len(self.ids), self.reused, 0.0, 0.0, 0.0, self.cache.length, self.e.context_limit,
-                    None, "prompt", self.filled or 0)
-
-    def cancelled_step(self) -> Step:
-        """The last Step of a reply stopped from outside (its client went away)."""
-        from engine.api import Step
-        self.finish = "cancelled"
-        return Step("", None, self.generated, len(self.ids), self.reused, self.prefill_tok_s, self.decode_tok_s,
-                    self.ttft, self.cache.length, self.e.context_limit, "cancelled", "token", len(self.ids))
 
     def close(self) -> None:
         """Give the KV cache back (to the spares, else the pool), once, counting the reply's tokens
@@ -336,8 +264,7 @@ class Sequence:
             self.closed = True
             if self.spares is None or not self.spares.give(self.cache):
                 self.cache.free()
-            with self.e._lock:
-                self.e._totals["generated"] += self.generated
+            self.e.count(generated=self.generated)
 
 
 class SpareCaches:
@@ -389,8 +316,9 @@ class SpareCaches:
 
 class Batcher:
     """The engine side of continuous batching: opens sequences (checked as Engine.generate
-    checks a request) and steps them together. Steps take the engine's lock, so a reply that
-    Engine.generate streams meanwhile (on the conversation cache) interleaves with them."""
+    checks a request) and steps them together through the engine's runner (Engine.prefill and
+    Engine.decode take its lock), so a reply that Engine.generate streams meanwhile (on the
+    conversation cache) interleaves with them."""
 
     def __init__(self, engine: Engine, prefix_bytes: int = 64 << 20, spare_caches: int = 0):
         self.e = engine
@@ -402,21 +330,7 @@ class Batcher:
     def open(self, prompt: str | list[dict], stop: Seq[str] = (), *, cancel: threading.Event | None = None,
              template_vars: dict | None = None, resume: str = "", **sampling: Any) -> Sequence:
         """A sequence for this request (nothing computed yet); bad input raises as generate()."""
-        e = self.e
-        sampler = Sampler(**(e.sampling | sampling))
-        max_tokens = P.check("max_tokens", sampling.get("max_tokens", e.sampling["max_tokens"]))
-        ids = e.prompt_ids(prompt, template_vars, resume)
-        if not ids:
-            if not e.codec.add_bos:
-                raise ValueError("the prompt is empty (no tokens): give some text to continue")
-            ids = [e.codec.bos_id]
-        e._check_ids(ids)
-        if len(ids) >= e.context_limit:
-            from engine.api import ContextOverflowError
-            raise ContextOverflowError(f"the prompt is {len(ids)} tokens but the context holds {e.context_limit} "
-                                       f"(room is needed for the reply): shorten the conversation or raise "
-                                       f"context_length")
-        return Sequence(e, ids, sampler, max_tokens, tuple(stop), cancel, self.prefixes, self.spares)
+        return Sequence(self.e, prompt, stop, cancel, template_vars, resume, sampling, self.prefixes, self.spares)
 
     def warmup(self) -> float:
         """Compile (or load) what batched steps run, on the calling thread (the one that will step):
@@ -429,29 +343,20 @@ class Batcher:
         if not batchable(e.net):
             return 0.0
         c, tok = e.cfg, e.codec.bos_id or 0
-        with e._lock, e.weights.experts.quiet():
-            for n in (2, cpu.INT_MAX_T + 2):
-                caches = [KVCache(c.num_layers, 2, c.num_kv_heads, c.head_dim, e.params["kv_cache_quantize"])
-                          for _ in range(n)]
-                decode_batch(e.net, [tok] * n, caches)
-                decode_batch(e.net, [tok] * n, caches)  # a second position: attention over a cache
-                for cache in caches:
-                    cache.free()
+        for n in (2, cpu.INT_MAX_T + 2):
+            caches = [KVCache(c.num_layers, 2, c.num_kv_heads, c.head_dim, e.params["kv_cache_quantize"])
+                      for _ in range(n)]
+            e.decode([tok] * n, caches, warmup=True)
+            e.decode([tok] * n, caches, warmup=True)  # a second position: attention over a cache
+            for cache in caches:
+                cache.free()
         unmap_compiler_pages()  # compiling faulted LLVM's library back in
         return time.perf_counter() - t0
 
     def step(self, seqs: Seq[Sequence]) -> np.ndarray:
         """One decode step of every sequence (each has a `token`); logits (N, vocab)."""
-        e = self.e
-        routes: list | None = [] if self.count_experts and e.cfg.is_moe else None
-        with e._lock:
-            threads = e.hw.governor.update()
-            numba.set_num_threads(threads)
-            e.weights.check_files()
-            e._check_budget()
-            t0 = time.perf_counter()
-            logits = decode_batch(e.net, [s.token for s in seqs], [s.cache for s in seqs], routes)
-            e.hw.governor.observe(threads, time.perf_counter() - t0, len(seqs))
+        routes: list | None = [] if self.count_experts and self.e.cfg.is_moe else None
+        logits = self.e.decode([s.token for s in seqs], [s.cache for s in seqs], routes)
         if routes:
-            self.expert_bytes.append(expert_bytes(e.net, routes))
+            self.expert_bytes.append(expert_bytes(self.e.net, routes))
         return logits

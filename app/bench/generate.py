@@ -28,26 +28,30 @@ def _forward_loop(eng, ids: list[int], n: int) -> float:
 
 
 class _ForwardClock:
-    """Wraps Engine._prefill to add up the time spent in the model: what generate() spends
-    besides it is its own overhead, a figure that a noisy neighbour disturbs far less."""
+    """Wraps the engine's runner (Engine.prefill and Engine.decode) to add up the time spent in
+    the model: what generate() spends besides it is its own overhead, a figure that a noisy
+    neighbour disturbs far less."""
 
     def __init__(self, eng):
-        self.eng, self.inner, self.seconds = eng, eng._prefill, 0.0
-        eng._prefill = self
+        self.seconds = 0.0
+        for name in ("prefill", "decode"):
+            setattr(eng, name, self._timed(getattr(eng, name)))
 
-    def __call__(self, *args, **kwargs):
-        t = time.perf_counter()
-        try:
-            return self.inner(*args, **kwargs)
-        finally:
-            self.seconds += time.perf_counter() - t
+    def _timed(self, inner):
+        def call(*args, **kwargs):
+            t = time.perf_counter()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                self.seconds += time.perf_counter() - t
+        return call
 
 
-def _generate(eng, n: int, overhead: list[float], **sampling) -> float:
+def _generate(eng, clock: _ForwardClock, n: int, overhead: list[float], **sampling) -> float:
     """Seconds per decoded token after the first (the prefill and first token are excluded);
     appends generate()'s own seconds per token (the time outside the model) to `overhead`."""
     eng.reset()
-    t_first, count, clock = None, 0, eng._prefill
+    t_first, count = None, 0
     for step in eng.generate(PROMPT, max_tokens=n + 1, **sampling):
         if step.generated_tokens == 1:
             t_first, model_s = time.perf_counter(), clock.seconds
@@ -75,15 +79,15 @@ def _stub_overhead(eng, ids: list[int], n: int = 400) -> dict[str, float]:
     last-prompt logits at once (with a moving top token, so text keeps coming): the API's own
     cost, free of the model and nearly free of a noisy neighbour."""
     real = eng.logits(ids)[-1:].copy()
-    inner = eng._prefill
+    inner = eng.prefill, eng.decode
 
-    def stub(ids, cache, pos0, all_logits):
+    def prefill(ids, cache, pos0, before_layer=None):
         out = real.copy()
         out[0, 300 + pos0 % 2000] = float(real.max()) + 10.0
         cache.length = pos0 + len(ids)
         return out
 
-    eng._prefill = stub
+    eng.prefill, eng.decode = prefill, lambda tokens, caches: prefill(tokens, caches[0], caches[0].length)
     try:
         out = {"forward()": _forward_loop(eng, ids, n)}
         for name, kw in [("generate() greedy", {"temperature": 0.0}), ("generate() default", {}),
@@ -96,7 +100,7 @@ def _stub_overhead(eng, ids: list[int], n: int = 400) -> dict[str, float]:
             out[name] = (time.perf_counter() - t0) / count
         return out
     finally:
-        eng._prefill = inner
+        eng.prefill, eng.decode = inner
         eng.reset()
 
 
@@ -110,15 +114,15 @@ def main(argv: list[str] | None = None) -> int:
     from engine.api import Engine
     eng = Engine(ensure_default_model(), threads=args.threads, log_level="WARN")
     eng.warmup()
-    _ForwardClock(eng)
+    clock = _ForwardClock(eng)
     ids = eng.prompt_ids(PROMPT)
     default = {k: eng.sampling[k] for k in ("temperature", "top_k", "top_p", "min_p", "repeat_penalty")}
     own: dict[str, list[float]] = {"greedy": [], "default": [], "repeat": []}
     cases = {
         "forward() loop": lambda: _forward_loop(eng, ids, args.tokens),
-        "generate() greedy": lambda: _generate(eng, args.tokens, own["greedy"], temperature=0.0, seed=1),
-        "generate() default sampling": lambda: _generate(eng, args.tokens, own["default"], seed=1),
-        "generate() default + repeat_penalty 1.1": lambda: _generate(eng, args.tokens, own["repeat"], seed=1,
+        "generate() greedy": lambda: _generate(eng, clock, args.tokens, own["greedy"], temperature=0.0, seed=1),
+        "generate() default sampling": lambda: _generate(eng, clock, args.tokens, own["default"], seed=1),
+        "generate() default + repeat_penalty 1.1": lambda: _generate(eng, clock, args.tokens, own["repeat"], seed=1,
                                                                      repeat_penalty=1.1),
         "sampler alone, default": lambda: _sampler(eng, ids),
         "sampler alone, top_k=0": lambda: _sampler(eng, ids, top_k=0),
