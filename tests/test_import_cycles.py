@@ -1,7 +1,7 @@
 """No import cycles between any two modules of engine, app and ui: import-linter's acyclic_siblings
 contract (pyproject.toml) checks the modules and subpackages of each package, not a cycle through a
 package's __init__ or across the top-level packages; this checks every module against every other,
-with the same ignored imports as the contract (each a cycle left to break)."""
+with the same ignored imports as the contract (imports only for annotations, or a cycle left to break)."""
 from __future__ import annotations
 
 import tomllib
