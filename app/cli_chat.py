@@ -13,8 +13,11 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+from app.chat_session import DEFAULT_POLICY, LABELS, POLICIES, ChatSession, stream
 from app.cli_convert import _progress_printer
 from app.model_library import ensure_default_model
 from app.paths import models_dir
@@ -22,7 +25,7 @@ from engine import default_model, kernels
 from engine import params as P
 from engine.errors import ColibriError
 
-HELP_COMMANDS = "commands: /reset (new conversation), /stats, /exit"
+HELP_COMMANDS = "commands: /retry (another reply), /continue (a cut reply), /reset (new conversation), /stats, /exit"
 
 
 def resolve_model(arg: str | None) -> Path:
@@ -58,6 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--model", help="a Colibri model folder or a .gguf file (default: the bundled SmolLM2)")
     ap.add_argument("--prompt", help="answer this one message and exit (default: interactive chat)")
     ap.add_argument("--system", help="system prompt")
+    ap.add_argument("--context_policy", choices=POLICIES, default=DEFAULT_POLICY, help="a chat that outgrows the "
+                    "context: " + "; ".join(f"{k}: {v.lower()}" for k, v in LABELS.items()))
     ap.add_argument("--raw", action="store_true", help="continue --prompt as plain text, without the chat template")
     ap.add_argument("--remote", metavar="URL", help="chat through this OpenAI-compatible endpoint, e.g. "
                     "http://127.0.0.1:8080/v1 (llama-server); --model then names the endpoint's model")
@@ -67,68 +72,54 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def stream_reply(engine, prompt, sampling: dict, out=None) -> tuple[str, object]:
-    """Print a reply as it streams; Ctrl-C ends it early. Returns (text, last step). `out` defaults to
-    the sys.stdout of the call, not of the import (an embedding program may swap it)."""
-    out = sys.stdout if out is None else out
-    text, step = "", None
-    gen = engine.generate(prompt, **sampling)
+def stream_reply(steps: Iterator, out=None) -> Any:
+    """Print a reply's Steps as they stream; Ctrl-C ends it early. Returns its last Step (None when
+    nothing came). `out` defaults to the sys.stdout of the call, not of the import (an embedding
+    program may swap it)."""
+    out, last = sys.stdout if out is None else out, [None]
     try:
-        for step in gen:
-            out.write(step.text)
-            out.flush()
-            text += step.text
+        stream(steps, lambda text, step: (out.write(text), out.flush(), last.append(step)))
     except KeyboardInterrupt:
         out.write(" [stopped]")
     finally:
-        gen.close()
+        steps.close()
         out.write("\n")
         out.flush()
-    return text, step
+    return last[-1]
 
 
-def _speed(step) -> str:
+def _speed(step, dropped: int = 0) -> str:
     if step is None:
         return ""
-    return (f"[{step.generated_tokens} tokens, prefill {step.prefill_tok_s:.1f} tok/s "
+    return ((f"[context full: {dropped} earlier messages were left out of this reply] " if dropped else "") +
+            f"[{step.generated_tokens} tokens, prefill {step.prefill_tok_s:.1f} tok/s "
             f"({step.prompt_tokens - step.cached_tokens} new, {step.cached_tokens} reused), "
             f"decode {step.decode_tok_s:.1f} tok/s, first token {step.ttft_s:.2f} s, "
             f"context {step.context_used}/{step.context_limit}]")
 
 
-def chat(engine, system: str | None, sampling: dict) -> None:
-    print(f"chatting with {engine.model.path.name} — {HELP_COMMANDS}", file=sys.stderr)
-    messages = [{"role": "system", "content": system}] if system else []
+def chat(engine, system: str | None, sampling: dict, policy: str = DEFAULT_POLICY) -> None:
+    print(f"chatting with {engine.stats().model} — {HELP_COMMANDS}", file=sys.stderr)
+    session = ChatSession(engine, [{"role": "system", "content": system}] if system else [], policy)
     while True:
         try:
             line = input("> ")
         except (EOFError, KeyboardInterrupt):
             print(file=sys.stderr)
             return
-        if not line.strip():
-            continue
-        if line.strip() in ("/exit", "/quit"):
+        command = line.strip()
+        if command in ("/exit", "/quit"):
             return
-        if line.strip() == "/reset":
-            messages = messages[:1] if system else []
+        if command == "/reset":
+            del session.messages[1 if system else 0:]
             engine.reset()
-            continue
-        if line.strip() == "/stats":
+        elif command == "/stats":
             snap = engine.stats()
             print(snap.remote or snap, file=sys.stderr)
-            continue
-        messages.append({"role": "user", "content": line})
-        while True:
-            try:
-                reply, step = stream_reply(engine, messages, sampling)
-                break
-            except ColibriError as e:
-                if "context" not in str(e) or len(messages) <= (2 if system else 1):
-                    raise
-                del messages[1 if system else 0:3 if system else 2]  # the oldest exchange
-                print("[context full: the oldest exchange was dropped]", file=sys.stderr)
-        messages.append({"role": "assistant", "content": reply})
-        print(_speed(step), file=sys.stderr)
+        elif command:
+            stream_reply(session.regenerate(**sampling) if command == "/retry" else session.resume(**sampling)
+                         if command == "/continue" else session.send(line, **sampling))
+            print(_speed(session.reply.step, session.reply.dropped), file=sys.stderr)
 
 
 def open_remote(url: str, model: str | None, engine_p: dict, store: bool):
@@ -167,15 +158,15 @@ def main(argv: list[str] | None = None) -> int:
             print("warming up…", end="", file=sys.stderr, flush=True)
             print(f" ready ({engine.warmup():.1f} s)", file=sys.stderr)
         if args.prompt is None:
-            chat(engine, args.system, sampling)
+            chat(engine, args.system, sampling, args.context_policy)
             return 0
         if args.raw:
-            prompt = args.prompt
-        else:
-            prompt = ([{"role": "system", "content": args.system}] if args.system else []) + \
-                [{"role": "user", "content": args.prompt}]
-        _, step = stream_reply(engine, prompt, sampling)
-        print(_speed(step), file=sys.stderr)
+            print(_speed(stream_reply(engine.generate(args.prompt, **sampling))), file=sys.stderr)
+            return 0
+        session = ChatSession(engine, [{"role": "system", "content": args.system}] if args.system else [],
+                              args.context_policy)
+        stream_reply(session.send(args.prompt, **sampling))
+        print(_speed(session.reply.step, session.reply.dropped), file=sys.stderr)
         return 0
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)

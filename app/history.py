@@ -50,12 +50,12 @@ CREATE TABLE IF NOT EXISTS messages (
 CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages (conversation_id, id);
 CREATE INDEX IF NOT EXISTS messages_by_parent ON messages (parent_id);
 """
-# context policy and attachments (app/context_policy.py, app/attachments.py): tables of their own,
+# context policy and attachments (app/chat_session.py, app/attachments.py): tables of their own,
 # created on every open (IF NOT EXISTS), so a database of any schema version gets them, no migration
 CONTEXT_SCHEMA = """
 CREATE TABLE IF NOT EXISTS chat_context (
     conversation_id INTEGER PRIMARY KEY REFERENCES conversations(id) ON DELETE CASCADE,
-    policy TEXT NOT NULL                       -- one of app.context_policy.POLICIES
+    policy TEXT NOT NULL                       -- one of app.chat_session.POLICIES
 );
 CREATE TABLE IF NOT EXISTS attachments (
     id INTEGER PRIMARY KEY,
@@ -368,7 +368,7 @@ class History:
         with self.db:
             self.db.execute("UPDATE conversations SET leaf_id = ? WHERE id = ?", (message_id, cid))
 
-    # --- attachments and the context policy (app/attachments.py, app/context_policy.py) --------
+    # --- attachments and the context policy (app/attachments.py, app/chat_session.py) --------
     def attach_files(self, cid: int, messages: list[Message]) -> list[Message]:
         """Fill each message's `attachments` (one query for the conversation)."""
         files: dict[int, list[dict[str, Any]]] = {}
@@ -387,13 +387,13 @@ class History:
                             (message_id, a["name"], a["kind"], a["text"], a.get("tokens")))
 
     def context_policy(self, cid: int) -> str:
-        """The chat's context policy (app.context_policy); the default for a chat that never chose."""
-        from app.context_policy import DEFAULT_POLICY
+        """The chat's context policy (app.chat_session); the default for a chat that never chose."""
+        from app.chat_session import DEFAULT_POLICY
         row = self.db.execute("SELECT policy FROM chat_context WHERE conversation_id = ?", (cid,)).fetchone()
         return row["policy"] if row is not None else DEFAULT_POLICY
 
     def set_context_policy(self, cid: int, policy: str) -> None:
-        from app.context_policy import POLICIES
+        from app.chat_session import POLICIES
         if policy not in POLICIES:
             raise ValueError(f"context policy {policy!r}: expected one of {', '.join(POLICIES)}")
         with self.db:

@@ -1,9 +1,9 @@
 """Remote backends: chat through any OpenAI-compatible endpoint (llama.cpp's llama-server, vLLM,
 Ollama, LM Studio, another Colibri) instead of a model loaded here.
 
-`RemoteBackend` has the face the worker and colibri-cli use for a local `Engine` — `generate()`
-yielding engine `Step`s, `stop()`, `stats()` (a `StatsSnapshot` whose `remote` field says where the
-model runs and what the endpoint reported), `set_param()`, `close()` — over the official `openai`
+`RemoteBackend` has the face app.chat_session and the worker use for a local `Engine` — `generate()`
+yielding engine `Step`s, `stats()` (a `StatsSnapshot` whose `remote` field says where the model
+runs and what the endpoint reported), `set_param()`, `close()` — over the official `openai`
 client, so the worker switches backends by holding one or the other.
 
 Errors come out as `RemoteError` in plain words: unreachable, unauthorized, model not found. The
@@ -234,14 +234,6 @@ class _Think:
         return "</think>"
 
 
-class _Name:
-    """engine.model's face (`.path.name`), for code that names the model it talks to."""
-
-    def __init__(self, name: str):
-        self.name = name
-        self.path = self
-
-
 class RemoteBackend:
     """A model served elsewhere, behind the local Engine's interface (see the module doc)."""
     remote = True
@@ -266,9 +258,7 @@ class RemoteBackend:
             chosen = dataclasses.replace(chosen, context_length=self._llama_server_context() or chosen.context_length)
         self.card, self.models = chosen, served
         self.model_id = chosen.id
-        self.model = _Name(chosen.id)
         self.sampling = P.defaults("sampling")
-        self._cancel = threading.Event()
         self._counts = {"requests": 0, "errors": 0}
         self._last: dict[str, Any] = {"prefill_tok_s": 0.0, "decode_tok_s": 0.0, "ttft_s": 0.0}
         self._usage = (0, 0, 0)  # prompt, completion, cached tokens of the last reply
@@ -299,9 +289,6 @@ class RemoteBackend:
             self.sampling[name] = value
         else:
             log.info("%s applies to a local model; %s runs on %s", name, self.model_id, self.url)
-
-    def stop(self) -> None:
-        self._cancel.set()
 
     def reset(self) -> None:
         """Nothing to forget here: the endpoint keeps (or not) its own prompt cache."""
@@ -338,12 +325,13 @@ class RemoteBackend:
         return body
 
     def generate(self, prompt: str | list[dict], stop: Sequence[str] = (), *, prompt_progress: bool = False,
-                 cancel: threading.Event | None = None, **sampling: Any) -> Iterator[Step]:
+                 cancel: threading.Event | None = None, template_vars: dict | None = None, resume: str = "",
+                 **sampling: Any) -> Iterator[Step]:
         """Stream a reply from the endpoint: chat messages (its chat template) or raw text. `cancel`
-        or stop() closes the connection at once, which frees the endpoint's slot; the last Step
-        says "cancelled" then. Raises RemoteError (in plain words) for a request that fails."""
+        closes the connection at once, which frees the endpoint's slot; the last Step says
+        "cancelled" then. Raises RemoteError (in plain words) for a request that fails. The API has
+        no template switches nor a way to go on with a reply: `template_vars` and `resume` go unsaid."""
         body = self._request(prompt, stop, sampling)
-        self._cancel.clear()
         self._counts["requests"] += 1
         chat, t0 = "messages" in body, time.perf_counter()  # the first token's wait includes the headers'
         try:
@@ -355,7 +343,7 @@ class RemoteBackend:
 
     def _failed(self, e: BaseException) -> ColibriError:
         """The error to raise; a prompt the endpoint's context cannot hold is the engine's own
-        ContextOverflowError, so callers drop the oldest messages as they do for a local model."""
+        ContextOverflowError, on which app.chat_session cuts the chat as its context policy says."""
         from engine.api import ContextOverflowError
         self._counts["errors"] += 1
         err = explain(e, self.url, self.model_id)
@@ -374,7 +362,7 @@ class RemoteBackend:
         done = threading.Event()
 
         def cancelled() -> bool:
-            return self._cancel.is_set() or (cancel is not None and cancel.is_set())
+            return cancel is not None and cancel.is_set()
 
         def watch() -> None:  # closes the connection when Stop is pressed mid-read (a long prefill too)
             while not done.wait(0.05):

@@ -2,8 +2,8 @@
 
 Requests come in as queued signals (its slots), results go out as signals. The bodies are plain
 functions — `check_fit`, `open_engine`, `stream_reply`, `import_model` — that tests call
-directly, without threads. Stop and cancel are `threading.Event`s set from the GUI thread; the
-worker itself calls `Engine.stop()`, so the GUI thread never touches the engine.
+directly, without threads; a reply is app.chat_session's. Stop and cancel are `threading.Event`s
+set from the GUI thread and read by the engine, so the GUI thread never touches it.
 """
 from __future__ import annotations
 
@@ -18,10 +18,11 @@ from typing import Any, Callable
 import psutil
 from PySide6.QtCore import QObject, QTimer, Signal, Slot
 
-from app import context_policy, model_library
+from app import model_library
+from app.chat_session import (DEFAULT_POLICY, ChatSession, ContextFullError, Reply, prompt_progress,  # noqa: F401
+                               reasoning_of, stream)
 from app.model_library import ensure_default_model
 from app.paths import models_dir
-from app.reasoning import OPEN, ThinkSplitter, can_switch, is_reasoning_model, starts_inside
 from app.server_jobs import EngineThread, Turns
 from engine import params as P
 from engine.errors import ColibriError, ConversionCancelled
@@ -121,151 +122,19 @@ def open_engine(model_path: str | Path, params: dict[str, Any], force: bool = Fa
     return engine
 
 
-def prompt_progress(step: Any) -> float | None:
-    """The fraction of the prompt read so far when `step` reports prompt processing, else None.
-
-    The engine (generate(prompt_progress=True)) yields Step(kind="prompt") after each prefill
-    chunk, with `prompt_done` of `prompt_tokens` in the cache; a token step gives None."""
-    if getattr(step, "kind", None) != "prompt":
-        return None
-    done, total = getattr(step, "prompt_done", None), getattr(step, "prompt_tokens", None)
-    if done is None or not total:
-        return None
-    return min(1.0, max(0.0, done / total))
-
-
-@dataclass(frozen=True)
-class Reply:
-    text: str  # as the model wrote it: a reasoning model's <think> tags included (app.reasoning.split)
-    step: Any  # the last engine Step, or None when nothing came
-    dropped: int  # messages left out because the context was full (the chat's context policy)
-    thinking_tokens: int = 0  # tokens of this reply written inside its thinking
-    plan: context_policy.ContextPlan | None = None  # which messages were sent
-
-
-class ContextFullError(ColibriError):
-    """The chat does not fit the context and its policy (or its last message) allows no cut."""
-
-    def __init__(self, plan: context_policy.ContextPlan):
-        room = context_policy.reply_room(plan.limit)
-        if plan.policy == "stop":
-            why = (f"this chat takes {plan.tokens:,} tokens of the model's {plan.limit:,}, and a reply needs "
-                   f"{room:,} more; its context policy is to stop at the limit: start a new chat, or choose "
-                   f"another policy under the message box")
-        else:
-            why = (f"even with the earlier messages left out, the prompt takes {plan.tokens:,} tokens of the "
-                   f"model's {plan.limit:,} (and a reply needs {room:,}): shorten the message or its attachments, "
-                   f"or raise the context length in Settings")
-        super().__init__(why)
-        self.plan = plan
-
-
-def plan_context(engine, messages: list[dict], policy: str = context_policy.DEFAULT_POLICY,
-                 template_vars: dict | None = None) -> context_policy.ContextPlan:
-    """Which messages fit the engine's context under `policy`, counted with its template."""
-    return context_policy.plan(messages, lambda m: len(engine.prompt_ids(m, template_vars)) if m else 0,
-                               engine.context_limit, policy)
-
-
-
-def reasoning_of(engine) -> tuple[bool, bool]:
-    """(the model reasons, its template has a thinking switch) — from its template and vocabulary;
-    a backend without a local template (a remote one, a test's stand-in) says (False, False)."""
-    codec = getattr(engine, "codec", None)
-    if codec is None:
-        return False, False
-    reasons = is_reasoning_model(codec.template_source, lambda t: codec.tok.token_to_id(t) is not None)
-    return reasons, reasons and can_switch(codec.template_source)
-
-
 def stream_reply(engine, messages: list[dict], sampling: dict[str, Any], stop: threading.Event,
                  emit: Callable[[str, Any], None], frame_s: float = FRAME_S,
                  clock: Callable[[], float] = time.perf_counter, template_vars: dict | None = None,
-                 resume: str = "", policy: str = context_policy.DEFAULT_POLICY, scheduler: Any = None) -> Reply:
-    """Generate a reply, emitting text in batches of at most one per frame.
-
-    When `stop` is set the engine is asked to stop, which ends the reply after the current
-    token. A conversation too long for the context is cut as its `policy` says
-    (app.context_policy); one that no cut fits raises ContextFullError before anything runs.
-    `template_vars` go to the chat template (enable_thinking);
-    `resume` is a reply cut short, continued (its text is not emitted again). A reasoning
-    model's reply always carries its own `<think>`: one the template put in the prompt is
-    emitted first, so the text says where thinking starts and ends; its tokens are counted.
-    `scheduler` (the local server's BatchScheduler, while it serves): the reply runs there, in the
-    served requests' decode steps, on a KV cache of its own.
-    """
-    if _remote(engine):  # no tokenizer to plan with: the endpoint's overflow error cuts instead
-        steps, plan, dropped = _remote_steps(engine, messages, stop, sampling)
-        return _stream(steps, engine, stop, emit, frame_s, clock, "", "", False, dropped, plan)
-    plan = plan_context(engine, messages, policy, template_vars)
-    if not plan.fits:
-        raise ContextFullError(plan)
-    msgs = [messages[i] for i in plan.keep]
-    reasons, _ = reasoning_of(engine)
-    written, lead = resume, ""  # the reply so far, as stored; a tag the prompt holds for it
-    if reasons and starts_inside(engine.apply_chat_template(msgs, True, template_vars)):
-        lead = "" if resume else OPEN  # the prompt opens the thinking: a resumed reply's tag is in it
-        resume = resume[len(OPEN):].lstrip() if resume.startswith(OPEN) else resume
-    # cancel: Stop also interrupts the prompt (between prefill chunks), not only the reply
-    if scheduler is not None:
-        from app.server_jobs import local_steps
-        steps = local_steps(scheduler, msgs, {**sampling, "template_vars": template_vars, "resume": resume}, stop)
-    else:
-        steps = engine.generate(msgs, cancel=stop, prompt_progress=True, template_vars=template_vars,
-                                resume=resume, **sampling)
-    return _stream(steps, engine, stop, emit, frame_s, clock, written, lead, reasons, len(plan.dropped), plan)
+                 resume: str = "", policy: str = DEFAULT_POLICY, scheduler: Any = None) -> Reply:
+    """A reply written by app.chat_session (the context policy, thinking, Stop), its text emitted
+    in batches of at most one per frame. `scheduler`: the local server's, while it serves."""
+    chat = ChatSession(engine, messages, policy, template_vars, scheduler)
+    stream(chat.answer(stop, resume, **sampling), emit, frame_s, clock, chat.reply.text)
+    return chat.reply
 
 
 def _remote(engine) -> bool:
     return bool(getattr(engine, "remote", False))
-
-
-def _remote_steps(engine, messages: list[dict], stop: threading.Event, sampling: dict[str, Any]):
-    """A remote endpoint's reply, the oldest exchanges dropped (the system prompt stays) while the
-    endpoint says the prompt does not fit: its tokens cannot be counted here."""
-    from engine.api import ContextOverflowError
-    msgs, dropped = list(messages), 0
-    first = 1 if msgs and msgs[0]["role"] == "system" else 0
-    while True:
-        try:
-            return engine.generate(msgs, cancel=stop, prompt_progress=True, **sampling), None, dropped
-        except ContextOverflowError:
-            if len(msgs) - first <= 1:
-                raise
-            cut = 2 if len(msgs) - first > 2 else 1
-            del msgs[first:first + cut]
-            dropped += cut
-
-
-def _stream(steps, engine, stop: threading.Event, emit: Callable[[str, Any], None], frame_s: float,
-            clock: Callable[[], float], written: str, lead: str, reasons: bool, dropped: int,
-            plan: context_policy.ContextPlan | None) -> Reply:
-    """Emit a reply's steps in batches of at most one per frame, counting its thinking tokens."""
-    text, pending, last, t_emit, asked = lead, lead, None, clock(), False
-    splitter, thinking = ThinkSplitter(), 0
-    splitter.push(written + lead)  # where the reply stands before its first new token
-    for step in steps:
-        if stop.is_set() and not asked:
-            engine.stop()
-            asked = True
-        if prompt_progress(step) is not None:  # the prompt is being read: no text yet
-            if clock() - t_emit >= frame_s:
-                emit("", step)
-                t_emit = clock()
-            continue
-        last = step
-        text += step.text
-        pending += step.text
-        if reasons and step.token_id is not None:  # a token of the reply (not its end token)
-            was_inside = splitter.inside
-            splitter.push(step.text)
-            thinking += was_inside or splitter.inside
-        if step.finish_reason is not None or clock() - t_emit >= frame_s:
-            emit(pending, step)
-            pending, t_emit = "", clock()
-    if pending:
-        emit(pending, last)
-    return Reply(text, last, dropped, thinking, plan)
 
 
 def import_model(source: str | Path, progress: Callable[[float, str], None],
@@ -425,10 +294,10 @@ class EngineWorker(QObject):
     def generate(self, request: int, messages: list, sampling: dict) -> None:
         """`sampling` may carry the reply's own options beside the sampler's: TEMPLATE_VARS (the
         template's switches), RESUME (the text of a reply to continue) and CONTEXT_POLICY (how to
-        cut a chat that outgrows the context: app.context_policy; the default when absent)."""
+        cut a chat that outgrows the context: app.chat_session; the default when absent)."""
         sampling = dict(sampling)
         options = {"template_vars": sampling.pop(TEMPLATE_VARS, None), "resume": sampling.pop(RESUME, ""),
-                   "policy": sampling.pop(CONTEXT_POLICY, context_policy.DEFAULT_POLICY)}
+                   "policy": sampling.pop(CONTEXT_POLICY, DEFAULT_POLICY)}
         if self.engine is None:
             self.failed.emit("Generating a reply", "no model is loaded: pick one in the model list")
             self.finished.emit(request, Reply("", None, 0))
@@ -502,7 +371,7 @@ class EngineWorker(QObject):
     @Slot(int, list)
     @Slot(int, list, str, str)
     @Slot(int, list, str, str, dict)
-    def count_context(self, conversation: int, messages: list, policy: str = context_policy.DEFAULT_POLICY,
+    def count_context(self, conversation: int, messages: list, policy: str = DEFAULT_POLICY,
                       what: str = "chat", template_vars: dict | None = None) -> None:
         """How much of the context this conversation's next prompt takes with the loaded model (its
         template and tokenizer) under its context policy: `counted` (the meter of a chat opened
@@ -511,7 +380,7 @@ class EngineWorker(QObject):
         if self.engine is None or _remote(self.engine):  # an endpoint counts in its replies
             return
         try:
-            plan = plan_context(self.engine, messages, policy, template_vars or None)  # as the reply is written
+            plan = ChatSession(self.engine, messages, policy, template_vars or None).plan()  # as a reply is written
         except Exception as e:  # noqa: BLE001 - a meter that cannot count says so, nothing else
             log.warning("counting the context of conversation %d: %s", conversation, e)
             return

@@ -1,7 +1,7 @@
 """The context policy: which messages are sent when a chat outgrows the context (no Qt, no engine)."""
 import pytest
 
-from app.context_policy import ContextPlan, plan, reply_room
+from app.chat_session import ContextPlan, plan, reply_room
 
 
 def chat(n_exchanges: int, system: bool = True, size: int = 10) -> list[dict]:

@@ -1,7 +1,7 @@
 """The composer's context controls: the meter beside the input, the chat's context policy, and the
 tray of attached files with their token counts and the warning when a message will not fit.
 
-Thin widgets over app.context_policy plans and app.attachments records; the counting itself is the
+Thin widgets over app.chat_session plans and app.attachments records; the counting itself is the
 worker's (EngineWorker.count_context / count_attachment), answered by signals.
 """
 from __future__ import annotations
@@ -10,7 +10,7 @@ from PySide6.QtCore import QCoreApplication, Qt, Signal
 from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QProgressBar, QSizePolicy, QToolButton, QWidget
 
 from app.attachments import Attachment
-from app.context_policy import LABELS, POLICIES
+from app.chat_session import LABELS, POLICIES
 
 
 def _tr(text: str) -> str:
