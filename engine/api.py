@@ -15,33 +15,48 @@ import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
-import engine.kernels.ready  # noqa: F401  (engine.kernels.setup() first: fails otherwise)
-import numba
 import numpy as np
 import psutil
 
+from engine import kernels
 from engine import params as P
 from engine.errors import ModelFormatError
 from engine.scheduler import ScheduleSnapshot, attach
-from engine.cache_plan import plan_expert_cache, replan
-from engine.expert_store import ExpertStore
-from engine.experts import CacheStats, ExpertCache
 from engine.hardware import EnergyReading, HardwareMonitor, HardwareSnapshot
 from engine.kernels import isa_run
-from engine.kernels.matmul import INT_MAX_T
-from engine.kvcache import KVCache
-from engine.batch import decode_batch
 from engine.mempool import MemoryPool, PoolStats, return_freed_heap, unmap_compiler_pages
 from engine.model_dir import open_model_dir
-from engine.models import Transformer
-from engine.sampling import Sampler
 from engine.sysmem import MemoryBudget
 from engine.throttle import ThrottleEvent
 from engine.reply import ContextOverflowError, Reply, Step, check_ids
 from engine.tokenizer import TextCodec
 from engine.weights import ModelWeights
+
+if TYPE_CHECKING:
+    from engine.experts import CacheStats, ExpertCache
+    from engine.expert_store import ExpertStore
+    from engine.kvcache import KVCache
+
+
+def _load_kernels(simd: str, simd_path: str) -> None:
+    """engine.kernels.setup() with the first Engine's choices, then the modules that compile with
+    numba, bound here: they need the setup first (engine.kernels says why), so importing this module
+    sets nothing up and a command's --simd is never overridden by an import."""
+    global numba, plan_expert_cache, replan, ExpertStore, ExpertCache, INT_MAX_T, KVCache, decode_batch, \
+        Transformer, Sampler
+    kernels.setup(simd, simd_path)
+    import numba
+    from engine.batch import decode_batch
+    from engine.cache_plan import plan_expert_cache, replan
+    from engine.expert_store import ExpertStore
+    from engine.experts import ExpertCache
+    from engine.kernels.matmul import INT_MAX_T
+    from engine.kvcache import KVCache
+    from engine.models import Transformer
+    from engine.sampling import Sampler
+
 
 log = logging.getLogger("colibri.engine")
 
@@ -192,6 +207,7 @@ class Engine:
         given = P.validate(params)
         self.params = P.defaults("engine") | {k: v for k, v in given.items() if P.PARAMS[k].scope == "engine"}
         self.sampling = P.defaults("sampling") | {k: v for k, v in given.items() if P.PARAMS[k].scope == "sampling"}
+        _load_kernels(self.params["simd"], self.params["simd_path"])  # (a command may have set them up already)
         # sensors and the thermal governor first: bad throttle marks fail before the model loads
         self.hw = HardwareMonitor(self.configured_threads, self.params["throttle_high_c"],
                                   self.params["throttle_low_c"])
@@ -223,7 +239,6 @@ class Engine:
         self.hw.apply_limits(self.params)  # never raises: a refusal is logged and shown in stats()
         if self.params["affinity"]:
             self.hw.apply_affinity(True)
-        from engine import kernels
         if self.params["simd"] != kernels.SIMD_REQUESTED:
             log.warning("simd %s takes effect at the next start (this process compiled for %s)",
                         self.params["simd"], kernels.SIMD)

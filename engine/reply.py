@@ -14,7 +14,6 @@ import numpy as np
 
 from engine import params as P
 from engine.errors import ColibriError
-from engine.sampling import Sampler
 from engine.tokenizer import StopMatcher, StreamDecoder
 
 if TYPE_CHECKING:
@@ -77,6 +76,7 @@ class Reply:
                  sampling: dict[str, Any] | None = None):
         sampling = sampling or {}
         e = self.e = engine
+        from engine.sampling import Sampler  # (compiled: after engine.kernels.setup(), which Engine() ran)
         self.sampler = Sampler(**(e.sampling | sampling))
         self.max_tokens = P.check("max_tokens", sampling.get("max_tokens", e.sampling["max_tokens"]))
         ids = e.prompt_ids(prompt, template_vars, resume)

@@ -17,13 +17,18 @@ import app.gui_main, app.cli_chat, app.cli_serve, app.cli_convert, app.bench.cli
 changed = sorted(k for k in set(before) | set(os.environ) if before.get(k) != os.environ.get(k)
                  and k.startswith(("COLIBRI_", "NUMBA_", "OMP_")))  # (PySide6 sets one of its own)
 print(changed, "numba" in sys.modules)
+import engine.api  # the Python API's one import: nothing compiled comes with it
+print("numba" in sys.modules, engine.kernels.SIMD)
 try:
-    import engine.api
+    import engine.kvcache
 except RuntimeError as e:
     print("refused:", e)
-engine.kernels.setup()
-import engine.api
-print("after setup:", engine.kernels.SIMD, os.environ["NUMBA_CACHE_DIR"])
+try:
+    engine.api.Engine(sys.argv[1], simd="avx2")  # no model there: Engine() sets the kernels up first
+except Exception as e:
+    print(type(e).__name__)
+import engine.kvcache
+print("after setup:", engine.kernels.SIMD, os.environ["NUMBA_CACHE_DIR"], engine.kernels.SIMD_REQUESTED)
 """
 
 
@@ -35,15 +40,18 @@ def _env(tmp_path: Path) -> dict[str, str]:
                   "PYTHONPATH": str(ROOT)}
 
 
-def test_imports_change_nothing_and_the_engine_waits_for_setup(tmp_path):
-    r = subprocess.run([sys.executable, "-c", IMPORTS], env=_env(tmp_path), cwd=ROOT, capture_output=True,
-                       text=True, timeout=120)
+def test_imports_change_nothing_and_the_engine_sets_up_with_its_choices(tmp_path):
+    r = subprocess.run([sys.executable, "-c", IMPORTS, str(tmp_path / "no-model")], env=_env(tmp_path), cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-3000:]
     lines = r.stdout.splitlines()
     assert lines[0] == "[] False", lines  # no variable of ours changed, numba not imported
-    assert lines[1].startswith("refused: engine.kernels.setup() must run before"), lines
-    simd, cache = lines[2].split()[2:]
-    assert simd in ("avx2", "avx512", "native") and Path(cache).is_relative_to(tmp_path / "cache" / "numba"), lines
+    assert lines[1] == "False None", lines  # engine.api too
+    assert lines[2].startswith("refused: engine.kernels.setup() must run before"), lines
+    assert lines[3] == "MissingFileError", lines
+    simd, cache, asked = lines[4].split()[2:]
+    assert simd in ("avx2", "native") and asked == "avx2", lines  # the Engine's own simd choice was set up
+    assert Path(cache).is_relative_to(tmp_path / "cache" / "numba"), lines
 
 
 def test_setup_is_idempotent():

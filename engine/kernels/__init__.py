@@ -1,8 +1,8 @@
 """Compute kernels: Numba (cpu.py) with a numpy twin of each (reference.py).
 
-Importing this package changes nothing; `setup()` does the work, once per process, and every
-command, the test suite and whoever uses the Python API call it before they import a module that
-compiles with numba (engine.api included). What it puts in place: the compiled-kernel cache in the
+Importing this package changes nothing; `setup()` does the work, once per process: every command
+and the test suite call it first, and `Engine()` does (engine.api imports no compiled module until
+then), so `from engine.api import Engine` needs nothing before it. What it puts in place: the compiled-kernel cache in the
 user's cache folder (so a read-only install still caches), one folder per digest of these sources; a
 threading layer that is safe when two Python threads run kernels at once (missing → a loud error,
 never a silent fallback that crashes under threads); the instruction set (`simd`) and the byte
