@@ -218,6 +218,7 @@ class StatsSnapshot:
     remote: Any = None  # app.remote.RemoteStats when the model runs on a remote endpoint (else None)
     simd_path: str = ""  # the byte dot-product path and how it was chosen: "vnni (measured)" (engine.kernels.isa)
     kernels: dict[str, str] = field(default_factory=dict)  # format -> what runs for x @ W.T ("blocks32 (vnni)")
+    route: str = ""  # the decoder loop's route at the last step: "fused", "layered (why)", "fused rows (4 sequences)"
 
 
 class Engine:
@@ -586,7 +587,7 @@ class Engine:
             joules_per_token=None if self._energy is None else self._energy.joules_per_token,
             params={**self.params, **self.sampling}, memory_budget=self.cache_plan.budget,
             memory_warning=self.cache_plan.warning, simd_path=isa.in_effect(), kernels=isa.model_kernels(self.weights),
-            **self._last)
+            route=self.net.plan, **self._last)
 
     def mem_pool_defrag(self) -> int:
         """Free the expert cache's spare slots and return the pool's free pages to the OS (nothing

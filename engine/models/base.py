@@ -64,8 +64,8 @@ class Step:
     exact: bool = False
     before_layer: Callable[[int], None] | None = None
     timer: OpTimer | None = None
-    seqs: list | None = None  # engine.batch: row i is one sequence's token, (its KVCache, its position)
-    routes: list | None = None  # engine.batch: (layer, expert ids (T, k)) of each MoE layer, appended
+    seqs: list | None = None  # N sequences: row i is one sequence's token, (its KVCache, its position)
+    routes: list | None = None  # (layer, expert ids (T, k)) of each MoE layer, appended (engine.models.rows)
 
     def __post_init__(self) -> None:
         self.k = cpu if self.timer is None else Kernels(cpu, self.timer)
@@ -76,7 +76,7 @@ class Step:
 
 
 def _by_rows(fn: Callable, x: np.ndarray, *args: Any) -> Any:
-    """engine.batch: a batched decode step runs its rows through the one-token kernels, at most
+    """N sequences' decode step (engine.models.rows) runs its rows through the one-token kernels, at most
     cpu.INT_MAX_T at a time (the prefill kernels round otherwise), so each row gets what it
     would decoded alone, bit for bit. The fused integer kernels (matmul_int, swiglu_int) dot each
     token on its own at any T, so they take all rows in one call (`_integer_path`): each weight
@@ -246,6 +246,7 @@ class Transformer:
         why = FusedDecode.refusal(self)
         self.fused = FusedDecode(self) if why is None else None
         self.fused_refusal = why  # why a decoded token runs layer by layer (None: it need not)
+        self.plan = "fused" if why is None else f"layered ({why})"  # the last step's route (Engine.stats)
         if why is not None:
             log.info("decoding layer by layer (no one-call decode): %s", why)
 
@@ -546,20 +547,26 @@ class Transformer:
         return rope.tables(self.inv_freq, positions, self.rope_factor)
 
     # --- the decoder loop ---------------------------------------------------------------------
-    def forward(self, ids: np.ndarray, cache: KVCache, pos0: int, all_logits: bool = False,
+    def forward(self, ids: np.ndarray, cache: KVCache | list[KVCache], pos0: int, all_logits: bool = False,
                 dump: dict | None = None, before_layer: Callable[[int], None] | None = None,
-                chunk: int | None = None) -> np.ndarray:
-        """Run tokens `ids` at positions pos0.. through the model, filling the cache.
+                chunk: int | None = None, routes: list | None = None) -> np.ndarray:
+        """The one decoder loop: one sequence's T tokens `ids` at positions pos0.. of `cache` (a
+        prompt chunk, a decoded token), or, `cache` a list, the next token of N sequences, row i
+        at position cache[i].length of cache[i] (engine.models.rows; pos0 unused). The plan picks
+        the step's route, named in self.plan (Engine.stats): a fused kernel through every layer
+        (FusedDecode: one token, its experts resident or streaming; N rows of a dense model), else
+        layer by layer. Fills the caches.
 
         Returns logits (T, vocab) if all_logits, else those of the last token (1, vocab).
         `before_layer(L)` is called before each layer of a multi-token pass. chunk: at most this
-        many tokens per pass (a dense model's batch_size; None: all at once).
+        many tokens per pass (a dense model's batch_size; None: all at once). routes (a list)
+        receives (layer, expert ids (T, k)) of each MoE layer.
         """
         if chunk is not None and len(ids) > chunk:
             out = [self.forward(ids[a:a + chunk], cache, pos0 + a, all_logits, dump, before_layer)
                    for a in range(0, len(ids), chunk)]
             return np.concatenate(out) if all_logits else out[-1]
-        cfg, T, arena = self.cfg, len(ids), self.arena
+        cfg, arena, T, rows = self.cfg, self.arena, len(ids), cache if isinstance(cache, list) else None
         arena.reset()
         if self.recurrent:
             cache.overwrite(pos0)
@@ -567,18 +574,20 @@ class Transformer:
             cache.states = self.new_states(cache.capacity, cache.kind)
         elif self.recurrent and pos0 != cache.length:
             raise ValueError(f"a recurrent model's cache holds {cache.length} positions; cannot run from {pos0}")
-        cos, sin = self.rotary(np.arange(pos0, pos0 + T))
-        self.full_tables = rope.tables(self.inv_full, np.arange(pos0, pos0 + T)) \
-            if self.spec.full_rope == "proportional" else None
-        step = Step(cache, pos0, cos, sin, dump, arena, self.gpu, self.exact, before_layer if T > 1 else None,
-                    self.timer)
+        pos = np.array([c.length for c in rows], np.int64) if rows else np.arange(pos0, pos0 + T)
+        cos, sin = self.rotary(pos)
+        self.full_tables = rope.tables(self.inv_full, pos) if self.spec.full_rope == "proportional" else None
+        step = Step(None if rows else cache, pos0, cos, sin, dump, arena, self.gpu, self.exact,
+                    before_layer if T > 1 else None, self.timer, list(zip(rows, pos.tolist())) if rows else None, routes)
         x = step.empty((T, cfg.hidden_size))
         step.k.gather_rows(self.w.token_embd.data, self.w.token_embd.code, np.asarray(ids, np.int64), x)
         if self.spec.embed_scale:  # Gemma: embeddings times sqrt(hidden_size)
             x *= np.float32(cfg.hidden_size ** 0.5)
         if dump is not None:
             dump["token_embd"] = x.copy()
-        fused = T == 1 and self.takes_fused(step) and self.fused.run(x, step)
+        why = self.why_layered(step, T)
+        fused = None if why else self.fused.rows(x, step) if step.seqs is not None else self.fused.run(x, step)
+        self.plan = fused or f"layered ({why or 'no room in the KV cache, or experts or caches it cannot read'})"
         try:
             for L, lw in enumerate(self.w.layers if not fused else ()):
                 if step.before_layer is not None:
@@ -601,7 +610,8 @@ class Transformer:
                 cache.states, cache.length = None, 0
                 cache.overwrite(0)
             raise
-        cache.length = pos0 + T
+        for c, p in step.seqs or [(cache, pos0 + T - 1)]:
+            c.length = p + 1
         h = rmsnorm(x if all_logits else x[-1:], self.w.output_norm, cfg.rms_norm_eps, step)
         logits = linear(h, self.w.output, step)
         if cfg.final_logit_softcap:
@@ -611,10 +621,12 @@ class Transformer:
             dump["logits"] = logits.copy()
         return logits.copy()  # results leave the arena
 
-    def takes_fused(self, step: Step) -> bool:
-        """Whether a decoded token of this step may take the fused kernel: the model allows it
-        and nothing asks for the layer-by-layer path (a dump, a GPU runner, float activations).
-        Whether it then runs depends only on the KV cache's room (FusedDecode.run), never on
-        timing: the first fused token waits until every expert is loaded."""
-        return self.fused is not None and self.fused_decode and step.dump is None and step.gpu is None and \
-            not step.exact
+    def why_layered(self, step: Step, T: int) -> str | None:
+        """Why this step cannot take a fused kernel, or None when it may (then only the KV cache's
+        room decides, never timing: the first fused token waits until every expert is loaded)."""
+        if self.fused is None or not self.fused_decode:
+            return self.fused_refusal or "the fused decode is off"
+        why = [w for w, on in (("a dump", step.dump is not None), ("a GPU runner", step.gpu is not None),
+                               ("float activations", step.exact), (f"a prompt of {T} tokens", step.seqs is None and T > 1),
+                               (f"{T} sequences with experts", step.seqs is not None and not self.fused.dense)) if on]
+        return ", ".join(why) or None
