@@ -550,18 +550,14 @@ class Transformer:
     def forward(self, ids: np.ndarray, cache: KVCache | list[KVCache], pos0: int, all_logits: bool = False,
                 dump: dict | None = None, before_layer: Callable[[int], None] | None = None,
                 chunk: int | None = None, routes: list | None = None) -> np.ndarray:
-        """The one decoder loop: one sequence's T tokens `ids` at positions pos0.. of `cache` (a
-        prompt chunk, a decoded token), or, `cache` a list, the next token of N sequences, row i
-        at position cache[i].length of cache[i] (engine.models.rows; pos0 unused). The plan picks
-        the step's route, named in self.plan (Engine.stats): a fused kernel through every layer
-        (FusedDecode: one token, its experts resident or streaming; N rows of a dense model), else
-        layer by layer. Fills the caches.
-
-        Returns logits (T, vocab) if all_logits, else those of the last token (1, vocab).
-        `before_layer(L)` is called before each layer of a multi-token pass. chunk: at most this
-        many tokens per pass (a dense model's batch_size; None: all at once). routes (a list)
-        receives (layer, expert ids (T, k)) of each MoE layer.
-        """
+        """The one decoder loop: one sequence's T tokens `ids` at positions pos0.. of `cache`, or,
+        `cache` a list, N sequences' next token, row i at position cache[i].length of cache[i]
+        (engine.models.rows). Each step's route, named in self.plan (Engine.stats): a fused kernel
+        through every layer (FusedDecode: a token, its experts resident or streaming; N rows of a
+        dense model), else layer by layer. Returns logits (T, vocab) if all_logits, else the last
+        token's (1, vocab). `before_layer(L)` is called before each layer of a multi-token pass.
+        chunk: at most this many tokens per pass (None: all at once). routes (a list) receives
+        (layer, expert ids (T, k)) of each MoE layer."""
         if chunk is not None and len(ids) > chunk:
             out = [self.forward(ids[a:a + chunk], cache, pos0 + a, all_logits, dump, before_layer)
                    for a in range(0, len(ids), chunk)]

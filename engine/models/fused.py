@@ -201,8 +201,8 @@ class FusedDecode:
     def rows(self, x: np.ndarray, step: Step) -> str | None:
         """x (N, hidden), row i step.seqs[i]'s token, through every dense layer in one call, in
         place, each row bit for bit its lone run(); None (nothing done): experts, or caches unlike.
-        decode_rows is a kernel beside decode_layers: it has no router, expert table or streaming
-        stop, decode_layers no rows, and each is the faster at what it does."""
+        decode_rows stays a kernel beside decode_layers: it has no router, expert table or streaming
+        stop, decode_layers no rows, and one row through decode_rows is no faster, the same bits."""
         caches, pos = [c for c, _ in step.seqs], np.array([p for _, p in step.seqs], np.int64)
         kind = caches[0].kind
         if not self.dense or not self.ready() or \
