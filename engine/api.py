@@ -48,7 +48,7 @@ def _load_kernels(simd: str, simd_path: str) -> None:
         Transformer, Sampler
     kernels.setup(simd, simd_path)
     import numba
-    from engine.batch import decode_batch
+    from engine.models.rows import decode_batch
     from engine.cache_plan import plan_expert_cache, replan
     from engine.expert_store import ExpertStore
     from engine.experts import ExpertCache
@@ -196,6 +196,7 @@ class StatsSnapshot:
     remote: Any = None  # app.remote.RemoteStats when the model runs on a remote endpoint (else None)
     simd_path: str = ""  # the byte dot-product path and how it was chosen: "vnni (measured)" (engine.kernels.isa)
     kernels: dict[str, str] = field(default_factory=dict)  # format -> what runs for x @ W.T ("blocks32 (vnni)")
+    route: str = ""  # the decoder loop's route at the last step: "fused", "layered (why)", "fused rows (4 sequences)"
 
 
 class Engine:
@@ -462,7 +463,7 @@ class Engine:
 
     def decode(self, tokens: Sequence[int], caches: Sequence[KVCache], routes: list | None = None,
                warmup: bool = False) -> np.ndarray:
-        """The next token of N rows in one pass (tokens[i] on caches[i], engine.batch.decode_batch)
+        """The next token of N rows in one pass (tokens[i] on caches[i], engine.models.rows.decode_batch)
         as one computation; logits (N, vocab). Its time is the thread tuner's evidence, and its
         expert lookups count in stats(), unless it is a `warmup` (a compile is no evidence)."""
         with self._lock, self.weights.experts.quiet() if warmup else nullcontext():
@@ -539,7 +540,7 @@ class Engine:
             joules_per_token=None if self._energy is None else self._energy.joules_per_token,
             params={**self.params, **self.sampling}, memory_budget=self.cache_plan.budget,
             memory_warning=self.cache_plan.warning, simd_path=isa_run.in_effect(), kernels=isa_run.model_kernels(self.weights),
-            **self._last)
+            route=self.net.plan, **self._last)
 
     def mem_pool_defrag(self) -> int:
         """Free the expert cache's spare slots and return the pool's free pages to the OS (nothing

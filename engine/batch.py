@@ -1,26 +1,7 @@
 """Many replies at once on one engine: each `Sequence` has its own KV cache (pool blocks), and
-one decode step runs the next token of every sequence in one forward pass (`decode_batch`).
-
-All matmuls take the N rows together (each weight matrix is read once per step, not once per
-sequence); attention runs per row on that sequence's own cache at its own position; an MoE
-layer groups the step's rows by routed expert, so each expert is read and computed once per
-step however many sequences picked it (`expert_bytes` counts both ways). A `PrefixCache` keeps
-the KV of recent prompts, so a request sharing a system prompt or earlier turns skips their
-prefill.
-
-A dense model whose lone token takes the fused one-call decode (engine.models.fused) runs the
-whole step in one call as well (engine.kernels.batched.decode_rows: every layer, all N rows per
-parallel task, 4 rows per unpacked weight block), each row bit for bit its lone decode; the
-layer-by-layer pass below is the path for the rest (MoE, GPU, float activations).
-
-Exactness: the fused integer decode kernels (matmul_int, swiglu_int) dot each row on its own,
-so a step's matmuls give all N rows to one call of them (each weight read once per step); other
-formats go through the 1-token kernels up to cpu.INT_MAX_T rows a call (the prefill kernels, for
-4 rows or more, differ by up to 2% of max|logit| on SmolLM2 Q4_1): a dense model's logits are
-the lone decode's bit for bit at any N, and an MoE's with top-2 routing too (two experts' sum
-does not depend on the order); with top-k > 2 the experts add in another order: float rounding,
-the same greedy tokens (tests/test_batch.py). `expert_bytes` counts an expert of the second kind
-once per INT_MAX_T rows that picked it.
+one decode step runs the next token of every sequence in one forward pass (`decode_batch`,
+engine.models.rows). A `PrefixCache` keeps the KV of recent prompts, so a request sharing a
+system prompt or earlier turns skips their prefill.
 """
 from __future__ import annotations
 
@@ -33,125 +14,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from engine.kernels import cpu
-from engine.kernels.batched import decode_rows
 from engine.kvcache import KVCache
 from engine.mempool import unmap_compiler_pages
-from engine.models.base import Step as PassStep
-from engine.models.base import linear, rmsnorm
-from engine.models.fused import QK_NORM
-from engine.ops import norms, rope
+from engine.models.rows import batchable, decode_batch, expert_bytes  # noqa: F401 (decode_batch: its old home)
 from engine.reply import Reply
 
 if TYPE_CHECKING:
     from engine.api import Engine
-    from engine.models.base import Transformer
-
-
-def batchable(net: Transformer) -> bool:
-    """Whether N sequences can share a forward pass: every layer attends over the shared KV
-    block (no recurrent state, no per-layer own cache: those decode one sequence per pass)."""
-    return not net.recurrent
-
-
-def decode_batch(net: Transformer, tokens: Seq[int], caches: Seq[KVCache],
-                 routes: list | None = None) -> np.ndarray:
-    """The next token of N sequences in one pass: tokens[i] at position caches[i].length on
-    caches[i]. Returns logits (N, vocab). One sequence takes the ordinary path (the fused
-    one-call decode) unless `routes` is asked; a model that cannot batch runs its sequences one
-    after another. `routes` (a list) receives (layer, expert ids (N, k)) of each MoE layer."""
-    if len(tokens) != len(caches) or not tokens:
-        raise ValueError(f"decode_batch needs one cache per token, got {len(tokens)} tokens and {len(caches)} caches")
-    if len(set(map(id, caches))) != len(caches):
-        raise ValueError("decode_batch: two rows share one KV cache")
-    for c in caches:
-        if c.length >= c.capacity:
-            raise ValueError(f"a sequence's KV cache is full ({c.capacity} positions)")
-    if (len(tokens) == 1 and routes is None) or not batchable(net):
-        return np.concatenate([net.forward(np.array([t], np.int64), c, c.length) for t, c in zip(tokens, caches)])
-    cfg, arena = net.cfg, net.arena
-    arena.reset()
-    pos = np.array([c.length for c in caches], np.int64)
-    cos, sin = net.rotary(pos)
-    net.full_tables = rope.tables(net.inv_full, pos) if net.spec.full_rope == "proportional" else None
-    step = PassStep(None, 0, cos, sin, None, arena, net.gpu, net.exact, None, net.timer,
-                    seqs=list(zip(caches, pos.tolist())), routes=routes)
-    x = step.empty((len(tokens), cfg.hidden_size))
-    step.k.gather_rows(net.w.token_embd.data, net.w.token_embd.code, np.asarray(tokens, np.int64), x)
-    if net.spec.embed_scale:
-        x *= np.float32(cfg.hidden_size ** 0.5)
-    fused = _fused_rows(net, x, caches, pos, cos, sin, step)
-    for L, lw in enumerate(net.w.layers if not fused else ()):  # as Transformer.forward's loop (attention)
-        mark = arena.mark()
-        if lw.sandwich is not None:
-            net.sandwich_layer(L, x, lw, net.attention, step)
-        else:
-            x += net.attention(L, rmsnorm(x, lw.attn_norm, cfg.rms_norm_eps, step), lw, step)
-            x += net.ffn(L, rmsnorm(x, lw.ffn_norm, cfg.rms_norm_eps, step), lw, step)
-        arena.release(mark)
-    for c in caches:
-        c.length += 1
-    logits = linear(rmsnorm(x, net.w.output_norm, cfg.rms_norm_eps, step), net.w.output, step)
-    if cfg.final_logit_softcap:
-        logits = norms.softcap(logits, cfg.final_logit_softcap)
-    return logits.copy()  # results leave the arena
-
-
-def _fused_rows(net: Transformer, x: np.ndarray, caches: Seq[KVCache], pos: np.ndarray, cos: np.ndarray,
-                sin: np.ndarray, step: PassStep) -> bool:
-    """x (N, hidden) through every layer in one call of engine.kernels.batched.decode_rows, in
-    place, where each row alone would take the fused one-call decode (a dense model, every
-    matrix in an integer-dot format, nothing asking for the layered path): each row then gets
-    that decode's logits bit for bit. False (nothing done) otherwise."""
-    fd = net.fused
-    if fd is None or not fd.dense or not net.takes_fused(step) or not fd.ready():
-        return False
-    kind = caches[0].kind
-    if any(c.kind != kind or not (c.k.flags.c_contiguous and c.v.flags.c_contiguous) for c in caches):
-        return False
-    t0 = step.timer.start() if step.timer is not None else 0.0
-    like = caches[0].k.view(np.uint16) if kind == "f16" else caches[0].k
-    kv = np.array([[c.k.ctypes.data, c.v.ctypes.data, c.k_scale.ctypes.data, c.v_scale.ctypes.data, c.capacity]
-                   for c in caches], np.int64)
-    mlp = fd.expert_table()[:, 0]  # (layers, 3, 4): the one dense "expert" per layer, gate/up/down
-    cfg = net.cfg
-    decode_rows(x, fd.norms, fd.attn, fd.bias, fd.qk_norms, QK_NORM[cfg.qk_norm], np.float32(cfg.clip_qkv or 0.0),
-                np.ascontiguousarray(mlp), np.float32(cfg.rms_norm_eps), net.scale, cfg.sliding_window or 0,
-                np.ascontiguousarray(cos, dtype=np.float32), np.ascontiguousarray(sin, dtype=np.float32), pos, kv,
-                like, caches[0].k_scale, kind == "int8", cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
-    if step.timer is not None:
-        step.timer.stop("decode_rows (fused, batched)", t0)
-    net.w.experts.count_uses(np.zeros((len(fd.norms), len(caches)), np.int64), routed=False)  # as N lone decodes
-    return True
-
-
-def _rows_per_read(net: Transformer, L: int, e: int) -> int:
-    """How many rows of a step one read of expert (L, e) serves: all of them when its SwiGLU
-    takes the fused integer kernel (engine.models.base._integer_path), else cpu.INT_MAX_T."""
-    if net.exact or net.gpu is not None or net.act != "silu":
-        return cpu.INT_MAX_T
-    with net.w.experts.use(L, e) as ew:
-        ms = (ew.gate, ew.up)
-        packed = sum(m.code > cpu.PACKED for m in ms)
-        fused = packed in (0, 2) and all(m.code in cpu.INT_CODES and m.data.flags.c_contiguous for m in ms)
-    return 1 << 30 if fused else cpu.INT_MAX_T
-
-
-def expert_bytes(net: Transformer, routes: list) -> tuple[int, int]:
-    """Expert bytes a step read (grouped: each (layer, expert) once, or once per cpu.INT_MAX_T
-    rows that picked it off the fused integer kernels) and would have read with each row
-    computing its own experts (ungrouped: once per row and pick), from its routes."""
-    store, grouped, each = net.w.store, 0, 0
-    size: dict[tuple[int, int], int] = {}
-    per_read = _rows_per_read(net, routes[0][0], int(routes[0][1].flat[0])) if routes else 1
-    for L, ids in routes:
-        picks, counts = np.unique(ids, return_counts=True)
-        for e, n in zip(picks.tolist(), counts.tolist()):
-            b = size.get((L, e))
-            if b is None:
-                b = size[(L, e)] = store.span(L, e).nbytes
-            grouped += -(-n // per_read) * b
-            each += n * b
-    return grouped, each
 
 
 class PrefixCache:

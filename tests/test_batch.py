@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 from conftest import HF_FIXTURES
 
-from engine import batch
 from engine.api import Engine
 from engine.batch import Batcher, PrefixCache, decode_batch, expert_bytes
 from engine.convert.convert import convert
 from engine.kernels import cpu
 from engine.kvcache import KVCache
+from engine.models import fused as fused_module
 
 PROMPTS = [[1, 5, 9, 14, 3, 7], [2, 8], [4, 4, 6, 10, 12, 3, 9, 1, 5, 2, 11], [7], [13, 2, 5], [3, 3, 3, 9],
            [6, 1], [12, 11, 10, 9, 8, 7, 6], [5, 5]]
@@ -69,13 +69,23 @@ def test_a_dense_batch_is_each_sequence_alone_bit_for_bit(models, monkeypatch, n
     eng = models(name, weights, kv)
     assert n <= len(PROMPTS) and cpu.INT_MAX_T == 3  # 6 rows: one call of the fused integer kernels
     calls = []
-    real = batch.decode_rows if fused else (lambda *a: calls.append(a))
-    monkeypatch.setattr(batch, "decode_rows", lambda *a: (calls.append(a), real(*a))[1] if fused else real(*a))
+    real = fused_module.decode_rows if fused else (lambda *a: calls.append(a))
+    monkeypatch.setattr(fused_module, "decode_rows", lambda *a: (calls.append(a), real(*a))[1] if fused else real(*a))
     if not fused:
-        monkeypatch.setattr(batch, "_fused_rows", lambda *a: False)
+        monkeypatch.setattr(fused_module.FusedDecode, "rows", lambda *a: None)
     for a, b in zip(alone(eng, n), together(eng, n)):
         np.testing.assert_array_equal(a, b)
     assert len(calls) == (len(FORCED[0]) if fused else 0)  # every step took the path asked for
+
+
+def test_stats_name_a_batched_steps_route(models):
+    """A step of N sequences is named in Engine.stats().route: the one call of a dense model, or
+    layer by layer where the rows are grouped by expert."""
+    dense, moe = models("llama", "int4"), models("mixtral", "int8")
+    together(dense, 3)
+    assert dense.stats().route == "fused rows (3 sequences)"
+    together(moe, 4)
+    assert moe.stats().route == "layered (4 sequences with experts)"
 
 
 @pytest.mark.parametrize("preset", ["q4_0", "q8_0"])

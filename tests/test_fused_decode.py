@@ -227,6 +227,24 @@ def test_not_taken_without_integer_weights_or_with_float_activations(models, cal
     assert calls[0] == 1
 
 
+def test_stats_name_the_route_of_the_last_step(models):
+    """Engine.stats().route: the decoder loop's route at the last step, and why where it ran
+    layer by layer (the model's refusal, a prompt, float activations)."""
+    eng = resident(Engine(models("mixtral", "int8")), [1, 5, 9])
+    assert eng.stats().route == "layered (a prompt of 3 tokens)"
+    eng.forward([4])
+    assert eng.stats().route == "fused"
+    eng.set_param("int8_activations", False)
+    eng.forward([5])
+    assert eng.stats().route == "layered (float activations)"
+    small = Engine(models("mixtral", "int8"), expert_cache_size=3, prefetch_window=0)
+    small.forward([1, 5, 9, 14, 3, 7])
+    small.forward([11])
+    assert small.stats().route == "fused (streaming experts)"
+    refused = Engine(models("qwen2_moe", "int8"))
+    assert refused.stats().route == f"layered ({refused.net.fused_refusal})" and "shared_expert" in refused.stats().route
+
+
 @pytest.mark.parametrize("quantize", ["int4", "int8"])
 def test_a_small_expert_cache_streams_through_the_kernel_as_the_layered_path(models, calls, quantize):
     """With room for 3 of 8 experts a layer, experts come and go: decode_layers runs over the held

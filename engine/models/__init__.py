@@ -1,5 +1,5 @@
-"""The forward pass (base.Transformer: one class for every architecture, driven by its spec in
-engine.arch) and the one-call decode (fused)."""
+"""The one decoder loop (base.Transformer.forward: every architecture, driven by its spec in
+engine.arch), its fused routes (fused) and N sequences' steps through it (rows)."""
 from __future__ import annotations
 
 from engine.models.base import Transformer

@@ -15,8 +15,7 @@ from __future__ import annotations
 import logging
 import math
 from contextlib import ExitStack, nullcontext
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
@@ -26,12 +25,13 @@ from engine.expert_store import ExpertLoadError
 from engine.kvcache import KVCache, own_attention_caches
 from engine.mempool import Arena
 from engine.model_dir import ModelConfig
+from engine.models.blocks import Step, _integer_path, expert_mlp, linear, linears, rmsnorm, softmax_top_k  # noqa: F401 (Step, expert_mlp: tests reach them here)
 from engine.models.fused import FusedDecode
 from engine.ops import attention as op_attention
 from engine.ops import cache as states
 from engine.ops import conv, deltanet, ffn, norms, rope
-from engine.timing import Kernels, OpTimer
-from engine.weight_types import ExpertWeights, LayerWeights, Matrix
+from engine.timing import OpTimer
+from engine.weight_types import LayerWeights
 
 if TYPE_CHECKING:
     from engine.experts import ExpertCache
@@ -41,159 +41,6 @@ log = logging.getLogger("colibri.engine")
 
 ATTENTION_BLOCK = 256  # query tokens per attention call
 PREFETCH_MAX_TOKENS = 4  # prefetch while decoding; a prompt's union of experts is most of them
-
-
-@dataclass
-class Step:
-    """One forward call: what it works on and the state that steers it.
-
-    gpu: the GPU runner (engine.scheduler, issue 8) every matmul is offered to first (it returns
-    None for those the CPU should do); None on a CPU-only machine. exact: float activations in
-    every matmul (int8_activations off). arena: where the pass's activations live (pool memory;
-    None: numpy memory). before_layer: called with the layer index before each layer of a
-    multi-token pass (engine.api: Stop during a long prompt raises from it; the KV cache keeps
-    its old length). timer: the per-operation timing hook (engine.timing); `k` is the kernel
-    module the blocks call, timed through it when a timer is set."""
-    cache: KVCache | None = None
-    pos0: int = 0  # position of the first new token
-    cos: np.ndarray | None = None  # (T, head_dim/2)
-    sin: np.ndarray | None = None
-    dump: dict | None = None
-    arena: Arena | None = None
-    gpu: Any = None
-    exact: bool = False
-    before_layer: Callable[[int], None] | None = None
-    timer: OpTimer | None = None
-    seqs: list | None = None  # engine.batch: row i is one sequence's token, (its KVCache, its position)
-    routes: list | None = None  # engine.batch: (layer, expert ids (T, k)) of each MoE layer, appended
-
-    def __post_init__(self) -> None:
-        self.k = cpu if self.timer is None else Kernels(cpu, self.timer)
-
-    def empty(self, shape) -> np.ndarray:
-        """A float32 scratch buffer for this pass."""
-        return np.empty(shape, np.float32) if self.arena is None else self.arena.empty(shape)
-
-
-def _by_rows(fn: Callable, x: np.ndarray, *args: Any) -> Any:
-    """engine.batch: a batched decode step runs its rows through the one-token kernels, at most
-    cpu.INT_MAX_T at a time (the prefill kernels round otherwise), so each row gets what it
-    would decoded alone, bit for bit. The fused integer kernels (matmul_int, swiglu_int) dot each
-    token on its own at any T, so they take all rows in one call (`_integer_path`): each weight
-    is read once per step."""
-    parts = [fn(x[a:a + cpu.INT_MAX_T], *args) for a in range(0, x.shape[0], cpu.INT_MAX_T)]
-    return tuple(map(np.concatenate, zip(*parts))) if isinstance(parts[0], tuple) else np.concatenate(parts)
-
-
-def linear(x: np.ndarray, m: Matrix, step: Step) -> np.ndarray:
-    """x (T, cols) @ m.T -> (T, rows)."""
-    if step.seqs is not None and x.shape[0] > cpu.INT_MAX_T and not _integer_path(x, (m,), step):
-        return _by_rows(linear, x, m, step)  # (on the integer path each of cpu.matmul's rows is its decode's bits)
-    t0 = step.timer.start() if step.timer is not None else 0.0
-    y = step.gpu.linear(x, m) if step.gpu is not None else None
-    if y is None:
-        y = step.empty((x.shape[0], m.rows))
-        cpu.matmul(m.data, m.code, np.ascontiguousarray(x, dtype=np.float32), y, step.exact)
-    if step.timer is not None:
-        step.timer.stop(m.name, t0)
-    return y
-
-
-def _integer_path(x: np.ndarray, ms: tuple[Matrix, ...], step: Step, mixed: bool = True) -> bool:
-    """Whether the fused integer kernels take these matmuls: decode-sized x, formats with an
-    integer dot, contiguous matrices, no GPU runner to offer them to, float activations not
-    asked for; `mixed` False: all repacked or none (swiglu_int)."""
-    if (x.shape[0] > cpu.INT_MAX_T and step.seqs is None) or step.gpu is not None or step.exact:
-        return False
-    packed = sum(m.code > cpu.PACKED for m in ms)
-    return (mixed or packed in (0, len(ms))) and \
-        all(m.code in cpu.INT_CODES and m.data.flags.c_contiguous for m in ms)
-
-
-def _tiled_pair(x: np.ndarray, ms: tuple[Matrix, Matrix], step: Step) -> bool:
-    """Whether cpu.swiglu_tiles takes a prompt's gate and up matrices: both repacked in a tiled
-    format, enough tokens, contiguous, no GPU runner, no batch of sequences (each row there must be
-    its decode's bits, and the SwiGLU's silu may round otherwise), float activations not asked for."""
-    return x.shape[0] >= cpu.TILE_MIN_T and step.gpu is None and step.seqs is None and not step.exact and \
-        all(m.code - cpu.PACKED in cpu.TILE_CODES and m.data.flags.c_contiguous for m in ms)
-
-
-def linears(x: np.ndarray, ms: tuple[Matrix, ...], step: Step) -> tuple[np.ndarray, ...]:
-    """x @ m.T for each m of ms (one kernel call on the integer path)."""
-    if step.seqs is not None and x.shape[0] > cpu.INT_MAX_T and not _integer_path(x, ms, step):
-        return _by_rows(linears, x, ms, step)
-    if not _integer_path(x, ms, step):
-        return tuple(linear(x, m, step) for m in ms)
-    t0 = step.timer.start() if step.timer is not None else 0.0
-    outs = tuple(step.empty((x.shape[0], m.rows)) for m in ms)
-    cpu.matmul_int(tuple(m.data for m in ms), tuple(m.code for m in ms), np.ascontiguousarray(x, dtype=np.float32),
-                   outs)
-    if step.timer is not None:
-        step.timer.stop(ms[0].name, t0)
-    return outs
-
-
-def rmsnorm(x: np.ndarray, weight: np.ndarray, eps: float, step: Step) -> np.ndarray:
-    """Over the last axis of x (..., n)."""
-    flat = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, x.shape[-1])
-    out = step.empty(flat.shape)
-    step.k.rmsnorm(flat, weight, np.float32(eps), out)
-    return out.reshape(x.shape)
-
-
-def expert_mlp(h: np.ndarray, e: ExpertWeights, step: Step, act: str = "silu",
-               biases: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
-               clamp: tuple[float, float] = (1.702, 7.0)) -> np.ndarray:
-    """The one gated MLP (a routed expert, a shared expert, a dense layer): down(act(gate h) * up h).
-
-    act "silu": SwiGLU, gate and up in one integer kernel where it applies; "gelu_tanh": Gemma's.
-    biases (this expert's gate, up, down rows; gpt-oss): added, and the SwiGLU clamped at
-    clamp = (alpha, limit)."""
-    if biases is not None:
-        gb, ub, db = biases
-        T, F = h.shape[0], e.gate.rows
-        g, u = linears(h, (e.gate, e.up), step)  # one kernel call on the integer path
-        a = step.empty((T, F))
-        ffn.biased_clamped_swiglu(np.ascontiguousarray(g), np.ascontiguousarray(u), gb, ub, np.float32(clamp[0]),
-                                  np.float32(clamp[1]), a)
-        y = linear(a, e.down, step)
-        y += db
-        return y
-    if act == "gelu_tanh":
-        g, u = linears(h, (e.gate, e.up), step)  # one kernel call on the integer path
-        a = step.empty(g.shape)
-        ffn.gelu_mul(np.ascontiguousarray(g), np.ascontiguousarray(u), a)
-        return linear(a, e.down, step)
-    if step.seqs is not None and h.shape[0] > cpu.INT_MAX_T and not _integer_path(h, (e.gate, e.up), step, mixed=False):
-        return _by_rows(expert_mlp, h, e, step)
-    if _integer_path(h, (e.gate, e.up), step, mixed=False):
-        t0 = step.timer.start() if step.timer is not None else 0.0
-        a = step.empty((h.shape[0], e.gate.rows))
-        cpu.swiglu_int(e.gate.data, e.gate.code, e.up.data, e.up.code, np.ascontiguousarray(h, dtype=np.float32), a)
-        if step.timer is not None:
-            step.timer.stop(e.gate.name, t0)
-        return linear(a, e.down, step)
-    if _tiled_pair(h, (e.gate, e.up), step):  # a prompt: gate, up and SwiGLU in one kernel (tiles.py)
-        t0 = step.timer.start() if step.timer is not None else 0.0
-        a = step.empty((h.shape[0], e.gate.rows))
-        cpu.swiglu_tiles(e.gate.data, e.gate.code - cpu.PACKED, e.up.data, e.up.code - cpu.PACKED,
-                         np.ascontiguousarray(h, dtype=np.float32), a)
-        if step.timer is not None:
-            step.timer.stop(e.gate.name, t0)
-        return linear(a, e.down, step)
-    g, u = linear(h, e.gate, step), linear(h, e.up, step)
-    a = step.empty(g.shape)
-    step.k.swiglu(g, u, a)
-    return linear(a, e.down, step)
-
-
-def softmax_top_k(logits: np.ndarray, k: int, renormalise: bool, step: Step) -> tuple[np.ndarray, np.ndarray]:
-    """(T, E) router logits -> the top-k softmax weights (T, k) and expert ids (T, k), most likely
-    first, renormalised to sum to 1 if asked."""
-    T = logits.shape[0]
-    weights, ids = np.empty((T, k), np.float32), np.empty((T, k), np.int64)
-    step.k.softmax_top_k(np.ascontiguousarray(logits, dtype=np.float32), k, renormalise, weights, ids)
-    return weights, ids
 
 
 class Transformer:
@@ -246,6 +93,7 @@ class Transformer:
         why = FusedDecode.refusal(self)
         self.fused = FusedDecode(self) if why is None else None
         self.fused_refusal = why  # why a decoded token runs layer by layer (None: it need not)
+        self.plan = "fused" if why is None else f"layered ({why})"  # the last step's route (Engine.stats)
         if why is not None:
             log.info("decoding layer by layer (no one-call decode): %s", why)
 
@@ -546,20 +394,22 @@ class Transformer:
         return rope.tables(self.inv_freq, positions, self.rope_factor)
 
     # --- the decoder loop ---------------------------------------------------------------------
-    def forward(self, ids: np.ndarray, cache: KVCache, pos0: int, all_logits: bool = False,
+    def forward(self, ids: np.ndarray, cache: KVCache | list[KVCache], pos0: int, all_logits: bool = False,
                 dump: dict | None = None, before_layer: Callable[[int], None] | None = None,
-                chunk: int | None = None) -> np.ndarray:
-        """Run tokens `ids` at positions pos0.. through the model, filling the cache.
-
-        Returns logits (T, vocab) if all_logits, else those of the last token (1, vocab).
-        `before_layer(L)` is called before each layer of a multi-token pass. chunk: at most this
-        many tokens per pass (a dense model's batch_size; None: all at once).
-        """
+                chunk: int | None = None, routes: list | None = None) -> np.ndarray:
+        """The one decoder loop: one sequence's T tokens `ids` at positions pos0.. of `cache`, or,
+        `cache` a list, N sequences' next token, row i at position cache[i].length of cache[i]
+        (engine.models.rows). Each step's route, named in self.plan (Engine.stats): a fused kernel
+        through every layer (FusedDecode: a token, its experts resident or streaming; N rows of a
+        dense model), else layer by layer. Returns logits (T, vocab) if all_logits, else the last
+        token's (1, vocab). `before_layer(L)` is called before each layer of a multi-token pass.
+        chunk: at most this many tokens per pass (None: all at once). routes (a list) receives
+        (layer, expert ids (T, k)) of each MoE layer."""
         if chunk is not None and len(ids) > chunk:
             out = [self.forward(ids[a:a + chunk], cache, pos0 + a, all_logits, dump, before_layer)
                    for a in range(0, len(ids), chunk)]
             return np.concatenate(out) if all_logits else out[-1]
-        cfg, T, arena = self.cfg, len(ids), self.arena
+        cfg, arena, T, rows = self.cfg, self.arena, len(ids), cache if isinstance(cache, list) else None
         arena.reset()
         if self.recurrent:
             cache.overwrite(pos0)
@@ -567,18 +417,20 @@ class Transformer:
             cache.states = self.new_states(cache.capacity, cache.kind)
         elif self.recurrent and pos0 != cache.length:
             raise ValueError(f"a recurrent model's cache holds {cache.length} positions; cannot run from {pos0}")
-        cos, sin = self.rotary(np.arange(pos0, pos0 + T))
-        self.full_tables = rope.tables(self.inv_full, np.arange(pos0, pos0 + T)) \
-            if self.spec.full_rope == "proportional" else None
-        step = Step(cache, pos0, cos, sin, dump, arena, self.gpu, self.exact, before_layer if T > 1 else None,
-                    self.timer)
+        pos = np.array([c.length for c in rows], np.int64) if rows else np.arange(pos0, pos0 + T)
+        cos, sin = self.rotary(pos)
+        self.full_tables = rope.tables(self.inv_full, pos) if self.spec.full_rope == "proportional" else None
+        step = Step(None if rows else cache, pos0, cos, sin, dump, arena, self.gpu, self.exact,
+                    before_layer if T > 1 else None, self.timer, list(zip(rows, pos.tolist())) if rows else None, routes)
         x = step.empty((T, cfg.hidden_size))
         step.k.gather_rows(self.w.token_embd.data, self.w.token_embd.code, np.asarray(ids, np.int64), x)
         if self.spec.embed_scale:  # Gemma: embeddings times sqrt(hidden_size)
             x *= np.float32(cfg.hidden_size ** 0.5)
         if dump is not None:
             dump["token_embd"] = x.copy()
-        fused = T == 1 and self.takes_fused(step) and self.fused.run(x, step)
+        why = self.why_layered(step, T)
+        fused = None if why else self.fused.rows(x, step) if step.seqs is not None else self.fused.run(x, step)
+        self.plan = fused or f"layered ({why or 'no room in the KV cache, or experts or caches it cannot read'})"
         try:
             for L, lw in enumerate(self.w.layers if not fused else ()):
                 if step.before_layer is not None:
@@ -601,7 +453,8 @@ class Transformer:
                 cache.states, cache.length = None, 0
                 cache.overwrite(0)
             raise
-        cache.length = pos0 + T
+        for c, p in step.seqs or [(cache, pos0 + T - 1)]:
+            c.length = p + 1
         h = rmsnorm(x if all_logits else x[-1:], self.w.output_norm, cfg.rms_norm_eps, step)
         logits = linear(h, self.w.output, step)
         if cfg.final_logit_softcap:
@@ -611,10 +464,12 @@ class Transformer:
             dump["logits"] = logits.copy()
         return logits.copy()  # results leave the arena
 
-    def takes_fused(self, step: Step) -> bool:
-        """Whether a decoded token of this step may take the fused kernel: the model allows it
-        and nothing asks for the layer-by-layer path (a dump, a GPU runner, float activations).
-        Whether it then runs depends only on the KV cache's room (FusedDecode.run), never on
-        timing: the first fused token waits until every expert is loaded."""
-        return self.fused is not None and self.fused_decode and step.dump is None and step.gpu is None and \
-            not step.exact
+    def why_layered(self, step: Step, T: int) -> str | None:
+        """Why this step cannot take a fused kernel, or None when it may (then only the KV cache's
+        room decides, never timing: the first fused token waits until every expert is loaded)."""
+        if self.fused is None or not self.fused_decode:
+            return self.fused_refusal or "the fused decode is off"
+        why = [w for w, on in (("a dump", step.dump is not None), ("a GPU runner", step.gpu is not None),
+                               ("float activations", step.exact), (f"a prompt of {T} tokens", step.seqs is None and T > 1),
+                               (f"{T} sequences with experts", step.seqs is not None and not self.fused.dense)) if on]
+        return ", ".join(why) or None

@@ -1,4 +1,5 @@
-"""A decoded token in one kernel call (engine.kernels.decode) instead of ten per layer.
+"""A decoded token in one kernel call (engine.kernels.decode) instead of ten per layer, or N
+sequences' tokens of a dense model in one (engine.kernels.batched): Transformer.forward's fused routes.
 
 It applies when the model's spec has only parts the kernel computes (FEATURES: q/k/v biases,
 q/k norms and clipping included; no shared expert yet) and everything the token could touch sits in memory,
@@ -18,12 +19,15 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 
 from engine.kernels import cpu
+from engine.kernels.batched import decode_rows
 from engine.kernels.decode import SPAN, decode_layers
 from engine.kvcache import KVCache
+from engine.models.blocks import linear, rmsnorm
 from engine.weight_types import Matrix
 
 if TYPE_CHECKING:
-    from engine.models.base import Step, Transformer
+    from engine.models.base import Transformer
+    from engine.models.blocks import Step
 
 FILL_WAIT_S = 600.0  # the longest the first fused token waits for the experts to load
 
@@ -176,24 +180,50 @@ class FusedDecode:
         missing loaded first where the cache has room for all)."""
         return self.expert_table() is not None
 
-    def run(self, x: np.ndarray, step: Step) -> bool:
-        """x (1, hidden) through every layer, in place; False (nothing done) when the fused
-        kernel cannot take this token: no room in the KV cache, or experts it cannot read. With
-        room for all, the experts not loaded yet are loaded first, waiting for them (one call);
-        otherwise the token streams (stream()): which path runs never depends on timing."""
+    def run(self, x: np.ndarray, step: Step) -> str | None:
+        """x (1, hidden) through every layer, in place; the route's name, or None (nothing done)
+        when the fused kernel cannot take this token: no room in the KV cache, or experts it
+        cannot read. With room for all, the experts not loaded yet are loaded first, waiting for
+        them (one call); otherwise the token streams (stream()): which path runs never depends on
+        timing."""
         cache, pos = step.cache, step.pos0
         if pos >= cache.capacity:
-            return False
+            return None
         experts = self.expert_table()
         if experts is None:
-            return self.stream(x, step)
+            return "fused (streaming experts)" if self.stream(x, step) else None
         t0 = step.timer.start() if step.timer is not None else 0.0
         picks, mixes = self._picks(len(self.norms))
-        self._launch(x, cache, pos, step.cos[0], step.sin[0], experts, len(self.norms), picks, mixes)
+        decode_layers(*self._args(x, cache, pos, step.cos[0], step.sin[0], experts, len(self.norms), picks, mixes))
         if step.timer is not None:
             step.timer.stop("decode_layers (fused)", t0)
         self.model.w.experts.count_uses(picks, routed=not self.dense)
-        return True
+        return "fused"
+
+    def rows(self, x: np.ndarray, step: Step) -> str | None:
+        """x (N, hidden), row i step.seqs[i]'s token, through every dense layer in one call, in
+        place, each row bit for bit its lone run(); None (nothing done): experts, or caches unlike.
+        decode_rows stays a kernel beside decode_layers: it has no router, expert table or streaming
+        stop, decode_layers no rows, and one row through decode_rows is no faster, the same bits."""
+        caches, pos = [c for c, _ in step.seqs], np.array([p for _, p in step.seqs], np.int64)
+        kind = caches[0].kind
+        if not self.dense or not self.ready() or \
+                any(c.kind != kind or not (c.k.flags.c_contiguous and c.v.flags.c_contiguous) for c in caches):
+            return None
+        t0 = step.timer.start() if step.timer is not None else 0.0
+        like = caches[0].k.view(np.uint16) if kind == "f16" else caches[0].k
+        kv = np.array([[c.k.ctypes.data, c.v.ctypes.data, c.k_scale.ctypes.data, c.v_scale.ctypes.data, c.capacity]
+                       for c in caches], np.int64)
+        cfg = self.model.cfg
+        decode_rows(x, self.norms, self.attn, self.bias, self.qk_norms, QK_NORM[cfg.qk_norm],
+                    np.float32(cfg.clip_qkv or 0.0), np.ascontiguousarray(self.expert_table()[:, 0]),
+                    np.float32(cfg.rms_norm_eps), self.model.scale, cfg.sliding_window or 0,
+                    np.ascontiguousarray(step.cos, dtype=np.float32), np.ascontiguousarray(step.sin, dtype=np.float32),
+                    pos, kv, like, caches[0].k_scale, kind == "int8", cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
+        if step.timer is not None:
+            step.timer.stop("decode_rows (fused, batched)", t0)
+        self.model.w.experts.count_uses(np.zeros((len(self.norms), len(caches)), np.int64), routed=False)  # as N lone decodes
+        return f"fused rows ({len(caches)} sequences)"
 
     def stream(self, x: np.ndarray, step: Step) -> bool:
         """x through every layer with an expert cache that holds only some experts: decode_layers
@@ -220,8 +250,8 @@ class FusedDecode:
                         for e, ew in zip(picks[start].tolist(), taken):
                             table[start, e] = [_row(ew.gate), _row(ew.up), _row(ew.down)]
                         del ew  # (a mapped expert goes with its last view, before the next stop maps more)
-                    stop = self._launch(x, step.cache, step.pos0, step.cos[0], step.sin[0], table, n, picks, mixes,
-                                        start, resume)
+                    stop = decode_layers(*self._args(x, step.cache, step.pos0, step.cos[0], step.sin[0], table, n, picks,
+                                                     mixes, start, resume))
                     # the held ones' hits, while they are still held: leaving frozen() enforces the budget,
                     # and its evictions (or the loader's) may take them (cap 0.9, q4_k_m, random routing:
                     # a KeyError in 2 of 3 runs when these were counted after)
@@ -255,7 +285,6 @@ class FusedDecode:
         cache, model = self.model.w.experts, self.model
         if not cache.prediction_due():
             return
-        from engine.models.base import linear, rmsnorm
         lw = model.w.layers[L]
         h = rmsnorm(x, lw.ffn_norm, model.cfg.rms_norm_eps, step)
         model.prefetch(L, h, linear(h, lw.router, step), step)
@@ -276,17 +305,18 @@ class FusedDecode:
         cfg = self.model.cfg
         cache = KVCache(0, 1, cfg.num_kv_heads, cfg.head_dim, kv_kind)
         rot = np.zeros(cfg.head_dim // 2, np.float32)
-        self._launch(np.zeros((1, cfg.hidden_size), np.float32), cache, 0, rot, rot,
-                     np.zeros((0, cfg.num_experts, 3, 4), np.int64), 0, *self._picks(0))
+        decode_layers(*self._args(np.zeros((1, cfg.hidden_size), np.float32), cache, 0, rot, rot,
+                                  np.zeros((0, cfg.num_experts, 3, 4), np.int64), 0, *self._picks(0)))
 
-    def _launch(self, x: np.ndarray, cache: KVCache, pos: int, cos: np.ndarray, sin: np.ndarray,
-                experts: np.ndarray, layers: int, picks: np.ndarray, mixes: np.ndarray, start: int = 0,
-                resume: bool = False) -> int:
-        """decode_layers from `start` (resume: at its feed-forward part); where it stopped."""
+    def _args(self, x: np.ndarray, cache: KVCache, pos: int, cos: np.ndarray, sin: np.ndarray,
+              experts: np.ndarray, layers: int, picks: np.ndarray, mixes: np.ndarray, start: int = 0,
+              resume: bool = False) -> tuple:
+        """decode_layers' arguments from `start` (resume: at its feed-forward part); it returns
+        where it stopped."""
         cfg = self.model.cfg
         keys, values = (cache.k.view(np.uint16), cache.v.view(np.uint16)) if cache.kind == "f16" else (cache.k, cache.v)
-        return decode_layers(x, self.norms[:layers], self.attn[:layers], self.bias[:layers], self.qk_norms[:layers],
-                      QK_NORM[cfg.qk_norm], np.float32(cfg.clip_qkv or 0.0), self.router[:layers], experts, self.top_k,
-                      bool(self.renormalise), np.float32(cfg.rms_norm_eps), self.model.scale, cfg.sliding_window or 0,
-                      cos, sin, pos, keys, values, cache.k_scale, cache.v_scale, cache.kind == "int8", cfg.num_heads,
-                      cfg.num_kv_heads, cfg.head_dim, picks, mixes, start, resume)
+        return (x, self.norms[:layers], self.attn[:layers], self.bias[:layers], self.qk_norms[:layers],
+                QK_NORM[cfg.qk_norm], np.float32(cfg.clip_qkv or 0.0), self.router[:layers], experts, self.top_k,
+                bool(self.renormalise), np.float32(cfg.rms_norm_eps), self.model.scale, cfg.sliding_window or 0,
+                cos, sin, pos, keys, values, cache.k_scale, cache.v_scale, cache.kind == "int8", cfg.num_heads,
+                cfg.num_kv_heads, cfg.head_dim, picks, mixes, start, resume)
