@@ -44,11 +44,9 @@ def _load_kernels(simd: str, simd_path: str) -> None:
     """engine.kernels.setup() with the first Engine's choices, then the modules that compile with
     numba, bound here: they need the setup first (engine.kernels says why), so importing this module
     sets nothing up and a command's --simd is never overridden by an import."""
-    global numba, plan_expert_cache, replan, ExpertStore, ExpertCache, INT_MAX_T, KVCache, decode_batch, \
-        Transformer, Sampler
+    global numba, plan_expert_cache, replan, ExpertStore, ExpertCache, INT_MAX_T, KVCache, Transformer, Sampler
     kernels.setup(simd, simd_path)
     import numba
-    from engine.models.rows import decode_batch
     from engine.cache_plan import plan_expert_cache, replan
     from engine.expert_store import ExpertStore
     from engine.experts import ExpertCache
@@ -129,15 +127,23 @@ class _Run(Reply):
         if self.cancelled():
             raise _Interrupted
 
-    def decode(self) -> np.ndarray | None:
-        """Logits after `token`; None when another call owns the conversation cache now."""
+    def stream(self, progress: bool) -> Iterator[Step]:
+        """The reply loop: the prompt into the cache, then a token a step until the reply finishes;
+        "cancelled" when stopped, or superseded by another call on the conversation cache."""
         e = self.e
-        with e._lock:
-            if not self._owner():
-                return None
-            logits = e.decode([self.token], [e.cache])
-            e.tokens.append(self.token)
-        return logits
+        try:
+            logits = yield from self.prefill(progress)
+            while logits is not None:  # (None: stopped or superseded before the prompt was in)
+                yield self.feed(logits)
+                if self.finish is not None:
+                    return
+                with e._lock:
+                    logits = e.decode([self.token], [e.cache]) if self._owner() else None
+                    if logits is not None:
+                        e.tokens.append(self.token)
+            yield self.end("cancelled")
+        finally:
+            self.close()
 
     def step(self, piece: str = "", tok: int | None = None, kind: str = "token") -> Step:
         out = super().step(piece, tok, kind)
@@ -436,19 +442,7 @@ class Engine:
         A chat takes the template's switches in `template_vars` ({"enable_thinking": False}) and
         continues a reply cut short from `resume`, the text it wrote so far (prompt_ids).
         """
-        return self._generate(_Run(self, prompt, stop, cancel, template_vars, resume, sampling), prompt_progress)
-
-    def _generate(self, run: _Run, prompt_progress: bool) -> Iterator[Step]:
-        try:
-            logits = yield from run.prefill(prompt_progress)
-            while logits is not None:  # (None: stopped or superseded before the prompt was in)
-                yield run.feed(logits)
-                if run.finish is not None:
-                    return
-                logits = run.decode()  # None: another call took the conversation cache meanwhile
-            yield run.end("cancelled")
-        finally:
-            run.close()
+        return _Run(self, prompt, stop, cancel, template_vars, resume, sampling).stream(prompt_progress)
 
     # --- the runner: computations on caches the caller holds (engine.batch's sequences) ------
     def prefill(self, ids: Sequence[int], cache: KVCache, pos0: int,
@@ -463,13 +457,13 @@ class Engine:
 
     def decode(self, tokens: Sequence[int], caches: Sequence[KVCache], routes: list | None = None,
                warmup: bool = False) -> np.ndarray:
-        """The next token of N rows in one pass (tokens[i] on caches[i], engine.models.rows.decode_batch)
+        """The next token of N rows in one pass (tokens[i] on caches[i]: Transformer.forward on rows)
         as one computation; logits (N, vocab). Its time is the thread tuner's evidence, and its
         expert lookups count in stats(), unless it is a `warmup` (a compile is no evidence)."""
         with self._lock, self.weights.experts.quiet() if warmup else nullcontext():
             self._ready()
             t0 = time.perf_counter()
-            logits = decode_batch(self.net, tokens, caches, routes)
+            logits = self.net.forward(np.asarray(tokens, np.int64), list(caches), 0, all_logits=True, routes=routes)
             if not warmup:
                 self.hw.governor.observe(self._step_threads, time.perf_counter() - t0, len(tokens))
         return logits

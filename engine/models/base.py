@@ -27,6 +27,7 @@ from engine.mempool import Arena
 from engine.model_dir import ModelConfig
 from engine.models.blocks import Step, _integer_path, expert_mlp, linear, linears, rmsnorm, softmax_top_k  # noqa: F401 (Step, expert_mlp: tests reach them here)
 from engine.models.fused import FusedDecode
+from engine.models.rows import batchable, check_rows
 from engine.ops import attention as op_attention
 from engine.ops import cache as states
 from engine.ops import conv, deltanet, ffn, norms, rope
@@ -409,6 +410,11 @@ class Transformer:
             out = [self.forward(ids[a:a + chunk], cache, pos0 + a, all_logits, dump, before_layer)
                    for a in range(0, len(ids), chunk)]
             return np.concatenate(out) if all_logits else out[-1]
+        if isinstance(cache, list):  # N rows: one sequence, or a model that cannot batch, runs them one by one
+            check_rows(ids, cache)
+            if (len(cache) == 1 and routes is None) or not batchable(self):
+                return np.concatenate([self.forward(np.asarray(ids[i:i + 1], np.int64), c, c.length)
+                                       for i, c in enumerate(cache)])
         cfg, arena, T, rows = self.cfg, self.arena, len(ids), cache if isinstance(cache, list) else None
         arena.reset()
         if self.recurrent:

@@ -28,12 +28,8 @@ def batchable(net: Transformer) -> bool:
     return not net.recurrent
 
 
-def decode_batch(net: Transformer, tokens: Seq[int], caches: Seq[KVCache],
-                 routes: list | None = None) -> np.ndarray:
-    """The next token of N sequences in one pass: tokens[i] at position caches[i].length on
-    caches[i]. Returns logits (N, vocab). One sequence takes the ordinary path (the fused
-    one-call decode) unless `routes` is asked; a model that cannot batch runs its sequences one
-    after another. `routes` (a list) receives (layer, expert ids (N, k)) of each MoE layer."""
+def check_rows(tokens: Seq[int], caches: Seq[KVCache]) -> None:
+    """N rows' next tokens need a cache each, none shared, none full."""
     if len(tokens) != len(caches) or not tokens:
         raise ValueError(f"decode_batch needs one cache per token, got {len(tokens)} tokens and {len(caches)} caches")
     if len(set(map(id, caches))) != len(caches):
@@ -41,8 +37,13 @@ def decode_batch(net: Transformer, tokens: Seq[int], caches: Seq[KVCache],
     for c in caches:
         if c.length >= c.capacity:
             raise ValueError(f"a sequence's KV cache is full ({c.capacity} positions)")
-    if (len(tokens) == 1 and routes is None) or not batchable(net):
-        return np.concatenate([net.forward(np.array([t], np.int64), c, c.length) for t, c in zip(tokens, caches)])
+
+
+def decode_batch(net: Transformer, tokens: Seq[int], caches: Seq[KVCache],
+                 routes: list | None = None) -> np.ndarray:
+    """The next token of N sequences in one pass (Transformer.forward on rows): tokens[i] at position
+    caches[i].length on caches[i]; logits (N, vocab). `routes` (a list) receives (layer, expert ids
+    (N, k)) of each MoE layer."""
     return net.forward(np.asarray(tokens, np.int64), list(caches), 0, all_logits=True, routes=routes)
 
 
