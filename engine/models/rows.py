@@ -30,7 +30,7 @@ def batchable(net: Transformer) -> bool:
 
 def check_rows(tokens: Seq[int], caches: Seq[KVCache]) -> None:
     """N rows' next tokens need a cache each, none shared, none full."""
-    if len(tokens) != len(caches) or not tokens:
+    if len(tokens) != len(caches) or len(tokens) == 0:
         raise ValueError(f"decode_batch needs one cache per token, got {len(tokens)} tokens and {len(caches)} caches")
     if len(set(map(id, caches))) != len(caches):
         raise ValueError("decode_batch: two rows share one KV cache")
