@@ -164,6 +164,8 @@ def test_the_dashboard_shows_what_runs_in_one_line():
     snap = SimpleNamespace(simd_path="vnni (measured)", kernels={"q4_k": "kquants (vnni)", "f32": "cpu (float)"})
     assert _kernels_line(snap) == " · kernels vnni (measured): q4_k kquants, f32 cpu"
     assert _kernels_line(SimpleNamespace()) == ""  # a remote endpoint's stats: nothing to show
+    snap.route = "layered (a prompt of 12 tokens)"  # the route of the last step through the decoder loop
+    assert _kernels_line(snap).endswith(" · route layered (a prompt of 12 tokens)")
 
 
 def test_a_first_start_measures_in_the_background_once(home, monkeypatch):

@@ -35,12 +35,14 @@ def pct(x: float | None) -> str:
 
 
 def kernels_line(snap) -> str:
-    """What runs: the dot-product path and how it was chosen, the inner kernel per format (stats())."""
+    """What runs: the dot-product path and how it was chosen, the inner kernel per format, and the
+    route the last step took through the decoder loop and why (stats())."""
     path, kernels = getattr(snap, "simd_path", ""), getattr(snap, "kernels", None) or {}
     if not path:
         return ""
     per = ", ".join(f"{fmt} {k.split(' ')[0]}" for fmt, k in kernels.items())
-    return f" · kernels {path}" + (f": {per}" if per else "")
+    route = getattr(snap, "route", "")
+    return f" · kernels {path}" + (f": {per}" if per else "") + (f" · route {route}" if route else "")
 
 
 def watts(name: str, watts, limit, why: str) -> str:
