@@ -87,3 +87,26 @@ def test_a_callee_with_its_own_fastmath_is_not_lent_its_callers():
     lent, own = make(own=False), make(own=True)
     assert "fmul fast" in lent
     assert "fmul fast" not in own and "fadd fast" not in own
+
+
+def test_dispatch_module_is_generated_from_the_format_rows():
+    """engine/kernels/dispatch.py (the per-format if-chains every kernel inlines) is what the table's FORMATS
+    rows generate: a format is added there, then `python -m engine.kernels.table` rewrites the module."""
+    from pathlib import Path
+
+    from engine.kernels import dispatch
+    assert Path(dispatch.__file__).read_text() == table.dispatch_source(), "run: python -m engine.kernels.table"
+
+
+def test_format_rows_are_the_integer_formats_and_their_functions_exist():
+    from engine.kernels import blocks32, kquants, simd, tiles
+    assert {f.name for f in table.FORMATS} == set(table.int_formats())
+    modules = {"simd": simd, "blocks32": blocks32, "kquants": kquants}
+    for f in table.FORMATS:
+        for op in table.OPS:
+            fn = getattr(f, op).partition("(")[0]
+            if fn:
+                assert callable(getattr(tiles if op.startswith("tile") else modules[f.module], fn)), (f.name, op)
+        assert bool(f.group) == (f.name in table.packed_formats()), f.name
+        assert bool(f.tile_unpack) == (quant.get(f.name).type_id in cpu.TILE_CODES), f.name
+
