@@ -32,98 +32,12 @@ class Kernel:
     formats: tuple[str, ...]  # engine.quant names; () for an operation that reads no weights
     driver: str  # the numba kernel the engine calls
     inner: str  # the module with the per-format code (the vector intrinsics)
-    twin: str  # the numpy twin
+    twin: str  # the numpy twin ("": none; the note says what the kernel is held to instead)
     rtol: float
     atol: float  # times max|twin|
     layouts: tuple[str, ...] = ("stored",)
     paths: tuple[str, ...] = ("any",)  # PATHS it has code for, or "any" (plain numba loops)
     note: str = ""
-
-
-INT_SIMD = ("q4_0", "q4_1", "q8_0")
-INT_BLOCKS32 = ("q5_0", "q5_1", "iq4_nl", "mxfp4", "iq4_xs")
-INT_KQUANTS = ("q4_k", "q5_k", "q6_k")
-INT_LOW_K = ("q2_k", "q3_k")
-FLOATS = ("f32", "f16", "bf16")
-INT = INT_SIMD + INT_BLOCKS32 + INT_LOW_K + INT_KQUANTS
-ALL = FLOATS + INT
-
-TABLE: tuple[Kernel, ...] = (
-    # --- x @ W.T with int8 activations (decode, prefill; matmul_int, swiglu_int, moe_int, tiles.swiglu_tiles and
-    # the one-call decode reach the same inner code through matmul._int_dot / _group_dot / _tokens_dot / _group_tokens)
-    Kernel("matmul", INT_SIMD, "engine.kernels.matmul:matmul", "engine.kernels.simd", "engine.kernels.reference:matmul_int",
-           1e-5, 1e-5, LAYOUTS, PATHS, "per block d_w·d_x·Σ q_w q_x (+ m_w·s_x, - 8·d·Σq_x)"),
-    Kernel("matmul", INT_BLOCKS32, "engine.kernels.matmul:matmul", "engine.kernels.blocks32",
-           "engine.kernels.blocks32:matmul_reference", 1e-5, 1e-5, LAYOUTS, PATHS,
-           "16-entry grids through vpshufb; q5_x's fifth bits; iq4_xs sub-blocks as iq4_nl blocks (x8 prefill: tiles.py)"),
-    Kernel("matmul", INT_KQUANTS, "engine.kernels.matmul:matmul", "engine.kernels.kquants",
-           "engine.kernels.reference:matmul_int_k", 1e-5, 1e-5, LAYOUTS, PATHS, "sub-block scales per 32 (Q6_K: 16); x8 prefill: tiles.py"),
-    Kernel("matmul", INT_LOW_K, "engine.kernels.matmul:matmul", "engine.kernels.kquants",
-           "engine.kernels.reference:matmul_int_low_k", 1e-5, 1e-5, ("stored",), PATHS,
-           "2-bit weights, scales applied in integers per 16"),
-    Kernel("matmul", FLOATS, "engine.kernels.matmul:matmul", "engine.kernels.formats", "engine.kernels.reference:matmul",
-           1e-5, 1e-5, ("stored",), ("any",), "rows dequantized 4 at a time, float dots"),
-    Kernel("swiglu_int", INT_KQUANTS + ("iq4_xs",), "engine.kernels.tiles:swiglu_tiles", "engine.kernels.tiles",
-           "engine.kernels.reference:swiglu_int", 1e-4, 1e-5, ("x8",), PATHS,
-           "prefill (TILE_MIN_T tokens on): gate and up tiles dotted in one pass, each product matmul's bit for bit"),
-    # --- the same product with float activations (the `exact` switch, and every format's fallback)
-    Kernel("matmul_exact", ALL, "engine.kernels.matmul:matmul", "engine.kernels.formats", "engine.kernels.reference:matmul",
-           1e-5, 1e-5, ("stored",), ("any",), "dequantize_row, then float dots"),
-    Kernel("dequantize_row", ALL, "engine.kernels.formats:dequantize_row", "engine.kernels.formats", "engine.quant:dequantize",
-           0.0, 0.0, ("stored",), ("any",), "bit for bit (gguf.quants equals the twin: tests/test_quant.py)"),
-    Kernel("gather_rows", ALL, "engine.kernels.formats:gather_rows", "engine.kernels.formats", "engine.quant:dequantize",
-           0.0, 0.0, LAYOUTS, ("any",), "the embedding lookup; repacked tables read back exactly"),
-    Kernel("quantize_activations", (), "engine.kernels.formats:quantize_activations", "engine.kernels.simd",
-           "engine.kernels.reference:quantize_activations", 0.0, 0.0, note="llama.cpp's Q8_1, bit for bit"),
-    Kernel("quantize_activations_k", (), "engine.kernels.formats:quantized_for", "engine.kernels.formats",
-           "engine.kernels.reference:quantize_activations_k", 0.0, 0.0,
-           note="llama.cpp's Q8_K (per 256), read by the K-quants and IQ4_XS (formats.per_256); bit for bit"),
-    # --- small float operations
-    Kernel("rmsnorm", (), "engine.kernels.smallops:rmsnorm", "engine.kernels.rows", "engine.kernels.reference:rmsnorm",
-           1e-5, 1e-6),
-    Kernel("rope", (), "engine.kernels.smallops:rope", "engine.kernels.rows", "engine.kernels.reference:rope", 1e-5, 1e-6),
-    Kernel("swiglu", (), "engine.kernels.smallops:swiglu", "engine.kernels.rows", "engine.kernels.reference:swiglu",
-           1e-5, 1e-6),
-    Kernel("attention", (), "engine.kernels.smallops:attention", "engine.kernels.float_rows",
-           "engine.kernels.reference:attention", 1e-5, 1e-5, note="f32, f16 and int8 KV caches"),
-    Kernel("store_f16", (), "engine.kernels.smallops:store_f16", "engine.kernels.simd", "engine.kernels.reference:store_f16",
-           0.0, 0.0, note="the f16 KV cache's write, bit for bit"),
-    Kernel("softmax_top_k", (), "engine.kernels.smallops:softmax_top_k", "engine.kernels.smallops",
-           "engine.kernels.reference:softmax_top_k", 1e-6, 0.0, note="ids exactly (ties: the lower id)"),
-)
-
-
-def int_formats() -> tuple[str, ...]:
-    """Formats dotted with int8 activations (the "matmul" entries that are not float)."""
-    return tuple(f for k in TABLE if k.op == "matmul" and k.twin != "engine.kernels.reference:matmul"
-                 for f in k.formats)
-
-
-def packed_formats() -> tuple[str, ...]:
-    """Formats with 8-row group kernels (repacked at load)."""
-    return tuple(f for k in TABLE if k.op == "matmul" and "x8" in k.layouts for f in k.formats)
-
-
-def lookup(op: str, fmt: str = "") -> Kernel:
-    """The entry computing `op` on weights in format `fmt` (engine.quant name; "" for weightless ops)."""
-    for k in TABLE:
-        if k.op == op and (fmt in k.formats or (not fmt and not k.formats)):
-            return k
-    raise KeyError(f"kernel table: no entry for operation {op!r}" + (f" on {fmt} weights" if fmt else ""))
-
-
-def resolve(name: str) -> Any:
-    """"module:function" -> the function (importing its module, which may compile kernels)."""
-    module, _, attr = name.partition(":")
-    return getattr(importlib.import_module(module), attr)
-
-
-def describe(fmt: str) -> str:
-    """What runs for x @ W.T on `fmt` weights in this process: e.g. "blocks32 (vnni)"."""
-    from engine.kernels import simd
-    k = lookup("matmul", fmt)
-    path = simd.DOT if k.paths != ("any",) else "float"
-    return f"{k.inner.rsplit('.', 1)[-1]} ({path})"
 
 
 # --- The per-format dispatch of the integer kernels, generated into engine/kernels/dispatch.py.
@@ -175,6 +89,126 @@ FORMATS: tuple[Format, ...] = (  # the chains test in this order; each chain's l
     _kquant("q6_k", tile_unpack="_unpack_q6_k", tile_dot="_tile_q6(tq, ta, tb, td, xq, xd, offsets, xi, t0, res)"),
     _simd("q4_1"), _simd("q4_0"), _simd("q8_0"),
 )
+
+INT_SIMD = tuple(f.name for f in FORMATS if f.module == "simd")
+INT_BLOCKS32 = tuple(f.name for f in FORMATS if f.module == "blocks32")
+INT_KQUANTS = tuple(f.name for f in FORMATS if f.module == "kquants" and f.group)
+INT_LOW_K = tuple(f.name for f in FORMATS if f.module == "kquants" and not f.group)  # stored rows only
+FLOATS = ("f32", "f16", "bf16")
+INT = INT_SIMD + INT_BLOCKS32 + INT_LOW_K + INT_KQUANTS
+ALL = FLOATS + INT
+
+TABLE: tuple[Kernel, ...] = (
+    # --- x @ W.T with int8 activations (decode, prefill; matmul_int, swiglu_int, moe_int, tiles.swiglu_tiles and
+    # the one-call decode reach the same inner code through dispatch.py: int_dot / group_dot / tokens_dot / group_tokens)
+    Kernel("matmul", INT_SIMD, "engine.kernels.matmul:matmul", "engine.kernels.simd", "engine.kernels.reference:matmul_int",
+           1e-5, 1e-5, LAYOUTS, PATHS, "per block d_w·d_x·Σ q_w q_x (+ m_w·s_x, - 8·d·Σq_x)"),
+    Kernel("matmul", INT_BLOCKS32, "engine.kernels.matmul:matmul", "engine.kernels.blocks32",
+           "engine.kernels.blocks32:matmul_reference", 1e-5, 1e-5, LAYOUTS, PATHS,
+           "16-entry grids through vpshufb; q5_x's fifth bits; iq4_xs sub-blocks as iq4_nl blocks (x8 prefill: tiles.py)"),
+    Kernel("matmul", INT_KQUANTS, "engine.kernels.matmul:matmul", "engine.kernels.kquants",
+           "engine.kernels.reference:matmul_int_k", 1e-5, 1e-5, LAYOUTS, PATHS, "sub-block scales per 32 (Q6_K: 16); x8 prefill: tiles.py"),
+    Kernel("matmul", INT_LOW_K, "engine.kernels.matmul:matmul", "engine.kernels.kquants",
+           "engine.kernels.reference:matmul_int_low_k", 1e-5, 1e-5, ("stored",), PATHS,
+           "2-bit weights, scales applied in integers per 16"),
+    Kernel("matmul", FLOATS, "engine.kernels.matmul:matmul", "engine.kernels.formats", "engine.kernels.reference:matmul",
+           1e-5, 1e-5, ("stored",), ("any",), "rows dequantized 4 at a time, float dots"),
+    Kernel("swiglu_int", INT_KQUANTS + ("iq4_xs",), "engine.kernels.tiles:swiglu_tiles", "engine.kernels.tiles",
+           "engine.kernels.reference:swiglu_int", 1e-4, 1e-5, ("x8",), PATHS,
+           "prefill (TILE_MIN_T tokens on): gate and up tiles dotted in one pass, each product matmul's bit for bit"),
+    # --- the same product with float activations (the `exact` switch, and every format's fallback)
+    Kernel("matmul_exact", ALL, "engine.kernels.matmul:matmul", "engine.kernels.formats", "engine.kernels.reference:matmul",
+           1e-5, 1e-5, ("stored",), ("any",), "dequantize_row, then float dots"),
+    Kernel("dequantize_row", ALL, "engine.kernels.formats:dequantize_row", "engine.kernels.formats", "engine.quant:dequantize",
+           0.0, 0.0, ("stored",), ("any",), "bit for bit (gguf.quants equals the twin: tests/test_quant.py)"),
+    Kernel("gather_rows", ALL, "engine.kernels.formats:gather_rows", "engine.kernels.formats", "engine.quant:dequantize",
+           0.0, 0.0, LAYOUTS, ("any",), "the embedding lookup; repacked tables read back exactly"),
+    Kernel("quantize_activations", (), "engine.kernels.formats:quantize_activations", "engine.kernels.simd",
+           "engine.kernels.reference:quantize_activations", 0.0, 0.0, note="llama.cpp's Q8_1, bit for bit"),
+    Kernel("quantize_activations_k", (), "engine.kernels.formats:quantized_for", "engine.kernels.formats",
+           "engine.kernels.reference:quantize_activations_k", 0.0, 0.0,
+           note="llama.cpp's Q8_K (per 256), read by the K-quants and IQ4_XS (formats.per_256); bit for bit"),
+    # --- small float operations
+    Kernel("rmsnorm", (), "engine.kernels.smallops:rmsnorm", "engine.kernels.rows", "engine.kernels.reference:rmsnorm",
+           1e-5, 1e-6),
+    Kernel("rope", (), "engine.kernels.smallops:rope", "engine.kernels.rows", "engine.kernels.reference:rope", 1e-5, 1e-6),
+    Kernel("swiglu", (), "engine.kernels.smallops:swiglu", "engine.kernels.rows", "engine.kernels.reference:swiglu",
+           1e-5, 1e-6),
+    Kernel("attention", (), "engine.kernels.smallops:attention", "engine.kernels.float_rows",
+           "engine.kernels.reference:attention", 1e-5, 1e-5, note="f32, f16 and int8 KV caches"),
+    Kernel("store_f16", (), "engine.kernels.smallops:store_f16", "engine.kernels.simd", "engine.kernels.reference:store_f16",
+           0.0, 0.0, note="the f16 KV cache's write, bit for bit"),
+    Kernel("softmax_top_k", (), "engine.kernels.smallops:softmax_top_k", "engine.kernels.smallops",
+           "engine.kernels.reference:softmax_top_k", 1e-6, 0.0, note="ids exactly (ties: the lower id)"),
+    # --- the decode-sized integer kernels (T <= INT_MAX_T): x quantized once for several products
+    Kernel("matmul_int", INT, "engine.kernels.matmul:matmul_int", "engine.kernels.dispatch",
+           "engine.kernels.reference:int_product", 1e-5, 1e-5, LAYOUTS, PATHS,
+           "q, k and v in one parallel loop; x8: the repackable formats"),
+    Kernel("swiglu_int_decode", INT, "engine.kernels.matmul:swiglu_int", "engine.kernels.dispatch",
+           "engine.kernels.reference:swiglu_int", 1e-4, 1e-5, LAYOUTS, PATHS, "gate and up in one pass, x quantized once"),
+    Kernel("moe_int", INT, "engine.kernels.matmul:moe_int", "engine.kernels.dispatch", "", 1e-3, 2e-3, LAYOUTS, PATHS,
+           "no numpy twin of its own: tests/test_kernels.py::test_moe_experts_in_one_call_match_numpy composes "
+           "reference.matmul_int and swiglu expert by expert (q4_0, q4_1, q8_0)"),
+    # --- one call per decoded token (engine.models.fused, engine.batch)
+    Kernel("decode_layers", (), "engine.kernels.decode:decode_layers", "engine.kernels.decode", "", 0.0, 0.0,
+           note="no numpy twin: bit for bit with the layered forward on every architecture "
+                "(tests/test_fused_decode.py), whose kernels have theirs"),
+    Kernel("decode_rows", (), "engine.kernels.batched:decode_rows", "engine.kernels.batched", "", 0.0, 0.0,
+           note="no numpy twin: each row bit for bit with decode_layers alone (tests/test_batch.py)"),
+    # --- engine/ops: the blocks of the 2025-26 architectures (attention sinks and softcap, partial rotary, DeltaNet,
+    # short convolutions, gpt-oss and Gemma 4 feed-forwards, a prompt's tokens per expert)
+    Kernel("ops.attention", (), "engine.ops.attention:attention", "engine.ops.attention",
+           "engine.ops.attention:attention_ref", 0.0, 1e-6, note="window, sinks, softcap; caches in ring order"),
+    Kernel("ops.rope", (), "engine.ops.rope:rope", "engine.ops.rope", "engine.ops.rope:rope_ref", 0.0, 1e-6,
+           note="partial rotary: the other dims pass through"),
+    Kernel("causal_conv", (), "engine.ops.conv:causal_conv", "engine.ops.conv", "engine.ops.conv:causal_conv_ref",
+           0.0, 1e-6, note="its state carried from chunk to chunk"),
+    Kernel("delta_rule", (), "engine.ops.deltanet:delta_rule", "engine.ops.deltanet",
+           "engine.ops.deltanet:delta_rule_ref", 0.0, 1e-5, note="gated DeltaNet, value heads grouped or tiled"),
+    Kernel("biased_clamped_swiglu", (), "engine.ops.ffn:biased_clamped_swiglu", "engine.ops.ffn",
+           "engine.ops.ffn:clamped_swiglu_ref", 1e-6, 1e-6, note="the twin reads (gate + bias, up + bias) interleaved"),
+    Kernel("gelu_mul", (), "engine.ops.ffn:gelu_mul", "engine.ops.ffn", "engine.ops.ffn:gelu_tanh", 1e-6, 1e-9,
+           note="twin: gelu_tanh(gate) · up"),
+    Kernel("take_rows", (), "engine.ops.ffn:take_rows", "engine.ops.ffn", "", 0.0, 0.0,
+           note="no twin function: numpy's h[rows], bit for bit (tests/test_kernels.py::"
+                "test_expert_gather_and_scatter_are_numpys)"),
+    Kernel("add_weighted_rows", (), "engine.ops.ffn:add_weighted_rows", "engine.ops.ffn", "", 0.0, 0.0,
+           note="no twin function: numpy's out[rows] += w · y, bit for bit (the same test)"),
+)
+
+
+def int_formats() -> tuple[str, ...]:
+    """Formats dotted with int8 activations (the "matmul" entries that are not float)."""
+    return tuple(f for k in TABLE if k.op == "matmul" and k.twin != "engine.kernels.reference:matmul"
+                 for f in k.formats)
+
+
+def packed_formats() -> tuple[str, ...]:
+    """Formats with 8-row group kernels (repacked at load)."""
+    return tuple(f for k in TABLE if k.op == "matmul" and "x8" in k.layouts for f in k.formats)
+
+
+def lookup(op: str, fmt: str = "") -> Kernel:
+    """The entry computing `op` on weights in format `fmt` (engine.quant name; "" for weightless ops)."""
+    for k in TABLE:
+        if k.op == op and (fmt in k.formats or (not fmt and not k.formats)):
+            return k
+    raise KeyError(f"kernel table: no entry for operation {op!r}" + (f" on {fmt} weights" if fmt else ""))
+
+
+def resolve(name: str) -> Any:
+    """"module:function" -> the function (importing its module, which may compile kernels)."""
+    module, _, attr = name.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def describe(fmt: str) -> str:
+    """What runs for x @ W.T on `fmt` weights in this process: e.g. "blocks32 (vnni)"."""
+    from engine.kernels import simd
+    k = lookup("matmul", fmt)
+    path = simd.DOT if k.paths != ("any",) else "float"
+    return f"{k.inner.rsplit('.', 1)[-1]} ({path})"
+
 
 # operation -> (dispatcher, its arguments, whether its code is a repacked one (PACKED + the GGML id), the inner
 # functions' arguments, what it computes)
