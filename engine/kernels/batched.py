@@ -15,7 +15,7 @@ Exactness: each row goes through decode_layers' own helpers (_rows, _swiglu_rows
 _store_kv, attend, quantize_block, rmsnorm_row, rope_head) on its own activations, in the
 same order, so every row's logits are what that sequence decodes alone, bit for bit
 (tests/test_batch.py). The numpy twin is the layered path (engine.models.base with cpu.py's
-kernels, run by engine.batch.decode_batch when this kernel does not apply), equal to it.
+kernels, run by Transformer.forward on rows when this kernel does not apply), equal to it.
 
 Layout: weight tables as decode_layers' (int64 rows (address, rows, row_bytes, code)): attn
 (layers, 4, 4) q, k, v, o; mlp (layers, 3, 4) gate, up, down. kv (N, 5) int64 per row: the
@@ -30,7 +30,7 @@ import numpy as np
 from numba import carray, njit, prange, types
 from numba.extending import intrinsic
 
-import engine.kernels  # noqa: F401  (numba settings first)
+import engine.kernels.ready  # noqa: F401  (engine.kernels.setup() first: fails otherwise)
 from engine.kernels.decode import CODE, SPAN, _matrix, _rows, _store_kv, _swiglu_rows
 from engine.kernels.formats import PACKED, per_256, quantize_block, quantize_row_for, quantized_pair, quantized_sets
 from engine.kernels.matmul import _group_dot, _group_tokens, _pair, _pair8, _pairable

@@ -39,12 +39,6 @@ FORMATS = {"q5_0": (22, "f16", 2, 6, None, None), "q5_1": (24, "f16", 4, 8, 2, N
            "iq4_xs": (136, "f16", None, 8, None, quant.IQ4_GRID)}
 
 
-@njit(inline="always", cache=True)
-def fused(code):
-    """Whether matmul dots this format here."""
-    return code == Q5_0 or code == Q5_1 or code == IQ4_NL or code == MXFP4 or code == IQ4_XS
-
-
 def _nibbles(builder, ptr):
     """16 bytes at ptr -> <32 x i8>: low nibbles (weights 0-15), then high ones (16-31)."""
     v = _load(builder, ptr, _vec(I8, 16))
@@ -201,34 +195,6 @@ def _dot(fmt: str, tokens: int):
 
 row_dot_q5_0, row_dot_q5_1, row_dot_iq4_nl, row_dot_mxfp4, row_dot_iq4_xs = (_dot(f, 1) for f in FORMATS)
 tokens_q5_0, tokens_q5_1, tokens_iq4_nl, tokens_mxfp4, tokens_iq4_xs = (_dot(f, TOKENS) for f in FORMATS)
-
-
-@njit(inline="always", cache=True)
-def row_dot(w, r, code, xq, xd, xs, xi):
-    """Row r of a q5_0/q5_1/iq4_nl/mxfp4 matrix · one token's int8 activations (decode)."""
-    if code == Q5_0:
-        return row_dot_q5_0(w, r, xq, xd, xs, xi)
-    if code == Q5_1:
-        return row_dot_q5_1(w, r, xq, xd, xs, xi)
-    if code == IQ4_NL:
-        return row_dot_iq4_nl(w, r, xq, xd, xs, xi)
-    if code == IQ4_XS:
-        return row_dot_iq4_xs(w, r, xq, xd, xs, xi)
-    return row_dot_mxfp4(w, r, xq, xd, xs, xi)
-
-
-@njit(inline="always", cache=True)
-def tokens_dot(w, r, code, xq, xd, xs, xi, t0):
-    """Row r · tokens t0..t0+TOKENS-1 (prefill): each block unpacked once for all of them."""
-    if code == Q5_0:
-        return tokens_q5_0(w, r, xq, xd, xs, xi, t0)
-    if code == Q5_1:
-        return tokens_q5_1(w, r, xq, xd, xs, xi, t0)
-    if code == IQ4_NL:
-        return tokens_iq4_nl(w, r, xq, xd, xs, xi, t0)
-    if code == IQ4_XS:
-        return tokens_iq4_xs(w, r, xq, xd, xs, xi, t0)
-    return tokens_mxfp4(w, r, xq, xd, xs, xi, t0)
 
 
 def matmul_reference(w: np.ndarray, qtype: str, x: np.ndarray) -> np.ndarray:
@@ -432,32 +398,3 @@ def _group32(fmt: str, tokens: int):
 group_q5_0, group_q5_1, group_iq4_nl, group_mxfp4, group_iq4_xs = (_group32(f, 1) for f in FORMATS)
 group_tokens_q5_0, group_tokens_q5_1, group_tokens_iq4_nl, group_tokens_mxfp4, group_tokens_iq4_xs = (
     _group32(f, TOKENS) for f in FORMATS)
-
-
-@njit(fastmath=True, cache=True, nogil=True)
-def group_dot(w, g, code, xq, xd, xs, xi):
-    """Rows 8g..8g+7 of a matrix repacked by repack32 (code: the GGML id) · one token (n,)."""
-    if code == Q5_0:
-        return group_q5_0(w, g, xq, xd, xs, xi)
-    if code == Q5_1:
-        return group_q5_1(w, g, xq, xd, xs, xi)
-    if code == IQ4_NL:
-        return group_iq4_nl(w, g, xq, xd, xs, xi)
-    if code == IQ4_XS:
-        return group_iq4_xs(w, g, xq, xd, xs, xi)
-    return group_mxfp4(w, g, xq, xd, xs, xi)
-
-
-@njit(fastmath=True, cache=True, nogil=True)
-def group_tokens(w, g, code, xq, xd, xs, xi, t0):
-    """Rows 8g..8g+7 of a repacked matrix · tokens t0..t0+TOKENS-1: 8 rows of token t0, then of
-    t0+1, ... (IQ4_XS: fewer than tiles.TILE_MIN_T tokens)"""
-    if code == Q5_0:
-        return group_tokens_q5_0(w, g, xq, xd, xs, xi, t0)
-    if code == Q5_1:
-        return group_tokens_q5_1(w, g, xq, xd, xs, xi, t0)
-    if code == IQ4_NL:
-        return group_tokens_iq4_nl(w, g, xq, xd, xs, xi, t0)
-    if code == IQ4_XS:
-        return group_tokens_iq4_xs(w, g, xq, xd, xs, xi, t0)
-    return group_tokens_mxfp4(w, g, xq, xd, xs, xi, t0)

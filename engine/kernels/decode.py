@@ -28,7 +28,7 @@ from llvmlite import ir
 from numba import carray, njit, prange, types
 from numba.extending import intrinsic
 
-import engine.kernels  # noqa: F401  (numba settings first)
+import engine.kernels.ready  # noqa: F401  (engine.kernels.setup() first: fails otherwise)
 from engine.kernels.float_rows import HEADS
 from engine.kernels.formats import (PACKED, Q4_0, Q4_1, Q8_0, dequantize_row, per_256, quantize_block, quantize_row_for,
                                     quantized_sets)

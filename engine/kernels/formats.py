@@ -16,6 +16,7 @@ from numba import njit, prange
 import engine.kernels.ready  # noqa: F401  (engine.kernels.setup() first: fails otherwise)
 from engine import quant
 from engine.kernels import blocks32, kquants
+from engine.kernels.dispatch import in_blocks32, in_kquants, is_int_code, per_256  # noqa: F401  (is_int_code: cpu.py)
 from engine.kernels.quantizers import quantize32, quantize256
 
 F32, F16, Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K, BF16 = 0, 1, 2, 3, 8, 12, 13, 14, 30
@@ -40,20 +41,6 @@ def _h2f(lo, hi):
 def _i8(b):
     v = np.int32(b)
     return v - 256 if v > 127 else v
-
-
-@njit(inline="always", cache=True)
-def is_int_code(code):
-    """Whether `code` (a GGML id, or PACKED + one) has an integer dot product (INT_CODES)."""
-    c = code - PACKED if code > PACKED else code
-    return c == Q4_0 or c == Q4_1 or c == Q8_0 or _is_k(c) or c == Q2_K or c == Q3_K or blocks32.fused(c)
-
-
-@njit(inline="always", cache=True)
-def _is_k(code):
-    """A K-quant, stored or repacked (engine.kernels.kquants)."""
-    c = code - PACKED if code > PACKED else code
-    return c == Q4_K or c == Q5_K or c == Q6_K
 
 
 @njit(inline="always", cache=True)
@@ -229,14 +216,6 @@ def quantized(x):
 
 
 @njit(inline="always", cache=True)
-def per_256(code):
-    """Whether rows of `code` (a GGML id, or PACKED + one) read activations quantized per 256 (llama.cpp's
-    Q8_K, quantize_k_block: the K-quants and IQ4_XS) rather than per 32 (Q8_0/Q8_1, quantize_block)."""
-    c = code - PACKED if code > PACKED else code
-    return c == Q2_K or c == Q3_K or c == Q4_K or c == Q5_K or c == Q6_K or c == IQ4_XS
-
-
-@njit(inline="always", cache=True)
 def quantize_row_for(code, x, xq, xd, xs, xi):
     """One token's x (n,) into int8 as rows of `code` read it (per_256)."""
     if per_256(code):
@@ -296,10 +275,10 @@ def repack_x8(w, code):
     4c..4c+3 of row 0, then of row 1, ... (the same size in all). Layout of simd's group dot
     products: one 4-byte vector lane per row (q4_0/q4_1/q8_0 here). K-quants: kquants.repack_k8;
     q5_0/q5_1/iq4_nl/mxfp4/iq4_xs: blocks32.repack32 (their own regions)."""
-    if _is_k(code):
+    if in_kquants(code):
         kquants.repack_k8(w, code)
         return
-    if blocks32.fused(code):
+    if in_blocks32(code):
         blocks32.repack32(w, code)
         return
     size, halves = _group_block(code)
@@ -314,12 +293,12 @@ def repack_x8(w, code):
 def dequantize_x8_row(w, r, code, out):
     """Row r of a matrix repacked by repack_x8 (code: the packed id) -> float32 weights (n,)."""
     base_code = code - PACKED
-    if _is_k(base_code):
+    if in_kquants(base_code):
         row = np.empty(w.shape[1], np.uint8)
         kquants.unpack_k8_row(w, r, base_code, row)
         dequantize_row(row, base_code, out)
         return
-    if blocks32.fused(base_code):
+    if in_blocks32(base_code):
         row = np.empty(w.shape[1], np.uint8)
         blocks32.unpack32_row(w, r, base_code, row)
         dequantize_row(row, base_code, out)

@@ -510,39 +510,3 @@ def first_sums(xq, xs):
             for i in range(16):
                 total += xq[t, 32 * b + i]
             xs[t, b] = np.float32(total)
-
-
-@njit(fastmath=True, cache=True, nogil=True)
-def row_dot(w, r, code, xq, xd, xs, xi):
-    """Row r of a stored Q2_K/Q3_K/Q4_K/Q5_K/Q6_K matrix · one token's int8 activations (n,)."""
-    if code == Q4_K:
-        return _row_q4_k(w, r, xq, xd, xs, xi)
-    if code == Q2_K:
-        return _row_q2_k(w, r, xq, xd, xs, xi)
-    if code == Q3_K:
-        return _row_q3_k(w, r, xq, xd, xs, xi)
-    if code == Q5_K:
-        return _row_q5_k(w, r, xq, xd, xs, xi)
-    return _row_q6_k(w, r, xq, xd, xs, xi)
-
-
-@njit(fastmath=True, cache=True, nogil=True)
-def group_dot(w, g, code, xq, xd, xs, xi):
-    """Rows 8g..8g+7 of a matrix repacked by repack_k8 (code: the GGML id) · one token (n,)."""
-    if code == Q4_K:
-        return _group_q4_k(w, g, xq, xd, xs, xi)
-    if code == Q5_K:
-        return _group_q5_k(w, g, xq, xd, xs, xi)
-    return _group_q6_k(w, g, xq, xd, xs, xi)
-
-
-@njit(fastmath=True, cache=True, nogil=True)
-def group_tokens(w, g, code, xq, xd, xs, xi, t0):
-    """Rows 8g..8g+7 of a repacked matrix · tokens t0..t0+TOKENS-1 of (T, n) activations: 8
-    rows of token t0, then of t0+1, ... (fewer than tiles.TILE_MIN_T tokens; Q6_K: xs holds
-    first_sums, not the scaled sums)."""
-    if code == Q4_K:
-        return _tokens_q4_k(w, g, xq, xd, xs, xi, t0)
-    if code == Q5_K:
-        return _tokens_q5_k(w, g, xq, xd, xs, xi, t0)
-    return _tokens_q6_k(w, g, xq, xd, xs, xi, t0)

@@ -12,116 +12,22 @@ import numpy as np
 from numba import njit, prange
 
 import engine.kernels.ready  # noqa: F401  (engine.kernels.setup() first: fails otherwise)
-from engine.kernels import blocks32, kquants, tiles
-from engine.kernels.formats import (PACKED, Q2_K, Q3_K, Q4_0, Q4_0X8, Q4_1, Q4_1X8, Q6_KX8, Q8_0X8, _is_k, dequantize_row,
-                                    dequantize_x8_row, is_int_code, per_256, quantize_row_for, quantized_for,
-                                    quantized_pair, quantized_sets)
+from engine.kernels import kquants, tiles
+from engine.kernels.dispatch import group_dot as _group_dot  # (decode.py and batched.py import these from here)
+from engine.kernels.dispatch import group_tokens as _group_tokens
+from engine.kernels.dispatch import int_dot as _int_dot
+from engine.kernels.dispatch import pair as _pair
+from engine.kernels.dispatch import pair8 as _pair8
+from engine.kernels.dispatch import pairable as _pairable
+from engine.kernels.dispatch import tiled
+from engine.kernels.dispatch import tokens_dot as _tokens_dot
+from engine.kernels.formats import (PACKED, Q6_KX8, dequantize_row, dequantize_x8_row, is_int_code, per_256,
+                                    quantize_row_for, quantized_for, quantized_pair, quantized_sets)
 from engine.kernels.rows import silu
-from engine.kernels.simd import (PAIR_TOKENS, TOKENS, WIDE, group_dot_q4_0x8, group_dot_q4_1x8, group_dot_q8_0x8,
-                                 group_tokens_q4_0x8, group_tokens_q4_1x8, group_tokens_q8_0x8,
-                                 pair8_tokens_q4_0x8, pair8_tokens_q4_1x8, pair8_tokens_q8_0x8, pair_tokens_q4_0x8,
-                                 pair_tokens_q4_1x8, pair_tokens_q8_0x8, row_dot_q4_0, row_dot_q4_1,
-                                 row_dot_q8_0, tokens_q4_0, tokens_q4_1, tokens_q8_0)
+from engine.kernels.simd import PAIR_TOKENS, TOKENS, WIDE
 
 ROWS_PER_TASK = 16
 INT_MAX_T = TOKENS - 1  # up to this many tokens (decode), the fused kernels (matmul_int, swiglu_int) apply
-
-
-@njit(inline="always", cache=True)
-def _tokens_dot(w, r, code, xq, xd, xs, xi, t0):
-    """Row r · tokens t0..t0+TOKENS-1 of the quantized activations (prefill, rows as stored;
-    simd.py; K-quants a token at a time)."""
-    if blocks32.fused(code):
-        return blocks32.tokens_dot(w, r, code, xq, xd, xs, xi, t0)
-    if _is_k(code) or code == Q2_K or code == Q3_K:
-        return (kquants.row_dot(w, r, code, xq[t0], xd[t0], xs[t0], xi[t0]),
-                kquants.row_dot(w, r, code, xq[t0 + 1], xd[t0 + 1], xs[t0 + 1], xi[t0 + 1]),
-                kquants.row_dot(w, r, code, xq[t0 + 2], xd[t0 + 2], xs[t0 + 2], xi[t0 + 2]),
-                kquants.row_dot(w, r, code, xq[t0 + 3], xd[t0 + 3], xs[t0 + 3], xi[t0 + 3]))
-    if code == Q4_1:
-        return tokens_q4_1(w, r, xq, xd, xs, xi, t0)
-    if code == Q4_0:
-        return tokens_q4_0(w, r, xq, xd, xs, xi, t0)
-    return tokens_q8_0(w, r, xq, xd, xs, xi, t0)
-
-
-@njit(inline="always", cache=True)
-def _group_tokens(w, g, code, xq, xd, xs, xi, t0):
-    """Rows 8g..8g+7 of a repacked matrix · tokens t0..t0+TOKENS-1 (prefill; simd.py): 8 rows
-    of token t0, then of t0+1, ..."""
-    if _is_k(code):  # (for many tokens, K-quants and IQ4_XS take tiles.py)
-        return kquants.group_tokens(w, g, code - PACKED, xq, xd, xs, xi, t0)
-    if blocks32.fused(code - PACKED):
-        return blocks32.group_tokens(w, g, code - PACKED, xq, xd, xs, xi, t0)
-    if code == Q4_1X8:
-        return group_tokens_q4_1x8(w, g, xq, xd, xs, xi, t0)
-    if code == Q8_0X8:
-        return group_tokens_q8_0x8(w, g, xq, xd, xs, xi, t0)
-    return group_tokens_q4_0x8(w, g, xq, xd, xs, xi, t0)
-
-
-@njit(inline="always", cache=True)
-def _pairable(code, N):
-    """Whether N rows on a matrix in `code` go through _pair two groups at once (simd.WIDE only)."""
-    return N >= TOKENS and (code == Q4_0X8 or code == Q4_1X8 or code == Q8_0X8)
-
-
-@njit(inline="always", cache=True)
-def _pair(m, g, code, xq, xd, xs, xi, t0):
-    """Rows 8g..8g+15 of a repacked q4_0/q4_1/q8_0 matrix · tokens t0..t0+TOKENS-1, 16 values a
-    token (simd._pair_tokens: each row _group_tokens' value bit for bit)."""
-    if code == Q4_1X8:
-        return pair_tokens_q4_1x8(m, g, xq, xd, xs, xi, t0)
-    if code == Q8_0X8:
-        return pair_tokens_q8_0x8(m, g, xq, xd, xs, xi, t0)
-    return pair_tokens_q4_0x8(m, g, xq, xd, xs, xi, t0)
-
-
-@njit(inline="always", cache=True)
-def _pair8(m, g, code, xq, xd, xs, xi, t0):
-    """_pair for PAIR_TOKENS tokens t0.. in one pass over the blocks, 16 values a token."""
-    if code == Q4_1X8:
-        return pair8_tokens_q4_1x8(m, g, xq, xd, xs, xi, t0)
-    if code == Q8_0X8:
-        return pair8_tokens_q8_0x8(m, g, xq, xd, xs, xi, t0)
-    return pair8_tokens_q4_0x8(m, g, xq, xd, xs, xi, t0)
-
-
-@njit(inline="always", cache=True)
-def _group_dot(w, g, code, xq, xd, xs, xi):
-    """Rows 8g..8g+7 of a repacked matrix · one token's int8 activations (simd.py, kquants.py,
-    blocks32.py)."""
-    if _is_k(code):
-        return kquants.group_dot(w, g, code - PACKED, xq, xd, xs, xi)
-    if blocks32.fused(code - PACKED):
-        return blocks32.group_dot(w, g, code - PACKED, xq, xd, xs, xi)
-    if code == Q4_1X8:
-        return group_dot_q4_1x8(w, g, xq, xd, xs, xi)
-    if code == Q8_0X8:
-        return group_dot_q8_0x8(w, g, xq, xd, xs, xi)
-    return group_dot_q4_0x8(w, g, xq, xd, xs, xi)
-
-
-@njit(inline="always", cache=True)
-def _int_dot(w, r, code, xq, xd, xs, xi):
-    """Row r of a stored matrix in an INT_CODES format · int8 activations xq (n,), block by block:
-    d_w·d_x·Σ q_w q_x, plus m_w·s_x (q4_1) or minus 8·d_w·d_x·Σ q_x (q4_0) (simd.py; Q5_x, IQ4_NL, MXFP4:
-    blocks32.py; K-quants: kquants.py)."""
-    if blocks32.fused(code):
-        return blocks32.row_dot(w, r, code, xq, xd, xs, xi)
-    if _is_k(code) or code == Q2_K or code == Q3_K:  # (Q2_K, Q3_K: stored rows only)
-        return kquants.row_dot(w, r, code, xq, xd, xs, xi)
-    if code == Q4_1:
-        return row_dot_q4_1(w, r, xq, xd, xs, xi)
-    if code == Q4_0:
-        return row_dot_q4_0(w, r, xq, xd, xs, xi)
-    return row_dot_q8_0(w, r, xq, xd, xs, xi)
-
-
-@njit(inline="always", cache=True)
-def tiled(code):
-    """Whether prefill on this repacked format (the GGML id) goes through tiles.py."""
-    return code == kquants.Q4_K or code == kquants.Q5_K or code == kquants.Q6_K or code == blocks32.IQ4_XS
 
 
 @njit(inline="always", cache=True)
@@ -153,7 +59,7 @@ def matmul(w, code, x, out, exact=False):
     if not exact and T >= tiles.TILE_MIN_T and code > PACKED and tiled(code - PACKED):
         tiles.matmul_tiles(w, code - PACKED, x, out)  # each 16 (or 8) rows unpacked once for all T tokens
         return
-    if not exact and (is_int_code(code) or blocks32.fused(code)):
+    if not exact and is_int_code(code):
         if T < TOKENS:
             xq, xd, xs, xi = quantized_for(x, code)
         else:  # prefill: the tokens quantized in parallel (each token alone: the same bits)

@@ -45,12 +45,17 @@ def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     return gate / (1.0 + np.exp(-gate)) * up
 
 
+def int_product(w: np.ndarray, qtype: str, x: np.ndarray) -> np.ndarray:
+    """x @ W.T with int8 activations for W stored in the integer format qtype: its "matmul" twin in the
+    kernel table (engine/kernels/table.py), whichever module that is (the fused kernels read the same)."""
+    from engine.kernels import table
+    return table.resolve(table.lookup("matmul", qtype).twin)(w, qtype, x)
+
+
 def swiglu_int(ws: tuple[np.ndarray, np.ndarray], qtype: str, x: np.ndarray) -> np.ndarray:
     """silu(x @ Wg.T) · (x @ Wu.T) for ws = (gate, up) stored in the integer format qtype: each product
-    its "matmul" twin's (engine/kernels/table.py), the SwiGLU in float64."""
-    from engine.kernels import table
-    product = table.resolve(table.lookup("matmul", qtype).twin)
-    g, u = (product(w, qtype, x).astype(np.float64) for w in ws)
+    int_product's, the SwiGLU in float64."""
+    g, u = (int_product(w, qtype, x).astype(np.float64) for w in ws)
     return swiglu(g, u).astype(np.float32)
 
 

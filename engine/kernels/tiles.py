@@ -33,8 +33,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 import engine.kernels.ready  # noqa: F401  (engine.kernels.setup() first: fails otherwise)
-from engine.kernels import blocks32, simd
-from engine.kernels.formats import quantize_k_block
+from engine.kernels import blocks32, dispatch, formats, simd  # (as modules: dispatch imports this one, formats dispatch)
 from engine.kernels.kquants import Q4_K, Q5_K, Q6_K, _at, _k_scales8, _q6k_parts, _q45k_parts, super_block_total
 from engine.kernels.rows import silu
 from engine.kernels.simd import _EXACT, _ZERO, F32, I8, I32, TOKENS, _byte_ptr, _data_ptr, _dot_accumulate, _load, _vec
@@ -246,31 +245,7 @@ def unpack(w, t, code, tq, ta, tb, td):
     for h in range(ROWS // 8):
         g = ROWS // 8 * t + h
         if 8 * g < w.shape[0]:
-            _unpack_group(w, g, h, code, tq, ta, tb, td)
-
-
-@njit(fastmath=True, cache=True, nogil=True)
-def _unpack_group(w, g, h, code, tq, ta, tb, td):
-    if code == Q4_K:
-        _unpack_q4_k(w, g, h, tq, ta, tb, td)
-    elif code == Q5_K:
-        _unpack_q5_k(w, g, h, tq, ta, tb, td)
-    elif code == Q6_K:
-        _unpack_q6_k(w, g, h, tq, ta, tb, td)
-    else:
-        _unpack_iq4_xs(w, g, h, tq, ta, tb, td)
-
-
-@njit(fastmath=True, cache=True, nogil=True)
-def tile_tokens(code, tq, ta, tb, td, xq, xd, xs, offsets, xi, t0, res):
-    """res (TOKENS · ROWS,) = a tile · tokens t0..t0+TOKENS-1: ROWS rows of token t0, then of t0+1, ...
-    (Q6_K reads the offsets (_q6k_offsets), Q4_K/Q5_K and IQ4_XS the block sums xi)."""
-    if code == Q6_K:
-        _tile_q6(tq, ta, tb, td, xq, xd, offsets, xi, t0, res)
-    elif code == IQ4_XS:
-        _tile_grid(tq, ta, tb, td, xq, xd, xs, xi, t0, res)
-    else:
-        _tile_k(tq, ta, tb, td, xq, xd, xs, xi, t0, res)
+            dispatch.tile_unpack(w, g, h, code, tq, ta, tb, td)
 
 
 @njit(inline="always", cache=True)
@@ -305,7 +280,7 @@ def _quantize_token(x, c1, c2, xq, xd, xs, xi, offsets, t):
     """Token t of x into int8, per 256 as every TILE_CODES format reads it (formats.per_256: the bits of
     matmul's quantization), then Q6_K's offsets where c1 or c2 is Q6_K."""
     for s in range(x.shape[1] // 256):
-        quantize_k_block(x[t], xq[t], xd[t], xs[t], xi[t], s)
+        formats.quantize_k_block(x[t], xq[t], xd[t], xs[t], xi[t], s)
     if c1 == Q6_K or c2 == Q6_K:
         _q6k_offsets(xq, offsets, t)
 
@@ -329,7 +304,7 @@ def matmul_tiles(w, code, x, out):
         t = 0
         while t < T:
             t0 = min(t, T - TOKENS)  # a short tail re-does some tokens: same values
-            tile_tokens(code, tq, ta, tb, td, xq, xd, xs, offsets, xi, t0, res)
+            dispatch.tile_dot(code, tq, ta, tb, td, xq, xd, xs, offsets, xi, t0, res)
             for k in range(TOKENS):
                 for i in range(m):
                     out[t0 + k, r0 + i] = res[ROWS * k + i]
@@ -358,7 +333,7 @@ def swiglu_tiles(wg, cg, wu, cu, x, out):
             t = 0
             while t < T:
                 t0 = min(t, T - TOKENS)  # a short tail re-does some tokens: same values
-                tile_tokens(cg if half == 0 else cu, tq, ta, tb, td, xq, xd, xs, offsets, xi, t0, res)
+                dispatch.tile_dot(cg if half == 0 else cu, tq, ta, tb, td, xq, xd, xs, offsets, xi, t0, res)
                 if half == 0:
                     gates[ROWS * t0:ROWS * (t0 + TOKENS)] = res
                 else:
