@@ -32,10 +32,11 @@ from engine.sysmem import MemoryBudget
 from engine.throttle import ThrottleEvent
 from engine.reply import ContextOverflowError, Reply, Step, check_ids
 from engine.tokenizer import TextCodec
+from engine.weight_types import CacheStats
 from engine.weights import ModelWeights
 
 if TYPE_CHECKING:
-    from engine.experts import CacheStats, ExpertCache
+    from engine.experts import ExpertCache
     from engine.expert_store import ExpertStore
     from engine.kvcache import KVCache
 

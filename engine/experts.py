@@ -23,7 +23,7 @@ import numpy as np
 
 from engine.expert_store import ExpertStore, routed_bytes
 from engine.mempool import Block, MemoryPool
-from engine.weight_types import ExpertWeights
+from engine.weight_types import CacheStats, ExpertWeights  # noqa: F401 (CacheStats: its old home)
 
 log = logging.getLogger("colibri.experts")
 PARTS = ("gate", "up", "down")
@@ -82,32 +82,6 @@ class _Slot:
     used: bool = False
     error: Exception | None = None
     mapped: bool = False  # a miss served from the page cache for its one use (no pool block, no budget)
-
-
-@dataclass(frozen=True)
-class CacheStats:
-    """Counters of the expert cache, overall and per layer. Loads by fill() and lookups during
-    warmup() are not counted: hits, misses and prefetch accuracy describe real requests."""
-    capacity_per_layer: int  # the per-layer limit, or the budget in experts per layer
-    resident: int
-    resident_bytes: int
-    hits: int
-    misses: int
-    evictions: int
-    bytes_loaded: int
-    wait_s: float
-    hit_rate: float
-    served_without_wait: float
-    prefetch_accuracy: float | None
-    prefetch_enabled: bool
-    per_layer: tuple  # (hits, misses, evictions) per layer
-    activations: tuple  # per layer, per expert: how often picked
-    budget_bytes: int = 0  # the one byte budget shared by every layer (spare slots included)
-    cycle_bytes: int = 0  # one token's worst case: layers x top-k x one expert
-    fill_bytes: int = 0  # loaded by fill() (room for every expert), not counted as prefetch
-    read_bytes: tuple = ()  # (way, bytes): page_cache (copied, then dropped), direct, buffered, mapped
-    prefetch_paused: bool = False  # predictions held back: lately they were mostly wasted
-    prefetch_skipped: int = 0  # prediction calls held back while paused
 
 
 class ExpertCache:

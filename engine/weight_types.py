@@ -1,5 +1,6 @@
 """The weight value types every part of the engine passes around: a stored matrix, one expert,
-one layer. Their own module so that the loaders (engine.weights), the expert cache
+one layer, and the expert cache's counters (CacheStats, in every StatsSnapshot, which the remote
+path reads without compiling anything). Their own module so that the loaders (engine.weights), the expert cache
 (engine.experts) and the forward pass import them without importing each other.
 """
 from __future__ import annotations
@@ -88,3 +89,29 @@ class SandwichNorms:
     layer_scale: float
     router_scale: np.ndarray  # (D,) times the unweighted rms of the residual
     expert_scale: np.ndarray  # (E,) each expert's output weight
+
+
+@dataclass(frozen=True)
+class CacheStats:
+    """Counters of the expert cache, overall and per layer. Loads by fill() and lookups during
+    warmup() are not counted: hits, misses and prefetch accuracy describe real requests."""
+    capacity_per_layer: int  # the per-layer limit, or the budget in experts per layer
+    resident: int
+    resident_bytes: int
+    hits: int
+    misses: int
+    evictions: int
+    bytes_loaded: int
+    wait_s: float
+    hit_rate: float
+    served_without_wait: float
+    prefetch_accuracy: float | None
+    prefetch_enabled: bool
+    per_layer: tuple  # (hits, misses, evictions) per layer
+    activations: tuple  # per layer, per expert: how often picked
+    budget_bytes: int = 0  # the one byte budget shared by every layer (spare slots included)
+    cycle_bytes: int = 0  # one token's worst case: layers x top-k x one expert
+    fill_bytes: int = 0  # loaded by fill() (room for every expert), not counted as prefetch
+    read_bytes: tuple = ()  # (way, bytes): page_cache (copied, then dropped), direct, buffered, mapped
+    prefetch_paused: bool = False  # predictions held back: lately they were mostly wasted
+    prefetch_skipped: int = 0  # prediction calls held back while paused

@@ -17,7 +17,9 @@ import app.gui_main, app.cli_chat, app.cli_serve, app.cli_convert, app.bench.cli
 changed = sorted(k for k in set(before) | set(os.environ) if before.get(k) != os.environ.get(k)
                  and k.startswith(("COLIBRI_", "NUMBA_", "OMP_")))  # (PySide6 sets one of its own)
 print(changed, "numba" in sys.modules)
+import typing
 import engine.api  # the Python API's one import: nothing compiled comes with it
+typing.get_type_hints(engine.api.StatsSnapshot)  # (the remote path builds blank snapshots from them)
 print("numba" in sys.modules, engine.kernels.SIMD)
 try:
     import engine.kvcache
