@@ -130,6 +130,15 @@ def _readline(p: subprocess.Popen, timeout: float) -> str:
         return p.stdout.readline() if sel.select(timeout) else ""
 
 
+def _commit_of(trees: dict[str, Path]) -> str | None:
+    """The baseline checkout's commit (what the JSON keeps: not a path on this machine)."""
+    if "baseline" not in trees:
+        return None
+    r = subprocess.run(["git", "-C", str(trees["baseline"]), "rev-parse", "--short=12", "HEAD"], capture_output=True,
+                       text=True)
+    return r.stdout.strip() or "not a git checkout"
+
+
 def add_parser(sub) -> None:
     p = sub.add_parser("duel", help="Colibri against llama.cpp on one GGUF, decoding in turns seconds apart")
     p.add_argument("--model", required=True, help="a GGUF file (Colibri converts it once into --workdir)")
@@ -172,7 +181,7 @@ def main(args: argparse.Namespace) -> int:
         if args.self_duel:
             sides = {f"{args.self_duel} A": sides[args.self_duel], f"{args.self_duel} B": sides[args.self_duel]}
     out = duel(sides, args.slices, args.slice_s, trees=trees) | {"model": str(gguf), "threads": args.threads,
-                                                                "trace": args.trace, "baseline": args.baseline}
+                                                                "trace": args.trace, "baseline": _commit_of(trees)}
     out |= stamp() | {"machine": machine()}
     a, b = out["sides"]
     for i, (x, y, r) in enumerate(zip(out["tok_s"][a], out["tok_s"][b], out["ratios"])):
