@@ -410,9 +410,11 @@ class Transformer:
             out = [self.forward(ids[a:a + chunk], cache, pos0 + a, all_logits, dump, before_layer)
                    for a in range(0, len(ids), chunk)]
             return np.concatenate(out) if all_logits else out[-1]
-        if isinstance(cache, list):  # N rows: one sequence, or a model that cannot batch, runs them one by one
+        if isinstance(cache, list):  # N rows' next tokens
             check_rows(ids, cache)
-            if (len(cache) == 1 and routes is None) or not batchable(self):
+            if len(cache) == 1 and routes is None:  # one row is one sequence's token (a chat's decode step)
+                cache, pos0 = cache[0], cache[0].length
+            elif not batchable(self):  # per-layer states: the rows one by one
                 return np.concatenate([self.forward(np.asarray(ids[i:i + 1], np.int64), c, c.length)
                                        for i, c in enumerate(cache)])
         cfg, arena, T, rows = self.cfg, self.arena, len(ids), cache if isinstance(cache, list) else None
