@@ -16,7 +16,7 @@ import numpy as np
 from engine.kernels import cpu
 from engine.kvcache import KVCache
 from engine.mempool import unmap_compiler_pages
-from engine.models.rows import batchable, decode_batch, expert_bytes  # noqa: F401 (decode_batch: its old home)
+from engine.models.rows import batchable, expert_bytes
 from engine.reply import Reply
 
 if TYPE_CHECKING:

@@ -23,7 +23,7 @@ import numpy as np
 
 from engine.expert_store import ExpertStore, routed_bytes
 from engine.mempool import Block, MemoryPool
-from engine.weight_types import CacheStats, ExpertWeights  # noqa: F401 (CacheStats: its old home)
+from engine.weight_types import CacheStats, ExpertWeights
 
 log = logging.getLogger("colibri.experts")
 PARTS = ("gate", "up", "down")

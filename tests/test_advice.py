@@ -8,7 +8,7 @@ import pytest
 
 from app.advice import (NO_HARDWARE, advice, configured_threads, effective_threads, energy_missing, filesystem_of,
                         joules_per_token, missing, read_mounts, throttled)
-from engine.experts import CacheStats
+from engine.weight_types import CacheStats
 from engine.throttle import ThrottleEvent
 
 MOUNTS = [("/", "ext4"), ("/dev/shm", "tmpfs"), ("/home", "ext4"), ("/home/ann/ram", "tmpfs")]

@@ -7,7 +7,8 @@ import pytest
 from conftest import HF_FIXTURES
 
 from engine.api import Engine
-from engine.batch import Batcher, PrefixCache, decode_batch, expert_bytes
+from engine.batch import Batcher, PrefixCache
+from engine.models.rows import decode_batch, expert_bytes
 from engine.convert.convert import convert
 from engine.kernels import cpu
 from engine.kvcache import KVCache

@@ -165,14 +165,11 @@ def test_the_gui_runs_its_replies_and_the_served_requests_on_one_thread(qapp, en
     keeps one per thread that ran a parallel kernel), not the QThread's beside the scheduler's."""
     from PySide6.QtCore import Qt
 
-    import engine.batch as B
     from app.worker import EngineWorker
     seen: list[threading.Thread] = []
-    forward, decode = engine.net.forward, B.decode_batch
+    forward = engine.net.forward  # every pass, a reply's or a batched step's, is the one decoder loop's
     monkeypatch.setattr(engine.net, "forward", lambda *a, **k: (seen.append(threading.current_thread()),
                                                                forward(*a, **k))[1])
-    monkeypatch.setattr(B, "decode_batch", lambda *a, **k: (seen.append(threading.current_thread()),
-                                                           decode(*a, **k))[1])
     worker = EngineWorker()
     worker.engine = engine
     replies: list = []

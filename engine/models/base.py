@@ -25,7 +25,7 @@ from engine.expert_store import ExpertLoadError
 from engine.kvcache import KVCache, own_attention_caches
 from engine.mempool import Arena
 from engine.model_dir import ModelConfig
-from engine.models.blocks import Step, _integer_path, expert_mlp, linear, linears, rmsnorm, softmax_top_k  # noqa: F401 (Step, expert_mlp: tests reach them here)
+from engine.models.blocks import Step, _integer_path, expert_mlp, linear, linears, rmsnorm, softmax_top_k
 from engine.models.fused import FusedDecode
 from engine.models.rows import batchable, check_rows
 from engine.ops import attention as op_attention
