@@ -406,7 +406,7 @@ class BatchScheduler:
         if not live:
             return
         try:
-            logits = self.batcher.step([seq for _, seq in live])
+            logits = self.engine.decode([seq.token for _, seq in live], [seq.cache for _, seq in live])
         except Exception as e:  # every job of the step gets the error; the worker keeps serving
             log.exception("a decode step failed")
             for job, seq in live:

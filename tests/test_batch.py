@@ -226,9 +226,14 @@ def test_the_scheduler_decodes_the_others_between_a_long_prompts_chunks(models, 
     eng = models("llama", "int8")
     eng.set_param("batch_size", 4)
     events: list[str] = []
-    real_fill, real_step = Sequence.prefill_step, Batcher.step
+    real_fill, real_decode = Sequence.prefill_step, type(eng).decode
+
+    def decode(self, tokens, caches, routes=None, warmup=False):  # a decode step of the scheduler (warm-ups aside)
+        if not warmup:
+            events.append(f"step{len(tokens)}")
+        return real_decode(self, tokens, caches, routes, warmup)
     monkeypatch.setattr(Sequence, "prefill_step", lambda self, *a, **k: events.append("fill") or real_fill(self, *a, **k))
-    monkeypatch.setattr(Batcher, "step", lambda self, seqs: events.append(f"step{len(seqs)}") or real_step(self, seqs))
+    monkeypatch.setattr(type(eng), "decode", decode)
     sched = BatchScheduler(eng, max_queue=4, slots=2, prefix_bytes=0)
     short, long = "Once upon", "a b c d e f g h i j k l m n o p q r s t u v w x y z"
 
@@ -270,8 +275,13 @@ def test_requests_waiting_together_start_decoding_together(models, monkeypatch):
     from app.server_jobs import BatchScheduler, local_steps
     eng = models("llama", "int8")
     widths: list[int] = []
-    real_step = Batcher.step
-    monkeypatch.setattr(Batcher, "step", lambda self, seqs: widths.append(len(seqs)) or real_step(self, seqs))
+    real_decode = type(eng).decode
+
+    def decode(self, tokens, caches, routes=None, warmup=False):  # a decode step's rows (warm-ups aside)
+        if not warmup:
+            widths.append(len(tokens))
+        return real_decode(self, tokens, caches, routes, warmup)
+    monkeypatch.setattr(type(eng), "decode", decode)
     sched = BatchScheduler(eng, max_queue=8, slots=4, prefix_bytes=0)
     gate = threading.Lock()
     real_work = sched._admit

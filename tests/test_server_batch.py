@@ -24,15 +24,15 @@ def engine(default_converted):
 
 @pytest.fixture
 def widths(monkeypatch):
-    """How many sequences each decode step ran (the real step: this only records)."""
-    from engine.batch import Batcher
+    """How many sequences each decode step ran (the real step: this only records; warm-up steps aside)."""
     seen: list[int] = []
-    real = Batcher.step
+    real = Engine.decode
 
-    def step(self, seqs):
-        seen.append(len(seqs))
-        return real(self, seqs)
-    monkeypatch.setattr(Batcher, "step", step)
+    def decode(self, tokens, caches, routes=None, warmup=False):
+        if not warmup:
+            seen.append(len(tokens))
+        return real(self, tokens, caches, routes, warmup)
+    monkeypatch.setattr(Engine, "decode", decode)
     return seen
 
 
