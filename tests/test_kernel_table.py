@@ -102,14 +102,14 @@ def test_dispatch_module_is_generated_from_the_format_rows():
 
 
 def test_format_rows_are_the_integer_formats_and_their_functions_exist():
-    from engine.kernels import blocks32, kquants, simd, tiles
+    from engine.kernels import blocks32, kquants, simd, tile_formats
     assert {f.name for f in table.FORMATS} == set(table.int_formats())
     modules = {"simd": simd, "blocks32": blocks32, "kquants": kquants}
     for f in table.FORMATS:
         for op in table.OPS:
             fn = getattr(f, op).partition("(")[0]
             if fn:
-                assert callable(getattr(tiles if op.startswith("tile") else modules[f.module], fn)), (f.name, op)
+                assert callable(getattr(tile_formats if op.startswith("tile") else modules[f.module], fn)), (f.name, op)
         assert bool(f.group) == (f.name in table.packed_formats()), f.name
         assert bool(f.tile_unpack) == (quant.get(f.name).type_id in cpu.TILE_CODES), f.name
 

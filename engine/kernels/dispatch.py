@@ -83,7 +83,7 @@ def pairable(code, N):
     return N >= simd.TOKENS and (code == Q4_1X8 or code == Q4_0X8 or code == Q8_0X8)
 
 
-from engine.kernels import blocks32, kquants, simd, tiles  # noqa: E402  (below what formats.py reads)
+from engine.kernels import blocks32, kquants, simd, tile_formats  # noqa: E402  (below what formats.py reads)
 
 
 @njit(inline="always", cache=True)
@@ -156,26 +156,6 @@ def kquants_row(w, r, code, xq, xd, xs, xi):
     return kquants._row_q6_k(w, r, xq, xd, xs, xi)
 
 
-@njit(fastmath=True, cache=True, nogil=True)
-def kquants_group(w, g, code, xq, xd, xs, xi):
-    """group_dot on kquants.py's formats (code: the GGML id)."""
-    if code == Q4_K:
-        return kquants._group_q4_k(w, g, xq, xd, xs, xi)
-    if code == Q5_K:
-        return kquants._group_q5_k(w, g, xq, xd, xs, xi)
-    return kquants._group_q6_k(w, g, xq, xd, xs, xi)
-
-
-@njit(fastmath=True, cache=True, nogil=True)
-def kquants_group_tokens(w, g, code, xq, xd, xs, xi, t0):
-    """group_tokens on kquants.py's formats (code: the GGML id)."""
-    if code == Q4_K:
-        return kquants._tokens_q4_k(w, g, xq, xd, xs, xi, t0)
-    if code == Q5_K:
-        return kquants._tokens_q5_k(w, g, xq, xd, xs, xi, t0)
-    return kquants._tokens_q6_k(w, g, xq, xd, xs, xi, t0)
-
-
 @njit(inline="always", cache=True)
 def int_dot(w, r, code, xq, xd, xs, xi):
     """int_dot: row r of a stored matrix · one token's int8 activations (code: the GGML id)."""
@@ -212,8 +192,12 @@ def group_dot(w, g, code, xq, xd, xs, xi):
     """group_dot: rows 8g..8g+7 of a repacked matrix · one token (code: PACKED + the GGML id)."""
     if code == Q5_0X8 or code == Q5_1X8 or code == IQ4_NLX8 or code == IQ4_XSX8 or code == MXFP4X8:
         return blocks32_group(w, g, code - PACKED, xq, xd, xs, xi)
-    if code == Q4_KX8 or code == Q5_KX8 or code == Q6_KX8:
-        return kquants_group(w, g, code - PACKED, xq, xd, xs, xi)
+    if code == Q4_KX8:
+        return kquants._group_q4_k(w, g, xq, xd, xs, xi)
+    if code == Q5_KX8:
+        return kquants._group_q5_k(w, g, xq, xd, xs, xi)
+    if code == Q6_KX8:
+        return kquants._group_q6_k(w, g, xq, xd, xs, xi)
     if code == Q4_1X8:
         return simd.group_dot_q4_1x8(w, g, xq, xd, xs, xi)
     if code == Q4_0X8:
@@ -226,8 +210,12 @@ def group_tokens(w, g, code, xq, xd, xs, xi, t0):
     """group_tokens: rows 8g..8g+7 · tokens t0..t0+TOKENS-1: 8 rows a token (code: PACKED + the GGML id)."""
     if code == Q5_0X8 or code == Q5_1X8 or code == IQ4_NLX8 or code == IQ4_XSX8 or code == MXFP4X8:
         return blocks32_group_tokens(w, g, code - PACKED, xq, xd, xs, xi, t0)
-    if code == Q4_KX8 or code == Q5_KX8 or code == Q6_KX8:
-        return kquants_group_tokens(w, g, code - PACKED, xq, xd, xs, xi, t0)
+    if code == Q4_KX8:
+        return kquants._tokens_q4_k(w, g, xq, xd, xs, xi, t0)
+    if code == Q5_KX8:
+        return kquants._tokens_q5_k(w, g, xq, xd, xs, xi, t0)
+    if code == Q6_KX8:
+        return kquants._tokens_q6_k(w, g, xq, xd, xs, xi, t0)
     if code == Q4_1X8:
         return simd.group_tokens_q4_1x8(w, g, xq, xd, xs, xi, t0)
     if code == Q4_0X8:
@@ -259,21 +247,21 @@ def pair8(m, g, code, xq, xd, xs, xi, t0):
 def tile_unpack(w, g, h, code, tq, ta, tb, td):
     """tile_unpack: 8-row group g into half h of a tile (tq, ta, tb, td) (code: the GGML id)."""
     if code == IQ4_XS:
-        tiles._unpack_iq4_xs(w, g, h, tq, ta, tb, td)
+        tile_formats._unpack_iq4_xs(w, g, h, tq, ta, tb, td)
     elif code == Q4_K:
-        tiles._unpack_q4_k(w, g, h, tq, ta, tb, td)
+        tile_formats._unpack_q4_k(w, g, h, tq, ta, tb, td)
     elif code == Q5_K:
-        tiles._unpack_q5_k(w, g, h, tq, ta, tb, td)
+        tile_formats._unpack_q5_k(w, g, h, tq, ta, tb, td)
     else:
-        tiles._unpack_q6_k(w, g, h, tq, ta, tb, td)
+        tile_formats._unpack_q6_k(w, g, h, tq, ta, tb, td)
 
 
 @njit(fastmath=True, cache=True, nogil=True)
 def tile_dot(code, tq, ta, tb, td, xq, xd, xs, offsets, xi, t0, res):
     """tile_dot: res = a tile · tokens t0..t0+TOKENS-1 (code: the GGML id)."""
     if code == IQ4_XS:
-        tiles._tile_grid(tq, ta, tb, td, xq, xd, xs, xi, t0, res)
+        tile_formats._tile_grid(tq, ta, tb, td, xq, xd, xs, xi, t0, res)
     elif code == Q4_K or code == Q5_K:
-        tiles._tile_k(tq, ta, tb, td, xq, xd, xs, xi, t0, res)
+        tile_formats._tile_k(tq, ta, tb, td, xq, xd, xs, xi, t0, res)
     else:
-        tiles._tile_q6(tq, ta, tb, td, xq, xd, offsets, xi, t0, res)
+        tile_formats._tile_q6(tq, ta, tb, td, xq, xd, offsets, xi, t0, res)

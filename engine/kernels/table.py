@@ -53,7 +53,7 @@ class Format:
     """One format dotted with int8 activations: the module holding its code, whether its rows read
     activations per 256 (llama.cpp's Q8_K) rather than per 32, and its inner function per operation."""
     name: str  # engine.quant name
-    module: str  # simd | blocks32 | kquants: where row..pair8 live (the tile functions: tiles.py)
+    module: str  # simd | blocks32 | kquants: where row..pair8 live (the tile functions: tile_formats.py)
     per_256: bool = False
     row: str = ""  # a stored row · one token
     tokens: str = ""  # a stored row · TOKENS tokens ("": a token at a time through row)
@@ -61,7 +61,7 @@ class Format:
     group_tokens: str = ""  # an 8-row group · TOKENS tokens
     pair: str = ""  # two 8-row groups · TOKENS tokens (512-bit vectors)
     pair8: str = ""  # two 8-row groups · PAIR_TOKENS tokens
-    tile_unpack: str = ""  # prefill from TILE_MIN_T tokens on: 8-row groups into a tile (tiles.py)
+    tile_unpack: str = ""  # prefill from TILE_MIN_T tokens on: 8-row groups into a tile (tile_formats.py)
     tile_dot: str = ""  # a tile · TOKENS tokens ("name(args)" where its arguments differ)
 
 
@@ -223,13 +223,12 @@ OPS = {"row": ("int_dot", _ROW, False, "", "row r of a stored matrix · one toke
                        "8-row group g into half h of a tile (tq, ta, tb, td)"),
        "tile_dot": ("tile_dot", "code, tq, ta, tb, td, xq, xd, xs, offsets, xi, t0, res", False,
                     "tq, ta, tb, td, xq, xd, xs, xi, t0, res", "res = a tile · tokens t0..t0+TOKENS-1")}
-_TILE_OPS = ("tile_unpack", "tile_dot")  # compiled functions of their own, returning nothing, in tiles.py
+_TILE_OPS = ("tile_unpack", "tile_dot")  # compiled functions of their own, returning nothing (tile_formats.py)
 # (module, operation) -> a chain of that module's own, reached from the dispatcher as an inlined function or
 # as a call (a compiled function of its own: keeps the big kernels that inline the dispatchers smaller);
 # other modules' formats branch in the dispatcher itself
 _CHAINS = {("blocks32", "row"): "inline", ("blocks32", "tokens"): "inline", ("blocks32", "group"): "call",
-           ("blocks32", "group_tokens"): "call", ("kquants", "row"): "call", ("kquants", "group"): "call",
-           ("kquants", "group_tokens"): "call"}
+           ("blocks32", "group_tokens"): "call", ("kquants", "row"): "call"}
 _DECORATOR = {"inline": '@njit(inline="always", cache=True)', "call": "@njit(fastmath=True, cache=True, nogil=True)"}
 DISPATCH_PATH = "engine/kernels/dispatch.py"
 
@@ -306,7 +305,7 @@ def dispatch_source() -> str:
              "", "", _DECORATOR["inline"], "def pairable(code, N):",
              '    """Whether N rows on a matrix in `code` go through pair, two groups at once (simd.WIDE only)."""',
              f"    return N >= simd.TOKENS and ({_either('code', [_const(f, True) for f in FORMATS if f.pair], 32)})",
-             "", "", "from engine.kernels import " + ", ".join(sorted(modules + ["tiles"])) +
+             "", "", "from engine.kernels import " + ", ".join(sorted(modules + ["tile_formats"])) +
              "  # noqa: E402  (below what formats.py reads)"]
     for (module, op), how in _CHAINS.items():  # each module's own chains
         name, args, _, _, what = OPS[op]
@@ -323,7 +322,7 @@ def dispatch_source() -> str:
                 calls = [f"{f.module}_row(w, r, code, xq[{t}], xd[{t}], xs[{t}], xi[{t}])" for t in ts]
                 branches.append((consts, "(" + ",\n                ".join(calls) + ")"))
             elif fn and op in _TILE_OPS:
-                branches.append((consts, _call("tiles", fn, op)))
+                branches.append((consts, _call("tile_formats", fn, op)))
             elif fn and (f.module, op) in _CHAINS:
                 branches.append((consts, f"{f.module}_{op}({args.replace('code', 'code - PACKED' if packed else 'code')})"))
             elif fn:
@@ -336,5 +335,8 @@ def dispatch_source() -> str:
 
 
 if __name__ == "__main__":  # rewrite dispatch.py from FORMATS
+    from engine import kernels
+    kernels.setup()
+    text = dispatch_source()
     with open(DISPATCH_PATH, "w") as fh:
-        fh.write(dispatch_source())
+        fh.write(text)
