@@ -1,6 +1,6 @@
 """Operations the 2026 architectures add (gpt_oss, qwen3_5_moe, lfm2_moe, gemma4), each a numpy twin
 beside its Numba kernel, plus the per-layer-type caches. Nothing here knows an architecture: the
-model spec says which op a layer runs and with which fields (engine/ops/ARCHITECTURES.md).
+model spec says which op a layer runs and with which fields (docs/architectures-2026.md).
 
 rope       inverse frequencies (default, partial rotary, yarn, proportional) and their tables
 attention  causal attention over keys with positions: sliding window, sinks, softcap, any scale
