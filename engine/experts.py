@@ -1,9 +1,6 @@
 """The expert cache: routed experts loaded on demand (engine.expert_store reads them) into pool
 slots under one byte budget (engine.cache_plan sizes it), LFU by default, LRU on request, with a
-prefetcher.
-
-Prediction (next layer's picks, runners-up) stays on only while it pays: it pauses when most of
-the latest guesses were evicted unused (PREFETCH_MIN_ACCURACY).
+prefetcher whose predictions pause while most of the latest guesses are evicted unused.
 
 Concurrency: the compute thread pins what it uses (`with cache.use(L, e) as w:`); the loader
 thread never evicts a pinned slot. Kernels and reads release the GIL, so loads overlap compute.
@@ -29,23 +26,15 @@ log = logging.getLogger("colibri.experts")
 PARTS = ("gate", "up", "down")
 MiB = 1 << 20
 # evicted slots kept for reuse (counted in the budget): a miss that evicts takes its victim's block,
-# already faulted in. One does that; a second was a slot of memory held for a rarer overlap (the
-# loader's guess beside a demand load), which cost RSS and gained no decode speed
+# already faulted in. A second spare cost RSS and gained no decode speed
 SPARE_SLOTS = 1
-# a colder miss is mapped from the page cache for its one use (no slot) only where the page cache
-# keeps it (room to spare, no binding cgroup: ExpertStore.keeps_page_cache). Under a memory cgroup it
-# was tried and dropped: the pool and the page cache share one limit, the page cache kept a little of
-# what was mapped, and the mapped misses' page faults slowed decode at every cap measured
-# eviction; lfu ages by LFU_DECAY a token. lfu is the default: on the MoEfied default model's routing
-# trace one LFU over all layers beat LRU, most where memory is short (colibri-bench routing;
-# tests/test_experts.py holds the cache to that replay)
+# eviction policies; lfu ages by LFU_DECAY a token. lfu is the default: on the default model's
+# routing trace one LFU over all layers beat LRU, most where memory is short (test_experts replays it)
 POLICIES = ("lfu", "lru")
 LFU_DECAY = 0.98
-# predictions (next layer's picks, runners-up) go out only while they pay: of the last
-# PREFETCH_OUTCOMES resolved ones (used, or evicted unused) at least PREFETCH_MIN_ACCURACY used; a
-# wasted guess costs a read and evicts an expert someone wanted. While paused, one call in
-# PREFETCH_PROBE still goes out so the estimate follows the routing. Where guesses are mostly wrong,
-# prefetching reads about twice the bytes a token needs
+# predictions go out only while, of the last PREFETCH_OUTCOMES resolved ones, at least
+# PREFETCH_MIN_ACCURACY were used: a wasted guess costs a read and evicts an expert someone wanted.
+# While paused, one call in PREFETCH_PROBE still goes out so the estimate follows the routing
 PREFETCH_MIN_ACCURACY = 0.6
 PREFETCH_OUTCOMES = 32
 PREFETCH_PROBE = 16
@@ -152,8 +141,7 @@ class ExpertCache:
             self.spare = max(0, self.capacity - k)  # slots a layer has beyond what one token needs
             # predictions only pay when the next layer's picks fit beside this layer's, and when a
             # layer holds more than one token's picks: with exactly k a guess evicts an expert the
-            # next token reuses (a trace replayed at 2 of 8 a layer, top-2, read twice the bytes at a
-            # lower hit rate with predictions on)
+            # next token reuses
             self.predict = self.budget - SPARE_SLOTS * self.slot >= (2 * k + 1) * self.slot and self.capacity > k
             self._make_room(None, 0)
 
@@ -267,10 +255,9 @@ class ExpertCache:
 
     @contextmanager
     def frozen(self, below: int = 0) -> Iterator[None]:
-        """Inside, only experts of layers below `below` are evicted: a kernel going through the
-        layers from `below` on reads the held experts (held()) by address, unpinned
-        (engine.models.fused streams a token so). A load meanwhile (the loader's guess) that finds
-        no such victim gives up; the budget is enforced again on the way out."""
+        """Inside, only experts of layers below `below` are evicted, so a kernel going through the
+        layers from `below` on may read the held experts (held()) by address, unpinned. A load meanwhile
+        that finds no such victim gives up; the budget is enforced again on the way out."""
         with self._lock:
             self._frozen = below
         try:
@@ -290,11 +277,9 @@ class ExpertCache:
     @contextmanager
     def scan(self) -> Iterator[None]:
         """A prompt's pass: each layer's routed experts in turn, once each. Its loads evict within
-        their own layer once that holds its share (capacity), else from a layer above its share.
-        Left to LRU/LFU, such a pass evicts the first layers for the last ones and leaves them
-        empty for the decode that follows, which starts with them: measured at cap 0.9 of the
-        0.68 B bench model (Q8_0, 37 slots), layers 0-2 held no expert after a 32-token prompt and
-        the first 12 decoded tokens hit 0.49 (0.52 after this pass), the 24th on 0.60."""
+        their own layer once that holds its share (capacity), else from a layer above its share:
+        left to LRU/LFU, such a pass would empty the first layers, where the decode that follows
+        starts."""
         with self._lock:
             self._scanning = True
         try:
@@ -324,14 +309,8 @@ class ExpertCache:
                 c = self.counters[layer]
                 for e in picks[layer].tolist():
                     self._warm(layer, e)
-                    slot = self._slots[(layer, e)]
                     self._slots.move_to_end((layer, e))
-                    c.hits += 1
-                    c.ready_hits += 1
-                    if slot.prefetched and not slot.used:
-                        c.prefetch_used += 1
-                        self._outcomes.append(1)
-                    slot.used = True
+                    self._hit(c, self._slots[(layer, e)], ready=True)
                     if routed:
                         self.activations[layer, e] += 1
                         self._recent[layer].append(e)
@@ -348,14 +327,9 @@ class ExpertCache:
             recent.extend(picks[-recent.maxlen:].tolist())  # (a prompt's picks: only the window's last stay)
 
     def prefetch(self, layer: int, experts, spare_only: bool = False, due: bool = False) -> None:
-        """Ask the loader to bring these experts of `layer` in (no-op when prefetch is off, or
-        when the budget cannot hold the next layer's picks beside this layer's).
-
-        Predicted picks may replace the least recently used expert; guesses (`spare_only`:
-        runners-up, the window's favourites) only use room the top-k does not need. `due`: the
-        caller asked prediction_due() for this layer already (predictions held back are not
-        counted twice).
-        """
+        """Ask the loader to bring these experts of `layer` in (no-op without predictions). Guesses
+        (`spare_only`: runners-up, the window's favourites) only use room the top-k does not need.
+        `due`: the caller asked prediction_due() already (held-back predictions are not counted twice)."""
         if layer >= self.num_layers or not self.predict or not self._ahead_pays() or \
                 not (due or self._prefetch_pays()):
             return
@@ -381,10 +355,8 @@ class ExpertCache:
         return self.predict and self._ahead_pays()
 
     def _ahead_pays(self) -> bool:
-        """Whether loading ahead of use can pay: a loader thread, and misses that read the disk. With
-        room to spare the experts' files stay in the page cache, so a miss is a copy from memory and
-        the loader's copy only takes a core from the kernels (decode was slower loading ahead there,
-        even with a core spare)."""
+        """Whether loading ahead of use can pay: a loader thread, and misses that read the disk (with
+        the experts' files in the page cache, the loader's copy only takes a core from the kernels)."""
         return self._loader is not None and not self.store.keeps_page_cache()
 
     @property
@@ -422,15 +394,10 @@ class ExpertCache:
                     slot.pins += 1
                     return slot, False
                 if count:
-                    c.hits += 1
-                    c.ready_hits += slot.ready.is_set()
-                    if slot.prefetched and not slot.used:
-                        c.prefetch_used += 1
-                        self._outcomes.append(1)
-                    slot.used = True
+                    self._hit(c, slot, slot.ready.is_set())
                 slot.pins += 1
                 return slot, False
-            if prefetch and not self._fits(layer, nbytes) and not self._evictable(layer):
+            if prefetch and (self._full(layer) or self._over(nbytes)) and not self._evictable(layer):
                 return None, False  # a guess never overflows the budget
             mapped = not prefetch and self._pass_through(layer, expert, nbytes)
             if mapped:
@@ -450,6 +417,14 @@ class ExpertCache:
             slot.pins += 0 if reserve or prefetch else 1
             return slot, True
 
+    def _hit(self, c: LayerCounters, slot: _Slot, ready: bool) -> None:
+        c.hits += 1
+        c.ready_hits += ready
+        if slot.prefetched and not slot.used:
+            c.prefetch_used += 1
+            self._outcomes.append(1)
+        slot.used = True
+
     def _warm(self, layer: int, expert: int) -> None:
         """Called with the lock held, once per counted lookup: one more use, weighing 1/decay more
         than the last one (comparing these sums is comparing decayed counts), rescaled before
@@ -460,15 +435,17 @@ class ExpertCache:
             self._heat /= self._weight
             self._weight = 1.0
 
-    def _fits(self, layer: int, nbytes: int) -> bool:
-        spare = sum(b.size for b in self._spare)
-        full_layer = self.per_layer is not None and self._count[layer] >= self.per_layer
-        return not full_layer and self._used - spare + nbytes <= self.budget - SPARE_SLOTS * self.slot
+    def _full(self, layer: int) -> bool:
+        return self.per_layer is not None and self._count[layer] >= self.per_layer
+
+    def _over(self, nbytes: int) -> bool:
+        """Whether `nbytes` more overflow the budget (spare blocks count as room: a load reuses one)."""
+        return self._used - sum(b.size for b in self._spare) + nbytes > self.budget - SPARE_SLOTS * self.slot
 
     def _evictable(self, layer: int) -> bool:
         """Whether _make_room could make room for one more expert of `layer`: a full layer (its
         per-layer count reached) needs a victim of its own, any other a victim anywhere."""
-        full = self.per_layer is not None and self._count[layer] >= self.per_layer
+        full = self._full(layer)
         below = self.num_layers if self._frozen is None else self._frozen
         return any(s.pins == 0 and not s.reserved and s.ready.is_set() and (not full or k[0] == layer) and k[0] < below
                    for k, s in self._slots.items())
@@ -481,12 +458,12 @@ class ExpertCache:
             while self._count[layer] + 1 > self.per_layer and (k := self._victim(layer)) is not None:
                 self._evict(k)
         scan = layer is not None and self._scanning
-        limit = self.budget - SPARE_SLOTS * self.slot
-        while self._used - sum(b.size for b in self._spare) + nbytes > limit and \
-                (k := self._scan_victim(layer) if scan else self._victim(None)) is not None:
+        while self._over(nbytes) and (k := self._scan_victim(layer) if scan else self._victim(None)) is not None:
             self._evict(k)
         while self._spare and self._used + nbytes > self.budget:  # spares last: they save a fresh mapping
-            self._free_spare(self._spare.pop())
+            block = self._spare.pop()
+            self._used -= block.size
+            block.free()
 
     def _victim(self, in_layer: int | None, among: set[int] | None = None) -> tuple[int, int] | None:
         """Called with the lock held: the expert the policy evicts next (of `in_layer`, or of the
@@ -514,9 +491,9 @@ class ExpertCache:
         least as hot."""
         if self.policy != "lfu" or self.room_for_all or not self.store.keeps_page_cache():
             return False
-        if self.per_layer is not None and self._count[layer] >= self.per_layer:
+        if self._full(layer):
             v = self._victim(layer)
-        elif self._used - sum(b.size for b in self._spare) + nbytes > self.budget - SPARE_SLOTS * self.slot:
+        elif self._over(nbytes):
             v = self._victim(None)
         else:
             return False  # room without evicting anything
@@ -546,10 +523,6 @@ class ExpertCache:
             else:
                 slot.block.free()
             slot.block = None
-
-    def _free_spare(self, block: Block) -> None:
-        self._used -= block.size
-        block.free()
 
     def _take_block(self, slot: _Slot, nbytes: int) -> Block:
         """A spare block that fits, else a fresh one of the size _acquire counted (slot.nbytes)."""
