@@ -15,10 +15,7 @@ def _tr(text: str) -> str:
 
 
 def defrag_text(r) -> str:
-    """What a defrag did, as measured: the pool's release and the change in RSS, told apart.
-
-    The pool hands free pages back with madvise; RSS drops only by those that were in physical
-    memory (pages never touched cost nothing), and the kernel may take them back later."""
+    """What a defrag did: the pool's release and the change in RSS (only resident pages count there)."""
     before, after, change = _mb(r.rss_before), _mb(r.rss_after), r.rss_change
     rss = f"RSS {before} → {after} ({'−' if change < 0 else '+'}{_mb(abs(change))})"
     if r.returned_bytes <= 0:
