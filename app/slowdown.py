@@ -1,12 +1,10 @@
 """Slowdown under load: decode far below this model's own measured speed while other programs keep
-the CPU busy (defect 9: decode fell more than tenfold and the app said nothing).
+the CPU busy.
 
 `SlowdownWatch` is pure logic fed by the worker: the model's speed is learned from replies written
 while the machine was quiet; during a reply, a recent decode rate under `SLOW` of it while other
 programs use more than `BUSY` of the CPUs is a slowdown, said in plain words and answered with a
-thread cap (an OpenMP team larger than the free cores stalls at every barrier). The cap is lifted
-once the other programs calm down. engine.contention.OtherLoad measures them (the machine's busy time
-less this process's own).
+thread cap, lifted once the other programs calm down (engine.contention.OtherLoad measures them).
 """
 from __future__ import annotations
 
