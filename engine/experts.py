@@ -74,9 +74,8 @@ class _Slot:
 
 
 class ExpertCache:
-    """Experts in memory under one byte budget shared by all layers (optionally also at most
-    `per_layer` experts of each layer). Evicted first: the unpinned expert least used lately
-    (policy "lfu", the default), or least recently used ("lru")."""
+    """Experts in memory under one byte budget shared by all layers (optionally at most `per_layer`
+    of each layer), evicted by `policy`: "lfu" (the default) or "lru"."""
 
     def __init__(self, store: ExpertStore, pool: MemoryPool, num_layers: int, num_experts: int,
                  budget: int, prefetch_window: int = 16, top_k: int = 1, repack: bool = True,
@@ -193,8 +192,7 @@ class ExpertCache:
         return ready + [e for e in experts if e not in ready]
 
     def load_ahead(self, layer: int, expert: int) -> None:
-        """Start loading the expert needed next on the loader thread (a demand load begun
-        early: the compute thread works on the current expert meanwhile)."""
+        """Start loading the expert needed next on the loader thread while this one computes."""
         if not self._ahead_pays():
             return
         slot, load = self._acquire(layer, expert, prefetch=False, reserve=True)
@@ -202,8 +200,7 @@ class ExpertCache:
             self._queue.put((layer, expert, slot, False))
 
     def holds_all(self) -> bool:
-        """Whether every expert of every layer is loaded (the budget has room for all and they
-        have all been used): prefetching is then pointless."""
+        """Whether every expert of every layer is loaded (then prefetching is pointless)."""
         if self._holds_all or not self.room_for_all:
             return self._holds_all
         with self._lock:  # once true it stays true: with room for every expert nothing is evicted
@@ -211,9 +208,8 @@ class ExpertCache:
         return self._holds_all
 
     def resident(self) -> list[list[ExpertWeights]] | None:
-        """Every expert of every layer, when the budget has room for all and all are loaded: they
-        then stay where they are (nothing is ever evicted), so a kernel may reach them by address
-        without pins (engine.models.fused). None otherwise."""
+        """Every expert of every layer when the budget has room for all and all are loaded (nothing is
+        then evicted, so a kernel may reach them by address without pins); None otherwise."""
         if not self.room_for_all:
             return None
         with self._lock:
@@ -226,9 +222,8 @@ class ExpertCache:
             return out
 
     def fill(self) -> None:
-        """With room for every expert, queue the ones never loaded (once per cache): a small MoE
-        then decodes without misses, as a mapped file would (no-op with prefetch off). These loads
-        are not predictions: they count in fill_bytes, not in prefetch accuracy."""
+        """With room for every expert, queue the ones never loaded (once per cache), so a small MoE decodes
+        without misses; these loads count in fill_bytes, not in prefetch accuracy."""
         if self._filling or self._loader is None or not self.room_for_all:
             return
         self._filling = True
@@ -240,8 +235,7 @@ class ExpertCache:
 
     @contextmanager
     def quiet(self) -> Iterator[None]:
-        """Lookups inside are not counted (warmup): no hits, misses, activations or window, and
-        what they load counts as neither prefetched nor used."""
+        """Lookups inside (warmup) are not counted: no hits, misses, activations, window or prefetch use."""
         with self._lock:
             self._quiet = True
         try:
@@ -268,18 +262,16 @@ class ExpertCache:
                 self._make_room(None, 0)
 
     def held(self) -> dict[tuple[int, int], ExpertWeights]:
-        """The experts loaded in pool slots now, by (layer, expert): those a kernel may reach by
-        address while frozen() (a mapped miss is not among them: its mapping goes with its use)."""
+        """The experts loaded in pool slots now, by (layer, expert): what frozen() lets a kernel reach."""
         with self._lock:
             return {k: s.weights for k, s in self._slots.items()
                     if s.ready.is_set() and s.weights is not None and s.error is None and not s.mapped}
 
     @contextmanager
     def scan(self) -> Iterator[None]:
-        """A prompt's pass: each layer's routed experts in turn, once each. Its loads evict within
-        their own layer once that holds its share (capacity), else from a layer above its share:
-        left to LRU/LFU, such a pass would empty the first layers, where the decode that follows
-        starts."""
+        """A prompt's pass: each layer's routed experts in turn, once each. Its loads evict within their own
+        layer once that holds its share, else from a layer above its share (not the first layers, where
+        the decode that follows starts)."""
         with self._lock:
             self._scanning = True
         try:
@@ -299,9 +291,7 @@ class ExpertCache:
             time.sleep(0.002)
 
     def count_uses(self, picks: np.ndarray, routed: bool = True, layers: range | None = None) -> None:
-        """Count a fused decode step's picks (layers, k), or those of `layers`, as use() and
-        record() count them: hits on resident experts, and (routed) the heatmap and the prefetch
-        window."""
+        """Count a fused decode step's picks (layers, k), or those of `layers`, as use() and record() do."""
         with self._lock:
             if self._quiet:
                 return
@@ -344,19 +334,16 @@ class ExpertCache:
             self._queue.put((layer, e, None, False))
 
     def prediction_due(self) -> bool:
-        """Whether a layer's predictions go out now: prefetching(), and not held back (see
-        prefetch_paused; one layer in PREFETCH_PROBE still goes out then). Asked once per layer a
-        token, before the router looks ahead: held back, that matmul is not worth doing either."""
+        """Whether a layer's predictions go out now: prefetching(), and not held back (prefetch_paused).
+        Asked before the router looks ahead: held back, that matmul is not worth doing either."""
         return not self.holds_all() and self.prefetching() and self._prefetch_pays()
 
     def prefetching(self) -> bool:
-        """Whether predictions can go out at all: a loader thread, misses that read the disk, and room
-        for them (predict)."""
+        """Whether predictions can go out at all: a loader, misses that read the disk, room (predict)."""
         return self.predict and self._ahead_pays()
 
     def _ahead_pays(self) -> bool:
-        """Whether loading ahead of use can pay: a loader thread, and misses that read the disk (with
-        the experts' files in the page cache, the loader's copy only takes a core from the kernels)."""
+        """Whether loading ahead can pay: a loader thread, and misses that read the disk."""
         return self._loader is not None and not self.store.keeps_page_cache()
 
     @property
@@ -426,9 +413,8 @@ class ExpertCache:
         slot.used = True
 
     def _warm(self, layer: int, expert: int) -> None:
-        """Called with the lock held, once per counted lookup: one more use, weighing 1/decay more
-        than the last one (comparing these sums is comparing decayed counts), rescaled before
-        the weights overflow."""
+        """Lock held, once per counted lookup: one more use, weighing 1/decay more than the last
+        (comparing these sums compares decayed counts), rescaled before the weights overflow."""
         self._weight *= self._grow
         self._heat[layer, expert] += self._weight
         if self._weight > 1e200:
@@ -443,17 +429,15 @@ class ExpertCache:
         return self._used - sum(b.size for b in self._spare) + nbytes > self.budget - SPARE_SLOTS * self.slot
 
     def _evictable(self, layer: int) -> bool:
-        """Whether _make_room could make room for one more expert of `layer`: a full layer (its
-        per-layer count reached) needs a victim of its own, any other a victim anywhere."""
+        """Whether _make_room could free room for one more expert of `layer` (a full layer: its own)."""
         full = self._full(layer)
         below = self.num_layers if self._frozen is None else self._frozen
         return any(s.pins == 0 and not s.reserved and s.ready.is_set() and (not full or k[0] == layer) and k[0] < below
                    for k, s in self._slots.items())
 
     def _make_room(self, layer: int | None, nbytes: int) -> None:
-        """Called with the lock held. Evict unpinned experts (by the policy) until `nbytes`
-        more fit in the budget (and, per_layer set, in `layer`'s count); spare blocks count as
-        room, since the next load reuses one. Everything pinned or loading: a temporary overflow."""
+        """Lock held. Evict unpinned experts (by the policy) until `nbytes` more fit (and, per_layer set,
+        `layer`'s count); everything pinned or loading: a temporary overflow."""
         if layer is not None and self.per_layer is not None:
             while self._count[layer] + 1 > self.per_layer and (k := self._victim(layer)) is not None:
                 self._evict(k)
@@ -466,8 +450,7 @@ class ExpertCache:
             block.free()
 
     def _victim(self, in_layer: int | None, among: set[int] | None = None) -> tuple[int, int] | None:
-        """Called with the lock held: the expert the policy evicts next (of `in_layer`, or of the
-        layers `among`, or any)."""
+        """Lock held: the expert the policy evicts next (of `in_layer`, of the layers `among`, or any)."""
         below = self.num_layers if self._frozen is None else self._frozen
         free = (k for k, s in self._slots.items() if (in_layer is None or k[0] == in_layer) and k[0] < below
                 and (among is None or k[0] in among) and s.pins == 0 and not s.reserved and s.ready.is_set()
@@ -477,18 +460,15 @@ class ExpertCache:
         return next(free, None)
 
     def _scan_victim(self, layer: int) -> tuple[int, int] | None:
-        """Called with the lock held, during scan(): of `layer` once it holds its share, else of
-        the layers above their share, else any."""
+        """Lock held, in scan(): of `layer` once it holds its share, else of a layer above its share."""
         if self._count[layer] >= self.capacity and (k := self._victim(layer)) is not None:
             return k
         over = {L for L, n in enumerate(self._count) if n > self.capacity}
         return (self._victim(None, over) if over else None) or self._victim(None)
 
     def _pass_through(self, layer: int, expert: int, nbytes: int) -> bool:
-        """Called with the lock held, for a demand miss: serve it mapped from the page cache for
-        its one use instead of taking a pool slot — only while misses keep their page-cache copy
-        (room to spare, no binding cgroup), under LFU, and when the expert it would push out is at
-        least as hot."""
+        """Lock held, for a demand miss: serve it mapped from the page cache for its one use instead of a
+        pool slot, while misses keep their page-cache copy, under LFU, if the expert it would evict is hotter."""
         if self.policy != "lfu" or self.room_for_all or not self.store.keeps_page_cache():
             return False
         if self._full(layer):
@@ -511,8 +491,7 @@ class ExpertCache:
         self._release(slot)
 
     def _release(self, slot: _Slot) -> None:
-        """Called with the lock held. An evicted slot's memory is kept for the next load (its
-        pages are already faulted in, and unmapping is not free), up to SPARE_SLOTS of them."""
+        """Lock held. An evicted slot's memory is kept for the next load, up to SPARE_SLOTS of them."""
         slot.weights = None  # drop the views before the memory is reused
         self.generation += not slot.mapped  # (a mapped miss is in no address table)
         self._used -= slot.nbytes

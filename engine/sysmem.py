@@ -1,9 +1,7 @@
 """How much memory this process may still use, and how the engine splits it (the one budget).
 
-Room: the smaller of the machine's available memory (MemAvailable) and what the process's memory
-cgroup (v2 memory.max or v1 memory.limit_in_bytes) still allows. A cgroup charges page cache
-too; its inactive file pages are reclaimed before anything fails, so they count as room (the
-working set, as the kernel's own pressure accounting and the kubelet count it).
+Room: the smaller of the machine's MemAvailable and what the process's memory cgroup (v2 or v1)
+still allows, counting the cgroup's inactive file pages as room (they are reclaimed first).
 """
 from __future__ import annotations
 
@@ -104,8 +102,7 @@ def room() -> tuple[int, str]:
 
 
 def _rss() -> int:
-    """Memory this process holds that the room does not count: inside a cgroup its share of the
-    working set, else its anonymous pages (its file pages are reclaimable page cache)."""
+    """Memory this process holds that the room does not count (in a cgroup its working set, else anonymous)."""
     mi = psutil.Process().memory_info()
     cg = _cgroup()
     return min(cg[1], mi.rss) if cg is not None else mi.rss - getattr(mi, "shared", 0)
@@ -159,10 +156,9 @@ class MemoryBudget:
 def plan(dense: int, kv: int, activations: int, cycle: int, all_experts: int, minimum: int,
          measured: tuple[int, str] | None = None, process: int | None = None, refuse: bool = False,
          compile: int = 0) -> MemoryBudget:
-    """The budget for the expert cache: room - dense - KV - activations - margin, within
-    [minimum, all_experts]. `refuse` (the engine, before it loads; a fit check only reports):
-    InsufficientMemoryError when this process may use less in all than dense weights + 200 MB,
-    or than that + `compile` (compile_reserve(): a first start, whose compile would be OOM-killed)."""
+    """The budget for the expert cache: room - dense - KV - activations - margin, within [minimum,
+    all_experts]. `refuse`: InsufficientMemoryError when this process may use less than dense weights
+    + 200 MB (+ `compile`, the first start's compile)."""
     free, source = measured or room()
     rss = _rss() if process is None else process
     held_back = margin(free)

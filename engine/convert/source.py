@@ -1,7 +1,5 @@
-"""Source tensors read lazily, a slice of rows at a time, with `pread` (never mmap).
-
-Reading with pread into private buffers keeps the converter's resident memory at about one
-slice of one tensor, whatever the model size: pages of an mmap would stay counted in RSS.
+"""Source tensors read lazily, a slice of rows at a time, with `pread` into private buffers (never
+mmap, whose pages would stay counted in RSS), so the converter holds about one slice of one tensor.
 """
 from __future__ import annotations
 
@@ -20,10 +18,8 @@ RowReader = Callable[[int, int], np.ndarray]  # rows [start, stop) -> stored arr
 
 @dataclass(frozen=True)
 class SourceTensor:
-    """A tensor of a source checkpoint: its shape, storage format and a reader of row ranges.
-
-    Rows are the leading dimensions flattened; a 1-D tensor is a single row.
-    """
+    """A tensor of a source checkpoint: its shape, storage format and a reader of row ranges
+    (rows are the leading dimensions flattened; a 1-D tensor is a single row)."""
     name: str
     shape: tuple[int, ...]
     qtype: quant.QuantType
