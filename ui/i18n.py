@@ -28,8 +28,7 @@ def resolve(language: str) -> str:
 
 
 def install(app: QCoreApplication, language: str) -> list[QTranslator]:
-    """Install the translators for `language` on `app`; returns them (keep them alive, or remove
-    them with `uninstall`). English installs none."""
+    """Install the translators for `language` on `app` (none for English); keep what it returns."""
     lang = resolve(language)
     if lang == "en":
         return []
