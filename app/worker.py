@@ -133,7 +133,7 @@ def stream_reply(engine, messages: list[dict], sampling: dict[str, Any], stop: t
     return chat.reply
 
 
-def _throttled(emit: Callable[..., None]) -> Callable[..., None]:
+def throttled(emit: Callable[..., None]) -> Callable[..., None]:
     """`emit(fraction, ...)` at most once per PROGRESS_S, and always at the end."""
     last = [0.0]
 
@@ -282,7 +282,7 @@ class EngineWorker(QObject):
     @Slot(str)
     def convert(self, source: str) -> None:
         """Convert `source` (a GGUF file or HF folder; "" = the default model) into the library."""
-        progress = _throttled(self.progress.emit)
+        progress = throttled(self.progress.emit)
         try:
             if source:
                 path = import_model(source, progress, self._cancel)
@@ -488,50 +488,3 @@ class EngineWorker(QObject):
             self.engine.close()
             self.engine = None
         self.runner.close()
-
-
-class ConvertWorker(QObject):
-    """The wizard's worker: inspects and converts a source on its own thread, so chatting goes on."""
-    inspected = Signal(str, object)  # source, ModelSummary
-    reading = Signal(str, float)  # source, fraction of its header read (GGUF; a folder says nothing)
-    progress = Signal(float, str)  # fraction done, tensor name
-    converted = Signal(object)  # engine ConvertResult
-    cancelled = Signal()
-    failed = Signal(str, str)  # what was being done, the specific error
-
-    def __init__(self):
-        super().__init__()
-        self._cancel = threading.Event()
-
-    def arm(self) -> None:
-        self._cancel.clear()
-
-    def request_cancel(self) -> None:
-        self._cancel.set()
-
-    _fail = EngineWorker._fail
-
-    @Slot(str)
-    def inspect(self, source: str) -> None:
-        from app.model_info import inspect
-        try:
-            self.inspected.emit(source, inspect(source, _throttled(lambda f: self.reading.emit(source, f))))
-        except Exception as e:  # noqa: BLE001 - an unreadable source is a message in the wizard
-            self._fail(f"Reading {Path(source).name}", e)
-
-    @Slot(str, str, str, bool, str)
-    def convert(self, source: str, target: str, quantize: str, split_experts: bool, calibration: str = "") -> None:
-        """`calibration`: a text file whose activations weight the rounding ("" for none)."""
-        from engine.convert.convert import convert
-        send = _throttled(self.progress.emit)
-        try:
-            result = convert(source, target, quantize, split_experts=split_experts, force=True,
-                             progress=lambda p: send(p.fraction, p.tensor), cancel=self._cancel,
-                             calibration_data=calibration or None)
-            if Path(target).parent == models_dir():
-                model_library.record_source(result.path, source)
-            self.converted.emit(result)
-        except ConversionCancelled:
-            self.cancelled.emit()
-        except Exception as e:  # noqa: BLE001
-            self._fail(f"Converting {Path(source).name}", e)

@@ -2,7 +2,7 @@
 
 Three pages: Source, Options (quantization with each choice's size, memory and measured quality
 cost, calibration text, expert files, name) and Convert (progress with Cancel, then "Open in chat").
-Inspection and conversion run on the wizard's own thread (app.worker.ConvertWorker), so chatting
+Inspection and conversion run on the wizard's own thread (app.convert_worker), so chatting
 goes on; Cancel leaves nothing behind.
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ from PySide6.QtWidgets import (QAbstractItemView, QFrame, QScrollArea, QButtonGr
 
 from app.model_info import CONTEXT, QUANTIZE, QUANTIZE_HELP, ModelSummary, default_target, human_bytes, size_note
 from app.quality_table import already_stored, expected_cost, measured_on
-from app.worker import ConvertWorker
+from app.convert_worker import ConvertWorker
 from ui import pyside_refcount
 from ui.boxes import fill
 
