@@ -1,9 +1,8 @@
 """What the dashboard says in plain words, derived from one `StatsSnapshot`; no Qt here.
 
 `advice(snapshot)` turns figures into advice lines. The readers below it (`hardware`, `gpu`,
-`throttle_events`, `joules_per_token`, `fallbacks`, `missing`) read the figures that newer engines
-add to the snapshot (hardware sensors, thermal throttling, energy, GPU fallbacks); an engine that
-does not report one gives None or () and the dashboard says "not available" with the reason.
+`throttle_events`, ...) read the figures newer engines add to the snapshot: an engine that does not
+report one gives None or (), and the dashboard says "not available" with the reason.
 """
 from __future__ import annotations
 
@@ -128,10 +127,7 @@ def filesystem_of(path: str | os.PathLike, mounts: Iterable[tuple[str, str]]) ->
 def advice(snap: Any, *, model_path: str | os.PathLike | None = None,
            mounts: Iterable[tuple[str, str]] | None = None, physical_cores: int | None = None) -> list[str]:
     """Plain-words advice from one stats snapshot, most important first; [] when all is well.
-
-    `model_path` is the model folder (default: the snapshot's `model_path`, if it has one);
-    `mounts` and `physical_cores` default to this machine's (tests pass their own).
-    """
+    `model_path` defaults to the snapshot's; `mounts` and `physical_cores` to this machine's."""
     lines: list[str] = []
     ec = getattr(snap, "expert_cache", None)
     moe = (getattr(snap, "num_experts", 1) or 1) > 1

@@ -1,11 +1,9 @@
 """One chat, answered one way by the window's worker, colibri-cli and a remote endpoint alike.
 
 A `ChatSession` holds a conversation's messages and drives an Engine, or an app.remote.RemoteBackend
-whose generate() yields the same Steps. A chat that outgrows the context is cut by its policy:
-"stop" (send everything or nothing: the user decides), "drop_oldest" (leave out the oldest
-exchanges, the system prompt stays) or "keep_first" (the system prompt and first exchange stay,
-the middle goes); counted with the backend's template where it has one (`plan`: the window's meter
-and markers too), else cut each time the endpoint says the prompt does not fit. Qt-free.
+whose generate() yields the same Steps. A chat that outgrows the context is cut by its policy
+(POLICIES): counted with the backend's template where it has one (`plan`: the window's meter and
+markers too), else cut each time the endpoint says the prompt does not fit. Qt-free.
 """
 from __future__ import annotations
 
@@ -51,10 +49,9 @@ class ContextPlan:
 
 
 def cuts(messages: Sequence[dict], policy: str) -> tuple[int, list[int]]:
-    """Where the policy may cut: messages[start:cut] may go, for each cut in turn (each leaves out
-    more). The run starts after the system prompt (and the first exchange for keep_first), ends
-    before the last user message (the question being asked), and the message at a cut is a user's
-    (or the end); no cut under "stop"."""
+    """Where the policy may cut: messages[start:cut] may go, for each cut in turn, after the system
+    prompt (and first exchange for keep_first), before the last user message, each cut at a user's
+    message (or the end); none under "stop"."""
     start = 1 if messages and messages[0].get("role") == "system" else 0
     end = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=len(messages))
     if policy == "keep_first":
@@ -66,11 +63,8 @@ def cuts(messages: Sequence[dict], policy: str) -> tuple[int, list[int]]:
 
 def plan(messages: Sequence[dict], count: Callable[[list[dict]], int], limit: int,
          policy: str = DEFAULT_POLICY, room: int | None = None) -> ContextPlan:
-    """The messages to send so that prompt + `room` tokens for the reply fit in `limit`.
-
-    Drops whole exchanges (the kept part after the gap starts with a user message, as templates
-    that insist on user/assistant turns want). Dropping more never costs more tokens, so the
-    smallest cut that fits is found by bisection: O(log n) calls of `count`."""
+    """The messages to send so that prompt + `room` tokens fit in `limit`: whole exchanges dropped,
+    the smallest cut that fits found by bisection (dropping more never costs more tokens)."""
     if policy not in POLICIES:
         raise ValueError(f"context policy {policy!r}: expected one of {', '.join(POLICIES)}")
     room = reply_room(limit) if room is None else room
@@ -124,8 +118,7 @@ def prompt_progress(step: Any) -> float | None:
 
 def stream(steps: Iterator, emit: Callable[[str, Any], None], frame_s: float = 0.0,
            clock: Callable[[], float] = time.perf_counter, pending: str = "") -> None:
-    """Emit the text of `steps` in batches of at most one per frame (`pending` first), and prompt
-    progress, without text, at most once a frame."""
+    """Emit the text of `steps` (`pending` first) and prompt progress at most once per frame."""
     last, t_emit = None, clock()
     for step in steps:
         if prompt_progress(step) is not None:  # the prompt is being read: no text yet
@@ -142,8 +135,7 @@ def stream(steps: Iterator, emit: Callable[[str, Any], None], frame_s: float = 0
 
 
 def reasoning_of(engine) -> tuple[bool, bool]:
-    """(the model reasons, its template has a thinking switch) — from its template and vocabulary;
-    a backend without a local template (a remote one, a test's stand-in) says (False, False)."""
+    """(the model reasons, its template has a thinking switch); (False, False) without a local template."""
     codec = getattr(engine, "codec", None)
     if codec is None:
         return False, False
@@ -152,10 +144,9 @@ def reasoning_of(engine) -> tuple[bool, bool]:
 
 
 class ChatSession:
-    """Messages (role/content dicts, a system prompt first if any) and their replies. Each verb
-    returns a reply's Steps (prompt progress included), which `cancel` ends after the current
-    token or prompt chunk; `reply` describes it as it comes, and it joins the messages once its
-    Steps are used up or closed. `scheduler`: the local server's, whose decode steps it joins."""
+    """Messages (role/content dicts, a system prompt first if any) and their replies. Each verb returns
+    a reply's Steps, which `cancel` ends after the current token or prompt chunk; `reply` describes
+    it as it comes, and it joins the messages once its Steps are used up or closed."""
 
     def __init__(self, backend, messages: Sequence[dict] = (), policy: str = DEFAULT_POLICY,
                  template_vars: dict | None = None, scheduler: Any = None):
@@ -191,9 +182,8 @@ class ChatSession:
         return self.messages.pop()["content"] if self.messages and self.messages[-1]["role"] == "assistant" else None
 
     def answer(self, cancel: threading.Event | None = None, resume: str = "", **sampling) -> Iterator:
-        """A reply to the messages as they are; `resume`: the text of a reply cut short, continued.
-        A reasoning model's reply always carries its own `<think>`: one the template put at the
-        end of the prompt starts `reply.text`."""
+        """A reply to the messages as they are; `resume`: the text of a reply cut short, continued. A
+        `<think>` the template put at the end of the prompt starts `reply.text`."""
         from engine.api import ContextOverflowError
         plan, n, written = self.plan(), len(self.messages), resume
         if plan is not None and not plan.fits:

@@ -73,9 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def stream_reply(steps: Iterator, out=None) -> Any:
-    """Print a reply's Steps as they stream; Ctrl-C ends it early. Returns its last Step (None when
-    nothing came). `out` defaults to the sys.stdout of the call, not of the import (an embedding
-    program may swap it)."""
+    """Print a reply's Steps as they stream (Ctrl-C ends it early); its last Step, None when nothing
+    came. `out` defaults to the sys.stdout of the call, not of the import."""
     out, last = sys.stdout if out is None else out, [None]
     try:
         stream(steps, lambda text, step: (out.write(text), out.flush(), last.append(step)))

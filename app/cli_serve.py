@@ -59,13 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def warm_apart(engine: Engine) -> float:
-    """engine.warmup() on a thread of its own that then ends, so the server's scheduler thread is
-    the only one that keeps OpenMP workers: libgomp keeps a team per thread that ran parallel
-    kernels, and with more of its threads than cores it spins only briefly between parallel
-    regions, so each region sleeps and wakes its workers (measured, 2 threads on 2 cores: about
-    19,600 voluntary context switches per 32-token request with the warm-up on the main thread,
-    240-700 this way; idling like OMP_WAIT_POLICY=PASSIVE, which decodes 2.7x slower on a quiet
-    machine: engine/kernels/__init__.py). Returns the seconds it took; its error is raised here."""
+    """engine.warmup() on a thread of its own that then ends, so the server's scheduler thread is the
+    only one keeping an OpenMP team (libgomp keeps one per thread that ran parallel kernels). Returns
+    the seconds it took; its error is raised here."""
     out: list = []
 
     def run() -> None:

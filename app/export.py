@@ -1,10 +1,8 @@
 """A conversation as a file: Markdown to read and share, JSON to keep everything.
 
-Markdown holds the path that is shown, each reply with its thinking folded in a `<details>` block
-and a line of facts (model, sampling, figures), each message's attachments listed (name, kind,
-tokens) with their text folded in a `<details>` block; JSON holds every message of the tree (all
-versions and branches) with its parent, thinking, facts, figures and attachments, and which path
-was shown.
+Markdown holds the path that is shown, each reply's thinking and each attachment's text folded in
+`<details>` blocks, with a line of facts per reply; JSON holds every message of the tree (all
+versions and branches) with its parent, thinking, facts, figures and attachments, and the path shown.
 """
 from __future__ import annotations
 
@@ -74,8 +72,7 @@ def _message_doc(m: Message) -> dict[str, Any]:
 
 
 def to_json(history: History, cid: int) -> str:
-    """Every message (all versions and branches, oldest first) with its `parent_id`; `path` lists
-    the ids of the messages shown, first to last."""
+    """Every message (all versions and branches) with its `parent_id`; `path`: the ids shown, in order."""
     conv = history.conversation(cid)
     by_id, _ = history.tree(cid)
     history.attach_files(cid, list(by_id.values()))

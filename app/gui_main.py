@@ -44,8 +44,7 @@ def version() -> str:
 
 
 def answer_once(prompt: str, model: str | None, cli_flags: list[str]) -> int:
-    """--prompt: no window. The model is the chat's (--model, else the last one used, else the default,
-    converted on first run); colibri-cli prints the reply on stdout and its progress on stderr."""
+    """--prompt: no window; colibri-cli answers with the chat's model (--model, the last used, the default)."""
     from app import cli_chat
     from engine.errors import ColibriError
     from engine.model_dir import open_model_dir

@@ -1,13 +1,13 @@
 """What a model source is, before converting it: the conversion wizard's facts and estimates.
 
-`inspect(path)` opens a GGUF file or a Hugging Face folder the way the converter will (so a
-source the converter would refuse is refused here, with the converter's message), plans the
-conversion for each quantization choice without writing anything, and returns a
-`ModelSummary`: architecture, layers, experts, top-k, parameters, bytes per quantization and the
-memory a given expert cache size needs. No Qt here.
+`inspect(path)` opens a GGUF file or a Hugging Face folder the way the converter will (refusing
+what it would refuse, with its message), plans the conversion for each quantization choice
+without writing anything, and returns a `ModelSummary`. No Qt here.
 """
 from __future__ import annotations
 
+import math
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -72,9 +72,8 @@ class ModelSummary:
         return "keep" if self.kind == "gguf" else "int8"  # what convert() picks when not told
 
     def kv_bytes(self, context: int = CONTEXT, kind: str = "f16") -> int:
-        c = self.config
-        ctx = min(context, c.max_position_embeddings)
-        return model_cache_bytes(c, ctx, kind)  # per layer kind: KV, ring, or fixed recurrent state
+        """Per layer kind: KV, ring, or fixed recurrent state."""
+        return model_cache_bytes(self.config, min(context, self.config.max_position_embeddings), kind)
 
     def memory_table(self, quantize: str, context: int = CONTEXT, kv: str = "f16") -> list[CacheRow]:
         """Expert cache size (experts kept per layer) -> memory the model needs, for `quantize`."""
@@ -91,8 +90,7 @@ class ModelSummary:
         return rows
 
     def facts(self, tr: Callable[[str], str] = str) -> list[tuple[str, str]]:
-        """(label, value) rows of what the source is; `tr` translates each text before its figures go in
-        (the wizard passes Qt's translate: app/ never imports Qt)."""
+        """(label, value) rows of what the source is, texts through `tr` (Qt's, from the wizard)."""
         c = self.config
         kinds = ", ".join(f"{k.upper()} × {n}" for k, n in sorted(self.source_types.items(), key=lambda kv: -kv[1]))
         rows = [(tr("Source"), f"{tr('GGUF file') if self.kind == 'gguf' else tr('Hugging Face folder')} · "
@@ -123,8 +121,7 @@ class ModelSummary:
 
 
 def _target_bytes(q: str, shape: tuple[int, ...]) -> int:
-    """Bytes of a matrix stored as `q` asks (0 where its rows do not split into that format's blocks, or
-    where `q` is a mix with no single target format, as q4_k_m)."""
+    """Bytes of a matrix stored as `q` asks (0 where its rows do not split into blocks, or a mix)."""
     if q not in quant.TARGETS:
         return 0
     try:
@@ -134,8 +131,7 @@ def _target_bytes(q: str, shape: tuple[int, ...]) -> int:
 
 
 def size_note(summary: ModelSummary, quantize: str) -> str:
-    """Why a size is what it is, where it surprises: matrices the converter keeps wider than asked
-    (int4's token embeddings stay 8-bit) make int4 less than half of int8."""
+    """Why a size surprises: matrices the converter keeps wider than asked (int4's token embeddings)."""
     s = summary.sizes[quantize]
     if not s.kept or not s.total:
         return ""
@@ -163,17 +159,12 @@ def human_count(n: int) -> str:
 
 
 def _source_bytes(path: Path) -> int:
-    if path.is_file():
-        return path.stat().st_size
-    return sum(p.stat().st_size for p in path.glob("*.safetensors"))
+    return path.stat().st_size if path.is_file() else sum(p.stat().st_size for p in path.glob("*.safetensors"))
 
 
 def inspect(path: str | Path, progress: Callable[[float], None] | None = None) -> ModelSummary:
-    """Open `path` as the converter would and plan every quantization; nothing is written.
-    A GGUF's header alone is read (its tensors' data is not touched); `progress` gets the
-    fraction of it read.
-
-    Raises the converter's own errors (unsupported architecture, missing tensor, ...)."""
+    """Open `path` as the converter would and plan every quantization; nothing is written. A
+    GGUF's header alone is read (`progress` gets the fraction read). Raises the converter's errors."""
     path = Path(path).expanduser()
     src = open_source(path, progress)
     try:
@@ -198,14 +189,10 @@ def inspect(path: str | Path, progress: Callable[[float], None] | None = None) -
             sizes[q] = Sizes(dense, experts, experts // max(1, moe_layers * cfg.num_experts) if cfg.is_moe else 0,
                              kept)
         for it in items:
-            count = 1
-            for d in it.source.shape:
-                count *= d
+            count = math.prod(it.source.shape)
             params_total += count
             params_routed += count if cfg.is_moe and "_expert_" in it.file else 0
-        types: dict[str, int] = {}
-        for t in src.tensors.values():
-            types[t.qtype.name] = types.get(t.qtype.name, 0) + 1
+        types = dict(Counter(t.qtype.name for t in src.tensors.values()))
         active = params_total - params_routed + (params_routed * cfg.top_k // cfg.num_experts if cfg.is_moe else 0)
         return ModelSummary(path, src.kind, cfg, _source_bytes(path), types, params_total, active, sizes)
     finally:
@@ -213,8 +200,7 @@ def inspect(path: str | Path, progress: Callable[[float], None] | None = None) -
 
 
 def default_target(models: Path, summary: ModelSummary, quantize: str) -> Path:
-    """Where the wizard proposes to put the converted model: named after the source and the choice,
-    made unique in the library (another source's model of the same name is never proposed)."""
+    """Where the wizard proposes to put the converted model: named after source and choice, unique."""
     from app.model_library import library_name
     base = summary.name if quantize == "keep" else f"{summary.name}-{quantize}"
     return models / library_name(models, summary.source, base)

@@ -1,10 +1,8 @@
 """Installed models: the folder of converted models in the user's data folder.
 
-The default model is converted there on first run; later runs find it already valid. Each model
-converted from a file or folder is recorded in the library's index (`.sources.json`: folder
-name -> the source's absolute path, size and time), so two sources with one file name (two
-`model.gguf` from different folders) get two folders, and importing a source again finds its
-model instead of converting it twice.
+The default model is converted there on first run. Each model converted from a file or folder is
+recorded in the library's index (`.sources.json`: folder name -> the source's path, size and time),
+so two sources with one file name get two folders, and importing a source again finds its model.
 """
 from __future__ import annotations
 
@@ -68,8 +66,7 @@ def installed_models() -> list[Path]:
 
 
 def recover(folder: Path | None = None) -> list[Path]:
-    """At start: put back the models an interrupted replacement had set aside (see
-    engine.convert.recover_replaced); logged, and returned for the caller to say."""
+    """At start: put back the models an interrupted replacement had set aside (logged and returned)."""
     return recover_replaced(folder or models_dir())
 
 
@@ -103,8 +100,7 @@ def record_source(model: Path, source: str | Path) -> None:
 
 
 def library_name(folder: Path, source: str | Path, base: str) -> str:
-    """A folder name for `source` in the library: `base`, unless that name holds a model made from
-    another source; then `base-<the source's parent folder>`, then `base-2`, `base-3`, …"""
+    """A folder name for `source` in the library: `base`, unless another source's model holds it."""
     source = Path(source).resolve()
     index = _index(folder)
 

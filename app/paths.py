@@ -13,21 +13,20 @@ import platformdirs
 APP = "colibri"
 
 
-def data_dir() -> Path:
-    home = os.environ.get("COLIBRI_HOME")
-    path = Path(home) / "data" if home else Path(platformdirs.user_data_dir(APP, appauthor=False))
+def _made(path: Path) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def data_dir() -> Path:
+    home = os.environ.get("COLIBRI_HOME")
+    return _made(Path(home) / "data" if home else Path(platformdirs.user_data_dir(APP, appauthor=False)))
 
 
 def cache_dir() -> Path:
     home = os.environ.get("COLIBRI_HOME")
-    path = Path(home) / "cache" if home else Path(platformdirs.user_cache_dir(APP, appauthor=False))
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    return _made(Path(home) / "cache" if home else Path(platformdirs.user_cache_dir(APP, appauthor=False)))
 
 
 def models_dir() -> Path:
-    path = data_dir() / "models"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    return _made(data_dir() / "models")

@@ -13,8 +13,7 @@ RESULTS = Path(__file__).parent / "bench" / "results" / "quality.json"
 
 
 def expected_cost(quantize: str, calibrated: bool = False, path: Path = RESULTS) -> dict | None:
-    """The measured cost of one converter choice (ΔPPL %, mean KL, top-1 agreement %, size MB), or
-    None where the table has no row for it (keep, f16: no rounding beyond the source's)."""
+    """The measured cost of one converter choice (ΔPPL %, mean KL, top-1 %, MB), or None."""
     try:
         rows = json.loads(path.read_text(encoding="utf-8"))["rows"]
     except (OSError, ValueError, KeyError):

@@ -16,14 +16,12 @@ CLOSE_OF = {OPEN: CLOSE, H_OPEN: H_CLOSE}
 
 
 def is_reasoning_model(template: str, vocab_has: Callable[[str], bool]) -> bool:
-    """A model reasons when its chat template or its vocabulary knows the `<think>` tag, or its
-    template writes harmony's analysis channel."""
+    """Whether the template or vocabulary knows `<think>`, or the template writes harmony's analysis."""
     return OPEN in template or H_OPEN in template or vocab_has(OPEN)
 
 
 def starts_inside(prompt: str) -> bool:
-    """Some templates (DeepSeek-R1, QwQ) end the prompt with an open `<think>`: the reply starts
-    inside the reasoning, without an opening tag of its own."""
+    """Some templates end the prompt with an open `<think>`: the reply starts inside the reasoning."""
     return prompt.rfind(OPEN) > prompt.rfind(CLOSE)
 
 
@@ -35,11 +33,8 @@ def _held(text: str, tags: list[str]) -> int:
 
 class ThinkSplitter:
     """Feeds text pieces, returns (reasoning, content) pieces; a tag split over two pieces is held back.
-
-    Only a leading opening tag opens reasoning (a tag quoted later in an answer stays text); the
-    whitespace right after each tag is dropped, as the templates put a newline there. After
-    harmony's analysis channel, what comes before the final channel's header is dropped.
-    """
+    Only a leading opening tag opens reasoning; the whitespace right after each tag is dropped; after
+    harmony's analysis channel, what precedes the final channel's header is dropped."""
 
     def __init__(self, inside: bool = False):
         self.inside = inside
@@ -111,9 +106,8 @@ def can_switch(template: str) -> bool:
 
 
 def split(raw: str, final: bool = True) -> tuple[str, str, bool]:
-    """(thinking, answer, still thinking) of a reply's whole text, tags included as written: the
-    chat view re-splits the streaming text with it, and history stores the two parts apart.
-    Not `final` (still streaming): a tag half-written at the end is held back, not shown."""
+    """(thinking, answer, still thinking) of a reply's whole text, tags included as written; not `final`:
+    a tag half-written at the end is held back."""
     s = ThinkSplitter()
     r, c = s.push(raw)
     if final:
@@ -123,8 +117,7 @@ def split(raw: str, final: bool = True) -> tuple[str, str, bool]:
 
 
 def joined(reasoning: str, content: str, still_thinking: bool) -> str:
-    """A stored reply as the model wrote it (split's inverse, up to the whitespace after tags):
-    what Continue resumes from."""
+    """A stored reply as the model wrote it (split's inverse, up to whitespace): what Continue resumes."""
     if still_thinking:
         return f"{OPEN}\n{reasoning}"
     return f"{OPEN}\n{reasoning}{CLOSE}\n\n{content}" if reasoning else content

@@ -1,12 +1,10 @@
 """Slowdown under load: decode far below this model's own measured speed while other programs keep
-the CPU busy (defect 9: decode fell more than tenfold and the app said nothing).
+the CPU busy.
 
 `SlowdownWatch` is pure logic fed by the worker: the model's speed is learned from replies written
 while the machine was quiet; during a reply, a recent decode rate under `SLOW` of it while other
 programs use more than `BUSY` of the CPUs is a slowdown, said in plain words and answered with a
-thread cap (an OpenMP team larger than the free cores stalls at every barrier). The cap is lifted
-once the other programs calm down. engine.contention.OtherLoad measures them (the machine's busy time
-less this process's own).
+thread cap, lifted once the other programs calm down (engine.contention.OtherLoad measures them).
 """
 from __future__ import annotations
 
@@ -48,8 +46,7 @@ class SlowdownWatch:
         self._recent.clear()
 
     def rate(self, t: float, generated: int) -> float | None:
-        """The decode rate over the last WINDOW_S seconds, or the last MIN_TOKENS tokens where those
-        took longer (None until there are MIN_TOKENS)."""
+        """The decode rate over the last WINDOW_S seconds, or the last MIN_TOKENS tokens if longer."""
         self._recent.append((t, generated))
         while len(self._recent) > 2 and t - self._recent[1][0] >= WINDOW_S and generated - self._recent[1][1] >= \
                 MIN_TOKENS:
@@ -65,8 +62,7 @@ class SlowdownWatch:
             self.usual[model] = max(rate, self.usual.get(model, 0.0))
 
     def check(self, model: str, rate: float | None, others: float | None) -> Slowdown | None:
-        """The verdict now: a Slowdown while decode is far below usual and the machine busy;
-        None when all is well (a slowdown ends when the others calm down or decode recovers)."""
+        """The verdict now: a Slowdown while decode is far below usual and the machine busy, else None."""
         usual = self.usual.get(model)
         if rate is None or others is None or usual is None:
             return self.active
@@ -78,8 +74,7 @@ class SlowdownWatch:
         return self.active
 
     def react(self, governor, model: str, rate: float | None, others: float | None) -> str | None:
-        """Check, and cap or free the governor's threads to match: the status line's new words
-        ("" once the slowdown is over), or None when nothing changed."""
+        """Cap or free the governor's threads to match: the status line's new words, or None if unchanged."""
         was = self.active
         now = self.check(model, rate, others)
         if now is not None:

@@ -38,6 +38,10 @@ CONTEXT_POLICY = "_context_policy"  # a reply's option beside its sampling (gene
 TEMPLATE_VARS, RESUME = "_template_vars", "_resume"  # a reply's options, beside its sampling (generate)
 
 
+def _gb(n: int) -> str:
+    return f"{n / 1e9:.2f} GB"
+
+
 class ModelTooLargeError(ColibriError):
     """The pre-flight check says the model will not fit in the memory that is free."""
 
@@ -63,7 +67,7 @@ class FitReport:
         return self.needed_bytes <= self.available_bytes
 
     def explain(self) -> str:
-        gb = lambda n: f"{n / 1e9:.2f} GB"  # noqa: E731
+        gb = _gb
         parts = [f"the model's weights {gb(self.weights_bytes)}",
                  f"the conversation memory (KV cache) {gb(self.kv_cache_bytes)}"]
         if self.expert_cache_bytes:
@@ -81,8 +85,7 @@ def _plan(model_path: str | Path, params: dict[str, Any], available: int | None)
 
 
 def check_fit(model_path: str | Path, params: dict[str, Any], available: int | None = None) -> FitReport:
-    """Weights + KV cache + expert cache against the memory that is free now, as the engine will
-    plan them (engine.cache_plan.plan_expert_cache: the same estimate, auto cache size included)."""
+    """Weights + KV cache + expert cache, as the engine will plan them, against the memory free now."""
     model, plan = _plan(model_path, params, available)
     return FitReport(model.path.name, plan.resident_bytes, plan.kv_bytes, plan.cache_bytes, plan.available)
 
@@ -90,8 +93,7 @@ def check_fit(model_path: str | Path, params: dict[str, Any], available: int | N
 def fit_text(model_path: str | Path, params: dict[str, Any], available: int | None = None) -> str:
     """One line for the settings dialog: what the model needs with these settings, and whether it fits."""
     model, plan = _plan(model_path, params, available)
-    need = plan.resident_bytes + plan.kv_bytes + plan.cache_bytes
-    gb = lambda n: f"{n / 1e9:.2f} GB"  # noqa: E731
+    need, gb = plan.resident_bytes + plan.kv_bytes + plan.cache_bytes, _gb
     verdict = "fits" if need <= plan.available else "does not fit: lower the expert cache or the context"
     experts = f" · expert cache: {plan.reason}" if model.config.num_experts > 1 else ""
     return (f"{model.path.name} needs {gb(need)} with these settings (weights {gb(plan.resident_bytes)}, KV cache "
@@ -100,8 +102,7 @@ def fit_text(model_path: str | Path, params: dict[str, Any], available: int | No
 
 
 def model_sampling(model_path: str | Path) -> dict[str, Any]:
-    """The sampling a model recommends (its generation_config.json or GGUF general.sampling.*,
-    kept by the converter); {} for a model that says nothing or was converted before."""
+    """The sampling a model recommends (kept by the converter); {} for one that says nothing."""
     gen = open_model_dir(model_path).meta.get("generation")
     return {k: v for k, v in gen.items() if k in P.PARAMS and P.PARAMS[k].scope == "sampling"} \
         if isinstance(gen, dict) else {}
@@ -126,11 +127,22 @@ def stream_reply(engine, messages: list[dict], sampling: dict[str, Any], stop: t
                  emit: Callable[[str, Any], None], frame_s: float = FRAME_S,
                  clock: Callable[[], float] = time.perf_counter, template_vars: dict | None = None,
                  resume: str = "", policy: str = DEFAULT_POLICY, scheduler: Any = None) -> Reply:
-    """A reply written by app.chat_session (the context policy, thinking, Stop), its text emitted
-    in batches of at most one per frame. `scheduler`: the local server's, while it serves."""
+    """A reply written by app.chat_session, its text emitted at most once per frame."""
     chat = ChatSession(engine, messages, policy, template_vars, scheduler)
     stream(chat.answer(stop, resume, **sampling), emit, frame_s, clock, chat.reply.text)
     return chat.reply
+
+
+def throttled(emit: Callable[..., None]) -> Callable[..., None]:
+    """`emit(fraction, ...)` at most once per PROGRESS_S, and always at the end."""
+    last = [0.0]
+
+    def send(fraction: float, *rest: Any) -> None:
+        now = time.perf_counter()
+        if now - last[0] >= PROGRESS_S or fraction >= 1.0:
+            last[0] = now
+            emit(fraction, *rest)
+    return send
 
 
 def _remote(engine) -> bool:
@@ -218,8 +230,7 @@ class EngineWorker(QObject):
 
     # --- thread-safe controls (plain methods, callable from the GUI thread) -----------------
     def arm(self) -> None:
-        """Clear stop and cancel; the GUI calls it *before* queueing a request, so a Stop pressed
-        before the worker picks the request up still counts."""
+        """Clear stop and cancel *before* a request is queued, so an early Stop still counts."""
         self._stop.clear()
         self._cancel.clear()
 
@@ -227,8 +238,7 @@ class EngineWorker(QObject):
         self._stop.set()
 
     def want_stats(self, interval_ms: int) -> None:
-        """Thread-safe: snapshots every `interval_ms` between a reply's tokens from now on (0 stops),
-        even while the queued `watch_stats` waits for the reply to end."""
+        """Thread-safe: snapshots every `interval_ms` between a reply's tokens from now on (0 stops)."""
         self._stats_ms = max(0, int(interval_ms))
 
     def request_cancel(self) -> None:
@@ -272,13 +282,7 @@ class EngineWorker(QObject):
     @Slot(str)
     def convert(self, source: str) -> None:
         """Convert `source` (a GGUF file or HF folder; "" = the default model) into the library."""
-        last = [0.0]
-
-        def progress(fraction: float, tensor: str) -> None:
-            now = time.perf_counter()
-            if now - last[0] >= PROGRESS_S or fraction >= 1.0:
-                last[0] = now
-                self.progress.emit(fraction, tensor)
+        progress = throttled(self.progress.emit)
         try:
             if source:
                 path = import_model(source, progress, self._cancel)
@@ -292,9 +296,7 @@ class EngineWorker(QObject):
 
     @Slot(int, list, dict)
     def generate(self, request: int, messages: list, sampling: dict) -> None:
-        """`sampling` may carry the reply's own options beside the sampler's: TEMPLATE_VARS (the
-        template's switches), RESUME (the text of a reply to continue) and CONTEXT_POLICY (how to
-        cut a chat that outgrows the context: app.chat_session; the default when absent)."""
+        """`sampling` may carry the reply's own options: TEMPLATE_VARS, RESUME and CONTEXT_POLICY."""
         sampling = dict(sampling)
         options = {"template_vars": sampling.pop(TEMPLATE_VARS, None), "resume": sampling.pop(RESUME, ""),
                    "policy": sampling.pop(CONTEXT_POLICY, DEFAULT_POLICY)}
@@ -337,8 +339,7 @@ class EngineWorker(QObject):
         return self._others
 
     def _watch(self, step: Any) -> None:
-        """Defect 9: decode far below this model's speed while other programs take the CPU is said
-        (`slowed`) and answered with fewer threads (ThermalGovernor.set_load_cap)."""
+        """Decode far below this model's speed while other programs take the CPU: said, and fewer threads."""
         if step is None or getattr(step, "kind", "token") != "token" or self.engine is None or _remote(self.engine):
             return
         now = time.perf_counter()
@@ -351,9 +352,7 @@ class EngineWorker(QObject):
 
     @Slot(str, str, str)
     def connect_remote(self, url: str, model: str, key: str) -> None:
-        """Chat through an OpenAI-compatible endpoint (app.remote.RemoteBackend, "" model: its first).
-        The local model is let go only once the endpoint answers (its memory with it), and the local
-        server stops: it serves a local engine only."""
+        """Chat through an OpenAI-compatible endpoint; the local model goes once it answers."""
         from app.remote import RemoteBackend
         try:
             backend = RemoteBackend(url, model or None, key or None)
@@ -373,10 +372,8 @@ class EngineWorker(QObject):
     @Slot(int, list, str, str, dict)
     def count_context(self, conversation: int, messages: list, policy: str = DEFAULT_POLICY,
                       what: str = "chat", template_vars: dict | None = None) -> None:
-        """How much of the context this conversation's next prompt takes with the loaded model (its
-        template and tokenizer) under its context policy: `counted` (the meter of a chat opened
-        before it sends anything) and `planned` (what would be left out: the chat's marker; for a
-        `what` = "draft" prompt, the warning before sending)."""
+        """How much of the context this conversation's next prompt takes under its policy: `counted` (the
+        meter) and `planned` (what would be left out, or for a "draft" the warning before sending)."""
         if self.engine is None or _remote(self.engine):  # an endpoint counts in its replies
             return
         try:
@@ -403,8 +400,7 @@ class EngineWorker(QObject):
 
     @Slot(str, dict, int)
     def explain_fit(self, model_path: str, params: dict, extra: int) -> None:
-        """The settings dialog's "what fits" line, off the GUI thread (it reads the model's manifest);
-        `extra`: memory that counts as free besides the system's (what the loaded model holds now)."""
+        """The settings dialog's "what fits" line; `extra`: memory the loaded model holds now."""
         from engine.sysmem import available_memory
         try:
             self.fit_explained.emit(fit_text(model_path, params, available_memory() + extra))
@@ -422,8 +418,7 @@ class EngineWorker(QObject):
 
     @Slot(int)
     def watch_stats(self, interval_ms: int) -> None:
-        """Emit a StatsSnapshot every `interval_ms` (0 stops): from the named timer while idle,
-        between tokens while generating."""
+        """A StatsSnapshot every `interval_ms` (0 stops): the named timer idle, between tokens busy."""
         if self.stats_timer is None:
             self.stats_timer = QTimer(self, objectName="stats_timer")
             self.stats_timer.timeout.connect(self.poll_stats)
@@ -457,10 +452,7 @@ class EngineWorker(QObject):
 
     @Slot(bool, int)
     def serve(self, on: bool, port: int) -> None:
-        """The GUI's "Serve on localhost": colibri-serve's OpenAI-compatible API over this engine, on
-        127.0.0.1 only (another address needs an API key: colibri-serve). While it serves, the chat's
-        replies go through the server's BatchScheduler: a reply and served requests decode in the
-        same steps, none waits for another to end (generate)."""
+        """"Serve on localhost": the chat's replies then decode in the server's steps beside its requests."""
         self._stop_server()
         if not on:
             self.served.emit("", "")
@@ -494,65 +486,3 @@ class EngineWorker(QObject):
             self.engine.close()
             self.engine = None
         self.runner.close()
-
-
-class ConvertWorker(QObject):
-    """The conversion wizard's worker: inspects and converts a source on its own thread (not the
-    engine's), so chatting goes on meanwhile. Cancel is a threading.Event set from the GUI."""
-    inspected = Signal(str, object)  # source, ModelSummary
-    reading = Signal(str, float)  # source, fraction of its header read (GGUF; a folder says nothing)
-    progress = Signal(float, str)  # fraction done, tensor name
-    converted = Signal(object)  # engine ConvertResult
-    cancelled = Signal()
-    failed = Signal(str, str)  # what was being done, the specific error
-
-    def __init__(self):
-        super().__init__()
-        self._cancel = threading.Event()
-
-    def arm(self) -> None:
-        self._cancel.clear()
-
-    def request_cancel(self) -> None:
-        self._cancel.set()
-
-    def _fail(self, what: str, e: BaseException) -> None:
-        log.error("%s failed: %s\n%s", what, e, traceback.format_exc())
-        self.failed.emit(what, f"{'' if isinstance(e, ColibriError) else type(e).__name__ + ': '}{e}")
-
-    @Slot(str)
-    def inspect(self, source: str) -> None:
-        from app.model_info import inspect
-        last = [0.0]
-
-        def progress(fraction: float) -> None:
-            now = time.perf_counter()
-            if now - last[0] >= PROGRESS_S or fraction >= 1.0:
-                last[0] = now
-                self.reading.emit(source, fraction)
-        try:
-            self.inspected.emit(source, inspect(source, progress))
-        except Exception as e:  # noqa: BLE001 - an unreadable source is a message in the wizard
-            self._fail(f"Reading {Path(source).name}", e)
-
-    @Slot(str, str, str, bool, str)
-    def convert(self, source: str, target: str, quantize: str, split_experts: bool, calibration: str = "") -> None:
-        """`calibration`: a text file whose activations weight the rounding ("" for none)."""
-        from engine.convert.convert import convert
-        last = [0.0]
-
-        def progress(p) -> None:
-            now = time.perf_counter()
-            if now - last[0] >= PROGRESS_S or p.fraction >= 1.0:
-                last[0] = now
-                self.progress.emit(p.fraction, p.tensor)
-        try:
-            result = convert(source, target, quantize, split_experts=split_experts, force=True,
-                             progress=progress, cancel=self._cancel, calibration_data=calibration or None)
-            if Path(target).parent == models_dir():
-                model_library.record_source(result.path, source)
-            self.converted.emit(result)
-        except ConversionCancelled:
-            self.cancelled.emit()
-        except Exception as e:  # noqa: BLE001
-            self._fail(f"Converting {Path(source).name}", e)

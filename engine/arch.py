@@ -1,11 +1,7 @@
 """What an architecture is: the families of engine/families gathered, one frozen `ArchSpec` per
 architecture and one `Family` (the converters' facts) per family, each declared once in its
-family's file.
-
-The converters (engine.convert.hf, gguf_file, names) read them to build a model's `ModelConfig`
-(whose flags the model-directory layout, engine.model_dir.expected_tensors, follows); the forward
-pass (engine.models.base) and the fused decode (engine.models.fused) read the spec at load. None
-of them holds a table of architectures of its own.
+family's file. The converters, the model-directory layout, the forward pass and the fused decode
+all read them; none holds a table of architectures of its own.
 """
 from __future__ import annotations
 

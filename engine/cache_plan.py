@@ -1,7 +1,6 @@
 """How a model's memory splits: what stays resident, the expert cache's byte budget, the KV cache.
 
-The one estimate of a model's memory: the engine sizes its expert cache from it (auto: the room
-engine.sysmem measures, less dense weights, the KV cache, activations and a margin), plans it again
+The one estimate of a model's memory: the engine sizes its expert cache from it, plans it again
 when memory pressure moves, and the app's fit check shows it.
 """
 from __future__ import annotations
@@ -35,9 +34,8 @@ class CachePlan:
     budget: MemoryBudget | None = None  # auto: how the room was split (None for an explicit size)
     auto: bool = False  # re-planned when memory pressure changes
     settled: bool = False  # planned after warm-up: the runtime has grown already (a smaller margin)
-    # under a cgroup, its active page cache when settled: what it grows by later is pages read again
-    # and again turning active (the mapped embedding rows, the libraries' code: clean, reclaimable),
-    # room for the pool, not pressure (else they would shrink the pool)
+    # under a cgroup, its active page cache when settled: what it grows by later (clean, reclaimable
+    # pages turning active) is room for the pool, not pressure
     active_file: int = 0
     # an explicit size (expert_cache_size or _bytes) that did not fit the memory measured: its bytes,
     # now the most the auto budget may reach (an expert cache pinned beyond the room gets the process
@@ -58,8 +56,7 @@ class CachePlan:
 
 
 def activation_bytes(cfg, tokens: int = 256) -> int:
-    """A prefill's activation buffers, estimated: per token the hidden state, attention and one
-    expert's gate/up rows several times over (float32), plus the logits."""
+    """A prefill's activation buffers, estimated per token (hidden state, attention, one expert)."""
     ff = max(cfg.intermediate_size or 0, cfg.hidden_size)
     return tokens * (4 * ff + 12 * cfg.hidden_size) * 4 + 2 * cfg.vocab_size * 4 + 8 * MiB
 
@@ -74,10 +71,8 @@ def _tensor_bytes(path: Path, name: str) -> int:
 
 def plan_expert_cache(model: ModelDir, params: dict, context_limit: int,
                       available: int | None = None, refuse: bool = False) -> CachePlan:
-    """The expert cache's byte budget: what the user asked for (expert_cache_size experts per
-    layer, or expert_cache_bytes), or (auto) the room left after dense weights, the KV cache,
-    activations and a margin (engine.sysmem.plan; `refuse`: a model below dense + 200 MB). The
-    one estimate of a model's memory: the engine sizes its cache from it, the app's fit check shows it."""
+    """The expert cache's byte budget: what the user asked for, or (auto) the room left after dense
+    weights, the KV cache, activations and a margin (engine.sysmem.plan)."""
     from engine.kvcache import model_cache_bytes
     cfg, files = model.config, model.manifest["files"]
     E, L, k = cfg.num_experts, cfg.num_layers - cfg.dense_layers, cfg.top_k  # L: the layers with experts
@@ -127,8 +122,7 @@ def plan_expert_cache(model: ModelDir, params: dict, context_limit: int,
 
 
 def _lowered(plan: CachePlan, asked: int, per_layer: int | None, words: str, E: int) -> CachePlan:
-    """An auto plan standing in for an explicit size that did not fit: the setting's per-layer limit,
-    its bytes as the ceiling, its words in the reason."""
+    """An auto plan in place of an explicit size that did not fit, its bytes the ceiling."""
     return replace(plan, per_layer=per_layer, capacity=min(plan.capacity, per_layer or E), asked=asked,
                    asked_words=words, reason=f"{words}, lowered to fit: {plan.reason}")
 
@@ -142,9 +136,7 @@ def _auto_plan(b: MemoryBudget, one: int, E: int, L: int, resident: int, kv: int
 
 def replan(plan: CachePlan, num_experts: int, num_layers: int, cache_used: int, kv_used: int,
            settled: bool | None = None) -> CachePlan:
-    """The auto plan again with the room measured now (memory pressure changed): the expert
-    cache's current bytes and the KV cache's filled part are already inside the usage.
-    `settled` (after warm-up; kept by later plans): the runtime has grown, a smaller margin."""
+    """The auto plan again with the room measured now; `settled` (after warm-up): a smaller margin."""
     b, one = plan.budget, plan.expert_bytes
     settled = plan.settled if settled is None else settled
     free, source = sysmem.room()

@@ -1,21 +1,14 @@
 """Fewer threads while other programs share the cores, chosen by timing decode steps.
 
 Why: an OpenMP team waits at every barrier for its slowest thread, and a thread whose core another
-program takes stalls the whole team each time the OS preempts it: beside one busy process on a
-two-core machine, one thread decoded several times faster than two, and far more steadily, while
-on the quiet machine two threads win.
-
-So the count is measured, never assumed. Decode steps are timed in windows of WINDOW steps. After
-a window, while other programs keep at least BUSY CPUs busy, one thread fewer is tried for a
-window and kept when its median step is BETTER; while fewer, one more is tried the same way; a
-try that loses waits twice as long before the next (1 s up to 16 s). Once the others use less than
-QUIET CPUs, every thread comes back at once. Only other programs' CPU time starts a try: step
-times alone were no guide on a shared VM, where the neighbours' memory traffic moved a window's
-median by 2x with no program of ours to blame, and tries made on it lost 15% of decode.
-
-Pure logic with an injectable clock and load probe (tests drive it with made-up step times); the
-engine feeds it the decode steps it times (`ThermalGovernor.observe`): steps that decode one
-token for each sequence, never prompts.
+program takes stalls the whole team each time the OS preempts it, while on a quiet machine more
+threads win. So the count is measured, never assumed: decode steps are timed in windows of WINDOW
+steps. After a window, while other programs keep at least BUSY CPUs busy, one thread fewer is tried
+for a window and kept when its median step is BETTER; while fewer, one more is tried the same way;
+a try that loses waits twice as long before the next. Once the others use less than QUIET CPUs,
+every thread comes back at once. Only other programs' CPU time starts a try: step times alone are
+no guide on a shared VM, where the neighbours' memory traffic moves a window's median. Pure logic
+with an injectable clock and load probe, fed the decode steps the engine times (never prompts).
 """
 from __future__ import annotations
 
@@ -34,9 +27,8 @@ BACKOFF_S = (1.0, 16.0)  # the wait before the next try after one that lost, dou
 PROBE_S = 0.1  # the others' CPU use is read at most this often
 # A reading that spans more than STALE times the decoding done since the previous one (plus PROBE_S)
 # covers mostly time this process was idle between replies or stopped: what the others did then
-# says nothing of the cores while it decodes, and the reading starts the next one over. Measured:
-# Colibri stopped every other 2 s while two other processes spun (colibri-bench duel does the same
-# with llama.cpp), the first window after each resume tried one thread in 4 of 6 slices, at half speed.
+# says nothing of the cores while it decodes (colibri-bench duel stops it every other 2 s), and
+# the reading starts the next one over.
 STALE = 2.0
 
 
@@ -61,8 +53,7 @@ class OtherLoad:
 
 
 class ThreadTuner:
-    """The thread count for the next decode step, at most `limit` (the configured count, less
-    what heat or the app's load cap hold back)."""
+    """The thread count for the next decode step, at most `limit` (less what heat or a cap hold back)."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic, others: Callable[[], float | None] | None = None):
         self._clock = clock
@@ -88,8 +79,7 @@ class ThreadTuner:
         return self.trial[0] if self.trial is not None else self.count
 
     def observe(self, threads: int, seconds: float, rows: int = 1) -> str | None:
-        """A decode step of `rows` sequences took `seconds` on `threads` threads. Returns why the
-        chosen count changed, or None."""
+        """A decode step of `rows` sequences took `seconds` on `threads`: why the count changed, or None."""
         key = (threads, rows)
         typical = self._last.get(key)  # (a step the process was stopped in counts as a few typical ones)
         self._decoded += seconds if typical is None else min(seconds, 4 * typical)

@@ -1,31 +1,21 @@
 """Reading experts from disk (engine.experts decides which are held, and when they are read).
 
-One read of an expert's byte span (gate, up, down are consecutive in its file) into a
-slot from the memory pool, leaving no second copy in the page cache: an expert the page cache
-mostly holds (mincore says) is copied out and dropped (POSIX_FADV_DONTNEED); any other comes
-with O_DIRECT straight into the page-aligned slot, 1 MiB pieces read by a small pool of I/O
-threads, which beats a buffered read cold while a copy beats O_DIRECT warm (`colibri-bench loads`
-times each way). A RWF_NOWAIT read, which would pick up only the cached part, starts a readahead,
-hence mincore. Where O_DIRECT is refused, buffered pread then DONTNEED. Under a memory cgroup the
-page cache is charged like anonymous memory, so a second copy halves the experts a cap can hold.
-With room to spare (no cgroup binds, MemAvailable holds twice the experts) a miss is a plain pread
-that leaves the page cache alone: the next miss of that expert is then a copy from memory, not a
-disk read, and the page cache, reclaimable and not our RSS, holds what the pool does not. Then,
-too, a demand miss colder (LFU) than the expert it would push out is not admitted: it is mapped
-from the page cache for its one use (no copy, no slot) and the hotter expert stays
-(`colibri-bench routing`'s lfu_admit replay). Under a memory cgroup every miss takes its one
-O_DIRECT copy into a slot: mapping there too was measured slower (engine.experts, by the cache
-policies).
+One read of an expert's byte span (gate, up, down are consecutive in its file) into a pool slot,
+leaving no second copy in the page cache (under a memory cgroup the page cache is charged like
+anonymous memory, so a second copy halves the experts a cap can hold): an expert the page cache
+mostly holds (mincore says; a RWF_NOWAIT read would start a readahead) is copied out and dropped
+(POSIX_FADV_DONTNEED); any other comes with O_DIRECT straight into the page-aligned slot, in 1 MiB
+pieces read by a small pool of I/O threads (`colibri-bench loads` times each way). Where O_DIRECT
+is refused: buffered pread, then DONTNEED. With room to spare (no cgroup binds, MemAvailable holds
+twice the experts) a miss is a plain pread that leaves the page cache alone, so the next miss of
+that expert is a copy from memory; a demand miss colder (LFU) than the expert it would push out is
+then mapped from the page cache for its one use instead (no copy, no slot).
 
-Experts come in the layout the kernels consume: the converter writes every expert matrix whose
-format has 8-row-group kernels (cpu.PACKABLE, rows a multiple of 8) already repacked (engine.quant's
-x8 types), so a miss, read into a slot or mapped from the page cache, is one read and nothing else,
-and streamed experts take the repacked kernels as resident ones do: repacking on each miss would
-cost far more than the token's work through the expert. Where few experts are cached, decode is
-bound by the miss reads more than by the kernels, so the gain there is small (`colibri-bench loads
---against DIR_CONVERTED_WITH_--no-repack_experts` decodes the same tokens on both layouts).
-Model dirs converted in the stored layout still load: their experts are repacked on their one load
-when the budget holds every expert, else streamed in the stored layout.
+Experts come in the layout the kernels consume: the converter writes expert matrices whose format
+has 8-row-group kernels (cpu.PACKABLE) already repacked (engine.quant's x8 types), so a miss is one
+read and nothing else; repacking on each miss would cost more than the token's work through the
+expert. Model dirs converted in the stored layout still load: their experts are repacked on their
+one load when the budget holds every expert, else streamed in the stored layout.
 """
 from __future__ import annotations
 
@@ -60,18 +50,14 @@ DIRECT_ALIGN = 4096  # O_DIRECT: file offset, length and buffer address multiple
 IO_CHUNK = 1 << 20  # one O_DIRECT request; several in flight read faster than one large read
 IO_THREADS = 4
 READ_MODES = ("auto", "direct", "dontneed", "cached")  # cached: plain pread, the page-cache copy stays
-# auto with room to spare (no memory cgroup binds, and MemAvailable holds KEEP_ROOM_FACTOR x the
-# expert files): a miss leaves the file's pages in the page cache, so the next miss of that expert is
-# a memcpy, not a disk read, and the page cache (reclaimable, not this process's RSS) holds what the
-# pool does not. Under pressure one copy: O_DIRECT or copy + DONTNEED. Checked again every KEEP_CHECK_S.
+# room to spare (see the module's docstring): no memory cgroup binds, and MemAvailable holds
+# KEEP_ROOM_FACTOR x the expert files; checked again every KEEP_CHECK_S
 KEEP_ROOM_FACTOR = 2
 KEEP_CHECK_S = 1.0
 
 
 def routed_bytes(store: "ExpertStore") -> int:
-    """What holding every routed expert costs in pool blocks. Experts of one layer share a layout
-    in split files; layers may differ (llama.cpp's Q4_K_M stores some layers' down in Q6_K: 5.6
-    against 4.9 MB an expert), so one layer's slot times all experts would miss room-for-all."""
+    """What holding every routed expert costs in pool blocks (layers' layouts may differ)."""
     cfg = store.model.config
     E, split = cfg.num_experts, store.model.split_experts
     return sum(E * MemoryPool.block_size(store.span(L, 0).slot_bytes) if split else
@@ -101,30 +87,24 @@ class ExpertSpan:
         return -(-(self.head + self.nbytes) // DIRECT_ALIGN) * DIRECT_ALIGN
 
 
-# A file read by someone else (a copy, a backup, a plain read) sits in the page cache in small
-# folios, and a mapped miss of it pays for them every time (512 page-table entries per 2 MiB to
-# populate and unmap, and the kernels' TLB misses), which slowed a streaming decode by a third in
-# `colibri-bench memory` at 2 of 8 experts a layer. A mapped miss that finds its
-# range in small folios (PAGEMAP_SCAN, Linux >= 6.7) has it dropped and read again through a
-# MADV_HUGEPAGE mapping once it is unmapped, on a background thread: one disk read per expert,
-# once. Where that leaves small folios too (no large folios in this filesystem), REFOLIO_TRIES
-# such reads and the store stops trying.
+# A file read by someone else sits in the page cache in small folios, and a mapped miss of it pays
+# for them every time (512 page-table entries per 2 MiB, and TLB misses). A mapped miss that finds
+# its range in small folios (PAGEMAP_SCAN, Linux >= 6.7) has it dropped and read again through a
+# MADV_HUGEPAGE mapping on a background thread, once; after REFOLIO_TRIES such reads that still
+# leave small folios (no large folios in this filesystem) the store stops trying.
 REFOLIO_TRIES = 4
 
 
 def _typed_writable(mm: mmap.mmap) -> np.ndarray:
-    """A read-only mapping's bytes as a uint8 array typed writable: the kernels were compiled for
-    writable arrays, and nothing writes weights (a write would fault). Read-only and shared, a
-    mapping costs less to populate and unmap than a private copy-on-write one. The array keeps
-    the mapping (its base holds it)."""
+    """A read-only shared mapping's bytes as a uint8 array typed writable, as the kernels were
+    compiled for (nothing writes weights); the array's base keeps the mapping."""
     view = (ctypes.c_uint8 * len(mm)).from_address(np.frombuffer(mm, np.uint8).ctypes.data)
     view.mapping = mm
     return np.frombuffer(view, np.uint8)
 
 
 def _cached_share(fd: int, offset: int, nbytes: int) -> float:
-    """The share of the file range that is in the page cache (mincore over a brief mapping; it
-    reads nothing, where a RWF_NOWAIT read would start readahead). 0 when it cannot tell."""
+    """The share of the file range in the page cache (mincore over a brief mapping); 0 if unknown."""
     start = offset // mmap.ALLOCATIONGRANULARITY * mmap.ALLOCATIONGRANULARITY
     try:
         mm = mmap.mmap(fd, offset + nbytes - start, mmap.MAP_SHARED, mmap.PROT_READ, offset=start)
@@ -181,14 +161,9 @@ class ExpertStore:
         return ExpertSpan(path, start, ts[2].offset + ts[2].nbytes - start, parts)
 
     def read_into(self, layer: int, expert: int | str, buf: np.ndarray, repack: bool = False) -> ExpertWeights:
-        """Read the expert into `buf` (uint8); its matrices view `buf`. A page-aligned `buf` of
-        span.slot_bytes takes O_DIRECT reads (the span then starts at span.head); any other
-        buffer of at least span.nbytes gets a buffered read at its start.
-
-        Matrices the converter wrote repacked (x8 types) come as they are, in the kernels' 8-row
-        groups. `repack`: stored-layout ones of a PACKABLE format are rearranged so in place
-        (cpu.repack_x8, once; model dirs converted before repacking on disk)
-        — for experts that stay, not streamed ones."""
+        """Read the expert into `buf` (uint8; its matrices view it): O_DIRECT into a page-aligned `buf` of
+        span.slot_bytes (the span from span.head), else buffered. `repack`: stored-layout PACKABLE matrices
+        rearranged in place into the kernels' 8-row groups (for experts that stay)."""
         sp = self.span(layer, expert)
         direct = self.direct and buf.nbytes >= sp.slot_bytes and buf.ctypes.data % DIRECT_ALIGN == 0
         start = sp.head if direct else 0
@@ -204,8 +179,7 @@ class ExpertStore:
         return self._weights(layer, expert, sp, buf, start, repack)
 
     def map(self, layer: int, expert: int) -> ExpertWeights:
-        """The expert's matrices over a shared read-only mapping of its file span: page-cache
-        pages, no copy. For a miss served once: the mapping goes when the last view does."""
+        """The expert's matrices over a shared read-only mapping of its span (a miss served once)."""
         sp = self.span(layer, expert)
         start = sp.offset // mmap.ALLOCATIONGRANULARITY * mmap.ALLOCATIONGRANULARITY
         try:
@@ -231,9 +205,8 @@ class ExpertStore:
         return self._weights(layer, expert, sp, _typed_writable(mm), sp.offset - start, False)
 
     def _check_folios(self, sp: ExpertSpan, mm: mmap.mmap, start: int) -> None:
-        """The first mapping of a span: whether its 2 MiB-aligned interior came mapped 2 MiB at a
-        time; if not, its pages are read again into 2 MiB folios once this mapping is gone (see
-        REFOLIO_TRIES)."""
+        """The first mapping of a span: whether its 2 MiB-aligned interior came mapped 2 MiB at a time;
+        if not, its pages are read again into 2 MiB folios once this mapping is gone."""
         a, b = -(-start // HUGE) * HUGE, (start + len(mm)) // HUGE * HUGE  # (of the file, as mapped)
         with self._lock:
             if MADV_HUGEPAGE is None or self._refolio_left <= 0 or b <= a or (sp.path, sp.offset) in self._folios_seen:
@@ -260,8 +233,7 @@ class ExpertStore:
                 self._read_again_huge(item)
 
     def _read_again_huge(self, sp: ExpertSpan) -> None:
-        """Drop the span's pages (whole 2 MiB around it) from the page cache and read them again
-        through a MADV_HUGEPAGE mapping; then look whether they came in 2 MiB folios."""
+        """Read the span's pages again (whole 2 MiB around it) through a MADV_HUGEPAGE mapping."""
         a, end = sp.offset // HUGE * HUGE, -(-(sp.offset + sp.nbytes) // HUGE) * HUGE
         start = sp.offset // mmap.ALLOCATIONGRANULARITY * mmap.ALLOCATIONGRANULARITY  # as map() maps it
         lo, hi = -(-start // HUGE) * HUGE, (sp.offset + sp.nbytes) // HUGE * HUGE
@@ -312,8 +284,7 @@ class ExpertStore:
         return ExpertWeights(*mats)
 
     def keeps_page_cache(self) -> bool:
-        """auto: whether misses now leave their pages in the page cache (room to spare, see
-        KEEP_ROOM_FACTOR); re-measured at most every KEEP_CHECK_S."""
+        """auto: whether misses now leave their pages in the page cache (room to spare)."""
         if self.read_mode == "cached":
             return True
         if self.read_mode != "auto" or self.holds_every_expert:
@@ -327,9 +298,8 @@ class ExpertStore:
         return self._keep
 
     def _read(self, sp: ExpertSpan, buf: memoryview, start: int, direct: bool) -> int:
-        """Bytes of the span now in buf[start:]: copied from the page cache when it holds most of
-        the span, else with O_DIRECT (or buffered where refused); then dropped from the page cache.
-        `cached` mode, or auto with room to spare: a plain pread, nothing dropped."""
+        """Bytes of the span now in buf[start:], read as the module's docstring says (a plain pread in
+        `cached` mode or with room to spare; else copied or O_DIRECT, then dropped from the page cache)."""
         n, got = sp.nbytes, 0
         fd = os.open(sp.path, os.O_RDONLY)
         try:
@@ -359,9 +329,8 @@ class ExpertStore:
         return got
 
     def _read_direct(self, sp: ExpertSpan, buf: memoryview, start: int, have: int) -> int | None:
-        """O_DIRECT reads of the span from byte `have` on, in IO_CHUNK pieces on the I/O threads
-        (buf[start] holds file byte sp.offset, and buf's page boundaries are the file's). How much
-        of the span is in buf afterwards; None when the filesystem refuses O_DIRECT."""
+        """O_DIRECT reads of the span from byte `have` on, in IO_CHUNK pieces on the I/O threads; how
+        much of the span is in buf afterwards, None when the filesystem refuses O_DIRECT."""
         base = sp.offset - start  # file offset of buf[0], a multiple of DIRECT_ALIGN
         a = (sp.offset + have) // DIRECT_ALIGN * DIRECT_ALIGN
         b = base + sp.slot_bytes

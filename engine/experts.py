@@ -1,9 +1,6 @@
 """The expert cache: routed experts loaded on demand (engine.expert_store reads them) into pool
 slots under one byte budget (engine.cache_plan sizes it), LFU by default, LRU on request, with a
-prefetcher.
-
-Prediction (next layer's picks, runners-up) stays on only while it pays: it pauses when most of
-the latest guesses were evicted unused (PREFETCH_MIN_ACCURACY).
+prefetcher whose predictions pause while most of the latest guesses are evicted unused.
 
 Concurrency: the compute thread pins what it uses (`with cache.use(L, e) as w:`); the loader
 thread never evicts a pinned slot. Kernels and reads release the GIL, so loads overlap compute.
@@ -29,23 +26,15 @@ log = logging.getLogger("colibri.experts")
 PARTS = ("gate", "up", "down")
 MiB = 1 << 20
 # evicted slots kept for reuse (counted in the budget): a miss that evicts takes its victim's block,
-# already faulted in. One does that; a second was a slot of memory held for a rarer overlap (the
-# loader's guess beside a demand load), which cost RSS and gained no decode speed
+# already faulted in. A second spare cost RSS and gained no decode speed
 SPARE_SLOTS = 1
-# a colder miss is mapped from the page cache for its one use (no slot) only where the page cache
-# keeps it (room to spare, no binding cgroup: ExpertStore.keeps_page_cache). Under a memory cgroup it
-# was tried and dropped: the pool and the page cache share one limit, the page cache kept a little of
-# what was mapped, and the mapped misses' page faults slowed decode at every cap measured
-# eviction; lfu ages by LFU_DECAY a token. lfu is the default: on the MoEfied default model's routing
-# trace one LFU over all layers beat LRU, most where memory is short (colibri-bench routing;
-# tests/test_experts.py holds the cache to that replay)
+# eviction policies; lfu ages by LFU_DECAY a token. lfu is the default: on the default model's
+# routing trace one LFU over all layers beat LRU, most where memory is short (test_experts replays it)
 POLICIES = ("lfu", "lru")
 LFU_DECAY = 0.98
-# predictions (next layer's picks, runners-up) go out only while they pay: of the last
-# PREFETCH_OUTCOMES resolved ones (used, or evicted unused) at least PREFETCH_MIN_ACCURACY used; a
-# wasted guess costs a read and evicts an expert someone wanted. While paused, one call in
-# PREFETCH_PROBE still goes out so the estimate follows the routing. Where guesses are mostly wrong,
-# prefetching reads about twice the bytes a token needs
+# predictions go out only while, of the last PREFETCH_OUTCOMES resolved ones, at least
+# PREFETCH_MIN_ACCURACY were used: a wasted guess costs a read and evicts an expert someone wanted.
+# While paused, one call in PREFETCH_PROBE still goes out so the estimate follows the routing
 PREFETCH_MIN_ACCURACY = 0.6
 PREFETCH_OUTCOMES = 32
 PREFETCH_PROBE = 16
@@ -85,9 +74,7 @@ class _Slot:
 
 
 class ExpertCache:
-    """Experts in memory under one byte budget shared by all layers (optionally also at most
-    `per_layer` experts of each layer). Evicted first: the unpinned expert least used lately
-    (policy "lfu", the default), or least recently used ("lru")."""
+    """Experts in memory under one byte budget shared by all layers, evicted by `policy` (lfu or lru)."""
 
     def __init__(self, store: ExpertStore, pool: MemoryPool, num_layers: int, num_experts: int,
                  budget: int, prefetch_window: int = 16, top_k: int = 1, repack: bool = True,
@@ -152,8 +139,7 @@ class ExpertCache:
             self.spare = max(0, self.capacity - k)  # slots a layer has beyond what one token needs
             # predictions only pay when the next layer's picks fit beside this layer's, and when a
             # layer holds more than one token's picks: with exactly k a guess evicts an expert the
-            # next token reuses (a trace replayed at 2 of 8 a layer, top-2, read twice the bytes at a
-            # lower hit rate with predictions on)
+            # next token reuses
             self.predict = self.budget - SPARE_SLOTS * self.slot >= (2 * k + 1) * self.slot and self.capacity > k
             self._make_room(None, 0)
 
@@ -205,8 +191,7 @@ class ExpertCache:
         return ready + [e for e in experts if e not in ready]
 
     def load_ahead(self, layer: int, expert: int) -> None:
-        """Start loading the expert needed next on the loader thread (a demand load begun
-        early: the compute thread works on the current expert meanwhile)."""
+        """Start loading the expert needed next on the loader thread while this one computes."""
         if not self._ahead_pays():
             return
         slot, load = self._acquire(layer, expert, prefetch=False, reserve=True)
@@ -214,8 +199,7 @@ class ExpertCache:
             self._queue.put((layer, expert, slot, False))
 
     def holds_all(self) -> bool:
-        """Whether every expert of every layer is loaded (the budget has room for all and they
-        have all been used): prefetching is then pointless."""
+        """Whether every expert of every layer is loaded (then prefetching is pointless)."""
         if self._holds_all or not self.room_for_all:
             return self._holds_all
         with self._lock:  # once true it stays true: with room for every expert nothing is evicted
@@ -223,9 +207,8 @@ class ExpertCache:
         return self._holds_all
 
     def resident(self) -> list[list[ExpertWeights]] | None:
-        """Every expert of every layer, when the budget has room for all and all are loaded: they
-        then stay where they are (nothing is ever evicted), so a kernel may reach them by address
-        without pins (engine.models.fused). None otherwise."""
+        """Every expert of every layer when the budget has room for all and all are loaded (nothing is
+        then evicted, so a kernel may reach them by address without pins); None otherwise."""
         if not self.room_for_all:
             return None
         with self._lock:
@@ -238,9 +221,8 @@ class ExpertCache:
             return out
 
     def fill(self) -> None:
-        """With room for every expert, queue the ones never loaded (once per cache): a small MoE
-        then decodes without misses, as a mapped file would (no-op with prefetch off). These loads
-        are not predictions: they count in fill_bytes, not in prefetch accuracy."""
+        """With room for every expert, queue the ones never loaded (once per cache), so a small MoE decodes
+        without misses; these loads count in fill_bytes, not in prefetch accuracy."""
         if self._filling or self._loader is None or not self.room_for_all:
             return
         self._filling = True
@@ -252,8 +234,7 @@ class ExpertCache:
 
     @contextmanager
     def quiet(self) -> Iterator[None]:
-        """Lookups inside are not counted (warmup): no hits, misses, activations or window, and
-        what they load counts as neither prefetched nor used."""
+        """Lookups inside (warmup) are not counted: no hits, misses, activations, window or prefetch use."""
         with self._lock:
             self._quiet = True
         try:
@@ -267,10 +248,9 @@ class ExpertCache:
 
     @contextmanager
     def frozen(self, below: int = 0) -> Iterator[None]:
-        """Inside, only experts of layers below `below` are evicted: a kernel going through the
-        layers from `below` on reads the held experts (held()) by address, unpinned
-        (engine.models.fused streams a token so). A load meanwhile (the loader's guess) that finds
-        no such victim gives up; the budget is enforced again on the way out."""
+        """Inside, only experts of layers below `below` are evicted, so a kernel going through the
+        layers from `below` on may read the held experts (held()) by address, unpinned. A load meanwhile
+        that finds no such victim gives up; the budget is enforced again on the way out."""
         with self._lock:
             self._frozen = below
         try:
@@ -281,20 +261,16 @@ class ExpertCache:
                 self._make_room(None, 0)
 
     def held(self) -> dict[tuple[int, int], ExpertWeights]:
-        """The experts loaded in pool slots now, by (layer, expert): those a kernel may reach by
-        address while frozen() (a mapped miss is not among them: its mapping goes with its use)."""
+        """The experts loaded in pool slots now, by (layer, expert): what frozen() lets a kernel reach."""
         with self._lock:
             return {k: s.weights for k, s in self._slots.items()
                     if s.ready.is_set() and s.weights is not None and s.error is None and not s.mapped}
 
     @contextmanager
     def scan(self) -> Iterator[None]:
-        """A prompt's pass: each layer's routed experts in turn, once each. Its loads evict within
-        their own layer once that holds its share (capacity), else from a layer above its share.
-        Left to LRU/LFU, such a pass evicts the first layers for the last ones and leaves them
-        empty for the decode that follows, which starts with them: measured at cap 0.9 of the
-        0.68 B bench model (Q8_0, 37 slots), layers 0-2 held no expert after a 32-token prompt and
-        the first 12 decoded tokens hit 0.49 (0.52 after this pass), the 24th on 0.60."""
+        """A prompt's pass: each layer's routed experts in turn, once each. Its loads evict within their own
+        layer once that holds its share, else from a layer above its share (not the first layers, where
+        the decode that follows starts)."""
         with self._lock:
             self._scanning = True
         try:
@@ -314,9 +290,7 @@ class ExpertCache:
             time.sleep(0.002)
 
     def count_uses(self, picks: np.ndarray, routed: bool = True, layers: range | None = None) -> None:
-        """Count a fused decode step's picks (layers, k), or those of `layers`, as use() and
-        record() count them: hits on resident experts, and (routed) the heatmap and the prefetch
-        window."""
+        """Count a fused decode step's picks (layers, k), or those of `layers`, as use() and record() do."""
         with self._lock:
             if self._quiet:
                 return
@@ -324,14 +298,8 @@ class ExpertCache:
                 c = self.counters[layer]
                 for e in picks[layer].tolist():
                     self._warm(layer, e)
-                    slot = self._slots[(layer, e)]
                     self._slots.move_to_end((layer, e))
-                    c.hits += 1
-                    c.ready_hits += 1
-                    if slot.prefetched and not slot.used:
-                        c.prefetch_used += 1
-                        self._outcomes.append(1)
-                    slot.used = True
+                    self._hit(c, self._slots[(layer, e)], ready=True)
                     if routed:
                         self.activations[layer, e] += 1
                         self._recent[layer].append(e)
@@ -348,14 +316,9 @@ class ExpertCache:
             recent.extend(picks[-recent.maxlen:].tolist())  # (a prompt's picks: only the window's last stay)
 
     def prefetch(self, layer: int, experts, spare_only: bool = False, due: bool = False) -> None:
-        """Ask the loader to bring these experts of `layer` in (no-op when prefetch is off, or
-        when the budget cannot hold the next layer's picks beside this layer's).
-
-        Predicted picks may replace the least recently used expert; guesses (`spare_only`:
-        runners-up, the window's favourites) only use room the top-k does not need. `due`: the
-        caller asked prediction_due() for this layer already (predictions held back are not
-        counted twice).
-        """
+        """Ask the loader to bring these experts of `layer` in (no-op without predictions). Guesses
+        (`spare_only`: runners-up, the window's favourites) only use room the top-k does not need.
+        `due`: the caller asked prediction_due() already (held-back predictions are not counted twice)."""
         if layer >= self.num_layers or not self.predict or not self._ahead_pays() or \
                 not (due or self._prefetch_pays()):
             return
@@ -370,21 +333,15 @@ class ExpertCache:
             self._queue.put((layer, e, None, False))
 
     def prediction_due(self) -> bool:
-        """Whether a layer's predictions go out now: prefetching(), and not held back (see
-        prefetch_paused; one layer in PREFETCH_PROBE still goes out then). Asked once per layer a
-        token, before the router looks ahead: held back, that matmul is not worth doing either."""
+        """Whether a layer's predictions go out now (asked before the router's look-ahead matmul)."""
         return not self.holds_all() and self.prefetching() and self._prefetch_pays()
 
     def prefetching(self) -> bool:
-        """Whether predictions can go out at all: a loader thread, misses that read the disk, and room
-        for them (predict)."""
+        """Whether predictions can go out at all: a loader, misses that read the disk, room (predict)."""
         return self.predict and self._ahead_pays()
 
     def _ahead_pays(self) -> bool:
-        """Whether loading ahead of use can pay: a loader thread, and misses that read the disk. With
-        room to spare the experts' files stay in the page cache, so a miss is a copy from memory and
-        the loader's copy only takes a core from the kernels (decode was slower loading ahead there,
-        even with a core spare)."""
+        """Whether loading ahead can pay: a loader thread, and misses that read the disk."""
         return self._loader is not None and not self.store.keeps_page_cache()
 
     @property
@@ -422,15 +379,10 @@ class ExpertCache:
                     slot.pins += 1
                     return slot, False
                 if count:
-                    c.hits += 1
-                    c.ready_hits += slot.ready.is_set()
-                    if slot.prefetched and not slot.used:
-                        c.prefetch_used += 1
-                        self._outcomes.append(1)
-                    slot.used = True
+                    self._hit(c, slot, slot.ready.is_set())
                 slot.pins += 1
                 return slot, False
-            if prefetch and not self._fits(layer, nbytes) and not self._evictable(layer):
+            if prefetch and (self._full(layer) or self._over(nbytes)) and not self._evictable(layer):
                 return None, False  # a guess never overflows the budget
             mapped = not prefetch and self._pass_through(layer, expert, nbytes)
             if mapped:
@@ -450,47 +402,53 @@ class ExpertCache:
             slot.pins += 0 if reserve or prefetch else 1
             return slot, True
 
+    def _hit(self, c: LayerCounters, slot: _Slot, ready: bool) -> None:
+        c.hits += 1
+        c.ready_hits += ready
+        if slot.prefetched and not slot.used:
+            c.prefetch_used += 1
+            self._outcomes.append(1)
+        slot.used = True
+
     def _warm(self, layer: int, expert: int) -> None:
-        """Called with the lock held, once per counted lookup: one more use, weighing 1/decay more
-        than the last one (comparing these sums is comparing decayed counts), rescaled before
-        the weights overflow."""
+        """Lock held, once per counted lookup: one more use, weighing 1/decay more than the last
+        (comparing these sums compares decayed counts), rescaled before the weights overflow."""
         self._weight *= self._grow
         self._heat[layer, expert] += self._weight
         if self._weight > 1e200:
             self._heat /= self._weight
             self._weight = 1.0
 
-    def _fits(self, layer: int, nbytes: int) -> bool:
-        spare = sum(b.size for b in self._spare)
-        full_layer = self.per_layer is not None and self._count[layer] >= self.per_layer
-        return not full_layer and self._used - spare + nbytes <= self.budget - SPARE_SLOTS * self.slot
+    def _full(self, layer: int) -> bool:
+        return self.per_layer is not None and self._count[layer] >= self.per_layer
+
+    def _over(self, nbytes: int) -> bool:
+        """Whether `nbytes` more overflow the budget (spare blocks count as room: a load reuses one)."""
+        return self._used - sum(b.size for b in self._spare) + nbytes > self.budget - SPARE_SLOTS * self.slot
 
     def _evictable(self, layer: int) -> bool:
-        """Whether _make_room could make room for one more expert of `layer`: a full layer (its
-        per-layer count reached) needs a victim of its own, any other a victim anywhere."""
-        full = self.per_layer is not None and self._count[layer] >= self.per_layer
+        """Whether _make_room could free room for one more expert of `layer` (a full layer: its own)."""
+        full = self._full(layer)
         below = self.num_layers if self._frozen is None else self._frozen
         return any(s.pins == 0 and not s.reserved and s.ready.is_set() and (not full or k[0] == layer) and k[0] < below
                    for k, s in self._slots.items())
 
     def _make_room(self, layer: int | None, nbytes: int) -> None:
-        """Called with the lock held. Evict unpinned experts (by the policy) until `nbytes`
-        more fit in the budget (and, per_layer set, in `layer`'s count); spare blocks count as
-        room, since the next load reuses one. Everything pinned or loading: a temporary overflow."""
+        """Lock held. Evict unpinned experts (by the policy) until `nbytes` more fit (and, per_layer set,
+        `layer`'s count); everything pinned or loading: a temporary overflow."""
         if layer is not None and self.per_layer is not None:
             while self._count[layer] + 1 > self.per_layer and (k := self._victim(layer)) is not None:
                 self._evict(k)
         scan = layer is not None and self._scanning
-        limit = self.budget - SPARE_SLOTS * self.slot
-        while self._used - sum(b.size for b in self._spare) + nbytes > limit and \
-                (k := self._scan_victim(layer) if scan else self._victim(None)) is not None:
+        while self._over(nbytes) and (k := self._scan_victim(layer) if scan else self._victim(None)) is not None:
             self._evict(k)
         while self._spare and self._used + nbytes > self.budget:  # spares last: they save a fresh mapping
-            self._free_spare(self._spare.pop())
+            block = self._spare.pop()
+            self._used -= block.size
+            block.free()
 
     def _victim(self, in_layer: int | None, among: set[int] | None = None) -> tuple[int, int] | None:
-        """Called with the lock held: the expert the policy evicts next (of `in_layer`, or of the
-        layers `among`, or any)."""
+        """Lock held: the expert the policy evicts next (of `in_layer`, of the layers `among`, or any)."""
         below = self.num_layers if self._frozen is None else self._frozen
         free = (k for k, s in self._slots.items() if (in_layer is None or k[0] == in_layer) and k[0] < below
                 and (among is None or k[0] in among) and s.pins == 0 and not s.reserved and s.ready.is_set()
@@ -500,23 +458,20 @@ class ExpertCache:
         return next(free, None)
 
     def _scan_victim(self, layer: int) -> tuple[int, int] | None:
-        """Called with the lock held, during scan(): of `layer` once it holds its share, else of
-        the layers above their share, else any."""
+        """Lock held, in scan(): of `layer` once it holds its share, else of a layer above its share."""
         if self._count[layer] >= self.capacity and (k := self._victim(layer)) is not None:
             return k
         over = {L for L, n in enumerate(self._count) if n > self.capacity}
         return (self._victim(None, over) if over else None) or self._victim(None)
 
     def _pass_through(self, layer: int, expert: int, nbytes: int) -> bool:
-        """Called with the lock held, for a demand miss: serve it mapped from the page cache for
-        its one use instead of taking a pool slot — only while misses keep their page-cache copy
-        (room to spare, no binding cgroup), under LFU, and when the expert it would push out is at
-        least as hot."""
+        """Lock held, for a demand miss: serve it mapped from the page cache for its one use instead of a
+        pool slot, while misses keep their page-cache copy, under LFU, if the expert it would evict is hotter."""
         if self.policy != "lfu" or self.room_for_all or not self.store.keeps_page_cache():
             return False
-        if self.per_layer is not None and self._count[layer] >= self.per_layer:
+        if self._full(layer):
             v = self._victim(layer)
-        elif self._used - sum(b.size for b in self._spare) + nbytes > self.budget - SPARE_SLOTS * self.slot:
+        elif self._over(nbytes):
             v = self._victim(None)
         else:
             return False  # room without evicting anything
@@ -534,8 +489,7 @@ class ExpertCache:
         self._release(slot)
 
     def _release(self, slot: _Slot) -> None:
-        """Called with the lock held. An evicted slot's memory is kept for the next load (its
-        pages are already faulted in, and unmapping is not free), up to SPARE_SLOTS of them."""
+        """Lock held. An evicted slot's memory is kept for the next load, up to SPARE_SLOTS of them."""
         slot.weights = None  # drop the views before the memory is reused
         self.generation += not slot.mapped  # (a mapped miss is in no address table)
         self._used -= slot.nbytes
@@ -546,10 +500,6 @@ class ExpertCache:
             else:
                 slot.block.free()
             slot.block = None
-
-    def _free_spare(self, block: Block) -> None:
-        self._used -= block.size
-        block.free()
 
     def _take_block(self, slot: _Slot, nbytes: int) -> Block:
         """A spare block that fits, else a fresh one of the size _acquire counted (slot.nbytes)."""

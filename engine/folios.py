@@ -12,23 +12,19 @@ import sys
 from engine.mempool import resident_bytes
 
 # a mapped miss's page tables are filled by one madvise(MADV_POPULATE_READ) on the loading thread,
-# not by the kernels' read faults, one fault per page, which cost several times the populate call.
-# Populating reads what the page cache lacks, as a pread would.
-# Linux >= 5.14; elsewhere (EINVAL) one MADV_WILLNEED readahead and the faults as before
+# not by the kernels' read faults, one per page. Linux >= 5.14; elsewhere (EINVAL) one
+# MADV_WILLNEED readahead and the faults as before
 MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)
 # A file read through a MADV_HUGEPAGE mapping comes into the page cache in 2 MiB folios, and every
-# later mapping of it gets one page-table entry per 2 MiB instead of 512 (Linux >= 6.16 on ext4 and
-# others with large folios, transparent huge pages not "never"). Plain reads leave small folios, and
-# those stay small. Populating and unmapping a huge-folio mapping costs a small fraction of a
-# small-folio one.
+# later mapping of it gets one page-table entry per 2 MiB instead of 512 (Linux >= 6.16 on file
+# systems with large folios, transparent huge pages not "never"); plain reads leave small folios.
 MADV_HUGEPAGE = getattr(mmap, "MADV_HUGEPAGE", None)  # (Linux only)
 _populate_works = [True]  # cleared by the first EINVAL (a kernel before 5.14)
 
 
 def populate(mm: mmap.mmap) -> None:
     """Fill a fresh file mapping's page tables from the page cache (reading what it lacks) in one
-    call, so the kernels that read it take no page faults. Before Linux 5.14: one readahead of
-    what the page cache lacks (mincore), not a fault per 16 pages from the kernels."""
+    call, so the kernels take no page faults; before Linux 5.14, one readahead of what is missing."""
     if _populate_works[0]:
         try:
             mm.madvise(MADV_POPULATE_READ)
@@ -42,8 +38,7 @@ def populate(mm: mmap.mmap) -> None:
 
 
 def advise_huge(mm: mmap.mmap) -> None:
-    """Ask for 2 MiB folios where the mapping's faults read the file (see MADV_HUGEPAGE); a kernel
-    without transparent huge pages refuses, and the mapping works as before."""
+    """Ask for 2 MiB folios where the mapping's faults read the file (refused without huge pages)."""
     if MADV_HUGEPAGE is None:
         return
     try:
@@ -53,8 +48,7 @@ def advise_huge(mm: mmap.mmap) -> None:
 
 
 def read_ahead_huge(fd: int, offset: int, nbytes: int) -> None:
-    """Bring the file range into the page cache through a MADV_HUGEPAGE mapping (2 MiB folios):
-    the misses that later map it then map it cheaply. A failure leaves the read to pread."""
+    """Bring the file range into the page cache in 2 MiB folios (a failure leaves it to pread)."""
     start = offset // mmap.ALLOCATIONGRANULARITY * mmap.ALLOCATIONGRANULARITY
     try:
         mm = mmap.mmap(fd, offset + nbytes - start, mmap.MAP_SHARED, mmap.PROT_READ, offset=start)
@@ -88,8 +82,7 @@ _PAGE_IS_HUGE = 1 << 6
 
 
 def pmd_mapped_bytes(addr: int, nbytes: int) -> int | None:
-    """Bytes of this process's [addr, addr + nbytes) mapped 2 MiB at a time; None where the kernel
-    cannot say (PAGEMAP_SCAN: Linux >= 6.7)."""
+    """Bytes of [addr, addr + nbytes) mapped 2 MiB at a time; None where the kernel cannot say."""
     if not _PAGEMAP_SCAN_WORKS[0] or not sys.platform.startswith("linux"):
         return None
     import fcntl

@@ -1,12 +1,9 @@
 """Hardware sensors and power controls; each missing one is a reason, never a crash.
 
-CPU load, process RSS and CPU temperature come from psutil; CPU package energy (-> watts) and the
-package power limit from Linux RAPL under /sys/class/powercap; GPU temperature, power,
-utilisation, memory, energy and power limit from NVML (nvidia-ml-py, module `pynvml`). Each source
-is injectable at its boundary (a sysfs root, a sensors function, an NVML-like module), so tests
-run on fake trees. No sensor, no RAPL, no NVIDIA driver or no permission gives
-"not available: <reason>" in `HardwareSnapshot.unavailable`; the engine keeps running.
-`HardwareMonitor` is the one object an Engine owns.
+CPU load, RSS and temperature come from psutil; CPU package energy and power limit from Linux RAPL
+(/sys/class/powercap); GPU figures and power limit from NVML (nvidia-ml-py). Each source is
+injectable at its boundary, so tests run on fake trees. A missing reading gives "not available:
+<reason>" in `HardwareSnapshot.unavailable`. `HardwareMonitor` is the one object an Engine owns.
 """
 from __future__ import annotations
 
@@ -136,13 +133,8 @@ class RaplZone:
 
 
 class Rapl:
-    """CPU package energy, power and power limit through Linux RAPL (powercap sysfs).
-
-    Intel's and AMD's drivers both register zones whose `name` file says "package-N", under
-    directories called intel-rapl:0, intel-rapl-mmio:0, amd-rapl:0 ..., so zones are found by that
-    file. Counters wrap at max_energy_range_uj; reads are unwrapped into one running total, so
-    callers sampling at least once per wrap period (minutes) never see a jump.
-    """
+    """CPU package energy, power and power limit through Linux RAPL (powercap sysfs): zones found by
+    their `name` file ("package-N"), wrapping counters unwrapped into one running total."""
     MIN_INTERVAL_S = 0.1  # RAPL updates about every millisecond: shorter deltas are noise
 
     def __init__(self, root: Path | str = POWERCAP, clock: Callable[[], float] = time.monotonic):
@@ -345,9 +337,8 @@ _NVML_REASONS = (
 
 
 class Nvml:
-    """One NVIDIA GPU through NVML. `module` is `pynvml` (nvidia-ml-py) unless a test injects one
-    with the same function names and error classes. Initialised on first use; a failure is kept
-    and reported, not retried on every snapshot."""
+    """One NVIDIA GPU through NVML (`module`: pynvml unless a test injects one alike), initialised
+    on first use; a failure is kept and reported, not retried on every snapshot."""
 
     def __init__(self, module: Any = None, index: int = 0):
         self._nv, self.index = module, index
@@ -499,12 +490,9 @@ class EnergyMeter:
 
 # --- what an Engine owns -----------------------------------------------------------------------
 class HardwareMonitor:
-    """Sensors, power limits, thread pinning and the thermal governor behind a few calls.
-
-    snapshot() for the dashboard, apply_limits(params) for power_limit / gpu_power_limit,
-    `governor.update()` before each forward step, energy_meter() around a generation, close()
-    to put back every limit this process changed.
-    """
+    """Sensors, power limits, thread pinning and the thermal governor behind a few calls:
+    snapshot(), apply_limits(params), `governor.update()` before each forward step, energy_meter()
+    around a generation, close() to put back every limit this process changed."""
 
     def __init__(self, threads: int, high_c: float = 85.0, low_c: float = 75.0, *,
                  powercap_root: Path | str = POWERCAP, nvml: Any = None,
@@ -550,8 +538,7 @@ class HardwareMonitor:
             missing, dict(self.limits))
 
     def apply_limits(self, params: Mapping[str, Any]) -> dict[str, str]:
-        """Apply power_limit and gpu_power_limit (watts; None = leave as is, or put back the value
-        we replaced). Never raises: each outcome is logged and kept in `limits` for the dashboard."""
+        """Apply power_limit and gpu_power_limit (None: as found); never raises, each outcome logged."""
         for key, device in (("power_limit", self.rapl), ("gpu_power_limit", self.gpu)):
             want = params.get(key)
             if want is None and key not in self._original:

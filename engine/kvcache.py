@@ -22,17 +22,13 @@ def kv_cache_bytes(layers: int, capacity: int, kv_heads: int, head_dim: int, kin
 
 
 def own_attention_caches(cfg) -> bool:
-    """Whether every attention layer keeps its own float32 cache (engine.ops.cache: a ring of
-    sliding_window positions on sliding layers) instead of a slice of the shared block: models
-    with attention sinks or per-layer head shapes (gpt-oss, Gemma 4)."""
+    """Whether every attention layer keeps its own cache (engine.ops.cache): sinks or per-layer shapes."""
     from engine.arch import spec
     return spec(cfg.architecture).attention_sinks or cfg.full_head_dim > 0
 
 
 def model_cache_bytes(cfg, context: int, kind: str = "f16") -> int:
-    """Bytes one conversation of `context` tokens holds in the caches, per layer kind: the KV block
-    for attention layers (kind: f32/f16/int8), or each layer's own cache of that kind: a full layer's
-    grows with the context, a ring (sliding window) and the f32 recurrent states (short conv, DeltaNet) do not."""
+    """Bytes one conversation of `context` tokens holds in the caches, per layer kind."""
     kinds = cfg.layer_types or ("attention",) * cfg.num_layers
     own = own_attention_caches(cfg)
     total = 0
@@ -81,10 +77,6 @@ class KVCache:
         self._blocks.append(block)
         return arr
 
-    @property
-    def nbytes_reserved(self) -> int:
-        return sum(b.size for b in self._blocks)
-
     def free(self) -> None:
         """Give the memory back to the pool (the cache is unusable afterwards)."""
         self.k = self.v = self.k_scale = self.v_scale = None
@@ -102,8 +94,7 @@ class KVCache:
 
     @property
     def state_bytes(self) -> int:
-        """Bytes the per-layer states hold: fixed for rings and recurrent states, the filled
-        positions of a per-layer full KV cache."""
+        """Bytes the per-layer states hold (a per-layer full KV cache: its filled positions)."""
         total = 0
         for s in self.states or ():
             if s is not None:
@@ -137,9 +128,8 @@ class KVCache:
             self.v[layer, pos0:end] = v
 
     def views(self, layer: int, length: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, bool]:
-        """What the attention kernel reads for positions 0..length-1 of `layer`: keys and values
-        (length, kv_heads, head_dim) as stored (f16 as its uint16 bits), their per-head scales
-        (length, kv_heads), and whether the scales apply (int8 only)."""
+        """What the attention kernel reads for positions 0..length-1 of `layer`: keys, values as stored,
+        their per-head scales, and whether the scales apply (int8 only)."""
         k, v = self.k[layer, :length], self.v[layer, :length]
         if self.kind == "f16":
             k, v = k.view(np.uint16), v.view(np.uint16)
@@ -147,9 +137,8 @@ class KVCache:
         return k, v, self.k_scale[layer, :length if scaled else 1], self.v_scale[layer, :length if scaled else 1], scaled
 
     def truncate(self, length: int) -> int:
-        """Forget positions from `length` on; returns the length kept. Rings and recurrent states
-        cannot rewind: a cache holding them goes back to its snapshot if `length` reaches it,
-        else to 0."""
+        """Forget positions from `length` on; returns the length kept. Rings and recurrent states cannot
+        rewind: they go back to the snapshot if `length` reaches it, else the cache to 0."""
         if self.states is not None and length < self.length:
             snap = self._snapshot
             if snap is None or snap[0] > length:
@@ -165,9 +154,7 @@ class KVCache:
         return self.length
 
     def snapshot(self) -> None:
-        """Remember the fixed-size states at the current length (the end of a prompt), so a next
-        prompt that starts with this one rewinds here instead of to 0 (a copy of each ring and
-        recurrent state: their fixed size again)."""
+        """Copy the fixed-size states at the end of a prompt, so a next prompt that starts so rewinds here."""
         if self.states is not None:
             self._snapshot = (self.length, [None if s is None or hasattr(s, "trim") else s.copy()
                                             for s in self.states])

@@ -5,12 +5,10 @@
     large   > 1 MiB      one anonymous mmap per block, unmapped on free
 
 All memory is anonymous mmap, so pages cost nothing until touched and `defrag()` can hand free
-ranges back to the OS: madvise DONTNEED on free buddy ranges, unmapping slab pages and arenas
-that became empty. Nothing is ever moved (the engine's arrays hold raw addresses: kernels,
-the fused decode's address tables), so defrag cannot lower fragmentation inside an arena, only
-the memory that free ranges occupy. It returns the bytes that were resident and went back to
-the OS, counted page by page with mincore before each release, so the number matches the RSS
-drop (freshly mapped or already-returned ranges count zero).
+ranges back to the OS (madvise DONTNEED on free buddy ranges, unmapping empty slab pages and
+arenas). Nothing is ever moved (kernels and the fused decode's tables hold raw addresses), so
+defrag cannot lower fragmentation inside an arena. It returns the resident bytes that went back,
+counted with mincore before each release, so the number matches the RSS drop.
 """
 from __future__ import annotations
 
@@ -219,19 +217,16 @@ class _MediumTier:
 
 
 def _anonymous(size: int) -> mmap.mmap:
-    """Private anonymous pages (Python's default is shared: shmem, which never gets huge pages and
-    keeps its pages after MADV_DONTNEED)."""
+    """Private anonymous pages (shared ones, Python's default, get no huge pages and survive DONTNEED)."""
     if hasattr(mmap, "MAP_PRIVATE"):
         return mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     return mmap.mmap(-1, size)  # Windows: no flags; private already
 
 
 def _map_large(size: int, huge: bool = True) -> tuple[mmap.mmap, int]:
-    """Fresh anonymous pages for a large block, and the block's offset in them. Blocks of 2 MB and
-    more start on a 2 MB boundary and ask for transparent huge pages: the kernels stream through
-    expert weights, and with 4 KB pages the TLB misses cost about a third of a matmul's speed from
-    RAM. `huge` False for memory paid as it fills (a KV cache:
-    its first position in each layer would fault in a whole 2 MB page)."""
+    """Fresh anonymous pages for a large block, and its offset in them: blocks of 2 MB and more start on
+    a 2 MB boundary with transparent huge pages (fewer TLB misses), unless `huge` is False (memory
+    paid as it fills: a KV cache)."""
     if not huge or size < HUGE_PAGE or not hasattr(mmap, "MADV_HUGEPAGE"):
         return _anonymous(size), 0
     buf = _anonymous(size + HUGE_PAGE)  # the unaligned head is never touched, so never paid for
@@ -246,8 +241,7 @@ _libc = None
 
 
 def resident_bytes(buf: mmap.mmap, offset: int, length: int) -> int:
-    """Bytes of buf[offset:offset + length] backed by memory now (mincore; page-aligned offset).
-    0 where mincore is unavailable (not Linux/macOS), so nothing is over-reported."""
+    """Bytes of buf[offset:offset + length] in memory now (mincore); 0 where mincore is unavailable."""
     global _libc
     if length <= 0 or buf.closed:
         return 0
@@ -265,8 +259,7 @@ def resident_bytes(buf: mmap.mmap, offset: int, length: int) -> int:
 
 
 def return_freed_heap() -> None:
-    """Give the C heap's free pages back to the OS (glibc's malloc_trim; elsewhere nothing): under a RAM
-    cap, resident pages the process no longer uses are experts the cache cannot hold."""
+    """Give the C heap's free pages back to the OS (glibc's malloc_trim; elsewhere nothing)."""
     global _libc
     if not sys.platform.startswith("linux"):
         return
@@ -350,8 +343,7 @@ class MemoryPool:
         return (size + PAGE - 1) // PAGE * PAGE
 
     def alloc(self, nbytes: int, huge: bool = True) -> Block:
-        """A block of at least `nbytes`, 64-byte aligned (page-aligned from 4 KiB on), zero-filled
-        if never used before; `huge` False: a large block without transparent huge pages."""
+        """A zero-filled block of at least `nbytes`, 64-byte aligned; `huge` False: no transparent huge pages."""
         nbytes = max(1, int(nbytes))
         size = (nbytes + ALIGN - 1) // ALIGN * ALIGN
         if size < SMALL_MAX:
@@ -403,8 +395,7 @@ class MemoryPool:
         return PoolStats(allocated, peak, reserved, small, medium, large)
 
     def release(self, blocks: list[Block]) -> int:
-        """Free these blocks now; the resident bytes that went back to the OS (large blocks are
-        unmapped at once; smaller ones go back to their tier, for defrag to return)."""
+        """Free these blocks now; the resident bytes that went back to the OS (large blocks at once)."""
         returned = 0
         for b in blocks:
             held = resident_bytes(b.buf, b.offset, b.size) if b.tier == "large" and not b.freed else 0
@@ -413,8 +404,7 @@ class MemoryPool:
         return returned
 
     def defrag(self) -> int:
-        """Return free memory to the OS: unmap empty slab pages and arenas, DONTNEED free buddy
-        ranges. Nothing moves. Returns the bytes that were resident and went back."""
+        """Return free memory to the OS (nothing moves); the bytes that were resident and went back."""
         with self._locks["medium"]:
             returned = self._medium.trim()
         with self._locks["small"]:
@@ -423,12 +413,8 @@ class MemoryPool:
 
 
 class Arena:
-    """Activation buffers of one forward pass, bump-allocated from one pool block.
-
-    `reset()` starts a pass: everything handed out before is reused. A pass that needs more than
-    the block holds gets numpy memory for the excess, and the next reset grows the block to the
-    high-water mark (or shrinks it when a much smaller pass follows a long prompt).
-    """
+    """Activation buffers of one forward pass, bump-allocated from one pool block; `reset()` starts a pass.
+    A pass that outgrows the block gets numpy memory for the excess, and the next reset resizes the block."""
 
     def __init__(self, pool: MemoryPool, nbytes: int = 1 << 20):
         self.pool = pool

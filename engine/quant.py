@@ -1,24 +1,18 @@
 """Weight formats: each declared once, with the pure-numpy reference that *is* its definition.
 
-Type ids are GGML's numbers, so they are never renumbered and a GGUF block is copied into our
-files byte for byte (lossless import, no second rounding). Our own `int8` is the Q8_0 block and
-our own `int4` the Q4_1 block (scale and minimum per 32 weights, two weights per byte).
-
-Imported (GGUF, every type llama.cpp's presets write): f32, f16, bf16, q4_0, q4_1, q5_0, q5_1,
-q8_0, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl, iq4_xs, mxfp4. Produced: the float types, q4_0,
-q4_1 and q8_0.
+Type ids are GGML's numbers, never renumbered, so a GGUF block is copied into our files byte for
+byte (lossless import). Our `int8` is the Q8_0 block and our `int4` the Q4_1 block. Every type
+llama.cpp's presets write is imported; the float types, q4_0, q4_1 and q8_0 are produced.
 
 Layout: blocks run along a matrix row (the input dimension). A row of `n` weights is
 `n // block_size` blocks of `type_size` bytes; a stored quantized matrix is a uint8 array
-(..., rows, row_bytes). Float types are stored as plain element arrays (bf16 as uint16).
-
-Every dequantizer uses float32 arithmetic in the same order as `gguf.quants.dequantize`, so
-the two agree bit for bit (tested).
+(..., rows, row_bytes). Float types are stored as plain element arrays (bf16 as uint16). Every
+dequantizer uses float32 arithmetic in the same order as `gguf.quants.dequantize`, so the two
+agree bit for bit (tested).
 
 Repacked (x8): the same blocks of 8 rows at a time interleaved for the CPU kernels' group dot
-products (engine.kernels.cpu.repack_x8 does it in place at load; the converter writes expert
-matrices so, their id PACKED + the GGML id, so a streamed expert needs no work after its read).
-X8_REGIONS declares each layout; pack_x8 / unpack_x8 are its numpy definition.
+products, id PACKED + the GGML id (cpu.repack_x8 does it in place at load; the converter writes
+expert matrices so). X8_REGIONS declares each layout; pack_x8 / unpack_x8 are its numpy definition.
 """
 from __future__ import annotations
 
@@ -232,8 +226,7 @@ def _iq4_nl_deq(raw: np.ndarray) -> np.ndarray:
 
 
 def e8m0_half(e: np.ndarray) -> np.ndarray:
-    """e8m0 exponent bytes -> float32 2^(e - 128), exactly (e < 2 are subnormals), as ggml's
-    GGML_E8M0_TO_FP32_HALF."""
+    """e8m0 exponent bytes -> float32 2^(e - 128), exactly, as ggml's GGML_E8M0_TO_FP32_HALF."""
     e = np.asarray(e, dtype=np.uint32)
     bits = np.where(e < 2, np.uint32(0x00200000) << e, (e - np.uint32(1)) << np.uint32(23))
     return bits.astype(np.uint32).view(np.float32)
@@ -377,8 +370,7 @@ X8_REGIONS: dict[str, list[tuple[int, int, int]]] = {
 
 
 def _x8_views(raw: np.ndarray, size: int):
-    """A (rows, row_bytes) matrix's groups of 8 rows, as (groups, blocks, 8·size) and as
-    (groups, 8, blocks, size)."""
+    """A (rows, row_bytes) matrix's 8-row groups, as (groups, blocks, 8·size) and (groups, 8, blocks, size)."""
     rows, rb = raw.shape[-2], raw.shape[-1]
     if rows % 8:
         raise QuantError(f"repacked (x8) layout: {rows} rows is not a multiple of 8")
@@ -420,8 +412,7 @@ BY_ID: dict[int, QuantType] = {t.type_id: t for t in _TYPES}
 
 
 def repacked(qtype: QuantType, shape: tuple[int, ...]) -> QuantType:
-    """The repacked (x8) variant of `qtype` for a matrix of `shape`, or qtype itself where there is
-    none (a format without 8-row kernels, a vector, rows not a multiple of 8)."""
+    """The repacked (x8) variant of `qtype` for a matrix of `shape`, or qtype itself where there is none."""
     rows = int(np.prod(shape[:-1], dtype=np.int64)) if len(shape) > 1 else 0
     if qtype.base is not None or qtype.name not in X8_REGIONS or rows == 0 or rows % 8:
         return qtype

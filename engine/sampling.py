@@ -56,8 +56,7 @@ def top_candidates(x: np.ndarray, m: int) -> np.ndarray:
 # --- the definition ----------------------------------------------------------------------------
 def penalise(logits: np.ndarray, ids: np.ndarray, counts: np.ndarray, repeat: float, frequency: float,
              presence: float) -> np.ndarray:
-    """Penalised float64 logits of tokens `ids` seen `counts` times (llama.cpp's order: repeat,
-    then frequency and presence)."""
+    """Penalised float64 logits of tokens `ids` seen `counts` times (repeat, then frequency and presence)."""
     v = logits[ids].astype(np.float64)
     v = np.where(v > 0, v / repeat, v * repeat) if repeat != 1.0 else v
     return v - counts * frequency - (counts > 0) * presence

@@ -1,21 +1,14 @@
 """Where each matmul runs: CPU or NVIDIA GPU (numba-cuda), decided by `gpu_layers` and a cost model.
 
-`gpu_layers` = N > 0 puts the attention projections of layers 0..N-1 on the GPU (the seed's rule);
-every other matmul (experts, dense FFN, routers, the output head) goes where the cost model says:
+`gpu_layers` = N > 0 puts the attention projections of layers 0..N-1 on the GPU; every other matmul
+goes where the cost model (`decide`) says, so a tiny expert stays on the CPU (launch latency alone
+costs more than computing it) and a large one goes to the GPU once its weights are there or the
+batch pays for the upload. Weights that never change (attention, routers, output) count as resident.
 
-    cpu_s = max(bytes / cpu_bandwidth, flops / cpu_flops) / cpu_scale
-    gpu_s = launch · (1 + queue) + activations in/out over PCIe + (weights over PCIe unless resident)
-            + max(bytes / gpu_bandwidth, flops / gpu_flops) + queue · recent GPU op time
-
-so a tiny expert stays on the CPU (launch latency alone costs more than computing it), a large one
-goes to the GPU once its weights are there or the batch is big enough to pay for the upload. Weights
-that never change (attention, routers, output) count as resident: uploaded once, kept.
-
-The figures come from a `DeviceProfile` measured once per machine and cached as JSON in the user
-cache folder. No GPU, no driver, no numba-cuda or gpu_layers = 0 → everything runs on the CPU and
-`Scheduler.reason` says why; numba.cuda is not even imported with gpu_layers = 0. Out of GPU memory
-(planned, or raised by an upload) → that layer falls back to the CPU with a logged "fallback to CPU"
-and a `FallbackEvent`; never a crash. `snapshot()` is the plain record Engine.stats() exposes.
+The figures come from a `DeviceProfile` measured once per machine and cached as JSON. No GPU, no
+driver, no numba-cuda or gpu_layers = 0: everything runs on the CPU and `Scheduler.reason` says why
+(numba.cuda is not even imported with gpu_layers = 0). Out of GPU memory: that layer falls back to
+the CPU with a logged `FallbackEvent`, never a crash.
 """
 from __future__ import annotations
 
@@ -87,7 +80,9 @@ class Decision:
 
 def decide(p: DeviceProfile, nbytes: int, rows: int, cols: int, T: int, resident: bool,
            queue: int = 0, gpu_op_s: float = 0.0, cpu_scale: float = 1.0) -> Decision:
-    """The cost model for one matmul x (T, cols) @ W.T, W (rows, cols) stored in `nbytes`."""
+    """The cost model for one matmul x (T, cols) @ W.T, W (rows, cols) stored in `nbytes`: bytes over
+    bandwidth or flops over flop/s, whichever is longer, plus on the GPU the launches, the PCIe
+    transfers (weights too unless resident) and the queue ahead."""
     flops = 2.0 * rows * cols * T
     cpu_s = max(nbytes / p.cpu_bandwidth, flops / p.cpu_flops) / max(cpu_scale, 1e-3)
     if p.gpu_bandwidth <= 0:
@@ -144,9 +139,7 @@ def _driver_reason(e: BaseException) -> str:
 
 
 def detect_gpu(allow_simulator: bool = False) -> tuple[Any, str]:
-    """(a CudaBackend, its name) or (None, why there is none). Imports numba.cuda: call it only when
-    a GPU is wanted. Under Numba's CUDA simulator is_available() is True; that is not a GPU unless
-    `allow_simulator` (tests)."""
+    """(a CudaBackend, its name) or (None, why not); Numba's CUDA simulator only if allowed."""
     if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0") and not allow_simulator:
         return None, "no NVIDIA GPU: Numba's CUDA simulator is enabled (NUMBA_ENABLE_CUDASIM)"
     try:
@@ -202,8 +195,7 @@ def _best(fn, repeats: int = 5) -> float:
 
 
 def measure_profile(backend: Any, gpu_name: str, threads: int) -> DeviceProfile:
-    """Time the real kernels on a 2048 x 2048 q4_1 matrix (2.6 MB): T = 1 for bandwidth, T = 64 for
-    flops; the GPU's launch latency, PCIe both ways (32 MB) and its own matmul. About a second."""
+    """Time the real kernels on a 2048 x 2048 q4_1 matrix: CPU and GPU bandwidth and flops, PCIe, launches."""
     from engine import quant
     from engine.kernels import cpu
     rows = cols = 2048
@@ -227,23 +219,19 @@ def measure_profile(backend: Any, gpu_name: str, threads: int) -> DeviceProfile:
 
 
 def load_or_measure(backend: Any, gpu_name: str, threads: int, path: Path | None = None) -> DeviceProfile:
-    """The cached profile of this machine, or a fresh measurement (then cached). Free memory is
-    always read now: it changes between runs."""
+    """The cached profile of this machine, or a fresh (cached) measurement; free memory read now."""
     path = path or profile_path()
     key = machine_key(gpu_name, threads)
     try:
-        cached = json.loads(path.read_text()).get(key)
+        table = json.loads(path.read_text())
     except (OSError, ValueError):
-        cached = None
+        table = {}
+    cached = table.get(key)
     if cached and cached.get("version") == PROFILE_VERSION:
         free, _ = backend.memory()
         return DeviceProfile(**{**cached, "gpu_memory_free": free})
     log.info("measuring CPU and GPU speeds for the scheduler (once per machine)")
     prof = measure_profile(backend, gpu_name, threads)
-    try:
-        table = json.loads(path.read_text()) if path.exists() else {}
-    except (OSError, ValueError):
-        table = {}
     table[key] = asdict(prof)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -314,8 +302,7 @@ class Scheduler:
     @classmethod
     def create(cls, cfg, weights, gpu_layers: int, threads: int = 1, profile: DeviceProfile | None = None,
                allow_simulator: bool = False, backend: Any = None, device: str = "") -> Scheduler:
-        """The scheduler for a loaded model: CPU-only (with its reason) unless gpu_layers > 0 and a
-        GPU is usable. `profile`/`backend` are injected by tests; otherwise detected and measured."""
+        """The scheduler for a loaded model: CPU-only (with its reason) unless gpu_layers > 0 and a GPU works."""
         att = [sum(m.nbytes for m in (lw.q, lw.k, lw.v, lw.o) if m is not None) for lw in weights.layers]
         codes = [tuple(m.code for m in (lw.q, lw.k, lw.v, lw.o) if m is not None) for lw in weights.layers]
         if gpu_layers <= 0:
@@ -396,7 +383,7 @@ class Scheduler:
             self._gpu_op_s = 0.9 * self._gpu_op_s + 0.1 * (time.perf_counter() - t0)
         except Exception as e:  # a failing launch costs this matmul a CPU run, never the reply
             self._fallback(L, m.name, f"{type(e).__name__}: {e}")
-            self._drop(m.name)
+            self._resident.pop(m.name, None)
             return None
         finally:
             with self._lock:
@@ -407,13 +394,9 @@ class Scheduler:
 
     def _count(self, lay: _Layer | None, d: Decision | None, gpu: bool) -> None:
         if lay is not None:
-            if gpu:
-                lay.gpu += 1
-            else:
-                lay.cpu += 1
-            if d is not None:
-                lay.last = d
-        return None
+            lay.gpu += gpu
+            lay.cpu += not gpu
+            lay.last = d or lay.last
 
     def _device(self, m, layer: int, pinned: bool):
         """m's weights on the device, uploaded on first use; None if they cannot be (logged)."""
@@ -452,9 +435,6 @@ class Scheduler:
                 break
             used -= self._resident.pop(k).nbytes
         return True
-
-    def _drop(self, name: str) -> None:
-        self._resident.pop(name, None)
 
     # --- what the dashboard sees -------------------------------------------------------------
     def snapshot(self) -> ScheduleSnapshot:

@@ -1,9 +1,7 @@
 """How much memory this process may still use, and how the engine splits it (the one budget).
 
-Room: the smaller of the machine's available memory (MemAvailable) and what the process's memory
-cgroup (v2 memory.max or v1 memory.limit_in_bytes) still allows. A cgroup charges page cache
-too; its inactive file pages are reclaimed before anything fails, so they count as room (the
-working set, as the kernel's own pressure accounting and the kubelet count it).
+Room: the smaller of the machine's MemAvailable and what the process's memory cgroup (v2 or v1)
+still allows, counting the cgroup's inactive file pages as room (they are reclaimed first).
 """
 from __future__ import annotations
 
@@ -28,8 +26,7 @@ COMPILE_BYTES = 700 * MiB
 
 
 def margin(free: int, settled: bool = False) -> int:
-    """What the budget holds back for runtime growth when `free` bytes are room: MARGIN + 2%
-    (`settled`, planned again after warm-up: SETTLED_MARGIN + 2%)."""
+    """What the budget holds back for runtime growth out of `free`: MARGIN (settled: SETTLED_MARGIN) + 2%."""
     return (SETTLED_MARGIN if settled else MARGIN) + free // 50
 
 
@@ -75,8 +72,7 @@ def _cgroup(root: Path = Path("/sys/fs/cgroup"), proc: Path = Path("/proc/self/c
 
 
 def cgroup_active_file(root: Path = Path("/sys/fs/cgroup"), proc: Path = Path("/proc/self/cgroup")) -> int | None:
-    """Active page cache charged to this process's memory cgroup (None without a limited one):
-    clean file pages the working set counts although reclaim can take them."""
+    """Active page cache charged to this process's cgroup (None without a limit): reclaimable."""
     if _cgroup(root, proc) is None:
         return None
     for line in proc.read_text().splitlines():
@@ -104,16 +100,14 @@ def room() -> tuple[int, str]:
 
 
 def _rss() -> int:
-    """Memory this process holds that the room does not count: inside a cgroup its share of the
-    working set, else its anonymous pages (its file pages are reclaimable page cache)."""
+    """Memory this process holds that the room does not count (in a cgroup its working set, else anonymous)."""
     mi = psutil.Process().memory_info()
     cg = _cgroup()
     return min(cg[1], mi.rss) if cg is not None else mi.rss - getattr(mi, "shared", 0)
 
 
 def compile_reserve(cache_dir: str | None = None) -> int:
-    """COMPILE_BYTES while this kernel version's Numba cache holds nothing yet (the first start
-    after an install or an upgrade compiles everything), else 0."""
+    """COMPILE_BYTES while this kernel version's Numba cache is empty (a first start), else 0."""
     cache_dir = cache_dir or os.environ.get("NUMBA_CACHE_DIR")
     if not cache_dir:
         return 0
@@ -159,10 +153,9 @@ class MemoryBudget:
 def plan(dense: int, kv: int, activations: int, cycle: int, all_experts: int, minimum: int,
          measured: tuple[int, str] | None = None, process: int | None = None, refuse: bool = False,
          compile: int = 0) -> MemoryBudget:
-    """The budget for the expert cache: room - dense - KV - activations - margin, within
-    [minimum, all_experts]. `refuse` (the engine, before it loads; a fit check only reports):
-    InsufficientMemoryError when this process may use less in all than dense weights + 200 MB,
-    or than that + `compile` (compile_reserve(): a first start, whose compile would be OOM-killed)."""
+    """The budget for the expert cache: room - dense - KV - activations - margin, within [minimum,
+    all_experts]. `refuse`: InsufficientMemoryError when this process may use less than dense weights
+    + 200 MB (+ `compile`, the first start's compile)."""
     free, source = measured or room()
     rss = _rss() if process is None else process
     held_back = margin(free)

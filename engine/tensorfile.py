@@ -9,9 +9,8 @@
                                             space-padded so the data starts 64-byte aligned
     data       each tensor at an absolute offset that is a multiple of 64
 
-A tensor is memory-mapped and handed out as a read-only numpy view of the mapping: nothing is
-copied on open. Quantized tensors appear as uint8 (..., rows, row_bytes) block arrays (see
-`engine.quant`), float tensors as element arrays.
+A tensor is handed out as a read-only numpy view of the file's mapping (nothing copied on open):
+quantized ones as uint8 (..., rows, row_bytes) block arrays, float ones as element arrays.
 """
 from __future__ import annotations
 
@@ -94,11 +93,7 @@ def layout(plans: Iterable[TensorPlan], meta: dict | None = None) -> tuple[bytes
 
 
 class TensorFileWriter:
-    """Writes one tensor file sequentially, hashing every byte as it goes (for the manifest).
-
-    The tensor list is fixed up front (`plans`); tensors are then written in order, each in one
-    or more row chunks, so a converter holds only a slice of one tensor in memory.
-    """
+    """Writes one tensor file sequentially (its tensors fixed up front), hashing every byte as it goes."""
 
     def __init__(self, path: Path, plans: Iterable[TensorPlan], meta: dict | None = None):
         self.path = Path(path)
@@ -165,10 +160,8 @@ HEAD_READ = 16 << 10  # a header read takes this much at once (an expert file's 
 
 
 def _first_bytes(path: Path, n: int, quiet: bool) -> bytes:
-    """The file's first n bytes (fewer if it is shorter). `quiet`: past the page cache (O_DIRECT;
-    where refused, buffered with readahead off), so the read leaves no readahead behind: the
-    expert store later reads the file in 2 MiB folios (engine.folios.MADV_HUGEPAGE), which
-    a readahead's small folios would block for good."""
+    """The file's first n bytes (fewer if it is shorter). `quiet`: past the page cache (O_DIRECT, else
+    buffered without readahead), so no small folios block the expert store's later 2 MiB ones."""
     if quiet and hasattr(os, "O_DIRECT"):
         try:
             fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
@@ -193,8 +186,7 @@ def _first_bytes(path: Path, n: int, quiet: bool) -> bytes:
 
 
 def read_header(path: Path, file_size: int | None = None, quiet: bool = False) -> tuple[dict[str, TensorInfo], dict]:
-    """Parse and check a tensor file's header without mapping its data. `quiet`: read it past the
-    page cache (see _first_bytes)."""
+    """Parse and check a tensor file's header without mapping its data (`quiet`: see _first_bytes)."""
     path = Path(path)
     size = path.stat().st_size if file_size is None else file_size
     head = _first_bytes(path, HEAD_READ, quiet)
@@ -262,10 +254,7 @@ class TensorFile:
         self._size = len(self._mmap)
 
     def check(self) -> None:
-        """Raise SizeMismatchError if the mapped file has shrunk since it was opened: touching its
-        mapped pages past the new end would kill the process with SIGBUS. One fstat (about a
-        microsecond). The window that remains: a truncation between this check and the reads of the
-        step that follows can still fault."""
+        """Raise SizeMismatchError if the mapped file has shrunk (a read past its end: SIGBUS)."""
         if self._fd < 0:
             return
         size = os.fstat(self._fd).st_size
@@ -290,8 +279,7 @@ class TensorFile:
         return np.frombuffer(self._mmap, i.qtype.storage, count, i.offset).reshape(shape)
 
     def stored(self, name: str) -> np.ndarray:
-        """The tensor in its format's stored (GGUF) layout: the mapped view, or for a repacked
-        (x8) tensor an unpacked copy (its format: infos[name].qtype.base)."""
+        """The tensor in its stored (GGUF) layout: the mapped view, or a repacked one unpacked."""
         qt = self.infos[name].qtype
         if qt.base is None:
             return self.tensor(name)
@@ -299,9 +287,7 @@ class TensorFile:
         return quant.unpack_x8(t.reshape(-1, t.shape[-1]), qt.base.name).reshape(t.shape)
 
     def release(self, name: str) -> None:
-        """Unmap this process's pages of a tensor whose bytes were copied elsewhere (a repacked
-        matrix): they leave the resident set and stay in the page cache, and a later read of the
-        mapped view faults them back in. Only whole pages inside the tensor."""
+        """Unmap this process's whole pages of a tensor copied elsewhere (they stay in the page cache)."""
         i = self.infos[name]
         page = mmap.PAGESIZE
         start, end = -(-i.offset // page) * page, (i.offset + i.nbytes) // page * page

@@ -1,16 +1,13 @@
 """Thermal throttling of the engine's thread count, and optional thread pinning.
 
-`ThermalGovernor` is consulted between engine calls (before each forward step): above a
-high-water temperature it drops one thread per interval, below a low-water mark it gives one back
-per interval, never below 1 nor above the configured count. The gap between the two marks is the
-hysteresis that keeps the count from flapping around one threshold. Every change is logged on
-"colibri.hardware" and kept as a `ThrottleEvent` for the dashboard.
+`ThermalGovernor` is consulted before each forward step: above a high-water temperature it drops
+one thread per interval, below a low-water mark (the gap is the hysteresis) it gives one back, never
+below 1 nor above the configured count. Every change is logged and kept as a `ThrottleEvent`.
 
 Other programs taking the CPU are the other reason for fewer threads: an OpenMP team with more
-threads than free cores waits at every barrier for the one the OS preempted (decode falls more than tenfold).
-The engine times its decode steps (`observe`) and keeps fewer threads where they decode faster
-(engine.contention.ThreadTuner, the `thread_tuning` parameter); the app, which sees decode fall
-while the machine is busy, can also cap the count with `set_load_cap`.
+threads than free cores waits at every barrier for the one the OS preempted. The engine times its
+decode steps (`observe`) and keeps fewer threads where they decode faster (engine.contention);
+the app can also cap the count with `set_load_cap`.
 
 Pinning (`Affinity`, the `affinity` parameter, off by default) restricts the process to one
 logical CPU per physical core: hyper-threads sharing a core only fight over its caches.
@@ -75,8 +72,7 @@ class ThermalGovernor:
         return min(limit, self.tuner.count) if self.tuning and self.tuner.limit == limit else limit
 
     def observe(self, threads: int, seconds: float, rows: int = 1) -> None:
-        """A decode step (one token for each of `rows` sequences) took `seconds` on `threads`
-        threads: the tuner's evidence. A change of the chosen count is logged and kept as an event."""
+        """A decode step of `rows` sequences took `seconds` on `threads`: the tuner's evidence."""
         if not self.tuning:
             return
         with self._lock:
@@ -173,11 +169,8 @@ CPU_SYSFS = Path("/sys/devices/system/cpu")
 
 
 def physical_core_cpus(allowed: Iterable[int], cpu_root: Path | str = CPU_SYSFS) -> list[int]:
-    """One logical CPU per physical core (the lowest-numbered sibling), among `allowed`.
-
-    Reads each CPU's topology/core_cpus_list (older kernels: thread_siblings_list); a CPU whose
-    topology is unreadable counts as its own core.
-    """
+    """One logical CPU per physical core (the lowest-numbered sibling), among `allowed`, from each
+    CPU's topology/core_cpus_list (or thread_siblings_list); an unreadable topology is its own core."""
     root, seen, out = Path(cpu_root), set(), []
     for cpu in sorted(allowed):
         topo = root / f"cpu{cpu}" / "topology"
@@ -208,11 +201,7 @@ def _parse_cpu_list(text: str) -> list[int]:
 
 
 class Affinity:
-    """Pins this process to one logical CPU per physical core, and undoes it.
-
-    Process-wide because numba's OpenMP workers are separate OS threads: every thread of the
-    process is set (Linux /proc/self/task), and threads started later inherit the mask.
-    """
+    """Pins every thread of this process (numba's OpenMP workers too) to one CPU per physical core."""
 
     def __init__(self, cpu_root: Path | str = CPU_SYSFS, task_root: Path | str = "/proc/self/task"):
         self.cpu_root, self.task_root = Path(cpu_root), Path(task_root)
@@ -243,8 +232,7 @@ class Affinity:
 
 
 def pin(cpus: set[int], task_root: Path | str | None = None) -> None:
-    """Set the CPU mask of the calling thread (task_root None) or of every thread listed under
-    task_root (the process: /proc/self/task)."""
+    """Set the CPU mask of the calling thread (task_root None), or of every thread under task_root."""
     if task_root is None:
         os.sched_setaffinity(0, cpus)
         return

@@ -1,11 +1,10 @@
-"""A per-operation timing hook for the forward pass: set `Transformer.timer` (engine.api:
-`Engine.net.timer`) to an `OpTimer` and every kernel call of the layer-by-layer path, and the
-fused decode call, adds its wall time to a row named after the operation (`rmsnorm`,
-`attention`, ...) or, for a matmul, after the tensor it reads (`blk.3.attn_q.weight`).
+"""A per-operation timing hook for the forward pass: set `Transformer.timer` to an `OpTimer` and every
+kernel call adds its wall time to a row named after the operation (`rmsnorm`, `attention`, ...) or,
+for a matmul, after the tensor it reads (`blk.3.attn_q.weight`).
 
-Why a hook: tools (colibri-bench profile) measure without replacing engine functions at run
-time. Off (None, the default) it costs one attribute test per call. Times are exclusive: a
-timed call inside another (the down projection inside an expert's SwiGLU) is not counted twice.
+Why a hook: tools (colibri-bench profile) measure without replacing engine functions at run time.
+Off (None) it costs one attribute test per call. Times are exclusive: a timed call inside another
+is not counted twice.
 """
 from __future__ import annotations
 
@@ -47,8 +46,7 @@ class OpTimer:
 
 
 class Kernels:
-    """A module of kernels (engine.kernels.cpu) whose every function, looked up through this,
-    is timed under its own name."""
+    """A module of kernels whose every function, looked up through this, is timed under its own name."""
 
     def __init__(self, module: Any, timer: OpTimer) -> None:
         self._module, self._timer = module, timer

@@ -1,7 +1,7 @@
 """The weight value types every part of the engine passes around: a stored matrix, one expert,
-one layer, and the expert cache's counters (CacheStats, in every StatsSnapshot, which the remote
-path reads without compiling anything). Their own module so that the loaders (engine.weights), the expert cache
-(engine.experts) and the forward pass import them without importing each other.
+one layer, and the expert cache's counters (CacheStats, which the remote path reads without
+compiling anything), in their own module so the loaders, the expert cache and the forward pass
+import them without importing each other.
 """
 from __future__ import annotations
 
@@ -34,8 +34,7 @@ class ExpertWeights:
 
 @dataclass(frozen=True)
 class LayerWeights:
-    """A decoder layer's resident weights (its routed experts live in the expert cache). A
-    short_conv layer (LFM2) has conv_in/conv_w/conv_out instead of q/k/v/o."""
+    """A decoder layer's resident weights (a short_conv layer: conv_in/conv_w/conv_out, no q/k/v/o)."""
     attn_norm: np.ndarray
     q: Matrix | None
     k: Matrix | None
@@ -79,8 +78,7 @@ class DeltaWeights:
 
 @dataclass(frozen=True)
 class SandwichNorms:
-    """Gemma 4: norms after the attention and around the dense MLP and the experts, the
-    layer's output scalar, and the router's scales."""
+    """Gemma 4: the norms around attention, dense MLP and experts, the layer scalar, the router scales."""
     post_attention: np.ndarray
     post_ffw_1: np.ndarray  # after the dense MLP
     pre_ffw_2: np.ndarray  # before the experts (on the raw residual)

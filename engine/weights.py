@@ -1,8 +1,7 @@
 """A model's weights as the kernels see them: stored matrices mapped in place from the model dir.
 
 Nothing is dequantized or copied at load except small vectors (norms, biases), which become
-float32. Experts are not mapped: they are loaded on demand into the expert cache
-(`engine.experts`), reached through `ModelWeights.experts.use(layer, expert)`.
+float32. Experts are loaded on demand into the expert cache (`ModelWeights.experts.use(L, e)`).
 """
 from __future__ import annotations
 
@@ -31,10 +30,8 @@ def load_vector(tf: TensorFile, name: str) -> np.ndarray:
 
 class ModelWeights:
     def __init__(self, model: ModelDir, pool, store, experts, repack: bool = True):
-        """`store` (engine.expert_store.ExpertStore) reads experts from the model directory; `experts`
-        (engine.experts.ExpertCache over it) is the expert cache, built by the Engine, which
-        replaces it when its settings change. `repack`: q4/q8_0 matrices go into the CPU
-        kernels' 8-row groups; off when a GPU may take matmuls (its kernels read the stored layout)."""
+        """`experts` (the cache over `store`) is built by the Engine, which replaces it when its settings
+        change. `repack`: q4/q8_0 matrices in the CPU kernels' 8-row groups (off when a GPU may take them)."""
         cfg = model.config
         self.files: list[TensorFile] = []
         self.pool = pool
@@ -100,8 +97,7 @@ class ModelWeights:
             o_bias=opt("attn_output.bias"), sinks=opt("attn_sinks.weight"), dense=dense, **rest)
 
     def _router(self, model: ModelDir, L: int) -> dict:
-        """Layer L's router matrix, a sigmoid_bias router's selection bias, and a gated shared
-        expert (Qwen2-MoE) with its gate, as LayerWeights fields."""
+        """Layer L's router, a sigmoid_bias router's bias, a gated shared expert: LayerWeights fields."""
         b = f"blk.{L}."
         rt = self._open(model.path / f"router/layer_{L}.bin")
         out = {"router": load_matrix(rt, b + "ffn_gate_inp.weight")}
@@ -119,10 +115,8 @@ class ModelWeights:
         return out
 
     def _repacked(self, m: Matrix, source: TensorFile) -> Matrix:
-        """A q4/q8_0 attention or output matrix (a tied embedding table too) copied out of its
-        mapped file into pool memory in the kernels' 8-row groups (as resident experts are):
-        the same resident bytes (the file's pages are released to the page cache), faster to decode.
-        Others stay mapped."""
+        """A q4/q8_0 attention or output matrix copied out of its mapped file into pool memory in the
+        kernels' 8-row groups: the same resident bytes, faster to decode. Others stay mapped."""
         from engine.kernels import cpu
         if not self.repack or m.code not in cpu.PACKABLE or m.rows % 8:
             return m
@@ -140,19 +134,12 @@ class ModelWeights:
         self._shared_blocks.append(block)
         return self.store.read_into(layer, expert, block.array(np.uint8, (block.size,)), self.repack)
 
-    def dense_bytes(self) -> int:
-        """Bytes of everything but the routed experts (always resident once touched)."""
-        return sum(e["size"] for rel, e in self.model_files.items()
-                   if rel.endswith(".bin") and not rel.startswith("experts/")) + \
-            sum(b.size for b in self._shared_blocks)
-
     def nbytes(self) -> int:
         """Bytes of all weight files (every expert, resident or not)."""
         return self._bytes
 
     def check_files(self) -> None:
-        """Each mapped weight file still as long as when it was opened (TensorFile.check); the
-        expert files the store reads on demand are not covered."""
+        """Each mapped weight file still as long as when opened (the expert files are not covered)."""
         for f in self.files:
             f.check()
 

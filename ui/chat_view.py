@@ -1,18 +1,15 @@
 """The conversation view (Markdown in a QTextBrowser) and the message input box.
 
-Streaming is rate-limited: text is appended to a buffer and the streaming message alone is
-re-rendered by the named timer `stream_render_timer`, never once per token: the finished
-messages above it are laid out once (`render`), and each tick replaces only the document's tail
-from `_stream_pos` (`render_stream`), so a long chat costs the same per tick as a short one.
-
-A reasoning model's thinking is a block of its own above the answer, with its token count:
-open while it is written, folded once the answer starts (its header link unfolds it). A message
-with versions (regenerated replies, edited messages) shows ‹ 2/3 › to browse them; each reply's
-footer names the model that wrote it, and its Details link the sampling it used.
+Streaming is rate-limited: the finished messages are laid out once (`render`), and the named timer
+`stream_render_timer` replaces only the document's tail from `_stream_pos` (`render_stream`), never
+once per token, so a long chat costs the same per tick as a short one. A reasoning model's thinking
+is a block above the answer, open while it is written, folded once the answer starts.
 """
 from __future__ import annotations
 
 import html
+from contextlib import contextmanager
+from typing import Iterator
 
 from PySide6.QtCore import QCoreApplication, QTimer, QUrl, Signal
 from PySide6.QtGui import QDesktopServices, QGuiApplication, QKeyEvent, Qt, QTextCursor
@@ -38,15 +35,9 @@ def stats_line(stats: dict) -> str:
     parts = [_tr("{n} tokens").format(n=stats["generated_tokens"]),
              _tr("{rate:.1f} tok/s").format(rate=stats.get("decode_tok_s", 0)),
              _tr("first token {ttft:.2f} s").format(ttft=stats.get("ttft_s", 0))]
-    if stats.get("finish_reason") == "cancelled":
-        parts.append(_tr("stopped"))
-    elif stats.get("finish_reason") == "length":
-        parts.append(_tr("hit the token limit"))
-    elif stats.get("finish_reason") == "context":
-        parts.append(_tr("the context is full"))
-    elif stats.get("finish_reason") == "interrupted":
-        parts.append(_tr("interrupted: the app closed while it was written"))
-    return " · ".join(parts)
+    said = {"cancelled": "stopped", "length": "hit the token limit", "context": "the context is full",
+            "interrupted": "interrupted: the app closed while it was written"}.get(stats.get("finish_reason"))
+    return " · ".join(parts + ([_tr(said)] if said else []))
 
 
 def facts_text(facts: dict) -> str:
@@ -96,10 +87,6 @@ class ChatView(QTextBrowser):
 
     def set_messages(self, messages: list[Message], streaming: str | None = None) -> None:
         self.messages, self.streaming = list(messages), streaming
-        self.render()
-
-    def begin_stream(self) -> None:
-        self.streaming = ""
         self.render()
 
     def set_stream_tokens(self, n: int) -> None:
@@ -162,8 +149,7 @@ class ChatView(QTextBrowser):
                 f'<tr><td bgcolor="{c["code"]}">{link}{body}</td></tr></table>')
 
     def _reply_foot(self, m: Message, last: bool) -> str:
-        """The figures and the model on one line; ‹ 2/3 › and the actions on the next; the
-        sampling under them when Details is open."""
+        """Figures and model; ‹ 2/3 › and the actions; the sampling when Details is open."""
         facts = " · ".join(p for p in (stats_line(m.stats), html.escape(m.facts.get("model", ""))) if p)
         links = [v for v in (self._versions(m),) if v]
         if last and self.streaming is None:
@@ -209,12 +195,7 @@ class ChatView(QTextBrowser):
         if thinking or still:  # open while it thinks (unless folded by hand), folded once the answer starts
             shown = still if self.stream_shown is None else self.stream_shown
             block = self._thinking(STREAM, thinking, self._think_tokens, still, shown)
-        if answer:
-            body = md.render(answer)
-        elif block:
-            body = ""
-        else:
-            body = f'<p style="color: {c["muted"]}">{placeholder}</p>'
+        body = md.render(answer) if answer else "" if block else f'<p style="color: {c["muted"]}">{placeholder}</p>'
         return self._block(self.tr("Assistant"), block + body, c["assistant"])
 
     def _open(self) -> str:
@@ -233,28 +214,29 @@ class ChatView(QTextBrowser):
         """Lay out the whole conversation; a streaming message is then appended by render_stream."""
         self.render_timer.stop()
         self.full_renders += 1
-        bar = self.verticalScrollBar()
-        at_bottom = bar.value() >= bar.maximum() - 8
-        keep = bar.value()
-        md = MarkdownRenderer(self.colors)
-        self.setHtml(self._open() + self._finished_html(md) + "</body>")
-        self._codes, self._stream_codes = md.codes, len(md.codes)
-        self._stream_pos = None
-        if self.streaming is not None:
-            end = QTextCursor(self.document())
-            end.movePosition(QTextCursor.End)
-            self._stream_pos = end.position()
-            self._replace_stream()
-        bar.setValue(bar.maximum() if at_bottom else keep)
+        with self._scroll_kept():
+            md = MarkdownRenderer(self.colors)
+            self.setHtml(self._open() + self._finished_html(md) + "</body>")
+            self._codes, self._stream_codes = md.codes, len(md.codes)
+            self._stream_pos = None
+            if self.streaming is not None:
+                end = QTextCursor(self.document())
+                end.movePosition(QTextCursor.End)
+                self._stream_pos = end.position()
+                self._replace_stream()
 
     def render_stream(self) -> None:
         """Re-render the streaming message only (the timer's slot)."""
-        if self.streaming is None or self._stream_pos is None:
-            return
+        if self.streaming is not None and self._stream_pos is not None:
+            with self._scroll_kept():
+                self._replace_stream()
+
+    @contextmanager
+    def _scroll_kept(self) -> Iterator[None]:
+        """The view stays at the bottom if it was there, else where it was."""
         bar = self.verticalScrollBar()
-        at_bottom = bar.value() >= bar.maximum() - 8
-        keep = bar.value()
-        self._replace_stream()
+        at_bottom, keep = bar.value() >= bar.maximum() - 8, bar.value()
+        yield
         bar.setValue(bar.maximum() if at_bottom else keep)
 
     def _replace_stream(self) -> None:

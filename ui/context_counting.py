@@ -1,9 +1,8 @@
 """Context counting of the main window: how much of the model's context the open chat takes under
-its policy (and with the message being written and its files), the markers where messages are left
-out, the warning when a message will not fit, and attaching files (the dialog, or dropped on the box).
-
-The worker counts (`count_requested`, `count_attachment_requested`); its answers come back to
-`_on_counted` and `_on_planned`. A part of MainWindow (mixed into it)."""
+its policy (with the draft and its files), the markers where messages are left out, the warning
+when a message will not fit, and attaching files. The worker counts; its answers come back to
+`_on_counted` and `_on_planned`. A part of MainWindow (mixed into it).
+"""
 from __future__ import annotations
 
 from pathlib import Path
@@ -22,8 +21,7 @@ class ContextCounting:
     """`context_counts`, `plans` (per chat) and `draft_plan` (the open chat with the message being written)."""
 
     def count_context(self) -> None:
-        """Ask the worker how much of the context the open chat takes under its policy (answered by
-        `_on_counted` and `_on_planned`)."""
+        """Ask the worker how much of the context the open chat takes under its policy."""
         if self.flow.model is None or self.conv_id is None or self.conv_id == self.gen_conv:
             return
         conv = self.history.conversation(self.conv_id)
@@ -31,8 +29,7 @@ class ContextCounting:
                                        self.history.context_policy(conv.id), "chat", self._template_vars(conv))
 
     def _markers(self, conv) -> dict[int, str]:
-        """Where the open chat's next prompt leaves messages out: lines before the first message
-        left out and before the first one read again (indices into its messages)."""
+        """Where the next prompt leaves messages out: lines before the first cut and the first kept."""
         plan = self.plans.get(conv.id)
         if plan is None or plan.marker_before is None:
             return {}

@@ -1,8 +1,6 @@
 """The composer's context controls: the meter beside the input, the chat's context policy, and the
-tray of attached files with their token counts and the warning when a message will not fit.
-
-Thin widgets over app.chat_session plans and app.attachments records; the counting itself is the
-worker's (EngineWorker.count_context / count_attachment), answered by signals.
+tray of attached files with their token counts and the warning when a message will not fit: thin
+widgets over app.chat_session plans and app.attachments records.
 """
 from __future__ import annotations
 
@@ -11,6 +9,7 @@ from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QProgressBar, QSiz
 
 from app.attachments import Attachment
 from app.chat_session import LABELS, POLICIES
+from ui.boxes import fill
 
 
 def _tr(text: str) -> str:
@@ -28,8 +27,7 @@ def marker_texts(dropped: int, policy: str) -> tuple[str, str]:
 
 
 class ContextMeter(QProgressBar):
-    """Tokens of the open chat's next prompt against the model's context: green, amber past 80 %,
-    red once messages are left out or it cannot fit."""
+    """Tokens of the next prompt against the context: green, amber past 80 %, red once cut or too long."""
 
     def __init__(self):
         super().__init__(objectName="context_meter")
@@ -105,8 +103,7 @@ class PolicyBox(QComboBox):
 
 
 class AttachmentTray(QWidget):
-    """The files attached to the message being written: a chip each (name, tokens, remove), and
-    the warning line when the message will not fit."""
+    """The files attached to the draft, a chip each, and the warning when the message will not fit."""
     changed = Signal()
 
     def __init__(self):
@@ -130,15 +127,12 @@ class AttachmentTray(QWidget):
         self.items[key] = a
         chip = QWidget(objectName="attachment_chip")
         chip.setAttribute(Qt.WA_StyledBackground, True)
-        cl = QHBoxLayout(chip)
-        cl.setContentsMargins(8, 2, 2, 2)
         label = QLabel()
         remove = QToolButton(objectName="attachment_remove", text="✕", autoRaise=True)
         remove.setAccessibleName(_tr("Remove {name}").format(name=a.name))
         remove.setToolTip(remove.accessibleName())
         remove.clicked.connect(lambda: self.remove(key))
-        cl.addWidget(label)
-        cl.addWidget(remove)
+        fill(QHBoxLayout(chip), label, remove, margins=(8, 2, 2, 2))
         self.row.insertWidget(len(self._chips), chip)
         self._chips[key] = (chip, label)
         self._label(key)

@@ -11,6 +11,7 @@ from PySide6.QtWidgets import QFileDialog, QInputDialog, QListView, QLineEdit, Q
     QVBoxLayout, QWidget
 
 from app import export
+from ui.boxes import fill
 from ui.model_flow import show_error
 from ui.models import ConversationListModel, shown_title
 from ui.param_form import ConversationDialog
@@ -36,11 +37,7 @@ class ConversationList:
         self.list.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
         self.list.setTextElideMode(Qt.ElideRight)
         side.setMinimumWidth(220)
-        sl = QVBoxLayout(side)
-        sl.setContentsMargins(10, 10, 10, 10)
-        sl.addWidget(self.new_button)
-        sl.addWidget(self.search)
-        sl.addWidget(self.list, 1)
+        fill(QVBoxLayout(side), self.new_button, self.search, (self.list, 1), margins=(10, 10, 10, 10))
         return side
 
     def refresh_conversations(self) -> None:
@@ -95,8 +92,7 @@ class ConversationList:
                                    sampling=self.settings.sampling | preset["sampling"])
 
     def sampling_for(self, conv) -> dict:
-        """The table's defaults, under the model's own (its generation config), under the app's and the
-        chat's values: what a reply of this chat is generated with."""
+        """A reply's sampling: the table's defaults, overridden by the model's, the app's, the chat's."""
         return self.settings.sampling_values() | self.flow.model_defaults | self.settings.sampling | conv.sampling
 
     def new_conversation(self) -> None:

@@ -1,10 +1,9 @@
 """The performance dashboard: live figures of the engine, drawn from the worker's StatsSnapshots.
 
-While the window is shown the worker sends one snapshot per `STATS_MS` (its named `stats_timer`
-when idle, between tokens while it generates); each snapshot adds one point to every series and
-redraws. The window only emits requests (`watch_requested`, `defrag_requested`) and reads plain
-records (StatsSnapshot, Step, DefragResult): it never calls the engine. Figures an engine does not
-report read "not available" with the reason, through app.advice's readers.
+While it is shown the worker sends one snapshot per `STATS_MS`; each adds one point to every
+series. The window only emits requests (`watch_requested`, `defrag_requested`) and reads plain
+records: it never calls the engine. Figures an engine does not report read "not available" with
+the reason, through app.advice's readers.
 """
 from __future__ import annotations
 
@@ -23,6 +22,7 @@ from app import advice as A
 from app.model_info import human_bytes
 from app.worker import STATS_MS
 from ui import pyside_refcount
+from ui.boxes import fill
 from ui.dashboard_text import defrag_text, gpu_text, kernels_line, no_gpu, pct, watts
 from ui.plot_range import fit_y, nice_ceil, no_focus
 from ui.steady_label import SteadyLabel
@@ -40,8 +40,7 @@ def _tr(text: str) -> str:
 
 
 class Dashboard(QWidget):
-    """The dashboard's panels (the main window puts them in a dock); `worker` is the app's
-    EngineWorker (its signals in, requests out)."""
+    """The dashboard's panels (docked by the main window) over the app's EngineWorker `worker`."""
     watch_requested = Signal(int)  # ms between snapshots; 0 = stop
     defrag_requested = Signal()
 
@@ -77,27 +76,32 @@ class Dashboard(QWidget):
         self.header.setText(self.tr("Waiting for the engine's first figures (a reply being written sends them "
                                     "between its words)…") if self.model_path else self.tr("No model is loaded."))
 
-    def _plot(self, y_label: str, legend: bool = False, color: str | None = None) -> pg.PlotWidget:
+    def _bare_plot(self, sides: tuple[str, ...]) -> pg.PlotWidget:
+        """A still plot (no mouse, no buttons, no focus) with its axes in the theme's colours."""
         c = self.colors
         p = pg.PlotWidget(background=c["bg"])
-        for side in ("left", "right", "bottom"):
-            p.getAxis(side).enableAutoSIPrefix(False)  # "(x0.001)" beside a title read as noise
         p.setMinimumHeight(150)
         no_focus(p)
-        for side in ("left", "bottom", "right"):
+        p.setMouseEnabled(x=False, y=False)
+        p.hideButtons()
+        for side in sides:
             ax = p.getAxis(side)
-            # an axis (and its grid, drawn across the plot) kept as a pixmap while its range and size
-            # stay: the curves move every half second, and replaying the axis' ticks, labels and grid
-            # each time was most of a plot's paint
-            ax.setCacheMode(QGraphicsItem.CacheMode.DeviceCoordinateCache)
+            ax.enableAutoSIPrefix(False)  # "(x0.001)" beside a title read as noise
             ax.setPen(pg.mkPen(c["border"]))
             ax.setTextPen(pg.mkPen(c["text"]))
+        return p
+
+    def _plot(self, y_label: str, legend: bool = False, color: str | None = None) -> pg.PlotWidget:
+        c = self.colors
+        p = self._bare_plot(("left", "bottom", "right"))
+        for side in ("left", "bottom", "right"):
+            # an axis (and its grid) kept as a pixmap while its range and size stay: replaying its
+            # ticks, labels and grid each time the curves move was most of a plot's paint
+            p.getAxis(side).setCacheMode(QGraphicsItem.CacheMode.DeviceCoordinateCache)
         p.setLabel("left", y_label, **self._label_style(color))
         p.setLabel("bottom", _tr("seconds ago"), **self._label_style())
         p.setXRange(-WINDOW_S, 0, padding=0.01)
         p.showGrid(x=True, y=True, alpha=0.15)
-        p.setMouseEnabled(x=False, y=False)
-        p.hideButtons()
         if legend:
             p.addLegend(offset=(6, 2), labelTextColor=c["text"], brush=pg.mkBrush(c["bg"] + "c0"),
                         labelTextSize="8pt", verSpacing=-6)
@@ -166,9 +170,8 @@ class Dashboard(QWidget):
         self.advice_label = QLabel(objectName="advice", wordWrap=True)
         self.advice_label.setTextFormat(Qt.RichText)
 
-        # decode (tens of tok/s) on the left axis, prefill (thousands) on its own right axis: on one
-        # axis the decode line lay flat at zero
-        # each axis title in its curve's colour (no legend over the data)
+        # decode (tens of tok/s) on the left axis, prefill (thousands) on its own right axis, each
+        # title in its curve's colour (no legend over the data)
         decode, prefill = _tr("decode tok/s (line)"), _tr("prefill tok/s (dots)")
         self.speed_plot = self._plot(decode, color=blue)
         self.decode_curve = self._curve(self.speed_plot, blue, "decode")
@@ -193,17 +196,8 @@ class Dashboard(QWidget):
         self.cache_chart = self._chart(self.cache_plot)
         self.cache_text = self._caption("cache_text")
 
-        self.heat_plot = pg.PlotWidget(background=c["bg"])
-        self.heat_plot.setMinimumHeight(150)
-        for side in ("left", "bottom"):
-            self.heat_plot.getAxis(side).enableAutoSIPrefix(False)
-        no_focus(self.heat_plot)
-        self.heat_plot.setMouseEnabled(x=False, y=False)
-        self.heat_plot.hideButtons()
+        self.heat_plot = self._bare_plot(("left", "bottom"))
         self.heat_plot.invertY(True)  # layer 0 on top, as in a table
-        for side in ("left", "bottom"):
-            self.heat_plot.getAxis(side).setTextPen(pg.mkPen(c["text"]))
-            self.heat_plot.getAxis(side).setPen(pg.mkPen(c["border"]))
         # titles after the pens: AxisItem.setPen recolours the title, which is how it became border-grey
         self.heat_plot.setLabel("bottom", "expert", **self._label_style())
         self.heat_plot.setLabel("left", "layer", **self._label_style())
@@ -246,10 +240,7 @@ class Dashboard(QWidget):
         self.defrag_button.clicked.connect(self.request_defrag)
         self.defrag_text = self._caption("defrag_text")
         row = QWidget()
-        rl = QHBoxLayout(row)
-        rl.setContentsMargins(0, 0, 0, 0)
-        rl.addWidget(self.defrag_button)
-        rl.addWidget(self.defrag_text, 1)
+        fill(QHBoxLayout(row), self.defrag_button, (self.defrag_text, 1), margins=(0, 0, 0, 0))
 
         self.rss_plot = self._plot("MB")
         self.rss_curve = self._curve(self.rss_plot, purple, "RSS")
@@ -309,11 +300,7 @@ class Dashboard(QWidget):
         self.scroll = QScrollArea(widgetResizable=True, frameShape=QFrame.NoFrame, objectName="dashboard_scroll")
         self.scroll.setWidget(body)
         self.scroll.setAccessibleName(self.tr("Dashboard panels"))
-        lay = QVBoxLayout(self)
-        lay.setContentsMargins(12, 10, 12, 10)
-        lay.addWidget(self.header)
-        lay.addWidget(self.advice_label)
-        lay.addWidget(self.scroll, 1)
+        fill(QVBoxLayout(self), self.header, self.advice_label, (self.scroll, 1), margins=(12, 10, 12, 10))
         self._show_advice([])
 
     def _lay_out(self, columns: int) -> None:
@@ -340,9 +327,7 @@ class Dashboard(QWidget):
         super().hideEvent(e)
 
     def _want(self, ms: int) -> None:
-        """Snapshots every `ms`: the worker's timer is started by a queued request, which waits while
-        a reply is written; the rate is also set directly (a plain attribute the reply loop reads), so a
-        dashboard opened mid-reply gets its figures between the reply's words."""
+        """Snapshots every `ms`, asked twice: queued to the worker's timer, and directly mid-reply."""
         if hasattr(self.worker, "want_stats"):
             self.worker.want_stats(ms)
         self.watch_requested.emit(ms)
@@ -397,9 +382,8 @@ class Dashboard(QWidget):
         }
         for k, v in point.items():
             self.history[k].append(v)
-        # drawn a panel per turn of the event loop, not all at once: at once it held the GUI thread
-        # long enough twice a second for the chat to stutter on busy cores. The steps draw the
-        # history as copied here; a newer snapshot drops what is left of them
+        # drawn a panel per turn of the event loop, not all at once (the chat would stutter); the
+        # steps draw the history as copied here, and a newer snapshot drops what is left of them
         h = {k: np.asarray(v, float) for k, v in self.history.items()}
         x = h["t"] - point["t"]
         self._pending = [
@@ -467,8 +451,7 @@ class Dashboard(QWidget):
 
     def _draw_lines(self, chart: QStackedWidget | None, plot: pg.PlotWidget, x: np.ndarray,
                     h: dict[str, np.ndarray], keys: tuple[str, ...], fit: float | None) -> None:
-        """A chart of plain lines, one per series in `keys`; `fit` is the low end of a y range fitted to
-        them (None: the plot keeps its fixed range). A chart showing a message instead is left alone."""
+        """A chart of lines for `keys`, y fitted from `fit` up (None: fixed), unless it shows a message."""
         if chart is not None and chart.currentIndex() != 0:
             return
         for key in keys:

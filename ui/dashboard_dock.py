@@ -21,8 +21,7 @@ class DashboardDock:
         return Dashboard(self.flow.worker, theme.palette(self.settings.theme), self.flow.model, self)
 
     def open_dashboard(self, toggle: bool = False):
-        """The performance dashboard, docked where the user last left it (right of the chat at first);
-        Ctrl+Shift+P shows it, and hides it again when it is showing."""
+        """The dashboard, docked where the user left it; Ctrl+Shift+P shows and hides it."""
         if self.dashboard_dock is None:
             self.dashboard = self._make_dashboard()
             dock = QDockWidget(self.tr("Performance"), self, objectName="dashboard_dock")

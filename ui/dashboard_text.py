@@ -15,10 +15,7 @@ def _tr(text: str) -> str:
 
 
 def defrag_text(r) -> str:
-    """What a defrag did, as measured: the pool's release and the change in RSS, told apart.
-
-    The pool hands free pages back with madvise; RSS drops only by those that were in physical
-    memory (pages never touched cost nothing), and the kernel may take them back later."""
+    """What a defrag did: the pool's release and the change in RSS (only resident pages count there)."""
     before, after, change = _mb(r.rss_before), _mb(r.rss_after), r.rss_change
     rss = f"RSS {before} → {after} ({'−' if change < 0 else '+'}{_mb(abs(change))})"
     if r.returned_bytes <= 0:
@@ -35,8 +32,7 @@ def pct(x: float | None) -> str:
 
 
 def kernels_line(snap) -> str:
-    """What runs: the dot-product path and how it was chosen, the inner kernel per format, and the
-    route the last step took through the decoder loop and why (stats())."""
+    """What runs: the dot-product path and why, the kernel per format, the last step's route."""
     path, kernels = getattr(snap, "simd_path", ""), getattr(snap, "kernels", None) or {}
     if not path:
         return ""

@@ -1,11 +1,9 @@
 """The interface language: Qt translators for Colibri's strings (resources/i18n/colibri_<lang>.qm) and
-Qt's own (standard buttons, file dialogs), chosen by the `language` setting.
+Qt's own, chosen by the `language` setting.
 
-The .qm files are committed next to their .ts sources, so nothing is built at run time; after
-editing a .ts, run `pyside6-lrelease resources/i18n/colibri_zh_CN.ts`. `pyside6-lupdate ui/*.py -ts …`
-finds the `self.tr("…")` strings; the ones passed through a helper (`_tr` in chat_view, dashboard, model_flow,
-param_form and models: parameter names, help and choices, the worker's "what failed" phrases) it
-cannot see and marks vanished: keep them (never run it with -no-obsolete).
+The .qm files are committed next to their .ts sources; after editing a .ts, run `pyside6-lrelease`.
+`pyside6-lupdate` cannot see the strings passed through a helper (`_tr`) and marks them vanished:
+keep them (never run it with -no-obsolete).
 """
 from __future__ import annotations
 
@@ -30,8 +28,7 @@ def resolve(language: str) -> str:
 
 
 def install(app: QCoreApplication, language: str) -> list[QTranslator]:
-    """Install the translators for `language` on `app`; returns them (keep them alive, or remove
-    them with `uninstall`). English installs none."""
+    """Install the translators for `language` on `app` (none for English); keep what it returns."""
     lang = resolve(language)
     if lang == "en":
         return []
@@ -54,7 +51,6 @@ def uninstall(app: QCoreApplication, translators: list[QTranslator]) -> None:
 
 
 def switch(app: QCoreApplication, old: list[QTranslator], language: str) -> list[QTranslator]:
-    """Change the language of a running app: every widget gets a LanguageChange event and
-    re-reads its texts (MainWindow.retranslate). Returns the new translators (keep them)."""
+    """Change a running app's language (each widget re-reads its texts); the new translators (keep them)."""
     uninstall(app, old)
     return install(app, language)

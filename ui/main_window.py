@@ -17,6 +17,7 @@ from PySide6.QtWidgets import (QApplication, QComboBox, QDockWidget, QHBoxLayout
 from app.history import History
 from app.settings import Settings
 from ui import i18n, theme
+from ui.boxes import fill
 from ui.chat_view import ChatView, MessageInput
 from ui.context_counting import DRAFT_MS, ContextCounting
 from ui.context_ui import AttachmentTray, ContextMeter, PolicyBox
@@ -75,18 +76,13 @@ class MainWindow(ConversationList, ContextCounting, ReplyStreaming, ThinkingSwit
         self.remote_requested.connect(self.flow.worker.connect_remote)  # queued: the worker's thread
         self._build()
         self._menus()
-        self.flow.ready.connect(self._on_ready)
-        self.flow.busy.connect(self._set_busy)
-        self.flow.no_model.connect(self._on_no_model)
         w = self.flow.worker
-        w.text.connect(self._on_text)
-        w.finished.connect(self._on_finished)
-        w.stats.connect(self._on_stats)
-        w.counted.connect(self._on_counted)
-        w.planned.connect(self._on_planned)
-        w.slowed.connect(self._on_slowed)
-        w.attachment_counted.connect(self.tray.set_tokens)
-        w.reasoning.connect(self._on_reasoning)
+        for signal, slot in ((self.flow.ready, self._on_ready), (self.flow.busy, self._set_busy),
+                             (self.flow.no_model, self._on_no_model), (w.text, self._on_text),
+                             (w.finished, self._on_finished), (w.stats, self._on_stats), (w.counted, self._on_counted),
+                             (w.planned, self._on_planned), (w.slowed, self._on_slowed),
+                             (w.attachment_counted, self.tray.set_tokens), (w.reasoning, self._on_reasoning)):
+            signal.connect(slot)
         self.status_timer = QTimer(self, objectName="status_timer", interval=STATUS_MS)
         self.status_timer.timeout.connect(self._update_status)
         self.status_timer.start()
@@ -113,13 +109,8 @@ class MainWindow(ConversationList, ContextCounting, ReplyStreaming, ThinkingSwit
         self.chat_settings_button.clicked.connect(self.edit_conversation_options)
         self.settings_button = settings_button = QPushButton(objectName="settings")
         settings_button.clicked.connect(self.open_settings)
-        tl = QHBoxLayout(top)
-        tl.setContentsMargins(14, 8, 14, 8)
-        tl.addWidget(self.title, 1)
-        tl.addWidget(self.model_picker)
-        tl.addWidget(self.thinking_button)
-        tl.addWidget(self.chat_settings_button)
-        tl.addWidget(settings_button)
+        fill(QHBoxLayout(top), (self.title, 1), self.model_picker, self.thinking_button, self.chat_settings_button,
+             settings_button, margins=(14, 8, 14, 8))
 
         self.view = ChatView(theme.palette(self.settings.theme), self.settings.font_size)
         self.view.edit_requested.connect(self.edit_message)
@@ -152,29 +143,13 @@ class MainWindow(ConversationList, ContextCounting, ReplyStreaming, ThinkingSwit
         for target in (self.input, self.input.viewport()):  # files dropped on the message box are attached
             target.setAcceptDrops(True)
             target.installEventFilter(self)
-        cl = QVBoxLayout(composer)
-        cl.setContentsMargins(14, 8, 14, 10)
-        cl.addWidget(self.notice)
-        cl.addWidget(self.tray)
-        row = QHBoxLayout()
-        row.addWidget(self.attach_button, 0, Qt.AlignBottom)
-        row.addWidget(self.input, 1)
-        row.addWidget(self.send_button, 0, Qt.AlignBottom)
-        cl.addLayout(row)
-        under = QHBoxLayout()
-        under.addWidget(self.policy_label)
-        under.addWidget(self.policy_box)
-        under.addStretch(1)
-        under.addWidget(self.meter)
-        cl.addLayout(under)
+        row = fill(QHBoxLayout(), (self.attach_button, 0, Qt.AlignBottom), (self.input, 1),
+                   (self.send_button, 0, Qt.AlignBottom))
+        under = fill(QHBoxLayout(), self.policy_label, self.policy_box, 1, self.meter)
+        fill(QVBoxLayout(composer), self.notice, self.tray, row, under, margins=(14, 8, 14, 10))
 
         center = QWidget()
-        ml = QVBoxLayout(center)
-        ml.setContentsMargins(0, 0, 0, 0)
-        ml.setSpacing(0)
-        ml.addWidget(top)
-        ml.addWidget(self.view, 1)
-        ml.addWidget(composer)
+        fill(QVBoxLayout(center), top, (self.view, 1), composer, margins=(0, 0, 0, 0)).setSpacing(0)
         split = QSplitter()
         split.addWidget(side)
         split.addWidget(center)

@@ -37,8 +37,7 @@ def translate_what(what: str) -> str:
 
 
 def show_error(parent: QWidget, title: str, text: str) -> QMessageBox:
-    """A non-blocking error dialog with the specific message (the engine's, untranslated: it names
-    the file, tensor or key)."""
+    """A non-blocking error dialog with the engine's specific message (it names the file, tensor or key)."""
     title = translate_what(title)
     box = QMessageBox(QMessageBox.Critical, title, _tr("{what} failed.").format(what=title), QMessageBox.Ok, parent)
     box.setInformativeText(text)
@@ -73,26 +72,18 @@ class ModelFlow(QObject):
         self.thread = QThread(objectName="engine_thread")
         self.worker = EngineWorker()
         self.worker.moveToThread(self.thread)
-        self.pick_requested.connect(self.worker.pick)
-        self.load_requested.connect(self.worker.load)
-        self.convert_requested.connect(self.worker.convert)
-        self.generate_requested.connect(self.worker.generate)
-        self.count_requested.connect(self.worker.count_context)
-        self.count_attachment_requested.connect(self.worker.count_attachment)
-        self.fit_requested.connect(self.worker.explain_fit)
-        self.set_param_requested.connect(self.worker.set_param)
-        self.serve_requested.connect(self.worker.serve)
-        self.close_requested.connect(self.worker.close, Qt.BlockingQueuedConnection)
         w = self.worker
-        w.stage.connect(self._stage)
-        w.progress.connect(self._progress)
-        w.converted.connect(self._converted)
-        w.loaded.connect(self._loaded)
-        w.model_defaults.connect(self._model_defaults)
-        w.wont_fit.connect(self._wont_fit)
-        w.failed.connect(self._failed)
-        w.cancelled.connect(self._cancelled)
-        w.picked.connect(self._picked)
+        for signal, slot in ((self.pick_requested, w.pick), (self.load_requested, w.load),
+                             (self.convert_requested, w.convert), (self.generate_requested, w.generate),
+                             (self.count_requested, w.count_context),
+                             (self.count_attachment_requested, w.count_attachment),
+                             (self.fit_requested, w.explain_fit), (self.set_param_requested, w.set_param),
+                             (self.serve_requested, w.serve), (w.stage, self._stage), (w.progress, self._progress),
+                             (w.converted, self.load), (w.loaded, self._loaded),
+                             (w.model_defaults, self._model_defaults), (w.wont_fit, self._wont_fit),
+                             (w.failed, self._failed), (w.cancelled, self._cancelled), (w.picked, self._picked)):
+            signal.connect(slot)
+        self.close_requested.connect(w.close, Qt.BlockingQueuedConnection)
         self.dialog: QProgressDialog | None = None
         self.loading: str | None = None  # the model folder being loaded
         self.model: str | None = None  # the model folder loaded
@@ -113,12 +104,9 @@ class ModelFlow(QObject):
         """The worker's answer to start(): a valid model folder to load, or "" (convert the default)."""
         if path:
             return self.load(path)
-        self._progress_dialog(self.tr("Preparing {name}").format(name=default_model.NAME),
-                              self.tr("Converting the default model into your data folder (first run only).")
-                              + f"\n{default_model.NAME}: {default_model.NOTE}.", cancel=True)
-        self.busy.emit("converting")
-        self.worker.arm()
-        self.convert_requested.emit("")
+        self._convert("", self.tr("Preparing {name}").format(name=default_model.NAME),
+                      self.tr("Converting the default model into your data folder (first run only).")
+                      + f"\n{default_model.NAME}: {default_model.NOTE}.")
 
     def load(self, path: str, force: bool = False) -> None:
         self.loading = path
@@ -128,8 +116,11 @@ class ModelFlow(QObject):
         self.load_requested.emit(path, self.settings.engine_values(), force)
 
     def import_source(self, source: str) -> None:
-        self._progress_dialog(self.tr("Importing {name}").format(name=Path(source).name),
-                              self.tr("Converting into your model library…"), cancel=True)
+        self._convert(source, self.tr("Importing {name}").format(name=Path(source).name),
+                      self.tr("Converting into your model library…"))
+
+    def _convert(self, source: str, title: str, text: str) -> None:
+        self._progress_dialog(title, text, cancel=True)
         self.busy.emit("converting")
         self.worker.arm()
         self.convert_requested.emit(source)
@@ -184,9 +175,6 @@ class ModelFlow(QObject):
             self.dialog.setValue(int(fraction * 1000))
             self.dialog.setLabelText(self.tr("Converting {tensor}  ({fraction:.0%})").format(tensor=tensor,
                                                                                             fraction=fraction))
-
-    def _converted(self, path: str) -> None:
-        self.load(path)
 
     def _model_defaults(self, path: str, values: dict) -> None:
         self.model_defaults = dict(values)

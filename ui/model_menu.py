@@ -82,8 +82,7 @@ class ModelMenu:
         self.view.empty_text = self.tr("{model} is ready. Type a message below.").format(model=self.snapshot.model)
 
     def _show_loading(self) -> None:
-        """Until a model is ready the empty chat says what is happening, and the picker names the model
-        being loaded (the progress dialog says it too, but it can be moved away or closed)."""
+        """Until a model is ready the empty chat and the picker say what is being loaded."""
         if self.flow.model is not None or self.closed or self.busy not in ("loading", "converting"):
             return
         if self.busy == "converting":

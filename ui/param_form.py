@@ -14,6 +14,7 @@ from PySide6.QtWidgets import (QCheckBox, QComboBox, QDialog, QDialogButtonBox, 
 
 from app import settings as S
 from engine.params import Param
+from ui.boxes import fill
 
 INT_MAX = 2**31 - 1  # QSpinBox holds a C int
 LANGUAGE_NAMES = {"en": "English", "zh_CN": "简体中文"}  # each language under its own name, in every language
@@ -53,8 +54,8 @@ def unset_label(p: Param) -> str:
 
 
 class ByteSizeEdit(QWidget):
-    """A byte budget in MB or GB (a spin box of bytes cannot hold more than 2 GB, and nobody types
-    bytes); 0 is "auto" when the parameter may be unset. Free memory is shown beside it."""
+    """A byte budget in MB or GB (a spin box of bytes holds at most 2 GB), free memory beside it;
+    0 is "auto" when the parameter may be unset."""
     valueChanged = Signal()
 
     def __init__(self, p: Param, value: int | None):
@@ -71,11 +72,7 @@ class ByteSizeEdit(QWidget):
         self.free = QLabel(objectName="help")
         vm = psutil.virtual_memory()
         self.free.setText(_tr("{free} free now, of {total}").format(free=_gb(vm.available), total=_gb(vm.total)))
-        lay = QHBoxLayout(self)
-        lay.setContentsMargins(0, 0, 0, 0)
-        lay.addWidget(self.number, 1)
-        lay.addWidget(self.unit)
-        lay.addWidget(self.free)
+        fill(QHBoxLayout(self), (self.number, 1), self.unit, self.free, margins=(0, 0, 0, 0))
         self.set_bytes(value)
         self.number.valueChanged.connect(self.valueChanged)
         self.unit.currentIndexChanged.connect(self._unit_changed)
@@ -115,8 +112,7 @@ def _gb(n: float) -> str:
 
 
 def scrolled(form: QWidget) -> QScrollArea:
-    """A form in a scroll area: a long table fits small screens, and wrapped help lines get the
-    height they need (the area sizes its widget by height-for-width)."""
+    """A form in a scroll area: a long table fits small screens, and wrapped help lines get their height."""
     area = QScrollArea(widgetResizable=True, frameShape=QScrollArea.NoFrame, focusPolicy=Qt.NoFocus)
     area.setWidget(form)
     area.viewport().setAutoFillBackground(False)
@@ -150,8 +146,7 @@ class ParamForm(QWidget):
             self.editors[p.name] = editor
             form.addRow(name, editor)
             help_text = help_ + (f" — {_tr(notes[p.name])}" if notes and p.name in notes else "")
-            help_label = QLabel(help_text, objectName="help", wordWrap=True)
-            form.addRow("", help_label)
+            form.addRow("", QLabel(help_text, objectName="help", wordWrap=True))
 
     def _editor(self, p: Param, value: Any) -> QWidget:
         if p.type is int and p.name.endswith("_bytes"):
@@ -195,9 +190,7 @@ class ParamForm(QWidget):
             raw = p.choices[w.currentIndex()]
         elif isinstance(w, QCheckBox):
             raw = w.isChecked()
-        elif isinstance(w, QSpinBox):
-            raw = None if p.nullable and w.value() == w.minimum() else w.value()
-        elif isinstance(w, QDoubleSpinBox):
+        elif isinstance(w, (QSpinBox, QDoubleSpinBox)):
             raw = None if p.nullable and w.value() == w.minimum() else w.value()
         else:
             raw = w.text() or None
@@ -211,10 +204,8 @@ class ParamForm(QWidget):
             w.setCurrentIndex(max(w.findData(value), 0))
         elif isinstance(w, QCheckBox):
             w.setChecked(bool(value))
-        elif isinstance(w, QSpinBox):
-            w.setValue(w.minimum() if value is None and p.nullable else int(value))
-        elif isinstance(w, QDoubleSpinBox):
-            w.setValue(w.minimum() if value is None and p.nullable else float(value))
+        elif isinstance(w, (QSpinBox, QDoubleSpinBox)):
+            w.setValue(w.minimum() if value is None and p.nullable else (int if isinstance(w, QSpinBox) else float)(value))
         else:
             w.setText("" if value is None else str(value))
 
@@ -235,8 +226,7 @@ class SettingsDialog(QDialog):
 
     def __init__(self, parent: QWidget | None, settings: S.Settings,
                  fit: Callable[[dict[str, Any]], Any] | None = None):
-        """`fit(engine values)` asks what the loaded model needs with them and whether it fits; the
-        answer comes as text for `fit_label` (a string returned, or later, from the worker)."""
+        """`fit(engine values)` asks what the loaded model needs; its text answer goes to `fit_label`."""
         super().__init__(parent)
         self.setWindowTitle(self.tr("Settings"))
         self.setMinimumWidth(520)
@@ -249,13 +239,10 @@ class SettingsDialog(QDialog):
         tabs.setAccessibleName(self.tr("Settings sections"))
         tabs.tabBar().setAccessibleName(self.tr("Settings sections"))
         engine_page = QWidget()
-        el = QVBoxLayout(engine_page)
-        el.setContentsMargins(0, 0, 0, 0)
         self.fit_label = QLabel(objectName="fit_note", wordWrap=True)
         self.fit_label.setAccessibleName(self.tr("What fits in memory"))
         self.fit_label.setVisible(fit is not None)
-        el.addWidget(self.fit_label)
-        el.addWidget(scrolled(self.engine_form), 1)
+        fill(QVBoxLayout(engine_page), self.fit_label, (scrolled(self.engine_form), 1), margins=(0, 0, 0, 0))
         self._fit = fit
         self.fit_timer = QTimer(self, objectName="fit_timer", singleShot=True, interval=200)
         self.fit_timer.timeout.connect(self.update_fit)
@@ -267,9 +254,7 @@ class SettingsDialog(QDialog):
         name_buttons(buttons)
         buttons.accepted.connect(self.accept)
         buttons.rejected.connect(self.reject)
-        lay = QVBoxLayout(self)
-        lay.addWidget(tabs)
-        lay.addWidget(buttons)
+        fill(QVBoxLayout(self), tabs, buttons)
 
     def update_fit(self) -> None:
         if self._fit is not None:
@@ -314,9 +299,6 @@ class ConversationDialog(QDialog):
             lay.addLayout(self._preset_row())
         prompt_label = QLabel(self.tr("&System prompt"))
         prompt_label.setBuddy(self.system)
-        lay.addWidget(prompt_label)
-        lay.addWidget(self.system)
-        lay.addWidget(QLabel(self.tr("Sampling")))
         md = model_defaults or {}
         self.model_note = QLabel(objectName="help", wordWrap=True)
         self.model_note.setText(
@@ -324,9 +306,9 @@ class ConversationDialog(QDialog):
             .format(values=", ".join(f"{label(k)} {v:g}" if isinstance(v, float) else f"{label(k)} {v}"
                                      for k, v in md.items())) if md else
             self.tr("This model recommends no sampling values: the defaults below are Colibri's."))
-        lay.addWidget(self.model_note)
-        lay.addWidget(scrolled(self.form), 1)  # laid out bare, five help lines lost their last line
-        lay.addWidget(buttons)
+        # the form scrolled: laid out bare, five help lines lost their last line
+        fill(lay, prompt_label, self.system, QLabel(self.tr("Sampling")), self.model_note, (scrolled(self.form), 1),
+             buttons)
         self.resize(560, 800)
 
     def _preset_row(self) -> QHBoxLayout:
@@ -345,17 +327,10 @@ class ConversationDialog(QDialog):
             b.setAutoDefault(False)
         self.default_label = QLabel(objectName="help")
         self._show_default()
-        row = QHBoxLayout()
         preset_label = QLabel(self.tr("&Preset"))
         preset_label.setBuddy(self.preset_box)
-        row.addWidget(preset_label)
-        row.addWidget(self.preset_box, 1)
-        row.addWidget(save)
-        row.addWidget(default)
-        outer = QVBoxLayout()
-        outer.addLayout(row)
-        outer.addWidget(self.default_label)
-        return outer
+        row = fill(QHBoxLayout(), preset_label, (self.preset_box, 1), save, default)
+        return fill(QVBoxLayout(), row, self.default_label)
 
     def _fill_presets(self, current: str | None = None) -> None:
         self.preset_box.clear()
@@ -376,8 +351,7 @@ class ConversationDialog(QDialog):
                 self.form.set_value(k, v)
 
     def save_preset(self, name: str) -> None:
-        """The fields as a preset (only the values that differ from the defaults: the rest keep
-        following the model's own)."""
+        """The fields as a preset: only the values that differ from the defaults."""
         values = {k: v for k, v in self.form.values().items() if v != self.defaults.get(k)}
         self.settings.save_preset(name, self.system.toPlainText().strip(), values)
         self.presets_changed = True

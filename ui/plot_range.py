@@ -28,9 +28,8 @@ def nice_ceil(v: float) -> float:
 
 def fit_y(plot: pg.PlotWidget, values: np.ndarray, low: float | None, min_span: float = 10.0) -> None:
     """The y range over the finite values: from `low` to at least 15% above the largest, or (low None)
-    around them, at least min_span wide; nothing to show leaves the range as it is. The ends are
-    rounded (to _NICE steps, or whole multiples of min_span / 2): a range that followed every new
-    figure redrew the axis at each snapshot, and its ticks wandered."""
+    around them, at least min_span wide, its ends rounded so the axis does not redraw at every snapshot;
+    nothing to show leaves the range as it is."""
     v = values[np.isfinite(values)]
     if not len(v):
         return

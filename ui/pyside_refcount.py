@@ -1,14 +1,9 @@
 """A guard against a reference-count bug of the Qt binding, on Python before 3.12.
 
-Measured here with PySide6 6.12.0 on Python 3.11: every call of a void method (QLabel.setText,
-QPen.setWidthF, QPointF.setX, ...) drops one reference to None, and some calls drop one to True.
-Python 3.12+ makes those objects immortal, so nothing happens there; on 3.11 the count of None
-reaches zero after a few thousand calls and the process aborts with "Fatal Python error:
-none_dealloc". A window that redraws plots twice a second (the dashboard: ~500 such calls per
-redraw) gets there within seconds; the chat window's status line within minutes.
-
-`install()` probes for the bug once and, only where it is present, adds 2**40 references to None,
-True and False, which no session can use up. It changes nothing where the binding is correct.
+With PySide6 6.12 on Python 3.11 every call of a void method (QLabel.setText, ...) drops one
+reference to None (some calls one to True), until the process aborts ("Fatal Python error:
+none_dealloc"). `install()` probes for the bug once and, only where it is present, adds 2**40
+references to None, True and False, which no session can use up.
 """
 from __future__ import annotations
 

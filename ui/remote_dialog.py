@@ -1,8 +1,6 @@
 """Server → Use a remote endpoint…: the address, API key and model of an OpenAI-compatible server
-(llama-server, vLLM, Ollama, another Colibri) to chat through instead of a local model.
-
-The model list comes from the endpoint's /v1/models, fetched off the GUI thread. The address and
-model are kept in the settings; the key only in the system keyring (app.remote), never in a file.
+to chat through instead of a local model. The model list is fetched off the GUI thread; the key is
+kept only in the system keyring (app.remote), never in a file.
 """
 from __future__ import annotations
 
@@ -15,6 +13,7 @@ from PySide6.QtWidgets import (QComboBox, QDialog, QDialogButtonBox, QFormLayout
 
 from app import remote
 from app.settings import Settings
+from ui.boxes import fill
 
 DEFAULT_URL = "http://127.0.0.1:8080/v1"  # llama-server's own default address
 
@@ -63,9 +62,7 @@ class RemoteDialog(QDialog):
         self.fetch_button.clicked.connect(self.fetch)
         self.status = QLabel(objectName="remote_status", wordWrap=True)
         self.status.setAccessibleName(self.tr("Connection status"))
-        row = QHBoxLayout()
-        row.addWidget(self.model, 1)
-        row.addWidget(self.fetch_button)
+        row = fill(QHBoxLayout(), (self.model, 1), self.fetch_button)
         form = QFormLayout()
         form.addRow(self.tr("Address"), self.url)
         form.addRow(self.tr("API key"), self.key)
@@ -75,13 +72,9 @@ class RemoteDialog(QDialog):
         self.connect_button.setObjectName("remote_connect")
         self.buttons.accepted.connect(self.accept)
         self.buttons.rejected.connect(self.reject)
-        layout = QVBoxLayout(self)
-        layout.addWidget(QLabel(self.tr("Chat through an OpenAI-compatible server: llama.cpp's llama-server, vLLM, "
-                                        "Ollama or another Colibri. The key is kept in the system keyring."),
-                                wordWrap=True))
-        layout.addLayout(form)
-        layout.addWidget(self.status)
-        layout.addWidget(self.buttons)
+        intro = QLabel(self.tr("Chat through an OpenAI-compatible server: llama.cpp's llama-server, vLLM, "
+                               "Ollama or another Colibri. The key is kept in the system keyring."), wordWrap=True)
+        fill(QVBoxLayout(self), intro, form, self.status, self.buttons)
         self.setMinimumWidth(480)
         self._id = next(_dialogs)  # which dialog a job's answer is for
         _relay().models.connect(self._fetched)  # (disconnected when the dialog is deleted)

@@ -1,9 +1,8 @@
-"""Reply streaming of the main window: sending a message, the reply written as it streams in (and
-saved as it grows, so a kill loses at most PARTIAL_S of it), stop, regenerate, continue, the versions of a
-message and editing one (a branch of the chat).
-
-A part of MainWindow (mixed into it): requests go to the worker through `flow.generate`; its text and
-finish signals come back to `_on_text` and `_on_finished`."""
+"""Reply streaming of the main window: sending a message, the reply as it streams in (saved as it
+grows, so a kill loses at most PARTIAL_S of it), stop, regenerate, continue, versions and editing.
+A part of MainWindow (mixed into it): requests go through `flow.generate`; the worker's signals
+come back to `_on_text` and `_on_finished`.
+"""
 from __future__ import annotations
 
 import logging
@@ -93,8 +92,7 @@ class ReplyStreaming:
             self._save_partial(step, before)
 
     def _save_partial(self, step, before: int) -> None:
-        """The reply so far into the history (throttled by the caller): the app killed now loses at
-        most the last PARTIAL_S of it, and the next start shows it as an interrupted reply."""
+        """The reply so far into the history: a kill now loses at most the last PARTIAL_S of it."""
         self.partial_at = time.monotonic()
         reasoning, content, still = split(self.streams[self.gen_conv])
         stats = {"generated_tokens": before + step.generated_tokens, "prompt_tokens": step.prompt_tokens,

@@ -1,8 +1,7 @@
-"""The status line of the main window and the state of its controls: this chat's speed (live while a
-reply is written), its context use (the same figure as the meter), the process memory and the
-local server's address; Send turns into Stop while a reply is written.
-
-Refreshed by the window's named timer every STATUS_MS, never per token. A part of MainWindow (mixed into it)."""
+"""The status line of the main window and the state of its controls: this chat's speed, its
+context use, the process memory and the local server's address; Send turns into Stop while a reply
+is written. Refreshed every STATUS_MS, never per token. A part of MainWindow (mixed into it).
+"""
 from __future__ import annotations
 
 import psutil
@@ -43,10 +42,7 @@ class StatusLine:
         self.model_picker.setEnabled(not self.busy)
 
     def _update_status(self) -> None:
-        """Speed of this chat's reply (live while it is written), its context use, the process memory.
-
-        Nothing is made up: before a reply the speed says so, while the prompt is read its progress
-        shows, and the context count is this chat's own (counted by the loaded model)."""
+        """This chat's reply speed (live while written), its context use, the process memory."""
         s, snap = self.last_step, self.snapshot
         here = self.gen_conv is not None and self.gen_conv == self.conv_id
         if here and s is not None and (s.generated_tokens < 2 or not s.decode_tok_s):
@@ -92,8 +88,7 @@ class StatusLine:
         self.memory_label.setText(self.tr("memory {mb:,.0f} MB").format(mb=psutil.Process().memory_info().rss / 2**20))
 
     def _on_slowed(self, why: str) -> None:
-        """Defect 9: the worker saw decode fall while other programs took the CPU (and capped the
-        threads), or saw it end ("")."""
+        """The worker saw decode fall while other programs took the CPU, or saw it end ("")."""
         self.slow_reason = why
         if self.closed:
             return

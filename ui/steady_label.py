@@ -1,10 +1,8 @@
 """A word-wrapped label for figures that change every half second (the dashboard's captions).
 
-A plain QLabel asks for a new height whenever its text wraps to fewer or more lines; in the dashboard
-that moved every panel below it, resized every plot and repainted the whole window twice a second
-(felt as the chat stuttering while the dashboard was open on busy cores).
-This one keeps the tallest height it has needed at its current width, so a changing figure repaints
-only its own line.
+A plain QLabel asks for a new height whenever its text wraps to fewer or more lines, which moves
+every panel below it and repaints the whole window. This one keeps the tallest height it has needed
+at its current width, so a changing figure repaints only its own line.
 """
 from __future__ import annotations
 

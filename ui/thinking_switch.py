@@ -17,14 +17,12 @@ class ThinkingSwitch:
         self._show_thinking_switch()
 
     def _template_vars(self, conv) -> dict:
-        """What the chat template is told besides the messages (its thinking switch): the same for
-        counting a chat as for writing its reply."""
+        """What the chat template is told besides the messages: its thinking switch."""
         on = self._thinking_on(conv)
         return {} if on is None else {"enable_thinking": on}
 
     def _thinking_on(self, conv) -> bool | None:
-        """The chat's thinking switch as the template gets it (on unless turned off, as the button
-        shows), or None where the template has no switch."""
+        """The chat's thinking switch as the template gets it; None where it has no switch."""
         if not self.reasons[1]:
             return None
         return conv.thinking is not False

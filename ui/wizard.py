@@ -1,11 +1,9 @@
 """The model conversion wizard: pick a source, see what it is, choose how to store it, convert.
 
-Three pages: Source (a GGUF file or a Hugging Face folder, and what it holds), Options
-(quantization with each choice's size, memory and measured quality cost, an optional calibration
-text, expert files, name; the memory each expert cache size needs) and Convert
-(progress with Cancel, then "Open in chat"). Inspection and conversion run on the wizard's own
-thread through app.worker.ConvertWorker, so chatting goes on; Cancel sets its threading.Event and
-the converter leaves nothing behind.
+Three pages: Source, Options (quantization with each choice's size, memory and measured quality
+cost, calibration text, expert files, name) and Convert (progress with Cancel, then "Open in chat").
+Inspection and conversion run on the wizard's own thread (app.convert_worker), so chatting
+goes on; Cancel leaves nothing behind.
 """
 from __future__ import annotations
 
@@ -20,16 +18,16 @@ from PySide6.QtWidgets import (QAbstractItemView, QFrame, QScrollArea, QButtonGr
 
 from app.model_info import CONTEXT, QUANTIZE, QUANTIZE_HELP, ModelSummary, default_target, human_bytes, size_note
 from app.quality_table import already_stored, expected_cost, measured_on
-from app.worker import ConvertWorker
+from app.convert_worker import ConvertWorker
 from ui import pyside_refcount
+from ui.boxes import fill
 
 SOURCE, OPTIONS, CONVERT = range(3)
 CALIBRATED = ("int8", "q4_k_m", "int4")  # the choices whose rounding a calibration text weights
 
 
 def _muted(text: str = "", name: str = "") -> QLabel:
-    lab = QLabel(text, objectName=name or "help", wordWrap=True)
-    return lab
+    return QLabel(text, objectName=name or "help", wordWrap=True)
 
 
 def eta_text(elapsed: float, fraction: float) -> str:
@@ -60,14 +58,12 @@ class ConvertWizard(QDialog):
         self.thread = QThread(objectName="convert_thread")
         self.worker = ConvertWorker()
         self.worker.moveToThread(self.thread)
-        self.inspect_requested.connect(self.worker.inspect)
-        self.convert_requested.connect(self.worker.convert)
-        self.worker.inspected.connect(self._inspected)
-        self.worker.reading.connect(self._read_progress)
-        self.worker.progress.connect(self._progress)
-        self.worker.converted.connect(self._converted)
-        self.worker.cancelled.connect(self._cancelled)
-        self.worker.failed.connect(self._failed)
+        w = self.worker
+        for signal, slot in ((self.inspect_requested, w.inspect), (self.convert_requested, w.convert),
+                             (w.inspected, self._inspected), (w.reading, self._read_progress),
+                             (w.progress, self._progress), (w.converted, self._converted),
+                             (w.cancelled, self._cancelled), (w.failed, self._failed)):
+            signal.connect(slot)
         self.thread.start()
         self._build()
         for b in self.findChildren(QPushButton):  # Enter in the path field reads the path; it presses no button
@@ -93,15 +89,8 @@ class ConvertWizard(QDialog):
         self.next_button.clicked.connect(self._next)
         self.close_button = QPushButton(self.tr("Close"))
         self.close_button.clicked.connect(self.close)
-        row = QHBoxLayout()
-        row.addStretch(1)
-        for b in (self.back_button, self.next_button, self.close_button):
-            row.addWidget(b)
-        lay = QVBoxLayout(self)
-        lay.setContentsMargins(18, 14, 18, 14)
-        lay.addWidget(self.step_label)
-        lay.addWidget(self.pages, 1)
-        lay.addLayout(row)
+        row = fill(QHBoxLayout(), 1, self.back_button, self.next_button, self.close_button)
+        fill(QVBoxLayout(self), self.step_label, (self.pages, 1), row, margins=(18, 14, 18, 14))
 
     def _source_page(self) -> QWidget:
         page = QWidget()
@@ -121,10 +110,7 @@ class ConvertWizard(QDialog):
         folder = QPushButton(self.tr("Hugging Face folder…"))
         folder.setAccessibleName(self.tr("Choose a Hugging Face model folder"))
         folder.clicked.connect(self._pick_folder)
-        row = QHBoxLayout()
-        row.addWidget(self.path_edit, 1)
-        row.addWidget(gguf)
-        row.addWidget(folder)
+        row = fill(QHBoxLayout(), (self.path_edit, 1), gguf, folder)
         self.source_status = _muted(name="source_status")
         self.read_bar = QProgressBar(objectName="read_progress", minimum=0, maximum=0, textVisible=False)
         self.read_bar.setAccessibleName(self.tr("Reading the source"))
@@ -136,15 +122,11 @@ class ConvertWizard(QDialog):
         self.facts = QLabel(objectName="facts", wordWrap=True, textFormat=Qt.RichText)
         self.facts.setTextInteractionFlags(Qt.TextSelectableByMouse)
         self.facts.setAlignment(Qt.AlignTop | Qt.AlignLeft)
-        lay = QVBoxLayout(page)
-        lay.addWidget(_muted(self.tr("Colibri runs models converted into its own folder format. Pick the model to "
-                                     "convert: a GGUF file (as llama.cpp uses) or a Hugging Face folder with its "
-                                     "config.json and *.safetensors weights. Nothing is downloaded and the source "
-                                     "is never changed.")))
-        lay.addLayout(row)
-        lay.addWidget(self.read_bar)
-        lay.addWidget(self.source_status)
-        lay.addWidget(self.facts, 1)
+        intro = _muted(self.tr("Colibri runs models converted into its own folder format. Pick the model to "
+                               "convert: a GGUF file (as llama.cpp uses) or a Hugging Face folder with its "
+                               "config.json and *.safetensors weights. Nothing is downloaded and the source "
+                               "is never changed."))
+        fill(QVBoxLayout(page), intro, row, self.read_bar, self.source_status, (self.facts, 1))
         return page
 
     def _options_page(self) -> QWidget:
@@ -175,11 +157,8 @@ class ConvertWizard(QDialog):
             for col, cell in enumerate(cells, 2):
                 cell.setAlignment((Qt.AlignLeft if col == 4 else Qt.AlignRight) | Qt.AlignVCenter)
                 grid.addWidget(cell, row, col)
-        ql.addLayout(grid)
-        self.size_note = _muted(name="size_note")
-        ql.addWidget(self.size_note)
-        self.quality_note = _muted(name="quality_note")
-        ql.addWidget(self.quality_note)
+        self.size_note, self.quality_note = _muted(name="size_note"), _muted(name="quality_note")
+        fill(ql, grid, self.size_note, self.quality_note)
         cbox = QGroupBox(self.tr("Calibration (optional)"))
         cl = QVBoxLayout(cbox)
         self.calibration_edit = QLineEdit(objectName="calibration_path", clearButtonEnabled=True,
@@ -191,19 +170,13 @@ class ConvertWizard(QDialog):
         self.calibration_button = QPushButton(self.tr("Calibration text…"), objectName="calibration_button")
         self.calibration_button.setAccessibleName(self.tr("Choose a calibration text file"))
         self.calibration_button.clicked.connect(self._pick_calibration)
-        crow = QHBoxLayout()
-        crow.addWidget(self.calibration_edit, 1)
-        crow.addWidget(self.calibration_button)
-        cl.addLayout(crow)
         self.calibration_note = _muted(name="calibration_note")
-        cl.addWidget(self.calibration_note)
+        fill(cl, fill(QHBoxLayout(), (self.calibration_edit, 1), self.calibration_button), self.calibration_note)
         ebox = QGroupBox(self.tr("Expert files"))
-        el = QVBoxLayout(ebox)
         self.split_expert = QRadioButton(self.tr("One file per expert: a token reads only the experts it uses "
                                                  "(recommended)"), objectName="split_expert", checked=True)
         self.split_layer = QRadioButton(self.tr("One file per layer: fewer, larger files"), objectName="split_layer")
-        el.addWidget(self.split_expert)
-        el.addWidget(self.split_layer)
+        fill(QVBoxLayout(ebox), self.split_expert, self.split_layer)
         self.memory_table = QTableWidget(0, 3, objectName="memory_table")
         self.memory_table.setHorizontalHeaderLabels([self.tr("experts in memory per layer"), self.tr("memory needed"),
                                                      self.tr("what it means")])
@@ -217,25 +190,15 @@ class ConvertWizard(QDialog):
         self.memory_table.setMinimumHeight(130)
         self.memory_note = _muted(name="memory_note")
         mbox = QGroupBox(self.tr("Memory by expert cache size"))
-        ml = QVBoxLayout(mbox)
-        ml.addWidget(self.memory_table)
-        ml.addWidget(self.memory_note)
+        fill(QVBoxLayout(mbox), self.memory_table, self.memory_note)
         self.name_edit = QLineEdit(objectName="target_name")
         self.name_edit.setAccessibleName(self.tr("Save as"))
         self.name_edit.textEdited.connect(lambda _: self._update_target())
         self.target_label = _muted(name="target")
-        nrow = QHBoxLayout()
         save_as = QLabel(self.tr("&Save as"))
         save_as.setBuddy(self.name_edit)
-        nrow.addWidget(save_as)
-        nrow.addWidget(self.name_edit, 1)
-        lay = QVBoxLayout(page)
-        lay.addWidget(qbox)
-        lay.addWidget(cbox)
-        lay.addWidget(ebox)
-        lay.addWidget(mbox, 1)
-        lay.addLayout(nrow)
-        lay.addWidget(self.target_label)
+        nrow = fill(QHBoxLayout(), save_as, (self.name_edit, 1))
+        fill(QVBoxLayout(page), qbox, cbox, ebox, (mbox, 1), nrow, self.target_label)
         return page
 
     def _convert_page(self) -> QWidget:
@@ -249,17 +212,8 @@ class ConvertWizard(QDialog):
         self.outcome = QLabel(objectName="outcome", wordWrap=True)
         self.open_button = QPushButton(self.tr("Open in chat"), objectName="primary")
         self.open_button.clicked.connect(self.open_in_chat)
-        row = QHBoxLayout()
-        row.addWidget(self.cancel_button)
-        row.addStretch(1)
-        row.addWidget(self.open_button)
-        lay = QVBoxLayout(page)
-        lay.addWidget(self.convert_title)
-        lay.addWidget(self.bar)
-        lay.addWidget(self.tensor_label)
-        lay.addWidget(self.outcome)
-        lay.addLayout(row)
-        lay.addStretch(1)
+        row = fill(QHBoxLayout(), self.cancel_button, 1, self.open_button)
+        fill(QVBoxLayout(page), self.convert_title, self.bar, self.tensor_label, self.outcome, row, 1)
         return page
 
     # --- navigation --------------------------------------------------------------------------

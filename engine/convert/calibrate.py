@@ -1,16 +1,12 @@
 """Calibration for importance-weighted rounding (colibri-convert --calibration_data FILE).
 
 Why: a weight's rounding error costs in proportion to the energy of the activation it multiplies.
-The text is run through the source model (float32 numpy, layer by layer over all chunks at once,
-weights dequantized one layer at a time) and, for each matrix, the mean squared activation of
-each input column is kept, as llama.cpp's llama-imatrix does. Experts that no calibration token is
-routed to get no entry: they are rounded from their weights alone, and the summary says how many.
-
-Covered: the Llama-family shapes ModelConfig describes (GQA, q/k biases, per-head or full q/k
-RMSNorm, qkv clipping, sliding window, rope_freqs factors; plain RoPE otherwise: the statistics
-need the activations' sizes, not the last digit), dense or softmax top-k MoE with a shared expert.
-Layout: hidden states h (C chunks, T tokens, D), weights (out, in) as the model directory stores
-them (q/k rows in Hugging Face rotary order).
+The text is run through the source model (float32 numpy, layer by layer, weights dequantized one
+layer at a time) and, for each matrix, the mean squared activation of each input column is kept,
+as llama.cpp's llama-imatrix does. Experts no calibration token is routed to get no entry (the
+summary says how many). Covered: the Llama-family shapes ModelConfig describes, dense or softmax
+top-k MoE with a shared expert (plain RoPE: the statistics need the activations' sizes, not the
+last digit). Layout: hidden states h (C chunks, T tokens, D), weights (out, in) as stored.
 """
 from __future__ import annotations
 
@@ -151,10 +147,9 @@ class _Energy:
 def collect(read: Callable[[str], np.ndarray], cfg: ModelConfig, chunks: list[np.ndarray],
             has: Callable[[str], bool] = lambda n: True,
             progress: Callable[[int, int], None] | None = None) -> Calibration:
-    """Run `chunks` through the model whose float32 weights `read(name)` gives; the energies of
-    every matrix's inputs. `has(name)` says whether an optional tensor exists; `progress(layers
-    done, layers)` is called after each layer (all chunks pass a layer together, so that each
-    layer's weights are dequantized once: the layer is the unit of progress)."""
+    """Run `chunks` through the model whose float32 weights `read(name)` gives; the energies of every
+    matrix's inputs. All chunks pass a layer together (its weights dequantized once); `progress(layers
+    done, layers)` after each layer, `has(name)`: whether an optional tensor exists."""
     if cfg.qk_norm not in ("none", "head", "full"):
         raise ConversionError(f"calibration does not know qk_norm {cfg.qk_norm!r}")
     E = _Energy()
@@ -235,10 +230,8 @@ def _mlp(E: _Energy, x: np.ndarray, read: Callable[[str], np.ndarray], names: li
 def calibration_of(items: list, cfg: ModelConfig, src, text_path: str | Path,
                    src_path: Path | None = None,
                    progress: Callable[[int, int, int, int], None] | None = None) -> Calibration:
-    """Activation energies of every matrix's inputs on the calibration text for convert()'s plan
-    `items` (the source weights) of the opened source `src`;
-    kept for the process, so converting one source to several targets runs the text once.
-    `progress(layers done, layers, chunks, tokens)` after each layer of the forward."""
+    """Activation energies of every matrix's inputs on the calibration text, for convert()'s plan
+    `items` of the source `src`; kept for the process (several targets run the text once)."""
     key = cache_key(src_path, text_path) if src_path is not None else None
     if key in CACHE:
         return CACHE[key]

@@ -1,11 +1,10 @@
 """Convert a GGUF file or a Hugging Face folder into a Colibri model directory.
 
-Streaming: tensors are read, converted and written a slice of rows at a time, so memory stays
-flat whatever the model size. Expert matrices are written in the layout the CPU kernels consume
-(repacked: engine.quant's x8 types) wherever their format has one, so loading a streamed expert
-is one read and nothing else. Safety: everything is written into a hidden folder beside the
-destination and renamed into place only when complete; a failure, a cancel or Ctrl-C removes
-it, and a destination that exists is never touched without `force`.
+Streaming: tensors are read, converted and written a slice of rows at a time, so memory stays flat
+whatever the model size; expert matrices are written repacked for the CPU kernels where their
+format has a repacked layout. Safety: everything is written into a hidden folder beside the
+destination and renamed into place only when complete; a failure, a cancel or Ctrl-C removes it,
+and a destination that exists is never touched without `force`.
 """
 from __future__ import annotations
 
@@ -18,6 +17,7 @@ import os
 import shutil
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Iterable
@@ -92,8 +92,7 @@ GGUF_SAMPLING = {"general.sampling.temp": "temperature", "general.sampling.top_p
 
 
 def generation_defaults(values: dict, names: dict[str, str], where: str) -> dict:
-    """The sampling values a model recommends, checked against the parameter table; a value the
-    table refuses is left out with a log line (the model still converts)."""
+    """The sampling a model recommends, checked against the parameter table (a refused value: logged)."""
     from engine import params as P
     out = {}
     for key, name in names.items():
@@ -191,8 +190,7 @@ def _memory_tensor(name: str, values: np.ndarray) -> SourceTensor:
 
 def choose_type(name: str, src: quant.QuantType, shape: tuple[int, ...], target: str,
                 cfg: ModelConfig | None = None) -> quant.QuantType:
-    """The stored format of one tensor: vectors and routers stay exact, quantized families are kept
-    (a K preset re-rounds every matrix to the type llama-quantize's preset gives it)."""
+    """A tensor's stored format: vectors and routers exact, quantized families kept (or a K preset's)."""
     floats = {"f32", "f16", "bf16"}
     if len(shape) == 1 or name.endswith(("ffn_gate_inp.weight", "conv.weight", "conv1d.weight")):  # (convs' taps)
         return quant.get("f32") if src.name in floats else src
@@ -208,9 +206,8 @@ def choose_type(name: str, src: quant.QuantType, shape: tuple[int, ...], target:
         return src
     want = quant.get(quant.TARGETS[target])
     if shape[-1] % want.block_size:
-        fallback = quant.get("f16")
         log.warning("%s: row length %d is not a multiple of %d; stored as f16", name, shape[-1], want.block_size)
-        return fallback
+        return quant.get("f16")
     return want
 
 
@@ -300,10 +297,8 @@ def _clean_stale_partials(dst: Path) -> None:
 
 
 def recover_replaced(folder: str | Path) -> list[Path]:
-    """Put back models that a replacement killed half-way had set aside (`.NAME.old-PID`).
-
-    A leftover whose model is missing or damaged is renamed back into place; one whose model is
-    whole (the new one arrived) is removed. Returns the models put back."""
+    """Put back models a replacement killed half-way had set aside (`.NAME.old-PID`) where the model is
+    missing or damaged, else remove the leftover. Returns the models put back."""
     back = []
     for old in Path(folder).glob(f".*{_OLD}*"):
         if not old.is_dir() or not _dead(old):
@@ -333,8 +328,7 @@ def _check_destination(dst: Path, force: bool) -> None:
 
 
 def _check_space(dst: Path, need: int) -> None:
-    """The free space where dst will be written: its nearest existing folder (the parents are
-    created after this check)."""
+    """The free space where dst will be written: its nearest existing folder (parents come later)."""
     at = dst.parent
     while not at.exists() and at != at.parent:
         at = at.parent
@@ -351,12 +345,10 @@ def convert(model_path: str | Path, output_path: str | Path, quantize: str | Non
             calibration_data: str | Path | None = None, repack_experts: bool = True) -> ConvertResult:
     """Convert `model_path` (GGUF file or HF folder) into the Colibri directory `output_path`.
 
-    `quantize`: f32, f16, int8, int4 or keep; None keeps a GGUF's formats and makes int8 of a
-    float checkpoint. `cancel` (an Event or a callable) is checked between slices of tensors.
-    `calibration_data`: a text file whose activations weight the rounding (engine/convert/calibrate.py).
-    `repack_experts`: expert matrices written in the CPU kernels' 8-row groups where their format
-    has them (quant.repacked); off, every tensor in its stored (GGUF) layout, as older Colibri wrote.
-    """
+    `quantize`: one of QUANTIZE_CHOICES; None keeps a GGUF's formats and makes int8 of a float
+    checkpoint. `cancel` (an Event or a callable) is checked between slices of tensors.
+    `calibration_data`: a text file whose activations weight the rounding. `repack_experts` off: every
+    tensor in its stored (GGUF) layout."""
     t0 = time.perf_counter()
     src_path, dst = Path(model_path).expanduser(), Path(output_path).expanduser().absolute()
     if quantize is not None and quantize not in QUANTIZE_CHOICES:
@@ -417,10 +409,7 @@ def convert(model_path: str | Path, output_path: str | Path, quantize: str | Non
                 raise
             manifest.add(rel, *w.close())
         check()
-        types: dict[str, int] = {}
-        for it in items:
-            name = it.qtype.plain.name  # by format, however laid out
-            types[name] = types.get(name, 0) + 1
+        types = dict(Counter(it.qtype.plain.name for it in items))  # by format, however laid out
         _write_metadata(tmp, cfg, src, target, split_experts, types, src_path, manifest,
                         cal.summary() if cal else None)
         _move_into_place(tmp, dst)
@@ -494,8 +483,7 @@ def _fsync_dir(path: Path) -> None:
 
 
 def _exchange(a: Path, b: Path) -> bool:
-    """Swap two folders in one step (Linux renameat2 RENAME_EXCHANGE); False where the system or
-    the file system cannot, so the caller falls back to two renames."""
+    """Swap two folders in one step (renameat2 RENAME_EXCHANGE); False where the system cannot."""
     fn = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
     if fn is None:
         return False
@@ -509,11 +497,8 @@ def _exchange(a: Path, b: Path) -> bool:
 
 
 def _move_into_place(tmp: Path, dst: Path) -> None:
-    """The finished model takes `dst`'s place; a model already there stays usable until then.
-
-    Replacing swaps the two folders atomically where the system can; elsewhere the old model is
-    set aside, and put back if the new one cannot take its place (a kill in between is repaired
-    by `recover_replaced` at the next start or conversion)."""
+    """The finished model takes `dst`'s place, swapped atomically where the system can, else with the
+    old model set aside until then (`recover_replaced` repairs a kill in between)."""
     _fsync_dir(tmp)
     if dst.exists() and _exchange(tmp, dst):
         _fsync_dir(dst.parent)
@@ -535,8 +520,7 @@ def _move_into_place(tmp: Path, dst: Path) -> None:
 
 
 def calibration_for(model_path: str | Path, text_path: str | Path):
-    """The calibration colibri-convert --calibration_data computes, for a GGUF file or HF folder
-    (here, not in calibrate.py: it opens the source as convert does, and calibrate stays below convert)."""
+    """colibri-convert --calibration_data's calibration, for a GGUF file or HF folder."""
     from engine.convert.calibrate import calibration_of
     src = open_source(Path(model_path))
     try:

@@ -7,6 +7,7 @@ every architecture uses the Hugging Face row order.
 """
 from __future__ import annotations
 
+import math
 import mmap
 import struct
 from collections.abc import Callable
@@ -33,10 +34,8 @@ LIMITS = {"block_count": (1, 4096), "embedding_length": (1, 1 << 20), "attention
 
 
 def unpermute_order(n_head: int, rows: int) -> np.ndarray:
-    """Row order that turns llama.cpp's rotary layout back into Hugging Face's.
-
-    Per head, llama.cpp stores row (j, t) — pair j, half t — where HF has (t, j).
-    """
+    """Row order that turns llama.cpp's rotary layout back into Hugging Face's: per head,
+    llama.cpp stores row (j, t) (pair j, half t) where HF has (t, j)."""
     return np.arange(rows).reshape(n_head, rows // n_head // 2, 2).swapaxes(1, 2).reshape(-1)
 
 
@@ -93,8 +92,7 @@ class _Cursor:
 
 
 def check_layout(path: Path) -> int:
-    """Walk the header: every count, string, array, dimension and tensor extent must fit the file.
-    Returns the header's size in bytes (what reading it will take: its progress)."""
+    """Walk the header: every count, string, array and extent must fit the file; the header's size."""
     import gguf
     with open(path, "rb") as f:
         size = f.seek(0, 2)
@@ -134,9 +132,7 @@ def check_layout(path: Path) -> int:
                 except (ValueError, KeyError):
                     raise SourceFormatError(f"{path}: tensor {name!r} has GGML type id {ttype}, which GGML does "
                                             f"not define") from None
-                elements = 1
-                for d in dims:
-                    elements *= d
+                elements = math.prod(dims)
                 if 0 in dims or dims[0] % block:
                     raise SourceFormatError(f"{path}: tensor {name!r} has dimensions {dims} (each must be "
                                             f"positive, the first a multiple of {block})")
@@ -157,7 +153,7 @@ class GGUFModel:
         if magic != b"GGUF":
             raise SourceFormatError(f"{path}: not a GGUF file (magic {magic!r})")
         size = check_layout(path)
-        # the header only (gguf_header: 0.14 s where gguf.GGUFReader took 4 s for a 98 MB file)
+        # the header only (gguf_header, much faster than gguf.GGUFReader)
         header = read_header(path, progress, size)
         self.fields: dict = header.fields
         self.file = FileReader(path)
@@ -218,8 +214,7 @@ class GGUFModel:
         return float(value)
 
     def config(self) -> ModelConfig:
-        """The model's shape from the metadata: the keys every family shares here, the rest from
-        its family's gguf_config (engine/families)."""
+        """The model's shape from the metadata: shared keys here, the rest from its family's gguf_config."""
         garch = self.fields.get("general.architecture")
         if garch not in GGUF_ARCHS:
             raise UnsupportedArchitectureError(
@@ -283,8 +278,7 @@ class GGUFModel:
         return ModelConfig(**fields)  # type: ignore[arg-type]
 
     def kv_per_layer(self) -> list[int] | None:
-        """attention.head_count_kv where it lists each layer's KV heads (a family's gguf_config
-        reads what it means), else None."""
+        """attention.head_count_kv where it lists each layer's KV heads, else None."""
         value = self.value("attention.head_count_kv")
         return [int(v) for v in value] if isinstance(value, list) else None
 

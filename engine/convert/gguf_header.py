@@ -1,9 +1,8 @@
 """The GGUF header (metadata and tensor table) read with struct, without touching tensor data.
 
-gguf.GGUFReader builds a numpy memmap view per field part: 1.5 s for a 98 MB file whose header is
-a 49k-token vocabulary (4.4 s on a busy machine), when the header is a few MB of plain records.
-This reads the same records in one pass (0.1 s): metadata values as Python values (what
-`ReaderField.contents()` gives), tensors as (name, ggml shape, type id, absolute data offset).
+gguf.GGUFReader builds a numpy memmap view per field part, slow on a large vocabulary. This reads
+the same records in one pass: metadata values as Python values (what `ReaderField.contents()`
+gives), tensors as (name, ggml shape, type id, absolute data offset).
 `check_layout` (gguf_file.py) has already bounded every count against the file.
 Layout (little-endian): magic, u32 version, u64 n_tensors, u64 n_kv, the key/values, the tensor
 infos, then the data at the next multiple of general.alignment (32 by default).
@@ -48,8 +47,7 @@ class GGUFHeader:
 def read_header(path: str | Path, progress: Callable[[float], None] | None = None,
                 header_bytes: int | None = None) -> GGUFHeader:
     """Metadata and tensor table of a GGUF file; `progress` gets the fraction of the header read
-    (the vocabulary arrays are most of it) every 256 KB, against `header_bytes` (check_layout's
-    answer; the whole file when not known)."""
+    every 256 KB, against `header_bytes` (check_layout's answer; the whole file when not known)."""
     path = Path(path)
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
         return _Parser(path, buf, progress, header_bytes).run()

@@ -3,16 +3,14 @@
 The safetensors header is parsed by engine.convert.safetensors_file (the one reader). Weights
 are never unpickled: `.bin`/`.pt` checkpoints are refused.
 
-The released Qwen3.5/3.6-MoE and Gemma 4 checkpoints are `*ForConditionalGeneration`: the text
-model under `model.language_model.` (its config under `text_config`), beside vision/audio towers
-and (Qwen3.5) a multi-token-prediction head `mtp.*`. The text part is read as the `*ForCausalLM`
-layout; the rest is skipped by name (WRAPPER_SKIPPED) and logged: Colibri runs text only and does
-not use the MTP head (it would only speed up decoding by speculation).
+`*ForConditionalGeneration` checkpoints (Qwen3.5/3.6-MoE, Gemma 4) hold the text model under
+`model.language_model.` (its config under `text_config`), read as the `*ForCausalLM` layout; their
+vision/audio towers and multi-token-prediction head are skipped by name (WRAPPER_SKIPPED) and logged.
 
 gpt-oss ships its experts as MXFP4: `*_blocks` (uint8 [E, rows, groups, 16], element 2i in the low
-nibble) and `*_scales` (uint8 [E, rows, groups], E8M0). They are imported losslessly as our mxfp4
-(ggml's block_mxfp4: the scale byte, then byte j holding elements j and j + 16), only bits moved;
-gate_up's interleaved rows (gate even, up odd) become `gate_proj.mxfp4` and `up_proj.mxfp4`.
+nibble) and `*_scales` (uint8 [E, rows, groups], E8M0), imported losslessly as ggml's block_mxfp4
+(the scale byte, then byte j holding elements j and j + 16); gate_up's interleaved rows (gate even,
+up odd) become `gate_proj.mxfp4` and `up_proj.mxfp4`.
 """
 from __future__ import annotations
 
@@ -200,8 +198,7 @@ HF_LIMITS = {"num_hidden_layers": (1, 4096), "hidden_size": (1, 1 << 20), "num_a
 
 
 class HFConfig(dict):
-    """config.json's keys, read by the shared fields and by a family's hf_config: the errors name
-    the file and the key."""
+    """config.json's keys, read by the shared fields and a family's hf_config; errors name file and key."""
 
     def __init__(self, cfg: dict, path: Path):
         super().__init__(cfg)
@@ -218,8 +215,7 @@ class HFConfig(dict):
 
 
 def config_from_hf(folder: Path) -> ModelConfig:
-    """The model's shape from config.json: the keys every family shares here, the rest from its
-    family's hf_config (engine/families)."""
+    """The model's shape from config.json: the shared keys here, the rest from its family's hf_config."""
     path = folder / "config.json"
     if not path.is_file():
         raise SourceFormatError(f"{folder}: no config.json (is this a Hugging Face model folder?)")
@@ -291,8 +287,7 @@ _HF_KINDS = {"full_attention": "attention", "sliding_attention": "sliding_attent
 
 
 def _layer_kinds(cfg: dict, sp, path: Path) -> tuple[str, ...] | None:
-    """Each layer's kind, for architectures whose layers are not all attention (None otherwise:
-    spec.layer_types derives them)."""
+    """Each layer's kind where not all layers are attention (None: spec.layer_types derives them)."""
     if sp.layer_types_key is None:
         return None
     types = cfg.get(sp.layer_types_key)

@@ -1,13 +1,11 @@
 """K-quant export: Q4_K, Q5_K and Q6_K (and the 32-weight fallbacks Q5_0, Q5_1, Q8_0) written
 from float weights the way llama.cpp's llama-quantize writes them, and its preset mixes.
 
-Why byte for byte: a model we export is then the model llama.cpp would have made, so a quality
-or speed figure of ours compares like with like. The algorithms are ggml's reference quantizers
-(ggml-quants.c: quantize_row_q4_K_ref & co. without an importance matrix, the *_impl versions
-with one), re-expressed in numpy over many blocks at once: every float32 operation is done in
-C's order (sums run element by element, never pairwise), so the rounding is the same.
-Importance weights (`imatrix`, one per input column; from engine/convert/calibrate.py) switch to
-the *_impl algorithms, as llama-quantize --imatrix does.
+Why byte for byte: a model we export is then the model llama.cpp would have made, so a figure of
+ours compares like with like. The algorithms are ggml's reference quantizers (quantize_row_q4_K_ref
+& co.; with importance weights `imatrix`, one per input column, the *_impl versions, as
+llama-quantize --imatrix), in numpy over many blocks at once, every float32 operation in C's order
+(sums element by element, never pairwise), so the rounding is the same.
 
 Layout: a matrix (..., n) float32 in, the stored uint8 array (..., n // 256 * type_size) out;
 blocks run along the row, a row's blocks are independent, so any slice of rows quantizes alone.

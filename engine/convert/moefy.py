@@ -5,21 +5,17 @@
 Each layer's FFN neurons (the rows of gate and up, the columns of down) are clustered into N
 equal experts so that neurons which fire together on real text share an expert; a router per
 layer then picks the K experts whose output matters most for each token. With K = N the MoE
-computes the dense MLP (up to re-quantizing down); with K < N it reads K/N of the FFN bytes per
-token, at a perplexity cost the converter prints and stores in config.json.
+computes the dense MLP; with K < N it reads K/N of the FFN bytes per token, at a perplexity cost
+the converter prints and stores in config.json. The result is a Mixtral-style model directory:
+the router's logits are scaled down until the K weights are 1/K each (LOGIT_SCALE), and every
+expert's down is multiplied by K, so the selected experts add up as the dense MLP's neurons did.
 
-The result is a Mixtral-style model directory (softmax top-k, renormalised): the router's
-logits are scaled down until the K weights are 1/K each to within 0.2%, and every expert's down
-is multiplied by K, so the selected experts add up exactly as the dense MLP's neurons did.
-
-Calibration (tests/fixtures/texts/calibration_en_code.txt by default, never the held-out
-perplexity texts): the model runs over the text, and per layer the normed FFN input h (T, D)
-gives the neuron activations a = silu(h @ gate.T) * (h @ up.T) (T, F) and each cluster's output
-norm ||a_e @ down_e.T||, the quantity routing should rank. Neurons are clustered by balanced
-k-means on their |a| patterns over the tokens (cosine). Two routers are fitted on the first 3/4
-of the tokens and compared on the last 1/4 (relative error of the FFN output against the dense
-one): a least-squares fit from h to the clusters' output norms, and the mean of each cluster's
-gate rows; `router="auto"` keeps whichever is better for that layer.
+Calibration (never the held-out perplexity texts): per layer the normed FFN input h (T, D) gives
+the neuron activations a = silu(h @ gate.T) * (h @ up.T) (T, F) and each cluster's output norm
+||a_e @ down_e.T||, the quantity routing should rank. Neurons are clustered by balanced k-means on
+their |a| patterns (cosine). Two routers, a least-squares fit from h to the clusters' output norms
+and the mean of each cluster's gate rows, are fitted on the first 3/4 of the tokens and compared on
+the last 1/4; `router="auto"` keeps the better for each layer.
 """
 from __future__ import annotations
 
@@ -67,15 +63,13 @@ class MoefyResult:
 # --- calibration: the normed FFN inputs of every layer -----------------------------------------
 
 def ffn_inputs(dump: dict, layer: int, norm: np.ndarray, eps: float) -> np.ndarray:
-    """Layer's normed FFN input (T, D) from a forward pass's dump: the residual after attention
-    (blk.L.out - blk.L.ffn_out), RMS-normed with ffn_norm as the model does."""
+    """Layer L's normed FFN input (T, D) from a forward pass's dump (blk.L.out - blk.L.ffn_out, normed)."""
     x = dump[f"blk.{layer}.out"] - dump[f"blk.{layer}.ffn_out"]
     return (x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * norm).astype(np.float32)
 
 
 def calibration_inputs(model: ModelDir, text: str, tokens: int) -> list[np.ndarray]:
-    """Per layer, the normed FFN inputs (tokens, D) over the first `tokens` tokens of `text`,
-    in chunks of CHUNK from an empty context."""
+    """Per layer, the normed FFN inputs (tokens, D) over the first `tokens` tokens of `text`."""
     from engine.api import Engine
     eng = Engine(model.path, context_length=CHUNK, prefetch_window=0, log_level="WARN")
     try:
@@ -105,9 +99,7 @@ def swiglu(h: np.ndarray, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
 # --- clustering and routing (numpy) ------------------------------------------------------------
 
 def balanced_clusters(features: np.ndarray, n: int, iters: int = 25, seed: int = 0) -> np.ndarray:
-    """Rows of `features` (F, T) into n clusters of exactly F/n rows each, by cosine similarity:
-    k-means whose assignment step hands out the (row, cluster) pairs best first while both are
-    free. Returns the cluster of each row (F,)."""
+    """Rows of `features` (F, T) into n clusters of F/n rows each (balanced cosine k-means); (F,)."""
     F = features.shape[0]
     if F % n:
         raise ConfigError(f"--moefy {n}: the FFN's {F} neurons do not split into {n} equal experts")
@@ -190,16 +182,14 @@ def moefy_layer(h: np.ndarray, gate: np.ndarray, up: np.ndarray, down: np.ndarra
 # --- writing the MoE model directory -----------------------------------------------------------
 
 def _down_type(src: quant.QuantType) -> quant.QuantType:
-    """Down is re-quantized (its columns are regrouped): in its own format where Colibri writes
-    that format, else q8_0."""
+    """Down is re-quantized (its columns are regrouped): in its own format where Colibri writes it, else q8_0."""
     src = src.plain  # (a matrix repacked on disk: its format)
     return src if src.quantize is not None else quant.get("q8_0")
 
 
 def moefy(src_path: str | Path, dst_path: str | Path, num_experts: int, top_k_: int, *,
           text: str | None = None, tokens: int = 4096, router: str = "auto", force: bool = False) -> MoefyResult:
-    """Write `dst_path`: the dense model at `src_path` as a Mixtral-style MoE of `num_experts`
-    experts per layer, `top_k_` per token (see the module docstring)."""
+    """Write `dst_path`: the dense model at `src_path` as a Mixtral-style MoE (see the module docstring)."""
     src = open_model_dir(src_path)
     cfg, dst = src.config, Path(dst_path)
     if cfg.is_moe:

@@ -58,8 +58,7 @@ def hf_names(internal: str, family: Family) -> list[str]:
 
 
 def gguf_names(internal: str, dense: bool) -> list[str]:
-    """Candidate GGUF names (possibly `name[E]` slices) for an internal tensor name: a dense
-    model's MLP, the table, else the name itself."""
+    """Candidate GGUF names (possibly `name[E]` slices) for an internal tensor name."""
     return _match(internal, (_GGUF_DENSE if dense else ()) + GGUF_NAMES) or [internal]
 
 

@@ -1,7 +1,5 @@
-"""Source tensors read lazily, a slice of rows at a time, with `pread` (never mmap).
-
-Reading with pread into private buffers keeps the converter's resident memory at about one
-slice of one tensor, whatever the model size: pages of an mmap would stay counted in RSS.
+"""Source tensors read lazily, a slice of rows at a time, with `pread` into private buffers (never
+mmap, whose pages would stay counted in RSS), so the converter holds about one slice of one tensor.
 """
 from __future__ import annotations
 
@@ -20,10 +18,7 @@ RowReader = Callable[[int, int], np.ndarray]  # rows [start, stop) -> stored arr
 
 @dataclass(frozen=True)
 class SourceTensor:
-    """A tensor of a source checkpoint: its shape, storage format and a reader of row ranges.
-
-    Rows are the leading dimensions flattened; a 1-D tensor is a single row.
-    """
+    """A source checkpoint's tensor: shape, format and a reader of row ranges (leading dims flattened)."""
     name: str
     shape: tuple[int, ...]
     qtype: quant.QuantType
@@ -86,8 +81,7 @@ class SourceTensor:
         return SourceTensor(f"{self.name}'", self.shape[::-1], self.qtype, read)
 
     def mapped(self, fn: str) -> SourceTensor:
-        """The values through `fn`, as float32: "plus1" (a zero-centred norm's 1 + w), "negexp"
-        (-exp(x): Qwen3.5's A from A_log)."""
+        """The values through `fn` as float32: "plus1" (1 + w), "negexp" (-exp(x): A from A_log)."""
         funcs = {"plus1": lambda x: x + np.float32(1), "negexp": lambda x: -np.exp(x)}
         if fn not in funcs or self.qtype.name not in ("f32", "f16", "bf16"):
             raise ConversionError(f"{self.name}: cannot map {self.qtype.name} values through {fn!r}")

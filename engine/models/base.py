@@ -45,9 +45,8 @@ PREFETCH_MAX_TOKENS = 4  # prefetch while decoding; a prompt's union of experts 
 
 
 class Transformer:
-    """The decoder loop: x += attention(norm x); x += ffn(norm x); then the output head.
-
-    One class for every architecture: `self.spec` (engine.arch) says which parts it has."""
+    """The decoder loop: x += attention(norm x); x += ffn(norm x); then the output head. One class for
+    every architecture: `self.spec` (engine.arch) says which parts it has."""
     gpu = None  # issue 8: the GPU runner (engine.scheduler.Scheduler.runner); None = CPU only
     exact = False  # int8_activations off: float activations in every matmul
     fused_decode = True  # a decoded token in one kernel call where engine.models.fused applies
@@ -101,10 +100,9 @@ class Transformer:
     # --- the feed-forward block, as the spec says ---------------------------------------------
     def ffn(self, L: int, h: np.ndarray, lw: LayerWeights, step: Step,
             route_in: np.ndarray | None = None) -> np.ndarray:
-        """The layer's feed-forward part: a dense MLP where the layer has no router, else each
-        token's top-k experts, weighted (plus a shared expert where the layer has one); tokens
-        grouped by expert so each expert is loaded and read once per layer, however many tokens
-        chose it. route_in: what the router reads instead of h (Gemma 4)."""
+        """The layer's feed-forward part: a dense MLP where the layer has no router, else each token's
+        top-k experts, weighted (plus a shared expert), grouped by expert so each is read once per layer.
+        route_in: what the router reads instead of h (Gemma 4)."""
         cache: ExpertCache = self.w.experts
         if lw.router is None:  # a dense model (its MLP is the directory's expert 0) or a leading dense layer
             if lw.dense is not None:
@@ -173,17 +171,14 @@ class Transformer:
         return None if lw.expert_biases is None else tuple(b[e] for b in lw.expert_biases)
 
     def _fusable(self, L: int, experts: list[int]) -> bool:
-        """Whether these experts are stored in one integer-dot format per matrix (gate, up, down),
-        so that cpu.moe_int can take them together (repacked on disk or not: the cache gives
-        them one layout)."""
+        """Whether these experts share one integer-dot format per matrix, so cpu.moe_int takes them all."""
         codes = {tuple(p[3] % cpu.PACKED for p in self.w.store.span(L, e).parts) for e in experts}
         return len(codes) == 1 and all(c in cpu.PACKABLE for c in next(iter(codes)))
 
     def compile_expert_call(self) -> None:
-        """Compile (or load) cpu.moe_int now: a token decoded layer by layer (a model the fused kernel
-        does not take) takes it when its picks are all loaded in a cache that does not hold every
-        expert, and warm-up's own tokens seldom find them so, so the first reply compiled it (minutes on a 2-core VM with a cold numba cache). Empty matrices: the
-        types are a real call's, nothing is computed."""
+        """Compile (or load) cpu.moe_int now: a token decoded layer by layer takes it when its picks are
+        all loaded, which warm-up's own tokens seldom are, so the first reply would compile it. Empty
+        matrices: a real call's types, nothing computed."""
         if not self.cfg.is_moe or self.act != "silu":
             return
         k, z = self.cfg.top_k, np.zeros((0, 0), np.uint8)
@@ -191,11 +186,8 @@ class Transformer:
                     np.zeros((1, 0), np.float32), np.zeros((k, 0), np.float32), np.zeros((1, 0), np.float32))
 
     def compile_prompt_swiglu(self) -> None:
-        """Compile (or load) cpu.swiglu_tiles now where the model's gate and up matrices are in a tiled
-        format (Q4_K..Q6_K, IQ4_XS): a prompt of TILE_MIN_T tokens or more through an MLP or an expert
-        takes it, warm-up's probe is shorter, and an expert's share of a prompt shorter still. Left to
-        the first reply on a Q4_K_M model, it was loaded there, and LLVM's library mapped back in
-        (15 MB of RSS). Empty matrices: nothing is computed."""
+        """Compile (or load) cpu.swiglu_tiles now where gate and up are in a tiled format: a long prompt
+        takes it, and the first reply would map LLVM's library back in. Empty matrices: nothing computed."""
         if self.act != "silu" or not self._gate_up_codes() & set(cpu.TILE_CODES):
             return
         z, c = np.zeros((0, 0), np.uint8), cpu.TILE_CODES[0]
@@ -203,8 +195,7 @@ class Transformer:
                          np.zeros((cpu.TILE_MIN_T, 0), np.float32))
 
     def _gate_up_codes(self) -> set[int]:
-        """The formats (GGML ids, repacked or not) of the gate and up matrices: resident MLPs and shared
-        experts, and one routed expert of each layer that has them (its file's header: nothing loaded)."""
+        """The formats (GGML ids) of the gate and up matrices, routed experts' from their headers."""
         codes: set[int] = set()
         for L, lw in enumerate(self.w.layers):
             for ew in (lw.dense, lw.shared):
@@ -231,9 +222,7 @@ class Transformer:
             return out
 
     def prefetch(self, L: int, h: np.ndarray, logits: np.ndarray, step: Step) -> None:
-        """Queue the experts the next layer's router picks from this layer's hidden state, and
-        this layer's runners-up (ranked just after the top-k) for the next token. Called where the
-        cache's prediction_due() said yes."""
+        """Queue the next layer's likely picks and this layer's runners-up (where prediction_due())."""
         cache, k = self.w.experts, self.cfg.top_k
         if L + 1 < len(self.w.layers) and self.w.layers[L + 1].router is not None:
             nxt = np.argsort(-linear(h, self.w.layers[L + 1].router, step), axis=-1)[:, :k]
@@ -473,8 +462,7 @@ class Transformer:
         return logits.copy()  # results leave the arena
 
     def why_layered(self, step: Step, T: int) -> str | None:
-        """Why this step cannot take a fused kernel, or None when it may (then only the KV cache's
-        room decides, never timing: the first fused token waits until every expert is loaded)."""
+        """Why this step cannot take a fused kernel, or None when it may (never a matter of timing)."""
         if self.fused is None or not self.fused_decode:
             return self.fused_refusal or "the fused decode is off"
         why = [w for w, on in (("a dump", step.dump is not None), ("a GPU runner", step.gpu is not None),

@@ -22,13 +22,11 @@ from engine.weight_types import ExpertWeights, Matrix
 class Step:
     """One forward call: what it works on and the state that steers it.
 
-    gpu: the GPU runner (engine.scheduler, issue 8) every matmul is offered to first (it returns
-    None for those the CPU should do); None on a CPU-only machine. exact: float activations in
-    every matmul (int8_activations off). arena: where the pass's activations live (pool memory;
-    None: numpy memory). before_layer: called with the layer index before each layer of a
-    multi-token pass (engine.api: Stop during a long prompt raises from it; the KV cache keeps
-    its old length). timer: the per-operation timing hook (engine.timing); `k` is the kernel
-    module the blocks call, timed through it when a timer is set."""
+    gpu: the GPU runner (engine.scheduler) every matmul is offered to first (None: CPU only). exact:
+    float activations in every matmul. arena: where the pass's activations live (None: numpy memory).
+    before_layer: called with the layer index before each layer of a multi-token pass (Stop raises from
+    it). timer: the per-operation timing hook (engine.timing); `k` is the kernel module the blocks
+    call, timed through it when a timer is set."""
     cache: KVCache | None = None
     pos0: int = 0  # position of the first new token
     cos: np.ndarray | None = None  # (T, head_dim/2)
@@ -51,11 +49,9 @@ class Step:
 
 
 def _by_rows(fn: Callable, x: np.ndarray, *args: Any) -> Any:
-    """N sequences' decode step (engine.models.rows) runs its rows through the one-token kernels, at most
-    cpu.INT_MAX_T at a time (the prefill kernels round otherwise), so each row gets what it
-    would decoded alone, bit for bit. The fused integer kernels (matmul_int, swiglu_int) dot each
-    token on its own at any T, so they take all rows in one call (`_integer_path`): each weight
-    is read once per step."""
+    """N sequences' decode step runs its rows through the one-token kernels, at most
+    cpu.INT_MAX_T at a time, so each row gets the bits it would decoded alone; the fused integer
+    kernels dot each token on its own at any T, so they take all rows in one call (`_integer_path`)."""
     parts = [fn(x[a:a + cpu.INT_MAX_T], *args) for a in range(0, x.shape[0], cpu.INT_MAX_T)]
     return tuple(map(np.concatenate, zip(*parts))) if isinstance(parts[0], tuple) else np.concatenate(parts)
 
@@ -119,11 +115,9 @@ def rmsnorm(x: np.ndarray, weight: np.ndarray, eps: float, step: Step) -> np.nda
 def expert_mlp(h: np.ndarray, e: ExpertWeights, step: Step, act: str = "silu",
                biases: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
                clamp: tuple[float, float] = (1.702, 7.0)) -> np.ndarray:
-    """The one gated MLP (a routed expert, a shared expert, a dense layer): down(act(gate h) * up h).
-
-    act "silu": SwiGLU, gate and up in one integer kernel where it applies; "gelu_tanh": Gemma's.
-    biases (this expert's gate, up, down rows; gpt-oss): added, and the SwiGLU clamped at
-    clamp = (alpha, limit)."""
+    """The one gated MLP (a routed expert, a shared expert, a dense layer): down(act(gate h) * up h),
+    act "silu" (gate and up in one integer kernel where it applies) or "gelu_tanh"; `biases` (gpt-oss)
+    added, and the SwiGLU clamped at clamp = (alpha, limit)."""
     if biases is not None:
         gb, ub, db = biases
         T, F = h.shape[0], e.gate.rows
@@ -163,8 +157,7 @@ def expert_mlp(h: np.ndarray, e: ExpertWeights, step: Step, act: str = "silu",
 
 
 def softmax_top_k(logits: np.ndarray, k: int, renormalise: bool, step: Step) -> tuple[np.ndarray, np.ndarray]:
-    """(T, E) router logits -> the top-k softmax weights (T, k) and expert ids (T, k), most likely
-    first, renormalised to sum to 1 if asked."""
+    """(T, E) router logits -> top-k softmax weights and expert ids (T, k), renormalised if asked."""
     T = logits.shape[0]
     weights, ids = np.empty((T, k), np.float32), np.empty((T, k), np.int64)
     step.k.softmax_top_k(np.ascontiguousarray(logits, dtype=np.float32), k, renormalise, weights, ids)

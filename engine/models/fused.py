@@ -1,14 +1,12 @@
 """A decoded token in one kernel call (engine.kernels.decode) instead of ten per layer, or N
 sequences' tokens of a dense model in one (engine.kernels.batched): Transformer.forward's fused routes.
 
-It applies when the model's spec has only parts the kernel computes (FEATURES: q/k/v biases,
-q/k norms and clipping included; no shared expert yet) and everything the token could touch sits in memory,
-unmoving, in a form the integer kernels read: q4_0/q4_1/q8_0 (and the other INT_CODES)
-attention and expert matrices; an expert cache with room for every expert, all of them loaded
-(the first decoded token waits for the rest: then nothing is evicted, so the kernel may reach any
-expert through its address without pinning it). Otherwise — and for prompts, GPU offload, float
-activations or a dump — the layer-by-layer path in engine.models.base runs, with the same
-arithmetic (tests/test_fused_decode.py holds the two equal on every architecture).
+It applies when the model's spec has only parts the kernel computes (FEATURES) and everything the
+token could touch sits in memory, unmoving, in a form the integer kernels read (INT_CODES), the
+experts included once all are loaded in a cache with room for every one (then nothing is evicted,
+so the kernel may reach any expert by address without pinning it). Otherwise, and for prompts, GPU
+offload, float activations or a dump, the layer-by-layer path in engine.models.base runs, with the
+same arithmetic (tests/test_fused_decode.py holds the two equal on every architecture).
 """
 from __future__ import annotations
 
@@ -42,8 +40,7 @@ def _contiguous(m: Matrix) -> bool:
 
 
 def _readable(m: Matrix) -> bool:
-    """Whether decode_layers can dot m in integers: contiguous, whole 8-row spans, a format
-    with an integer dot."""
+    """Whether decode_layers can dot m in integers: contiguous, whole 8-row spans, an integer-dot format."""
     return _contiguous(m) and m.rows % SPAN == 0 and m.code in cpu.INT_CODES
 
 
@@ -55,8 +52,7 @@ QK_NORM = {"none": 0, "head": 1, "full": 2}  # decode_layers' qk_norm argument
 
 
 class FusedDecode:
-    """The address tables of one model for decode_layers, rebuilt whenever the expert cache
-    changes (a new cache, a load, an eviction)."""
+    """The address tables of one model for decode_layers, rebuilt whenever the expert cache changes."""
 
     def __init__(self, model: Transformer):
         cfg, w = model.cfg, model.w
@@ -89,8 +85,7 @@ class FusedDecode:
 
     @staticmethod
     def refusal(model: Transformer) -> str | None:
-        """Why the fused kernel cannot take this model (a feature of its spec it does not
-        compute, a shape, a stored format), or None when it can."""
+        """Why the fused kernel cannot take this model (a feature, a shape, a format), or None."""
         cfg, w = model.cfg, model.w
         missing = sorted(model.spec.features(cfg) - FEATURES)
         if missing:
@@ -107,7 +102,7 @@ class FusedDecode:
 
     def expert_table(self) -> np.ndarray | None:
         """The resident experts' matrix table the fused kernels read (a dense model: one "expert" a
-        layer), rebuilt when the cache changes; None when they cannot take it. Also engine.batch's."""
+        layer), rebuilt when the cache changes; None when they cannot take it."""
         cache = self.model.w.experts
         key = (id(cache), cache.generation)
         if key == self._key:
@@ -130,9 +125,8 @@ class FusedDecode:
 
     def held_table(self) -> np.ndarray | None:
         """The table of the experts the cache holds now (address 0 for the rest: decode_layers stops
-        there); None when the experts are not all in one readable layout (the token then runs layer
-        by layer). Kept up to date by the experts that came or went since the last call: a stop
-        loads one or two, and rebuilding all rows each time cost 18 ms a token (q8_0, 2 of 8)."""
+        there), kept up to date by what came or went since the last call; None when the experts are not
+        all in one readable layout."""
         cache = self.model.w.experts
         key = (id(cache), cache.generation)
         if key == self._held_key:
@@ -161,8 +155,7 @@ class FusedDecode:
         return table
 
     def _stream_refusal(self) -> str | None:
-        """Why a token cannot stream through decode_layers (experts coming in between its calls):
-        a dense model, or experts stored in a layout the kernel cannot dot."""
+        """Why a token cannot stream through decode_layers (a dense model, or unreadable experts)."""
         if self.dense:
             return "a dense model"
         store, cfg = self.model.w.store, self.model.cfg
@@ -176,16 +169,13 @@ class FusedDecode:
         return None if len(rows) == 1 and cfg.dense_layers == 0 else "experts of different widths, or dense layers"
 
     def ready(self) -> bool:
-        """Whether the next decoded token takes the fused kernel (every expert loaded, those
-        missing loaded first where the cache has room for all)."""
+        """Whether the next token takes the fused kernel (missing experts loaded first where all fit)."""
         return self.expert_table() is not None
 
     def run(self, x: np.ndarray, step: Step) -> str | None:
-        """x (1, hidden) through every layer, in place; the route's name, or None (nothing done)
-        when the fused kernel cannot take this token: no room in the KV cache, or experts it
-        cannot read. With room for all, the experts not loaded yet are loaded first, waiting for
-        them (one call); otherwise the token streams (stream()): which path runs never depends on
-        timing."""
+        """x (1, hidden) through every layer, in place; the route's name, or None (nothing done) when the
+        fused kernel cannot take this token. With room for all, missing experts are loaded first; else
+        the token streams (stream()): which path runs never depends on timing."""
         cache, pos = step.cache, step.pos0
         if pos >= cache.capacity:
             return None
@@ -201,10 +191,8 @@ class FusedDecode:
         return "fused"
 
     def rows(self, x: np.ndarray, step: Step) -> str | None:
-        """x (N, hidden), row i step.seqs[i]'s token, through every dense layer in one call, in
-        place, each row bit for bit its lone run(); None (nothing done): experts, or caches unlike.
-        decode_rows stays a kernel beside decode_layers: it has no router, expert table or streaming
-        stop, decode_layers no rows, and one row through decode_rows is no faster, the same bits."""
+        """x (N, hidden), row i step.seqs[i]'s token, through every dense layer in one call, in place,
+        each row bit for bit its lone run(); None (nothing done): experts, or caches unlike."""
         caches, pos = [c for c, _ in step.seqs], np.array([p for _, p in step.seqs], np.int64)
         kind = caches[0].kind
         if not self.dense or not self.ready() or \
@@ -226,12 +214,9 @@ class FusedDecode:
         return f"fused rows ({len(caches)} sequences)"
 
     def stream(self, x: np.ndarray, step: Step) -> bool:
-        """x through every layer with an expert cache that holds only some experts: decode_layers
-        runs over the held ones (the cache frozen meanwhile) and stops at the first layer whose
-        picks it lacks; those come in through the cache (loaded, or mapped for their one use),
-        and the next call resumes at that layer's feed-forward part. A token costs a call per layer
-        that misses, not ten calls per layer; the arithmetic is the same. False (nothing done):
-        the experts are not in a layout the kernel reads."""
+        """x through every layer with an expert cache that holds only some experts: decode_layers runs
+        over the held ones (the cache frozen) and stops at the first layer whose picks it lacks; those come
+        in through the cache, and the next call resumes there. False: experts in a layout it cannot read."""
         cache, n = self.model.w.experts, len(self.norms)
         if self.held_table() is None:
             return False
@@ -253,8 +238,7 @@ class FusedDecode:
                     stop = decode_layers(*self._args(x, step.cache, step.pos0, step.cos[0], step.sin[0], table, n, picks,
                                                      mixes, start, resume))
                     # the held ones' hits, while they are still held: leaving frozen() enforces the budget,
-                    # and its evictions (or the loader's) may take them (cap 0.9, q4_k_m, random routing:
-                    # a KeyError in 2 of 3 runs when these were counted after)
+                    # and its evictions (or the loader's) may take them
                     cache.count_uses(picks, layers=range(counted, stop))
                 if step.timer is not None:
                     step.timer.stop("decode_layers (streamed)", t0)
@@ -280,8 +264,7 @@ class FusedDecode:
         return True
 
     def _prefetch(self, L: int, x: np.ndarray, step: Step) -> None:
-        """At a stop, what the layered path asks of the prefetcher at every layer (the next
-        layer's picks from this layer's input, this layer's runners-up), where it would go out."""
+        """At a stop, what the layered path asks of the prefetcher at every layer, where it would go out."""
         cache, model = self.model.w.experts, self.model
         if not cache.prediction_due():
             return
@@ -290,8 +273,7 @@ class FusedDecode:
         model.prefetch(L, h, linear(h, lw.router, step), step)
 
     def _picks(self, layers: int) -> tuple[np.ndarray, np.ndarray]:
-        """The (layers, top_k) picks and mixes decode_layers fills: -1 (its routers choose), or the
-        benchmark hook's given experts at equal weights."""
+        """The (layers, top_k) picks and mixes decode_layers fills: -1 (its routers choose), or given."""
         picks = np.full((layers, self.top_k), -1, np.int64)
         mixes = np.zeros((layers, self.top_k), np.float32)
         if self.given is not None and layers:
@@ -300,8 +282,7 @@ class FusedDecode:
         return picks, mixes
 
     def compile(self, kv_kind: str) -> None:
-        """Compile the kernel for this KV cache format now (or load it from numba's cache), by a
-        call through no layers: the first decoded token then does not wait for it."""
+        """Compile (or load) the kernel for this KV cache format now, by a call through no layers."""
         cfg = self.model.cfg
         cache = KVCache(0, 1, cfg.num_kv_heads, cfg.head_dim, kv_kind)
         rot = np.zeros(cfg.head_dim // 2, np.float32)
@@ -311,8 +292,7 @@ class FusedDecode:
     def _args(self, x: np.ndarray, cache: KVCache, pos: int, cos: np.ndarray, sin: np.ndarray,
               experts: np.ndarray, layers: int, picks: np.ndarray, mixes: np.ndarray, start: int = 0,
               resume: bool = False) -> tuple:
-        """decode_layers' arguments from `start` (resume: at its feed-forward part); it returns
-        where it stopped."""
+        """decode_layers' arguments from `start` (resume: its feed-forward part); it returns where it stopped."""
         cfg = self.model.cfg
         keys, values = (cache.k.view(np.uint16), cache.v.view(np.uint16)) if cache.kind == "f16" else (cache.k, cache.v)
         return (x, self.norms[:layers], self.attn[:layers], self.bias[:layers], self.qk_norms[:layers],

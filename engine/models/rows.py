@@ -3,10 +3,8 @@ own KV cache at its own position: continuous batching's step (engine.batch). Eac
 is read once a step for all rows, and an MoE layer groups the rows by routed expert, so each
 expert is read once a step however many rows picked it (`expert_bytes` counts both ways).
 
-Exactness: a dense model's rows are each the lone decode's bits at any N (the integer kernels
-dot each row on its own; other formats take the 1-token kernels, cpu.INT_MAX_T rows a call), and
-an MoE's with top-2 routing too; with top-k > 2 the experts add in another order: float rounding,
-the same greedy tokens (tests/test_batch.py).
+Exactness: a dense model's rows, and an MoE's with top-2 routing, are each the lone decode's bits
+at any N; with top-k > 2 the experts add in another order: float rounding, the same greedy tokens.
 """
 from __future__ import annotations
 
@@ -23,8 +21,7 @@ if TYPE_CHECKING:
 
 
 def batchable(net: Transformer) -> bool:
-    """Whether N sequences can share a forward pass: every layer attends over the shared KV
-    block (no recurrent state, no per-layer own cache: those decode one sequence per pass)."""
+    """Whether N sequences can share a forward pass: every layer attends over the shared KV block."""
     return not net.recurrent
 
 
@@ -41,15 +38,13 @@ def check_rows(tokens: Seq[int], caches: Seq[KVCache]) -> None:
 
 def decode_batch(net: Transformer, tokens: Seq[int], caches: Seq[KVCache],
                  routes: list | None = None) -> np.ndarray:
-    """The next token of N sequences in one pass (Transformer.forward on rows): tokens[i] at position
-    caches[i].length on caches[i]; logits (N, vocab). `routes` (a list) receives (layer, expert ids
-    (N, k)) of each MoE layer."""
+    """The next token of N sequences in one pass: tokens[i] at position caches[i].length on
+    caches[i]; logits (N, vocab). `routes` receives (layer, expert ids (N, k)) of each MoE layer."""
     return net.forward(np.asarray(tokens, np.int64), list(caches), 0, all_logits=True, routes=routes)
 
 
 def _rows_per_read(net: Transformer, L: int, e: int) -> int:
-    """How many rows of a step one read of expert (L, e) serves: all of them when its SwiGLU
-    takes the fused integer kernel (engine.models.base._integer_path), else cpu.INT_MAX_T."""
+    """How many rows of a step one read of expert (L, e) serves (all where its SwiGLU takes swiglu_int)."""
     if net.exact or net.gpu is not None or net.act != "silu":
         return cpu.INT_MAX_T
     with net.w.experts.use(L, e) as ew:
@@ -60,9 +55,8 @@ def _rows_per_read(net: Transformer, L: int, e: int) -> int:
 
 
 def expert_bytes(net: Transformer, routes: list) -> tuple[int, int]:
-    """Expert bytes a step read (grouped: each (layer, expert) once, or once per cpu.INT_MAX_T
-    rows that picked it off the fused integer kernels) and would have read with each row
-    computing its own experts (ungrouped: once per row and pick), from its routes."""
+    """Expert bytes a step read, from its routes (grouped: each (layer, expert) once per call), and
+    would have read with each row computing its own experts (once per row and pick)."""
     store, grouped, each = net.w.store, 0, 0
     size: dict[tuple[int, int], int] = {}
     per_read = _rows_per_read(net, routes[0][0], int(routes[0][1].flat[0])) if routes else 1

@@ -120,8 +120,7 @@ def attention(q, k, v, ks, vs, scaled, qpos, kpos, scale, window, sinks, use_sin
 
 def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, qpos: np.ndarray, kpos: np.ndarray, scale: float,
            window: int = 0, sinks: np.ndarray | None = None, softcap: float = 0.0) -> np.ndarray:
-    """attention() with its shapes checked and its scratch and output allocated (tests, prototypes;
-    an engine keeps the buffers)."""
+    """attention() with its shapes checked and its scratch and output allocated (tests, prototypes)."""
     T, H, hd = q.shape
     if k.ndim != 3 or k.shape[2] != hd or H % k.shape[1] or v.shape[:2] != k.shape[:2] \
             or len(qpos) != T or len(kpos) != k.shape[0]:

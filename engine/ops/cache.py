@@ -1,23 +1,20 @@
 """One cache per layer kind (as mlx-lm's cache.py): full attention keeps every key (FullKV), a
 sliding-window layer a ring of `window` slots (RingKV), a DeltaNet layer its (H, dk, dv) state plus
-its conv tail, a short-conv layer its conv tail (ConvState). The recurrent ones are fixed-size: a
-conversation of any length costs the same memory. Each exposes nbytes (what the dashboard sums)
-reset() (a new conversation) and copy() (a snapshot). Prefix reuse: FullKV.trim(n) forgets every
-position from n on; a ring or a recurrent state cannot be rewound (what it forgot is gone), so a
-conversation that edits its past restarts from a copy() taken where the kept prefix ended.
+its conv tail, a short-conv layer its conv tail (ConvState). Each exposes nbytes, reset() and copy().
+Prefix reuse: FullKV.trim(n) forgets every position from n on; a ring or a recurrent state cannot
+be rewound, so a conversation that edits its past restarts from a copy() taken where the kept
+prefix ended.
 
 The attention kernel reads (k, v, kpos) with absolute positions per slot, so a ring's slot order
-never matters. update(k, v, pos) stores a chunk and returns what its queries attend to: for a ring
-and a chunk of T > 1 tokens, the old slots followed by the new ones (a temporary of window + T
-rows), so queries early in the chunk still see keys that the chunk's own later tokens push out.
-
-Both attention caches honour kv_cache_quantize as the shared KV block does (engine.kvcache): f32,
-f16 (half the memory), int8 with one float32 scale per position and head (a quarter, plus the
-scales). update() returns float32 (the stored values widened); update_stored() the stored elements
-and scales themselves, which the attention kernel widens as it reads them, so a decoded token does
-not copy the whole cache to float32 first (the rounding is where the memory is saved).
+never matters. For a ring and a chunk of T > 1 tokens, update(k, v, pos) returns the old slots
+followed by the new ones, so queries early in the chunk still see keys the chunk's own later
+tokens push out. Both attention caches store f32, f16 or int8 (kv_cache_quantize, as
+engine.kvcache); update_stored() hands the stored elements and scales to the attention kernel,
+which widens them as it reads, so a decoded token does not copy the cache to float32 first.
 """
 from __future__ import annotations
+
+import copy
 
 import numpy as np
 
@@ -27,14 +24,19 @@ KINDS = ("f32", "f16", "int8")
 
 
 def position_bytes(kv_heads: int, head_dim: int, v_dim: int | None = None, kind: str = "f32") -> int:
-    """Bytes one cached position takes in a FullKV or RingKV of this kind: keys, values, their
-    int8 scales and the position itself."""
+    """Bytes one cached position takes in a FullKV or RingKV: keys, values, int8 scales, position."""
     elems = kv_heads * (head_dim + (v_dim or head_dim))
     scales = 2 * kv_heads * 4 if kind == "int8" else 0
     return elems * {"f32": 4, "f16": 2, "int8": 1}[kind] + scales + 8
 
 
-class _Store:
+class _Copyable:
+    def copy(self):
+        """A snapshot: every array copied (a recurrent state or ring cannot be rewound otherwise)."""
+        return copy.deepcopy(self)
+
+
+class _Store(_Copyable):
     """Keys or values of `rows` positions stored as `kind`, read back as float32."""
 
     def __init__(self, rows: int, heads: int, dim: int, kind: str):
@@ -69,18 +71,12 @@ class _Store:
         return self.x[rows].astype(np.float32) * self.scale[rows][..., None]
 
     def stored(self, rows=slice(None)) -> tuple[np.ndarray, np.ndarray]:
-        """`rows` as stored, for the attention kernel to widen as it reads them (f16 as its bits,
-        uint16), and their scales (NO_SCALE unless int8)."""
+        """`rows` as stored (f16 as uint16 bits) for the kernel to widen, and their scales (int8 only)."""
         x = self.x[rows]
         return (x.view(np.uint16) if self.kind == "f16" else x), (NO_SCALE if self.scale is None else self.scale[rows])
 
-    def copy(self) -> _Store:
-        new = _Store.__new__(_Store)
-        new.kind, new.x, new.scale = self.kind, self.x.copy(), None if self.scale is None else self.scale.copy()
-        return new
 
-
-class _StoredKV:
+class _StoredKV(_Copyable):
     """What a full and a ring cache share: keys and values in two `_Store`s, their positions in `pos`."""
     ks: _Store
     vs: _Store
@@ -147,11 +143,6 @@ class FullKV(_StoredKV):
         self.length = length
         self.pos[length:] = -1
 
-    def copy(self) -> FullKV:
-        new = FullKV.__new__(FullKV)
-        new.ks, new.vs, new.pos, new.length = self.ks.copy(), self.vs.copy(), self.pos.copy(), self.length
-        return new
-
 
 class RingKV(_StoredKV):
     """A sliding-window layer's keys: `window` slots, position p in slot p % window."""
@@ -182,8 +173,7 @@ class RingKV(_StoredKV):
         return seen or (self.ks.get(), self.vs.get(), self.pos)  # decode: the ring holds the window itself
 
     def update_stored(self, k_new: np.ndarray, v_new: np.ndarray, pos_new: np.ndarray) -> tuple:
-        """update(), returning what the chunk attends to as stored: (k, v, k scales, v scales, pos);
-        a chunk of T > 1 tokens gets update()'s float32 temporary."""
+        """update(), returning what the chunk attends to as stored (T > 1: update()'s float32 temporary)."""
         if len(pos_new) > 1:
             k, v, pos = self.update(k_new, v_new, pos_new)
             return k, NO_SCALE, v, NO_SCALE, pos
@@ -196,13 +186,8 @@ class RingKV(_StoredKV):
     def reset(self) -> None:
         self.pos[:] = -1
 
-    def copy(self) -> RingKV:
-        new = RingKV.__new__(RingKV)
-        new.window, new.ks, new.vs, new.pos = self.window, self.ks.copy(), self.vs.copy(), self.pos.copy()
-        return new
 
-
-class ConvState:
+class ConvState(_Copyable):
     """The last kernel-1 inputs of a causal depthwise conv (C channels), oldest first."""
 
     def __init__(self, kernel: int, channels: int):
@@ -215,13 +200,8 @@ class ConvState:
     def reset(self) -> None:
         self.x[:] = 0
 
-    def copy(self) -> ConvState:
-        new = ConvState.__new__(ConvState)
-        new.x = self.x.copy()
-        return new
 
-
-class DeltaState:
+class DeltaState(_Copyable):
     """A gated-DeltaNet layer: the (Hv, dk, dv) recurrent state and the conv tail of its q|k|v input."""
 
     def __init__(self, v_heads: int, k_dim: int, v_dim: int, conv_kernel: int, conv_channels: int):
@@ -235,8 +215,3 @@ class DeltaState:
     def reset(self) -> None:
         self.s[:] = 0
         self.conv.reset()
-
-    def copy(self) -> DeltaState:
-        new = DeltaState.__new__(DeltaState)
-        new.s, new.conv = self.s.copy(), self.conv.copy()
-        return new

@@ -33,9 +33,8 @@ def clamped_swiglu(gate_up, alpha, limit, out):
 
 @njit(parallel=True, fastmath=True, cache=True, nogil=True)
 def biased_clamped_swiglu(gate, up, gate_bias, up_bias, alpha, limit, out):
-    """gpt-oss's expert activation from its gate and up projections as they come out of the
-    matmul: biases added and clamped in the same pass (no interleaved temporary); numpy twin
-    clamped_swiglu_ref over the interleaved (gate + gate_bias, up + up_bias)."""
+    """gpt-oss's expert activation from its gate and up projections, biases added and clamped in one
+    pass (no interleaved temporary); numpy twin: clamped_swiglu_ref."""
     # gate, up, out (T, I) f32; gate_bias, up_bias (I,) f32
     T, n = gate.shape
     for t in prange(T):

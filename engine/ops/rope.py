@@ -1,10 +1,9 @@
 """Rotary position tables for the rope variants of the 2026 architectures.
 
-Every variant reduces to a vector of inverse frequencies `inv_freq` (rot/2,) and an attention
-factor: the table is cos/sin(pos * inv_freq) * factor, applied to the first `rot` dims of each head
-as NeoX halves (x[:rot/2] pairs with x[rot/2:rot]); the other dims pass through. gemma4's
-"proportional" rope is the special case rot = head_dim with zero frequencies for the pairs that do
-not turn (cos 1, sin 0), matching transformers' layout where the halves span the whole head.
+Every variant reduces to inverse frequencies `inv_freq` (rot/2,) and an attention factor: the table
+is cos/sin(pos * inv_freq) * factor, applied to the first `rot` dims of each head as NeoX halves;
+the other dims pass through. gemma4's "proportional" rope is rot = head_dim with zero frequencies
+for the pairs that do not turn.
 """
 from __future__ import annotations
 
