@@ -90,7 +90,8 @@ class ModelSummary:
         return rows
 
     def facts(self, tr: Callable[[str], str] = str) -> list[tuple[str, str]]:
-        """(label, value) rows of what the source is, texts through `tr` (Qt's, from the wizard)."""
+        """(label, value) rows of what the source is; `tr` translates each text before its figures go in
+        (the wizard passes Qt's translate: app/ never imports Qt)."""
         c = self.config
         kinds = ", ".join(f"{k.upper()} × {n}" for k, n in sorted(self.source_types.items(), key=lambda kv: -kv[1]))
         rows = [(tr("Source"), f"{tr('GGUF file') if self.kind == 'gguf' else tr('Hugging Face folder')} · "

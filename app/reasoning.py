@@ -21,7 +21,8 @@ def is_reasoning_model(template: str, vocab_has: Callable[[str], bool]) -> bool:
 
 
 def starts_inside(prompt: str) -> bool:
-    """Some templates end the prompt with an open `<think>`: the reply starts inside the reasoning."""
+    """Some templates (DeepSeek-R1, QwQ) end the prompt with an open `<think>`: the reply starts
+    inside the reasoning, without an opening tag of its own."""
     return prompt.rfind(OPEN) > prompt.rfind(CLOSE)
 
 

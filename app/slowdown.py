@@ -62,7 +62,8 @@ class SlowdownWatch:
             self.usual[model] = max(rate, self.usual.get(model, 0.0))
 
     def check(self, model: str, rate: float | None, others: float | None) -> Slowdown | None:
-        """The verdict now: a Slowdown while decode is far below usual and the machine busy, else None."""
+        """The verdict now: a Slowdown while decode is far below usual and the machine busy;
+        None when all is well (a slowdown ends when the others calm down or decode recovers)."""
         usual = self.usual.get(model)
         if rate is None or others is None or usual is None:
             return self.active

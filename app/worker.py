@@ -352,7 +352,8 @@ class EngineWorker(QObject):
 
     @Slot(str, str, str)
     def connect_remote(self, url: str, model: str, key: str) -> None:
-        """Chat through an OpenAI-compatible endpoint; the local model goes once it answers."""
+        """Chat through an OpenAI-compatible endpoint ("" model: its first); the local model goes only
+        once the endpoint answers, and the local server stops."""
         from app.remote import RemoteBackend
         try:
             backend = RemoteBackend(url, model or None, key or None)
@@ -452,7 +453,8 @@ class EngineWorker(QObject):
 
     @Slot(bool, int)
     def serve(self, on: bool, port: int) -> None:
-        """"Serve on localhost": the chat's replies then decode in the server's steps beside its requests."""
+        """The GUI's "Serve on localhost": colibri-serve's API over this engine on 127.0.0.1. While it
+        serves, the chat's replies decode in the server's steps beside the served requests."""
         self._stop_server()
         if not on:
             self.served.emit("", "")

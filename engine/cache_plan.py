@@ -136,7 +136,8 @@ def _auto_plan(b: MemoryBudget, one: int, E: int, L: int, resident: int, kv: int
 
 def replan(plan: CachePlan, num_experts: int, num_layers: int, cache_used: int, kv_used: int,
            settled: bool | None = None) -> CachePlan:
-    """The auto plan again with the room measured now; `settled` (after warm-up): a smaller margin."""
+    """The auto plan again with the room measured now (memory pressure changed). `settled` (after
+    warm-up; kept by later plans): the runtime has grown, a smaller margin."""
     b, one = plan.budget, plan.expert_bytes
     settled = plan.settled if settled is None else settled
     free, source = sysmem.room()

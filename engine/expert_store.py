@@ -57,7 +57,8 @@ KEEP_CHECK_S = 1.0
 
 
 def routed_bytes(store: "ExpertStore") -> int:
-    """What holding every routed expert costs in pool blocks (layers' layouts may differ)."""
+    """What holding every routed expert costs in pool blocks, summed per expert where layers' layouts
+    differ (llama.cpp's Q4_K_M stores some layers' down in Q6_K)."""
     cfg = store.model.config
     E, split = cfg.num_experts, store.model.split_experts
     return sum(E * MemoryPool.block_size(store.span(L, 0).slot_bytes) if split else

@@ -74,7 +74,8 @@ class _Slot:
 
 
 class ExpertCache:
-    """Experts in memory under one byte budget shared by all layers, evicted by `policy` (lfu or lru)."""
+    """Experts in memory under one byte budget shared by all layers (optionally at most `per_layer`
+    of each layer), evicted by `policy`: "lfu" (the default) or "lru"."""
 
     def __init__(self, store: ExpertStore, pool: MemoryPool, num_layers: int, num_experts: int,
                  budget: int, prefetch_window: int = 16, top_k: int = 1, repack: bool = True,
@@ -333,7 +334,8 @@ class ExpertCache:
             self._queue.put((layer, e, None, False))
 
     def prediction_due(self) -> bool:
-        """Whether a layer's predictions go out now (asked before the router's look-ahead matmul)."""
+        """Whether a layer's predictions go out now: prefetching(), and not held back (prefetch_paused).
+        Asked before the router looks ahead: held back, that matmul is not worth doing either."""
         return not self.holds_all() and self.prefetching() and self._prefetch_pays()
 
     def prefetching(self) -> bool:

@@ -538,7 +538,8 @@ class HardwareMonitor:
             missing, dict(self.limits))
 
     def apply_limits(self, params: Mapping[str, Any]) -> dict[str, str]:
-        """Apply power_limit and gpu_power_limit (None: as found); never raises, each outcome logged."""
+        """Apply power_limit and gpu_power_limit (watts; None = leave as is, or put back the value
+        we replaced). Never raises: each outcome is logged and kept in `limits` for the dashboard."""
         for key, device in (("power_limit", self.rapl), ("gpu_power_limit", self.gpu)):
             want = params.get(key)
             if want is None and key not in self._original:

@@ -28,7 +28,8 @@ def own_attention_caches(cfg) -> bool:
 
 
 def model_cache_bytes(cfg, context: int, kind: str = "f16") -> int:
-    """Bytes one conversation of `context` tokens holds in the caches, per layer kind."""
+    """Bytes one conversation of `context` tokens holds in the caches, per layer kind: a full
+    attention layer's grow with the context; a ring and the recurrent states do not."""
     kinds = cfg.layer_types or ("attention",) * cfg.num_layers
     own = own_attention_caches(cfg)
     total = 0

@@ -139,7 +139,8 @@ def _driver_reason(e: BaseException) -> str:
 
 
 def detect_gpu(allow_simulator: bool = False) -> tuple[Any, str]:
-    """(a CudaBackend, its name) or (None, why not); Numba's CUDA simulator only if allowed."""
+    """(a CudaBackend, its name) or (None, why there is none). Imports numba.cuda; Numba's CUDA
+    simulator is not a GPU unless `allow_simulator` (tests)."""
     if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0") and not allow_simulator:
         return None, "no NVIDIA GPU: Numba's CUDA simulator is enabled (NUMBA_ENABLE_CUDASIM)"
     try:
@@ -195,7 +196,8 @@ def _best(fn, repeats: int = 5) -> float:
 
 
 def measure_profile(backend: Any, gpu_name: str, threads: int) -> DeviceProfile:
-    """Time the real kernels on a 2048 x 2048 q4_1 matrix: CPU and GPU bandwidth and flops, PCIe, launches."""
+    """Time the real kernels on a 2048 x 2048 q4_1 matrix (2.6 MB): T = 1 for bandwidth, T = 64 for
+    flops; the GPU's launch latency, PCIe both ways (32 MB) and its own matmul. About a second."""
     from engine import quant
     from engine.kernels import cpu
     rows = cols = 2048

@@ -72,7 +72,8 @@ def _cgroup(root: Path = Path("/sys/fs/cgroup"), proc: Path = Path("/proc/self/c
 
 
 def cgroup_active_file(root: Path = Path("/sys/fs/cgroup"), proc: Path = Path("/proc/self/cgroup")) -> int | None:
-    """Active page cache charged to this process's cgroup (None without a limit): reclaimable."""
+    """Active page cache charged to this process's memory cgroup (None without a limited one):
+    clean file pages the working set counts although reclaim can take them."""
     if _cgroup(root, proc) is None:
         return None
     for line in proc.read_text().splitlines():

@@ -254,7 +254,8 @@ class TensorFile:
         self._size = len(self._mmap)
 
     def check(self) -> None:
-        """Raise SizeMismatchError if the mapped file has shrunk (a read past its end: SIGBUS)."""
+        """Raise SizeMismatchError if the mapped file has shrunk since it was opened: touching pages
+        past the new end would kill the process with SIGBUS."""
         if self._fd < 0:
             return
         size = os.fstat(self._fd).st_size

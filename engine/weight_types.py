@@ -34,7 +34,8 @@ class ExpertWeights:
 
 @dataclass(frozen=True)
 class LayerWeights:
-    """A decoder layer's resident weights (a short_conv layer: conv_in/conv_w/conv_out, no q/k/v/o)."""
+    """A decoder layer's resident weights (its routed experts live in the expert cache). A
+    short_conv layer (LFM2) has conv_in/conv_w/conv_out instead of q/k/v/o."""
     attn_norm: np.ndarray
     q: Matrix | None
     k: Matrix | None

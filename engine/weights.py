@@ -97,7 +97,8 @@ class ModelWeights:
             o_bias=opt("attn_output.bias"), sinks=opt("attn_sinks.weight"), dense=dense, **rest)
 
     def _router(self, model: ModelDir, L: int) -> dict:
-        """Layer L's router, a sigmoid_bias router's bias, a gated shared expert: LayerWeights fields."""
+        """Layer L's router matrix, a sigmoid_bias router's selection bias, and a gated shared
+        expert (Qwen2-MoE) with its gate, as LayerWeights fields."""
         b = f"blk.{L}."
         rt = self._open(model.path / f"router/layer_{L}.bin")
         out = {"router": load_matrix(rt, b + "ffn_gate_inp.weight")}

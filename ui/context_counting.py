@@ -29,7 +29,8 @@ class ContextCounting:
                                        self.history.context_policy(conv.id), "chat", self._template_vars(conv))
 
     def _markers(self, conv) -> dict[int, str]:
-        """Where the next prompt leaves messages out: lines before the first cut and the first kept."""
+        """Where the open chat's next prompt leaves messages out: lines before the first message
+        left out and before the first one read again (indices into its messages)."""
         plan = self.plans.get(conv.id)
         if plan is None or plan.marker_before is None:
             return {}

@@ -92,7 +92,8 @@ class ConversationList:
                                    sampling=self.settings.sampling | preset["sampling"])
 
     def sampling_for(self, conv) -> dict:
-        """A reply's sampling: the table's defaults, overridden by the model's, the app's, the chat's."""
+        """The table's defaults, under the model's own (its generation config), under the app's and the
+        chat's values: what a reply of this chat is generated with."""
         return self.settings.sampling_values() | self.flow.model_defaults | self.settings.sampling | conv.sampling
 
     def new_conversation(self) -> None:

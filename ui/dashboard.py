@@ -327,7 +327,8 @@ class Dashboard(QWidget):
         super().hideEvent(e)
 
     def _want(self, ms: int) -> None:
-        """Snapshots every `ms`, asked twice: queued to the worker's timer, and directly mid-reply."""
+        """Snapshots every `ms`: by a queued request to the worker's timer and, for a dashboard opened
+        mid-reply, directly (a plain attribute the reply loop reads)."""
         if hasattr(self.worker, "want_stats"):
             self.worker.want_stats(ms)
         self.watch_requested.emit(ms)

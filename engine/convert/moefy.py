@@ -63,7 +63,8 @@ class MoefyResult:
 # --- calibration: the normed FFN inputs of every layer -----------------------------------------
 
 def ffn_inputs(dump: dict, layer: int, norm: np.ndarray, eps: float) -> np.ndarray:
-    """Layer L's normed FFN input (T, D) from a forward pass's dump (blk.L.out - blk.L.ffn_out, normed)."""
+    """Layer's normed FFN input (T, D) from a forward pass's dump: the residual after attention
+    (blk.L.out - blk.L.ffn_out), RMS-normed with ffn_norm as the model does."""
     x = dump[f"blk.{layer}.out"] - dump[f"blk.{layer}.ffn_out"]
     return (x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * norm).astype(np.float32)
 
@@ -189,7 +190,8 @@ def _down_type(src: quant.QuantType) -> quant.QuantType:
 
 def moefy(src_path: str | Path, dst_path: str | Path, num_experts: int, top_k_: int, *,
           text: str | None = None, tokens: int = 4096, router: str = "auto", force: bool = False) -> MoefyResult:
-    """Write `dst_path`: the dense model at `src_path` as a Mixtral-style MoE (see the module docstring)."""
+    """Write `dst_path`: the dense model at `src_path` as a Mixtral-style MoE of `num_experts`
+    experts per layer, `top_k_` per token (see the module docstring)."""
     src = open_model_dir(src_path)
     cfg, dst = src.config, Path(dst_path)
     if cfg.is_moe:

@@ -195,7 +195,8 @@ class Transformer:
                          np.zeros((cpu.TILE_MIN_T, 0), np.float32))
 
     def _gate_up_codes(self) -> set[int]:
-        """The formats (GGML ids) of the gate and up matrices, routed experts' from their headers."""
+        """The formats (GGML ids) of the gate and up matrices: resident MLPs and shared experts, and one
+        routed expert of each layer (its file's header: nothing loaded)."""
         codes: set[int] = set()
         for L, lw in enumerate(self.w.layers):
             for ew in (lw.dense, lw.shared):
