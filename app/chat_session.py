@@ -118,7 +118,8 @@ def prompt_progress(step: Any) -> float | None:
 
 def stream(steps: Iterator, emit: Callable[[str, Any], None], frame_s: float = 0.0,
            clock: Callable[[], float] = time.perf_counter, pending: str = "") -> None:
-    """Emit the text of `steps` (`pending` first) and prompt progress at most once per frame."""
+    """Emit the text of `steps` in batches of at most one per frame (`pending` first), and prompt
+    progress, without text, at most once a frame."""
     last, t_emit = None, clock()
     for step in steps:
         if prompt_progress(step) is not None:  # the prompt is being read: no text yet

@@ -72,7 +72,8 @@ def _message_doc(m: Message) -> dict[str, Any]:
 
 
 def to_json(history: History, cid: int) -> str:
-    """Every message (all versions and branches) with its `parent_id`; `path`: the ids shown, in order."""
+    """Every message (all versions and branches, oldest first) with its `parent_id`; `path` lists
+    the ids of the messages shown, first to last."""
     conv = history.conversation(cid)
     by_id, _ = history.tree(cid)
     history.attach_files(cid, list(by_id.values()))

@@ -122,7 +122,8 @@ class ModelSummary:
 
 
 def _target_bytes(q: str, shape: tuple[int, ...]) -> int:
-    """Bytes of a matrix stored as `q` asks (0 where its rows do not split into blocks, or a mix)."""
+    """Bytes of a matrix stored as `q` asks (0 where its rows do not split into that format's blocks, or
+    where `q` is a mix with no single target format, as q4_k_m)."""
     if q not in quant.TARGETS:
         return 0
     try:

@@ -66,7 +66,8 @@ def installed_models() -> list[Path]:
 
 
 def recover(folder: Path | None = None) -> list[Path]:
-    """At start: put back the models an interrupted replacement had set aside (logged and returned)."""
+    """At start: put back the models an interrupted replacement had set aside (see
+    engine.convert.recover_replaced); logged, and returned for the caller to say."""
     return recover_replaced(folder or models_dir())
 
 

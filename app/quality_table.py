@@ -13,7 +13,8 @@ RESULTS = Path(__file__).parent / "bench" / "results" / "quality.json"
 
 
 def expected_cost(quantize: str, calibrated: bool = False, path: Path = RESULTS) -> dict | None:
-    """The measured cost of one converter choice (ΔPPL %, mean KL, top-1 %, MB), or None."""
+    """The measured cost of one converter choice (ΔPPL %, mean KL, top-1 agreement %, size MB), or
+    None without a row for it."""
     try:
         rows = json.loads(path.read_text(encoding="utf-8"))["rows"]
     except (OSError, ValueError, KeyError):

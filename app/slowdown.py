@@ -46,7 +46,8 @@ class SlowdownWatch:
         self._recent.clear()
 
     def rate(self, t: float, generated: int) -> float | None:
-        """The decode rate over the last WINDOW_S seconds, or the last MIN_TOKENS tokens if longer."""
+        """The decode rate over the last WINDOW_S seconds, or the last MIN_TOKENS tokens where those
+        took longer (None until there are MIN_TOKENS)."""
         self._recent.append((t, generated))
         while len(self._recent) > 2 and t - self._recent[1][0] >= WINDOW_S and generated - self._recent[1][1] >= \
                 MIN_TOKENS:
@@ -75,7 +76,8 @@ class SlowdownWatch:
         return self.active
 
     def react(self, governor, model: str, rate: float | None, others: float | None) -> str | None:
-        """Cap or free the governor's threads to match: the status line's new words, or None if unchanged."""
+        """Check, and cap or free the governor's threads to match: the status line's new words
+        ("" once the slowdown is over), or None when nothing changed."""
         was = self.active
         now = self.check(model, rate, others)
         if now is not None:

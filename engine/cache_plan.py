@@ -56,7 +56,8 @@ class CachePlan:
 
 
 def activation_bytes(cfg, tokens: int = 256) -> int:
-    """A prefill's activation buffers, estimated per token (hidden state, attention, one expert)."""
+    """A prefill's activation buffers, estimated: per token the hidden state, attention and one
+    expert's gate/up rows several times over (float32), plus the logits."""
     ff = max(cfg.intermediate_size or 0, cfg.hidden_size)
     return tokens * (4 * ff + 12 * cfg.hidden_size) * 4 + 2 * cfg.vocab_size * 4 + 8 * MiB
 
@@ -122,7 +123,8 @@ def plan_expert_cache(model: ModelDir, params: dict, context_limit: int,
 
 
 def _lowered(plan: CachePlan, asked: int, per_layer: int | None, words: str, E: int) -> CachePlan:
-    """An auto plan in place of an explicit size that did not fit, its bytes the ceiling."""
+    """An auto plan standing in for an explicit size that did not fit: the setting's per-layer limit,
+    its bytes as the ceiling, its words in the reason."""
     return replace(plan, per_layer=per_layer, capacity=min(plan.capacity, per_layer or E), asked=asked,
                    asked_words=words, reason=f"{words}, lowered to fit: {plan.reason}")
 

@@ -285,7 +285,8 @@ class ExpertStore:
         return ExpertWeights(*mats)
 
     def keeps_page_cache(self) -> bool:
-        """auto: whether misses now leave their pages in the page cache (room to spare)."""
+        """auto: whether misses now leave their pages in the page cache (room to spare, see
+        KEEP_ROOM_FACTOR); re-measured at most every KEEP_CHECK_S."""
         if self.read_mode == "cached":
             return True
         if self.read_mode != "auto" or self.holds_every_expert:

@@ -404,7 +404,8 @@ class MemoryPool:
         return returned
 
     def defrag(self) -> int:
-        """Return free memory to the OS (nothing moves); the bytes that were resident and went back."""
+        """Return free memory to the OS: unmap empty slab pages and arenas, DONTNEED free buddy
+        ranges. Nothing moves. Returns the bytes that were resident and went back."""
         with self._locks["medium"]:
             returned = self._medium.trim()
         with self._locks["small"]:

@@ -26,7 +26,8 @@ COMPILE_BYTES = 700 * MiB
 
 
 def margin(free: int, settled: bool = False) -> int:
-    """What the budget holds back for runtime growth out of `free`: MARGIN (settled: SETTLED_MARGIN) + 2%."""
+    """What the budget holds back for runtime growth when `free` bytes are room: MARGIN + 2%
+    (`settled`, planned again after warm-up: SETTLED_MARGIN + 2%)."""
     return (SETTLED_MARGIN if settled else MARGIN) + free // 50
 
 
@@ -108,7 +109,8 @@ def _rss() -> int:
 
 
 def compile_reserve(cache_dir: str | None = None) -> int:
-    """COMPILE_BYTES while this kernel version's Numba cache is empty (a first start), else 0."""
+    """COMPILE_BYTES while this kernel version's Numba cache holds nothing yet (the first start
+    after an install or an upgrade compiles everything), else 0."""
     cache_dir = cache_dir or os.environ.get("NUMBA_CACHE_DIR")
     if not cache_dir:
         return 0

@@ -280,7 +280,8 @@ class TensorFile:
         return np.frombuffer(self._mmap, i.qtype.storage, count, i.offset).reshape(shape)
 
     def stored(self, name: str) -> np.ndarray:
-        """The tensor in its stored (GGUF) layout: the mapped view, or a repacked one unpacked."""
+        """The tensor in its format's stored (GGUF) layout: the mapped view, or for a repacked
+        (x8) tensor an unpacked copy (its format: infos[name].qtype.base)."""
         qt = self.infos[name].qtype
         if qt.base is None:
             return self.tensor(name)

@@ -140,7 +140,8 @@ class ModelWeights:
         return self._bytes
 
     def check_files(self) -> None:
-        """Each mapped weight file still as long as when opened (the expert files are not covered)."""
+        """Each mapped weight file still as long as when it was opened (TensorFile.check); the
+        expert files the store reads on demand are not covered."""
         for f in self.files:
             f.check()
 

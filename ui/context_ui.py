@@ -27,7 +27,8 @@ def marker_texts(dropped: int, policy: str) -> tuple[str, str]:
 
 
 class ContextMeter(QProgressBar):
-    """Tokens of the next prompt against the context: green, amber past 80 %, red once cut or too long."""
+    """Tokens of the open chat's next prompt against the model's context: green, amber past 80 %,
+    red once messages are left out or it cannot fit."""
 
     def __init__(self):
         super().__init__(objectName="context_meter")
@@ -103,7 +104,8 @@ class PolicyBox(QComboBox):
 
 
 class AttachmentTray(QWidget):
-    """The files attached to the draft, a chip each, and the warning when the message will not fit."""
+    """The files attached to the message being written: a chip each (name, tokens, remove), and
+    the warning line when the message will not fit."""
     changed = Signal()
 
     def __init__(self):

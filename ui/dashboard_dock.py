@@ -21,7 +21,8 @@ class DashboardDock:
         return Dashboard(self.flow.worker, theme.palette(self.settings.theme), self.flow.model, self)
 
     def open_dashboard(self, toggle: bool = False):
-        """The dashboard, docked where the user left it; Ctrl+Shift+P shows and hides it."""
+        """The performance dashboard, docked where the user last left it (right of the chat at first);
+        Ctrl+Shift+P shows it, and hides it again when it is showing."""
         if self.dashboard_dock is None:
             self.dashboard = self._make_dashboard()
             dock = QDockWidget(self.tr("Performance"), self, objectName="dashboard_dock")

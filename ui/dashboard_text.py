@@ -32,7 +32,8 @@ def pct(x: float | None) -> str:
 
 
 def kernels_line(snap) -> str:
-    """What runs: the dot-product path and why, the kernel per format, the last step's route."""
+    """What runs: the dot-product path and how it was chosen, the inner kernel per format, and the
+    route the last step took through the decoder loop and why (stats())."""
     path, kernels = getattr(snap, "simd_path", ""), getattr(snap, "kernels", None) or {}
     if not path:
         return ""

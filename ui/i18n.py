@@ -28,7 +28,8 @@ def resolve(language: str) -> str:
 
 
 def install(app: QCoreApplication, language: str) -> list[QTranslator]:
-    """Install the translators for `language` on `app` (none for English); keep what it returns."""
+    """Install the translators for `language` on `app`; returns them (keep them alive, or remove
+    them with `uninstall`). English installs none."""
     lang = resolve(language)
     if lang == "en":
         return []

@@ -18,7 +18,8 @@ RowReader = Callable[[int, int], np.ndarray]  # rows [start, stop) -> stored arr
 
 @dataclass(frozen=True)
 class SourceTensor:
-    """A source checkpoint's tensor: shape, format and a reader of row ranges (leading dims flattened)."""
+    """A tensor of a source checkpoint: its shape, storage format and a reader of row ranges
+    (rows are the leading dimensions flattened; a 1-D tensor is a single row)."""
     name: str
     shape: tuple[int, ...]
     qtype: quant.QuantType
@@ -81,7 +82,8 @@ class SourceTensor:
         return SourceTensor(f"{self.name}'", self.shape[::-1], self.qtype, read)
 
     def mapped(self, fn: str) -> SourceTensor:
-        """The values through `fn` as float32: "plus1" (1 + w), "negexp" (-exp(x): A from A_log)."""
+        """The values through `fn`, as float32: "plus1" (a zero-centred norm's 1 + w), "negexp"
+        (-exp(x): Qwen3.5's A from A_log)."""
         funcs = {"plus1": lambda x: x + np.float32(1), "negexp": lambda x: -np.exp(x)}
         if fn not in funcs or self.qtype.name not in ("f32", "f16", "bf16"):
             raise ConversionError(f"{self.name}: cannot map {self.qtype.name} values through {fn!r}")

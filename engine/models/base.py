@@ -171,7 +171,8 @@ class Transformer:
         return None if lw.expert_biases is None else tuple(b[e] for b in lw.expert_biases)
 
     def _fusable(self, L: int, experts: list[int]) -> bool:
-        """Whether these experts share one integer-dot format per matrix, so cpu.moe_int takes them all."""
+        """Whether these experts are stored in one integer-dot format per matrix (gate, up, down), so
+        that cpu.moe_int can take them together."""
         codes = {tuple(p[3] % cpu.PACKED for p in self.w.store.span(L, e).parts) for e in experts}
         return len(codes) == 1 and all(c in cpu.PACKABLE for c in next(iter(codes)))
 
@@ -223,7 +224,8 @@ class Transformer:
             return out
 
     def prefetch(self, L: int, h: np.ndarray, logits: np.ndarray, step: Step) -> None:
-        """Queue the next layer's likely picks and this layer's runners-up (where prediction_due())."""
+        """Queue the experts the next layer's router picks from this layer's hidden state, and this
+        layer's runners-up for the next token (called where prediction_due() said yes)."""
         cache, k = self.w.experts, self.cfg.top_k
         if L + 1 < len(self.w.layers) and self.w.layers[L + 1].router is not None:
             nxt = np.argsort(-linear(h, self.w.layers[L + 1].router, step), axis=-1)[:, :k]

@@ -155,7 +155,8 @@ class FusedDecode:
         return table
 
     def _stream_refusal(self) -> str | None:
-        """Why a token cannot stream through decode_layers (a dense model, or unreadable experts)."""
+        """Why a token cannot stream through decode_layers (experts coming in between its calls):
+        a dense model, or experts stored in a layout the kernel cannot dot."""
         if self.dense:
             return "a dense model"
         store, cfg = self.model.w.store, self.model.cfg
@@ -273,7 +274,8 @@ class FusedDecode:
         model.prefetch(L, h, linear(h, lw.router, step), step)
 
     def _picks(self, layers: int) -> tuple[np.ndarray, np.ndarray]:
-        """The (layers, top_k) picks and mixes decode_layers fills: -1 (its routers choose), or given."""
+        """The (layers, top_k) picks and mixes decode_layers fills: -1 (its routers choose), or the
+        benchmark hook's given experts at equal weights."""
         picks = np.full((layers, self.top_k), -1, np.int64)
         mixes = np.zeros((layers, self.top_k), np.float32)
         if self.given is not None and layers:
@@ -282,7 +284,8 @@ class FusedDecode:
         return picks, mixes
 
     def compile(self, kv_kind: str) -> None:
-        """Compile (or load) the kernel for this KV cache format now, by a call through no layers."""
+        """Compile the kernel for this KV cache format now (or load it from numba's cache), by a
+        call through no layers: the first decoded token then does not wait for it."""
         cfg = self.model.cfg
         cache = KVCache(0, 1, cfg.num_kv_heads, cfg.head_dim, kv_kind)
         rot = np.zeros(cfg.head_dim // 2, np.float32)

@@ -71,7 +71,8 @@ class _Store(_Copyable):
         return self.x[rows].astype(np.float32) * self.scale[rows][..., None]
 
     def stored(self, rows=slice(None)) -> tuple[np.ndarray, np.ndarray]:
-        """`rows` as stored (f16 as uint16 bits) for the kernel to widen, and their scales (int8 only)."""
+        """`rows` as stored, for the attention kernel to widen as it reads them (f16 as its bits,
+        uint16), and their scales (NO_SCALE unless int8)."""
         x = self.x[rows]
         return (x.view(np.uint16) if self.kind == "f16" else x), (NO_SCALE if self.scale is None else self.scale[rows])
 
@@ -173,7 +174,8 @@ class RingKV(_StoredKV):
         return seen or (self.ks.get(), self.vs.get(), self.pos)  # decode: the ring holds the window itself
 
     def update_stored(self, k_new: np.ndarray, v_new: np.ndarray, pos_new: np.ndarray) -> tuple:
-        """update(), returning what the chunk attends to as stored (T > 1: update()'s float32 temporary)."""
+        """update(), returning what the chunk attends to as stored: (k, v, k scales, v scales, pos);
+        a chunk of T > 1 tokens gets update()'s float32 temporary."""
         if len(pos_new) > 1:
             k, v, pos = self.update(k_new, v_new, pos_new)
             return k, NO_SCALE, v, NO_SCALE, pos
