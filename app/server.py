@@ -27,6 +27,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import uvicorn
 from fastapi import FastAPI, Request
@@ -73,17 +74,18 @@ class ApiError(Exception):
     """An error the client caused (or may retry), answered in OpenAI's shape."""
 
     def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 kind: str = "invalid_request_error"):
+                 kind: str = "invalid_request_error", close: bool = False):
         super().__init__(message)
         self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
+        # 408/413/415 leave a body unread: the connection cannot carry another request; after a
+        # refused key, Host or Origin it serves no further one
+        self.close = close or status in (401, 403, 408, 413, 415)
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
 
     def response(self) -> JSONResponse:
-        # 408/413 leave a body unread: the connection cannot carry another request
-        close = {"Connection": "close"} if self.status in (408, 413) else None
-        return JSONResponse(self.body(), self.status, headers=close)
+        return JSONResponse(self.body(), self.status, headers={"Connection": "close"} if self.close else None)
 
 
 def is_loopback(host: str) -> bool:
@@ -92,6 +94,13 @@ def is_loopback(host: str) -> bool:
     try:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
+        return False
+
+
+def _loopback_origin(origin: str) -> bool:
+    try:
+        return is_loopback(urlsplit(origin).hostname or "")
+    except ValueError:  # "http://[x" and the like
         return False
 
 
@@ -108,7 +117,13 @@ def _finite_float(text: str) -> float:
 
 
 async def read_json(request: Request, limits: Limits) -> dict:
-    """The body as a JSON object, within the size and time limits (413, 408, 400 otherwise)."""
+    """The body as a JSON object, within the size and time limits (413, 408, 400 otherwise).
+    Only an application/json body is read (415): a web page can send text/plain to this machine
+    without the browser asking first (a CORS preflight), but not JSON."""
+    media = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if media != "application/json":
+        raise ApiError(415, f"the request body must be application/json, not {media[:100] or 'untyped'!r}",
+                       code="unsupported_media_type")
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limits.max_body_bytes:
         raise ApiError(413, f"the request body is {int(declared)} bytes; the limit is "
@@ -484,7 +499,8 @@ async def completions(svc: Service, request: Request) -> Any:
 # --- the application -------------------------------------------------------------------------
 class _Guard:
     """ASGI middleware in front of every route: the API key (Bearer) when one is set, and on a
-    loopback-only server a Host check (a web page cannot reach it by DNS rebinding)."""
+    loopback-only server a Host check (a web page cannot reach it by DNS rebinding); a request a
+    browser sends for a page of another site (its Origin) is refused whatever the key."""
 
     def __init__(self, app: Any, svc: Service):
         self.app, self.svc = app, svc
@@ -498,6 +514,10 @@ class _Guard:
         await self.app(scope, receive, send)
 
     def _check(self, headers: dict[bytes, bytes]) -> ApiError | None:
+        origin = headers.get(b"origin")
+        if origin is not None and not _loopback_origin(origin.decode("latin-1")):
+            return ApiError(403, f"this server does not answer web pages of other sites (Origin "
+                            f"{origin.decode('latin-1')[:100]!r})", code="forbidden_origin")
         if self.svc.api_key is not None:
             given = headers.get(b"authorization", b"").decode("latin-1")
             token = given[7:].strip() if given[:7].lower() == "bearer " else ""

@@ -300,6 +300,25 @@ def test_unknown_route_method_and_host(server, client):
     assert raw(server, "GET", "/v1/models", headers={"Host": "localhost"})[0] == 200
 
 
+def test_a_web_page_cannot_make_the_local_server_work(server, client):
+    """A page the user opens may POST a "simple" request (text/plain, no preflight) to the keyless
+    loopback server: no JSON body, or any Origin but this machine's, is refused before any work."""
+    page = {"Origin": "https://evil.example"}
+    body = json.dumps({"prompt": REF["raw_counting"]["text"], "max_tokens": 2}).encode()
+    for headers in ({"Content-Type": "text/plain"}, {"Content-Type": "application/x-www-form-urlencoded"},
+                    {"Content-Type": ""}):
+        assert_error(raw(server, "POST", "/v1/completions", body, headers), 415, code="unsupported_media_type")
+    assert_error(raw(server, "POST", "/v1/completions", body, page), 403, code="forbidden_origin")
+    assert_error(raw(server, "POST", CHAT, chat_body(), {"Origin": "null"}), 403, code="forbidden_origin")
+    assert_error(raw(server, "GET", "/v1/models", headers=page), 403, code="forbidden_origin")
+    # a page served from this machine, and JSON with a charset, are fine
+    assert raw(server, "GET", "/v1/models", headers={"Origin": "http://localhost:3000"})[0] == 200
+    status, out = raw(server, "POST", "/v1/completions", body, {"Content-Type": "application/json; charset=utf-8",
+                                                               "Origin": "http://127.0.0.1:8080"})
+    assert status == 200 and out["choices"][0]["text"] == " 6"
+    still_serving(client, server)
+
+
 def test_openai_client_sees_errors_as_its_exceptions(client, server):
     with pytest.raises(openai.NotFoundError, match="does not exist"):
         client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "x"}])
