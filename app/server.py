@@ -46,6 +46,7 @@ log = logging.getLogger("colibri.server")
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 4242  # no peer's (LM Studio 1234, llama-server 8080, Ollama 11434): all run side by side
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1", "[::1]")
+OVER_LIMIT = "colibri.connections_over_limit"  # in a request's ASGI state: its address has too many open
 FINISH = {"stop": "stop", "length": "length", "context": "length", "cancelled": "stop"}
 ROLES = ("system", "developer", "user", "assistant", "tool")
 SAMPLING = ("temperature", "top_p", "top_k", "min_p", "repeat_penalty", "seed", "frequency_penalty",
@@ -62,9 +63,10 @@ class Limits:
     max_queue: int = 16  # requests waiting for the engine; more get 429
     max_stops: int = 16
     body_timeout_s: float = 30.0  # a body that has not fully arrived by then gets 408
-    head_timeout_s: float = 10.0  # a connection that has not sent a request head by then is closed
+    head_timeout_s: float = 10.0  # any request head of a connection not in by then: the connection closes
     keep_alive_s: int = 5
     max_connections: int = 512  # uvicorn's limit_concurrency: more get 503
+    max_connections_per_client: int = 128  # open at once from one address; more get 429
     heartbeat_s: float = 10.0  # a stream waiting this long for a token sends a comment line
     slots: int = 8  # requests decoded together (continuous batching: one forward pass per step for all)
     prefix_cache_bytes: int = 64 << 20  # KV of recent prompts, reused by requests sharing their start
@@ -507,7 +509,10 @@ class _Guard:
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] == "http":
-            error = self._check(dict(scope["headers"]))
+            limit = scope.get("state", {}).get(OVER_LIMIT)
+            error = self._check(dict(scope["headers"])) if limit is None else ApiError(
+                429, f"this address has {limit} connections open (the limit); close one or retry later",
+                kind="rate_limit_error", code="too_many_connections", close=True)
             if error is not None:
                 await error.response()(scope, receive, send)
                 return
@@ -583,21 +588,43 @@ def create_app(engine: Engine, limits: Limits = Limits(), api_key: str | None = 
     return app, svc
 
 
-def _protocol(head_timeout_s: float) -> type[H11Protocol]:
-    """uvicorn's h11 protocol, closing connections that send no request head in time (uvicorn
-    itself waits for ever on a connection that never speaks)."""
+def _protocol(head_timeout_s: float, per_client: int) -> type[H11Protocol]:
+    """uvicorn's h11 protocol, closing a connection whose next request head has not arrived within
+    `head_timeout_s` of the previous reply (uvicorn waits for ever on a head begun and never
+    finished, and counts that connection against its limit: a few hundred of them shut every
+    client out), and answering 429 to a client address with `per_client` connections open."""
+    open_by_address: dict[str, int] = {}
 
     class Protocol(H11Protocol):
         def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
-            self._head_timer = self.loop.call_later(head_timeout_s, self._no_request)
+            self._address = self.client[0] if self.client else ""
+            self._counted = open_by_address.get(self._address, 0) < per_client
+            if self._counted:
+                open_by_address[self._address] = open_by_address.get(self._address, 0) + 1
+            else:  # its request is answered 429 (_Guard), and the connection closed
+                self.app_state = {**self.app_state, OVER_LIMIT: per_client}
+            self._head_timer = self.loop.call_later(head_timeout_s, self._late_head, None)
 
-        def _no_request(self) -> None:
-            if self.cycle is None and not self.transport.is_closing():
+        def on_response_complete(self) -> None:
+            done = self.cycle
+            super().on_response_complete()  # (a request sent meanwhile begins now: a new cycle)
+            self._head_timer.cancel()  # the next request's head is due within head_timeout_s from now
+            self._head_timer = self.loop.call_later(head_timeout_s, self._late_head, done)
+
+        def _late_head(self, cycle: Any) -> None:
+            if self.cycle is cycle and not self.transport.is_closing():  # no request began since
                 self.transport.close()
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._head_timer.cancel()
+            if self._counted:
+                left = open_by_address[self._address] - 1
+                if left:
+                    open_by_address[self._address] = left
+                else:
+                    del open_by_address[self._address]
+                self._counted = False
             super().connection_lost(exc)
     return Protocol
 
@@ -660,7 +687,8 @@ def start(engine_or_factory: Engine | Callable[[], Engine], host: str = DEFAULT_
     except BaseException:
         sock.close()
         raise
-    config = uvicorn.Config(app, http=_protocol(limits.head_timeout_s), lifespan="off", log_config=None,
+    config = uvicorn.Config(app, http=_protocol(limits.head_timeout_s, limits.max_connections_per_client),
+                            lifespan="off", log_config=None,
                             log_level=log_level, access_log=False, limit_concurrency=limits.max_connections,
                             timeout_keep_alive=limits.keep_alive_s, timeout_graceful_shutdown=2,
                             h11_max_incomplete_event_size=64 * 1024)

@@ -411,6 +411,80 @@ def test_many_silent_connections_do_not_block_the_server(server, client):
     still_serving(client, server)
 
 
+def kept_alive(handle, path: str = "/v1/models", headers: bytes = b"") -> tuple[socket.socket, bytes]:
+    """A socket that sent one request and read its whole reply (the connection kept alive)."""
+    sock = socket.create_connection(address(handle), timeout=10)
+    sock.sendall(b"GET %s HTTP/1.1\r\nHost: 127.0.0.1\r\n%s\r\n" % (path.encode(), headers))
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += sock.recv(65536)
+    head, body = data.split(b"\r\n\r\n", 1)
+    length = int(re.search(rb"content-length: (\d+)", head, re.IGNORECASE).group(1))
+    while len(body) < length:
+        body += sock.recv(65536)
+    return sock, head
+
+
+def test_a_slow_head_of_a_later_request_is_closed_in_time(engine):
+    """Connections that send one quick request and then one byte of the next held their slots for
+    ever (the head timeout covered only a connection's first request): with max_connections of
+    them, every new request got 503."""
+    handle = S.start(engine, "127.0.0.1", 0, limits=S.Limits(head_timeout_s=1.0, keep_alive_s=60,
+                                                             max_connections=12))
+    socks = []
+    try:
+        for _ in range(11):
+            sock, head = kept_alive(handle)
+            assert head.startswith(b"HTTP/1.1 200"), head
+            sock.sendall(b"G")  # the first byte of a next request, and no more
+            socks.append(sock)
+        answers = [read_until_closed(s, time.monotonic() + 4) for s in socks]
+        assert all(closed for _, closed in answers), "a connection with a half-sent head was left open"
+        status, body = raw(handle, "GET", "/v1/models")
+        assert status == 200, body
+    finally:
+        for s in socks:
+            s.close()
+        handle.stop()
+
+
+def test_a_refused_request_closes_its_connection(engine):
+    """After a 401 (wrong key) or 403 (another site's page) the connection serves no further request."""
+    handle = S.start(engine, "127.0.0.1", 0, api_key="s3cret", limits=S.Limits(keep_alive_s=60))
+    try:
+        for headers, status in ((b"Authorization: Bearer wrong\r\n", b"401"),
+                                (b"Authorization: Bearer s3cret\r\nOrigin: https://evil.example\r\n", b"403")):
+            sock, head = kept_alive(handle, headers=headers)
+            try:
+                assert head.startswith(b"HTTP/1.1 " + status), head
+                assert read_until_closed(sock, time.monotonic() + 3) == (b"", True)
+            finally:
+                sock.close()
+        sock, head = kept_alive(handle, headers=b"Authorization: Bearer s3cret\r\n")  # a good key keeps it open
+        try:
+            assert head.startswith(b"HTTP/1.1 200") and read_until_closed(sock, time.monotonic() + 1) == (b"", False)
+        finally:
+            sock.close()
+    finally:
+        handle.stop()
+
+
+def test_connections_per_client_address_are_capped(engine):
+    handle = S.start(engine, "127.0.0.1", 0, limits=S.Limits(max_connections_per_client=4, head_timeout_s=30))
+    silent = [socket.create_connection(address(handle), timeout=10) for _ in range(4)]
+    try:
+        assert_error(raw(handle, "GET", "/v1/models"), 429, code="too_many_connections")
+        silent.pop().close()
+        deadline = time.monotonic() + 5
+        while (status := raw(handle, "GET", "/v1/models")[0]) != 200:  # once the server saw the close
+            assert time.monotonic() < deadline and status == 429, status
+            time.sleep(0.05)
+    finally:
+        for s in silent:
+            s.close()
+        handle.stop()
+
+
 def stream_on_a_socket(server, max_tokens: int) -> socket.socket:
     """A streamed completion on a raw socket, returned once a few tokens have arrived."""
     body = json.dumps({"prompt": REF["raw_counting"]["text"], "max_tokens": max_tokens, "temperature": 0,
