@@ -14,6 +14,7 @@ The GUI's "Serve on localhost" switch calls `start(engine)` and later `handle.st
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import hmac
 import ipaddress
 import json
@@ -363,7 +364,10 @@ class Reply:
 
 async def _submit(svc: Service, request: Request, prompt: str | list[dict], sampling: dict,
                   stops: tuple) -> Job:
-    job = Job(prompt, sampling, stops, asyncio.get_running_loop())
+    # a tenant per key presented: a request reuses (and sees in cached_tokens) only the prompt
+    # prefixes of requests with the same key, never the window's chats nor another key's
+    key = hashlib.sha256(request.headers.get("authorization", "").encode("utf-8", "replace")).hexdigest()
+    job = Job(prompt, sampling, stops, asyncio.get_running_loop(), tenant="key:" + key[:16])
     try:
         svc.scheduler.submit(job)
     except QueueFull as e:

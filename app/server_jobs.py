@@ -92,6 +92,7 @@ class Job:
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
     done: threading.Event = field(default_factory=threading.Event)
+    tenant: str = "served"  # whose cached prompt prefixes it may reuse (engine.batch.PrefixCache)
 
     def cancel(self) -> None:
         """Stop after the current token (the client went away); safe from any thread."""
@@ -129,7 +130,9 @@ def _put_each(pairs: list[tuple[Job, Step]]) -> None:
 
 @dataclass
 class LocalJob(Job):
-    """A job whose steps go to a thread-safe queue: its caller runs no event loop."""
+    """A job whose steps go to a thread-safe queue: its caller runs no event loop. The window's
+    chats are its own tenant: never a prefix of a served request, nor one of theirs."""
+    tenant: str = "window"
     inbox: queue.Queue = field(default_factory=queue.Queue)
 
     def _put(self, item: Step | BaseException | None) -> None:
@@ -354,7 +357,8 @@ class BatchScheduler:
             self._finish(job, None)
             return
         try:
-            self.filling = (job, self.batcher.open(job.prompt, job.stop, cancel=job.cancelled, **job.sampling))
+            seq = self.batcher.open(job.prompt, job.stop, cancel=job.cancelled, tenant=job.tenant, **job.sampling)
+            self.filling = (job, seq)
         except Exception as e:  # bad input: reported to the client; the worker keeps serving
             log.exception("generation failed")
             self._finish(job, None, e)
