@@ -5,9 +5,13 @@ streamed as server-sent events (`data: {...}` … `data: [DONE]`) or answered wh
 is OpenAI-shaped: {"error": {"message", "type", "param", "code"}}.
 
 Safety: it listens on 127.0.0.1 unless told otherwise, and any other address needs an API key
-(checked on every route, Bearer). Bodies, prompts, max_tokens and the queue are bounded; a
-body that never arrives times out (408), a connection that never sends a request is closed.
-A client that goes away mid-reply frees the engine at the next token.
+(checked on every route, Bearer). A web page of another site (its Origin) is refused, and bodies
+must be JSON (a page can send text/plain without the browser asking first). Bodies, prompts,
+max_tokens, the queue and the connections of one address are bounded; a body that never arrives
+times out (408), a connection whose next request head does not arrive in time is closed, and so is
+one refused (401/403). A client that goes away mid-reply frees the engine at the next token.
+Engine errors reach clients without this machine's folders; cached prompt prefixes serve only
+requests with the same key (cached_tokens would otherwise reveal another caller's prompt).
 
 The GUI's "Serve on localhost" switch calls `start(engine)` and later `handle.stop()`.
 """
@@ -21,6 +25,7 @@ import json
 import logging
 import math
 import os
+import re
 import socket
 import threading
 import time
@@ -70,7 +75,8 @@ class Limits:
     max_connections_per_client: int = 128  # open at once from one address; more get 429
     heartbeat_s: float = 10.0  # a stream waiting this long for a token sends a comment line
     slots: int = 8  # requests decoded together (continuous batching: one forward pass per step for all)
-    prefix_cache_bytes: int = 64 << 20  # KV of recent prompts, reused by requests sharing their start
+    prefix_cache_bytes: int = 64 << 20  # KV of recent prompts, reused by one key's requests sharing their start
+    spare_idle_s: float = 30.0  # the KV caches kept for the next requests are freed after this long idle
 
 
 class ApiError(Exception):
@@ -188,7 +194,7 @@ class Service:
         self.model_id = engine.model.path.name
         self.created = int(time.time())
         self.scheduler = BatchScheduler(engine, limits.max_queue, turns, limits.slots, limits.prefix_cache_bytes,
-                                        runner)
+                                        runner, limits.spare_idle_s)
         codec = engine.codec
         self.reasoning = is_reasoning_model(codec.template_source,
                                             lambda t: codec.tok.token_to_id(t) is not None)
@@ -247,7 +253,8 @@ class Service:
         try:
             count = len(self.engine.prompt_ids(prompt))
         except (ValueError, TypeError) as e:  # e.g. a lone surrogate (\ud800): JSON allows it, UTF-8 not
-            raise ApiError(400, f"the prompt cannot be tokenized: {type(e).__name__}: {str(e)[:200]}",
+            why = public_text(str(e))[:200]
+            raise ApiError(400, f"the prompt cannot be tokenized: {type(e).__name__}: {why}",
                            param=param, code="invalid_value") from None
         if count > self.max_prompt:
             raise ApiError(400, f"the prompt is {count} tokens; this server accepts at most "
@@ -320,13 +327,22 @@ async def _steps(job: Job, request: Request, heartbeat_s: float | None = None) -
             getter.cancel()
 
 
+ABSOLUTE_PATH = re.compile(r"(?:(?<![\w.~/\\])/|\b[A-Za-z]:[\\/]|\\\\)(?:[^\s'\"\\/]+[\\/])+")
+
+
+def public_text(text: str) -> str:
+    """Engine text for a client: each absolute path cut to its last part (the file's name tells
+    what failed; the folders around it are this machine's business)."""
+    return ABSOLUTE_PATH.sub("", text)
+
+
 def _error_for(e: BaseException) -> ApiError:
     if isinstance(e, ApiError):
         return e
     if isinstance(e, (ColibriError, ValueError)):
         code = "context_length_exceeded" if "context" in str(e) else "invalid_value"
-        return ApiError(400, str(e), code=code)
-    return ApiError(500, f"the engine failed: {type(e).__name__}: {e}", kind="server_error",
+        return ApiError(400, public_text(str(e)), code=code)
+    return ApiError(500, public_text(f"the engine failed: {type(e).__name__}: {e}"), kind="server_error",
                     code="engine_error")
 
 
@@ -435,7 +451,11 @@ async def chat_completions(svc: Service, request: Request) -> Any:
     messages = _messages(body)
     sampling, stops = svc.sampling(body)
     stream, include_usage = _stream_flag(body), _stream_options(body)
-    thinking = (body.get("chat_template_kwargs") or {}).get("enable_thinking")  # as vLLM and llama.cpp take it
+    kwargs = body.get("chat_template_kwargs") or {}
+    if not isinstance(kwargs, dict):
+        raise ApiError(400, "chat_template_kwargs must be an object", param="chat_template_kwargs",
+                       code="invalid_type")
+    thinking = kwargs.get("enable_thinking")  # as vLLM and llama.cpp take it
     if thinking is not None and not isinstance(thinking, bool):
         raise ApiError(400, "chat_template_kwargs.enable_thinking must be true or false",
                        param="chat_template_kwargs", code="invalid_type")
@@ -443,7 +463,7 @@ async def chat_completions(svc: Service, request: Request) -> Any:
     try:
         rendered = await asyncio.to_thread(svc.engine.apply_chat_template, messages, True, template_vars)
     except (ColibriError, ValueError) as e:
-        raise ApiError(400, str(e), param="messages", code="invalid_value") from None
+        raise ApiError(400, public_text(str(e)), param="messages", code="invalid_value") from None
     await asyncio.to_thread(svc.check_prompt, messages, "messages")
     reply = Reply(ThinkSplitter(starts_inside(rendered)) if svc.reasoning else None)
     # the engine encodes the messages itself: their text stays text, only the template makes tokens

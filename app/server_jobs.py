@@ -245,9 +245,11 @@ class BatchScheduler:
     Its loop runs on a thread of its own, or on `runner` (an EngineThread) until it closes."""
 
     def __init__(self, engine: Engine, max_queue: int, turns: Turns | None = None, slots: int = 8,
-                 prefix_bytes: int = 64 << 20, runner: EngineThread | None = None):
+                 prefix_bytes: int = 64 << 20, runner: EngineThread | None = None,
+                 spare_idle_s: float = 30.0):
         from engine.batch import Batcher
         self.engine, self.max_queue, self.slots = engine, max_queue, max(int(slots), 1)
+        self.spare_idle_s = spare_idle_s  # idle this long, the spare KV caches give their pages back
         self.turns = turns  # kept for callers that pass it; batched jobs need no turn
         self.batcher = Batcher(engine, prefix_bytes, spare_caches=self.slots)  # a KV cache per slot, reused
         self._cond = threading.Condition()
@@ -313,7 +315,9 @@ class BatchScheduler:
             while True:
                 with self._cond:
                     while not self._closed and not self._queue and not self.active and self.filling is None:
-                        self._cond.wait()
+                        spares = self.batcher.spares
+                        if not self._cond.wait(self.spare_idle_s if spares else None) and spares:
+                            spares.clear()  # idle: a full-context cache each, kept only while busy
                     if self._closed:
                         break
                 self._admit()

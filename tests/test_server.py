@@ -236,6 +236,8 @@ def chat_body(**kw) -> bytes:
     (chat_body(stop=[""]), 400, "stop", "invalid_value"),
     (chat_body(stream="yes"), 400, "stream", "invalid_type"),
     (chat_body(tools=[{"type": "function", "function": {"name": "f"}}]), 400, "tools", "unsupported"),
+    (chat_body(chat_template_kwargs=[1]), 400, "chat_template_kwargs", "invalid_type"),
+    (chat_body(chat_template_kwargs="enable_thinking"), 400, "chat_template_kwargs", "invalid_type"),
     (chat_body(messages=[]), 400, "messages", "invalid_value"),
     (chat_body(messages=[{"role": "wizard", "content": "x"}]), 400, "messages[0]", "invalid_value"),
     (chat_body(messages=[{"role": "user", "content": 5}]), 400, "messages[0]", "invalid_value"),
@@ -483,6 +485,23 @@ def test_connections_per_client_address_are_capped(engine):
         for s in silent:
             s.close()
         handle.stop()
+
+
+def test_engine_errors_name_no_absolute_path(server, client, engine, monkeypatch):
+    """A failing disk under the model: the client learns the file's name, not where it lives."""
+    where = engine.model.path / "weights" / "blk.0.attn_q.bin"
+
+    def failing_disk(*args, **kwargs):
+        raise OSError(5, "Input/output error", str(where))
+    monkeypatch.setattr(engine, "prefill", failing_disk)
+    with pytest.raises(openai.APIError) as failed:  # a stream's error event (its headers went out)
+        list(client.completions.create(model=server.model_id, prompt="one two three four", max_tokens=2,
+                                       stream=True))
+    message = failed.value.message
+    assert "Input/output error" in message and "blk.0.attn_q.bin" in message, message
+    assert str(where.parent) not in message and str(engine.model.path) not in message, message
+    monkeypatch.undo()
+    still_serving(client, server)
 
 
 def stream_on_a_socket(server, max_tokens: int) -> socket.socket:

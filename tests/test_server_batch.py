@@ -150,6 +150,24 @@ def test_prefix_entries_are_kept_per_tenant(engine):
     assert reused == {"key-a": [0, reused["key-a"][1]], "key-b": [0]} and reused["key-a"][1] > 0
 
 
+def test_idle_spare_kv_caches_are_released(engine):
+    """The scheduler keeps the KV caches of finished requests for the next ones, but once idle
+    it gives their pages back instead of holding them for the server's life."""
+    before = engine.pool.stats().allocated
+    handle = S.start(engine, "127.0.0.1", 0, limits=S.Limits(spare_idle_s=0.5))
+    try:
+        client = openai.OpenAI(base_url=handle.url, api_key="x", max_retries=0, timeout=300)
+        client.completions.create(model=handle.model_id, prompt="one two three four", max_tokens=2)
+        spares = handle.service.scheduler.batcher.spares
+        deadline = time.monotonic() + 10
+        while len(spares) or engine.pool.stats().allocated > before:
+            assert time.monotonic() < deadline, f"{len(spares)} idle spare caches still held"
+            time.sleep(0.05)
+        client.completions.create(model=handle.model_id, prompt="one two three four", max_tokens=2)  # still serves
+    finally:
+        handle.stop()
+
+
 def test_the_chat_window_replies_through_the_scheduler_while_it_serves(qapp, engine, widths):
     """Serving on, the GUI's reply (EngineWorker.generate) joins the served requests' decode steps
     (BatchScheduler), streams, is what it is alone, and its Stop ends it with the partial text."""
