@@ -39,6 +39,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from app.reasoning import ThinkSplitter, is_reasoning_model, starts_inside
@@ -150,6 +151,9 @@ async def read_json(request: Request, limits: Limits) -> dict:
     except asyncio.TimeoutError:
         raise ApiError(408, f"the request body did not arrive within {limits.body_timeout_s:g} s",
                        code="request_timeout") from None
+    except ClientDisconnect:  # nobody reads the answer: this only keeps it out of the error log
+        raise ApiError(400, "the client closed the connection before its request body ended",
+                       code="client_disconnected") from None
     try:
         data = json.loads(bytes(body), parse_constant=_reject_constant, parse_float=_finite_float)
     except (ValueError, RecursionError) as e:  # JSONDecodeError, bad UTF-8, NaN, 1e999, too deep

@@ -504,6 +504,20 @@ def test_engine_errors_name_no_absolute_path(server, client, engine, monkeypatch
     still_serving(client, server)
 
 
+def test_a_client_gone_mid_body_is_no_server_error(server, client, caplog):
+    """Found by colibri-bench fuzz --server: a body cut short by the client's close was an internal
+    error, logged with its traceback twice (ours and uvicorn's)."""
+    with caplog.at_level(logging.INFO):
+        sock = socket.create_connection(address(server), timeout=10)
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 5000\r\n\r\n{\"prompt\": \"one")
+        time.sleep(0.3)  # the route is reading the body
+        sock.close()
+        still_serving(client, server)
+        time.sleep(0.3)
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+
+
 def stream_on_a_socket(server, max_tokens: int) -> socket.socket:
     """A streamed completion on a raw socket, returned once a few tokens have arrived."""
     body = json.dumps({"prompt": REF["raw_counting"]["text"], "max_tokens": max_tokens, "temperature": 0,
