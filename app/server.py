@@ -5,21 +5,27 @@ streamed as server-sent events (`data: {...}` … `data: [DONE]`) or answered wh
 is OpenAI-shaped: {"error": {"message", "type", "param", "code"}}.
 
 Safety: it listens on 127.0.0.1 unless told otherwise, and any other address needs an API key
-(checked on every route, Bearer). Bodies, prompts, max_tokens and the queue are bounded; a
-body that never arrives times out (408), a connection that never sends a request is closed.
-A client that goes away mid-reply frees the engine at the next token.
+(checked on every route, Bearer). A web page of another site (its Origin) is refused, and bodies
+must be JSON (a page can send text/plain without the browser asking first). Bodies, prompts,
+max_tokens, the queue and the connections of one address are bounded; a body that never arrives
+times out (408), a connection whose next request head does not arrive in time is closed, and so is
+one refused (401/403). A client that goes away mid-reply frees the engine at the next token.
+Engine errors reach clients without this machine's folders; cached prompt prefixes serve only
+requests with the same key (cached_tokens would otherwise reveal another caller's prompt).
 
 The GUI's "Serve on localhost" switch calls `start(engine)` and later `handle.stop()`.
 """
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import hmac
 import ipaddress
 import json
 import logging
 import math
 import os
+import re
 import socket
 import threading
 import time
@@ -27,11 +33,13 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from app.reasoning import ThinkSplitter, is_reasoning_model, starts_inside
@@ -45,6 +53,7 @@ log = logging.getLogger("colibri.server")
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 4242  # no peer's (LM Studio 1234, llama-server 8080, Ollama 11434): all run side by side
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1", "[::1]")
+OVER_LIMIT = "colibri.connections_over_limit"  # in a request's ASGI state: its address has too many open
 FINISH = {"stop": "stop", "length": "length", "context": "length", "cancelled": "stop"}
 ROLES = ("system", "developer", "user", "assistant", "tool")
 SAMPLING = ("temperature", "top_p", "top_k", "min_p", "repeat_penalty", "seed", "frequency_penalty",
@@ -61,29 +70,32 @@ class Limits:
     max_queue: int = 16  # requests waiting for the engine; more get 429
     max_stops: int = 16
     body_timeout_s: float = 30.0  # a body that has not fully arrived by then gets 408
-    head_timeout_s: float = 10.0  # a connection that has not sent a request head by then is closed
+    head_timeout_s: float = 10.0  # any request head of a connection not in by then: the connection closes
     keep_alive_s: int = 5
     max_connections: int = 512  # uvicorn's limit_concurrency: more get 503
+    max_connections_per_client: int = 128  # open at once from one address; more get 429
     heartbeat_s: float = 10.0  # a stream waiting this long for a token sends a comment line
     slots: int = 8  # requests decoded together (continuous batching: one forward pass per step for all)
-    prefix_cache_bytes: int = 64 << 20  # KV of recent prompts, reused by requests sharing their start
+    prefix_cache_bytes: int = 64 << 20  # KV of recent prompts, reused by one key's requests sharing their start
+    spare_idle_s: float = 30.0  # the KV caches kept for the next requests are freed after this long idle
 
 
 class ApiError(Exception):
     """An error the client caused (or may retry), answered in OpenAI's shape."""
 
     def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 kind: str = "invalid_request_error"):
+                 kind: str = "invalid_request_error", close: bool = False):
         super().__init__(message)
         self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
+        # 408/413/415 leave a body unread: the connection cannot carry another request; after a
+        # refused key, Host or Origin it serves no further one
+        self.close = close or status in (401, 403, 408, 413, 415)
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
 
     def response(self) -> JSONResponse:
-        # 408/413 leave a body unread: the connection cannot carry another request
-        close = {"Connection": "close"} if self.status in (408, 413) else None
-        return JSONResponse(self.body(), self.status, headers=close)
+        return JSONResponse(self.body(), self.status, headers={"Connection": "close"} if self.close else None)
 
 
 def is_loopback(host: str) -> bool:
@@ -92,6 +104,13 @@ def is_loopback(host: str) -> bool:
     try:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
+        return False
+
+
+def _loopback_origin(origin: str) -> bool:
+    try:
+        return is_loopback(urlsplit(origin).hostname or "")
+    except ValueError:  # "http://[x" and the like
         return False
 
 
@@ -108,7 +127,13 @@ def _finite_float(text: str) -> float:
 
 
 async def read_json(request: Request, limits: Limits) -> dict:
-    """The body as a JSON object, within the size and time limits (413, 408, 400 otherwise)."""
+    """The body as a JSON object, within the size and time limits (413, 408, 400 otherwise).
+    Only an application/json body is read (415): a web page can send text/plain to this machine
+    without the browser asking first (a CORS preflight), but not JSON."""
+    media = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if media != "application/json":
+        raise ApiError(415, f"the request body must be application/json, not {media[:100] or 'untyped'!r}",
+                       code="unsupported_media_type")
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limits.max_body_bytes:
         raise ApiError(413, f"the request body is {int(declared)} bytes; the limit is "
@@ -126,6 +151,9 @@ async def read_json(request: Request, limits: Limits) -> dict:
     except asyncio.TimeoutError:
         raise ApiError(408, f"the request body did not arrive within {limits.body_timeout_s:g} s",
                        code="request_timeout") from None
+    except ClientDisconnect:  # nobody reads the answer: this only keeps it out of the error log
+        raise ApiError(400, "the client closed the connection before its request body ended",
+                       code="client_disconnected") from None
     try:
         data = json.loads(bytes(body), parse_constant=_reject_constant, parse_float=_finite_float)
     except (ValueError, RecursionError) as e:  # JSONDecodeError, bad UTF-8, NaN, 1e999, too deep
@@ -170,7 +198,7 @@ class Service:
         self.model_id = engine.model.path.name
         self.created = int(time.time())
         self.scheduler = BatchScheduler(engine, limits.max_queue, turns, limits.slots, limits.prefix_cache_bytes,
-                                        runner)
+                                        runner, limits.spare_idle_s)
         codec = engine.codec
         self.reasoning = is_reasoning_model(codec.template_source,
                                             lambda t: codec.tok.token_to_id(t) is not None)
@@ -229,7 +257,8 @@ class Service:
         try:
             count = len(self.engine.prompt_ids(prompt))
         except (ValueError, TypeError) as e:  # e.g. a lone surrogate (\ud800): JSON allows it, UTF-8 not
-            raise ApiError(400, f"the prompt cannot be tokenized: {type(e).__name__}: {str(e)[:200]}",
+            why = public_text(str(e))[:200]
+            raise ApiError(400, f"the prompt cannot be tokenized: {type(e).__name__}: {why}",
                            param=param, code="invalid_value") from None
         if count > self.max_prompt:
             raise ApiError(400, f"the prompt is {count} tokens; this server accepts at most "
@@ -302,13 +331,22 @@ async def _steps(job: Job, request: Request, heartbeat_s: float | None = None) -
             getter.cancel()
 
 
+ABSOLUTE_PATH = re.compile(r"(?:(?<![\w.~/\\])/|\b[A-Za-z]:[\\/]|\\\\)(?:[^\s'\"\\/]+[\\/])+")
+
+
+def public_text(text: str) -> str:
+    """Engine text for a client: each absolute path cut to its last part (the file's name tells
+    what failed; the folders around it are this machine's business)."""
+    return ABSOLUTE_PATH.sub("", text)
+
+
 def _error_for(e: BaseException) -> ApiError:
     if isinstance(e, ApiError):
         return e
     if isinstance(e, (ColibriError, ValueError)):
         code = "context_length_exceeded" if "context" in str(e) else "invalid_value"
-        return ApiError(400, str(e), code=code)
-    return ApiError(500, f"the engine failed: {type(e).__name__}: {e}", kind="server_error",
+        return ApiError(400, public_text(str(e)), code=code)
+    return ApiError(500, public_text(f"the engine failed: {type(e).__name__}: {e}"), kind="server_error",
                     code="engine_error")
 
 
@@ -346,7 +384,10 @@ class Reply:
 
 async def _submit(svc: Service, request: Request, prompt: str | list[dict], sampling: dict,
                   stops: tuple) -> Job:
-    job = Job(prompt, sampling, stops, asyncio.get_running_loop())
+    # a tenant per key presented: a request reuses (and sees in cached_tokens) only the prompt
+    # prefixes of requests with the same key, never the window's chats nor another key's
+    key = hashlib.sha256(request.headers.get("authorization", "").encode("utf-8", "replace")).hexdigest()
+    job = Job(prompt, sampling, stops, asyncio.get_running_loop(), tenant="key:" + key[:16])
     try:
         svc.scheduler.submit(job)
     except QueueFull as e:
@@ -414,7 +455,11 @@ async def chat_completions(svc: Service, request: Request) -> Any:
     messages = _messages(body)
     sampling, stops = svc.sampling(body)
     stream, include_usage = _stream_flag(body), _stream_options(body)
-    thinking = (body.get("chat_template_kwargs") or {}).get("enable_thinking")  # as vLLM and llama.cpp take it
+    kwargs = body.get("chat_template_kwargs") or {}
+    if not isinstance(kwargs, dict):
+        raise ApiError(400, "chat_template_kwargs must be an object", param="chat_template_kwargs",
+                       code="invalid_type")
+    thinking = kwargs.get("enable_thinking")  # as vLLM and llama.cpp take it
     if thinking is not None and not isinstance(thinking, bool):
         raise ApiError(400, "chat_template_kwargs.enable_thinking must be true or false",
                        param="chat_template_kwargs", code="invalid_type")
@@ -422,7 +467,7 @@ async def chat_completions(svc: Service, request: Request) -> Any:
     try:
         rendered = await asyncio.to_thread(svc.engine.apply_chat_template, messages, True, template_vars)
     except (ColibriError, ValueError) as e:
-        raise ApiError(400, str(e), param="messages", code="invalid_value") from None
+        raise ApiError(400, public_text(str(e)), param="messages", code="invalid_value") from None
     await asyncio.to_thread(svc.check_prompt, messages, "messages")
     reply = Reply(ThinkSplitter(starts_inside(rendered)) if svc.reasoning else None)
     # the engine encodes the messages itself: their text stays text, only the template makes tokens
@@ -484,20 +529,28 @@ async def completions(svc: Service, request: Request) -> Any:
 # --- the application -------------------------------------------------------------------------
 class _Guard:
     """ASGI middleware in front of every route: the API key (Bearer) when one is set, and on a
-    loopback-only server a Host check (a web page cannot reach it by DNS rebinding)."""
+    loopback-only server a Host check (a web page cannot reach it by DNS rebinding); a request a
+    browser sends for a page of another site (its Origin) is refused whatever the key."""
 
     def __init__(self, app: Any, svc: Service):
         self.app, self.svc = app, svc
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] == "http":
-            error = self._check(dict(scope["headers"]))
+            limit = scope.get("state", {}).get(OVER_LIMIT)
+            error = self._check(dict(scope["headers"])) if limit is None else ApiError(
+                429, f"this address has {limit} connections open (the limit); close one or retry later",
+                kind="rate_limit_error", code="too_many_connections", close=True)
             if error is not None:
                 await error.response()(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 
     def _check(self, headers: dict[bytes, bytes]) -> ApiError | None:
+        origin = headers.get(b"origin")
+        if origin is not None and not _loopback_origin(origin.decode("latin-1")):
+            return ApiError(403, f"this server does not answer web pages of other sites (Origin "
+                            f"{origin.decode('latin-1')[:100]!r})", code="forbidden_origin")
         if self.svc.api_key is not None:
             given = headers.get(b"authorization", b"").decode("latin-1")
             token = given[7:].strip() if given[:7].lower() == "bearer " else ""
@@ -563,21 +616,43 @@ def create_app(engine: Engine, limits: Limits = Limits(), api_key: str | None = 
     return app, svc
 
 
-def _protocol(head_timeout_s: float) -> type[H11Protocol]:
-    """uvicorn's h11 protocol, closing connections that send no request head in time (uvicorn
-    itself waits for ever on a connection that never speaks)."""
+def _protocol(head_timeout_s: float, per_client: int) -> type[H11Protocol]:
+    """uvicorn's h11 protocol, closing a connection whose next request head has not arrived within
+    `head_timeout_s` of the previous reply (uvicorn waits for ever on a head begun and never
+    finished, and counts that connection against its limit: a few hundred of them shut every
+    client out), and answering 429 to a client address with `per_client` connections open."""
+    open_by_address: dict[str, int] = {}
 
     class Protocol(H11Protocol):
         def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
-            self._head_timer = self.loop.call_later(head_timeout_s, self._no_request)
+            self._address = self.client[0] if self.client else ""
+            self._counted = open_by_address.get(self._address, 0) < per_client
+            if self._counted:
+                open_by_address[self._address] = open_by_address.get(self._address, 0) + 1
+            else:  # its request is answered 429 (_Guard), and the connection closed
+                self.app_state = {**self.app_state, OVER_LIMIT: per_client}
+            self._head_timer = self.loop.call_later(head_timeout_s, self._late_head, None)
 
-        def _no_request(self) -> None:
-            if self.cycle is None and not self.transport.is_closing():
+        def on_response_complete(self) -> None:
+            done = self.cycle
+            super().on_response_complete()  # (a request sent meanwhile begins now: a new cycle)
+            self._head_timer.cancel()  # the next request's head is due within head_timeout_s from now
+            self._head_timer = self.loop.call_later(head_timeout_s, self._late_head, done)
+
+        def _late_head(self, cycle: Any) -> None:
+            if self.cycle is cycle and not self.transport.is_closing():  # no request began since
                 self.transport.close()
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._head_timer.cancel()
+            if self._counted:
+                left = open_by_address[self._address] - 1
+                if left:
+                    open_by_address[self._address] = left
+                else:
+                    del open_by_address[self._address]
+                self._counted = False
             super().connection_lost(exc)
     return Protocol
 
@@ -640,7 +715,8 @@ def start(engine_or_factory: Engine | Callable[[], Engine], host: str = DEFAULT_
     except BaseException:
         sock.close()
         raise
-    config = uvicorn.Config(app, http=_protocol(limits.head_timeout_s), lifespan="off", log_config=None,
+    config = uvicorn.Config(app, http=_protocol(limits.head_timeout_s, limits.max_connections_per_client),
+                            lifespan="off", log_config=None,
                             log_level=log_level, access_log=False, limit_concurrency=limits.max_connections,
                             timeout_keep_alive=limits.keep_alive_s, timeout_graceful_shutdown=2,
                             h11_max_incomplete_event_size=64 * 1024)

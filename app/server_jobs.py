@@ -92,6 +92,7 @@ class Job:
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
     done: threading.Event = field(default_factory=threading.Event)
+    tenant: str = "served"  # whose cached prompt prefixes it may reuse (engine.batch.PrefixCache)
 
     def cancel(self) -> None:
         """Stop after the current token (the client went away); safe from any thread."""
@@ -129,7 +130,9 @@ def _put_each(pairs: list[tuple[Job, Step]]) -> None:
 
 @dataclass
 class LocalJob(Job):
-    """A job whose steps go to a thread-safe queue: its caller runs no event loop."""
+    """A job whose steps go to a thread-safe queue: its caller runs no event loop. The window's
+    chats are its own tenant: never a prefix of a served request, nor one of theirs."""
+    tenant: str = "window"
     inbox: queue.Queue = field(default_factory=queue.Queue)
 
     def _put(self, item: Step | BaseException | None) -> None:
@@ -242,9 +245,11 @@ class BatchScheduler:
     Its loop runs on a thread of its own, or on `runner` (an EngineThread) until it closes."""
 
     def __init__(self, engine: Engine, max_queue: int, turns: Turns | None = None, slots: int = 8,
-                 prefix_bytes: int = 64 << 20, runner: EngineThread | None = None):
+                 prefix_bytes: int = 64 << 20, runner: EngineThread | None = None,
+                 spare_idle_s: float = 30.0):
         from engine.batch import Batcher
         self.engine, self.max_queue, self.slots = engine, max_queue, max(int(slots), 1)
+        self.spare_idle_s = spare_idle_s  # idle this long, the spare KV caches give their pages back
         self.turns = turns  # kept for callers that pass it; batched jobs need no turn
         self.batcher = Batcher(engine, prefix_bytes, spare_caches=self.slots)  # a KV cache per slot, reused
         self._cond = threading.Condition()
@@ -310,7 +315,9 @@ class BatchScheduler:
             while True:
                 with self._cond:
                     while not self._closed and not self._queue and not self.active and self.filling is None:
-                        self._cond.wait()
+                        spares = self.batcher.spares
+                        if not self._cond.wait(self.spare_idle_s if spares else None) and spares:
+                            spares.clear()  # idle: a full-context cache each, kept only while busy
                     if self._closed:
                         break
                 self._admit()
@@ -354,7 +361,8 @@ class BatchScheduler:
             self._finish(job, None)
             return
         try:
-            self.filling = (job, self.batcher.open(job.prompt, job.stop, cancel=job.cancelled, **job.sampling))
+            seq = self.batcher.open(job.prompt, job.stop, cancel=job.cancelled, tenant=job.tenant, **job.sampling)
+            self.filling = (job, seq)
         except Exception as e:  # bad input: reported to the client; the worker keeps serving
             log.exception("generation failed")
             self._finish(job, None, e)

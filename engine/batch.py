@@ -24,21 +24,23 @@ if TYPE_CHECKING:
 
 
 class PrefixCache:
-    """The KV of recent prompts by their token ids, least recently used first out, bounded in
-    bytes: a new prompt copies the positions it shares with the best entry instead of
-    prefilling them (causal attention: a position's K and V depend on the tokens up to it only)."""
+    """The KV of recent prompts by their tenant and token ids, least recently used first out,
+    bounded in bytes: a new prompt copies the positions it shares with the best entry of its own
+    tenant instead of prefilling them (causal attention: a position's K and V depend on the tokens
+    up to it only). Tenants never share: a reused prefix shows in a reply's cached_tokens and in
+    its speed, so a shared entry would let one caller read another's prompt a guessed token at a time."""
 
     def __init__(self, max_bytes: int):
         self.max_bytes, self.bytes = max_bytes, 0
-        self._entries: OrderedDict[tuple[int, ...], list[np.ndarray]] = OrderedDict()
+        self._entries: OrderedDict[tuple[str, tuple[int, ...]], list[np.ndarray]] = OrderedDict()
         self._lock = threading.Lock()
         self.hits = self.reused_tokens = 0
 
     def __len__(self) -> int:
         return len(self._entries)
 
-    def store(self, ids: Seq[int], cache: KVCache) -> None:
-        """Keep positions 0..len(ids)-1 of `cache` (a copy) under `ids`."""
+    def store(self, ids: Seq[int], cache: KVCache, tenant: str = "") -> None:
+        """Keep positions 0..len(ids)-1 of `cache` (a copy) under `tenant` and `ids`."""
         n = len(ids)
         if n == 0 or cache.length < n:
             return
@@ -48,7 +50,7 @@ class PrefixCache:
         size = sum(a.nbytes for a in arrays)
         if size > self.max_bytes:
             return
-        key = tuple(int(i) for i in ids)
+        key = (tenant, tuple(int(i) for i in ids))
         with self._lock:
             old = self._entries.pop(key, None)
             if old is not None:
@@ -59,20 +61,22 @@ class PrefixCache:
                 _, gone = self._entries.popitem(last=False)
                 self.bytes -= sum(a.nbytes for a in gone)
 
-    def restore(self, ids: Seq[int], cache: KVCache) -> int:
-        """Copy into an empty `cache` the longest prefix of `ids` an entry holds, leaving at
+    def restore(self, ids: Seq[int], cache: KVCache, tenant: str = "") -> int:
+        """Copy into an empty `cache` the longest prefix of `ids` an entry of `tenant` holds, leaving at
         least cpu.INT_MAX_T + 1 tokens to run: a prompt's positions then all come from the
         prefill kernels, which round otherwise than the decode ones (by up to 2% of max|logit|),
         so a reply is the same with or without the cache. Returns how many positions."""
         want = [int(i) for i in ids]
         best, key = 0, None
         with self._lock:
-            for k in self._entries:
+            for who, k in self._entries:
+                if who != tenant:
+                    continue
                 n, m = 0, min(len(k), len(want) - cpu.INT_MAX_T - 1)
                 while n < m and k[n] == want[n]:
                     n += 1
                 if n > best:
-                    best, key = n, k
+                    best, key = n, (who, k)
             if key is None:
                 return 0
             self._entries.move_to_end(key)
@@ -92,8 +96,9 @@ class Sequence(Reply):
 
     def __init__(self, engine: Engine, prompt: str | list[dict], stop: Seq[str], cancel: threading.Event | None,
                  template_vars: dict | None, resume: str, sampling: dict[str, Any],
-                 prefixes: PrefixCache | None = None, spares: SpareCaches | None = None):
+                 prefixes: PrefixCache | None = None, spares: SpareCaches | None = None, tenant: str = ""):
         super().__init__(engine, prompt, stop, cancel, template_vars, resume, sampling)
+        self.tenant = tenant  # whose prefixes it may reuse (PrefixCache)
         c = engine.cfg
         self.prefixes = prefixes if batchable(engine.net) else None  # a recurrent state cannot be copied in part
         self.spares = spares if batchable(engine.net) else None
@@ -114,7 +119,8 @@ class Sequence(Reply):
         computation as the prompt in one call, since the chunks are Engine.generate's."""
         if not self.started:  # the first step: what the prefix cache holds is copied
             self.started = True
-            self.reused = self.filled = self.prefixes.restore(self.ids, self.cache) if self.prefixes is not None else 0
+            reused = self.prefixes.restore(self.ids, self.cache, self.tenant) if self.prefixes is not None else 0
+            self.reused = self.filled = reused
             self.e.count(reused=self.reused)  # the engine's stats count served replies too
         part = self.next_chunk(whole)
         logits = self.e.prefill(part, self.cache, self.filled, before_layer)
@@ -122,7 +128,7 @@ class Sequence(Reply):
         if self.filled < len(self.ids):
             return None
         if self.prefixes is not None:
-            self.prefixes.store(self.ids, self.cache)
+            self.prefixes.store(self.ids, self.cache, self.tenant)
         self.prompt_read()
         return logits
 
@@ -197,9 +203,12 @@ class Batcher:
         self.expert_bytes: list[tuple[int, int]] = []
 
     def open(self, prompt: str | list[dict], stop: Seq[str] = (), *, cancel: threading.Event | None = None,
-             template_vars: dict | None = None, resume: str = "", **sampling: Any) -> Sequence:
-        """A sequence for this request (nothing computed yet); bad input raises as generate()."""
-        return Sequence(self.e, prompt, stop, cancel, template_vars, resume, sampling, self.prefixes, self.spares)
+             template_vars: dict | None = None, resume: str = "", tenant: str = "",
+             **sampling: Any) -> Sequence:
+        """A sequence for this request (nothing computed yet); bad input raises as generate().
+        `tenant`: whose cached prefixes it may reuse (an API key's requests, the window's chats)."""
+        return Sequence(self.e, prompt, stop, cancel, template_vars, resume, sampling, self.prefixes,
+                        self.spares, tenant)
 
     def warmup(self) -> float:
         """Compile (or load) what batched steps run, on the calling thread (the one that will step):

@@ -73,3 +73,18 @@ def test_gguf_merges_that_do_not_fit_the_vocabulary_are_named(merges):
     fields = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.tokens": ["a", "b", "ab"], "tokenizer.ggml.merges": merges}
     with pytest.raises(errors.SourceFormatError, match="tokenizer.ggml"):
         from_gguf_fields(fields, "x.gguf")
+
+
+def test_server_fuzz_reports_no_crash_no_hang_and_a_prompt_answer(tmp_path, capsys):
+    """colibri-bench fuzz --server: hostile clients of a real colibri-serve (the tiny test model),
+    every kind of case run; the server still answers a well-formed request within 1 s at the end."""
+    out = tmp_path / "fuzz.json"
+    code = main(["fuzz", "--server", "--seconds", "600", "--cases", "60", "--seed", "5", "--json", str(out)])
+    report = json.loads(out.read_text())
+    assert report["crashes"] == [] and report["hangs"] == [], report
+    assert code == 0 and report["cases"] == 60 and report["final_s"] < 1.0, report
+    seen = report["outcomes"]
+    for outcome in ("200", "400", "403", "413", "415", "client gone"):  # the cases reach each defence
+        assert seen.get(outcome, 0) > 0, seen
+    assert report["stalled_probe_s"] and max(report["stalled_probe_s"]) < 1.0, report
+    assert "0 crashes, 0 hangs" in capsys.readouterr().out

@@ -236,6 +236,8 @@ def chat_body(**kw) -> bytes:
     (chat_body(stop=[""]), 400, "stop", "invalid_value"),
     (chat_body(stream="yes"), 400, "stream", "invalid_type"),
     (chat_body(tools=[{"type": "function", "function": {"name": "f"}}]), 400, "tools", "unsupported"),
+    (chat_body(chat_template_kwargs=[1]), 400, "chat_template_kwargs", "invalid_type"),
+    (chat_body(chat_template_kwargs="enable_thinking"), 400, "chat_template_kwargs", "invalid_type"),
     (chat_body(messages=[]), 400, "messages", "invalid_value"),
     (chat_body(messages=[{"role": "wizard", "content": "x"}]), 400, "messages[0]", "invalid_value"),
     (chat_body(messages=[{"role": "user", "content": 5}]), 400, "messages[0]", "invalid_value"),
@@ -298,6 +300,25 @@ def test_unknown_route_method_and_host(server, client):
     assert_error(raw(server, "GET", "/v1/models", headers={"Host": "evil.example:80"}), 403,
                  code="forbidden_host")
     assert raw(server, "GET", "/v1/models", headers={"Host": "localhost"})[0] == 200
+
+
+def test_a_web_page_cannot_make_the_local_server_work(server, client):
+    """A page the user opens may POST a "simple" request (text/plain, no preflight) to the keyless
+    loopback server: no JSON body, or any Origin but this machine's, is refused before any work."""
+    page = {"Origin": "https://evil.example"}
+    body = json.dumps({"prompt": REF["raw_counting"]["text"], "max_tokens": 2}).encode()
+    for headers in ({"Content-Type": "text/plain"}, {"Content-Type": "application/x-www-form-urlencoded"},
+                    {"Content-Type": ""}):
+        assert_error(raw(server, "POST", "/v1/completions", body, headers), 415, code="unsupported_media_type")
+    assert_error(raw(server, "POST", "/v1/completions", body, page), 403, code="forbidden_origin")
+    assert_error(raw(server, "POST", CHAT, chat_body(), {"Origin": "null"}), 403, code="forbidden_origin")
+    assert_error(raw(server, "GET", "/v1/models", headers=page), 403, code="forbidden_origin")
+    # a page served from this machine, and JSON with a charset, are fine
+    assert raw(server, "GET", "/v1/models", headers={"Origin": "http://localhost:3000"})[0] == 200
+    status, out = raw(server, "POST", "/v1/completions", body, {"Content-Type": "application/json; charset=utf-8",
+                                                               "Origin": "http://127.0.0.1:8080"})
+    assert status == 200 and out["choices"][0]["text"] == " 6"
+    still_serving(client, server)
 
 
 def test_openai_client_sees_errors_as_its_exceptions(client, server):
@@ -390,6 +411,111 @@ def test_many_silent_connections_do_not_block_the_server(server, client):
         assert a.startswith(b"HTTP/1.1 408"), a[:200]
         assert json.loads(a.split(b"\r\n\r\n", 1)[1])["error"]["code"] == "request_timeout"
     still_serving(client, server)
+
+
+def kept_alive(handle, path: str = "/v1/models", headers: bytes = b"") -> tuple[socket.socket, bytes]:
+    """A socket that sent one request and read its whole reply (the connection kept alive)."""
+    sock = socket.create_connection(address(handle), timeout=10)
+    sock.sendall(b"GET %s HTTP/1.1\r\nHost: 127.0.0.1\r\n%s\r\n" % (path.encode(), headers))
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += sock.recv(65536)
+    head, body = data.split(b"\r\n\r\n", 1)
+    length = int(re.search(rb"content-length: (\d+)", head, re.IGNORECASE).group(1))
+    while len(body) < length:
+        body += sock.recv(65536)
+    return sock, head
+
+
+def test_a_slow_head_of_a_later_request_is_closed_in_time(engine):
+    """Connections that send one quick request and then one byte of the next held their slots for
+    ever (the head timeout covered only a connection's first request): with max_connections of
+    them, every new request got 503."""
+    handle = S.start(engine, "127.0.0.1", 0, limits=S.Limits(head_timeout_s=1.0, keep_alive_s=60,
+                                                             max_connections=12))
+    socks = []
+    try:
+        for _ in range(11):
+            sock, head = kept_alive(handle)
+            assert head.startswith(b"HTTP/1.1 200"), head
+            sock.sendall(b"G")  # the first byte of a next request, and no more
+            socks.append(sock)
+        answers = [read_until_closed(s, time.monotonic() + 4) for s in socks]
+        assert all(closed for _, closed in answers), "a connection with a half-sent head was left open"
+        status, body = raw(handle, "GET", "/v1/models")
+        assert status == 200, body
+    finally:
+        for s in socks:
+            s.close()
+        handle.stop()
+
+
+def test_a_refused_request_closes_its_connection(engine):
+    """After a 401 (wrong key) or 403 (another site's page) the connection serves no further request."""
+    handle = S.start(engine, "127.0.0.1", 0, api_key="s3cret", limits=S.Limits(keep_alive_s=60))
+    try:
+        for headers, status in ((b"Authorization: Bearer wrong\r\n", b"401"),
+                                (b"Authorization: Bearer s3cret\r\nOrigin: https://evil.example\r\n", b"403")):
+            sock, head = kept_alive(handle, headers=headers)
+            try:
+                assert head.startswith(b"HTTP/1.1 " + status), head
+                assert read_until_closed(sock, time.monotonic() + 3) == (b"", True)
+            finally:
+                sock.close()
+        sock, head = kept_alive(handle, headers=b"Authorization: Bearer s3cret\r\n")  # a good key keeps it open
+        try:
+            assert head.startswith(b"HTTP/1.1 200") and read_until_closed(sock, time.monotonic() + 1) == (b"", False)
+        finally:
+            sock.close()
+    finally:
+        handle.stop()
+
+
+def test_connections_per_client_address_are_capped(engine):
+    handle = S.start(engine, "127.0.0.1", 0, limits=S.Limits(max_connections_per_client=4, head_timeout_s=30))
+    silent = [socket.create_connection(address(handle), timeout=10) for _ in range(4)]
+    try:
+        assert_error(raw(handle, "GET", "/v1/models"), 429, code="too_many_connections")
+        silent.pop().close()
+        deadline = time.monotonic() + 5
+        while (status := raw(handle, "GET", "/v1/models")[0]) != 200:  # once the server saw the close
+            assert time.monotonic() < deadline and status == 429, status
+            time.sleep(0.05)
+    finally:
+        for s in silent:
+            s.close()
+        handle.stop()
+
+
+def test_engine_errors_name_no_absolute_path(server, client, engine, monkeypatch):
+    """A failing disk under the model: the client learns the file's name, not where it lives."""
+    where = engine.model.path / "weights" / "blk.0.attn_q.bin"
+
+    def failing_disk(*args, **kwargs):
+        raise OSError(5, "Input/output error", str(where))
+    monkeypatch.setattr(engine, "prefill", failing_disk)
+    with pytest.raises(openai.APIError) as failed:  # a stream's error event (its headers went out)
+        list(client.completions.create(model=server.model_id, prompt="one two three four", max_tokens=2,
+                                       stream=True))
+    message = failed.value.message
+    assert "Input/output error" in message and "blk.0.attn_q.bin" in message, message
+    assert str(where.parent) not in message and str(engine.model.path) not in message, message
+    monkeypatch.undo()
+    still_serving(client, server)
+
+
+def test_a_client_gone_mid_body_is_no_server_error(server, client, caplog):
+    """Found by colibri-bench fuzz --server: a body cut short by the client's close was an internal
+    error, logged with its traceback twice (ours and uvicorn's)."""
+    with caplog.at_level(logging.INFO):
+        sock = socket.create_connection(address(server), timeout=10)
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 5000\r\n\r\n{\"prompt\": \"one")
+        time.sleep(0.3)  # the route is reading the body
+        sock.close()
+        still_serving(client, server)
+        time.sleep(0.3)
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
 
 
 def stream_on_a_socket(server, max_tokens: int) -> socket.socket:

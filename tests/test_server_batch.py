@@ -113,6 +113,61 @@ def test_a_chat_reply_runs_while_requests_are_served(engine):
         handle.stop()
 
 
+SECRET = [{"role": "user", "content": "My bank PIN is 4821 and the vault code is 7719; keep both to yourself."}]
+
+
+def test_the_windows_chats_never_prefix_a_served_request(engine):
+    """The prefix cache leaked prompts: a served request's cached_tokens counted the positions it
+    shared with the window's chat (or another key's requests), one guessed token at a time. Now
+    entries are per tenant: a request reuses, and reports, only its own caller's prefixes."""
+    from app.server_jobs import local_steps
+    handle = S.start(engine, "127.0.0.1", 0)
+    try:
+        window = list(local_steps(handle.service.scheduler, SECRET, {"max_tokens": 1, "temperature": 0.0},
+                                  threading.Event()))
+        client = openai.OpenAI(base_url=handle.url, api_key="x", max_retries=0, timeout=300)
+        probe = client.chat.completions.create(model=handle.model_id, messages=SECRET, max_tokens=1, temperature=0)
+        assert probe.usage.prompt_tokens == window[-1].prompt_tokens > 8
+        assert probe.usage.prompt_tokens_details.cached_tokens == 0, "the window's chat served a request"
+        again = client.chat.completions.create(model=handle.model_id, messages=SECRET, max_tokens=1, temperature=0)
+        assert again.usage.prompt_tokens_details.cached_tokens > 0  # a caller's own prefix still helps it
+        window = list(local_steps(handle.service.scheduler, SECRET, {"max_tokens": 1, "temperature": 0.0},
+                                  threading.Event()))
+        assert window[-1].cached_tokens > 0  # and the window's own
+    finally:
+        handle.stop()
+
+
+def test_prefix_entries_are_kept_per_tenant(engine):
+    from engine.batch import Batcher
+    batcher = Batcher(engine, 8 << 20)
+    reused = {}
+    for tenant in ("key-a", "key-b", "key-a"):
+        seq = batcher.open(SECRET[0]["content"], tenant=tenant, max_tokens=1, temperature=0.0)
+        seq.prefill()
+        reused.setdefault(tenant, []).append(seq.reused)
+        seq.close()
+    assert reused == {"key-a": [0, reused["key-a"][1]], "key-b": [0]} and reused["key-a"][1] > 0
+
+
+def test_idle_spare_kv_caches_are_released(engine):
+    """The scheduler keeps the KV caches of finished requests for the next ones, but once idle
+    it gives their pages back instead of holding them for the server's life."""
+    before = engine.pool.stats().allocated
+    handle = S.start(engine, "127.0.0.1", 0, limits=S.Limits(spare_idle_s=0.5))
+    try:
+        client = openai.OpenAI(base_url=handle.url, api_key="x", max_retries=0, timeout=300)
+        client.completions.create(model=handle.model_id, prompt="one two three four", max_tokens=2)
+        spares = handle.service.scheduler.batcher.spares
+        deadline = time.monotonic() + 10
+        while len(spares) or engine.pool.stats().allocated > before:
+            assert time.monotonic() < deadline, f"{len(spares)} idle spare caches still held"
+            time.sleep(0.05)
+        client.completions.create(model=handle.model_id, prompt="one two three four", max_tokens=2)  # still serves
+    finally:
+        handle.stop()
+
+
 def test_the_chat_window_replies_through_the_scheduler_while_it_serves(qapp, engine, widths):
     """Serving on, the GUI's reply (EngineWorker.generate) joins the served requests' decode steps
     (BatchScheduler), streams, is what it is alone, and its Stop ends it with the partial text."""
@@ -192,3 +247,4 @@ def test_the_gui_runs_its_replies_and_the_served_requests_on_one_thread(qapp, en
     assert len(replies) == 2 and replies[0].text == replies[1].text and replies[0].text
     assert 0 < alone < len(seen)
     assert {t.name for t in seen} == {"colibri-engine"} and len(set(seen)) == 1
+

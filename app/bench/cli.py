@@ -4,6 +4,7 @@
     colibri-bench speed [--model default,moe-q8_0,moe-q4_0] [--threads 1,2] [--runs 3] [--json FILE]
     colibri-bench profile [--model default] [--threads 2] [--json FILE]
     colibri-bench fuzz [--files A.gguf,HF_FOLDER] [--default_model] [--seconds 60] [--json FILE]
+    colibri-bench fuzz --server [--model FOLDER] [--seconds 60] [--json FILE]
     colibri-bench perplexity --model M --text FILE [--ctx 512] [--reference M2] [--json FILE]
     colibri-bench serve [--clients 1,2,4,8,16] [--requests 2 | --duration 120] [--soak 1000] [--json FILE]
     colibri-bench docs [--check]     (the generated tables of README.md and docs/, from the saved JSONs)

@@ -1,5 +1,5 @@
 """colibri-bench fuzz: mutate real GGUF and safetensors files for a time budget and count what
-breaks the readers.
+breaks the readers (`--server`: hostile clients of colibri-serve instead, app/bench/fuzz_server.py).
 
 Every mutant must either open (config, tokenizer, a conversion plan for each quantization, the
 first and last row of every tensor read and dequantized) or be refused with a ColibriError
@@ -198,6 +198,15 @@ def fuzz(sources: list[Path], seconds: float, seed: int, timeout: float, memory_
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.server:
+        from app.bench import fuzz_server
+        report = fuzz_server.fuzz_server(args.seconds, args.seed, args.case_timeout,
+                                         Path(args.model) if args.model else None, cases=args.cases)
+        print(fuzz_server.summary(report))
+        if args.json:
+            Path(args.json).write_text(json.dumps(report.__dict__, indent=1) + "\n")
+        late = report.final_s is None or report.final_s > 1.0
+        return 1 if report.crashes or report.hangs or late else 0
     sources = [Path(p) for p in args.files.split(",")] if args.files else [p for p in DEFAULT_FILES if p.exists()]
     if args.default_model:
         from engine.default_model import default_gguf_path
@@ -213,7 +222,8 @@ def main(args: argparse.Namespace) -> int:
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("fuzz", help="mutated GGUF / safetensors files: 0 crashes and 0 hangs expected")
+    p = sub.add_parser("fuzz", help="mutated GGUF / safetensors files, or hostile clients of colibri-serve "
+                       "(--server): 0 crashes and 0 hangs expected")
     p.add_argument("--files", help="comma-separated GGUF files or HF folders (default: tiny test fixtures)")
     p.add_argument("--default_model", action="store_true", help="also mutate the default model's GGUF")
     p.add_argument("--seconds", type=float, default=60, help="time budget")
@@ -221,5 +231,8 @@ def add_parser(sub) -> None:
     p.add_argument("--cases", type=int, help="stop after this many mutants (a reproducible run)")
     p.add_argument("--case_timeout", type=float, default=20, help="seconds before a case counts as a hang")
     p.add_argument("--memory_cap_gb", type=float, default=4, help="address-space cap of each case")
+    p.add_argument("--server", action="store_true", help="fuzz colibri-serve instead (app/bench/fuzz_server.py): "
+                   "malformed heads and bodies, slow clients, abrupt closes, cross-origin and huge requests")
+    p.add_argument("--model", help="with --server: a converted model folder to serve (default: the tiny test model)")
     p.add_argument("--json", help="also write the report to this file")
     p.set_defaults(func=main)
