@@ -31,7 +31,6 @@ HELP_COMMANDS = "commands: /retry (another reply), /continue (a cut reply), /res
 def resolve_model(arg: str | None) -> Path:
     """A model directory to load: the default one, a converted .gguf, or the folder given."""
     from engine.convert.convert import convert
-    from engine.model_dir import open_model_dir
     if arg is None:
         print(f"model: {default_model.NAME} — {default_model.NOTE}", file=sys.stderr)
         from app.model_library import default_model_dir
@@ -43,14 +42,17 @@ def resolve_model(arg: str | None) -> Path:
             print(file=sys.stderr)
         return path
     path = Path(arg).expanduser()
-    if path.is_file() and path.suffix.lower() == ".gguf":
-        target = models_dir() / path.stem
-        try:
-            open_model_dir(target)
-        except ColibriError:
-            print(f"converting {path.name} into {target} (once)", file=sys.stderr)
-            convert(path, target, "keep", force=True, progress=_progress_printer())
-            print(file=sys.stderr)
+    if path.is_file() and path.suffix.lower() == ".gguf":  # the folder recorded as made from this very file
+        from app import model_library
+        library = models_dir()
+        done = model_library.converted_from(library, path)
+        if done is not None:
+            return done
+        target = library / model_library.library_name(library, path, path.stem)
+        print(f"converting {path.name} into {target} (once)", file=sys.stderr)
+        convert(path, target, "keep", force=True, progress=_progress_printer())
+        model_library.record_source(target, path)
+        print(file=sys.stderr)
         return target
     return path
 
