@@ -6,7 +6,8 @@ program; Ctrl-D (or /exit) leaves.
 
 With --remote URL it chats through an OpenAI-compatible endpoint instead (llama-server, vLLM,
 Ollama, another colibri-serve); --model then names one of the endpoint's models (default: its
-first). The API key comes from COLIBRI_API_KEY or the system keyring (--store_key puts it there).
+first). The API key comes from the system keyring's entry for that endpoint (--store_key puts it
+there); COLIBRI_API_KEY is colibri-serve's own key and never sent to an endpoint.
 """
 from __future__ import annotations
 
@@ -135,6 +136,9 @@ def open_remote(url: str, model: str | None, engine_p: dict, store: bool):
     ignored = sorted(k for k in engine_p if k != "log_level")
     if ignored:
         print(f"note: {', '.join(ignored)} applies to a local model; the endpoint uses its own", file=sys.stderr)
+    if remote.plain_http_to_another_machine(url) and remote.stored_key(url):
+        print(f"warning: the API key goes unencrypted (http://) to {remote.normalize_url(url)}; use https:// "
+              f"if the server offers it", file=sys.stderr)
     backend = remote.RemoteBackend(url, model)
     print(f"model: {backend.model_id} at {backend.url} ({backend.card.owned_by or 'OpenAI-compatible'})",
           file=sys.stderr)

@@ -7,14 +7,15 @@ runs and what the endpoint reported), `set_param()`, `close()` — over the offi
 client, so the worker switches backends by holding one or the other.
 
 Errors come out as `RemoteError` in plain words: unreachable, unauthorized, model not found. The
-API key lives in the system keyring (service "colibri-remote", one entry per endpoint URL), or in
-the environment (COLIBRI_API_KEY); never in settings.json.
+API key lives in the system keyring (service "colibri-remote", one entry per endpoint URL) and is sent
+to that endpoint only; never in settings.json, never in a plain-text keyring, and COLIBRI_API_KEY is
+the local server's key, never sent to an endpoint.
 """
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import logging
-import os
 import threading
 import time
 import types
@@ -33,7 +34,6 @@ from engine.errors import ColibriError
 log = logging.getLogger("colibri.remote")
 
 KEYRING_SERVICE = "colibri-remote"
-ENV_KEY = "COLIBRI_API_KEY"
 NO_KEY = "none"  # the client needs a string; endpoints without keys ignore it
 # non-standard sampling fields, in the request body as each family names them: llama-server and
 # Colibri read top_k, min_p, repeat_penalty; vLLM reads top_k, min_p, repetition_penalty
@@ -56,6 +56,8 @@ def normalize_url(url: str) -> str:
     parts = urllib.parse.urlsplit(text)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise RemoteError(f"{url!r} is not an http:// or https:// address (for example http://127.0.0.1:8080/v1)")
+    if "@" in parts.netloc:  # it would be kept in the settings as it is: the key goes in the keyring
+        raise RemoteError("a user name or password in the address is not kept; type the key in the API key field")
     try:
         parts.port  # noqa: B018 - raises on a bad port
     except ValueError:
@@ -63,8 +65,25 @@ def normalize_url(url: str) -> str:
     return urllib.parse.urlunsplit((parts.scheme, parts.netloc, parts.path or "/v1", "", ""))
 
 
+def plain_http_to_another_machine(url: str) -> bool:
+    """Whether a key sent to `url` crosses a network unencrypted (http, not this machine)."""
+    parts = urllib.parse.urlsplit(normalize_url(url))
+    if parts.scheme != "http" or parts.hostname == "localhost":
+        return False
+    try:
+        return not ipaddress.ip_address(parts.hostname).is_loopback
+    except ValueError:
+        return True  # a host name: anywhere
+
+
 def _keyring():
+    """The system keyring; RemoteError for one that keeps keys in a readable file (keyrings.alt's
+    PlaintextKeyring, alone or in a chain)."""
     import keyring
+    kr = keyring.get_keyring()
+    if any("plaintext" in type(b).__name__.lower() for b in [kr, *getattr(kr, "backends", ())]):
+        raise RemoteError(f"the keyring ({type(kr).__name__}) keeps keys in plain text, so the API key is not "
+                          f"kept there; it is used for this session only")
     return keyring
 
 
@@ -73,7 +92,7 @@ def stored_key(url: str) -> str | None:
     from keyring.errors import KeyringError
     try:
         return _keyring().get_password(KEYRING_SERVICE, normalize_url(url))
-    except KeyringError as e:
+    except (RemoteError, KeyringError) as e:
         log.info("no key read from the keyring for %s: %s", url, e)
         return None
 
@@ -82,7 +101,7 @@ def store_key(url: str, key: str | None) -> None:
     """Keep (or, with an empty key, forget) the endpoint's key in the system keyring. RemoteError
     when there is no keyring: the caller keeps the key for this session only, never in a file."""
     from keyring.errors import KeyringError, PasswordDeleteError
-    kr, where = _keyring(), normalize_url(url)
+    where, kr = normalize_url(url), _keyring()
     try:
         if key:
             kr.set_password(KEYRING_SERVICE, where, key)
@@ -97,8 +116,8 @@ def store_key(url: str, key: str | None) -> None:
 
 
 def api_key(url: str, given: str | None = None) -> str | None:
-    """The key to send: the one given, else COLIBRI_API_KEY, else the keyring's for this endpoint."""
-    return given or os.environ.get(ENV_KEY) or stored_key(url)
+    """The key to send: the one given, else the keyring's for this very endpoint."""
+    return given or stored_key(url)
 
 
 # --- errors in plain words -------------------------------------------------------------------
