@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import logging
+import math
 import threading
 import time
 import types
@@ -40,6 +41,8 @@ NO_KEY = "none"  # the client needs a string; endpoints without keys ignore it
 EXTRA = {"top_k": ("top_k",), "min_p": ("min_p",), "repeat_penalty": ("repeat_penalty", "repetition_penalty")}
 STANDARD = ("temperature", "top_p", "seed", "frequency_penalty", "presence_penalty")
 FINISH = {"stop": "stop", "length": "length"}  # anything else (content_filter, tool_calls) ends it as "stop"
+BYTES_PER_TOKEN = 256  # a reply's text may take this many bytes per token asked for: an endpoint that sends
+# more, or more pieces than max_tokens, is cut there (it would stream forever otherwise)
 
 
 class RemoteError(ColibriError):
@@ -253,6 +256,16 @@ class _Think:
         return "</think>"
 
 
+def _count(v: Any) -> int:
+    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else 0
+
+
+def _rate(v: Any) -> float:
+    """A tokens/s figure an endpoint sent, or 0.0 for anything that is not one."""
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+    return float(v) if ok else 0.0
+
+
 class RemoteBackend:
     """A model served elsewhere, behind the local Engine's interface (see the module doc)."""
     remote = True
@@ -358,7 +371,7 @@ class RemoteBackend:
             stream = api.create(**body)
         except openai.OpenAIError as e:
             raise self._failed(e) from None
-        return self._steps(stream, chat, cancel, t0)
+        return self._steps(stream, chat, cancel, t0, body["max_tokens"])
 
     def _failed(self, e: BaseException) -> ColibriError:
         """The error to raise; a prompt the endpoint's context cannot hold is the engine's own
@@ -374,9 +387,10 @@ class RemoteBackend:
             return ContextOverflowError(str(err))
         return err
 
-    def _steps(self, stream: Any, chat: bool, cancel: threading.Event | None, t0: float) -> Iterator[Step]:
+    def _steps(self, stream: Any, chat: bool, cancel: threading.Event | None, t0: float,
+               most: int) -> Iterator[Step]:
         from engine.api import Step
-        t_first, generated, think = None, 0, _Think()
+        t_first, generated, think, size, overrun = None, 0, _Think(), 0, False
         usage, finish, timings = None, None, None
         done = threading.Event()
 
@@ -404,7 +418,7 @@ class RemoteBackend:
         try:
             try:
                 for chunk in stream:
-                    if cancelled():
+                    if cancelled() or overrun:
                         break  # between chunks; the watcher ends a read that waits
                     if chunk.usage is not None:
                         usage = chunk.usage
@@ -415,10 +429,16 @@ class RemoteBackend:
                         if choice.finish_reason is not None:
                             finish = FINISH.get(choice.finish_reason, "stop")
                             piece += think.close()
+                        if piece and choice.finish_reason is None and (
+                                generated >= most or size + len(piece.encode()) > most * BYTES_PER_TOKEN):
+                            log.warning("%s sent more than the %d tokens asked for: the reply is cut there",
+                                        self.url, most)
+                            finish, overrun = "length", True
+                            break
                         if piece:
                             if t_first is None:
                                 t_first = time.perf_counter()
-                            generated += 1
+                            generated, size = generated + 1, size + len(piece.encode())
                             yield step(piece, None)
             except Exception as e:  # noqa: BLE001 - closing the stream from the watcher ends the read too
                 if not cancelled():
@@ -434,20 +454,19 @@ class RemoteBackend:
         """The last reply's figures: the endpoint's usage and timings where it sends them, else
         what the stream's arrival times say."""
         p = c = cached = 0
-        if usage is not None:
-            p, c = usage.prompt_tokens or 0, usage.completion_tokens or 0
-            details = getattr(usage, "prompt_tokens_details", None)
-            cached = (getattr(details, "cached_tokens", 0) or 0) if details is not None else 0
+        if usage is not None:  # the endpoint's word: counts that are not counts are left out
+            p, c = _count(getattr(usage, "prompt_tokens", 0)), _count(getattr(usage, "completion_tokens", 0))
+            cached = _count(getattr(getattr(usage, "prompt_tokens_details", None), "cached_tokens", 0))
         now = time.perf_counter()
         ttft = (t_first or now) - t0
         n = c or generated
         decode = (n - 1) / max(now - t_first, 1e-9) if t_first is not None and n > 1 else 0.0
         prefill = (p - cached) / max(ttft, 1e-9) if p else 0.0
         self.figures = "measured here"
-        if isinstance(timings, dict) and timings.get("predicted_per_second"):
-            decode = float(timings["predicted_per_second"])
-            prefill = float(timings.get("prompt_per_second") or prefill)
-            cached = int(timings.get("cache_n") or cached)
+        if isinstance(timings, dict) and _rate(timings.get("predicted_per_second")):
+            decode = _rate(timings["predicted_per_second"])
+            prefill = _rate(timings.get("prompt_per_second")) or prefill
+            cached = _count(timings.get("cache_n")) or cached
             self.figures = "endpoint timings"
         self._usage = (p, c, cached)
         self._last = {"prefill_tok_s": prefill, "decode_tok_s": decode, "ttft_s": ttft}

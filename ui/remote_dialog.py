@@ -9,7 +9,7 @@ from __future__ import annotations
 import itertools
 import threading
 
-from PySide6.QtCore import QObject, Signal
+from PySide6.QtCore import QObject, Qt, Signal
 from PySide6.QtWidgets import (QComboBox, QDialog, QDialogButtonBox, QFormLayout, QHBoxLayout, QLabel,
                                QLineEdit, QPushButton, QVBoxLayout, QWidget)
 
@@ -62,6 +62,7 @@ class RemoteDialog(QDialog):
         self.fetch_button = QPushButton(self.tr("Fetch models"), objectName="remote_fetch")
         self.fetch_button.clicked.connect(self.fetch)
         self.status = QLabel(objectName="remote_status", wordWrap=True)
+        self.status.setTextFormat(Qt.PlainText)  # an endpoint's error text: never rich text, never a link
         self.status.setAccessibleName(self.tr("Connection status"))
         row = QHBoxLayout()
         row.addWidget(self.model, 1)
