@@ -3,11 +3,15 @@
 The text goes to the model inside the user's message, never as structure: the tokenizer's
 role-injection rule (engine/tokenizer.py) keeps a file's `<|im_end|>` as the characters it is.
 A file that is not text, too big, or a PDF that is damaged, password-protected or only scanned
-images is refused with an `AttachmentError` naming the file and what is wrong.
+images is refused with an `AttachmentError` naming the file and what is wrong. A PDF is bounded by
+the work of reading it, not its size (a few KB can draw millions of characters): its text is taken
+page by page under a page, character and time cap, checked as each piece of text comes out, and
+the window reads PDFs off its GUI thread.
 """
 from __future__ import annotations
 
 import re
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -17,6 +21,8 @@ from engine.errors import ColibriError
 MAX_TEXT_BYTES = 4 * 2**20  # a text file this big is ~1M tokens: more than any local context
 MAX_PDF_BYTES = 64 * 2**20
 MAX_CHARS = 2_000_000  # the extracted text, PDFs included
+MAX_PAGES = 5000
+PDF_SECONDS = 30.0  # reading one PDF's text stops after this
 SNIFF_BYTES = 8192  # how much is looked at to tell text from binary
 
 MARKDOWN = {".md", ".markdown", ".mdx", ".rst"}
@@ -71,21 +77,44 @@ def _decode(raw: bytes, name: str) -> str:
                               f"and attach it again") from None
 
 
-def _pdf_text(path: Path) -> str:
+def _pdf_pages(reader: Any, name: str, seconds: float) -> list[str]:
+    """Each page's text, stopped (AttachmentError) as soon as a cap is passed: pypdf hands every
+    piece of text to the visitor as it goes, so a page that would draw millions of characters
+    is cut off inside its extraction."""
+    if len(reader.pages) > MAX_PAGES:
+        raise AttachmentError(f"{name}: {len(reader.pages):,} pages is more than the {MAX_PAGES:,} an attachment "
+                              f"may have")
+    deadline, chars, pages = time.monotonic() + seconds, 0, []
+    for number, page in enumerate(reader.pages, 1):
+        def visit(text: str, *_: Any, page_number: int = number) -> None:
+            nonlocal chars
+            chars += len(text)
+            if chars > MAX_CHARS:
+                raise AttachmentError(f"{name}: more than the {MAX_CHARS:,} characters an attachment may have "
+                                      f"(stopped on page {page_number})")
+            if time.monotonic() > deadline:
+                raise AttachmentError(f"{name}: reading its text took more than {seconds:g} s (stopped on page "
+                                      f"{page_number})")
+        visit("")
+        pages.append(page.extract_text(visitor_text=visit) or "")
+    return pages
+
+
+def _pdf_text(path: Path, seconds: float = PDF_SECONDS) -> str:
     from pypdf import PdfReader
-    from pypdf.errors import FileNotDecryptedError, PdfReadError, PyPdfError
+    from pypdf.errors import FileNotDecryptedError
     name = path.name
     try:
         reader = PdfReader(path)
         if reader.is_encrypted and not reader.decrypt(""):  # an owner password alone still opens
             raise AttachmentError(f"{name}: the PDF is password-protected; save an unprotected copy to attach it")
-        pages = [page.extract_text() or "" for page in reader.pages]
+        pages = _pdf_pages(reader, name, seconds)
     except AttachmentError:
         raise
     except FileNotDecryptedError:
         raise AttachmentError(f"{name}: the PDF is password-protected; save an unprotected copy to attach it") \
             from None
-    except (PdfReadError, PyPdfError, ValueError, KeyError, TypeError, OSError) as e:
+    except Exception as e:  # noqa: BLE001 - whatever a hostile file makes the reader raise is this file's error
         raise AttachmentError(f"{name}: not a readable PDF ({e})") from None
     text = "\n\n".join(p.strip() for p in pages if p.strip())
     if not text:
@@ -93,8 +122,21 @@ def _pdf_text(path: Path) -> str:
     return text
 
 
-def read_attachment(path: str | Path) -> Attachment:
-    """The file's text, ready to send; AttachmentError says why a file cannot be attached."""
+def is_pdf(path: str | Path) -> bool:
+    """A PDF by its name or its first bytes (the kind whose reading is work, not a decode)."""
+    p = Path(path)
+    if kind_of(p) == "pdf":
+        return True
+    try:
+        with open(p, "rb") as f:
+            return f.read(5) == b"%PDF-"
+    except OSError:
+        return False
+
+
+def read_attachment(path: str | Path, seconds: float = PDF_SECONDS) -> Attachment:
+    """The file's text, ready to send; AttachmentError says why a file cannot be attached.
+    `seconds`: how long a PDF's text may take to read."""
     p = Path(path)
     try:
         size = p.stat().st_size
@@ -108,14 +150,14 @@ def read_attachment(path: str | Path) -> Attachment:
         raise AttachmentError(f"{p.name}: {size / 2**20:.1f} MB is more than the {cap // 2**20} MB a "
                               f"{'PDF' if kind == 'pdf' else 'text file'} may have")
     if kind == "pdf":
-        text = _pdf_text(p)
+        text = _pdf_text(p, seconds)
     else:
         try:
             raw = p.read_bytes()
         except OSError as e:
             raise AttachmentError(f"{p.name}: {e.strerror or e}") from None
         if raw.startswith(b"%PDF-"):
-            kind, text = "pdf", _pdf_text(p)
+            kind, text = "pdf", _pdf_text(p, seconds)
         else:
             text = _decode(raw, p.name)
     if len(text) > MAX_CHARS:

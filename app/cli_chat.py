@@ -6,7 +6,8 @@ program; Ctrl-D (or /exit) leaves.
 
 With --remote URL it chats through an OpenAI-compatible endpoint instead (llama-server, vLLM,
 Ollama, another colibri-serve); --model then names one of the endpoint's models (default: its
-first). The API key comes from COLIBRI_API_KEY or the system keyring (--store_key puts it there).
+first). The API key comes from the system keyring's entry for that endpoint (--store_key puts it
+there); COLIBRI_API_KEY is colibri-serve's own key and never sent to an endpoint.
 """
 from __future__ import annotations
 
@@ -31,7 +32,6 @@ HELP_COMMANDS = "commands: /retry (another reply), /continue (a cut reply), /res
 def resolve_model(arg: str | None) -> Path:
     """A model directory to load: the default one, a converted .gguf, or the folder given."""
     from engine.convert.convert import convert
-    from engine.model_dir import open_model_dir
     if arg is None:
         print(f"model: {default_model.NAME} — {default_model.NOTE}", file=sys.stderr)
         from app.model_library import default_model_dir
@@ -43,14 +43,17 @@ def resolve_model(arg: str | None) -> Path:
             print(file=sys.stderr)
         return path
     path = Path(arg).expanduser()
-    if path.is_file() and path.suffix.lower() == ".gguf":
-        target = models_dir() / path.stem
-        try:
-            open_model_dir(target)
-        except ColibriError:
-            print(f"converting {path.name} into {target} (once)", file=sys.stderr)
-            convert(path, target, "keep", force=True, progress=_progress_printer())
-            print(file=sys.stderr)
+    if path.is_file() and path.suffix.lower() == ".gguf":  # the folder recorded as made from this very file
+        from app import model_library
+        library = models_dir()
+        done = model_library.converted_from(library, path)
+        if done is not None:
+            return done
+        target = library / model_library.library_name(library, path, path.stem)
+        print(f"converting {path.name} into {target} (once)", file=sys.stderr)
+        convert(path, target, "keep", force=True, progress=_progress_printer())
+        model_library.record_source(target, path)
+        print(file=sys.stderr)
         return target
     return path
 
@@ -132,6 +135,9 @@ def open_remote(url: str, model: str | None, engine_p: dict, store: bool):
     ignored = sorted(k for k in engine_p if k != "log_level")
     if ignored:
         print(f"note: {', '.join(ignored)} applies to a local model; the endpoint uses its own", file=sys.stderr)
+    if remote.plain_http_to_another_machine(url) and remote.stored_key(url):
+        print(f"warning: the API key goes unencrypted (http://) to {remote.normalize_url(url)}; use https:// "
+              f"if the server offers it", file=sys.stderr)
     backend = remote.RemoteBackend(url, model)
     print(f"model: {backend.model_id} at {backend.url} ({backend.card.owned_by or 'OpenAI-compatible'})",
           file=sys.stderr)

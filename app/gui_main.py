@@ -16,6 +16,7 @@ import sqlite3
 import sys
 import traceback
 
+from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QApplication, QMessageBox
 
 from app import model_library
@@ -31,6 +32,7 @@ def _crash_dialog(kind, value, tb) -> None:
     logging.getLogger("colibri.ui").error("uncaught exception:\n%s", text)
     if QApplication.instance() is not None:
         box = QMessageBox(QMessageBox.Critical, "Colibri: unexpected error", f"{kind.__name__}: {value}")
+        box.setTextFormat(Qt.PlainText)  # an error's text is text: never rich text, never a link
         box.setDetailedText(text)
         box.exec()
 
@@ -97,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         box = QMessageBox(QMessageBox.Critical, "Colibri", app.translate("Main", "The conversation history cannot be "
                           "opened, so Colibri cannot start."))
         box.setObjectName("history_error")
+        box.setTextFormat(Qt.PlainText)
         box.setInformativeText(str(e))
         box.exec()
         return 1
@@ -109,7 +112,9 @@ def main(argv: list[str] | None = None) -> int:
     window = MainWindow(settings, history, translators)
     window.show()
     for notice in notices:
-        QMessageBox.warning(window, "Colibri", notice)
+        box = QMessageBox(QMessageBox.Warning, "Colibri", notice, QMessageBox.Ok, window)
+        box.setTextFormat(Qt.PlainText)
+        box.exec()
     window.flow.start(args.model)
     return app.exec()
 

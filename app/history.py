@@ -8,11 +8,15 @@ sampling). Every write is one committed transaction: a process killed mid-reply 
 that reply. A reply being written is saved apart (`save_partial`, about once a second) and, when
 the app died before it ended, becomes an "interrupted" reply the next time the history opens. Plain dataclasses come out; the UI puts thin Qt models over them. A database that cannot be
 read is never deleted: it is renamed aside (`history.db.corrupt-<time>`), a fresh one is
-created and `History.notice` says what happened and where the old file is.
+created and `History.notice` says what happened and where the old file is. One process owns a
+history at a time (a lock file beside it): a second Colibri is refused with a reason, so partial
+replies are recovered only once their owner is gone, and a database that is merely locked by
+another program is never mistaken for a corrupt one.
 """
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import time
 from dataclasses import dataclass, field
@@ -135,12 +139,73 @@ def _message(row: sqlite3.Row) -> Message:
                    json.loads(row["stats"]), row["parent_id"], row["reasoning"], json.loads(row["facts"]))
 
 
+_HELD: dict[Path, list] = {}  # lock file -> [its open file, the History objects of this process using it]
+
+
+def _own(path: Path) -> Path:
+    """Hold `path` (a lock file) for this process: HistoryError naming the holder when another
+    process holds it. The OS lets go when the process dies, however it dies; within one process
+    the history is one owner's (a reopening after a simulated kill reuses the hold)."""
+    path = path.resolve()
+    if path in _HELD:
+        _HELD[path][1] += 1
+        return path
+    f = os.fdopen(os.open(path, os.O_RDWR | os.O_CREAT, 0o600), "r+")
+    try:
+        if os.name == "nt":
+            import msvcrt
+            msvcrt.locking(f.fileno(), msvcrt.LK_NBLCK, 1)
+        else:
+            import fcntl
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        try:
+            holder = f.read().strip()
+        except OSError:  # (Windows: the holder's locked byte cannot be read)
+            holder = ""
+        f.close()
+        raise HistoryError(f"another Colibri (process {holder or '?'}) has this history open ({path.parent}); "
+                           f"close it first, or give each its own data folder (COLIBRI_HOME)") from None
+    f.seek(0)
+    f.truncate()
+    f.write(str(os.getpid()))
+    f.flush()
+    _HELD[path] = [f, 1]
+    return path
+
+
+def _let_go(path: Path) -> None:
+    held = _HELD.get(path)
+    if held is not None:
+        held[1] -= 1
+        if held[1] == 0:
+            del _HELD[path]
+            held[0].close()
+
+
 class History:
-    def __init__(self, path: str | Path | None = None):
+    def __init__(self, path: str | Path | None = None, timeout: float = 5.0):
         self.path = Path(path) if path is not None else data_dir() / FILENAME
         self.notice: str | None = None  # set when a damaged database was set aside
+        self.timeout = timeout  # how long an open waits for another program's lock on the database
+        if not self.path.parent.exists():
+            self.path.parent.mkdir(parents=True, mode=0o700)
+        self._lock = _own(self.path.with_name(self.path.name + ".lock"))
+        if not self.path.exists():  # private from the start (SQLite gives its -wal and -shm the same mode)
+            os.close(os.open(self.path, os.O_CREAT | os.O_WRONLY, 0o600))
         try:
-            self.db = self._open()
+            self.db = self._open_or_set_aside()
+        except BaseException:
+            _let_go(self._lock)
+            raise
+        self.recovered = self._recover_partials()  # replies a killed app was writing, now "interrupted"
+
+    def _open_or_set_aside(self) -> sqlite3.Connection:
+        try:
+            return self._open()
+        except sqlite3.OperationalError as e:  # locked, busy, unreadable: the file is not at fault
+            raise HistoryError(f"{self.path} is locked or cannot be read ({e}); it was left as it is: close "
+                               f"the program that holds it and try again") from None
         except sqlite3.DatabaseError as e:
             aside = self.path.with_name(f"{self.path.name}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}")
             self.path.rename(aside)
@@ -150,11 +215,10 @@ class History:
                     side.rename(aside.with_name(aside.name + suffix))
             self.notice = (f"The conversation history could not be read ({e}). It was kept as {aside} "
                            f"and a new, empty history was started.")
-            self.db = self._open()
-        self.recovered = self._recover_partials()  # replies a killed app was writing, now "interrupted"
+            return self._open()
 
     def _open(self) -> sqlite3.Connection:
-        db = sqlite3.connect(self.path)
+        db = sqlite3.connect(self.path, timeout=self.timeout)
         db.row_factory = sqlite3.Row
         try:
             if db.execute("PRAGMA quick_check").fetchone()[0] != "ok":
@@ -199,6 +263,9 @@ class History:
 
     def close(self) -> None:
         self.db.close()
+        if self._lock is not None:
+            _let_go(self._lock)
+            self._lock = None
 
     # --- conversations -----------------------------------------------------------------------
     def conversations(self, search: str = "") -> list[Conversation]:

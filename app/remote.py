@@ -7,14 +7,16 @@ runs and what the endpoint reported), `set_param()`, `close()` — over the offi
 client, so the worker switches backends by holding one or the other.
 
 Errors come out as `RemoteError` in plain words: unreachable, unauthorized, model not found. The
-API key lives in the system keyring (service "colibri-remote", one entry per endpoint URL), or in
-the environment (COLIBRI_API_KEY); never in settings.json.
+API key lives in the system keyring (service "colibri-remote", one entry per endpoint URL) and is sent
+to that endpoint only; never in settings.json, never in a plain-text keyring, and COLIBRI_API_KEY is
+the local server's key, never sent to an endpoint.
 """
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import logging
-import os
+import math
 import threading
 import time
 import types
@@ -33,13 +35,14 @@ from engine.errors import ColibriError
 log = logging.getLogger("colibri.remote")
 
 KEYRING_SERVICE = "colibri-remote"
-ENV_KEY = "COLIBRI_API_KEY"
 NO_KEY = "none"  # the client needs a string; endpoints without keys ignore it
 # non-standard sampling fields, in the request body as each family names them: llama-server and
 # Colibri read top_k, min_p, repeat_penalty; vLLM reads top_k, min_p, repetition_penalty
 EXTRA = {"top_k": ("top_k",), "min_p": ("min_p",), "repeat_penalty": ("repeat_penalty", "repetition_penalty")}
 STANDARD = ("temperature", "top_p", "seed", "frequency_penalty", "presence_penalty")
 FINISH = {"stop": "stop", "length": "length"}  # anything else (content_filter, tool_calls) ends it as "stop"
+BYTES_PER_TOKEN = 256  # a reply's text may take this many bytes per token asked for: an endpoint that sends
+# more, or more pieces than max_tokens, is cut there (it would stream forever otherwise)
 
 
 class RemoteError(ColibriError):
@@ -56,6 +59,8 @@ def normalize_url(url: str) -> str:
     parts = urllib.parse.urlsplit(text)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise RemoteError(f"{url!r} is not an http:// or https:// address (for example http://127.0.0.1:8080/v1)")
+    if "@" in parts.netloc:  # it would be kept in the settings as it is: the key goes in the keyring
+        raise RemoteError("a user name or password in the address is not kept; type the key in the API key field")
     try:
         parts.port  # noqa: B018 - raises on a bad port
     except ValueError:
@@ -63,8 +68,25 @@ def normalize_url(url: str) -> str:
     return urllib.parse.urlunsplit((parts.scheme, parts.netloc, parts.path or "/v1", "", ""))
 
 
+def plain_http_to_another_machine(url: str) -> bool:
+    """Whether a key sent to `url` crosses a network unencrypted (http, not this machine)."""
+    parts = urllib.parse.urlsplit(normalize_url(url))
+    if parts.scheme != "http" or parts.hostname == "localhost":
+        return False
+    try:
+        return not ipaddress.ip_address(parts.hostname).is_loopback
+    except ValueError:
+        return True  # a host name: anywhere
+
+
 def _keyring():
+    """The system keyring; RemoteError for one that keeps keys in a readable file (keyrings.alt's
+    PlaintextKeyring, alone or in a chain)."""
     import keyring
+    kr = keyring.get_keyring()
+    if any("plaintext" in type(b).__name__.lower() for b in [kr, *getattr(kr, "backends", ())]):
+        raise RemoteError(f"the keyring ({type(kr).__name__}) keeps keys in plain text, so the API key is not "
+                          f"kept there; it is used for this session only")
     return keyring
 
 
@@ -73,7 +95,7 @@ def stored_key(url: str) -> str | None:
     from keyring.errors import KeyringError
     try:
         return _keyring().get_password(KEYRING_SERVICE, normalize_url(url))
-    except KeyringError as e:
+    except (RemoteError, KeyringError) as e:
         log.info("no key read from the keyring for %s: %s", url, e)
         return None
 
@@ -82,7 +104,7 @@ def store_key(url: str, key: str | None) -> None:
     """Keep (or, with an empty key, forget) the endpoint's key in the system keyring. RemoteError
     when there is no keyring: the caller keeps the key for this session only, never in a file."""
     from keyring.errors import KeyringError, PasswordDeleteError
-    kr, where = _keyring(), normalize_url(url)
+    where, kr = normalize_url(url), _keyring()
     try:
         if key:
             kr.set_password(KEYRING_SERVICE, where, key)
@@ -97,8 +119,8 @@ def store_key(url: str, key: str | None) -> None:
 
 
 def api_key(url: str, given: str | None = None) -> str | None:
-    """The key to send: the one given, else COLIBRI_API_KEY, else the keyring's for this endpoint."""
-    return given or os.environ.get(ENV_KEY) or stored_key(url)
+    """The key to send: the one given, else the keyring's for this very endpoint."""
+    return given or stored_key(url)
 
 
 # --- errors in plain words -------------------------------------------------------------------
@@ -234,6 +256,16 @@ class _Think:
         return "</think>"
 
 
+def _count(v: Any) -> int:
+    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else 0
+
+
+def _rate(v: Any) -> float:
+    """A tokens/s figure an endpoint sent, or 0.0 for anything that is not one."""
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+    return float(v) if ok else 0.0
+
+
 class RemoteBackend:
     """A model served elsewhere, behind the local Engine's interface (see the module doc)."""
     remote = True
@@ -339,7 +371,7 @@ class RemoteBackend:
             stream = api.create(**body)
         except openai.OpenAIError as e:
             raise self._failed(e) from None
-        return self._steps(stream, chat, cancel, t0)
+        return self._steps(stream, chat, cancel, t0, body["max_tokens"])
 
     def _failed(self, e: BaseException) -> ColibriError:
         """The error to raise; a prompt the endpoint's context cannot hold is the engine's own
@@ -355,9 +387,10 @@ class RemoteBackend:
             return ContextOverflowError(str(err))
         return err
 
-    def _steps(self, stream: Any, chat: bool, cancel: threading.Event | None, t0: float) -> Iterator[Step]:
+    def _steps(self, stream: Any, chat: bool, cancel: threading.Event | None, t0: float,
+               most: int) -> Iterator[Step]:
         from engine.api import Step
-        t_first, generated, think = None, 0, _Think()
+        t_first, generated, think, size, overrun = None, 0, _Think(), 0, False
         usage, finish, timings = None, None, None
         done = threading.Event()
 
@@ -385,7 +418,7 @@ class RemoteBackend:
         try:
             try:
                 for chunk in stream:
-                    if cancelled():
+                    if cancelled() or overrun:
                         break  # between chunks; the watcher ends a read that waits
                     if chunk.usage is not None:
                         usage = chunk.usage
@@ -396,10 +429,16 @@ class RemoteBackend:
                         if choice.finish_reason is not None:
                             finish = FINISH.get(choice.finish_reason, "stop")
                             piece += think.close()
+                        if piece and choice.finish_reason is None and (
+                                generated >= most or size + len(piece.encode()) > most * BYTES_PER_TOKEN):
+                            log.warning("%s sent more than the %d tokens asked for: the reply is cut there",
+                                        self.url, most)
+                            finish, overrun = "length", True
+                            break
                         if piece:
                             if t_first is None:
                                 t_first = time.perf_counter()
-                            generated += 1
+                            generated, size = generated + 1, size + len(piece.encode())
                             yield step(piece, None)
             except Exception as e:  # noqa: BLE001 - closing the stream from the watcher ends the read too
                 if not cancelled():
@@ -415,20 +454,19 @@ class RemoteBackend:
         """The last reply's figures: the endpoint's usage and timings where it sends them, else
         what the stream's arrival times say."""
         p = c = cached = 0
-        if usage is not None:
-            p, c = usage.prompt_tokens or 0, usage.completion_tokens or 0
-            details = getattr(usage, "prompt_tokens_details", None)
-            cached = (getattr(details, "cached_tokens", 0) or 0) if details is not None else 0
+        if usage is not None:  # the endpoint's word: counts that are not counts are left out
+            p, c = _count(getattr(usage, "prompt_tokens", 0)), _count(getattr(usage, "completion_tokens", 0))
+            cached = _count(getattr(getattr(usage, "prompt_tokens_details", None), "cached_tokens", 0))
         now = time.perf_counter()
         ttft = (t_first or now) - t0
         n = c or generated
         decode = (n - 1) / max(now - t_first, 1e-9) if t_first is not None and n > 1 else 0.0
         prefill = (p - cached) / max(ttft, 1e-9) if p else 0.0
         self.figures = "measured here"
-        if isinstance(timings, dict) and timings.get("predicted_per_second"):
-            decode = float(timings["predicted_per_second"])
-            prefill = float(timings.get("prompt_per_second") or prefill)
-            cached = int(timings.get("cache_n") or cached)
+        if isinstance(timings, dict) and _rate(timings.get("predicted_per_second")):
+            decode = _rate(timings["predicted_per_second"])
+            prefill = _rate(timings.get("prompt_per_second")) or prefill
+            cached = _count(timings.get("cache_n")) or cached
             self.figures = "endpoint timings"
         self._usage = (p, c, cached)
         self._last = {"prefill_tok_s": prefill, "decode_tok_s": decode, "ttft_s": ttft}

@@ -30,6 +30,12 @@ BUILTIN_PRESETS: dict[str, dict[str, Any]] = {
 }
 DEFAULT_PRESET = "Model defaults"
 REMOTE_KEYS = ("url", "model")  # what is kept of a remote endpoint; its API key only in the system keyring
+
+
+def _remote(remote: dict) -> dict[str, str]:
+    """The endpoint as kept: an address holding a user:password@ is dropped, not written or read."""
+    return {k: v for k, v in remote.items() if k in REMOTE_KEYS and isinstance(v, str)
+            and not (k == "url" and "@" in v.split("://", 1)[-1].split("/", 1)[0])}
 DEFAULT_SERVE_PORT = 4242  # "Serve on localhost" (colibri-serve's default; settings.ui["serve_port"] changes it)
 APPEARANCE: dict[str, P.Param] = {p.name: p for p in [
     P.Param("theme", str, "light", "colour theme of the window", scope="ui", choices=("light", "dark")),
@@ -103,7 +109,7 @@ class Settings:
         path = self.path or data_dir() / FILENAME
         doc = {"version": 1, "engine": self.engine, "sampling": self.sampling, "ui": self.ui, "model": self.model,
                "window": self.window, "presets": self.presets, "default_preset": self.default_preset,
-               "remote": {k: v for k, v in self.remote.items() if k in REMOTE_KEYS}}
+               "remote": _remote(self.remote)}
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text(json.dumps(doc, indent=2))
         os.replace(tmp, path)  # never a half-written settings file
@@ -164,8 +170,7 @@ def load(path: str | Path | None = None) -> Settings:
     if isinstance(doc.get("default_preset"), str) and doc["default_preset"] in s.all_presets():
         s.default_preset = doc["default_preset"]
     remote = doc.get("remote", {})
-    s.remote = {k: v for k, v in remote.items() if k in REMOTE_KEYS and isinstance(v, str)} \
-        if isinstance(remote, dict) else {}
+    s.remote = _remote(remote) if isinstance(remote, dict) else {}
     window = doc.get("window", {})
     s.window = {k: v for k, v in window.items() if isinstance(v, str)} if isinstance(window, dict) else {}
     for n in s.notices:

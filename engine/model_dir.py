@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
@@ -94,12 +95,53 @@ class ModelConfig:
         unknown = sorted(set(d) - names)
         if unknown:
             raise ModelFormatError(f"config.json: unknown model keys {unknown}")
+        _check_values(d)
         if isinstance(d.get("layer_types"), list):
             d = {**d, "layer_types": tuple(d["layer_types"])}
         try:
             return cls(**d)
         except TypeError as e:
             raise ModelFormatError(f"config.json: {e}") from None
+
+
+# config.json is untrusted: every value is checked by its field's type before anything is sized from it
+DIM_LIMIT = 1 << 24  # as the converters' limits (engine.convert.hf.HF_LIMITS): no real dimension is near it
+_AT_LEAST_ONE = {"vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim", "num_experts",
+                 "top_k", "max_position_embeddings"}
+QK_NORMS = ("none", "head", "full")
+
+
+def _check_values(d: dict) -> None:
+    for f in fields(ModelConfig):
+        if f.name not in d or d[f.name] is None and f.type.endswith("| None"):
+            continue
+        v, what = d[f.name], f"config.json: model {f.name!r} = {d[f.name]!r}"
+        kind = f.type.split(" ")[0].split("[")[0]
+        if kind == "int":
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise ModelFormatError(f"{what} is not an integer")
+            low = 1 if f.name in _AT_LEAST_ONE else 0
+            if not low <= v <= DIM_LIMIT:
+                raise ModelFormatError(f"{what} is out of range (expected {low} to {DIM_LIMIT})")
+        elif kind == "float":
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                raise ModelFormatError(f"{what} is not a number")
+            if not math.isfinite(v):
+                raise ModelFormatError(f"{what} is not a finite number")
+        elif kind == "bool" and not isinstance(v, bool):
+            raise ModelFormatError(f"{what} is not true or false")
+        elif kind in ("str", "dict") and not isinstance(v, {"str": str, "dict": dict}[kind]):
+            raise ModelFormatError(f"{what} is not a {'string' if kind == 'str' else 'JSON object'}")
+    if d.get("qk_norm", "none") not in QK_NORMS:
+        raise ModelFormatError(f"config.json: model 'qk_norm' = {d['qk_norm']!r} is not one of {QK_NORMS}")
+    if d.get("top_k", 1) > d.get("num_experts", 1):
+        raise ModelFormatError(f"config.json: model 'top_k' = {d['top_k']} is more than num_experts = "
+                               f"{d.get('num_experts', 1)}")
+    kinds = d.get("layer_types")
+    if kinds is not None and (not isinstance(kinds, list) or not all(isinstance(k, str) for k in kinds)
+                              or len(kinds) != d.get("num_layers")):
+        n = len(kinds) if isinstance(kinds, list) else kinds
+        raise ModelFormatError(f"config.json: model 'layer_types' has {n} entries for {d.get('num_layers')} layers")
 
 
 # --- which tensor goes where -----------------------------------------------------------------
@@ -254,8 +296,23 @@ class ModelDir:
 
     @property
     def chat_template(self) -> str | None:
+        """The template's text, read only as the manifest lists it (open_model_dir checked the
+        file is a regular one inside the folder, of the listed size): its text goes into every prompt."""
         p = self.path / TEMPLATE_FILE
-        return p.read_text(encoding="utf-8") if p.exists() else None
+        if TEMPLATE_FILE not in self.manifest.get("files", {}):
+            if p.exists() or p.is_symlink():
+                raise ModelFormatError(f"{p}: not listed in manifest.json, so not read")
+            return None
+        return inside(self.path, TEMPLATE_FILE).read_text(encoding="utf-8")
+
+
+def inside(root: Path, rel: str) -> Path:
+    """root / rel, where rel is a relative path that stays in root, links followed (a manifest
+    entry may not name /dev/zero, ../ or a link to a private file)."""
+    p = Path(rel) if isinstance(rel, str) else None
+    if p is None or p.is_absolute() or ".." in p.parts or not (root / p).resolve().is_relative_to(root.resolve()):
+        raise BadHeaderError(f"{root / MANIFEST_FILE}: path {rel!r} is outside the model folder")
+    return root / p
 
 
 def _load_json(path: Path, what: str) -> dict:
@@ -301,8 +358,10 @@ def open_model_dir(path: str | Path, verify: bool = False) -> ModelDir:
     config = ModelConfig.from_dict(cfg_doc["model"])
     meta = {k: v for k, v in cfg_doc.items() if k != "model"}
     listed = man_doc.get("files", {})
+    if not isinstance(listed, dict) or not all(isinstance(e, dict) for e in listed.values()):
+        raise BadHeaderError(f"{root / MANIFEST_FILE}: 'files' is not an object of file entries")
     for rel, entry in listed.items():
-        p = root / rel
+        p = inside(root, rel)
         if not p.is_file():
             raise MissingFileError(f"{p}: missing (listed in manifest.json)")
         size = p.stat().st_size

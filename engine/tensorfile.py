@@ -157,6 +157,7 @@ def write_tensor_file(path: Path, tensors: dict[str, tuple[np.ndarray, str]],
 # --- reading ---------------------------------------------------------------------------------
 
 HEAD_READ = 16 << 10  # a header read takes this much at once (an expert file's header: ~1 KB)
+MAX_HEADER = 16 << 20  # a header's JSON past this is a lie (a file of all of one layer's experts: ~100 KB)
 
 
 def _first_bytes(path: Path, n: int, quiet: bool) -> bytes:
@@ -199,6 +200,8 @@ def read_header(path: Path, file_size: int | None = None, quiet: bool = False) -
     if version > TENSORFILE_VERSION:
         raise NewerFormatError(f"{path}: tensor file version {version} is newer than this Colibri "
                               f"reads ({TENSORFILE_VERSION}); update Colibri")
+    if hlen > MAX_HEADER:
+        raise TensorFileError(f"{path}: bad header: header length {hlen} is over the {MAX_HEADER}-byte limit")
     if _PREAMBLE.size + hlen > size:
         raise TensorFileError(f"{path}: bad header: header length {hlen} runs past the end of "
                               f"the {size}-byte file")

@@ -4,7 +4,10 @@ A model's chat template is untrusted input: it is rendered in Jinja2's immutable
 anything the sandbox blocks (private attributes, mutation, huge ranges) is reported as a
 TemplateError naming what went wrong, never executed. Rendering also has a budget of time and
 size (`RenderBudget`): a template that loops or grows strings without bound is stopped with an
-error naming the budget.
+error naming the budget. What the budget cannot size before paying for it is refused by name:
+widths taken from arguments (`'{:>{}}'.format`, `%*s`), the list-building filters batch, slice
+and pprint, and values that nest one list into themselves until printing them never ends (every
+value is weighed before it is turned into text).
 
 Messages are text, never structure: `encode_chat` turns special-token strings written in a
 message (`<|im_end|>`, `<|eot_id|>`, `</s>` ...) into plain text, so only the template itself
@@ -13,9 +16,11 @@ yields control tokens.
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 import math
 import re
+import string
 import sys
 import threading
 import time
@@ -73,6 +78,12 @@ class _Meter:
             raise TemplateBudgetError(f"chat template went over its size budget of {self.chars:,} characters "
                                       f"({what} of {n:,})")
 
+    def weigh(self, value: Any, what: str) -> None:
+        """`value` as text takes at most the size budget: counted node by node (a list nested into
+        itself counts each time it is reached), stopping at the budget, before any str() of it."""
+        if isinstance(value, (list, tuple, dict, set, frozenset)):
+            self.size(_weight(value, self.chars), what)
+
     def clock(self) -> None:
         if time.perf_counter() > self.deadline:
             raise TemplateBudgetError(f"chat template went over its time budget of {self.budget.seconds:g} s "
@@ -95,8 +106,38 @@ _SIZE_ARGS = {"center", "ljust", "rjust", "zfill", "expandtabs"}  # str methods 
 _WIDTHS = re.compile(r"\d+")
 
 
+_STARS = re.compile(r"%[-#0 +]*(\*|\d*\.\*)")  # a %-format width or precision taken from the arguments
+REFUSED_FILTERS = ("batch", "slice", "pprint")  # they build values of any size in one C call
+
+
 def _length(v: Any) -> int:
     return len(v) if isinstance(v, (str, list, tuple)) else 0
+
+
+def _weight(value: Any, limit: int) -> int:
+    """At least the characters str(value) takes, counted until past `limit`."""
+    total, stack = 0, [value]
+    while stack and total <= limit:
+        v = stack.pop()
+        if isinstance(v, str):
+            total += len(v)
+        elif isinstance(v, (list, tuple, set, frozenset)):
+            total += 2 + len(v)
+            stack.extend(v)
+        elif isinstance(v, dict):
+            total += 2 + 2 * len(v)
+            stack.extend(v.keys())
+            stack.extend(v.values())
+        else:
+            total += 1
+    return total
+
+
+def _refused(name: str):
+    def refuse(*args: Any, **kwargs: Any):
+        raise TemplateError(f"chat template uses a filter that is not allowed here: filter {name!r} is not allowed "
+                            f"(its result's size cannot be checked before it is built)")
+    return refuse
 
 
 class _BudgetEnvironment(ImmutableSandboxedEnvironment):
@@ -105,8 +146,13 @@ class _BudgetEnvironment(ImmutableSandboxedEnvironment):
     intercepted_binops = frozenset({"*", "**", "+", "%"})
 
     def __init__(self, *args: Any, **kwargs: Any):
-        super().__init__(*args, **kwargs)
+        super().__init__(*args, **kwargs, finalize=self._weighed_output)
         self._local = threading.local()
+
+    def _weighed_output(self, value: Any) -> Any:
+        if self.meter is not None:
+            self.meter.weigh(value, "a printed value")
+        return value
 
     @property
     def meter(self) -> _Meter | None:
@@ -131,7 +177,8 @@ class _BudgetEnvironment(ImmutableSandboxedEnvironment):
             elif operator == "+":
                 m.size(_length(left) + _length(right), "a joined value")
             elif operator == "%" and isinstance(left, str):
-                self._widths(left)
+                self._widths(left, percent=True)
+                m.weigh(right, "a %-format's values")
         return super().call_binop(context, operator, left, right)
 
     def _bits(self, bits: float) -> None:
@@ -139,9 +186,16 @@ class _BudgetEnvironment(ImmutableSandboxedEnvironment):
             raise TemplateBudgetError(f"chat template went over its integer budget of "
                                       f"{self.meter.budget.int_bits:,} bits")
 
-    def _widths(self, fmt: str) -> None:
-        """A format string's field widths ("{:>99999999}", "%99999999s") within the size budget."""
-        for w in _WIDTHS.findall(str(fmt)):
+    def _widths(self, fmt: str, percent: bool) -> None:
+        """A format string's field widths ("{:>99999999}", "%99999999s") within the size budget; a
+        width the arguments give ("{:>{}}", "%*s") is refused, as it cannot be checked here."""
+        fmt = str(fmt)
+        if percent and _STARS.search(fmt.replace("%%", "")):
+            raise TemplateError("chat template uses a '*' width or precision in a %-format, which is not allowed here")
+        if not percent and any(spec and "{" in spec for _, _, spec, _ in string.Formatter().parse(fmt)):
+            raise TemplateError("chat template uses a nested replacement field in a format spec ('{:>{}}'), which "
+                                "is not allowed here")
+        for w in _WIDTHS.findall(fmt):
             if len(w) > 12 or int(w) > self.meter.chars:
                 self.meter.size(int(w[:13]), "a format width")
 
@@ -158,6 +212,7 @@ class _BudgetEnvironment(ImmutableSandboxedEnvironment):
                     m.size(len(owner) + hits * len(args[1]), "str.replace result")
                 elif name == "join":
                     args = (list(args[0]),) if args else args
+                    m.weigh(args[0] if args else [], "str.join's values")
                     m.size(sum(map(_length, args[0])) + len(owner) * len(args[0]) if args else 0, "str.join result")
         return super().call(context, obj, *args, **kwargs)
 
@@ -169,12 +224,16 @@ class _BudgetEnvironment(ImmutableSandboxedEnvironment):
 
         def checked(*args: Any, **kwargs: Any) -> str:
             if self.meter is not None:
-                self._widths(value.__self__)
+                self._widths(value.__self__, percent=False)
+                self.meter.weigh([*args, *kwargs.values()], "a format's values")
             return wrapped(*args, **kwargs)
         return checked
 
     def checked_join(self, seq) -> str:
         """The template's `~` operator (jinja's str_join), sized before it joins."""
+        seq = list(seq)
+        if self.meter is not None:
+            self.meter.weigh(seq, "a joined value")
         seq = [str(v) for v in seq]
         if self.meter is not None:
             self.meter.size(sum(map(len, seq)), "a joined value")
@@ -213,7 +272,7 @@ def _checked_filters(env: _BudgetEnvironment) -> None:
 
     def format_(value, *args, **kwargs):
         if meter() is not None and isinstance(value, str):
-            env._widths(value)
+            env._widths(value, percent=True)
         return jinja_filters.do_format(value, *args, **kwargs)
 
     def wordwrap(environment, s, width=79, break_long_words=True, wrapstring=None, break_on_hyphens=True):
@@ -231,7 +290,20 @@ def _checked_filters(env: _BudgetEnvironment) -> None:
 
     env.filters.update(center=center, indent=indent, replace=replace, join=join, format=format_,
                        wordwrap=jinja2.pass_environment(wordwrap), tojson=tojson)
+    env.filters.update({name: _refused(name) for name in REFUSED_FILTERS})
+    for name, f in env.filters.items():  # every filter's values weighed before it turns them into text
+        env.filters[name] = _weighing(env, f)
     env.globals.pop("lipsum", None)
+
+
+def _weighing(env: _BudgetEnvironment, f):
+    @functools.wraps(f)  # (keeps jinja's pass_context / pass_environment mark)
+    def weighed(*args: Any, **kwargs: Any):
+        if env.meter is not None:
+            for v in (*args, *kwargs.values()):
+                env.meter.weigh(v, "a filter's value")
+        return f(*args, **kwargs)
+    return weighed
 
 
 # --- messages as text ----------------------------------------------------------------------------

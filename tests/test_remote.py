@@ -47,7 +47,7 @@ class MemoryKeyring(KeyringBackend):
 
 @pytest.fixture
 def vault(monkeypatch):
-    monkeypatch.delenv(R.ENV_KEY, raising=False)
+    monkeypatch.delenv("COLIBRI_API_KEY", raising=False)
     before = keyring.get_keyring()
     kr = MemoryKeyring()
     keyring.set_keyring(kr)
@@ -172,8 +172,8 @@ def test_the_key_lives_in_the_keyring_never_in_the_settings(vault, monkeypatch, 
     R.store_key(url, "sk-secret")
     assert vault.entries == {(R.KEYRING_SERVICE, url): "sk-secret"}
     assert R.api_key(url) == "sk-secret" and R.api_key(url + "/") == "sk-secret"
-    monkeypatch.setenv(R.ENV_KEY, "from-env")
-    assert R.api_key(url) == "from-env" and R.api_key(url, "given") == "given"
+    monkeypatch.setenv("COLIBRI_API_KEY", "the-local-servers-key")  # colibri-serve's, never an endpoint's
+    assert R.api_key(url) == "sk-secret" and R.api_key(url, "given") == "given"
     s = S_.load(tmp_path / "settings.json")
     s.remote = {"url": url, "model": "m", "key": "sk-secret"}  # a key put there by mistake is not written
     s.save()

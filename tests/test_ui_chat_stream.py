@@ -26,6 +26,8 @@ def start_fake_reply(w) -> int:
     worker's `text` signals itself (emitted for real, delivered by the event loop)."""
     w.request += 1
     w.gen_conv = w.conv_id
+    path = w.history.messages(w.conv_id)
+    w.gen_parent = path[-1].id if path else None
     w.streams[w.conv_id] = ""
     w.render_conversation()
     w._set_busy("generating")

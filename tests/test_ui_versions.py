@@ -28,7 +28,7 @@ def thinker(tmp_path_factory):
 
 
 def click(w, href: str) -> None:
-    w.view.anchorClicked.emit(QUrl(href))  # what a click on the link sends
+    w.view.anchorClicked.emit(QUrl(f"{w.view.token}:{href}"))  # what a click on the view's own link sends
 
 
 def test_a_thinking_reply_folds_into_a_block_with_its_count_and_the_switch_turns_it_off(qtbot, home, thinker):
@@ -124,7 +124,7 @@ def test_long_thinking_streams_its_tail_and_shows_whole_once_unfolded(qtbot):
     view.set_messages([Message(1, 1, "user", "Hi", 0.0), Message(2, 1, "assistant", "Done.", 0.0,
                                                                  {"thinking_tokens": 3000}, 1, thinking)])
     assert "▸ Thought for 3000 tokens" in view.toPlainText() and "w0 " not in view.toPlainText()
-    view.anchorClicked.emit(QUrl("think:2"))
+    view.anchorClicked.emit(QUrl(f"{view.token}:think:2"))
     assert "w0 w1" in view.toPlainText() and "w2999" in view.toPlainText()  # all of it, once finished
 
 

@@ -8,6 +8,7 @@ is a block above the answer, open while it is written, folded once the answer st
 from __future__ import annotations
 
 import html
+import secrets
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -50,6 +51,10 @@ def facts_text(facts: dict) -> str:
     return " · ".join(parts)
 
 
+def _token() -> str:
+    return "c" + secrets.token_hex(8)  # a URL scheme: a letter first
+
+
 class ChatView(QTextBrowser):
     copy_requested = Signal(str)  # text put on the clipboard
     edit_requested = Signal(int)  # message id
@@ -64,6 +69,7 @@ class ChatView(QTextBrowser):
         self.setAccessibleName(self.tr("Conversation"))
         self.anchorClicked.connect(self._anchor)
         self.colors, self.font_pt = colors, font_pt
+        self.token = _token()  # the scheme of this render's own action links (see _anchor)
         self.messages: list[Message] = []
         self.streaming: str | None = None  # the reply being written, or None
         self.empty_text = ""
@@ -120,6 +126,7 @@ class ChatView(QTextBrowser):
                 f'{body}{foot}</td></tr></table>')
 
     def _link(self, href: str, label: str) -> str:
+        href = f"{self.token}:{href}"  # the view's own action: a link in model text cannot name it
         return f'<a href="{href}" style="color: {self.colors["link"]}; text-decoration: none">{label}</a>'
 
     def _versions(self, m: Message) -> str:
@@ -203,7 +210,7 @@ class ChatView(QTextBrowser):
 
     def html(self) -> str:
         """The whole conversation as one document (the streaming message last)."""
-        md = MarkdownRenderer(self.colors)
+        md = MarkdownRenderer(self.colors, f"{self.token}:copy")
         text = self._open() + self._finished_html(md)
         if self.streaming is not None:
             text += self._stream_html(md)
@@ -214,8 +221,9 @@ class ChatView(QTextBrowser):
         """Lay out the whole conversation; a streaming message is then appended by render_stream."""
         self.render_timer.stop()
         self.full_renders += 1
+        self.token = _token()  # the links of an earlier layout (or any a model wrote) stop acting
         with self._scroll_kept():
-            md = MarkdownRenderer(self.colors)
+            md = MarkdownRenderer(self.colors, f"{self.token}:copy")
             self.setHtml(self._open() + self._finished_html(md) + "</body>")
             self._codes, self._stream_codes = md.codes, len(md.codes)
             self._stream_pos = None
@@ -241,7 +249,7 @@ class ChatView(QTextBrowser):
 
     def _replace_stream(self) -> None:
         self.stream_renders += 1
-        md = MarkdownRenderer(self.colors)
+        md = MarkdownRenderer(self.colors, f"{self.token}:copy")
         md.codes = self._codes[:self._stream_codes]  # the streaming message's Copy links number on
         cur = QTextCursor(self.document())
         cur.setPosition(self._stream_pos)
@@ -274,7 +282,15 @@ class ChatView(QTextBrowser):
         return f'<p style="color: {self.colors["muted"]}; margin-top: 6px">{_tr("Attached:")} {items}</p>'
 
     def _anchor(self, url: QUrl) -> None:
-        kind, _, arg = url.toString().partition(":")
+        """A click: the view's own actions carry this render's token; any other link (one a model
+        wrote) only opens an http(s) page."""
+        scheme, _, action = url.toString().partition(":")
+        if scheme in ("http", "https"):
+            QDesktopServices.openUrl(url)
+            return
+        if scheme != self.token:
+            return
+        kind, _, arg = action.partition(":")
         if kind == "copy":
             self._copy(self._codes[int(arg)])
         elif kind == "copymsg":
@@ -293,8 +309,6 @@ class ChatView(QTextBrowser):
         elif kind == "details":
             self.details ^= {int(arg)}
             self.render()
-        elif kind in ("http", "https"):
-            QDesktopServices.openUrl(url)
 
     def toggle_thinking(self, key: int) -> None:
         """Fold or unfold a reply's thinking (STREAM: the one being written)."""

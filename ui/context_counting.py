@@ -5,9 +5,10 @@ when a message will not fit, and attaching files. The worker counts; its answers
 """
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
-from PySide6.QtCore import QEvent
+from PySide6.QtCore import QEvent, QObject, Signal
 from PySide6.QtWidgets import QFileDialog
 
 from app.history import chat_messages
@@ -15,6 +16,23 @@ from ui.context_ui import marker_texts
 from ui.model_flow import show_error
 
 DRAFT_MS = 400  # the message being written is counted this long after the last keystroke
+
+
+class _Reads(QObject):
+    """Carries files read off the GUI thread back to it (a queued signal), for every window."""
+    done = Signal(object, object, str)  # window id, Attachment or None, error ("" when read)
+
+
+_reads: _Reads | None = None
+
+
+def _relay() -> _Reads:
+    """The one relay, made on the GUI thread and kept for the application's life: a job never
+    holds a Qt object it could be the last owner of."""
+    global _reads
+    if _reads is None:
+        _reads = _Reads()
+    return _reads
 
 
 class ContextCounting:
@@ -78,13 +96,44 @@ class ContextCounting:
             self.attach(path)
 
     def attach(self, path: str | Path) -> int | None:
-        """Read a file into the message being written (its tokens are counted by the worker)."""
-        from app.attachments import AttachmentError, read_attachment, with_attachments
+        """Read a file into the message being written (its tokens are counted by the worker). A PDF
+        is read off the GUI thread, its chip added when read: None then, as for a refused file."""
+        from app.attachments import AttachmentError, is_pdf, read_attachment
+        if is_pdf(path):
+            self._read_off_the_gui_thread(Path(path))
+            return None
         try:
             a = read_attachment(path)
         except AttachmentError as e:
             show_error(self, self.tr("Attaching a file"), str(e))
             return None
+        return self._add_attachment(a)
+
+    def _read_off_the_gui_thread(self, path: Path) -> None:
+        from app.attachments import AttachmentError, read_attachment
+        relay, me = _relay(), id(self)
+        if not getattr(self, "_reads_connected", False):
+            relay.done.connect(self._on_read)
+            self._reads_connected = True
+
+        def job() -> None:  # plain values and the app-long relay only (see ui.remote_dialog._relay)
+            try:
+                relay.done.emit(me, read_attachment(path), "")
+            except AttachmentError as e:
+                relay.done.emit(me, None, str(e))
+        threading.Thread(target=job, name="colibri-attach", daemon=True).start()
+        self.statusBar().showMessage(self.tr("Reading {name}…").format(name=path.name), 5000)
+
+    def _on_read(self, window: int, a, error: str) -> None:
+        if window != id(self) or self.closed:
+            return
+        if error:
+            show_error(self, self.tr("Attaching a file"), error)
+        else:
+            self._add_attachment(a)
+
+    def _add_attachment(self, a) -> int:
+        from app.attachments import with_attachments
         key = self.tray.add(a)
         if self.flow.model is not None:
             self.flow.count_attachment_requested.emit(key, with_attachments("", [a]))

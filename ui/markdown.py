@@ -1,6 +1,6 @@
 """Markdown → the HTML subset QTextBrowser renders, with pygments colours and a Copy link per code block.
 
-Code blocks are collected in `codes`; a block's Copy link is `copy:N`, N its index there.
+Code blocks are collected in `codes`; a block's Copy link is `<action>:N`, N its index there.
 """
 from __future__ import annotations
 
@@ -23,8 +23,9 @@ def _formatter(style: str) -> HtmlFormatter:
 
 
 class MarkdownRenderer:
-    def __init__(self, colors: dict[str, str]):
+    def __init__(self, colors: dict[str, str], action: str = "copy"):
         self.c = colors
+        self.action = action  # the scheme of the Copy links: ChatView's per-render token + ":copy"
         self.md = MarkdownIt("commonmark", {"html": False, "linkify": False}).enable("table")
         self.md.renderer.rules["fence"] = self._fence
         self.md.renderer.rules["code_block"] = self._fence
@@ -42,7 +43,7 @@ class MarkdownRenderer:
         body = highlight(code, lexer, _formatter(self.c["pygments"])).rstrip("\n")
         c = self.c
         copy = QCoreApplication.translate("ChatView", "Copy")
-        link = f'<a href="copy:{len(self.codes) - 1}" style="color: {c["link"]}; text-decoration: none">{copy}</a>'
+        link = f'<a href="{self.action}:{len(self.codes) - 1}" style="color: {c["link"]}; text-decoration: none">{copy}</a>'
         return (f'<table width="100%" cellspacing="0" cellpadding="8" border="0" style="margin-top: 4px; '
                 f'margin-bottom: 6px"><tr><td bgcolor="{c["code_border"]}"><span style="color: {c["muted"]}">'
                 f'{html.escape(lang or "code")}</span> &nbsp;·&nbsp; {link}</td></tr>'

@@ -40,6 +40,7 @@ def show_error(parent: QWidget, title: str, text: str) -> QMessageBox:
     """A non-blocking error dialog with the engine's specific message (it names the file, tensor or key)."""
     title = translate_what(title)
     box = QMessageBox(QMessageBox.Critical, title, _tr("{what} failed.").format(what=title), QMessageBox.Ok, parent)
+    box.setTextFormat(Qt.PlainText)  # an endpoint's or a file's words: never rich text, never a link
     box.setInformativeText(text)
     box.setAccessibleName(title)
     box.setAccessibleDescription(text)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import itertools
 import threading
 
-from PySide6.QtCore import QObject, Signal
+from PySide6.QtCore import QObject, Qt, Signal
 from PySide6.QtWidgets import (QComboBox, QDialog, QDialogButtonBox, QFormLayout, QHBoxLayout, QLabel,
                                QLineEdit, QPushButton, QVBoxLayout, QWidget)
 
@@ -61,6 +61,7 @@ class RemoteDialog(QDialog):
         self.fetch_button = QPushButton(self.tr("Fetch models"), objectName="remote_fetch")
         self.fetch_button.clicked.connect(self.fetch)
         self.status = QLabel(objectName="remote_status", wordWrap=True)
+        self.status.setTextFormat(Qt.PlainText)  # an endpoint's error text: never rich text, never a link
         self.status.setAccessibleName(self.tr("Connection status"))
         row = fill(QHBoxLayout(), (self.model, 1), self.fetch_button)
         form = QFormLayout()
@@ -80,6 +81,8 @@ class RemoteDialog(QDialog):
         _relay().models.connect(self._fetched)  # (disconnected when the dialog is deleted)
         _relay().key.connect(self._key_known)
         self._told = False  # the user was told the keyring cannot keep the key
+        self._plain_ok = ""  # the address the user chose to send a key to over plain http anyway
+        self._stored_for = ""  # the address the keyring holds a key for
         url, me, answers = self._url(), self._id, _relay()
         self._run(lambda: answers.key.emit(me, url, remote.stored_key(url) is not None))
 
@@ -106,8 +109,19 @@ class RemoteDialog(QDialog):
         threading.Thread(target=job, name="colibri-remote-dialog", daemon=True).start()
 
     def _key_known(self, dialog: int, url: str, known: bool) -> None:
+        if dialog == self._id and known:
+            self._stored_for = url
         if dialog == self._id and known and url == self._url() and not self.key.text():
             self.key.setPlaceholderText(self.tr("kept in the system keyring (type to replace)"))
+
+    def _plain_http(self, url: str, key: str | None) -> str:
+        """The warning to give before a key goes unencrypted to another machine, once per address."""
+        if url == self._plain_ok or not (key or self._stored_for == self._url()) \
+                or not remote.plain_http_to_another_machine(url):
+            return ""
+        self._plain_ok = url
+        return self.tr("The API key would travel unencrypted (http://) to another machine, where anyone on the "
+                       "network can read it; use https:// if the server offers it.")
 
     def fetch(self) -> None:
         """The endpoint's /v1/models into the model list, or the reason it cannot be read."""
@@ -115,6 +129,9 @@ class RemoteDialog(QDialog):
         if url is None:
             return
         key = self.key.text() or None
+        if warning := self._plain_http(url, key):
+            self._say(warning + " " + self.tr("Press Fetch again to send it anyway."))
+            return
         self.fetch_button.setEnabled(False)
         self._say(self.tr("Asking {url} for its models…").format(url=url))
         me, answers = self._id, _relay()
@@ -148,13 +165,18 @@ class RemoteDialog(QDialog):
         if url is None:
             return
         key, model = self.key.text(), self.model.currentText().strip()
+        notes = []
         if key and not self._told:
             try:
                 remote.store_key(url, key)
             except remote.RemoteError as e:  # no keyring: said here; Connect again uses it for this session
-                self._say(f"{e}. " + self.tr("Press Connect again to use it anyway."))
-                self._told = True
-                return
+                notes.append(f"{e}.")
+        if warning := self._plain_http(url, key):
+            notes.append(warning)
+        if notes:
+            self._say(" ".join(notes) + " " + self.tr("Press Connect again to use it anyway."))
+            self._told = True
+            return
         self.settings.remote = {"url": url, "model": model}
         self.settings.save()
         self.chosen.emit(url, model, key)

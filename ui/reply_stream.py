@@ -129,7 +129,8 @@ class ReplyStreaming:
                 stats["thinking_tokens"] += resumed.stats.get("thinking_tokens", 0)
                 self.history.update_message(resumed.id, content, reasoning, stats)
             else:
-                self.history.add_message(cid, "assistant", content, stats, reasoning, self.gen_facts)
+                self.history.add_message(cid, "assistant", content, stats, reasoning, self.gen_facts,
+                                         parent=self.gen_parent)  # what it answers, wherever the leaf went
         else:
             self.history.drop_partial(cid)
             if regenerating is not None:  # nothing written: the reply it was to replace is shown again

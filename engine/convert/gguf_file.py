@@ -114,9 +114,10 @@ def check_layout(path: Path) -> int:
                 vtype = c.u32(f"metadata {key!r}")
                 at = c.at
                 c.value(vtype, f"metadata {key!r}")
-                if key == "general.alignment" and vtype == 4:
-                    alignment = struct.unpack_from("<I", buf, at)[0]
-                    if alignment == 0 or alignment & (alignment - 1):
+                if key == "general.alignment":  # any integer type (UINT64 0 once divided by zero)
+                    code = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 10: "Q", 11: "q"}.get(vtype)
+                    alignment = struct.unpack_from("<" + code, buf, at)[0] if code else 0
+                    if alignment <= 0 or alignment & (alignment - 1):
                         raise SourceFormatError(f"{path}: GGUF metadata 'general.alignment' = {alignment} is not "
                                                 f"a power of two")
             extents = []

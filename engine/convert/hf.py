@@ -52,9 +52,12 @@ class HFCheckpoint:
         if index.is_file():
             try:
                 weight_map = json.loads(index.read_text())["weight_map"]
-            except (ValueError, KeyError) as e:
+                shards = sorted(set(weight_map.values()))
+            except (ValueError, KeyError, TypeError, AttributeError) as e:
                 raise SourceFormatError(f"{index}: not a valid safetensors index: {e!r}") from None
-            shards = sorted(set(weight_map.values()))
+            for shard in shards:  # a name, not a path: HF cache snapshots link their shards to ../blobs, fine
+                if not isinstance(shard, str) or Path(shard).is_absolute() or ".." in Path(shard).parts:
+                    raise SourceFormatError(f"{index}: shard {shard!r} is outside the model folder")
         else:
             weight_map, shards = None, sorted(p.name for p in folder.glob("*.safetensors"))
         if not shards:
