@@ -1459,6 +1459,14 @@ Load a Mixture-of-Experts model to see which experts each layer uses.</source>
 <context>
     <name>RemoteDialog</name>
     <message>
+        <source>Press Fetch again to send it anyway.</source>
+        <translation>再次按“获取模型列表”仍然发送。</translation>
+    </message>
+    <message>
+        <source>The API key would travel unencrypted (http://) to another machine, where anyone on the network can read it; use https:// if the server offers it.</source>
+        <translation>API 密钥将以未加密的方式（http://）发送到另一台机器，网络上的任何人都能读取它；如果服务器支持，请使用 https://。</translation>
+    </message>
+    <message>
         <source>Remote endpoint</source>
         <translation>远程端点</translation>
     </message>
@@ -1616,6 +1624,10 @@ Load a Mixture-of-Experts model to see which experts each layer uses.</source>
 </context>
 <context>
     <name>ContextCounting</name>
+    <message>
+        <source>Reading {name}…</source>
+        <translation>正在读取 {name}…</translation>
+    </message>
     <message>
         <source>Attach files</source>
         <translation>附加文件</translation>
