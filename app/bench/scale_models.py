@@ -221,7 +221,7 @@ class _Blocks:
         if not t.is_block:
             return (self.rng.standard_normal((rows, n), dtype=np.float32) / np.float32(np.sqrt(n))).astype(t.storage)
         idx = self.rng.integers(0, POOL_BLOCKS, rows * (n // t.block_size), dtype=np.int32)
-        return self.pool(t, n)[idx].reshape(rows, t.row_bytes(n))
+        return np.take(self.pool(t, n), idx, axis=0).reshape(rows, t.row_bytes(n))
 
 
 def make(s: MoeShape, preset: str, out: Path, layers: int | None = None, seed: int = 0,
@@ -270,50 +270,56 @@ def _rms(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
 def routing_entropy(path: Path, tokens: int = 256, seed: int = 1) -> dict:
     """Per layer, the normalised entropy of the expert-use histogram (1.0: every expert picked
     equally often) of `tokens` random tokens, each run as a one-token sequence through the file's
-    own weights: at one position attention is exactly o_proj(v_proj(x)), so the hidden state each
-    router sees is the model's own, the experts' outputs and the residual stream included.
-    Also the busiest expert's share against the uniform share (max_share)."""
-    import gguf
-    r = gguf.GGUFReader(path)
-    arch = str(r.fields["general.architecture"].contents())
-    kv = {f.name.removeprefix(arch + "."): f.contents() for f in r.fields.values() if f.name.startswith(arch + ".")}
-    ts = {t.name: t for t in r.tensors}
+    own weights (read with Colibri's GGUF reader): at one position attention is exactly
+    o_proj(v_proj(x)), so the hidden state each router sees is the model's own, the experts'
+    outputs and the residual stream included. Beside it: the busiest expert's share against the
+    uniform share (max_share), and the entropy uniform picks of the same count reach (`uniform`),
+    which a finite sample keeps below 1."""
+    from engine.convert.gguf_file import GGUFModel
+    m = GGUFModel(Path(path))
+    try:
+        cfg, ts = m.config(), m.tensors
 
-    def deq(name: str, index=slice(None)) -> np.ndarray:
-        t = ts[name]
-        return quant.dequantize(np.asarray(t.data[index]), quant.get(int(t.tensor_type))).astype(np.float32)
+        def deq(name: str, expert: int | None = None) -> np.ndarray:
+            t = ts[name] if expert is None else ts[name].expert(expert)
+            return quant.dequantize(t.read(), t.qtype).astype(np.float32, copy=False)
 
-    L, E, k, eps = int(kv["block_count"]), int(kv["expert_count"]), int(kv["expert_used_count"]), \
-        float(kv["attention.layer_norm_rms_epsilon"])
-    group = int(kv["attention.head_count"]) // int(kv["attention.head_count_kv"])
-    hd = int(kv["attention.key_length"])
-    ids = np.random.default_rng(seed).integers(0, ts["token_embd.weight"].data.shape[0], tokens)
-    x = deq("token_embd.weight", np.sort(ids))
-    entropy, max_share = [], []
-    for i in range(L):
-        b = f"blk.{i}."
-        v = _rms(x, deq(b + "attn_norm.weight"), eps) @ deq(b + "attn_v.weight").T
-        v = np.repeat(v.reshape(tokens, -1, hd), group, axis=1).reshape(tokens, -1)  # GQA: kv head h // group
-        x = x + v @ deq(b + "attn_output.weight").T
-        h = _rms(x, deq(b + "ffn_norm.weight"), eps)
-        logits = h @ deq(b + "ffn_gate_inp.weight").T
-        pick = np.argsort(-logits, axis=1, kind="stable")[:, :k]  # a tie goes to the lower index
-        top = np.take_along_axis(logits, pick, axis=1)
-        gate = np.exp(top - top.max(axis=1, keepdims=True))
-        gate /= gate.sum(axis=1, keepdims=True)  # softmax, then the top-k renormalised (norm_topk_prob)
-        y = np.zeros_like(x)
-        for e in np.unique(pick):
-            rows, slot = np.nonzero(pick == e)
-            he = h[rows]
-            g, u = he @ deq(b + "ffn_gate_exps.weight", e).T, he @ deq(b + "ffn_up_exps.weight", e).T
-            y[rows] += gate[rows, slot, None] * ((g / (1 + np.exp(-g)) * u) @ deq(b + "ffn_down_exps.weight", e).T)
-        x = x + y
-        counts = np.bincount(pick.ravel(), minlength=E) / pick.size
-        nz = counts[counts > 0]
-        entropy.append(round(float(-(nz * np.log(nz)).sum() / np.log(E)), 4))
-        max_share.append(round(float(counts.max() * E), 2))
+        L, E, k, eps, hd = cfg.num_layers, cfg.num_experts, cfg.top_k, cfg.rms_norm_eps, cfg.head_dim
+        group = cfg.num_heads // cfg.num_kv_heads
+        rng = np.random.default_rng(seed)
+        emb = ts["token_embd.weight"]
+        x = np.stack([quant.dequantize(emb.read(i, i + 1), emb.qtype)[0] for i in rng.integers(0, emb.rows, tokens)])
+        entropy, max_share = [], []
+        for i in range(L):
+            b = f"blk.{i}."
+            v = _rms(x, deq(b + "attn_norm.weight"), eps) @ deq(b + "attn_v.weight").T
+            v = np.repeat(v.reshape(tokens, -1, hd), group, axis=1).reshape(tokens, -1)  # q head h reads kv head h // group
+            x = x + v @ deq(b + "attn_output.weight").T
+            h = _rms(x, deq(b + "ffn_norm.weight"), eps)
+            logits = h @ deq(b + "ffn_gate_inp.weight").T
+            pick = np.argsort(-logits, axis=1, kind="stable")[:, :k]  # a tie goes to the lower index
+            top = np.take_along_axis(logits, pick, axis=1)
+            gate = np.exp(top - top.max(axis=1, keepdims=True))
+            gate /= gate.sum(axis=1, keepdims=True)  # softmax, then the top-k renormalised (norm_topk_prob)
+            y = np.zeros_like(x)
+            for e in np.unique(pick):
+                rows, slot = np.nonzero(pick == e)
+                g, u = h[rows] @ deq(b + "ffn_gate_exps.weight", e).T, h[rows] @ deq(b + "ffn_up_exps.weight", e).T
+                y[rows] += gate[rows, slot, None] * ((g / (1 + np.exp(-g)) * u) @ deq(b + "ffn_down_exps.weight", e).T)
+            x = x + y
+            entropy.append(_entropy(pick, E))
+            max_share.append(round(float(np.bincount(pick.ravel(), minlength=E).max() * E / pick.size), 2))
+    finally:
+        m.close()
+    uniform = _entropy(np.argsort(rng.random((tokens, E)), axis=1)[:, :k], E)
     return {"tokens": tokens, "per_layer": entropy, "min": min(entropy), "mean": round(float(np.mean(entropy)), 4),
-            "max_share": max_share, "residual_rms": round(float(np.sqrt(np.mean(x * x))), 3)}
+            "uniform": uniform, "max_share": max_share, "residual_rms": round(float(np.sqrt(np.mean(x * x))), 3)}
+
+
+def _entropy(pick: np.ndarray, experts: int) -> float:
+    p = np.bincount(pick.ravel(), minlength=experts) / pick.size
+    p = p[p > 0]
+    return round(float(-(p * np.log(p)).sum() / np.log(experts)), 4)
 
 
 # --- the command -----------------------------------------------------------------------------------
@@ -345,7 +351,7 @@ def main(args: argparse.Namespace) -> int:
         result["routing_entropy"] = ent = routing_entropy(args.out, args.entropy_tokens)
         ent["seconds"] = round(time.perf_counter() - t0, 1)
         print(f"routing entropy over {ent['tokens']} random tokens (1.0 = uniform): min {ent['min']}, "
-              f"mean {ent['mean']}; per layer {ent['per_layer']}; busiest expert x uniform {ent['max_share']}")
+              f"mean {ent['mean']} (uniform picks of that count: {ent['uniform']}); per layer {ent['per_layer']}; busiest expert x uniform {ent['max_share']}")
     if args.json:
         args.json.write_text(json.dumps(result, indent=1) + "\n")
     return 0
