@@ -27,7 +27,9 @@ import argparse
 import json
 import os
 import time
+from collections import deque
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -245,12 +247,21 @@ def make(s: MoeShape, preset: str, out: Path, layers: int | None = None, seed: i
     f = w.fout[0]
     w.write_padding(f, f.tell())
     blocks = _Blocks(np.random.default_rng(seed))
-    for t in p:
-        total = int(np.prod(t.shape[:-1], dtype=np.int64)) if len(t.shape) > 1 else 1
-        step = max(1, CHUNK_BYTES // max(1, t.nbytes // total))
-        for a in range(0, total, step):
-            f.write(memoryview(np.ascontiguousarray(blocks.rows(t, min(step, total - a)))).cast("B"))
-        w.write_padding(f, t.nbytes)
+    with ThreadPoolExecutor(1) as disk:  # one writer, in order: the next chunk is drawn while one is written
+        queued: deque = deque()
+
+        def put(fn, *a) -> None:
+            if len(queued) > 1:
+                queued.popleft().result()
+            queued.append(disk.submit(fn, *a))
+        for t in p:
+            total = int(np.prod(t.shape[:-1], dtype=np.int64)) if len(t.shape) > 1 else 1
+            step = max(1, CHUNK_BYTES // max(1, t.nbytes // total))
+            for a in range(0, total, step):
+                put(f.write, memoryview(np.ascontiguousarray(blocks.rows(t, min(step, total - a)))).cast("B"))
+            put(w.write_padding, f, t.nbytes)
+        for q in queued:
+            q.result()
     f.flush()
     os.fsync(f.fileno())
     w.close()
