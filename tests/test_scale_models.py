@@ -2,8 +2,8 @@
 by the gguf package and by Colibri's own reader, and the routing entropy it reports."""
 from __future__ import annotations
 
-import os
 import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -119,4 +119,12 @@ def test_cli_writes_and_reports(tmp_path, monkeypatch, capsys):
     assert result["layers"] == 1 and result["full"]["layers"] == 2 and out.stat().st_size == result["file_bytes"]
     assert len(result["routing_entropy"]["per_layer"]) == 1
     assert "full size (2 layers)" in capsys.readouterr().out
-    assert os.path.exists(out)
+    assert cli.main(["make-scale", "--measure", str(out), "--entropy_tokens", "64", "--json", str(js)]) == 0
+    assert json.loads(js.read_text())["routing_entropy"]["per_layer"] == result["routing_entropy"]["per_layer"]
+    assert "layer 0: routing entropy" in capsys.readouterr().out
+
+
+def test_routing_measure_refuses_other_architectures():
+    other = Path(__file__).parent / "fixtures" / "llamacpp_presets" / "tiny-q8_0.gguf"
+    with pytest.raises(ValueError, match="qwen3moe"):
+        S.routing_entropy(other, tokens=8)

@@ -2,6 +2,7 @@
 llama.cpp preset mix (no f16 intermediate: a 30B f16 file would not fit the disk).
 
     colibri-bench make-scale --shape qwen3-30b-a3b --preset Q4_K_M [--layers 4] --out FILE [--json F]
+    colibri-bench make-scale --measure FILE [--entropy_tokens 256]     (the routing entropy of a file)
 
 Why: every speed and cache figure at the size users bring needs a model of that size, and what a
 cache can do depends on how evenly the router spreads tokens over the experts. So the file is
@@ -28,7 +29,7 @@ import json
 import os
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -278,17 +279,21 @@ def _rms(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
 
 
-def routing_entropy(path: Path, tokens: int = 256, seed: int = 1) -> dict:
+def routing_entropy(path: Path, tokens: int = 256, seed: int = 1,
+                    progress: Callable[[int, float], None] | None = None) -> dict:
     """Per layer, the normalised entropy of the expert-use histogram (1.0: every expert picked
     equally often) of `tokens` random tokens, each run as a one-token sequence through the file's
     own weights (read with Colibri's GGUF reader): at one position attention is exactly
     o_proj(v_proj(x)), so the hidden state each router sees is the model's own, the experts'
     outputs and the residual stream included. Beside it: the busiest expert's share against the
     uniform share (max_share), and the entropy uniform picks of the same count reach (`uniform`),
-    which a finite sample keeps below 1."""
+    which a finite sample keeps below 1. `progress(layer, entropy)` follows a long run."""
     from engine.convert.gguf_file import GGUFModel
     m = GGUFModel(Path(path))
     try:
+        if m.fields.get("general.architecture") not in LAYOUTS:
+            raise ValueError(f"{path}: the routing measure runs {', '.join(LAYOUTS)} blocks, not "
+                             f"{m.fields.get('general.architecture')!r}")
         cfg, ts = m.config(), m.tensors
 
         def deq(name: str, expert: int | None = None) -> np.ndarray:
@@ -319,6 +324,8 @@ def routing_entropy(path: Path, tokens: int = 256, seed: int = 1) -> dict:
                 y[rows] += gate[rows, slot, None] * ((g / (1 + np.exp(-g)) * u) @ deq(b + "ffn_down_exps.weight", e).T)
             x = x + y
             entropy.append(_entropy(pick, E))
+            if progress:
+                progress(i, entropy[-1])
             max_share.append(round(float(np.bincount(pick.ravel(), minlength=E).max() * E / pick.size), 2))
     finally:
         m.close()
@@ -340,7 +347,9 @@ def add_parser(sub) -> None:
     p.add_argument("--shape", choices=sorted(SHAPES), default="qwen3-30b-a3b")
     p.add_argument("--preset", default="Q4_K_M", help=f"F16 or a llama.cpp preset: {', '.join(K.PRESETS).upper()}")
     p.add_argument("--layers", type=int, help="fewer layers for a quick run (default: the model's own count)")
-    p.add_argument("--out", type=Path, required=True, help="the GGUF to write")
+    p.add_argument("--out", type=Path, help="the GGUF to write")
+    p.add_argument("--measure", type=Path, metavar="GGUF", help="write nothing: measure this file's routing "
+                   "entropy (one this command wrote, or any qwen3moe GGUF)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--entropy_tokens", type=int, default=256, help="random tokens routed to measure the "
                    "entropy (0: skip)")
@@ -348,7 +357,24 @@ def add_parser(sub) -> None:
     p.set_defaults(func=main)
 
 
+def _measure(path: Path, tokens: int) -> dict:
+    t0 = time.perf_counter()
+    ent = routing_entropy(path, tokens, progress=lambda i, e: print(f"  layer {i}: routing entropy {e}", flush=True))
+    ent["seconds"] = round(time.perf_counter() - t0, 1)
+    print(f"routing entropy over {ent['tokens']} random tokens (1.0 = uniform): min {ent['min']}, "
+          f"mean {ent['mean']} (uniform picks of that count: {ent['uniform']}); busiest expert x uniform share, "
+          f"per layer: {ent['max_share']}")
+    return ent
+
+
 def main(args: argparse.Namespace) -> int:
+    if args.measure:
+        result = {"path": str(args.measure), "routing_entropy": _measure(args.measure, args.entropy_tokens or 256)}
+        if args.json:
+            args.json.write_text(json.dumps(result, indent=1) + "\n")
+        return 0
+    if args.out is None:
+        raise SystemExit("make-scale: --out FILE (the GGUF to write) or --measure GGUF")
     s = SHAPES[args.shape]
     full = totals(s, args.preset)
     print(f"{args.shape} {args.preset.upper()}, full size ({s.layers} layers): {full['tensor_bytes'] / 1e9:.2f} GB "
@@ -358,11 +384,7 @@ def main(args: argparse.Namespace) -> int:
     print(f"wrote {args.out}: {result['layers']} layers, {result['file_bytes'] / 1e9:.2f} GB in {result['write_s']} s "
           f"({result['write_gb_s']} GB/s), types {result['types']}")
     if args.entropy_tokens:
-        t0 = time.perf_counter()
-        result["routing_entropy"] = ent = routing_entropy(args.out, args.entropy_tokens)
-        ent["seconds"] = round(time.perf_counter() - t0, 1)
-        print(f"routing entropy over {ent['tokens']} random tokens (1.0 = uniform): min {ent['min']}, "
-              f"mean {ent['mean']} (uniform picks of that count: {ent['uniform']}); per layer {ent['per_layer']}; busiest expert x uniform {ent['max_share']}")
+        result["routing_entropy"] = _measure(args.out, args.entropy_tokens)
     if args.json:
         args.json.write_text(json.dumps(result, indent=1) + "\n")
     return 0
