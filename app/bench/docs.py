@@ -63,7 +63,8 @@ def _quality(name: str) -> Callable[[], str]:
 
 DUELS = ("duel-q4_k_m-random.json", "duel-q4_k_m-random-2.json", "duel-q4_k_m-trace.json", "duel-q8_0-random.json",
          "duel-q8_0-trace.json", "duel-q4_k_m-self-colibri.json", "duel-q4_k_m-self-llama.json",
-         "duel-default-baseline-63b36d6.json", "duel-default-baseline-63b36d6-2.json")
+         "duel-default-baseline-63b36d6.json", "duel-default-baseline-63b36d6-2.json",
+         "duel-default-baseline-63b36d6-3.json", "duel-moe-q4_k_m-baseline-63b36d6.json")
 
 
 def duel_table() -> str:

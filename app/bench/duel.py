@@ -130,6 +130,12 @@ def _readline(p: subprocess.Popen, timeout: float) -> str:
         return p.stdout.readline() if sel.select(timeout) else ""
 
 
+def _shown(path) -> str:
+    """The model's path as the JSON keeps it: under the home folder as ~/..., never this machine's home."""
+    p, home = Path(path).expanduser(), Path.home()
+    return f"~/{p.relative_to(home)}" if p.is_relative_to(home) else str(path)
+
+
 def _commit_of(trees: dict[str, Path]) -> str | None:
     """The baseline checkout's commit (what the JSON keeps: not a path on this machine)."""
     if "baseline" not in trees:
@@ -180,7 +186,7 @@ def main(args: argparse.Namespace) -> int:
         sides = {"colibri": col, "llama.cpp": lla}
         if args.self_duel:
             sides = {f"{args.self_duel} A": sides[args.self_duel], f"{args.self_duel} B": sides[args.self_duel]}
-    out = duel(sides, args.slices, args.slice_s, trees=trees) | {"model": str(gguf), "threads": args.threads,
+    out = duel(sides, args.slices, args.slice_s, trees=trees) | {"model": _shown(gguf), "threads": args.threads,
                                                                 "trace": args.trace, "baseline": _commit_of(trees)}
     out |= stamp() | {"machine": machine()}
     a, b = out["sides"]
