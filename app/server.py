@@ -13,37 +13,34 @@ one refused (401/403). A client that goes away mid-reply frees the engine at the
 Engine errors reach clients without this machine's folders; cached prompt prefixes serve only
 requests with the same key (cached_tokens would otherwise reveal another caller's prompt).
 
-The GUI's "Serve on localhost" switch calls `start(engine)` and later `handle.stop()`.
+The GUI's "Serve on localhost" switch calls `start(engine)` and later `handle.stop()`. A request's
+fields are checked in server_requests.py, who may connect in server_guard.py, and the engine's side
+(the queue, continuous batching) is server_jobs.py.
 """
 from __future__ import annotations
 
 import asyncio
 import hashlib
-import hmac
-import ipaddress
 import json
 import logging
-import math
 import os
-import re
 import socket
 import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.requests import ClientDisconnect
-from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from app.reasoning import ThinkSplitter, is_reasoning_model, starts_inside
+from app.server_guard import Guard, check_bind, is_loopback, protocol
 from app.server_jobs import BatchScheduler, EngineThread, Job, QueueFull, Turns
+from app.server_requests import (SAMPLING, UNSUPPORTED, ApiError, Limits, chat_messages, checked, error_for, number,
+                                 public_text, read_json)
 from engine import params as P
 from engine.api import Engine, Step
 from engine.errors import ColibriError
@@ -52,141 +49,8 @@ log = logging.getLogger("colibri.server")
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 4242  # no peer's (LM Studio 1234, llama-server 8080, Ollama 11434): all run side by side
-LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1", "[::1]")
-OVER_LIMIT = "colibri.connections_over_limit"  # in a request's ASGI state: its address has too many open
 FINISH = {"stop": "stop", "length": "length", "context": "length", "cancelled": "stop"}
-ROLES = ("system", "developer", "user", "assistant", "tool")
-SAMPLING = ("temperature", "top_p", "top_k", "min_p", "repeat_penalty", "seed", "frequency_penalty",
-            "presence_penalty")  # each checked against the engine's parameter table
-UNSUPPORTED = ("tools", "functions", "logprobs", "top_logprobs", "logit_bias", "suffix", "echo", "best_of")
 
-
-@dataclass(frozen=True)
-class Limits:
-    """What one request may ask for, and how long the server waits for it."""
-    max_body_bytes: int = 1 << 20
-    max_prompt_tokens: int | None = None  # None: the context length less one (room for the reply)
-    max_tokens: int | None = None  # None: the context length
-    max_queue: int = 16  # requests waiting for the engine; more get 429
-    max_stops: int = 16
-    body_timeout_s: float = 30.0  # a body that has not fully arrived by then gets 408
-    head_timeout_s: float = 10.0  # any request head of a connection not in by then: the connection closes
-    keep_alive_s: int = 5
-    max_connections: int = 512  # uvicorn's limit_concurrency: more get 503
-    max_connections_per_client: int = 128  # open at once from one address; more get 429
-    heartbeat_s: float = 10.0  # a stream waiting this long for a token sends a comment line
-    slots: int = 8  # requests decoded together (continuous batching: one forward pass per step for all)
-    prefix_cache_bytes: int = 64 << 20  # KV of recent prompts, reused by one key's requests sharing their start
-    spare_idle_s: float = 30.0  # the KV caches kept for the next requests are freed after this long idle
-
-
-class ApiError(Exception):
-    """An error the client caused (or may retry), answered in OpenAI's shape."""
-
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 kind: str = "invalid_request_error", close: bool = False):
-        super().__init__(message)
-        self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
-        # 408/413/415 leave a body unread: the connection cannot carry another request; after a
-        # refused key, Host or Origin it serves no further one
-        self.close = close or status in (401, 403, 408, 413, 415)
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
-
-    def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), self.status, headers={"Connection": "close"} if self.close else None)
-
-
-def is_loopback(host: str) -> bool:
-    if host in LOOPBACK_NAMES:
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
-def _loopback_origin(origin: str) -> bool:
-    try:
-        return is_loopback(urlsplit(origin).hostname or "")
-    except ValueError:  # "http://[x" and the like
-        return False
-
-
-# --- reading a request -----------------------------------------------------------------------
-def _reject_constant(name: str) -> float:
-    raise ValueError(f"{name} is not a number JSON allows")
-
-
-def _finite_float(text: str) -> float:
-    v = float(text)
-    if not math.isfinite(v):
-        raise ValueError(f"{text} is too large")
-    return v
-
-
-async def read_json(request: Request, limits: Limits) -> dict:
-    """The body as a JSON object, within the size and time limits (413, 408, 400 otherwise).
-    Only an application/json body is read (415): a web page can send text/plain to this machine
-    without the browser asking first (a CORS preflight), but not JSON."""
-    media = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
-    if media != "application/json":
-        raise ApiError(415, f"the request body must be application/json, not {media[:100] or 'untyped'!r}",
-                       code="unsupported_media_type")
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limits.max_body_bytes:
-        raise ApiError(413, f"the request body is {int(declared)} bytes; the limit is "
-                       f"{limits.max_body_bytes}", code="request_too_large")
-    body = bytearray()
-
-    async def receive() -> None:
-        async for chunk in request.stream():
-            body.extend(chunk)
-            if len(body) > limits.max_body_bytes:
-                raise ApiError(413, f"the request body exceeds {limits.max_body_bytes} bytes",
-                               code="request_too_large")
-    try:
-        await asyncio.wait_for(receive(), limits.body_timeout_s)
-    except asyncio.TimeoutError:
-        raise ApiError(408, f"the request body did not arrive within {limits.body_timeout_s:g} s",
-                       code="request_timeout") from None
-    except ClientDisconnect:  # nobody reads the answer: this only keeps it out of the error log
-        raise ApiError(400, "the client closed the connection before its request body ended",
-                       code="client_disconnected") from None
-    try:
-        data = json.loads(bytes(body), parse_constant=_reject_constant, parse_float=_finite_float)
-    except (ValueError, RecursionError) as e:  # JSONDecodeError, bad UTF-8, NaN, 1e999, too deep
-        raise ApiError(400, f"the request body is not valid JSON: {str(e)[:200]}",
-                       code="invalid_json") from None
-    if not isinstance(data, dict):
-        raise ApiError(400, f"the request body must be a JSON object, not {type(data).__name__}",
-                       code="invalid_json")
-    return data
-
-
-def _number(body: dict, name: str, kind: type) -> Any:
-    """body[name] as an int or a float, None when absent; 400 for anything else (a bool, a string,
-    2.5 for an integer, an integer too large for a float)."""
-    v = body.get(name)
-    if v is None:
-        return None
-    whole = isinstance(v, int) or (isinstance(v, float) and v.is_integer())
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or (kind is int and not whole):
-        raise ApiError(400, f"{name} must be {'an integer' if kind is int else 'a number'}, got {v!r}"[:300],
-                       param=name, code="invalid_type")
-    try:
-        return kind(v)
-    except OverflowError:
-        raise ApiError(400, f"{name} is out of range", param=name, code="invalid_value") from None
-
-
-def _checked(name: str, value: Any) -> Any:
-    """A value against the engine's parameter table: the range the engine itself enforces."""
-    try:
-        return P.check(name, value)
-    except ValueError as e:
-        raise ApiError(400, str(e), param=name, code="invalid_value") from None
 
 
 class Service:
@@ -221,7 +85,7 @@ class Service:
         for name in UNSUPPORTED:
             if body.get(name) not in (None, False, [], {}):
                 raise ApiError(400, f"{name} is not supported by this server", param=name, code="unsupported")
-        n = _number(body, "n", int)
+        n = number(body, "n", int)
         if n not in (None, 1):
             raise ApiError(400, f"n must be 1 (one reply per request), got {n}", param="n",
                            code="unsupported")
@@ -229,11 +93,11 @@ class Service:
         if "repetition_penalty" in body and "repeat_penalty" not in body:  # vLLM's name for it
             body = {**body, "repeat_penalty": body["repetition_penalty"]}
         for name in SAMPLING:
-            v = _number(body, name, int if P.PARAMS[name].type is int else float)
+            v = number(body, name, int if P.PARAMS[name].type is int else float)
             if v is not None:
-                out[name] = _checked(name, v)
+                out[name] = checked(name, v)
         key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
-        mt = _number(body, key, int)
+        mt = number(body, key, int)
         if mt is not None:
             if mt < 1:
                 raise ApiError(400, f"{key} must be at least 1, got {mt}", param=key, code="invalid_value")
@@ -265,32 +129,6 @@ class Service:
                            f"{self.max_prompt} (the context is {self.engine.context_limit})",
                            param=param, code="context_length_exceeded")
         return count
-
-
-def _messages(body: dict) -> list[dict]:
-    msgs = body.get("messages")
-    if not isinstance(msgs, list) or not msgs:
-        raise ApiError(400, "messages must be a non-empty list", param="messages", code="invalid_value")
-    out = []
-    for i, m in enumerate(msgs):
-        where = f"messages[{i}]"
-        if not isinstance(m, dict) or m.get("role") not in ROLES:
-            raise ApiError(400, f"{where} must be an object whose role is one of {', '.join(ROLES)}",
-                           param=where, code="invalid_value")
-        content = m.get("content")
-        if isinstance(content, list):  # content parts: only text
-            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
-                       for p in content):
-                raise ApiError(400, f"{where}.content: only text parts are supported", param=where,
-                               code="unsupported")
-            content = "".join(p["text"] for p in content)
-        elif content is None and m["role"] == "assistant":
-            content = ""
-        elif not isinstance(content, str):
-            raise ApiError(400, f"{where}.content must be a string or a list of text parts", param=where,
-                           code="invalid_value")
-        out.append({"role": "system" if m["role"] == "developer" else m["role"], "content": content})
-    return out
 
 
 # --- answering -------------------------------------------------------------------------------
@@ -329,25 +167,6 @@ async def _steps(job: Job, request: Request, heartbeat_s: float | None = None) -
         watcher.cancel()
         if getter is not None:
             getter.cancel()
-
-
-ABSOLUTE_PATH = re.compile(r"(?:(?<![\w.~/\\])/|\b[A-Za-z]:[\\/]|\\\\)(?:[^\s'\"\\/]+[\\/])+")
-
-
-def public_text(text: str) -> str:
-    """Engine text for a client: each absolute path cut to its last part (the file's name tells
-    what failed; the folders around it are this machine's business)."""
-    return ABSOLUTE_PATH.sub("", text)
-
-
-def _error_for(e: BaseException) -> ApiError:
-    if isinstance(e, ApiError):
-        return e
-    if isinstance(e, (ColibriError, ValueError)):
-        code = "context_length_exceeded" if "context" in str(e) else "invalid_value"
-        return ApiError(400, public_text(str(e)), code=code)
-    return ApiError(500, public_text(f"the engine failed: {type(e).__name__}: {e}"), kind="server_error",
-                    code="engine_error")
 
 
 def _usage(step: Step) -> dict:
@@ -428,7 +247,7 @@ def _stream(job: Job, request: Request, reply: Reply, chunk: Callable[..., dict]
             if include_usage:
                 yield _sse({**chunk(reply.finish_reason), "choices": [], "usage": _usage(reply.last)})
         except Exception as e:  # noqa: BLE001 - headers are sent: the error travels as an event
-            yield _sse(_error_for(e).body())
+            yield _sse(error_for(e).body())
         yield _sse("[DONE]")
     return StreamingResponse(events(), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
@@ -452,7 +271,7 @@ def _stream_flag(body: dict) -> bool:
 async def chat_completions(svc: Service, request: Request) -> Any:
     body = await read_json(request, svc.limits)
     svc.check_model(body)
-    messages = _messages(body)
+    messages = chat_messages(body)
     sampling, stops = svc.sampling(body)
     stream, include_usage = _stream_flag(body), _stream_options(body)
     kwargs = body.get("chat_template_kwargs") or {}
@@ -527,45 +346,6 @@ async def completions(svc: Service, request: Request) -> Any:
 
 
 # --- the application -------------------------------------------------------------------------
-class _Guard:
-    """ASGI middleware in front of every route: the API key (Bearer) when one is set, and on a
-    loopback-only server a Host check (a web page cannot reach it by DNS rebinding); a request a
-    browser sends for a page of another site (its Origin) is refused whatever the key."""
-
-    def __init__(self, app: Any, svc: Service):
-        self.app, self.svc = app, svc
-
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] == "http":
-            limit = scope.get("state", {}).get(OVER_LIMIT)
-            error = self._check(dict(scope["headers"])) if limit is None else ApiError(
-                429, f"this address has {limit} connections open (the limit); close one or retry later",
-                kind="rate_limit_error", code="too_many_connections", close=True)
-            if error is not None:
-                await error.response()(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
-
-    def _check(self, headers: dict[bytes, bytes]) -> ApiError | None:
-        origin = headers.get(b"origin")
-        if origin is not None and not _loopback_origin(origin.decode("latin-1")):
-            return ApiError(403, f"this server does not answer web pages of other sites (Origin "
-                            f"{origin.decode('latin-1')[:100]!r})", code="forbidden_origin")
-        if self.svc.api_key is not None:
-            given = headers.get(b"authorization", b"").decode("latin-1")
-            token = given[7:].strip() if given[:7].lower() == "bearer " else ""
-            if not hmac.compare_digest(token.encode("utf-8", "replace"), self.svc.api_key.encode()):
-                return ApiError(401, "a valid API key is required: send the header "
-                                "'Authorization: Bearer KEY'", code="invalid_api_key")
-        elif self.svc.loopback_only:
-            host = headers.get(b"host", b"").decode("latin-1")
-            name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
-            if not is_loopback(name):
-                return ApiError(403, f"this server only answers requests addressed to localhost, not "
-                                f"{host[:100]!r}", code="forbidden_host")
-        return None
-
-
 def create_app(engine: Engine, limits: Limits = Limits(), api_key: str | None = None,
                loopback_only: bool = True, turns: Turns | None = None,
                runner: EngineThread | None = None) -> tuple[FastAPI, Service]:
@@ -612,49 +392,8 @@ def create_app(engine: Engine, limits: Limits = Limits(), api_key: str | None = 
     async def _complete(request: Request) -> Any:
         return await completions(svc, request)
 
-    app.add_middleware(_Guard, svc=svc)
+    app.add_middleware(Guard, api_key=svc.api_key, loopback_only=svc.loopback_only)
     return app, svc
-
-
-def _protocol(head_timeout_s: float, per_client: int) -> type[H11Protocol]:
-    """uvicorn's h11 protocol, closing a connection whose next request head has not arrived within
-    `head_timeout_s` of the previous reply (uvicorn waits for ever on a head begun and never
-    finished, and counts that connection against its limit: a few hundred of them shut every
-    client out), and answering 429 to a client address with `per_client` connections open."""
-    open_by_address: dict[str, int] = {}
-
-    class Protocol(H11Protocol):
-        def connection_made(self, transport: Any) -> None:
-            super().connection_made(transport)
-            self._address = self.client[0] if self.client else ""
-            self._counted = open_by_address.get(self._address, 0) < per_client
-            if self._counted:
-                open_by_address[self._address] = open_by_address.get(self._address, 0) + 1
-            else:  # its request is answered 429 (_Guard), and the connection closed
-                self.app_state = {**self.app_state, OVER_LIMIT: per_client}
-            self._head_timer = self.loop.call_later(head_timeout_s, self._late_head, None)
-
-        def on_response_complete(self) -> None:
-            done = self.cycle
-            super().on_response_complete()  # (a request sent meanwhile begins now: a new cycle)
-            self._head_timer.cancel()  # the next request's head is due within head_timeout_s from now
-            self._head_timer = self.loop.call_later(head_timeout_s, self._late_head, done)
-
-        def _late_head(self, cycle: Any) -> None:
-            if self.cycle is cycle and not self.transport.is_closing():  # no request began since
-                self.transport.close()
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            self._head_timer.cancel()
-            if self._counted:
-                left = open_by_address[self._address] - 1
-                if left:
-                    open_by_address[self._address] = left
-                else:
-                    del open_by_address[self._address]
-                self._counted = False
-            super().connection_lost(exc)
-    return Protocol
 
 
 # --- running it ------------------------------------------------------------------------------
@@ -685,12 +424,6 @@ class ServerHandle:
         self._thread.join(timeout)
 
 
-def check_bind(host: str, api_key: str | None) -> None:
-    if not is_loopback(host) and not api_key:
-        raise ValueError(f"listening on {host} (not this machine only) needs an API key: pass --api_key KEY "
-                         f"or set COLIBRI_API_KEY")
-
-
 def start(engine_or_factory: Engine | Callable[[], Engine], host: str = DEFAULT_HOST,
           port: int = DEFAULT_PORT, api_key: str | None = None, limits: Limits = Limits(),
           log_level: str = "warning", turns: Turns | None = None, runner: EngineThread | None = None) -> ServerHandle:
@@ -715,7 +448,7 @@ def start(engine_or_factory: Engine | Callable[[], Engine], host: str = DEFAULT_
     except BaseException:
         sock.close()
         raise
-    config = uvicorn.Config(app, http=_protocol(limits.head_timeout_s, limits.max_connections_per_client),
+    config = uvicorn.Config(app, http=protocol(limits.head_timeout_s, limits.max_connections_per_client),
                             lifespan="off", log_config=None,
                             log_level=log_level, access_log=False, limit_concurrency=limits.max_connections,
                             timeout_keep_alive=limits.keep_alive_s, timeout_graceful_shutdown=2,
