@@ -180,6 +180,9 @@ def _colibri_chat(model: str, threads: int, prompt: list[int], gen: int, t_start
     load = time.perf_counter() - t_start
     eng.codec.stop_ids = frozenset()  # benchmark only: EOS must not end tg early (llama-bench ignores it too)
     text = eng.detokenize(prompt)
+    need = len(eng.prompt_ids(text)) + gen + 64  # the text may encode to more tokens than the ids it came from
+    if need > eng.context_limit:
+        eng.set_param("context_length", need)
     for _step in eng.generate(text, max_tokens=2):  # llama-bench's warm-up: the prompt once, a token
         pass
     eng.reset()
