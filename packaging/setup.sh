@@ -13,6 +13,10 @@ SYSTEM_PACKAGES=(
   python3-venv                      # python3 -m venv (not in Debian's base python3)
   libgomp1                          # numba's OpenMP threading layer (the one safe under threads)
   libegl1 libgl1 libfontconfig1 libfreetype6 libglib2.0-0 libdbus-1-3 libxkbcommon0 libx11-6  # Qt
+  # Qt's X11 platform plugin (libqxcb.so): without libxcb-cursor0 (Qt >= 6.5) and the others the window
+  # does not open on an X11 desktop ("could not load the Qt platform plugin xcb")
+  libxcb-cursor0 libxcb-icccm4 libxcb-image0 libxcb-keysyms1 libxcb-randr0 libxcb-render-util0
+  libxcb-shape0 libxcb-shm0 libxcb-sync1 libxcb-xfixes0 libxcb-xkb1 libx11-xcb1 libxkbcommon-x11-0
 )
 if command -v dpkg >/dev/null 2>&1; then
   missing=()
