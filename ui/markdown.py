@@ -26,7 +26,9 @@ class MarkdownRenderer:
     def __init__(self, colors: dict[str, str], action: str = "copy"):
         self.c = colors
         self.action = action  # the scheme of the Copy links: ChatView's per-render token + ":copy"
-        self.md = MarkdownIt("commonmark", {"html": False, "linkify": False}).enable("table")
+        # breaks: a single newline is a line break, as in chat apps (lists, poems and addresses written one
+        # per line stay so; commonmark would join them into one line)
+        self.md = MarkdownIt("commonmark", {"html": False, "linkify": False, "breaks": True}).enable("table")
         self.md.renderer.rules["fence"] = self._fence
         self.md.renderer.rules["code_block"] = self._fence
         self.codes: list[str] = []
