@@ -19,7 +19,7 @@ import traceback
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QApplication, QMessageBox
 
-from app import model_library
+from app import model_library, qt_platform
 from app import settings as app_settings
 from app.history import History, HistoryError
 from engine import kernels
@@ -71,6 +71,12 @@ def main(argv: list[str] | None = None) -> int:
     if rest:
         ap.error(f"unrecognized arguments: {' '.join(rest)}")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    missing = qt_platform.missing_packages()  # Qt would abort the process with a misleading hint
+    if missing:
+        print(f"Colibri's window cannot open: Qt's X11 platform plugin needs libraries this system lacks.\n"
+              f"Install them with:  sudo apt-get install {' '.join(missing)}\n"
+              f"(or run: bash packaging/setup.sh run, which installs them)", file=sys.stderr)
+        return 1
     app = QApplication.instance() or QApplication(sys.argv[:1])
     sys.excepthook = _crash_dialog  # first: whatever fails from here on is a dialog, not a bare traceback
     from pyqtgraph.util.garbage_collector import GarbageCollector

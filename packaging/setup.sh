@@ -31,6 +31,13 @@ if command -v dpkg >/dev/null 2>&1; then
       && ! dpkg -s fonts-wqy-zenhei >/dev/null 2>&1; then
     missing+=(fonts-wqy-microhei)
   fi
+  # emoji (models write them) need a colour emoji font, else they show as boxes: Noto Color Emoji, when
+  # no font covers 🧑 (U+1F9D1; DejaVu Sans has a few old smileys, not the emoji models write)
+  if command -v fc-list >/dev/null 2>&1; then
+    [ -n "$(fc-list ':charset=1f9d1' family 2>/dev/null)" ] || missing+=(fonts-noto-color-emoji)
+  elif ! dpkg -s fonts-noto-color-emoji >/dev/null 2>&1; then
+    missing+=(fonts-noto-color-emoji)
+  fi
   # python3-venv is only needed when the venv module is absent (e.g. Python built from source)
   if python3 -c "import ensurepip, venv" >/dev/null 2>&1; then
     missing=("${missing[@]/python3-venv}")
