@@ -4,6 +4,7 @@ package. The plugin's own library check (ldd) names the missing libraries; each 
 package by Debian's naming rule."""
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import subprocess
@@ -38,9 +39,16 @@ def debian_package(library: str) -> str:
 
 def missing_packages() -> list[str]:
     """The Debian packages whose libraries the X11 plugin lacks ([] when it lacks none, or when this
-    cannot be told: no X11 plugin in use, no ldd)."""
+    cannot be told: no X11 plugin in use, no ldd). Only a plugin that fails to load is looked into."""
     plugin = xcb_plugin()
-    if not will_use_xcb() or not plugin.is_file() or shutil.which("ldd") is None:
+    if not will_use_xcb() or not plugin.is_file():
+        return []
+    try:  # the usual case: it loads (as Qt is about to load it anyway), and no ldd runs at start-up
+        ctypes.CDLL(str(plugin))
+        return []
+    except OSError:
+        pass
+    if shutil.which("ldd") is None:
         return []
     try:
         out = subprocess.run(["ldd", str(plugin)], capture_output=True, text=True, timeout=10).stdout
