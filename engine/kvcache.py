@@ -24,7 +24,7 @@ def kv_cache_bytes(layers: int, capacity: int, kv_heads: int, head_dim: int, kin
 def own_attention_caches(cfg) -> bool:
     """Whether every attention layer keeps its own cache (engine.ops.cache): sinks or per-layer shapes."""
     from engine.arch import spec
-    return spec(cfg.architecture).attention_sinks or cfg.full_head_dim > 0
+    return spec(cfg.architecture).attention_sinks or cfg.full_head_dim > 0 or cfg.kv_shared_layers > 0
 
 
 def model_cache_bytes(cfg, context: int, kind: str = "f16") -> int:
@@ -39,6 +39,8 @@ def model_cache_bytes(cfg, context: int, kind: str = "f16") -> int:
         elif k == "linear_attention":
             nk, nv, dk, dv = cfg.linear_key_heads, cfg.linear_value_heads, cfg.linear_key_dim, cfg.linear_value_dim
             total += nv * dk * dv * 4 + (cfg.conv_kernel - 1) * (2 * nk * dk + nv * dv) * 4
+        elif own and cfg.kv_source(L) != L:  # (its keys and values are another layer's)
+            continue
         elif own:
             kvh, hd = cfg.attention_shape(L)
             n = min(context, cfg.sliding_window) if k == "sliding_attention" and cfg.sliding_window else context

@@ -78,6 +78,11 @@ class ModelConfig:
     full_kv_heads: int = 0
     rope_theta_full: float = 0.0  # full-attention layers' own rope theta (0: rope_theta)
     final_logit_softcap: float = 0.0  # logits c * tanh(x / c); 0: none
+    per_layer_input_size: int = 0  # Gemma 4 E2B/E4B: each layer's own input of this width (0: none)
+    per_layer_vocab_size: int = 0  # ... looked up by token id in a table of this many rows
+    kv_shared_layers: int = 0  # the last k layers attend over an earlier layer's keys and values
+    double_wide_mlp: bool = False  # ... and their MLPs are twice intermediate_size wide
+    full_v: bool = False  # full layers have a v_proj where the family's are k_eq_v (Gemma 4 attention_k_eq_v false)
 
     @property
     def is_moe(self) -> bool:
@@ -88,6 +93,25 @@ class ModelConfig:
         if self.full_head_dim and (self.layer_types or ())[layer:layer + 1] == ("attention",):
             return self.full_kv_heads, self.full_head_dim
         return self.num_kv_heads, self.head_dim
+
+    def kv_source(self, layer: int) -> int:
+        """The layer whose keys and values `layer` attends over: itself, or for one of the last
+        kv_shared_layers the last earlier layer of its kind (as transformers' Gemma 4 shares them)."""
+        first = self.num_layers - self.kv_shared_layers
+        if layer < first:
+            return layer
+        kinds = self.layer_types or ("attention",) * self.num_layers
+        source = max((i for i in range(first) if kinds[i] == kinds[layer]), default=None)
+        if source is None:
+            raise ModelFormatError(f"config.json: layer {layer} ({kinds[layer]}) shares keys and values "
+                                   f"(kv_shared_layers {self.kv_shared_layers}) but no layer before {first} is of its kind")
+        return source
+
+    def mlp_width(self, layer: int) -> int:
+        """A layer's MLP width (of one expert): twice intermediate_size in the KV-shared layers of a
+        double_wide_mlp model."""
+        shared = self.double_wide_mlp and layer >= self.num_layers - self.kv_shared_layers
+        return self.intermediate_size * (2 if shared else 1)
 
     @classmethod
     def from_dict(cls, d: dict) -> ModelConfig:
@@ -162,6 +186,9 @@ def expected_tensors(cfg: ModelConfig, split_experts: bool = True) -> dict[str, 
         emb["output.weight"] = (cfg.vocab_size, D)
     if cfg.rope_freq_factors:
         emb["rope_freqs.weight"] = (hd // 2,)
+    if P := cfg.per_layer_input_size:  # Gemma 4 E2B/E4B: every layer's inputs, packed
+        emb |= {"per_layer_token_embd.weight": (cfg.per_layer_vocab_size, cfg.num_layers * P),
+                "per_layer_model_proj.weight": (cfg.num_layers * P, D), "per_layer_proj_norm.weight": (P,)}
     files["embeddings.bin"] = emb
     kinds = cfg.layer_types or ("attention",) * cfg.num_layers
     for L in range(cfg.num_layers):
@@ -189,8 +216,10 @@ def expected_tensors(cfg: ModelConfig, split_experts: bool = True) -> dict[str, 
         att = {b + "attn_norm.weight": (D,), b + "attn_q.weight": (2 * q if sp.attention_gate else q, D),
                b + "attn_k.weight": (kv, D),
                b + "attn_v.weight": (kv, D), b + "attn_output.weight": (D, q)}
-        if sp.k_eq_v and kinds[L] == "attention":
+        if sp.k_eq_v and kinds[L] == "attention" and not cfg.full_v:
             del att[b + "attn_v.weight"]
+        if cfg.kv_source(L) != L:  # its keys and values are another layer's
+            att = {n: s for n, s in att.items() if not n.startswith((b + "attn_k", b + "attn_v"))}
         if cfg.attention_bias:
             att |= {b + "attn_q.bias": (q,), b + "attn_k.bias": (kv,), b + "attn_v.bias": (kv,)}
         if sp.o_bias:
@@ -200,11 +229,15 @@ def expected_tensors(cfg: ModelConfig, split_experts: bool = True) -> dict[str, 
         if cfg.qk_norm != "none":
             head = cfg.qk_norm == "head"
             att |= {b + "attn_q_norm.weight": (hd if head else q,), b + "attn_k_norm.weight": (hd if head else kv,)}
+            if cfg.kv_source(L) != L:
+                del att[b + "attn_k_norm.weight"]
         att[b + "ffn_norm.weight"] = (D,)
         if sp.norm_place == "sandwich":  # Gemma 4: post-norms, the experts' own pre/post norms, a scalar
-            att |= {b + n: (D,) for n in ("post_attention_norm.weight", "post_ffw_norm_1.weight",
-                                          "pre_ffw_norm_2.weight", "post_ffw_norm_2.weight", "post_ffw_norm.weight")}
+            moe = ("post_ffw_norm_1.weight", "pre_ffw_norm_2.weight", "post_ffw_norm_2.weight") if cfg.is_moe else ()
+            att |= {b + n: (D,) for n in ("post_attention_norm.weight", *moe, "post_ffw_norm.weight")}
             att[b + "layer_output_scale.weight"] = (1,)
+        if P := cfg.per_layer_input_size:  # its input's gate, projection and norm
+            att |= {b + "inp_gate.weight": (P, D), b + "proj.weight": (D, P), b + "post_norm.weight": (D,)}
         files[f"attention/layer_{L}.bin"] = att
         _ffn_files(files, cfg, L, split_experts)
     return files
@@ -232,7 +265,7 @@ def _ffn_files(files: dict, cfg: ModelConfig, L: int, split_experts: bool) -> No
         for name, shape in ROUTER_TENSORS[sp.router] + (EXPERT_BIASES if sp.expert_bias else ()):
             router[b + name] = tuple(dims[d] for d in shape)
         files[f"router/layer_{L}.bin"] = router
-    F = cfg.intermediate_size
+    F = cfg.mlp_width(L)
     for e in range(0 if dense else cfg.num_experts):
         files.setdefault(expert_file(L, e, split_experts), {}).update({
             f"{b}ffn_gate.{e}.weight": (F, D), f"{b}ffn_up.{e}.weight": (F, D),

@@ -61,6 +61,15 @@ class LayerWeights:
     expert_biases: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # gpt-oss: (E, F), (E, F), (E, D)
     delta: DeltaWeights | None = None  # a linear_attention layer's (instead of q/k/v/o)
     sandwich: SandwichNorms | None = None  # Gemma 4's extra norms and scales
+    per_layer: PerLayerInput | None = None  # Gemma 4 E2B/E4B: the layer's own input's gate and projection
+
+
+@dataclass(frozen=True)
+class PerLayerInput:
+    """Gemma 4 E2B/E4B: h += norm(proj(gelu(gate h) * this layer's input)), after the feed-forward."""
+    gate: Matrix  # (P, D)
+    proj: Matrix  # (D, P)
+    norm: np.ndarray  # (D,)
 
 
 @dataclass(frozen=True)
@@ -81,13 +90,13 @@ class DeltaWeights:
 class SandwichNorms:
     """Gemma 4: the norms around attention, dense MLP and experts, the layer scalar, the router scales."""
     post_attention: np.ndarray
-    post_ffw_1: np.ndarray  # after the dense MLP
-    pre_ffw_2: np.ndarray  # before the experts (on the raw residual)
-    post_ffw_2: np.ndarray  # after the experts
-    post_ffw: np.ndarray  # after their sum
+    post_ffw_1: np.ndarray | None  # after the dense MLP (None: a dense model, these five too)
+    pre_ffw_2: np.ndarray | None  # before the experts (on the raw residual)
+    post_ffw_2: np.ndarray | None  # after the experts
+    post_ffw: np.ndarray  # after their sum (a dense model: after its MLP)
     layer_scale: float
-    router_scale: np.ndarray  # (D,) times the unweighted rms of the residual
-    expert_scale: np.ndarray  # (E,) each expert's output weight
+    router_scale: np.ndarray | None  # (D,) times the unweighted rms of the residual
+    expert_scale: np.ndarray | None  # (E,) each expert's output weight
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import numpy as np
 from engine.arch import spec
 from engine.model_dir import ModelDir
 from engine.tensorfile import TensorFile
-from engine.weight_types import DeltaWeights, ExpertWeights, LayerWeights, Matrix, SandwichNorms
+from engine.weight_types import DeltaWeights, ExpertWeights, LayerWeights, Matrix, PerLayerInput, SandwichNorms
 
 __all__ = ["ExpertWeights", "LayerWeights", "Matrix", "ModelWeights", "load_matrix", "load_vector"]
 
@@ -48,6 +48,12 @@ class ModelWeights:
             self.output = self._repacked(load_matrix(emb, "output.weight"), emb)
         self.output_norm = load_vector(emb, "output_norm.weight")
         self.rope_freqs = load_vector(emb, "rope_freqs.weight") if cfg.rope_freq_factors else None
+        # Gemma 4 E2B/E4B: every layer's input by token id (a few rows a token: mapped), and from the embedding
+        self.per_layer_embd = self.per_layer_model_proj = self.per_layer_proj_norm = None
+        if cfg.per_layer_input_size:
+            self.per_layer_embd = load_matrix(emb, "per_layer_token_embd.weight")
+            self.per_layer_model_proj = self._repacked(load_matrix(emb, "per_layer_model_proj.weight"), emb)
+            self.per_layer_proj_norm = load_vector(emb, "per_layer_proj_norm.weight")
         self.layers = [self._layer(model, L) for L in range(cfg.num_layers)]
         self.model_files = model.manifest["files"]
         self._bytes = sum(e["size"] for rel, e in self.model_files.items() if rel.endswith(".bin"))
@@ -62,8 +68,9 @@ class ModelWeights:
         at = self._open(model.path / f"attention/layer_{L}.bin")
         opt = lambda n: load_vector(at, b + n) if b + n in at else None  # noqa: E731
         mat = lambda n: self._repacked(load_matrix(at, b + n), at)  # noqa: E731
+        opt_mat = lambda n: mat(n) if b + n in at else None  # noqa: E731  (k, v: not in a KV-shared layer)
         sp = spec(cfg.architecture)
-        dense = self._resident(L, "shared") if L < cfg.dense_layers or sp.parallel_dense else None
+        dense = self._resident(L, "shared") if L < cfg.dense_layers or sp.parallel_dense and cfg.is_moe else None
         routed = cfg.is_moe and L >= cfg.dense_layers
         if cfg.layer_types and cfg.layer_types[L] == "short_conv":
             rest = self._router(model, L) if routed else {}
@@ -82,15 +89,19 @@ class ModelWeights:
             return LayerWeights(attn_norm=vec("attn_norm.weight"), q=None, k=None, v=None, o=None,
                                 ffn_norm=vec("ffn_norm.weight"), delta=delta, **rest)
         if sp.norm_place == "sandwich":
-            rt = self.files[-1]  # the router file _router opened
+            rt = self.files[-1] if routed else None  # the router file _router opened
             vec = lambda n: load_vector(at, b + n)  # noqa: E731
+            moe = lambda n, f=at: load_vector(f, b + n) if routed else None  # noqa: E731
             rest["sandwich"] = SandwichNorms(
-                vec("post_attention_norm.weight"), vec("post_ffw_norm_1.weight"), vec("pre_ffw_norm_2.weight"),
-                vec("post_ffw_norm_2.weight"), vec("post_ffw_norm.weight"), float(vec("layer_output_scale.weight")[0]),
-                load_vector(rt, b + "ffn_gate_inp.scale"), load_vector(rt, b + "ffn_down_exps.scale"))
+                vec("post_attention_norm.weight"), moe("post_ffw_norm_1.weight"), moe("pre_ffw_norm_2.weight"),
+                moe("post_ffw_norm_2.weight"), vec("post_ffw_norm.weight"), float(vec("layer_output_scale.weight")[0]),
+                moe("ffn_gate_inp.scale", rt), moe("ffn_down_exps.scale", rt))
+        if b + "inp_gate.weight" in at:
+            rest["per_layer"] = PerLayerInput(mat("inp_gate.weight"), mat("proj.weight"),
+                                              load_vector(at, b + "post_norm.weight"))
         return LayerWeights(
             attn_norm=load_vector(at, b + "attn_norm.weight"), q=mat("attn_q.weight"),
-            k=mat("attn_k.weight"), v=mat("attn_v.weight") if b + "attn_v.weight" in at else None,
+            k=opt_mat("attn_k.weight"), v=opt_mat("attn_v.weight"),
             o=mat("attn_output.weight"), ffn_norm=load_vector(at, b + "ffn_norm.weight"),
             q_bias=opt("attn_q.bias"), k_bias=opt("attn_k.bias"), v_bias=opt("attn_v.bias"),
             q_norm=opt("attn_q_norm.weight"), k_norm=opt("attn_k_norm.weight"),

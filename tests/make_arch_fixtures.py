@@ -239,6 +239,60 @@ ARCHS: list[Arch] = [
                "router: rmsnorm(h) (no scale) * scale * hidden^-0.5 -> proj -> softmax, top-k renormalised, "
                "times per_expert_scale[e]; experts gate_up_proj [E, 2I, H] (gate rows first), GELU-tanh"],
     ),
+    Arch(
+        "gemma4_e2b", "Gemma4ForCausalLM", "Gemma4TextConfig", seed=1705, tokenizer="spm",
+        specials=["<pad>", "<eos>", "<bos>", "<|turn>", "<turn|>", "<|channel>", "<channel|>"],
+        bos="<bos>", eos="<turn|>", pad="<pad>",
+        prompt="<bos><|turn>user\nWhat is 2+3?<turn|>\n<|turn>model\n",
+        chat_template=GEMMA4_TEMPLATE,
+        config={  # the edge models' parts (E2B / E4B): dense, per-layer inputs, KV shared by the last layers
+            "hidden_size": 72, "num_hidden_layers": 6, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "head_dim": 20, "global_head_dim": 40, "attention_k_eq_v": False,
+            "intermediate_size": 48, "enable_moe_block": False, "use_double_wide_mlp": True,
+            "hidden_size_per_layer_input": 8, "vocab_size_per_layer_input": 456, "num_kv_shared_layers": 2,
+            "sliding_window": 5, "final_logit_softcapping": 10.0, "hidden_activation": "gelu_pytorch_tanh",
+            "layer_types": ["sliding_attention", "full_attention"] * 3,
+            "max_position_embeddings": 256, "rms_norm_eps": 1e-6, "tie_word_embeddings": True,
+            "rope_parameters": {
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                   "rope_theta": 1000000.0},
+            },
+        },
+        long_len=23, hooks=("self_attn", "mlp"), mixers=("self_attn",),
+        notes=["Gemma 4 E2B/E4B's parts at tiny size: no experts (enable_moe_block false), so a layer is "
+               "h += post_attention_layernorm(attn(input_layernorm(h))); "
+               "h += post_feedforward_layernorm(mlp(pre_feedforward_layernorm(h)))",
+               "per-layer inputs (hidden_size_per_layer_input 8): ple = (rmsnorm_P(per_layer_model_projection("
+               "embeds) * hidden^-0.5) + embed_tokens_per_layer[ids] * sqrt(8)) * 2^-0.5, split per layer; "
+               "after the feed-forward: h += post_per_layer_input_norm(per_layer_projection("
+               "gelu_tanh(per_layer_input_gate(h)) * ple[layer])); then h *= layer_scalar",
+               "num_kv_shared_layers 2: layers 4 (sliding) and 5 (full) have no k/v projections and attend "
+               "over the keys and values of the last earlier layer of their kind (2 and 3)",
+               "use_double_wide_mlp: the KV-shared layers' MLPs are 2 x intermediate_size (96) wide",
+               "attention_k_eq_v false: full layers have a v_proj; head_dim 40 and 2 KV heads there"],
+    ),
+    Arch(
+        "qwen3_5_moe_rope5", "Qwen3_5MoeForCausalLM", "Qwen3_5MoeTextConfig", seed=1706, tokenizer="qwen35",
+        specials=["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"],
+        bos=None, eos="<|im_end|>", pad="<|endoftext|>",
+        prompt="<|im_start|>user\nWhat is 2+3?<|im_end|>\n<|im_start|>assistant\n<think>\n",
+        chat_template=CHATML_TEMPLATE,
+        config={  # qwen3_5_moe's, with head_dim 20: a rotary width of 20 x 0.25 = 5, odd
+            "hidden_size": 72, "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "head_dim": 20, "layer_types": ["linear_attention", "full_attention", "linear_attention"],
+            "linear_conv_kernel_dim": 4, "linear_key_head_dim": 20, "linear_value_head_dim": 20,
+            "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+            "moe_intermediate_size": 16, "shared_expert_intermediate_size": 24, "num_experts": 8,
+            "num_experts_per_tok": 2, "max_position_embeddings": 256, "rms_norm_eps": 1e-6,
+            "tie_word_embeddings": False,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25,
+                                "mrope_section": [1, 1, 1], "mrope_interleaved": True},
+        },
+        long_len=40, hooks=("self_attn", "mlp"), mixers=("self_attn", "linear_attn"),
+        notes=["rotary width int(20 x 0.25) = 5: transformers takes inv_freq = theta^-(arange(0, 5, 2) / 5) "
+               "(3 frequencies over a denominator of 5) and turns the first 6 dims as NeoX halves of 3"],
+    ),
 ]
 
 # ----------------------------------------------------------------------------------------------

@@ -242,7 +242,7 @@ def config_from_hf(folder: Path) -> ModelConfig:
                               f"{lo} to {hi})")
     heads = int(_need(cfg, "num_attention_heads", path))
     hidden = int(_need(cfg, "hidden_size", path))
-    moe = sp.moe
+    moe = sp.moe and cfg.get("enable_moe_block", True) is not False  # (Gemma 4's dense models say so)
     if cfg.get("mlp_only_layers") or cfg.get("decoder_sparse_step", 1) != 1:
         raise ConfigError(f"{path}: models that mix dense and MoE layers (mlp_only_layers / "
                           f"decoder_sparse_step) are not supported yet")
@@ -260,7 +260,7 @@ def config_from_hf(folder: Path) -> ModelConfig:
         num_heads=heads,
         num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
         head_dim=int(cfg.get("head_dim") or hidden // heads),
-        intermediate_size=int(_need(cfg, sp.hf_ff_key, path)),
+        intermediate_size=int(_need(cfg, sp.hf_ff_key if moe else "intermediate_size", path)),
         num_experts=int(experts) if moe else 1,
         top_k=int(cfg.get("num_experts_per_tok") or _need(cfg, "top_k_experts", path)) if moe else 1,
         norm_topk_prob=bool(cfg.get(sp.renormalise_key, sp.renormalise) if sp.renormalise_key else sp.renormalise),

@@ -1,7 +1,8 @@
 """Gemma 4: sandwich norms, sliding and full attention layers (the full ones with their own head
 shape, no v_proj and a proportional rope of their own theta), a GELU dense MLP beside the experts
 (stored as the shared expert), the gemma4 router with its scales, embedding scale and a final
-softcap; the output is tied."""
+softcap; the output is tied. The dense models' MLP is their expert 0; the edge models (E2B/E4B)
+add per-layer inputs and keys and values shared by the last layers."""
 import numpy as np
 
 from engine import quant
@@ -14,8 +15,9 @@ def _hf_config(c, kinds) -> dict:
     """Rope parameters per layer kind (the sliding ones are the model's, the full ones its own
     theta and rotary fraction); the full layers' head shape (per_layer_config, or global_head_dim
     / num_global_key_value_heads)."""
-    out, rope = {"dense_intermediate_size": int(c.need("intermediate_size")),
-                 "final_logit_softcap": float(c.get("final_logit_softcapping") or 0.0)}, c
+    moe = c.get("enable_moe_block", True) is not False
+    out, rope = {"dense_intermediate_size": int(c.need("intermediate_size")) if moe else 0,
+                 "final_logit_softcap": float(c.get("final_logit_softcapping") or 0.0)} | _edge(c), c
     per_kind = c.get("rope_parameters") or {}
     if "sliding_attention" in per_kind:
         full = per_kind.get("full_attention") or {}
@@ -33,6 +35,24 @@ def _hf_config(c, kinds) -> dict:
     if not hd or hd == c.get("head_dim") and kv in (None, c.get("num_key_value_heads")):
         return out
     return out | {"full_head_dim": int(hd), "full_kv_heads": int(kv or c.get("num_key_value_heads"))}
+
+
+def _edge(c) -> dict:
+    """The edge models' (E2B/E4B) parts: per-layer inputs, the last layers' shared keys and values and
+    their double-wide MLPs."""
+    L, P = int(c.need("num_hidden_layers")), int(c.get("hidden_size_per_layer_input") or 0)
+    shared = int(c.get("num_kv_shared_layers") or 0)
+    if not 0 <= shared < L:
+        raise c.error(f"num_kv_shared_layers = {shared}: from 0 to num_hidden_layers - 1 are supported "
+                      f"(every layer sharing keys and values is not)")
+    if not 0 <= P <= 1 << 16:
+        raise c.error(f"hidden_size_per_layer_input = {P} is out of range")
+    vocab = int(c.get("vocab_size_per_layer_input") or c.need("vocab_size")) if P else 0
+    if not 0 <= vocab <= 1 << 24:
+        raise c.error(f"vocab_size_per_layer_input = {vocab} is out of range")
+    return {"per_layer_input_size": P, "per_layer_vocab_size": vocab, "kv_shared_layers": shared,
+            "double_wide_mlp": bool(c.get("use_double_wide_mlp")) and shared > 0,
+            "full_v": c.get("attention_k_eq_v", True) is False}
 
 
 def _gguf_config(f: dict, g) -> dict:
@@ -80,8 +100,16 @@ FAMILY = Family("gemma4", (
     ("blk.{L}.ffn_gate_shexp.weight",    (f"{_L}.mlp.gate_proj.weight",)),
     ("blk.{L}.ffn_up_shexp.weight",      (f"{_L}.mlp.up_proj.weight",)),
     ("blk.{L}.ffn_down_shexp.weight",    (f"{_L}.mlp.down_proj.weight",)),
-    ("blk.{L}.ffn_gate.{E}.weight",      (f"{_L}.experts.gate_up_proj[{{E}}]#0/2",)),
-    ("blk.{L}.ffn_up.{E}.weight",        (f"{_L}.experts.gate_up_proj[{{E}}]#1/2",)),
-    ("blk.{L}.ffn_down.{E}.weight",      (f"{_L}.experts.down_proj[{{E}}]",)),
+    # (the second: a dense model's MLP is its expert 0)
+    ("blk.{L}.ffn_gate.{E}.weight",      (f"{_L}.experts.gate_up_proj[{{E}}]#0/2", f"{_L}.mlp.gate_proj.weight")),
+    ("blk.{L}.ffn_up.{E}.weight",        (f"{_L}.experts.gate_up_proj[{{E}}]#1/2", f"{_L}.mlp.up_proj.weight")),
+    ("blk.{L}.ffn_down.{E}.weight",      (f"{_L}.experts.down_proj[{{E}}]", f"{_L}.mlp.down_proj.weight")),
+    # per-layer inputs (E2B/E4B)
+    ("per_layer_token_embd.weight",      ("model.embed_tokens_per_layer.weight",)),
+    ("per_layer_model_proj.weight",      ("model.per_layer_model_projection.weight",)),
+    ("per_layer_proj_norm.weight",       ("model.per_layer_projection_norm.weight",)),
+    ("blk.{L}.inp_gate.weight",          (f"{_L}.per_layer_input_gate.weight",)),
+    ("blk.{L}.proj.weight",              (f"{_L}.per_layer_projection.weight",)),
+    ("blk.{L}.post_norm.weight",         (f"{_L}.post_per_layer_input_norm.weight",)),
 ) + LLAMA, hf_config=_hf_config, gguf_config=_gguf_config,
     gguf_limits={"attention.key_length_swa": (1, 1 << 16)})

@@ -52,7 +52,8 @@ FEATURES = ("attention", "sliding_attention", "linear_attention", "short_conv", 
             "qk_norm:head", "qk_norm:full", "qkv_bias", "o_bias", "expert_bias", "attention_sinks",
             "dense_leading_layers", "swiglu_clamp", "logit_softcap", "norm:offset", "norm:sandwich",
             "rope:default", "rope:linear", "rope:llama3", "rope:yarn", "partial_rotary", "clip_qkv", "attention_gate",
-            "gelu", "parallel_dense", "k_eq_v", "v_norm", "embed_scale", "rope:proportional")
+            "gelu", "parallel_dense", "k_eq_v", "v_norm", "embed_scale", "rope:proportional", "per_layer_inputs",
+            "kv_sharing")
 """Every feature name a spec can resolve to for a model (`ArchSpec.features`)."""
 
 # What engine.models.base computes today; anything else a model needs is refused by check().
@@ -64,7 +65,7 @@ IMPLEMENTED = frozenset({"attention", "sliding_attention", "router:softmax_topk"
                          "o_bias", "expert_bias", "attention_sinks", "swiglu_clamp", "rope:yarn",
                          "linear_attention", "attention_gate", "partial_rotary", "norm:offset",
                          "router:gemma4", "norm:sandwich", "logit_softcap", "gelu", "parallel_dense", "k_eq_v",
-                         "v_norm", "embed_scale", "rope:proportional"})
+                         "v_norm", "embed_scale", "rope:proportional", "per_layer_inputs", "kv_sharing"})
 # (norm:offset is folded into the stored norm weights (1 + w) by the converter, as llama.cpp stores them)
 
 
@@ -148,11 +149,13 @@ class ArchSpec:
                                     ("swiglu_clamp", self.swiglu_clamp), ("partial_rotary", self.partial_rotary),
                                     ("attention_gate", self.attention_gate), ("k_eq_v", self.k_eq_v),
                                     ("v_norm", self.v_norm), ("embed_scale", self.embed_scale),
-                                    ("gelu", self.activation == "gelu_tanh"), ("parallel_dense", self.parallel_dense),
+                                    ("gelu", self.activation == "gelu_tanh"), ("parallel_dense", self.parallel_dense and cfg.is_moe),
                                     ("rope:proportional", self.full_rope == "proportional"),
                                     ("dense_leading_layers", self.dense_leading_layers and cfg.dense_layers > 0),
                                     ("norm:offset", self.norm_weight == "offset"),
-                                    ("norm:sandwich", self.norm_place == "sandwich")) if on}
+                                    ("norm:sandwich", self.norm_place == "sandwich"),
+                                    ("per_layer_inputs", cfg.per_layer_input_size > 0),
+                                    ("kv_sharing", cfg.kv_shared_layers > 0)) if on}
         return frozenset(f)
 
     def check(self, cfg: ModelConfig, implemented: frozenset[str] = IMPLEMENTED) -> None:

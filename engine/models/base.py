@@ -27,6 +27,7 @@ from engine.mempool import Arena
 from engine.model_dir import ModelConfig
 from engine.models.blocks import Step, _integer_path, expert_mlp, linear, linears, rmsnorm, softmax_top_k
 from engine.models.fused import FusedDecode
+from engine.models.per_layer import SharedKV, add_per_layer_input, per_layer_inputs
 from engine.models.rows import batchable, check_rows
 from engine.ops import attention as op_attention
 from engine.ops import cache as states
@@ -82,6 +83,9 @@ class Transformer:
         self.renormalise = self.spec.renormalises(cfg)
         self.act, self.clamp = self.spec.activation, (cfg.swiglu_alpha, cfg.swiglu_limit)  # of expert_mlp
         self.kinds = self.spec.layer_types(cfg)
+        self.kv_from = [cfg.kv_source(L) for L in range(cfg.num_layers)]  # Gemma 4 E2B/E4B share the last layers'
+        self.shared_kv: dict[int, tuple] = {}  # this pass's keys and values of the layers others read
+        self.per_layer_in: np.ndarray | None = None  # this pass's per-layer inputs (T, layers, P)
         # attention sinks: every layer attends through engine.ops over its own f32 cache (a ring
         # for sliding layers); short_conv layers carry a conv tail. Both live in KVCache.states.
         self.op_attention = own_attention_caches(cfg)
@@ -239,11 +243,17 @@ class Transformer:
         post-normed and added; x *= the layer scalar. Returns what the feed-forward part added."""
         eps, sw = self.cfg.rms_norm_eps, lw.sandwich
         x += rmsnorm(mixer(L, rmsnorm(x, lw.attn_norm, eps, step), lw, step), sw.post_attention, eps, step)
-        m1 = rmsnorm(expert_mlp(rmsnorm(x, lw.ffn_norm, eps, step), lw.dense, step, self.act), sw.post_ffw_1, eps, step)
-        route_in = norms.rms(x, eps) * sw.router_scale * np.float32(self.cfg.hidden_size ** -0.5)
-        m2 = self.ffn(L, rmsnorm(x, sw.pre_ffw_2, eps, step), lw, step, route_in)
-        f = rmsnorm(m1 + rmsnorm(m2, sw.post_ffw_2, eps, step), sw.post_ffw, eps, step)
+        if lw.router is None:  # a dense model: its MLP (expert 0) only
+            f = rmsnorm(self.ffn(L, rmsnorm(x, lw.ffn_norm, eps, step), lw, step), sw.post_ffw, eps, step)
+        else:
+            m1 = rmsnorm(expert_mlp(rmsnorm(x, lw.ffn_norm, eps, step), lw.dense, step, self.act), sw.post_ffw_1,
+                         eps, step)
+            route_in = norms.rms(x, eps) * sw.router_scale * np.float32(self.cfg.hidden_size ** -0.5)
+            m2 = self.ffn(L, rmsnorm(x, sw.pre_ffw_2, eps, step), lw, step, route_in)
+            f = rmsnorm(m1 + rmsnorm(m2, sw.post_ffw_2, eps, step), sw.post_ffw, eps, step)
         x += f
+        if lw.per_layer is not None:  # E2B/E4B: the layer's own input
+            add_per_layer_input(x, lw.per_layer, self.per_layer_in[:, L], eps, step)
         x *= np.float32(sw.layer_scale)
         return f
 
@@ -260,6 +270,8 @@ class Transformer:
             elif k == "linear_attention":
                 nk, nv, dk, dv = cfg.linear_key_heads, cfg.linear_value_heads, cfg.linear_key_dim, cfg.linear_value_dim
                 out.append(states.DeltaState(nv, dk, dv, cfg.conv_kernel, 2 * nk * dk + nv * dv))
+            elif self.kv_from[len(out)] != len(out):  # its keys and values are another layer's
+                out.append(SharedKV())
             elif self.op_attention and k == "sliding_attention":
                 out.append(states.RingKV(cfg.sliding_window, *cfg.attention_shape(len(out)), kind=kind))
             elif self.op_attention:
@@ -291,13 +303,18 @@ class Transformer:
             step.dump[f"blk.{L}.attn_out"] = o.copy()
         return linear(o, d.out, step)
 
-    def _op_attention(self, L: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, lw: LayerWeights,
+    def _op_attention(self, L: int, q: np.ndarray, k: np.ndarray | None, v: np.ndarray | None, lw: LayerWeights,
                       step: Step) -> np.ndarray:
         """Attention through engine.ops over layer L's own cache: sinks, a per-layer window."""
         T, H = q.shape[:2]
         qpos = np.arange(step.pos0, step.pos0 + T, dtype=np.int64)
-        ks, k_scale, vs, v_scale, kpos = step.cache.states[L].update_stored(np.ascontiguousarray(k),
-                                                                           np.ascontiguousarray(v), qpos)
+        if self.kv_from[L] != L:  # a KV-shared layer: its source's keys, stored earlier in this pass
+            ks, k_scale, vs, v_scale, kpos = self.shared_kv[self.kv_from[L]]
+        else:
+            ks, k_scale, vs, v_scale, kpos = kv = step.cache.states[L].update_stored(np.ascontiguousarray(k),
+                                                                                    np.ascontiguousarray(v), qpos)
+            if self.cfg.kv_shared_layers:
+                self.shared_kv[L] = kv
         window = self.cfg.sliding_window if self.kinds[L] == "sliding_attention" else 0
         sinks = lw.sinks if lw.sinks is not None else np.zeros(H, np.float32)
         out, scores = step.empty(q.shape), step.empty((T, H, len(kpos)))
@@ -320,6 +337,12 @@ class Transformer:
     def attention(self, L: int, h: np.ndarray, lw: LayerWeights, step: Step) -> np.ndarray:
         cfg, T = self.cfg, h.shape[0]
         H, (KV, hd) = cfg.num_heads, cfg.attention_shape(L)
+        cos, sin = (step.cos, step.sin) if self.kinds[L] != "attention" or self.full_tables is None else \
+            self.full_tables
+        if lw.k is None:  # a KV-shared layer (Gemma 4 E2B/E4B): q only, over its source layer's keys and values
+            q = rmsnorm(linear(h, lw.q, step).reshape(T, H, hd), lw.q_norm, cfg.rms_norm_eps, step)
+            step.k.rope(q, cos, sin)
+            return linear(self._op_attention(L, q, None, None, lw, step).reshape(T, H * hd), lw.o, step)
         if lw.v is None:  # k_eq_v (Gemma 4's full layers): v is the raw k projection
             q, k = linears(h, (lw.q, lw.k), step)
             v = k.copy()
@@ -344,8 +367,6 @@ class Transformer:
             for a in (q, k, v):
                 np.clip(a, -cfg.clip_qkv, cfg.clip_qkv, out=a)
         turn = rope.rope if self.partial_rope else step.k.rope
-        cos, sin = (step.cos, step.sin) if self.kinds[L] != "attention" or self.full_tables is None else \
-            self.full_tables
         turn(q, cos, sin)
         turn(k, cos, sin)
         if self.op_attention:
@@ -426,6 +447,9 @@ class Transformer:
         step.k.gather_rows(self.w.token_embd.data, self.w.token_embd.code, np.asarray(ids, np.int64), x)
         if self.spec.embed_scale:  # Gemma: embeddings times sqrt(hidden_size)
             x *= np.float32(cfg.hidden_size ** 0.5)
+        self.shared_kv = {}
+        if cfg.per_layer_input_size:  # Gemma 4 E2B/E4B: every layer's own input, from the ids and x
+            self.per_layer_in = per_layer_inputs(self.w, ids, x, cfg.per_layer_input_size, cfg.rms_norm_eps, step)
         if dump is not None:
             dump["token_embd"] = x.copy()
         why = self.why_layered(step, T)

@@ -16,11 +16,12 @@ import engine.kernels.ready  # noqa: F401  (engine.kernels.setup() first: fails 
 
 
 def default_inv_freq(theta: float, head_dim: int, partial_rotary_factor: float = 1.0) -> np.ndarray:
-    """1 / theta^(2i/rot) for the rot = int(head_dim * partial) rotating dims (Llama; qwen3.5: 0.25)."""
+    """1 / theta^(2i/rot) for i < ceil(rot/2), rot = int(head_dim * partial) (Llama; qwen3.5: 0.25). An
+    odd rot is taken as transformers takes it: its ceil(rot/2) frequencies turn the first rot + 1 dims."""
     rot = int(head_dim * partial_rotary_factor)
-    if rot % 2 or rot <= 0:
+    if rot <= 0 or rot + rot % 2 > head_dim:
         raise ValueError(f"rope: head_dim {head_dim} x partial_rotary_factor {partial_rotary_factor} = {rot} "
-                         "rotating dims; it must be a positive even number")
+                         f"rotating dims; it must be from 1 to head_dim (and below it when odd)")
     return (1.0 / theta ** (np.arange(0, rot, 2, dtype=np.float32) / np.float32(rot))).astype(np.float32)
 
 
