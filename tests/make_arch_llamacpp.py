@@ -46,7 +46,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "tests" / "fixtures" / "arch"
 GGUF_DIR = REPO / "tests" / "fixtures" / "arch_llamacpp"
-ARCHS = ["gpt_oss", "qwen3_5_moe", "lfm2_moe", "gemma4"]
+ARCHS = ["gpt_oss", "qwen3_5_moe", "lfm2_moe", "gemma4", "gemma4_e2b"]
 MAX_NEW = 16
 # texts llama.cpp tokenizes with the GGUF's own tokenizer (special tokens matched, no BOS added), so a
 # GGUF tokenizer import can be held to llama.cpp's: mixed case, contractions, digits, whitespace runs,

@@ -15,7 +15,11 @@ from engine.convert.convert import convert
 from engine.kvcache import KVCache
 
 GGUFS = Path(__file__).resolve().parent / "fixtures" / "arch_llamacpp"
-WIRED = ["lfm2_moe", "gpt_oss", "qwen3_5_moe", "gemma4"]  # the architectures the Engine runs end to end (the rest: engine.arch refuses them)
+# the architectures the Engine runs end to end (the rest: engine.arch refuses them); gemma4_e2b: Gemma 4's
+# edge models (dense, per-layer inputs, KV shared by the last layers)
+WIRED = ["lfm2_moe", "gpt_oss", "qwen3_5_moe", "gemma4", "gemma4_e2b"]
+# held to transformers only (no llama.cpp run of their own): an odd partial rotary width
+VARIANTS = ["qwen3_5_moe_rope5"]
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +49,7 @@ def _greedy(e: Engine, ids: list[int], n: int) -> list[int]:
     return out
 
 
-@pytest.mark.parametrize("arch", WIRED)
+@pytest.mark.parametrize("arch", WIRED + VARIANTS)
 def test_logits_and_greedy_match_transformers(engines, arch):
     ref = np.load(ARCH_FIXTURES / arch / "reference.npz")
     e = engines(arch, "hf")
@@ -68,7 +72,7 @@ def test_llamacpp_gguf_agrees_with_llamacpp(engines, arch):
     assert _greedy(e, runs["prompt"]["ids"], 8) == runs["prompt"]["greedy_ids"][:8]
 
 
-@pytest.mark.parametrize("arch", WIRED)
+@pytest.mark.parametrize("arch", WIRED + VARIANTS)
 def test_long_conversation_token_by_token(engines, arch):
     """The 4x-window sequence a token at a time equals the one-pass logits, and the rings and
     recurrent states stay the same size however long the conversation."""
@@ -112,7 +116,7 @@ def test_recurrent_cache_rewinds_to_zero_only(engines):
     assert cache.length == 0 and cache.states is None  # half-advanced states are dropped, not kept
 
 
-@pytest.mark.parametrize("arch", WIRED)
+@pytest.mark.parametrize("arch", WIRED + VARIANTS)
 def test_next_prompt_rewinds_to_the_snapshot(engines, arch):
     """A snapshot at the end of a prompt (the Engine takes one after each prefill) lets the next
     prompt that starts with it rewind there, not to 0, and go on exactly; writing before it
@@ -133,7 +137,7 @@ def test_next_prompt_rewinds_to_the_snapshot(engines, arch):
     assert cache.truncate(3) == 0
 
 
-@pytest.mark.parametrize("arch", WIRED)
+@pytest.mark.parametrize("arch", WIRED)  # (the variants add no layer or cache kind)
 def test_kv_cache_quantize_reaches_every_layer_kind_and_the_estimate_counts_it(engines, arch):
     """f16 and int8 reach the rings and per-layer KV caches (gpt-oss, Gemma 4) as they reach the
     shared block; the memory estimate (model_cache_bytes) equals what the 4x-window conversation

@@ -50,9 +50,15 @@ def test_rope_kernel_matches_twin_with_pass_through_dims():
     assert np.array_equal(y[..., 6:], x[..., 6:])  # partial rotary: 6 of 24 dims turn
 
 
-def test_rope_rejects_odd_rotating_dims():
+def test_rope_takes_odd_rotating_dims_as_transformers_does():
+    """int(20 x 0.25) = 5: transformers' 3 frequencies theta^-(0, 2, 4)/5 turn the first 6 dims
+    (held to its logits by the qwen3_5_moe_rope5 fixture, tests/test_arch_engine.py)."""
+    inv = rope.default_inv_freq(1e4, 20, 0.25)
+    np.testing.assert_allclose(inv, 1e4 ** -(np.arange(0, 5, 2) / 5), rtol=1e-6)
     with pytest.raises(ValueError, match="rotating dims"):
-        rope.default_inv_freq(1e4, 20, 0.25)  # 5 dims
+        rope.default_inv_freq(1e4, 20, 0.01)  # none turns
+    with pytest.raises(ValueError, match="rotating dims"):
+        rope.default_inv_freq(1e4, 5, 1.0)  # 3 pairs in a head of 5
 
 
 @pytest.mark.parametrize("window,sinks,softcap", [(0, False, 0.0), (4, True, 0.0), (3, False, 5.0)])

@@ -242,6 +242,9 @@ def plan(src: _Source, cfg: ModelConfig, target: str, split_experts: bool) -> li
             items.append(_Item(rel, name, t, choose_type(name, t.qtype, shape, target, cfg)))
     if cfg.tie_word_embeddings:
         src.resolve("output.weight", cfg, consumed)  # some checkpoints store the tied copy too
+    for L in range(cfg.num_layers - cfg.kv_shared_layers, cfg.num_layers):  # (Gemma 4 E2B/E4B: unused, as in
+        for n in ("attn_k.weight", "attn_v.weight", "attn_k_norm.weight"):  # transformers, where kept)
+            src.resolve(f"blk.{L}.{n}", cfg, consumed)
     left = sorted(n for n in src.tensors if n not in consumed and not src.ignorable(n))
     if left:
         more = f" and {len(left) - 8} more" if len(left) > 8 else ""

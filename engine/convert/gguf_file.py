@@ -250,7 +250,8 @@ class GGUFModel:
             num_heads=heads,
             num_kv_heads=None if per_layer else self.integer("attention.head_count_kv", heads),
             head_dim=head_dim,
-            intermediate_size=self.integer(ff_key, required=True),
+            intermediate_size=self.integer(ff_key, required=True) if not isinstance(self.value(ff_key), list) else 1,
+            # (a width per layer: the family's gguf_config reads the list, Gemma 4 E2B/E4B)
             num_experts=experts if moe else 1,
             top_k=self.integer("expert_used_count", required=moe, high=experts) if moe else 1,
             norm_topk_prob=bool(self.value("expert_weights_norm", sp.gguf_renormalise)),

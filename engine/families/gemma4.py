@@ -6,6 +6,7 @@ add per-layer inputs and keys and values shared by the last layers."""
 import numpy as np
 
 from engine import quant
+from engine.errors import ConfigError
 from engine.families.dense import LLAMA
 from engine.families.spec import ArchSpec, Family
 from engine.families.spec import HF_LAYER as _L
@@ -17,7 +18,7 @@ def _hf_config(c, kinds) -> dict:
     / num_global_key_value_heads)."""
     moe = c.get("enable_moe_block", True) is not False
     out, rope = {"dense_intermediate_size": int(c.need("intermediate_size")) if moe else 0,
-                 "final_logit_softcap": float(c.get("final_logit_softcapping") or 0.0)} | _edge(c), c
+                 "final_logit_softcap": float(c.get("final_logit_softcapping") or 0.0)} | _edge(c, kinds), c
     per_kind = c.get("rope_parameters") or {}
     if "sliding_attention" in per_kind:
         full = per_kind.get("full_attention") or {}
@@ -37,7 +38,7 @@ def _hf_config(c, kinds) -> dict:
     return out | {"full_head_dim": int(hd), "full_kv_heads": int(kv or c.get("num_key_value_heads"))}
 
 
-def _edge(c) -> dict:
+def _edge(c, kinds) -> dict:
     """The edge models' (E2B/E4B) parts: per-layer inputs, the last layers' shared keys and values and
     their double-wide MLPs."""
     L, P = int(c.need("num_hidden_layers")), int(c.get("hidden_size_per_layer_input") or 0)
@@ -45,6 +46,10 @@ def _edge(c) -> dict:
     if not 0 <= shared < L:
         raise c.error(f"num_kv_shared_layers = {shared}: from 0 to num_hidden_layers - 1 are supported "
                       f"(every layer sharing keys and values is not)")
+    kinds = kinds or ("attention",) * L
+    if set(kinds[L - shared:]) - set(kinds[:L - shared]):
+        raise c.error(f"num_kv_shared_layers = {shared}: no layer before {L - shared} is of the kind of "
+                      f"{sorted(set(kinds[L - shared:]) - set(kinds[:L - shared]))} to share its keys and values")
     if not 0 <= P <= 1 << 16:
         raise c.error(f"hidden_size_per_layer_input = {P} is out of range")
     vocab = int(c.get("vocab_size_per_layer_input") or c.need("vocab_size")) if P else 0
@@ -65,8 +70,12 @@ def _gguf_config(f: dict, g) -> dict:
         if not isinstance(swa, list) or len(swa) != len(per):
             raise g.kv_error(per)
         full_kv = max((v for v, s in zip(per, swa, strict=True) if not s), default=0)
-        out = {"num_kv_heads": max((v for v, s in zip(per, swa, strict=True) if s), default=per[0]),
-               "layer_types": tuple("sliding_attention" if s else "attention" for s in swa)}
+        out = {"num_kv_heads": max((v for v, s in zip(per, swa, strict=True) if s), default=per[0])}
+    elif isinstance(swa, list) and len(swa) == f["num_layers"]:  # one KV head count for all (E2B)
+        full_kv = f["num_kv_heads"]
+    if isinstance(swa, list) and len(swa) == f["num_layers"]:
+        out["layer_types"] = tuple("sliding_attention" if s else "attention" for s in swa)
+    out |= _gguf_edge(f, g, out.get("layer_types"))
     freqs = g.tensors.get("rope_freqs.weight")
     turning = int((np.asarray(quant.dequantize(freqs.read(), freqs.qtype)).reshape(-1) == 1).sum()) \
         if freqs is not None else head_dim // 2
@@ -74,8 +83,30 @@ def _gguf_config(f: dict, g) -> dict:
                   "full_kv_heads": full_kv or 1, "rope_theta": g.positive("rope.freq_base_swa", 10000.0),
                   "rope_theta_full": g.positive("rope.freq_base", 10000.0),
                   "partial_rotary_factor": 2 * turning / head_dim,
-                  "dense_intermediate_size": g.integer("feed_forward_length", required=True),
+                  "dense_intermediate_size": g.integer("feed_forward_length", required=True) if f["num_experts"] > 1 else 0,
                   "final_logit_softcap": float(g.value("final_logit_softcapping") or 0.0), "rope_freq_factors": False}
+
+
+def _gguf_edge(f: dict, g, kinds) -> dict:
+    """The edge models' parts in llama.cpp's keys: embedding_length_per_layer_input,
+    attention.shared_kv_layers, feed_forward_length per layer (the shared layers' doubled)."""
+    L, P = f["num_layers"], g.integer("embedding_length_per_layer_input", 0)
+    shared = g.integer("attention.shared_kv_layers", 0, high=L - 1)
+    ff, out = g.value("feed_forward_length"), {}
+    if isinstance(ff, list):
+        widths = {int(v) for v in ff[:L - shared]}
+        if len(ff) != L or len(widths) != 1 or {int(v) for v in ff[L - shared:]} - {min(widths), 2 * min(widths)} \
+                or not 1 <= min(widths) <= 1 << 22:
+            raise ConfigError(f"{g.path}: GGUF metadata gemma4.feed_forward_length = {ff} is not one width, "
+                              f"doubled or not in the {shared} KV-shared layers")
+        out = {"intermediate_size": min(widths), "double_wide_mlp": 2 * min(widths) in ff[L - shared:]}
+    if kinds and set(kinds[L - shared:]) - set(kinds[:L - shared]):
+        raise ConfigError(f"{g.path}: GGUF metadata gemma4.attention.shared_kv_layers = {shared}: no layer before "
+                          f"{L - shared} is of each shared layer's kind")
+    embd = g.tensors.get("per_layer_token_embd.weight")
+    full = next((i for i, k in enumerate(kinds or ()) if k == "attention"), None)
+    return out | {"per_layer_input_size": P, "per_layer_vocab_size": embd.shape[0] if P and embd else 0,
+                  "kv_shared_layers": shared, "full_v": full is not None and f"blk.{full}.attn_v.weight" in g.tensors}
 
 
 # (first: these rows win over LLAMA's) full layers have no v_proj (k_eq_v); the dense MLP is
@@ -112,4 +143,5 @@ FAMILY = Family("gemma4", (
     ("blk.{L}.proj.weight",              (f"{_L}.per_layer_projection.weight",)),
     ("blk.{L}.post_norm.weight",         (f"{_L}.post_per_layer_input_norm.weight",)),
 ) + LLAMA, hf_config=_hf_config, gguf_config=_gguf_config,
-    gguf_limits={"attention.key_length_swa": (1, 1 << 16)})
+    gguf_limits={"attention.key_length_swa": (1, 1 << 16), "embedding_length_per_layer_input": (0, 1 << 16),
+                 "attention.shared_kv_layers": (0, 4096)})
