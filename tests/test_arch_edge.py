@@ -36,8 +36,9 @@ def test_shared_layers_hold_no_cache():
 
 
 @pytest.mark.parametrize("change,words", [({"num_kv_shared_layers": 6}, "num_kv_shared_layers"),
-                                          ({"num_kv_shared_layers": 5}, "no layer before 1")])
-def test_impossible_sharing_is_refused_by_name(tmp_path, change, words):
+                                          ({"num_kv_shared_layers": 5}, "no layer before 1"),
+                                          ({"use_bidirectional_attention": "all"}, "bidirectional")])
+def test_what_runs_otherwise_is_refused_by_name(tmp_path, change, words):
     cfg = json.loads((E2B / "config.json").read_text()) | change
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ConfigError, match=words):

@@ -47,6 +47,8 @@ def _edge(c, kinds) -> dict:
         raise c.error(f"num_kv_shared_layers = {shared}: from 0 to num_hidden_layers - 1 are supported "
                       f"(every layer sharing keys and values is not)")
     kinds = kinds or ("attention",) * L
+    if c.get("use_bidirectional_attention") == "all":  # ("vision": text stays causal)
+        raise c.error("use_bidirectional_attention = 'all' (an encoder: every token sees every other) is not supported")
     if set(kinds[L - shared:]) - set(kinds[:L - shared]):
         raise c.error(f"num_kv_shared_layers = {shared}: no layer before {L - shared} is of the kind of "
                       f"{sorted(set(kinds[L - shared:]) - set(kinds[:L - shared]))} to share its keys and values")

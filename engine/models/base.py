@@ -240,7 +240,8 @@ class Transformer:
     def sandwich_layer(self, L: int, x: np.ndarray, lw: LayerWeights, mixer, step: Step) -> np.ndarray:
         """Gemma 4, in place on x: x += post(mixer(pre x)); a dense MLP on ffn_norm(x) beside the
         experts on pre_ffw_norm_2(x) (routed from the raw x), each post-normed, their sum
-        post-normed and added; x *= the layer scalar. Returns what the feed-forward part added."""
+        post-normed and added (a dense model: its MLP alone); the layer's own input (E2B/E4B,
+        engine.models.per_layer); x *= the layer scalar. Returns what the feed-forward part added."""
         eps, sw = self.cfg.rms_norm_eps, lw.sandwich
         x += rmsnorm(mixer(L, rmsnorm(x, lw.attn_norm, eps, step), lw, step), sw.post_attention, eps, step)
         if lw.router is None:  # a dense model: its MLP (expert 0) only
