@@ -86,6 +86,8 @@ def plan_expert_cache(model: ModelDir, params: dict, context_limit: int,
     resident = sum(e["size"] for rel, e in files.items() if rel.endswith(".bin") and (E == 1 or not routed(rel)))
     if not cfg.tie_word_embeddings:  # the embedding table stays mapped: a token reads its one row
         resident -= _tensor_bytes(model.path / "embeddings.bin", "token_embd.weight")
+    if cfg.per_layer_input_size:  # Gemma 4 E2B/E4B's per-layer table, as mapped: a token reads its one row
+        resident -= _tensor_bytes(model.path / "embeddings.bin", "per_layer_token_embd.weight")
     measured = None if available is None else (available, "given")
     spare = SPARE_SLOTS * one
     if E > 1 and L > 0:  # every expert's slot as the cache counts it (ExpertCache.all_bytes), and its spares

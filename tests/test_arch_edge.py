@@ -64,3 +64,18 @@ def test_kept_keys_of_shared_layers_are_ignored(tmp_path):
     with Engine(tmp_path / "model", threads=2, kv_cache_quantize="f32") as e:
         got = e.logits(ref["input_ids"].tolist())
     assert np.abs(got - ref["logits"]).max() < 1e-4 * np.abs(ref["logits"]).max()
+
+
+def test_per_layer_table_is_not_counted_resident(tmp_path):
+    """The per-layer table (E2B: 262144 x 35 x 256) stays mapped like the embedding: the load plan
+    does not count it as resident memory."""
+    from engine import tensorfile
+    from engine.cache_plan import plan_expert_cache
+    from engine.convert.convert import convert
+    from engine.model_dir import open_model_dir
+    convert(E2B, tmp_path / "model", "f32")
+    model = open_model_dir(tmp_path / "model")
+    infos, _ = tensorfile.read_header(tmp_path / "model" / "embeddings.bin")
+    bins = sum(e["size"] for rel, e in model.manifest["files"].items() if rel.endswith(".bin"))
+    plan = plan_expert_cache(model, {}, 64, available=1 << 34)
+    assert plan.resident_bytes == bins - infos["per_layer_token_embd.weight"].nbytes  # (the embedding is tied)
