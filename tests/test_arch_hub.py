@@ -25,6 +25,11 @@ WRAPPED = {
     "gemma4": ("Gemma4ForConditionalGeneration",
                ["model.vision_tower.encoder.layers.0.self_attn.q_proj.weight",
                 "model.embed_vision.embedding_projection.weight"]),
+    "gemma4_e2b": ("Gemma4ForConditionalGeneration",  # the edge models also hear
+                   ["model.vision_tower.encoder.layers.0.self_attn.q_proj.weight",
+                    "model.embed_vision.embedding_projection.weight",
+                    "model.audio_tower.layers.0.self_attn.q_proj.linear.weight",
+                    "model.embed_audio.embedding_projection.weight"]),
 }
 
 
