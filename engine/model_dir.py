@@ -10,7 +10,9 @@
       router/layer_N.bin              router of layer N (MoE only)
       experts/layer_N_expert_M.bin    gate/up/down of one expert (a dense MLP is expert 0)
       experts/layer_N_shared.bin      Qwen2-MoE's shared expert
-    or, converted without --split_experts, experts/layer_N.bin holding all experts of layer N.
+    or, converted without --split_experts, experts/layer_N.bin holding all experts of layer N;
+    or, for a GGUF run in place, no tensor file at all: gguf_index.json (engine.gguf_index) says where
+    each of those files' tensors lies in the GGUF, and every tensor file is read from there.
 
 Tensor names are GGUF's vocabulary (`blk.3.attn_q.weight`, `blk.3.ffn_gate.5.weight`) and are
 the same string in files, manifest, logs and dashboard.
