@@ -77,16 +77,14 @@ class ExpertSpan:
     A slot read with O_DIRECT holds each run widened to whole 4 KiB pages of the file, one after
     the other; a buffered read packs the runs."""
     path: Path
-    runs: tuple  # (file offset, bytes) of each run
+    offset: int  # file offset of the gate tensor
+    nbytes: int  # through the end of the down tensor, or of all the runs
     parts: tuple  # (offset in the packed runs, rows, row_bytes, code, cols) for gate, up, down
+    runs: tuple = ()  # (file offset, bytes) of each run; () for the one run (offset, nbytes)
 
-    @property
-    def offset(self) -> int:
-        return self.runs[0][0]
-
-    @property
-    def nbytes(self) -> int:
-        return sum(n for _, n in self.runs)
+    def __post_init__(self) -> None:
+        if not self.runs:
+            object.__setattr__(self, "runs", ((self.offset, self.nbytes),))
 
     @property
     def head(self) -> int:
@@ -192,7 +190,7 @@ class ExpertStore:
             rows = int(np.prod(t.shape[:-1]))
             parts.append((sum(n for _, n in runs[:i]) + t.offset - runs[i][0], rows, t.nbytes // rows,
                           t.qtype.type_id, t.shape[-1]))
-        return ExpertSpan(path, tuple((o, n) for o, n in runs), tuple(parts))
+        return ExpertSpan(path, runs[0][0], sum(n for _, n in runs), tuple(parts), tuple((o, n) for o, n in runs))
 
     def read_into(self, layer: int, expert: int | str, buf: np.ndarray, repack: bool = False) -> ExpertWeights:
         """Read the expert into `buf` (uint8; its matrices view it): O_DIRECT into a page-aligned `buf` of
@@ -210,7 +208,7 @@ class ExpertStore:
         if got < sp.nbytes:
             raise ExpertLoadError(f"layer {layer} expert {expert}: {sp.path}: read {got} of {sp.nbytes} bytes "
                                   f"(file truncated?)")
-        return self._weights(layer, expert, sp, [(buf, p) for p in places], repack)
+        return self._weights(layer, expert, sp, buf, places if len(places) > 1 else places[0], repack)
 
     def map(self, layer: int, expert: int) -> ExpertWeights:
         """The expert's matrices over shared read-only mappings of its runs (a miss served once)."""
@@ -241,8 +239,9 @@ class ExpertStore:
             self.read_bytes["mapped"] += sp.nbytes
         if len(views) == 1:
             self._check_folios(sp, views[0][0], views[0][1])
-        return self._weights(layer, expert, sp, [(_typed_writable(mm), off - start) for mm, start, off in views],
-                             False)
+        bufs, starts = [_typed_writable(mm) for mm, _, _ in views], [off - start for _, start, off in views]
+        return self._weights(layer, expert, sp, bufs if len(bufs) > 1 else bufs[0],
+                             starts if len(starts) > 1 else starts[0], False)
 
     def _check_folios(self, sp: ExpertSpan, mm: mmap.mmap, start: int) -> None:
         """The first mapping of a span: whether its 2 MiB-aligned interior came mapped 2 MiB at a time;
@@ -310,15 +309,16 @@ class ExpertStore:
                              "small pages", sp.path.parent)
 
     @staticmethod
-    def _weights(layer: int, expert: int | str, sp: ExpertSpan, bufs: list, repack: bool) -> ExpertWeights:
-        """gate, up, down viewing the buffers: (array, where run i starts in it) for each run i."""
+    def _weights(layer: int, expert: int | str, sp: ExpertSpan, buf: np.ndarray | list, start: int | list,
+                 repack: bool) -> ExpertWeights:
+        """gate, up, down viewing buf, whose byte `start` is the span's first; a span of several runs:
+        run i at start[i] of buf, or of buf[i] (a list: a mapping a run)."""
         sfx = "_shexp" if expert == "shared" else f".{expert}"
         mats, ends = [], np.cumsum([n for _, n in sp.runs])
         for p, (off, rows, rb, code, cols) in zip(PARTS, sp.parts):
             i = int(np.searchsorted(ends, off, side="right"))  # the run holding the part
-            buf, start = bufs[i]
-            at = start + off - (ends[i] - sp.runs[i][1])
-            data = buf[at:at + rows * rb].reshape(rows, rb)
+            at = (start[i] if isinstance(start, list) else start) + off - (ends[i] - sp.runs[i][1])
+            data = (buf[i] if isinstance(buf, list) else buf)[at:at + rows * rb].reshape(rows, rb)
             if repack and code in cpu.PACKABLE and rows % 8 == 0:  # (a code > PACKED: repacked on disk)
                 cpu.repack_x8(data, code)
                 code += cpu.PACKED
