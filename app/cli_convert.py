@@ -5,8 +5,9 @@ import argparse
 import logging
 import sys
 import time
+from pathlib import Path
 
-from engine.convert.convert import QUANTIZE_CHOICES, Progress, convert
+from engine.convert.convert import QUANTIZE_CHOICES, Progress, convert, in_place_refusal
 from engine import kernels
 from engine.errors import ColibriError
 
@@ -54,7 +55,11 @@ def build_parser() -> argparse.ArgumentParser:
                          "as llama.cpp's imatrix); for int4, int8 and the K presets")
     ap.add_argument("--split_experts", action=argparse.BooleanOptionalAction, default=True,
                     help="one file per expert (default), or --no-split_experts for one file per layer")
-    ap.add_argument("--repack_experts", action=argparse.BooleanOptionalAction, default=True,
+    ap.add_argument("--copy", action="store_true",
+                    help="write the tensors into the model folder; default for a GGUF kept in its own formats: "
+                         "the folder indexes the GGUF, which runs in place (no second copy; keep the file where "
+                         "it is)")
+    ap.add_argument("--repack_experts", action=argparse.BooleanOptionalAction, default=None,
                     help="expert matrices in the CPU kernels' 8-row groups (default: a streamed expert needs no "
                          "work after its read), or --no-repack_experts for the stored (GGUF) layout")
     ap.add_argument("--num_experts", type=int, help="check the source has this many experts per layer")
@@ -78,8 +83,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.moefy:
             return _moefy(args)
+        in_place = not args.copy and args.repack_experts is None and Path(args.model_path).is_file() and \
+            in_place_refusal("gguf", args.quantize or "keep", args.split_experts, args.calibration_data) is None
         result = convert(args.model_path, args.output_path, args.quantize, split_experts=args.split_experts,
-                         repack_experts=args.repack_experts,
+                         repack_experts=args.repack_experts is not False, in_place=in_place,
                          num_experts=args.num_experts, top_k=args.top_k, force=args.force,
                          progress=None if args.quiet else _progress_printer(),
                          calibration_data=args.calibration_data)
@@ -89,6 +96,12 @@ def main(argv: list[str] | None = None) -> int:
     except ColibriError as e:
         print(f"\ncolibri-convert: error: {e}", file=sys.stderr)
         return 1
+    if in_place:
+        print(f"\nwrote {result.path}: {result.config.architecture}, {result.config.num_layers} layers, "
+              f"{result.config.num_experts} expert(s), an index of {args.model_path} ({result.bytes_written / 1e3:.0f} KB, "
+              f"no tensor copied) in {result.seconds:.1f} s; the model runs from the GGUF: keep it where it is "
+              f"(--copy for a folder of its own)")
+        return 0
     mb = result.bytes_written / 1e6
     types = ", ".join(f"{n} {k}" for k, n in sorted(result.tensor_types.items()))
     print(f"\nwrote {result.path}: {result.config.architecture}, {result.config.num_layers} layers, "

@@ -22,9 +22,12 @@ class ConvertWorker(QObject):
     cancelled = Signal()
     failed = Signal(str, str)  # what was being done, the specific error
 
-    def __init__(self):
+    def __init__(self, copy_gguf: bool = False):
+        """`copy_gguf`: a GGUF kept in its own formats is copied into the model folder too; by default the
+        folder indexes it and the model runs from the GGUF itself (no second copy)."""
         super().__init__()
         self._cancel = threading.Event()
+        self.copy_gguf = copy_gguf
 
     def arm(self) -> None:
         self._cancel.clear()
@@ -45,10 +48,12 @@ class ConvertWorker(QObject):
     @Slot(str, str, str, bool, str)
     def convert(self, source: str, target: str, quantize: str, split_experts: bool, calibration: str = "") -> None:
         """`calibration`: a text file whose activations weight the rounding ("" for none)."""
-        from engine.convert.convert import convert
+        from engine.convert.convert import convert, in_place_refusal
         send = throttled(self.progress.emit)
+        in_place = not self.copy_gguf and Path(source).is_file() and \
+            in_place_refusal("gguf", quantize or "keep", split_experts, calibration) is None
         try:
-            result = convert(source, target, quantize, split_experts=split_experts, force=True,
+            result = convert(source, target, quantize, split_experts=split_experts, force=True, in_place=in_place,
                              progress=lambda p: send(p.fraction, p.tensor), cancel=self._cancel,
                              calibration_data=calibration or None)
             if Path(target).parent == models_dir():

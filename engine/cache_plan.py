@@ -6,10 +6,8 @@ when memory pressure moves, and the app's fit check shows it.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from pathlib import Path
 
-from engine import sysmem, tensorfile
-from engine.errors import ModelFormatError
+from engine import sysmem
 from engine.expert_store import DIRECT_ALIGN, ExpertStore, routed_bytes
 from engine.experts import SPARE_SLOTS, min_budget
 from engine.mempool import MemoryPool
@@ -62,32 +60,24 @@ def activation_bytes(cfg, tokens: int = 256) -> int:
     return tokens * (4 * ff + 12 * cfg.hidden_size) * 4 + 2 * cfg.vocab_size * 4 + 8 * MiB
 
 
-def _tensor_bytes(path: Path, name: str) -> int:
-    try:
-        infos, _ = tensorfile.read_header(path)
-        return infos[name].nbytes
-    except (OSError, ModelFormatError, KeyError):
-        return 0
-
-
 def plan_expert_cache(model: ModelDir, params: dict, context_limit: int,
                       available: int | None = None, refuse: bool = False) -> CachePlan:
     """The expert cache's byte budget: what the user asked for, or (auto) the room left after dense
     weights, the KV cache, activations and a margin (engine.sysmem.plan)."""
     from engine.kvcache import model_cache_bytes
-    cfg, files = model.config, model.manifest["files"]
+    cfg, files = model.config, model.tensor_bytes()  # (a GGUF run in place: its tensors' bytes)
     E, L, k = cfg.num_experts, cfg.num_layers - cfg.dense_layers, cfg.top_k  # L: the layers with experts
     routed = lambda rel: rel.startswith("experts/") and not rel.endswith("_shared.bin")  # noqa: E731
-    expert_files = sum(e["size"] for rel, e in files.items() if routed(rel))
+    expert_files = sum(size for rel, size in files.items() if routed(rel))
     # a slot: one expert's span widened to whole pages (O_DIRECT), as the memory pool rounds it
     pages = -(-(expert_files // max(1, E * L)) // DIRECT_ALIGN) + 1  # the file's, and one the span may cross
     one = MemoryPool.block_size(pages * DIRECT_ALIGN)
     kv = model_cache_bytes(cfg, context_limit, params.get("kv_cache_quantize") or "f16")
-    resident = sum(e["size"] for rel, e in files.items() if rel.endswith(".bin") and (E == 1 or not routed(rel)))
+    resident = sum(size for rel, size in files.items() if E == 1 or not routed(rel))
     if not cfg.tie_word_embeddings:  # the embedding table stays mapped: a token reads its one row
-        resident -= _tensor_bytes(model.path / "embeddings.bin", "token_embd.weight")
+        resident -= model.headers["embeddings.bin"]["token_embd.weight"].nbytes
     if cfg.per_layer_input_size:  # Gemma 4 E2B/E4B's per-layer table, as mapped: a token reads its one row
-        resident -= _tensor_bytes(model.path / "embeddings.bin", "per_layer_token_embd.weight")
+        resident -= model.headers["embeddings.bin"]["per_layer_token_embd.weight"].nbytes
     measured = None if available is None else (available, "given")
     spare = SPARE_SLOTS * one
     if E > 1 and L > 0:  # every expert's slot as the cache counts it (ExpertCache.all_bytes), and its spares

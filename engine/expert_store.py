@@ -72,20 +72,41 @@ class ExpertLoadError(ModelFormatError):
 
 @dataclass(frozen=True)
 class ExpertSpan:
+    """Where an expert's bytes are: one run of its file (gate, up, down consecutive in a Colibri
+    expert file) or several (a GGUF run in place: a slice of each of the layer's stacked tensors).
+    A slot read with O_DIRECT holds each run widened to whole 4 KiB pages of the file, one after
+    the other; a buffered read packs the runs."""
     path: Path
     offset: int  # file offset of the gate tensor
-    nbytes: int  # through the end of the down tensor
-    parts: tuple  # (relative offset, rows, row_bytes, code, cols) for gate, up, down
+    nbytes: int  # through the end of the down tensor, or of all the runs
+    parts: tuple  # (offset in the packed runs, rows, row_bytes, code, cols) for gate, up, down
+    runs: tuple = ()  # (file offset, bytes) of each run; () for the one run (offset, nbytes)
+
+    def __post_init__(self) -> None:
+        if not self.runs:
+            object.__setattr__(self, "runs", ((self.offset, self.nbytes),))
 
     @property
     def head(self) -> int:
         """Where the span starts in a slot read with O_DIRECT (its offset within a 4 KiB page)."""
         return self.offset % DIRECT_ALIGN
 
+    def windows(self) -> list[int]:
+        """Each run widened to whole 4 KiB pages of the file: the bytes an O_DIRECT read takes."""
+        return [-(-(o % DIRECT_ALIGN + n) // DIRECT_ALIGN) * DIRECT_ALIGN for o, n in self.runs]
+
     @property
     def slot_bytes(self) -> int:
-        """Bytes a slot needs: the span widened to whole 4 KiB pages of the file."""
-        return -(-(self.head + self.nbytes) // DIRECT_ALIGN) * DIRECT_ALIGN
+        """Bytes a slot needs: the runs widened to whole 4 KiB pages of the file."""
+        return sum(self.windows())
+
+    def places(self, direct: bool) -> list[int]:
+        """Where each run starts in the slot, as read with O_DIRECT or buffered."""
+        out, at = [], 0
+        for (o, n), w in zip(self.runs, self.windows()):
+            out.append(at + o % DIRECT_ALIGN if direct else at)
+            at += w if direct else n
+        return out
 
 
 # A file read by someone else sits in the page cache in small folios, and a mapped miss of it pays
@@ -130,6 +151,7 @@ class ExpertStore:
         self.direct = hasattr(os, "O_DIRECT") and read_mode in ("auto", "direct")
         self.read_bytes = Counter()  # bytes by way: page_cache (copied), direct, buffered, mapped
         self._keep, self._keep_at = False, -math.inf
+        self._expert_bytes: int | None = None  # every expert's bytes (keeps_page_cache)
         self.holds_every_expert = False  # set by the cache: each expert is read once and stays, keep no copy
         self._folios_seen: set[tuple[Path, int]] = set()  # spans whose mapped folios were looked at
         self._refolio_q: queue.SimpleQueue = queue.SimpleQueue()  # spans to read again (put from finalizers)
@@ -146,7 +168,7 @@ class ExpertStore:
 
     def _locate(self, layer: int, expert: int | str) -> ExpertSpan:
         rel = expert_file(layer, expert, self.model.split_experts)
-        path = self.model.path / rel
+        path = self.model.data_path(rel)
         sfx = "_shexp" if expert == "shared" else f".{expert}"
         try:
             infos = self.model.headers.get(rel) or tensorfile.read_header(path, quiet=True)[0]  # (see engine.folios)
@@ -156,54 +178,70 @@ class ExpertStore:
             ts = [infos[f"blk.{layer}.ffn_{p}{sfx}.weight"] for p in PARTS]
         except (OSError, ModelFormatError, KeyError) as e:
             raise ExpertLoadError(f"layer {layer} expert {expert}: {path}: {e}") from None
-        start = ts[0].offset
-        parts = tuple((t.offset - start, int(np.prod(t.shape[:-1])), t.nbytes // int(np.prod(t.shape[:-1])),
-                       t.qtype.type_id, t.shape[-1]) for t in ts)
-        return ExpertSpan(path, start, ts[2].offset + ts[2].nbytes - start, parts)
+        runs: list[list[int]] = []  # a part starting within a page after the previous one's end: the same run
+        for t in ts:
+            if runs and 0 <= t.offset - sum(runs[-1]) < DIRECT_ALIGN:
+                runs[-1][1] = t.offset + t.nbytes - runs[-1][0]
+            else:
+                runs.append([t.offset, t.nbytes])
+        parts = []
+        for t in ts:
+            i = next(i for i, (o, n) in enumerate(runs) if o <= t.offset < o + n)
+            rows = int(np.prod(t.shape[:-1]))
+            parts.append((sum(n for _, n in runs[:i]) + t.offset - runs[i][0], rows, t.nbytes // rows,
+                          t.qtype.type_id, t.shape[-1]))
+        return ExpertSpan(path, runs[0][0], sum(n for _, n in runs), tuple(parts), tuple((o, n) for o, n in runs))
 
     def read_into(self, layer: int, expert: int | str, buf: np.ndarray, repack: bool = False) -> ExpertWeights:
         """Read the expert into `buf` (uint8; its matrices view it): O_DIRECT into a page-aligned `buf` of
-        span.slot_bytes (the span from span.head), else buffered. `repack`: stored-layout PACKABLE matrices
-        rearranged in place into the kernels' 8-row groups (for experts that stay)."""
+        span.slot_bytes (each run where span.places puts it), else buffered. `repack`: stored-layout
+        PACKABLE matrices rearranged in place into the kernels' 8-row groups (for experts that stay)."""
         sp = self.span(layer, expert)
         direct = self.direct and buf.nbytes >= sp.slot_bytes and buf.ctypes.data % DIRECT_ALIGN == 0
-        start = sp.head if direct else 0
-        if buf.nbytes < start + sp.nbytes:
+        places = sp.places(direct)
+        if buf.nbytes < places[-1] + sp.runs[-1][1]:
             raise ValueError(f"layer {layer} expert {expert}: a {buf.nbytes}-byte buffer for {sp.nbytes} bytes")
         try:
-            got = self._read(sp, memoryview(buf), start, direct)
+            got = self._read(sp, memoryview(buf), places, direct)
         except OSError as e:
             raise ExpertLoadError(f"layer {layer} expert {expert}: {sp.path}: {e.strerror}") from None
         if got < sp.nbytes:
             raise ExpertLoadError(f"layer {layer} expert {expert}: {sp.path}: read {got} of {sp.nbytes} bytes "
                                   f"(file truncated?)")
-        return self._weights(layer, expert, sp, buf, start, repack)
+        return self._weights(layer, expert, sp, buf, places if len(places) > 1 else places[0], repack)
 
     def map(self, layer: int, expert: int) -> ExpertWeights:
-        """The expert's matrices over a shared read-only mapping of its span (a miss served once)."""
+        """The expert's matrices over shared read-only mappings of its runs (a miss served once)."""
         sp = self.span(layer, expert)
-        start = sp.offset // mmap.ALLOCATIONGRANULARITY * mmap.ALLOCATIONGRANULARITY
+        views = []
         try:
             fd = os.open(sp.path, os.O_RDONLY)
             try:
                 size = os.fstat(fd).st_size  # mapped pages past a file's end are SIGBUS when read
-                if size < sp.offset + sp.nbytes:
+                if size < max(o + n for o, n in sp.runs):
                     raise ExpertLoadError(f"layer {layer} expert {expert}: {sp.path}: the file has {size} bytes, "
-                                          f"the expert ends at byte {sp.offset + sp.nbytes} (file truncated?)")
-                mm = mmap.mmap(fd, sp.offset + sp.nbytes - start, mmap.MAP_SHARED, mmap.PROT_READ, offset=start)
+                                          f"the expert ends past it (file truncated?)")
+                for off, n in sp.runs:
+                    start = off // mmap.ALLOCATIONGRANULARITY * mmap.ALLOCATIONGRANULARITY
+                    views.append((mmap.mmap(fd, off + n - start, mmap.MAP_SHARED, mmap.PROT_READ, offset=start),
+                                  start, off))
             finally:
                 os.close(fd)
         except (OSError, ValueError) as e:
             raise ExpertLoadError(f"layer {layer} expert {expert}: {sp.path}: {e}") from None
         try:
-            advise_huge(mm)
-            populate(mm)
+            for mm, _, _ in views:
+                advise_huge(mm)
+                populate(mm)
         except OSError as e:  # (a read error populating, e.g. EIO, EFAULT past a truncated file's end)
             raise ExpertLoadError(f"layer {layer} expert {expert}: {sp.path}: {e.strerror}") from None
         with self._lock:
             self.read_bytes["mapped"] += sp.nbytes
-        self._check_folios(sp, mm, start)
-        return self._weights(layer, expert, sp, _typed_writable(mm), sp.offset - start, False)
+        if len(views) == 1:
+            self._check_folios(sp, views[0][0], views[0][1])
+        bufs, starts = [_typed_writable(mm) for mm, _, _ in views], [off - start for _, start, off in views]
+        return self._weights(layer, expert, sp, bufs if len(bufs) > 1 else bufs[0],
+                             starts if len(starts) > 1 else starts[0], False)
 
     def _check_folios(self, sp: ExpertSpan, mm: mmap.mmap, start: int) -> None:
         """The first mapping of a span: whether its 2 MiB-aligned interior came mapped 2 MiB at a time;
@@ -271,13 +309,16 @@ class ExpertStore:
                              "small pages", sp.path.parent)
 
     @staticmethod
-    def _weights(layer: int, expert: int | str, sp: ExpertSpan, buf: np.ndarray, start: int,
+    def _weights(layer: int, expert: int | str, sp: ExpertSpan, buf: np.ndarray | list, start: int | list,
                  repack: bool) -> ExpertWeights:
-        """gate, up, down viewing buf, whose byte `start` is the span's first."""
+        """gate, up, down viewing buf, whose byte `start` is the span's first; a span of several runs:
+        run i at start[i] of buf, or of buf[i] (a list: a mapping a run)."""
         sfx = "_shexp" if expert == "shared" else f".{expert}"
-        mats = []
+        mats, ends = [], np.cumsum([n for _, n in sp.runs])
         for p, (off, rows, rb, code, cols) in zip(PARTS, sp.parts):
-            data = buf[start + off:start + off + rows * rb].reshape(rows, rb)
+            i = int(np.searchsorted(ends, off, side="right"))  # the run holding the part
+            at = (start[i] if isinstance(start, list) else start) + off - (ends[i] - sp.runs[i][1])
+            data = (buf[i] if isinstance(buf, list) else buf)[at:at + rows * rb].reshape(rows, rb)
             if repack and code in cpu.PACKABLE and rows % 8 == 0:  # (a code > PACKED: repacked on disk)
                 cpu.repack_x8(data, code)
                 code += cpu.PACKED
@@ -294,48 +335,58 @@ class ExpertStore:
         now = time.monotonic()
         if now - self._keep_at >= KEEP_CHECK_S:
             free, source = sysmem.room()
-            files = self.model.manifest["files"]
-            experts = sum(e["size"] for rel, e in files.items() if rel.startswith("experts/"))
+            if self._expert_bytes is None:
+                self._expert_bytes = sum(n for rel, n in self.model.tensor_bytes().items() if rel.startswith("experts/"))
+            experts = self._expert_bytes
             self._keep, self._keep_at = source == "MemAvailable" and free >= KEEP_ROOM_FACTOR * experts, now
         return self._keep
 
-    def _read(self, sp: ExpertSpan, buf: memoryview, start: int, direct: bool) -> int:
-        """Bytes of the span now in buf[start:], read as the module's docstring says (a plain pread in
-        `cached` mode or with room to spare; else copied or O_DIRECT, then dropped from the page cache)."""
-        n, got = sp.nbytes, 0
+    def _read(self, sp: ExpertSpan, buf: memoryview, places: list[int], direct: bool) -> int:
+        """Bytes of the span now in buf, run i at places[i], read as the module's docstring says (a plain
+        pread in `cached` mode or with room to spare; else copied or O_DIRECT, then dropped from the page
+        cache)."""
         fd = os.open(sp.path, os.O_RDONLY)
         try:
             if self.keeps_page_cache():
-                cached = _cached_share(fd, sp.offset, n) >= 0.5
-                if not cached:  # the copy the page cache keeps, in 2 MiB folios
-                    read_ahead_huge(fd, sp.offset, n)
-                got = os.preadv(fd, [buf[start:start + n]], sp.offset)
-                self.read_bytes["page_cache" if cached else "buffered"] += got
+                got = 0
+                for (off, n), at in zip(sp.runs, places):
+                    cached = _cached_share(fd, off, n) >= 0.5
+                    if not cached:  # the copy the page cache keeps, in 2 MiB folios
+                        read_ahead_huge(fd, off, n)
+                    more = os.preadv(fd, [buf[at:at + n]], off)
+                    self.read_bytes["page_cache" if cached else "buffered"] += more
+                    got += more
                 return got
-            if self.read_mode == "auto" and _cached_share(fd, sp.offset, n) >= 0.5:
-                got = os.preadv(fd, [buf[start:start + n]], sp.offset)  # mostly a copy from memory
-                self.read_bytes["page_cache"] += got
-            if got < n and direct:
-                done = self._read_direct(sp, buf, start, got)
+            have = [0] * len(sp.runs)
+            for i, ((off, n), at) in enumerate(zip(sp.runs, places)):
+                if self.read_mode == "auto" and _cached_share(fd, off, n) >= 0.5:
+                    have[i] = os.preadv(fd, [buf[at:at + n]], off)  # mostly a copy from memory
+                    self.read_bytes["page_cache"] += have[i]
+            if direct and any(h < n for h, (_, n) in zip(have, sp.runs)):
+                done = self._read_direct(sp, buf, places, have)
                 if done is not None:
-                    self.read_bytes["direct"] += done - got
-                    got = done
-            if got < n:  # buffered: O_DIRECT refused, or a buffer it cannot take
-                more = os.preadv(fd, [buf[start + got:start + n]], sp.offset + got)
-                self.read_bytes["buffered"] += more
-                got += more
-            if hasattr(os, "posix_fadvise"):  # the copy in our slot is the only one
-                os.posix_fadvise(fd, sp.offset, n, os.POSIX_FADV_DONTNEED)
+                    self.read_bytes["direct"] += sum(done) - sum(have)
+                    have = done
+            for i, ((off, n), at) in enumerate(zip(sp.runs, places)):
+                if have[i] < n:  # buffered: O_DIRECT refused, or a buffer it cannot take
+                    more = os.preadv(fd, [buf[at + have[i]:at + n]], off + have[i])
+                    self.read_bytes["buffered"] += more
+                    have[i] += more
+                if hasattr(os, "posix_fadvise"):  # the copy in our slot is the only one
+                    os.posix_fadvise(fd, off, n, os.POSIX_FADV_DONTNEED)
         finally:
             os.close(fd)
-        return got
+        return sum(have)
 
-    def _read_direct(self, sp: ExpertSpan, buf: memoryview, start: int, have: int) -> int | None:
-        """O_DIRECT reads of the span from byte `have` on, in IO_CHUNK pieces on the I/O threads; how
-        much of the span is in buf afterwards, None when the filesystem refuses O_DIRECT."""
-        base = sp.offset - start  # file offset of buf[0], a multiple of DIRECT_ALIGN
-        a = (sp.offset + have) // DIRECT_ALIGN * DIRECT_ALIGN
-        b = base + sp.slot_bytes
+    def _read_direct(self, sp: ExpertSpan, buf: memoryview, places: list[int], have: list[int]) -> list[int] | None:
+        """O_DIRECT reads of each run from its byte have[i] on, whole pages of the file (the run's
+        window: a GGUF run starts anywhere in a page), in IO_CHUNK pieces on the I/O threads; how much of
+        each run is in buf afterwards, None when the filesystem refuses O_DIRECT."""
+        pieces = []  # (run, first file byte, end, file offset of buf[0] for this run: a multiple of DIRECT_ALIGN)
+        for i, ((off, n), at, w) in enumerate(zip(sp.runs, places, sp.windows())):
+            if have[i] < n:
+                a, b = (off + have[i]) // DIRECT_ALIGN * DIRECT_ALIGN, off // DIRECT_ALIGN * DIRECT_ALIGN + w
+                pieces += [(i, o, min(b, o + IO_CHUNK), off - at) for o in range(a, b, IO_CHUNK)]
         try:
             fd = os.open(sp.path, os.O_RDONLY | os.O_DIRECT)
         except OSError as e:
@@ -343,8 +394,7 @@ class ExpertStore:
                 raise
             return self._no_direct(sp, e)
         try:
-            pieces = [(o, min(b, o + IO_CHUNK)) for o in range(a, b, IO_CHUNK)]
-            read = lambda p: os.preadv(fd, [buf[p[0] - base:p[1] - base]], p[0])  # noqa: E731
+            read = lambda p: os.preadv(fd, [buf[p[1] - p[3]:p[2] - p[3]]], p[1])  # noqa: E731
             try:
                 if len(pieces) == 1:
                     counts = [read(pieces[0])]
@@ -359,12 +409,14 @@ class ExpertStore:
                 return self._no_direct(sp, e)
         finally:
             os.close(fd)
-        end = a  # contiguous bytes read from a: a short piece is the end of the file
-        for (lo, hi), c in zip(pieces, counts):
-            end = lo + c
-            if c < hi - lo:
-                break
-        return max(have, min(sp.nbytes, end - sp.offset))
+        done, short = list(have), set()  # contiguous bytes of each run: a short piece is the end of the file
+        for (i, lo, hi, _), c in zip(pieces, counts):
+            if i not in short:
+                off, n = sp.runs[i]
+                done[i] = max(have[i], min(n, lo + c - off))
+                if c < hi - lo:
+                    short.add(i)
+        return done
 
     def _no_direct(self, sp: ExpertSpan, e: OSError) -> None:
         if self.direct:

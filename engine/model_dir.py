@@ -10,7 +10,9 @@
       router/layer_N.bin              router of layer N (MoE only)
       experts/layer_N_expert_M.bin    gate/up/down of one expert (a dense MLP is expert 0)
       experts/layer_N_shared.bin      Qwen2-MoE's shared expert
-    or, converted without --split_experts, experts/layer_N.bin holding all experts of layer N.
+    or, converted without --split_experts, experts/layer_N.bin holding all experts of layer N;
+    or, for a GGUF run in place, no tensor file at all: gguf_index.json (engine.gguf_index) says where
+    each of those files' tensors lies in the GGUF, and every tensor file is read from there.
 
 Tensor names are GGUF's vocabulary (`blk.3.attn_q.weight`, `blk.3.ffn_gate.5.weight`) and are
 the same string in files, manifest, logs and dashboard.
@@ -23,7 +25,7 @@ import math
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-from engine import tensorfile
+from engine import gguf_index, tensorfile
 from engine.arch import spec
 from engine.errors import (BadHeaderError, ChecksumMismatchError, MissingFileError,
                            ModelFormatError, NewerFormatError, SizeMismatchError)
@@ -316,13 +318,30 @@ class ModelDir:
     # each tensor file's header as validated on opening (relative path -> TensorInfo by name): the
     # expert store locates experts from these rather than reading every file's header again
     headers: dict = field(default_factory=dict, repr=False, compare=False)
+    gguf: Path | None = None  # a GGUF run in place (engine.gguf_index): every tensor file is a part of it
+    indexed: dict = field(default_factory=dict, repr=False, compare=False)  # its tensors: name -> IndexedTensor
 
     @property
     def split_experts(self) -> bool:
         return bool(self.meta.get("layout", {}).get("split_experts", True))
 
+    def data_path(self, relpath: str) -> Path:
+        """The file holding a tensor file's bytes: itself, or the GGUF it is a part of."""
+        return self.gguf or self.path / relpath
+
     def tensor_file(self, relpath: str) -> tensorfile.TensorFile:
-        return tensorfile.TensorFile(self.path / relpath)
+        if self.gguf is None:
+            return tensorfile.TensorFile(self.path / relpath)
+        infos = self.headers[relpath]
+        made = {n: (t.stored, lambda v, t=t: gguf_index.made_in_memory(t, v)) for n in infos
+                if (t := self.indexed[n]).stored is not t.info.qtype or t.unpermute}
+        return tensorfile.TensorFile(self.gguf, infos, made)
+
+    def tensor_bytes(self) -> dict[str, int]:
+        """Bytes of each tensor file, relative path -> size (a GGUF run in place: its tensors' bytes)."""
+        if self.gguf is None:
+            return {rel: e["size"] for rel, e in self.manifest["files"].items() if rel.endswith(".bin")}
+        return {rel: sum(i.nbytes for i in infos.values()) for rel, infos in self.headers.items()}
 
     def files(self) -> dict[str, dict[str, tuple[int, ...]]]:
         return expected_tensors(self.config, self.split_experts)
@@ -403,10 +422,20 @@ def open_model_dir(path: str | Path, verify: bool = False) -> ModelDir:
                                     f"(truncated or overwritten?)")
         if verify and sha256_file(p) != entry.get("sha256"):
             raise ChecksumMismatchError(f"{p}: sha256 does not match manifest.json (file is corrupt)")
-    model = ModelDir(root, config, meta, man_doc)
+    index = meta.get("layout", {}).get("gguf")
+    if index is not None:
+        if index not in listed:
+            raise MissingFileError(f"{root / str(index)}: missing from manifest.json")
+        gguf, indexed = gguf_index.read_index(inside(root, index))
+        model = ModelDir(root, config, meta, man_doc, gguf=gguf, indexed=indexed)
+    else:
+        model = ModelDir(root, config, meta, man_doc)
     for rel in (CONFIG_FILE, TOKENIZER_FILE):
         if rel not in listed:
             raise MissingFileError(f"{root / rel}: missing from manifest.json")
+    if index is not None:
+        _check_indexed(model)
+        return model
     for rel, tensors in model.files().items():
         if rel not in listed:
             raise MissingFileError(f"{root / rel}: missing (the config needs it; not in manifest.json)")
@@ -420,6 +449,21 @@ def open_model_dir(path: str | Path, verify: bool = False) -> ModelDir:
                 raise BadHeaderError(f"{root / rel}: tensor {name!r} has shape {list(infos[name].shape)}, "
                                      f"config.json implies {list(shape)}")
     return model
+
+
+def _check_indexed(model: ModelDir) -> None:
+    """Every expected tensor in the GGUF index with its shape; headers: each tensor file's part of it."""
+    where = model.path / model.meta["layout"]["gguf"]
+    for rel, tensors in model.files().items():
+        infos = model.headers[rel] = {}
+        for name, shape in tensors.items():
+            t = model.indexed.get(name)
+            if t is None:
+                raise BadHeaderError(f"{where}: tensor {name!r} is missing")
+            if t.info.shape != shape:
+                raise BadHeaderError(f"{where}: tensor {name!r} has shape {list(t.info.shape)}, config.json "
+                                     f"implies {list(shape)}")
+            infos[name] = t.info
 
 
 def config_document(cfg: ModelConfig, meta: dict) -> dict:

@@ -21,7 +21,7 @@ import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Iterable
+from typing import BinaryIO, Callable, Iterable
 
 import numpy as np
 
@@ -246,15 +246,29 @@ def read_header(path: Path, file_size: int | None = None, quiet: bool = False) -
 
 
 class TensorFile:
-    """A read-only memory mapping of one tensor file; tensors are zero-copy numpy views."""
+    """A read-only memory mapping of one tensor file; tensors are zero-copy numpy views.
 
-    def __init__(self, path: Path):
+    Given `infos`, the file is another's (a GGUF run in place, engine.gguf_index): only the range of
+    those tensors is mapped, and `made` names the tensors read otherwise than stored, each with its
+    stored format and the function that makes it from the stored view (a small copy)."""
+
+    def __init__(self, path: Path, infos: dict[str, TensorInfo] | None = None,
+                 made: dict[str, tuple[quant.QuantType, Callable[[np.ndarray], np.ndarray]]] | None = None):
         self.path = Path(path)
-        self.infos, self.meta = read_header(self.path)
-        with open(self.path, "rb") as f:
-            self._mmap = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        self.infos, self.meta = read_header(self.path) if infos is None else (infos, {})
+        self._made = made or {}
         self._fd = os.open(self.path, os.O_RDONLY)  # the mapped file itself (os.stat would follow a rename)
-        self._size = len(self._mmap)
+        lo, hi = 0, 0
+        if infos is not None and infos:
+            lo = min(i.offset for i in infos.values()) // mmap.ALLOCATIONGRANULARITY * mmap.ALLOCATIONGRANULARITY
+            hi = max(i.offset + i.nbytes for i in infos.values())
+        try:
+            self._mmap = mmap.mmap(self._fd, hi - lo, access=mmap.ACCESS_READ, offset=lo)
+        except BaseException:
+            os.close(self._fd)
+            raise
+        self._base = lo  # the file offset of the mapping's first byte
+        self._size = lo + len(self._mmap)
 
     def check(self) -> None:
         """Raise SizeMismatchError if the mapped file has shrunk since it was opened: touching pages
@@ -263,8 +277,9 @@ class TensorFile:
             return
         size = os.fstat(self._fd).st_size
         if size < self._size:
-            raise SizeMismatchError(f"{self.path}: the weight file shrank from {self._size} to {size} bytes "
-                                    f"while the model was loaded (changed on disk?): load the model again")
+            raise SizeMismatchError(f"{self.path}: the weight file shrank to {size} bytes (the model reads up to "
+                                    f"byte {self._size}) while the model was loaded (changed on disk?): "
+                                    f"load the model again")
 
     def __contains__(self, name: str) -> bool:
         return name in self.infos
@@ -278,9 +293,11 @@ class TensorFile:
             i = self.infos[name]
         except KeyError:
             raise KeyError(f"{self.path}: no tensor {name!r}; has {sorted(self.infos)}") from None
-        shape = i.qtype.stored_shape(i.shape)
-        count = i.nbytes // i.qtype.storage.itemsize
-        return np.frombuffer(self._mmap, i.qtype.storage, count, i.offset).reshape(shape)
+        made = self._made.get(name)
+        qt = made[0] if made else i.qtype
+        view = np.frombuffer(self._mmap, qt.storage, i.nbytes // qt.storage.itemsize,
+                             i.offset - self._base).reshape(qt.stored_shape(i.shape))
+        return made[1](view) if made else view
 
     def stored(self, name: str) -> np.ndarray:
         """The tensor in its format's stored (GGUF) layout: the mapped view, or for a repacked
@@ -295,7 +312,8 @@ class TensorFile:
         """Unmap this process's whole pages of a tensor copied elsewhere (they stay in the page cache)."""
         i = self.infos[name]
         page = mmap.PAGESIZE
-        start, end = -(-i.offset // page) * page, (i.offset + i.nbytes) // page * page
+        at = i.offset - self._base
+        start, end = -(-at // page) * page, (at + i.nbytes) // page * page
         if end > start and hasattr(mmap, "MADV_DONTNEED"):
             self._mmap.madvise(mmap.MADV_DONTNEED, start, end - start)
 

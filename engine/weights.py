@@ -5,8 +5,6 @@ float32. Experts are loaded on demand into the expert cache (`ModelWeights.exper
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 
 from engine.arch import spec
@@ -40,7 +38,7 @@ class ModelWeights:
         self._shared_blocks = []
         self._packed_blocks = []  # repacked copies of mapped matrices (_repacked)
         self.repack = repack
-        emb = self._open(model.path / "embeddings.bin")
+        emb = self._open(model, "embeddings.bin")
         self.token_embd = load_matrix(emb, "token_embd.weight")  # a few rows a token: stays mapped
         if cfg.tie_word_embeddings:  # also the output head, read whole every token: repacked
             self.token_embd = self.output = self._repacked(self.token_embd, emb)  # (lookups read the groups)
@@ -55,17 +53,16 @@ class ModelWeights:
             self.per_layer_model_proj = self._repacked(load_matrix(emb, "per_layer_model_proj.weight"), emb)
             self.per_layer_proj_norm = load_vector(emb, "per_layer_proj_norm.weight")
         self.layers = [self._layer(model, L) for L in range(cfg.num_layers)]
-        self.model_files = model.manifest["files"]
-        self._bytes = sum(e["size"] for rel, e in self.model_files.items() if rel.endswith(".bin"))
+        self._bytes = sum(model.tensor_bytes().values())
 
-    def _open(self, path: Path) -> TensorFile:
-        tf = TensorFile(path)
+    def _open(self, model: ModelDir, rel: str) -> TensorFile:
+        tf = model.tensor_file(rel)
         self.files.append(tf)
         return tf
 
     def _layer(self, model: ModelDir, L: int) -> LayerWeights:
         cfg, b = model.config, f"blk.{L}."
-        at = self._open(model.path / f"attention/layer_{L}.bin")
+        at = self._open(model, f"attention/layer_{L}.bin")
         opt = lambda n: load_vector(at, b + n) if b + n in at else None  # noqa: E731
         mat = lambda n: self._repacked(load_matrix(at, b + n), at)  # noqa: E731
         opt_mat = lambda n: mat(n) if b + n in at else None  # noqa: E731  (k, v: not in a KV-shared layer)
@@ -111,7 +108,7 @@ class ModelWeights:
         """Layer L's router matrix, a sigmoid_bias router's selection bias, and a gated shared
         expert (Qwen2-MoE) with its gate, as LayerWeights fields."""
         b = f"blk.{L}."
-        rt = self._open(model.path / f"router/layer_{L}.bin")
+        rt = self._open(model, f"router/layer_{L}.bin")
         out = {"router": load_matrix(rt, b + "ffn_gate_inp.weight")}
         if b + "exp_probs_b.bias" in rt:
             out["expert_bias"] = load_vector(rt, b + "exp_probs_b.bias")
@@ -147,7 +144,7 @@ class ModelWeights:
         return self.store.read_into(layer, expert, block.array(np.uint8, (block.size,)), self.repack)
 
     def nbytes(self) -> int:
-        """Bytes of all weight files (every expert, resident or not)."""
+        """Bytes of all weight files (every expert, resident or not; a GGUF run in place: its tensors)."""
         return self._bytes
 
     def check_files(self) -> None:

@@ -35,6 +35,7 @@ from engine.convert.tokenizer_import import TokenizerBundle, from_hf_folder
 from engine.errors import (ConfigError, ConversionCancelled, ConversionError, DiskSpaceError,
                            MissingTensorError, ModelFormatError, OutputExistsError, SourceFormatError,
                            UnexpectedTensorError)
+from engine.gguf_index import INDEX_FILE, write_index
 from engine.model_dir import (CONFIG_FILE, TEMPLATE_FILE, TOKENIZER_FILE, Manifest, ModelConfig,
                               config_document, expected_tensors, open_model_dir)
 from engine.tensorfile import TensorFileWriter, TensorPlan, align_up
@@ -80,6 +81,7 @@ class _Source:
     ignorable: Callable[[str], bool]
     close: Callable[[], None]
     generation: dict | None = None  # the model's own sampling defaults (see generation_defaults)
+    header_bytes: int = 0  # a GGUF's header (metadata and tensor table) before its data
 
 
 # the model's recommended sampling, by our parameter name: Hugging Face generation_config.json keys and
@@ -166,7 +168,7 @@ def open_source(path: Path, progress: Callable[[float], None] | None = None) -> 
         # (Gemma 4's rope_freqs only mark its proportional rope, which the config now describes)
         ignorable = lambda n: n == "rope_freqs.weight" and not cfg.rope_freq_factors  # noqa: E731
         return _Source("gguf", cfg, tok, g.tensors, resolve, ignorable, g.close,
-                       generation_defaults(g.fields, GGUF_SAMPLING, str(path)))
+                       generation_defaults(g.fields, GGUF_SAMPLING, str(path)), g.header_bytes)
     raise SourceFormatError(f"{path}: no such file or folder (give a .gguf file or a Hugging Face folder)")
 
 
@@ -345,13 +347,15 @@ def convert(model_path: str | Path, output_path: str | Path, quantize: str | Non
             split_experts: bool = True, num_experts: int | None = None, top_k: int | None = None,
             force: bool = False, progress: Callable[[Progress], None] | None = None,
             cancel: threading.Event | Callable[[], bool] | None = None,
-            calibration_data: str | Path | None = None, repack_experts: bool = True) -> ConvertResult:
+            calibration_data: str | Path | None = None, repack_experts: bool = True,
+            in_place: bool = False) -> ConvertResult:
     """Convert `model_path` (GGUF file or HF folder) into the Colibri directory `output_path`.
 
     `quantize`: one of QUANTIZE_CHOICES; None keeps a GGUF's formats and makes int8 of a float
     checkpoint. `cancel` (an Event or a callable) is checked between slices of tensors.
     `calibration_data`: a text file whose activations weight the rounding. `repack_experts` off: every
-    tensor in its stored (GGUF) layout."""
+    tensor in its stored (GGUF) layout. `in_place`: a GGUF kept as it is, the directory holding an
+    index of its tensors' bytes (engine.gguf_index) and no tensor data: no copy, seconds for any size."""
     t0 = time.perf_counter()
     src_path, dst = Path(model_path).expanduser(), Path(output_path).expanduser().absolute()
     if quantize is not None and quantize not in QUANTIZE_CHOICES:
@@ -367,6 +371,10 @@ def convert(model_path: str | Path, output_path: str | Path, quantize: str | Non
     tmp: Path | None = None
     try:
         target = quantize or ("keep" if src.kind == "gguf" else "int8")
+        if in_place:
+            why = in_place_refusal(src.kind, target, split_experts, calibration_data)
+            if why:
+                raise ConversionError(f"{src_path}: cannot be run in place: {why}")
         cfg = _apply_overrides(src.config, num_experts, top_k)
         if cfg.rope_scaling and cfg.rope_scaling.get("type") == "llama3":
             cfg = replace(cfg, rope_freq_factors=True)
@@ -382,6 +390,8 @@ def convert(model_path: str | Path, output_path: str | Path, quantize: str | Non
                                       f"({chunks} chunks, {tokens} tokens)", "", "calibration"))
             cal = calibration_of(items, cfg, src, calibration_data, src_path, progress=calibrating)
         cfg = replace(cfg, rope_scaling=None) if cfg.rope_freq_factors else cfg
+        if in_place:
+            return _index_in_place(src, src_path, dst, cfg, items, progress, t0)
         if repack_experts:
             items = [replace(i, qtype=quant.repacked(i.qtype, i.source.shape)) if i.file.startswith("experts/")
                      else i for i in items]
@@ -429,6 +439,58 @@ def convert(model_path: str | Path, output_path: str | Path, quantize: str | Non
     return ConvertResult(dst, cfg, total, seconds, types, cal.summary() if cal else None)
 
 
+def in_place_refusal(kind: str, target: str, split_experts: bool, calibration_data: object) -> str | None:
+    """Why a source cannot be run in place (None: it can): only a GGUF kept in its own formats."""
+    if kind != "gguf":
+        return "only a GGUF file runs in place"
+    if target != "keep":
+        return f"--quantize {target} writes new tensors (keep the GGUF's own formats, or convert a copy)"
+    if not split_experts:
+        return "--no-split_experts is a layout of copied files"
+    return "--calibration_data rounds new tensors" if calibration_data else None
+
+
+def _index_in_place(src: _Source, src_path: Path, dst: Path, cfg: ModelConfig, items: list[_Item],
+                    progress: Callable[[Progress], None] | None, t0: float) -> ConvertResult:
+    """The model directory of a GGUF run in place: config, tokenizer, template and the index of every
+    tensor's bytes in the GGUF (engine.gguf_index), written as a converted model is (atomically)."""
+    entries = {}
+    for it in items:
+        t = it.source
+        if t.at is None:
+            raise ConversionError(f"{src_path}: tensor {t.name!r} is not a run of the GGUF's bytes as the engine "
+                                  f"reads it; convert a copy instead (colibri-convert --copy)")
+        e = {"type_id": it.qtype.type_id, "shape": list(t.shape), "offset": t.at, "nbytes": t.nbytes}
+        if it.qtype is not t.qtype:
+            e["stored_type_id"] = t.qtype.type_id
+        if t.reorder:
+            e["unpermute"] = int(t.reorder[1])
+        entries[it.name] = e
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    _clean_stale_partials(dst)
+    tmp = dst.parent / f".{dst.name}{_PARTIAL}{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        write_index(tmp / INDEX_FILE, src_path.absolute(), src.header_bytes, entries)
+        manifest = Manifest()
+        manifest.add_file(tmp, INDEX_FILE)
+        types = dict(Counter(it.qtype.name for it in items))
+        _write_metadata(tmp, cfg, src, "keep", True, types, src_path, manifest, gguf=INDEX_FILE)
+        _move_into_place(tmp, dst)
+    except OSError as e:
+        raise ConversionError(f"writing {dst}: {e.strerror or e} ({e.filename or dst.parent}); "
+                              f"nothing was written") from e
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    size = sum(f.stat().st_size for f in dst.iterdir())
+    if progress:
+        progress(Progress(1, 1, "", INDEX_FILE))
+    seconds = time.perf_counter() - t0
+    log.info("indexed %s in place -> %s: %.1f KB in %.1f s", src_path, dst, size / 1e3, seconds)
+    return ConvertResult(dst, cfg, size, seconds, types)
+
+
 def _check_vocab(tok: TokenizerBundle, cfg: ModelConfig) -> None:
     """A tokenizer that can emit ids past the embedding table would crash the engine later."""
     from tokenizers import Tokenizer
@@ -453,7 +515,7 @@ def _apply_overrides(cfg: ModelConfig, num_experts: int | None, top_k: int | Non
 
 def _write_metadata(tmp: Path, cfg: ModelConfig, src: _Source, target: str, split: bool,
                     types: dict[str, int], src_path: Path, manifest: Manifest,
-                    calibration: dict | None = None) -> None:
+                    calibration: dict | None = None, gguf: str | None = None) -> None:
     (tmp / TOKENIZER_FILE).write_text(src.tokenizer.tokenizer_json, encoding="utf-8")
     manifest.add_file(tmp, TOKENIZER_FILE)
     if src.tokenizer.chat_template is not None:
@@ -462,7 +524,7 @@ def _write_metadata(tmp: Path, cfg: ModelConfig, src: _Source, target: str, spli
     meta = {
         "quantization": {"requested": target, "tensor_types": types,
                          **({"calibration": calibration} if calibration else {})},
-        "layout": {"split_experts": split},
+        "layout": {"split_experts": split, **({"gguf": gguf} if gguf else {})},
         "tokenizer": {"file": TOKENIZER_FILE,
                       "chat_template_file": TEMPLATE_FILE if src.tokenizer.chat_template is not None else None,
                       **src.tokenizer.meta},

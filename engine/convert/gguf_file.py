@@ -20,6 +20,7 @@ from engine.convert.gguf_header import read_header
 from engine.convert.source import FileReader, SourceTensor
 from engine.convert.tokenizer_import import TokenizerBundle, from_gguf_fields
 from engine.errors import ConfigError, SourceFormatError, UnsupportedArchitectureError
+from engine.gguf_index import unpermute_order
 from engine.model_dir import ModelConfig
 from engine.arch import FAMILIES, GGUF_ARCHS, family, gguf_spec  # what each GGUF architecture is
 
@@ -31,12 +32,6 @@ LIMITS = {"block_count": (1, 4096), "embedding_length": (1, 1 << 20), "attention
           "expert_shared_feed_forward_length": (0, 1 << 22), "expert_count": (0, 1 << 16),
           "expert_used_count": (1, 1 << 16), "vocab_size": (1, 1 << 24), "context_length": (1, 1 << 24),
           "rope.dimension_count": (2, 1 << 16)} | {k: v for f in FAMILIES for k, v in f.gguf_limits.items()}
-
-
-def unpermute_order(n_head: int, rows: int) -> np.ndarray:
-    """Row order that turns llama.cpp's rotary layout back into Hugging Face's: per head,
-    llama.cpp stores row (j, t) (pair j, half t) where HF has (t, j)."""
-    return np.arange(rows).reshape(n_head, rows // n_head // 2, 2).swapaxes(1, 2).reshape(-1)
 
 
 # --- the layout, checked before the gguf package reads anything ---------------------------------
@@ -153,7 +148,7 @@ class GGUFModel:
             magic = f.read(4)
         if magic != b"GGUF":
             raise SourceFormatError(f"{path}: not a GGUF file (magic {magic!r})")
-        size = check_layout(path)
+        size = self.header_bytes = check_layout(path)
         # the header only (gguf_header, much faster than gguf.GGUFReader)
         header = read_header(path, progress, size)
         self.fields: dict = header.fields
@@ -186,7 +181,8 @@ class GGUFModel:
             raise SourceFormatError(f"{self.path}: tensor {t.name!r} ends at byte {end} but the file has "
                                     f"{self.file.size} bytes (truncated?)")
         return SourceTensor(t.name, shape, qtype,
-                            self.file.rows(t.name, t.data_offset, qtype.row_bytes(shape[-1]), qtype.storage))
+                            self.file.rows(t.name, t.data_offset, qtype.row_bytes(shape[-1]), qtype.storage),
+                            t.data_offset)
 
     def value(self, key: str, default=None, required: bool = False):
         arch = self.fields.get("general.architecture")
@@ -299,7 +295,7 @@ class GGUFModel:
             if t.rows % (2 * heads) or not t.rows:
                 raise ConfigError(f"{self.path}: tensor {name!r} has {t.rows} rows, which do not split into "
                                   f"{heads} heads of rotary pairs (a head count that does not match the weights?)")
-            return t.permute_rows(unpermute_order(heads, t.rows))
+            return t.permute_rows(unpermute_order(heads, t.rows), ("unpermute", heads))
         return t
 
     def tokenizer(self) -> TokenizerBundle:

@@ -24,6 +24,8 @@ class SourceTensor:
     shape: tuple[int, ...]
     qtype: quant.QuantType
     read_rows: RowReader = field(repr=False)
+    at: int | None = None  # file offset of row 0 where the rows lie in the file as stored (a GGUF's), else None
+    reorder: tuple | None = None  # ("unpermute", heads): rows in gguf_file.unpermute_order (llama's q/k)
 
     @property
     def rows(self) -> int:
@@ -51,7 +53,11 @@ class SourceTensor:
             raise ConversionError(f"{self.name}: no slice {index} in shape {list(self.shape)}")
         per = self.rows // self.shape[0]
         return SourceTensor(f"{self.name}[{index}]", self.shape[1:], self.qtype,
-                            lambda a, b: self.read_rows(index * per + a, index * per + b))
+                            lambda a, b: self.read_rows(index * per + a, index * per + b),
+                            self._at_row(index * per))
+
+    def _at_row(self, row: int) -> int | None:
+        return None if self.at is None or self.reorder else self.at + row * self.row_bytes
 
     def row_part(self, part: int, parts: int) -> SourceTensor:
         """Rows block `part` of `parts` equal blocks along the first axis (a fused gate_up)."""
@@ -59,7 +65,7 @@ class SourceTensor:
             raise ConversionError(f"{self.name}: shape {list(self.shape)} does not split in {parts} row blocks")
         n = self.shape[0] // parts
         return SourceTensor(f"{self.name}#{part}/{parts}", (n, self.shape[1]), self.qtype,
-                            lambda a, b: self.read_rows(part * n + a, part * n + b))
+                            lambda a, b: self.read_rows(part * n + a, part * n + b), self._at_row(part * n))
 
     def columns(self, part: int, parts: int) -> SourceTensor:
         """Columns part, part + parts, ... of a float tensor (gpt-oss interleaves gate and up)."""
@@ -94,18 +100,20 @@ class SourceTensor:
             return funcs[fn](np.asarray(x, np.float32).reshape(-1)).astype(np.float32)
         return SourceTensor(f"{self.name}@{fn}", self.shape, f32, read)
 
-    def permute_rows(self, order: np.ndarray) -> SourceTensor:
-        """Rows reordered: new row i is old row order[i] (a lossless move of whole rows)."""
+    def permute_rows(self, order: np.ndarray, reorder: tuple | None = None) -> SourceTensor:
+        """Rows reordered: new row i is old row order[i] (a lossless move of whole rows); `reorder`
+        names the order for a reader of the file in place (SourceTensor.reorder)."""
         def read(a: int, b: int) -> np.ndarray:
             return self.read().reshape(self.rows, -1)[order[a:b]]
-        return SourceTensor(self.name, self.shape, self.qtype, read)
+        return SourceTensor(self.name, self.shape, self.qtype, read, self.at if reorder else None, reorder)
 
     def reshaped(self, shape: tuple[int, ...]) -> SourceTensor:
         """Same data, other leading dims (e.g. a (1, n) matrix as an (n,) vector)."""
         assert shape[-1] == self.shape[-1] and np.prod(shape) == np.prod(self.shape)
         if len(shape) == 1:
-            return SourceTensor(self.name, shape, self.qtype, lambda a, b: self.read_rows(0, self.rows))
-        return SourceTensor(self.name, shape, self.qtype, self.read_rows)
+            return SourceTensor(self.name, shape, self.qtype, lambda a, b: self.read_rows(0, self.rows), self.at,
+                                self.reorder)
+        return SourceTensor(self.name, shape, self.qtype, self.read_rows, self.at, self.reorder)
 
 
 class FileReader:
