@@ -7,6 +7,7 @@ generation request (`sampling`). `live` says whether a running engine applies a 
 from __future__ import annotations
 
 import argparse
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,6 +16,19 @@ import psutil
 
 def physical_cores() -> int:
     return psutil.cpu_count(logical=False) or psutil.cpu_count() or 1
+
+
+def grammar(value: Any) -> str:
+    """The grammar parameter's text for llguidance: a Lark grammar as it is; a JSON schema (a
+    dict, or its JSON text, as a settings box holds it) in llguidance's JSON form, which
+    engine.grammar.json_schema also gives (and JSON already in that form, with "grammars", as it is)."""
+    if isinstance(value, str) and value.lstrip().startswith("{"):
+        value = json.loads(value)  # (a ValueError: "not a valid grammar")
+    if isinstance(value, dict):
+        return json.dumps(value if "grammars" in value else {"grammars": [{"json_schema": value}]})
+    if not isinstance(value, str):
+        raise TypeError
+    return value
 
 
 @dataclass(frozen=True)
@@ -120,6 +134,9 @@ PARAMS: dict[str, Param] = {p.name: p for p in [
           "tokens (OpenAI's presence_penalty); 0 = off", scope="sampling", min=-2.0, max=2.0),
     Param("seed", int, None, "random seed; the same seed gives the same text", scope="sampling", min=0,
           max=2**63 - 1, nullable=True),
+    Param("grammar", grammar, None, "answer in a form: a JSON schema the reply must match, or a grammar "
+          "(llguidance's Lark dialect; %json {schema} embeds a schema); the reply ends where the grammar does; "
+          "none = free text", scope="sampling", nullable=True),
 ]}
 
 
