@@ -7,10 +7,10 @@ may come next, as a bitmask over the vocabulary. The next mask is computed on a 
 while the forward pass runs (llguidance releases the GIL); the sampler only waits for it and
 gives the forbidden tokens a logit of -inf.
 
-The `grammar` generation parameter is any text llguidance compiles: a Lark grammar in
+The `grammar` generation parameter is a JSON schema (its JSON text), a Lark grammar in
 llguidance's dialect (docs/syntax.md of guidance-ai/llguidance: Lark rules, /regex/ terminals,
-`%json {schema}` to embed a JSON schema), or the JSON form that `json_schema`, `json_object`
-and `regex` below return.
+`%json {schema}` to embed a JSON schema), or llguidance's JSON form that `json_schema`,
+`json_object` and `regex` below return.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import re
 import threading
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import llguidance
 import numpy as np
@@ -64,6 +64,8 @@ def schema_of(grammar: str) -> dict | None:
         g = json.loads(grammar)
     except ValueError:
         return None
+    if isinstance(g, dict) and "grammars" not in g:  # the schema itself
+        return g
     parts = g.get("grammars") if isinstance(g, dict) else None
     if isinstance(parts, list) and len(parts) == 1 and isinstance(parts[0], dict) \
             and isinstance(parts[0].get("json_schema"), dict) and not parts[0].get("lark_grammar"):
@@ -80,8 +82,20 @@ def unsupported_keywords(message: str) -> list[str]:
     return json.loads(f"[{m.group(1)}]") if m else []
 
 
+def compiled(text: str) -> str:
+    """What llguidance reads for the grammar parameter's text: a JSON schema's JSON text becomes
+    llguidance's JSON form of it; a Lark grammar, or that form itself ("grammars"), is as it is."""
+    if text.lstrip().startswith("{"):
+        value = json.loads(text)
+        if isinstance(value, dict) and "grammars" not in value:
+            return json_schema(value)
+    return text
+
+
 def check(grammar: str) -> str:
-    """`grammar` if llguidance compiles it, else GrammarError with its reason; warnings are logged."""
+    """`grammar` compiled (compiled()) if llguidance can, else GrammarError with its reason;
+    warnings are logged."""
+    grammar = compiled(grammar)
     failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
     if failed:
         raise GrammarError(f"grammar: {messages[0]}")
@@ -151,10 +165,5 @@ class Constraint:
 
 
 def constraint(grammar: str, codec: TextCodec, vocab_size: int) -> Constraint:
-    return Constraint(grammar, tokenizer_view(codec, vocab_size), vocab_size)
-
-
-def compiled(spec: Any) -> str:
-    """The grammar parameter's value from what a caller gives: a JSON schema as a dict, else the
-    text itself (a Lark grammar or llguidance's JSON form)."""
-    return json_schema(spec) if isinstance(spec, dict) else str(spec)
+    """A reply's constraint from the grammar parameter's text (compiled())."""
+    return Constraint(compiled(grammar), tokenizer_view(codec, vocab_size), vocab_size)

@@ -19,14 +19,13 @@ def physical_cores() -> int:
 
 
 def grammar(value: Any) -> str:
-    """The grammar parameter's text for llguidance: a Lark grammar as it is; a JSON schema (a
-    dict, or its JSON text, as a settings box holds it) in llguidance's JSON form, which
-    engine.grammar.json_schema also gives (and JSON already in that form, with "grammars", as it is)."""
-    if isinstance(value, str) and value.lstrip().startswith("{"):
-        value = json.loads(value)  # (a ValueError: "not a valid grammar")
+    """The grammar parameter's text: a Lark grammar, or a JSON schema as JSON text (a dict is
+    written as one), kept as the user wrote it; engine.grammar compiles it."""
     if isinstance(value, dict):
-        return json.dumps(value if "grammars" in value else {"grammars": [{"json_schema": value}]})
+        return json.dumps(value)
     if not isinstance(value, str):
+        raise TypeError
+    if value.lstrip().startswith("{") and not isinstance(json.loads(value), dict):  # (a ValueError: not valid)
         raise TypeError
     return value
 

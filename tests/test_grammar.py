@@ -80,8 +80,9 @@ def test_regex_and_lark_grammars_end_the_reply_where_they_end(engine):
     lark = 'start: answer " because " reason\nanswer: "yes" | "no"\nreason: /[a-z ]{1,30}/ "."'
     text, finish = text_of(engine.generate(ASK, grammar=lark, temperature=0.8, seed=5, max_tokens=60))
     assert finish == "stop" and re.fullmatch(r"(yes|no) because [a-z ]{1,30}\.", text), text
-    text, _ = text_of(engine.generate(ASK, grammar=G.json_object(), temperature=0, max_tokens=300))
-    assert isinstance(json.loads(text), dict)
+    cat = [{"role": "user", "content": "Describe a cat in JSON with keys name and color."}]
+    text, finish = text_of(engine.generate(cat, grammar=G.json_object(), temperature=0, max_tokens=300))
+    assert finish == "stop" and isinstance(json.loads(text), dict), text
 
 
 def test_a_cut_reply_says_length_and_free_text_is_unchanged(engine):
@@ -104,11 +105,13 @@ def test_a_grammar_llguidance_cannot_enforce_is_refused_before_anything_runs(eng
 
 def test_the_parameter_takes_a_schema_as_a_dict_or_its_json_text():
     schema_text = P.check("grammar", PERSON)
-    assert P.check("grammar", json.dumps(PERSON)) == schema_text
+    assert P.check("grammar", json.dumps(PERSON)) == schema_text == json.dumps(PERSON)  # kept as written
+    assert G.compiled(schema_text) == G.json_schema(PERSON) == G.compiled(G.json_schema(PERSON))
     assert G.schema_of(schema_text) == PERSON == G.schema_of(G.json_schema(PERSON))
     assert G.schema_of(G.regex("a+")) is None and G.schema_of('start: "a"') is None
     assert P.check("grammar", 'start: "a"') == 'start: "a"' and P.check("grammar", "none") is None
     with pytest.raises(ValueError, match="grammar"):
         P.check("grammar", 5)
-    with pytest.raises(ValueError, match="grammar"):
-        P.check("grammar", "{not json")
+    for bad in ("{not json", "{} {}"):
+        with pytest.raises(ValueError, match="grammar"):
+            P.check("grammar", bad)
