@@ -49,6 +49,16 @@ class RemoteError(ColibriError):
     """The endpoint could not be used; the message says why in plain words."""
 
 
+def _response_format(text: str) -> dict:
+    """A grammar that is a JSON schema, as OpenAI's response_format, which OpenAI-compatible
+    endpoints read (a Lark grammar has no portable form: llama-server reads GBNF, vLLM its own)."""
+    from engine.grammar import schema_of
+    schema = schema_of(text)
+    if schema is None:
+        raise RemoteError("a remote model's reply can be held to a JSON schema only; this grammar is not one")
+    return {"type": "json_schema", "json_schema": {"name": "reply", "schema": schema, "strict": True}}
+
+
 # --- addresses and keys ----------------------------------------------------------------------
 def normalize_url(url: str) -> str:
     """The API base URL: http(s)://host[:port]/path, with /v1 added when no path is given
@@ -354,6 +364,8 @@ class RemoteBackend:
         body["extra_body"] = {name: values[k] for k, names in EXTRA.items() for name in names
                               if values.get(k) is not None}
         body["messages" if isinstance(prompt, list) else "prompt"] = prompt
+        if values.get("grammar") is not None:
+            body["response_format"] = _response_format(values["grammar"])
         return body
 
     def generate(self, prompt: str | list[dict], stop: Sequence[str] = (), *, prompt_progress: bool = False,

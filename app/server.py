@@ -39,8 +39,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from app.reasoning import ThinkSplitter, is_reasoning_model, starts_inside
 from app.server_guard import Guard, check_bind, is_loopback, protocol
 from app.server_jobs import BatchScheduler, EngineThread, Job, QueueFull, Turns
-from app.server_requests import (SAMPLING, UNSUPPORTED, ApiError, Limits, chat_messages, checked, error_for, number,
-                                 public_text, read_json)
+from app.server_requests import (SAMPLING, UNSUPPORTED, ApiError, Limits, chat_messages, checked, constraint,
+                                 error_for, number, public_text, read_json)
 from engine import params as P
 from engine.api import Engine, Step
 from engine.errors import ColibriError
@@ -107,6 +107,7 @@ class Service:
             out["max_tokens"] = mt
         else:
             out["max_tokens"] = min(self.engine.sampling["max_tokens"], self.max_tokens)
+        out["grammar"] = constraint(body)  # (None: free text, also when the engine has a default grammar)
         stop = body.get("stop")
         stops = [stop] if isinstance(stop, str) else stop if stop is not None else []
         if not isinstance(stops, list) or not all(isinstance(s, str) and 0 < len(s) <= 256 for s in stops) \

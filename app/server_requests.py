@@ -134,6 +134,51 @@ def checked(name: str, value: Any) -> Any:
         raise ApiError(400, str(e), param=name, code="invalid_value") from None
 
 
+def constraint(body: dict) -> str | None:
+    """The grammar a request's reply must fit (engine.grammar), from OpenAI's `response_format`
+    ({"type": "json_object"} or {"type": "json_schema", "json_schema": {"name", "schema", "strict"}})
+    or llama.cpp's `grammar` field (here llguidance's Lark dialect); compiled once here, so that a
+    schema keyword llguidance does not implement is a 400 naming it, before the request queues.
+    Every schema is enforced whatever `strict` says (it is checked, and changes nothing)."""
+    from engine import grammar
+    fmt, text = body.get("response_format"), body.get("grammar")
+    if text is not None:
+        if fmt not in (None, {"type": "text"}):
+            raise ApiError(400, "give response_format or grammar, not both", param="grammar", code="invalid_value")
+        if not isinstance(text, str) or not text.strip():
+            raise ApiError(400, "grammar must be a non-empty string (llguidance's Lark grammar)", param="grammar",
+                           code="invalid_type")
+        param = "grammar"
+    elif fmt is None:
+        return None
+    else:
+        param = "response_format"
+        kind = fmt.get("type") if isinstance(fmt, dict) else None
+        if kind == "text":
+            return None
+        if kind == "json_object":
+            text = grammar.json_object()
+        elif kind == "json_schema":
+            spec = fmt.get("json_schema")
+            if not isinstance(spec, dict) or not isinstance(spec.get("name"), str) \
+                    or not isinstance(spec.get("schema", {}), dict) or not isinstance(spec.get("strict", False), bool):
+                raise ApiError(400, "response_format.json_schema must be an object with a name (string), a schema "
+                               "(object) and strict (true or false)", param=param, code="invalid_value")
+            text = grammar.json_schema(spec.get("schema", {}))
+        else:
+            raise ApiError(400, "response_format.type must be text, json_object or json_schema", param=param,
+                           code="invalid_value")
+    try:
+        return grammar.check(text)
+    except grammar.GrammarError as e:
+        keys = grammar.unsupported_keywords(str(e))
+        if keys:
+            raise ApiError(400, f"the JSON schema uses {', '.join(keys)}, which this server cannot enforce "
+                           f"(unsupported keyword{'s' if len(keys) > 1 else ''})", param=param,
+                           code="unsupported") from None
+        raise ApiError(400, public_text(str(e))[:1000], param=param, code="invalid_value") from None
+
+
 def chat_messages(body: dict) -> list[dict]:
     msgs = body.get("messages")
     if not isinstance(msgs, list) or not msgs:

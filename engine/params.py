@@ -7,6 +7,7 @@ generation request (`sampling`). `live` says whether a running engine applies a 
 from __future__ import annotations
 
 import argparse
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,6 +16,18 @@ import psutil
 
 def physical_cores() -> int:
     return psutil.cpu_count(logical=False) or psutil.cpu_count() or 1
+
+
+def grammar(value: Any) -> str:
+    """The grammar parameter's text: a Lark grammar, or a JSON schema as JSON text (a dict is
+    written as one), kept as the user wrote it; engine.grammar compiles it."""
+    if isinstance(value, dict):
+        return json.dumps(value)
+    if not isinstance(value, str):
+        raise TypeError
+    if value.lstrip().startswith("{") and not isinstance(json.loads(value), dict):  # (a ValueError: not valid)
+        raise TypeError
+    return value
 
 
 @dataclass(frozen=True)
@@ -120,6 +133,9 @@ PARAMS: dict[str, Param] = {p.name: p for p in [
           "tokens (OpenAI's presence_penalty); 0 = off", scope="sampling", min=-2.0, max=2.0),
     Param("seed", int, None, "random seed; the same seed gives the same text", scope="sampling", min=0,
           max=2**63 - 1, nullable=True),
+    Param("grammar", grammar, None, "answer in a form: a JSON schema the reply must match, or a grammar "
+          "(llguidance's Lark dialect; %json {schema} embeds a schema); the reply ends where the grammar does; "
+          "none = free text", scope="sampling", nullable=True),
 ]}
 
 

@@ -79,6 +79,7 @@ class Reply:
         from engine.sampling import Sampler  # (compiled: after engine.kernels.setup(), which Engine() ran)
         self.sampler = Sampler(**(e.sampling | sampling))
         self.max_tokens = P.check("max_tokens", sampling.get("max_tokens", e.sampling["max_tokens"]))
+        spec = sampling.get("grammar", e.sampling.get("grammar"))
         ids = e.prompt_ids(prompt, template_vars, resume)
         if not ids:  # as llama-cli: a model that adds BOS starts from it; any other empty prompt is an error
             if not e.codec.add_bos:
@@ -90,6 +91,10 @@ class Reply:
                                        f"(room is needed for the reply): shorten the conversation or raise "
                                        f"context_length")
         self.ids, self.cancel = ids, cancel
+        self.constraint = None  # constrained decoding (engine.grammar): its first mask computes during prefill
+        if spec is not None:
+            from engine import grammar
+            self.constraint = grammar.constraint(P.check("grammar", spec), e.codec, e.cfg.vocab_size)
         self.decoder, self.stops, self.history = StreamDecoder(e.codec), StopMatcher(tuple(stop)), list(ids)
         # prompt tokens per prefill pass: the engine's batch_size; an MoE's prompt goes through each layer
         # at once (its experts then read once per prompt, and per-expert row counts, hence rounding, unchanged)
@@ -113,7 +118,10 @@ class Reply:
 
     def feed(self, logits: np.ndarray) -> Step:
         """Sample the next token from `logits` (vocab,) or (1, vocab); the Step to stream."""
-        tok = self.sampler.sample(logits.reshape(-1), self.history)
+        x = logits.reshape(-1)
+        if self.constraint is not None:  # the tokens the grammar forbids get -inf
+            x = self.constraint.mask(x)
+        tok = self.sampler.sample(x, self.history)
         if self.generated == 0:
             self.t_first = time.perf_counter()
             self.ttft = self.t_first - self.t0
@@ -126,8 +134,13 @@ class Reply:
             self.generated += 1
             self.history.append(tok)
             piece, hit = self.stops.push(self.decoder.feed(tok))
+            ended = self.constraint is not None and self.constraint.advance(tok)  # the grammar is complete
             if hit:
                 finish = "stop"
+            elif ended:
+                finish = "stop"
+                more, _ = self.stops.push(self.decoder.flush())
+                piece += more + self.stops.flush()
             elif self.generated >= self.max_tokens:
                 finish = "length"
             elif self.cache.length + 1 >= self.cache.capacity:

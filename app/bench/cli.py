@@ -8,6 +8,7 @@
     colibri-bench perplexity --model M --text FILE [--ctx 512] [--reference M2] [--json FILE]
     colibri-bench serve [--clients 1,2,4,8,16] [--requests 2 | --duration 120] [--soak 1000] [--json FILE]
     colibri-bench make-scale --shape qwen3-30b-a3b --preset Q4_K_M [--layers 4] --out FILE [--json FILE]
+    colibri-bench schemas [--model FOLDER] [--json FILE]   (replies held to 50+ JSON schemas: share valid, mask cost)
     colibri-bench docs [--check]     (the generated tables of README.md and docs/, from the saved JSONs)
 
 `convert` times a conversion in a child process and reports its throughput and peak resident
@@ -37,6 +38,7 @@ from app.bench import quality as bench_quality
 from app.bench import profile as bench_profile
 from app.bench import routing as bench_routing
 from app.bench import scale_models as bench_scale_models
+from app.bench import schemas as bench_schemas
 from app.bench import serve as bench_serve
 from app.bench import speed as bench_speed
 from app.bench.models import shape_for_size, write_checkpoint
@@ -147,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     bench_quality.add_parser(sub)
     bench_docs.add_parser(sub)
     bench_scale_models.add_parser(sub)
+    bench_schemas.add_parser(sub)
     m = sub.add_parser("memory", help="expert cache vs llama.cpp on a Mixtral-style model (peak RSS, tok/s)")
     m.add_argument("--workdir", help="where the benchmark model is built and kept (default ~/.cache/colibri/bench)")
     m.add_argument("--caches", default="auto,2", help="Colibri expert_cache_size values for uncapped runs (auto allowed; "
