@@ -143,10 +143,8 @@ def _ollama(root: Path) -> Iterator[tuple[Path, str]]:
 
 
 def _candidates() -> Iterator[tuple[Path, str, str]]:
-    """(file, where, display name), in the order they are listed."""
-    for d in download_dirs():
-        for p in _ggufs(d, 2):
-            yield p, "Downloads", p.name
+    """(file, where, display name), in the order they are listed: an app's own folders before Downloads,
+    so a file linked from both is named as its app names it."""
     for d in lmstudio_dirs():
         for p in _ggufs(d, 3):
             rel = p.relative_to(d).parts
@@ -157,6 +155,9 @@ def _candidates() -> Iterator[tuple[Path, str, str]]:
     for repo in sorted(hf_hub_dir().glob("models--*")):
         for p in _ggufs(repo / "snapshots", 3):
             yield p, "Hugging Face", repo.name.removeprefix("models--").replace("--", "/") + "/" + p.name
+    for d in download_dirs():
+        for p in _ggufs(d, 2):
+            yield p, "Downloads", p.name
 
 
 # --- what each file is ------------------------------------------------------------------------
@@ -275,6 +276,12 @@ def copies_bytes(source: FoundModel | Path) -> int:
         return 0
     return source.size if isinstance(source, FoundModel) else \
         sum(p.stat().st_size for p in (_split_parts(path) or [path]))
+
+
+def free_memory() -> int:
+    """Memory this process may use now, as the engine's plan measures it."""
+    from engine.sysmem import room
+    return room()[0]
 
 
 def disk_bytes(folder: Path) -> int:
