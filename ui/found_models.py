@@ -20,7 +20,7 @@ WHERE = {"Hugging Face": "Hugging Face cache"}  # where a model was found, as th
 
 
 class _Search(QObject):
-    done = Signal(object, object, int)  # found, installed, free memory
+    done = Signal(object, object, object)  # found, installed, free memory (bytes: beyond a C int)
 
 
 def _table(name: str, heads: list[str]) -> QTableWidget:
