@@ -45,12 +45,13 @@ def test_the_first_page_lists_the_models_found(wizard):
     assert len(found) == 8 and "Models on this computer</b> (8)" in wizard.library.title.text()
     name, where, arch, size, quant, experts, memory, opening = found["tinymoe:latest"]
     assert (where, arch, quant, experts) == ("Ollama", "llama", "MXFP4_MOE", "2 of 4")
-    assert memory.startswith("fits: needs ") and " free" in memory
+    assert memory.startswith("fits: needs ") and " free now" in wizard.library.table.item(
+        [r for r in range(t.rowCount()) if t.item(r, 0).text() == name][0], 6).toolTip()
     assert opening == f"copies {size}"
     hf = found["unsloth/tiny-GGUF/tiny-Q4_0.gguf"]
-    assert (hf[1], hf[2], hf[4], hf[5]) == ("Hugging Face cache", "llama", "Q4_0", "dense")
+    assert (hf[1], hf[2], hf[4], hf[5]) == ("Hugging Face", "llama", "Q4_0", "dense")
     assert found["LiquidAI/LFM2-GGUF/lfm2_moe-f16.gguf"][1] == "LM Studio"
-    assert found["big-00001-of-00002.gguf"][3].endswith(" in 2 parts")
+    assert found["big-00001-of-00002.gguf"][3].endswith(" (2 parts)")
     broken = found["broken.gguf"]
     assert broken[2] == "—" and "bytes" in broken[6] and broken[7] == "—"  # listed with its error, not opened
 

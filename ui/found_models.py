@@ -16,7 +16,6 @@ from app.disk_models import FoundModel, InstalledModel
 from app.model_info import human_bytes
 from ui.boxes import fill
 
-WHERE = {"Hugging Face": "Hugging Face cache"}  # where a model was found, as the list names it
 
 
 class _Search(QObject):
@@ -33,7 +32,8 @@ def _table(name: str, heads: list[str]) -> QTableWidget:
     t.setWordWrap(False)
     h = t.horizontalHeader()
     h.setSectionResizeMode(QHeaderView.ResizeToContents)
-    h.setStretchLastSection(True)
+    h.setSectionResizeMode(0, QHeaderView.Stretch)  # the name gives way (elided, whole in its tooltip)
+    t.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
     return t
 
 
@@ -49,6 +49,8 @@ class FoundModelsPanel(QWidget):
         self.table = _table("found_models", [self.tr("Model"), self.tr("Where"), self.tr("Architecture"),
                                              self.tr("Size"), self.tr("Quantization"), self.tr("Experts"),
                                              self.tr("Memory on this computer"), self.tr("Opening it")])
+        self.table.horizontalHeader().setSectionResizeMode(6, QHeaderView.Stretch)  # an error: whole in its tooltip
+        self.table.setTextElideMode(Qt.ElideMiddle)
         self.table.setAccessibleName(self.tr("Models found on this computer"))
         self.table.itemSelectionChanged.connect(self._picked)
         self.mine_title = QLabel(objectName="installed_title")
@@ -57,7 +59,8 @@ class FoundModelsPanel(QWidget):
         self.mine.setSelectionMode(QAbstractItemView.NoSelection)
         self.table.setMinimumHeight(120)
         self.mine.setMinimumHeight(80)
-        fill(QVBoxLayout(self), self.title, (self.table, 3), self.mine_title, (self.mine, 1), margins=(0, 6, 0, 0))
+        self.mine.setMaximumHeight(110)
+        fill(QVBoxLayout(self), self.title, (self.table, 1), self.mine_title, self.mine, margins=(0, 6, 0, 0))
         self._search = _Search(self)
         self._search.done.connect(self._fill)
 
@@ -82,16 +85,16 @@ class FoundModelsPanel(QWidget):
                                    "give a path above."))
         self.table.setRowCount(len(found))
         for r, m in enumerate(found):
-            cells = (m.name, self.tr(WHERE.get(m.where, m.where)), m.architecture or "—",
-                     human_bytes(m.size) + (self.tr(" in {n} parts").format(n=m.parts) if m.parts > 1 else ""),
+            cells = (m.name, self.tr(m.where), m.architecture or "—",
+                     human_bytes(m.size) + (self.tr(" ({n} parts)").format(n=m.parts) if m.parts > 1 else ""),
                      m.quantization or "—", self.experts_text(m), self.memory_text(m, free), self.opening_text(m))
             for c, text in enumerate(cells):
                 item = QTableWidgetItem(text)
-                item.setToolTip(str(m.path) if c == 0 else m.error if c == 6 and m.error else text)
+                item.setToolTip(str(m.path) if c == 0 else m.error if c == 6 and m.error else
+                                self.tr("{free} free now").format(free=human_bytes(free)) if c == 6 else text)
                 if c in (3, 5):
                     item.setTextAlignment(Qt.AlignRight | Qt.AlignVCenter)
                 self.table.setItem(r, c, item)
-        self.table.resizeColumnsToContents()
         self._fill_installed()
         self.scanned.emit()
 
@@ -110,7 +113,6 @@ class FoundModelsPanel(QWidget):
             button.setAccessibleName(self.tr("Delete {name}").format(name=m.name))
             button.clicked.connect(lambda _=False, m=m: self.ask_delete(m))
             self.mine.setCellWidget(r, 2, self._cell(button))
-        self.mine.resizeColumnsToContents()
 
     @staticmethod
     def _cell(button: QPushButton) -> QWidget:
@@ -127,7 +129,7 @@ class FoundModelsPanel(QWidget):
             return m.error
         if not m.need_bytes:
             return "—"
-        words = self.tr("fits: needs {need} of {free} free") if m.need_bytes <= free else \
+        words = self.tr("fits: needs {need}") if m.need_bytes <= free else \
             self.tr("too big: needs {need}, {free} free")
         return words.format(need=human_bytes(m.need_bytes), free=human_bytes(free))
 

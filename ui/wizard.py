@@ -50,7 +50,7 @@ class ConvertWizard(QDialog):
         pyside_refcount.install()
         self.setObjectName("convert_wizard")
         self.setWindowTitle(self.tr("Convert a model"))
-        self.resize(900, 760)
+        self.resize(1100, 760)  # the found models' columns, on a 1366-px screen
         self.models = Path(models)
         self.summary: ModelSummary | None = None
         self.result = None  # the engine's ConvertResult once converted
