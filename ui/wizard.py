@@ -1,6 +1,6 @@
 """The model conversion wizard: pick a source, see what it is, choose how to store it, convert.
 
-Three pages: Source, Options (quantization with each choice's size, memory and measured quality
+Three pages: Source (with the models already on the disk), Options (quantization with each choice's size, memory and measured quality
 cost, calibration text, expert files, name) and Convert (progress with Cancel, then "Open in chat").
 Inspection and conversion run on the wizard's own thread (app.convert_worker), so chatting
 goes on; Cancel leaves nothing behind.
@@ -21,6 +21,7 @@ from app.quality_table import already_stored, expected_cost, measured_on
 from app.convert_worker import ConvertWorker
 from ui import pyside_refcount
 from ui.boxes import fill
+from ui.found_models import FoundModelsPanel
 
 SOURCE, OPTIONS, CONVERT = range(3)
 CALIBRATED = ("int8", "q4_k_m", "int4")  # the choices whose rounding a calibration text weights
@@ -49,7 +50,7 @@ class ConvertWizard(QDialog):
         pyside_refcount.install()
         self.setObjectName("convert_wizard")
         self.setWindowTitle(self.tr("Convert a model"))
-        self.resize(900, 760)
+        self.resize(1100, 760)  # the found models' columns, on a 1366-px screen
         self.models = Path(models)
         self.summary: ModelSummary | None = None
         self.result = None  # the engine's ConvertResult once converted
@@ -126,7 +127,10 @@ class ConvertWizard(QDialog):
                                "convert: a GGUF file (as llama.cpp uses) or a Hugging Face folder with its "
                                "config.json and *.safetensors weights. Nothing is downloaded and the source "
                                "is never changed."))
-        fill(QVBoxLayout(page), intro, row, self.read_bar, self.source_status, (self.facts, 1))
+        self.library = FoundModelsPanel()  # the models already on the disk, instead of an empty page
+        self.library.chosen.connect(self.set_source)
+        self.library.refresh()
+        fill(QVBoxLayout(page), intro, row, self.read_bar, self.source_status, (self.library, 2), (self.facts, 1))
         return page
 
     def _options_page(self) -> QWidget:
