@@ -22,9 +22,6 @@ from app.paths import models_dir
 
 SPLIT = re.compile(r"^(?P<stem>.+)-(?P<part>\d{5})-of-(?P<count>\d{5})\.gguf$")
 OLLAMA_MODEL = "application/vnd.ollama.image.model"
-# gguf-direct: once a GGUF opens through an index in the model folder (no copy), this turns True and
-# every "copies N GB" in the wizard becomes "opened in place"
-GGUF_IN_PLACE = False
 
 
 @dataclass(frozen=True)
@@ -270,9 +267,11 @@ def find_models() -> list[FoundModel]:
 # --- what opening one costs, and Colibri's own models -----------------------------------------
 
 def copies_bytes(source: FoundModel | Path) -> int:
-    """Bytes a conversion with the source's own types writes: 0 where a GGUF opens in place."""
+    """Bytes a conversion with the source's own types writes: 0 where a GGUF opens in place (the
+    conversion worker's default: the model folder holds an index into the file), the whole size
+    where it is split in parts, which are copied."""
     path = source.path if isinstance(source, FoundModel) else Path(source)
-    if GGUF_IN_PLACE and path.is_file():
+    if path.is_file() and not _split_parts(path):
         return 0
     return source.size if isinstance(source, FoundModel) else \
         sum(p.stat().st_size for p in (_split_parts(path) or [path]))

@@ -133,12 +133,13 @@ def test_the_hub_cache_follows_hf_hub_cache_and_hf_home(tmp_path, monkeypatch):
     assert [m.where for m in disk_models.find_models()].count("Hugging Face") == 1
 
 
-def test_copies_bytes_is_the_gguf_size_until_it_opens_in_place(tmp_path, monkeypatch):
+def test_copies_bytes_is_nothing_for_a_gguf_the_worker_opens_in_place(tmp_path, monkeypatch):
     fake_home(tmp_path, monkeypatch)
     tiny = next(m for m in disk_models.find_models() if m.name == "tiny-q4_0.gguf")
-    assert disk_models.copies_bytes(tiny) == disk_models.copies_bytes(tiny.path) == TINY.stat().st_size
-    monkeypatch.setattr(disk_models, "GGUF_IN_PLACE", True)  # what the gguf-direct merge switches on
-    assert disk_models.copies_bytes(tiny) == 0
+    assert disk_models.copies_bytes(tiny) == disk_models.copies_bytes(tiny.path) == 0
+    from app.convert_worker import ConvertWorker
+    from engine.convert.convert import in_place_refusal
+    assert not ConvertWorker().copy_gguf and in_place_refusal("gguf", "keep", True, None) is None
 
 
 def converted(name: str = "tiny") -> Path:

@@ -65,8 +65,7 @@ def test_picking_a_found_model_reads_it(qtbot, wizard):
     assert wizard.next_button.isEnabled()
 
 
-def test_opening_in_place_is_said_once_a_gguf_needs_no_copy(qtbot, wizard, monkeypatch):
-    monkeypatch.setattr(disk_models, "GGUF_IN_PLACE", True)
+def test_a_gguf_is_said_to_open_in_place(qtbot, wizard):
     with qtbot.waitSignal(wizard.library.scanned, timeout=60_000):
         wizard.library.refresh()
     assert rows(wizard.library.table)["tiny-q4_0.gguf"][7] == "opened in place, no copy"
