@@ -5,8 +5,8 @@ top-k MoE model (with or without q/k/v biases, q/k norms, a q/k/v clip), on the 
 Why: layer by layer, a decoded token costs ten kernel calls per layer and the Python between
 them — about 100 µs per layer, 1.6 ms of a 12.5 ms token on the MoE benchmark model, the gap to
 llama.cpp. Here the layer loop, the router's choice and the expert lookup all run compiled,
-with five parallel loops per layer (q/k/v, attention heads, output projection, the experts'
-gate/up rows, their down rows) instead of ten.
+with six parallel loops per layer (q/k/v, attention heads, output projection, the router's rows,
+the experts' gate/up rows, their down rows) instead of ten.
 
 The arithmetic is the layered path's own (engine.models.base with cpu.py's kernels): the same
 integer dot products over the same quantized activations, the same KV rounding, the same
@@ -30,7 +30,7 @@ from numba.extending import intrinsic
 
 import engine.kernels.ready  # noqa: F401  (engine.kernels.setup() first: fails otherwise)
 from engine.kernels.float_rows import HEADS
-from engine.kernels.formats import (PACKED, Q4_0, Q4_1, Q8_0, dequantize_row, per_256, quantize_block, quantize_row_for,
+from engine.kernels.formats import (F32, PACKED, Q4_0, Q4_1, Q8_0, dequantize_row, per_256, quantize_block, quantize_row_for,
                                     quantized_sets)
 from engine.kernels.matmul import _f32_dot4, _group_dot, _int_dot
 from engine.kernels.smallops import softmax_top_k
@@ -126,25 +126,37 @@ def _store_kv(src, dst, scales, pos, scaled):
             dst[h, d] = _narrow(v, dst[h, d])
 
 
-@njit(inline="always", cache=True)
-def _router_logits(m, code, h, xq, xd, xs, xi):
-    """(1, E) router logits as cpu.matmul computes them for one token: integer dots for
-    q4_0/q4_1/q8_0, else each group of 4 rows dequantized and dotted in float."""
-    E = m.shape[0]
-    logits = np.empty((1, E), np.float32)
+@intrinsic
+def _floats_at(typingctx, address):
+    """An int64 address as a float32 pointer (for numba.carray)."""
+    def codegen(context, builder, sig, args):
+        return builder.inttoptr(args[0], context.get_value_type(types.CPointer(types.float32)))
+    return types.CPointer(types.float32)(types.int64), codegen
+
+
+@njit(fastmath=True, cache=True, nogil=True)
+def _router_rows(row, r0, x, xq, xd, xs, xi, out):
+    """Router logits out[r0..r0+3] (fewer at the end) of one token as cpu.matmul computes them:
+    integer dots for q4_0/q4_1/q8_0, else each group of 4 rows dotted in float, float32 rows
+    read where they lie (the copy dequantize_row would make is the same bits), others
+    dequantized first. One task of decode_layers' parallel loop over the router's rows: the
+    router (float32 in llama.cpp's mixes) is read by every thread, not one."""
+    code, k, n = row[CODE], min(4, row[ROWS] - r0), x.shape[0]
     if code == Q4_0 or code == Q4_1 or code == Q8_0:
-        for e in range(E):
-            logits[0, e] = _int_dot(m, e, code, xq, xd, xs, xi)
-        return logits
-    buf = np.zeros((4, h.shape[1]), np.float32)
-    for r0 in range(0, E, 4):
-        k = min(4, E - r0)
+        m = _matrix(row)
+        for i in range(k):
+            out[r0 + i] = _int_dot(m, r0 + i, code, xq, xd, xs, xi)
+        return
+    if code == F32 and k == 4:
+        a = _f32_dot4(carray(_floats_at(row[ADDRESS] + r0 * row[ROW_BYTES]), (4, n)), x)
+    else:
+        m = _matrix(row)
+        buf = np.zeros((4, n), np.float32)
         for i in range(k):
             dequantize_row(m[r0 + i], code, buf[i])
-        a = _f32_dot4(buf, h[0])
-        for i in range(k):
-            logits[0, r0 + i] = a[i]
-    return logits
+        a = _f32_dot4(buf, x)
+    for i in range(k):
+        out[r0 + i] = a[i]
 
 
 @njit(parallel=True, fastmath=True, cache=True, nogil=True)
@@ -256,7 +268,9 @@ def decode_layers(x, norms, attn, bias, qk_norms, qk_norm, clip, router, experts
         elif router[L, ROWS] > 0:
             r256 = per_256(router[L, CODE])
             xq, xd, xs, xi = quantized_sets(h, r256, not r256)[0]
-            logits = _router_logits(_matrix(router[L]), router[L, CODE], h, xq[0], xd[0], xs[0], xi[0])
+            logits = np.empty((1, router[L, ROWS]), np.float32)
+            for task in prange((router[L, ROWS] + 3) // 4):
+                _router_rows(router[L], 4 * task, h[0], xq[0], xd[0], xs[0], xi[0], logits[0])
             softmax_top_k(logits, top_k, renormalise, mix, ids)
         for j in range(top_k):
             picks[L, j], mixes[L, j] = ids[0, j], mix[0, j]
