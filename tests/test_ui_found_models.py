@@ -47,11 +47,12 @@ def test_the_first_page_lists_the_models_found(wizard):
     assert (where, arch, quant, experts) == ("Ollama", "llama", "MXFP4_MOE", "2 of 4")
     assert memory.startswith("fits: needs ") and " free now" in wizard.library.table.item(
         [r for r in range(t.rowCount()) if t.item(r, 0).text() == name][0], 6).toolTip()
-    assert opening == f"copies {size}"
+    assert opening == "opened in place, no copy"
     hf = found["unsloth/tiny-GGUF/tiny-Q4_0.gguf"]
     assert (hf[1], hf[2], hf[4], hf[5]) == ("Hugging Face", "llama", "Q4_0", "dense")
     assert found["LiquidAI/LFM2-GGUF/lfm2_moe-f16.gguf"][1] == "LM Studio"
-    assert found["big-00001-of-00002.gguf"][3].endswith(" (2 parts)")
+    big = found["big-00001-of-00002.gguf"]
+    assert big[3].endswith(" (2 parts)") and big[7].startswith("copies ")  # a split GGUF is copied
     broken = found["broken.gguf"]
     assert broken[2] == "—" and "bytes" in broken[6] and broken[7] == "—"  # listed with its error, not opened
 
