@@ -86,7 +86,8 @@ def test_a_dense_model_shows_no_expert_cache_and_last_reply_is_that_reply(qtbot,
 
 def test_prefetch_missing_temperature_and_thread_changes_are_told_apart(qtbot, worker, dash):
     snap = dash.snapshot
-    assert not any(p.isHidden() for p in dash.moe_panels)  # an MoE model: its expert panels
+    assert not any(p.isHidden() for p in dash.moe_panels)  # an MoE model: its expert panels, under Speed
+    qtbot.waitUntil(lambda: dash.panels[0].geometry().bottom() < dash.moe_panels[0].geometry().top(), timeout=2_000)
     off = dataclasses.replace(snap, expert_cache=dataclasses.replace(snap.expert_cache, prefetch_enabled=False))
     dash.on_stats(off)
     dash.draw_now()

@@ -301,6 +301,7 @@ class Dashboard(QWidget):
         for panel in panels:
             panel.setMinimumWidth(PANEL_W - 40)
         self.moe_panels = panels[1:3]  # expert cache and activations: shown once a snapshot has experts
+        self._moe = False
         for panel in self.moe_panels:
             panel.setVisible(False)
         self.columns = 0
@@ -320,16 +321,23 @@ class Dashboard(QWidget):
         self.columns = columns
         for panel in self.panels:
             self.grid.removeWidget(panel)
-        shown = [p for p in self.panels if not p.isHidden()]
+        shown = [p for p in self.panels if self._moe or p not in self.moe_panels]
         for i, panel in enumerate(shown):
             self.grid.addWidget(panel, i // columns, i % columns)
+        self.grid.activate()
 
     def _show_moe(self, moe: bool) -> None:
-        """A dense model has no expert cache and no experts to pick: no panels for them."""
-        if self.moe_panels[0].isHidden() == moe:
-            for panel in self.moe_panels:
-                panel.setVisible(moe)
+        """A dense model has no expert cache and no experts to pick: no panels for them (laid out
+        first, then shown: a panel shown outside the grid was drawn over the first one)."""
+        if moe != self._moe:
+            self._moe = moe
+            if not moe:
+                for panel in self.moe_panels:
+                    panel.setVisible(False)
             self._lay_out(self.columns, again=True)
+            if moe:
+                for panel in self.moe_panels:
+                    panel.setVisible(True)
 
     def resizeEvent(self, e) -> None:  # noqa: N802 - Qt's name
         super().resizeEvent(e)
