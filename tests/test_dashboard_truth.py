@@ -162,3 +162,14 @@ def test_the_charts_follow_the_dark_theme(qtbot, tmp_path, monkeypatch, moe):
     d.close()
     w.close()
     gc.collect()
+
+
+def test_threads_the_tuner_took_are_not_called_thermal_throttling(qtbot, worker, dash):
+    from app import advice as A
+    tuned = dataclasses.replace(dash.snapshot, threads=1, configured_threads=2, throttle_events=(
+        ThrottleEvent(time.time() - 5, 2, 1, float("nan"), "decode 9.0 ms a token at 1 thread, 12.0 at 2: "
+                                                           "other programs share the cores"),))
+    assert not any("Thermal throttling" in line or "nan" in line for line in A.advice(tuned))
+    dash.on_stats(tuned)
+    dash.draw_now()
+    assert "no thermal throttling · thread tuner: 1 change(s)" in dash.temp_text.text()

@@ -59,9 +59,9 @@ def prefetch_text(ec) -> str:
 
 
 def thermal(event) -> bool:
-    """A ThrottleEvent of the thermal governor (its reason names a water mark), not of the thread
-    tuner or the load cap (which say what other programs or a measured decode did)."""
-    return "water mark" in event.reason
+    """A ThrottleEvent of the thermal governor, not of the thread tuner or the load cap (which say
+    what a measured decode or other programs did)."""
+    return not event.reason.startswith(A.TUNER_REASONS)
 
 
 def events_text(events) -> str:
