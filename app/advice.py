@@ -17,6 +17,7 @@ PREFETCH_LOW = 0.60  # below this prefetching mostly loads experts nobody asks f
 MIN_LOOKUPS = 32  # fewer expert lookups than this say nothing about the hit rate
 RAM_FILESYSTEMS = ("tmpfs", "ramfs")
 NO_HARDWARE = "not available: this engine does not report hardware figures"
+TUNER_REASONS = ("decode ", "other programs")  # how the thread tuner and the load cap word a change (not heat)
 
 
 # --- readers: one figure each, None (or ()) where the engine does not report it -----------------
@@ -146,10 +147,13 @@ def advice(snap: Any, *, model_path: str | os.PathLike | None = None,
                          f"to 0 to stop loading experts that are not used.")
     for f in fallbacks(snap):
         lines.append(f"A fallback to the CPU happened: {f}.")
-    if throttled(snap):
-        events, hw = throttle_events(snap), hardware(snap)
+    events = throttle_events(snap)
+    # fewer threads by the thread tuner's choice (other programs, a measured decode) is no heat: on a
+    # machine without a sensor this said "the CPU reached nan °C"
+    if throttled(snap) and not (events and events[-1].reason.startswith(TUNER_REASONS)):
+        hw = hardware(snap)
         temp = events[-1].temp_c if events else getattr(hw, "cpu_temp_c", None)
-        hot = f"the CPU reached {temp:.0f} °C, so " if temp is not None else ""
+        hot = f"the CPU reached {temp:.0f} °C, so " if temp is not None and temp == temp else ""
         lines.append(f"Thermal throttling is active: {hot}the engine runs on {effective_threads(snap)} of "
                      f"{configured_threads(snap)} threads until it cools down. Improve the cooling or set a lower "
                      f"power_limit.")

@@ -58,7 +58,8 @@ def _token() -> str:
 class ChatView(QTextBrowser):
     copy_requested = Signal(str)  # text put on the clipboard
     edit_requested = Signal(int)  # message id
-    regenerate_requested = Signal()
+    regenerate_requested = Signal(int)  # reply id (0: the last reply)
+    delete_requested = Signal(int)  # message id: it and the replies below it
     continue_requested = Signal()  # resume the last reply (cut short by the token limit or Stop)
     version_requested = Signal(int, int)  # message id, -1 (older) or +1 (newer)
 
@@ -159,13 +160,15 @@ class ChatView(QTextBrowser):
         """Figures and model; ‹ 2/3 › and the actions; the sampling when Details is open."""
         facts = " · ".join(p for p in (stats_line(m.stats), html.escape(m.facts.get("model", ""))) if p)
         links = [v for v in (self._versions(m),) if v]
-        if last and self.streaming is None:
-            if m.stats.get("finish_reason") in ("length", "cancelled", "interrupted"):
+        if self.streaming is None:  # every reply's actions, not only the last one's
+            if last and m.stats.get("finish_reason") in ("length", "cancelled", "interrupted"):
                 links.append(self._link("continue:", self.tr("Continue")))
-            links.append(self._link("regenerate:", self.tr("Regenerate")))
+            links.append(self._link(f"regenerate:{m.id}", self.tr("Regenerate")))
             links.append(self._link(f"copymsg:{m.id}", self.tr("Copy")))
         if m.facts.get("sampling"):
             links.append(self._link(f"details:{m.id}", self.tr("Details")))
+        if self.streaming is None:
+            links.append(self._link(f"delete:{m.id}", self.tr("Delete")))
         lines = [facts, " &nbsp; ".join(links)]
         if m.id in self.details and m.facts.get("sampling"):
             lines.append(html.escape(facts_text(m.facts)))
@@ -181,7 +184,8 @@ class ChatView(QTextBrowser):
                 body = "<p>" + html.escape(m.content).replace("\n", "<br>") + "</p>" + self._attachments_html(m)
                 links = [v for v in (self._versions(m),) if v]
                 if self.streaming is None:
-                    links.append(self._link(f"edit:{m.id}", self.tr("Edit")))
+                    links += [self._link(f"edit:{m.id}", self.tr("Edit")), self._link(f"copymsg:{m.id}", self.tr("Copy")),
+                              self._link(f"delete:{m.id}", self.tr("Delete"))]
                 parts.append(self._block(self.tr("You"), body, c["user"], " &nbsp; ".join(links)))
             else:
                 thinking = self._thinking(m.id, m.reasoning, m.stats.get("thinking_tokens", 0), False,
@@ -298,7 +302,9 @@ class ChatView(QTextBrowser):
         elif kind == "edit":
             self.edit_requested.emit(int(arg))
         elif kind == "regenerate":
-            self.regenerate_requested.emit()
+            self.regenerate_requested.emit(int(arg or 0))
+        elif kind == "delete":
+            self.delete_requested.emit(int(arg))
         elif kind == "continue":
             self.continue_requested.emit()
         elif kind == "version":

@@ -50,6 +50,9 @@ class ContextCounting:
         """Where the open chat's next prompt leaves messages out: lines before the first message
         left out and before the first one read again (indices into its messages)."""
         plan = self.plans.get(conv.id)
+        drafting = self.tray.items or self.input.toPlainText().strip()
+        if self.draft_plan is not None and drafting and self.editing is None and self.gen_conv != conv.id:
+            plan = self.draft_plan  # what sending the message being written leaves out: the banner's count
         if plan is None or plan.marker_before is None:
             return {}
         offset = 1 if conv.system_prompt.strip() else 0  # chat_messages puts the system prompt first
@@ -63,6 +66,7 @@ class ContextCounting:
             if cid == self.conv_id:
                 self.draft_plan = plan
                 self._show_draft_warning()
+                self._refresh_markers()
                 self._update_status()
             return
         old = self.plans.get(cid)
@@ -158,9 +162,12 @@ class ContextCounting:
 
     def count_draft(self) -> None:
         """Ask whether the open chat with the message being written still fits (the warning)."""
+        if self.closed:
+            return
         text = self.input.toPlainText().strip()
         if self.flow.model is None or self.conv_id is None or not (text or self.tray.items):
-            self.tray.set_warning("")
+            self._set_warning("")
+            self._refresh_markers()
             return
         from app.attachments import with_attachments
         conv = self.history.conversation(self.conv_id)
@@ -178,16 +185,30 @@ class ContextCounting:
         if p is None:
             return
         if not p.fits and p.policy == "stop":
-            self.tray.set_warning(self.tr("Will not fit: with this message the chat takes {used:,} of the model's "
+            self._set_warning(self.tr("Will not fit: with this message the chat takes {used:,} of the model's "
                                           "{limit:,} tokens, and this chat stops at the limit. Start a new chat or "
                                           "choose another policy below.").format(used=p.tokens, limit=p.limit), "full")
         elif not p.fits:
-            self.tray.set_warning(self.tr("Will not fit: this message and its attachments take {used:,} of the "
+            self._set_warning(self.tr("Will not fit: this message and its attachments take {used:,} of the "
                                           "model's {limit:,} tokens even with every earlier message left out. Remove "
                                           "an attachment or shorten the message.").format(used=p.tokens,
                                                                                           limit=p.limit), "full")
         elif p.dropped:
-            self.tray.set_warning(self.tr("Sending leaves {n} earlier messages out of the model's context to make "
+            self._set_warning(self.tr("Sending leaves {n} earlier messages out of the model's context to make "
                                           "room.").format(n=len(p.dropped)), "dropped")
         else:
-            self.tray.set_warning("")
+            self._set_warning("")
+
+    def _set_warning(self, text: str, level: str = "") -> None:
+        """The tray's warning; the status bar's copy of the old one (a refused Send) goes with it."""
+        old = self.tray.warning.text()
+        if old and old != text and self.statusBar().currentMessage() == old:
+            self.statusBar().clearMessage()
+        self.tray.set_warning(text, level)
+
+    def _refresh_markers(self) -> None:
+        """The open chat laid out again where its markers changed (a draft that leaves more out)."""
+        if self.conv_id is None or self.gen_conv == self.conv_id:
+            return
+        if self._markers(self.history.conversation(self.conv_id)) != self.view.markers:
+            self.render_conversation()

@@ -5,7 +5,8 @@ widgets over app.chat_session plans and app.attachments records.
 from __future__ import annotations
 
 from PySide6.QtCore import QCoreApplication, Qt, Signal
-from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QProgressBar, QSizePolicy, QToolButton, QWidget
+from PySide6.QtWidgets import (QComboBox, QHBoxLayout, QLabel, QProgressBar, QSizePolicy, QToolButton, QVBoxLayout,
+                               QWidget)
 
 from app.attachments import Attachment
 from app.chat_session import LABELS, POLICIES
@@ -113,15 +114,21 @@ class AttachmentTray(QWidget):
         self.items: dict[int, Attachment] = {}
         self._chips: dict[int, tuple[QWidget, QLabel]] = {}
         self._next = 0
-        self.row = QHBoxLayout(self)
-        self.row.setContentsMargins(0, 0, 0, 4)
+        # the chips in a row of their own and the warning under it: beside them, a warning wrapped
+        # over three lines stretched every chip to its height
+        self.row = QHBoxLayout()
         self.row.setSpacing(6)
+        self.row.addStretch(1)
         self.warning = QLabel(objectName="attach_warning")
         self.warning.setWordWrap(True)
         self.warning.setSizePolicy(QSizePolicy.Expanding, QSizePolicy.Preferred)
         self.warning.setAccessibleName(_tr("Context warning"))
-        self.row.addStretch(1)
-        self.row.addWidget(self.warning, 3)
+        self.warning.hide()
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(0, 0, 0, 4)
+        lay.setSpacing(4)
+        lay.addLayout(self.row)
+        lay.addWidget(self.warning)
         self.setVisible(False)
 
     def add(self, a: Attachment) -> int:
@@ -179,4 +186,5 @@ class AttachmentTray(QWidget):
         self.warning.setProperty("level", level)
         self.warning.style().unpolish(self.warning)
         self.warning.style().polish(self.warning)
+        self.warning.setVisible(bool(text))
         self.setVisible(bool(self.items) or bool(text))

@@ -23,7 +23,8 @@ from app.model_info import human_bytes
 from app.worker import STATS_MS
 from ui import pyside_refcount
 from ui.boxes import fill
-from ui.dashboard_text import defrag_text, gpu_text, kernels_line, no_gpu, pct, watts
+from ui.dashboard_text import (defrag_text, events_text, gpu_text, kernels_line, no_gpu, pct, prefetch_text, speed_line,
+                               thermal, watts)
 from ui.plot_range import fit_y, nice_ceil, no_focus
 from ui.steady_label import SteadyLabel
 
@@ -44,13 +45,14 @@ class Dashboard(QWidget):
     watch_requested = Signal(int)  # ms between snapshots; 0 = stop
     defrag_requested = Signal()
 
-    def __init__(self, worker, colors: dict[str, str], model_path: str | None = None, parent: QWidget | None = None):
+    def __init__(self, worker, colors: dict[str, str], model_path: str | None = None, parent: QWidget | None = None,
+                 font_pt: int = 11):
         super().__init__(parent)
         pyside_refcount.install()
         self.setObjectName("dashboard")
         self.setWindowTitle(self.tr("Performance"))
         self.setAccessibleName(self.tr("Performance dashboard"))
-        self.colors = colors
+        self.colors, self.font_pt = colors, font_pt
         self.model_path = model_path
         self.mounts = A.read_mounts()
         self.snapshot = None
@@ -58,6 +60,7 @@ class Dashboard(QWidget):
         self.history = {k: deque(maxlen=WINDOW_S * 1000 // STATS_MS + 1) for k in ("t", *SERIES)}
         self.worker = worker
         self._step, self._step_fresh, self._prefill_seen = None, False, None
+        self._reply_step = None
         self._markers: list[pg.InfiniteLine] = []
         self._pending: list = []  # what is left to draw of the last snapshot, a panel per turn (on_stats)
         self._pending_timer = QTimer(self, singleShot=True, interval=0, objectName="dashboard_pending")
@@ -80,7 +83,7 @@ class Dashboard(QWidget):
         """A still plot (no mouse, no buttons, no focus) with its axes in the theme's colours."""
         c = self.colors
         p = pg.PlotWidget(background=c["bg"])
-        p.setMinimumHeight(150)
+        p.setMinimumHeight(self._chart_h())
         no_focus(p)
         p.setMouseEnabled(x=False, y=False)
         p.hideButtons()
@@ -109,7 +112,11 @@ class Dashboard(QWidget):
 
     def _label_style(self, color: str | None = None) -> dict:
         """Axis titles in the text colour (or `color`) at the UI's size: muted grey on a plot was near-invisible."""
-        return {"color": color or self.colors["text"], "font-size": "10pt"}
+        return {"color": color or self.colors["text"], "font-size": f"{max(9, self.font_pt - 1)}pt"}
+
+    def _chart_h(self) -> int:
+        """A chart's least height: its vertical axis titles whole at the UI's text size."""
+        return 190 * max(11, self.font_pt) // 11  # (150 cut "decode tok/s (line)" at 11 pt)
 
     def _right_axis(self, plot: pg.PlotWidget, label: str, color: str | None = None) -> pg.ViewBox:
         """A second y axis on the right with its own view (its own scale), x linked to the plot."""
@@ -131,7 +138,7 @@ class Dashboard(QWidget):
         msg = QLabel(alignment=Qt.AlignCenter, wordWrap=True)
         msg.setStyleSheet(f"color: {self.colors['muted']}; font-size: 12pt; padding: 12px;")
         stack.addWidget(msg)
-        stack.setMinimumHeight(150)
+        stack.setMinimumHeight(self._chart_h())
         return stack
 
     @staticmethod
@@ -293,6 +300,10 @@ class Dashboard(QWidget):
         ]
         for panel in panels:
             panel.setMinimumWidth(PANEL_W - 40)
+        self.moe_panels = panels[1:3]  # expert cache and activations: shown once a snapshot has experts
+        self._moe = False
+        for panel in self.moe_panels:
+            panel.setVisible(False)
         self.columns = 0
         self._lay_out(3)
         body = QWidget(objectName="dashboard_body")
@@ -303,15 +314,30 @@ class Dashboard(QWidget):
         fill(QVBoxLayout(self), self.header, self.advice_label, (self.scroll, 1), margins=(12, 10, 12, 10))
         self._show_advice([])
 
-    def _lay_out(self, columns: int) -> None:
-        """Panels in `columns` columns (as many as the dock's width holds; it scrolls down)."""
-        if columns == self.columns:
+    def _lay_out(self, columns: int, again: bool = False) -> None:
+        """The shown panels in `columns` columns (as many as the dock's width holds; it scrolls down)."""
+        if columns == self.columns and not again:
             return
         self.columns = columns
         for panel in self.panels:
             self.grid.removeWidget(panel)
-        for i, panel in enumerate(self.panels):
+        shown = [p for p in self.panels if self._moe or p not in self.moe_panels]
+        for i, panel in enumerate(shown):
             self.grid.addWidget(panel, i // columns, i % columns)
+        self.grid.activate()
+
+    def _show_moe(self, moe: bool) -> None:
+        """A dense model has no expert cache and no experts to pick: no panels for them (laid out
+        first, then shown: a panel shown outside the grid was drawn over the first one)."""
+        if moe != self._moe:
+            self._moe = moe
+            if not moe:
+                for panel in self.moe_panels:
+                    panel.setVisible(False)
+            self._lay_out(self.columns, again=True)
+            if moe:
+                for panel in self.moe_panels:
+                    panel.setVisible(True)
 
     def resizeEvent(self, e) -> None:  # noqa: N802 - Qt's name
         super().resizeEvent(e)
@@ -353,6 +379,8 @@ class Dashboard(QWidget):
     # --- worker answers ----------------------------------------------------------------------
     def on_step(self, request: int, text: str, step) -> None:
         self._step, self._step_fresh = step, True
+        if getattr(step, "kind", None) != "prompt":
+            self._reply_step = step  # the last reply's own counts, for "last reply" once it has ended
 
     def on_defragged(self, r) -> None:
         self._defrag_done(defrag_text(r))
@@ -474,13 +502,24 @@ class Dashboard(QWidget):
             self.temp_plot.removeItem(m)
         self._markers = []
         for e in A.throttle_events(snap):
-            if now - e.time <= WINDOW_S:
-                m = pg.InfiniteLine(pos=e.time - now, angle=90, pen=pg.mkPen(self.colors["danger"], width=1),
-                                    label=f"{e.from_threads}→{e.to_threads}",
-                                    labelOpts={"position": 0.9, "color": self.colors["danger"]})
+            if now - e.time <= WINDOW_S:  # heat in red, the thread tuner's changes in the muted colour
+                color = self.colors["danger"] if thermal(e) else self.colors["muted"]
+                m = pg.InfiniteLine(pos=e.time - now, angle=90, pen=pg.mkPen(color, width=1),
+                                    label=f"{e.from_threads}→{e.to_threads}", labelOpts={"position": 0.9, "color": color})
                 m.setToolTip(e.reason)
                 self.temp_plot.addItem(m)
                 self._markers.append(m)
+
+    def _temp_axis(self, shown: bool) -> None:
+        """No °C axis (nor its legend entry) without a temperature: only the threads are drawn then."""
+        pi = self.temp_plot.getPlotItem()
+        if pi.getAxis("left").isVisible() != shown:
+            pi.showAxis("left", shown)
+            pi.showGrid(y=shown, alpha=0.15)
+            if shown:
+                pi.legend.addItem(self.temp_curve, "CPU temperature")
+            else:
+                pi.legend.removeItem(self.temp_curve)
 
     def _draw_heatmap(self, activations, num_experts: int) -> None:
         a = np.asarray(activations, dtype=np.int64)
@@ -529,38 +568,31 @@ class Dashboard(QWidget):
         self.header.setText(f"{name} · {experts} · {human_bytes(snap.weights_bytes)} of "
                             f"weights · {A.effective_threads(snap)} thread{'s' if A.effective_threads(snap) != 1 else ''} · context {snap.context_used:,} / "
                             f"{snap.context_limit:,} ({snap.kv_cache_kind} KV cache, {_mb(snap.kv_cache_bytes)})")
-        now = "now" if step is not None else "last reply"
         if step is None and not snap.tokens_generated:  # a fresh engine: no reply to report ("0 tok/s" misled)
             self.speed_text.setText(_tr("No reply yet: the speeds appear with the first one."))
         else:
-            self._speed_line(snap, step, now)
+            self.speed_text.setText(speed_line(snap, step, self._reply_step))
+        self._show_moe(snap.num_experts > 1)
         self._draw_rest(snap, ec, hw, g)
 
-    def _speed_line(self, snap, step, now: str) -> None:
-        self.speed_text.setText(f"{now}: prefill {snap.prefill_tok_s if step is None else step.prefill_tok_s:,.0f} "
-                                f"tok/s · decode {snap.decode_tok_s if step is None else step.decode_tok_s:,.1f} "
-                                f"tok/s · first token {snap.ttft_s if step is None else step.ttft_s:.2f} s · "
-                                f"{snap.tokens_generated:,} tokens generated, {snap.tokens_prefilled:,} prefilled, "
-                                f"{snap.tokens_reused:,} reused")
-
     def _draw_rest(self, snap, ec, hw, g) -> None:
-        prefetch = "off" if not ec.prefetch_enabled else pct(ec.prefetch_accuracy)
-        # a dense model's plot drew a lone "100 %" hit rate at its edge
         self._say(self.cache_chart, _tr("A dense model has no experts to cache: all its weights stay in memory.")
-                  if snap.num_experts <= 1 else None)
-        self.cache_text.setText(f"hit rate {pct(ec.hit_rate if ec.hits + ec.misses else None)} · prefetch accuracy "
-                                f"{prefetch} · served without waiting {pct(ec.served_without_wait)} · "
-                                f"{ec.resident} experts in memory ({_mb(ec.resident_bytes)}), "
-                                f"{_mb(ec.bytes_loaded)} loaded · {snap.expert_cache_plan}")
+                  if snap.num_experts <= 1 else None)  # (and its panels are hidden: no expert-cache figures)
+        if snap.num_experts > 1:
+            self.cache_text.setText(f"hit rate {pct(ec.hit_rate if ec.hits + ec.misses else None)} · prefetch "
+                                    f"accuracy {prefetch_text(ec)} · served without waiting "
+                                    f"{pct(ec.served_without_wait)} · {ec.resident} experts in memory "
+                                    f"({_mb(ec.resident_bytes)}), {_mb(ec.bytes_loaded)} loaded · "
+                                    f"{snap.expert_cache_plan}")
         self.rss_text.setText(f"RSS {_mb(snap.rss_bytes)} · weights {_mb(snap.weights_bytes)} · KV cache "
                               f"{_mb(snap.kv_cache_bytes)}" + kernels_line(snap))
         configured, effective = A.configured_threads(snap), A.effective_threads(snap)
         temp = f"{hw.cpu_temp_c:.0f} °C ({hw.cpu_temp_sensor})" if hw is not None and hw.cpu_temp_c is not None \
             else f"CPU temperature {A.missing(snap, 'cpu_temp')}"
         events = A.throttle_events(snap)
-        throttle = f" · {len(events)} throttle event(s), last: {events[-1].reason}" if events else " · no throttling"
-        self.temp_text.setText(f"{temp} · threads {effective} of {configured or effective}{throttle}")
+        self.temp_text.setText(f"{temp} · threads {effective} of {configured or effective} · {events_text(events)}")
         has_temp = any(not math.isnan(v) for v in self.history["temp"])
+        self._temp_axis(has_temp)
         self._say(self.temp_chart, None if has_temp or events else
                   f"CPU temperature {A.missing(snap, 'cpu_temp')}.\nThreads: {effective} of {configured or effective}; "
                   f"the thermal governor needs a temperature to act.")

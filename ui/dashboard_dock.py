@@ -18,7 +18,8 @@ class DashboardDock:
 
     def _make_dashboard(self):
         from ui.dashboard import Dashboard
-        return Dashboard(self.flow.worker, theme.palette(self.settings.theme), self.flow.model, self)
+        return Dashboard(self.flow.worker, theme.palette(self.settings.theme), self.flow.model, self,
+                         font_pt=self.settings.font_size)
 
     def open_dashboard(self, toggle: bool = False):
         """The performance dashboard, docked where the user last left it (right of the chat at first);
@@ -58,9 +59,12 @@ class DashboardDock:
         self.resize(self.width() + max(0, min(room, by)), self.height())
 
     def _rebuild_dashboard(self) -> None:
-        """The dashboard again in the new language; its history of figures is kept."""
+        """The dashboard again in the new language, theme or text size; its history of figures is kept."""
         old, self.dashboard = self.dashboard, self._make_dashboard()
         self.dashboard.history, self.dashboard.snapshot = old.history, old.snapshot
+        self.dashboard._reply_step = old._reply_step
+        if old.snapshot is not None:
+            self.dashboard.on_stats(old.snapshot)  # drawn at once, not blank until the next snapshot
         self.dashboard_dock.setWindowTitle(self.tr("Performance"))
         self.dashboard_dock.setAccessibleName(self.tr("Performance dashboard"))
         self.dashboard_dock.setWidget(self.dashboard)

@@ -31,6 +31,50 @@ def pct(x: float | None) -> str:
     return "—" if x is None else f"{x:.0%}"
 
 
+def speed_line(snap, step, reply) -> str:
+    """The speeds now (`step`: a reply is being written) or the last reply's (`reply`: its last Step,
+    None when it was written before the dashboard opened), then the engine's totals since it loaded,
+    named as such: under "last reply" they read as that reply's own."""
+    s = step if step is not None else reply
+    prefill = s.prefill_tok_s if s is not None else snap.prefill_tok_s
+    decode = s.decode_tok_s if s is not None else snap.decode_tok_s
+    ttft = s.ttft_s if s is not None else snap.ttft_s
+    own = "" if s is None else _tr(", {gen:,} tokens written, a prompt of {prompt:,}").format(
+        gen=s.generated_tokens, prompt=s.prompt_tokens)
+    head = _tr("now") if step is not None else _tr("last reply")
+    return (f"{head}: prefill {prefill:,.0f} tok/s · decode {decode:,.1f} tok/s · first token {ttft:.2f} s{own} · "
+            + _tr("since the model loaded: {gen:,} tokens generated, {pre:,} prefilled, {re:,} reused").format(
+                gen=snap.tokens_generated, pre=snap.tokens_prefilled, re=snap.tokens_reused))
+
+
+def prefetch_text(ec) -> str:
+    """Prefetch accuracy, or "—" and why there is none."""
+    if not ec.prefetch_enabled:
+        return "— " + _tr("(off: prefetch_window is 0)")
+    if getattr(ec, "prefetch_paused", False):
+        return pct(ec.prefetch_accuracy) + " " + _tr("(paused: its guesses were mostly wrong)")
+    if ec.prefetch_accuracy is None:
+        return "— " + _tr("(no guess checked yet)")
+    return pct(ec.prefetch_accuracy)
+
+
+def thermal(event) -> bool:
+    """A ThrottleEvent of the thermal governor, not of the thread tuner or the load cap (which say
+    what a measured decode or other programs did)."""
+    return not event.reason.startswith(A.TUNER_REASONS)
+
+
+def events_text(events) -> str:
+    """Thread changes in two kinds: the heat's, and the thread tuner's (and load cap's)."""
+    heat = [e for e in events if thermal(e)]
+    tuner = [e for e in events if not thermal(e)]
+    parts = [_tr("thermal: {n} throttle event(s), last: {why}").format(n=len(heat), why=heat[-1].reason)
+             if heat else _tr("no thermal throttling")]
+    if tuner:
+        parts.append(_tr("thread tuner: {n} change(s), last: {why}").format(n=len(tuner), why=tuner[-1].reason))
+    return " · ".join(parts)
+
+
 def kernels_line(snap) -> str:
     """What runs: the dot-product path and how it was chosen, the inner kernel per format, and the
     route the last step took through the decoder loop and why (stats())."""

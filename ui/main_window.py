@@ -114,7 +114,8 @@ class MainWindow(ConversationList, ContextCounting, ReplyStreaming, ThinkingSwit
 
         self.view = ChatView(theme.palette(self.settings.theme), self.settings.font_size)
         self.view.edit_requested.connect(self.edit_message)
-        self.view.regenerate_requested.connect(self.regenerate)
+        self.view.regenerate_requested.connect(lambda mid: self.regenerate(mid or None))
+        self.view.delete_requested.connect(self.delete_message)
         self.view.continue_requested.connect(self.continue_reply)
         self.view.version_requested.connect(self.show_version)
         self.view.copy_requested.connect(lambda _: self.statusBar().showMessage(self.tr("Copied to the clipboard"), 2000))
@@ -321,6 +322,9 @@ class MainWindow(ConversationList, ContextCounting, ReplyStreaming, ThinkingSwit
         f = self.input.font()
         f.setPointSize(self.settings.font_size)
         self.input.setFont(f)
+        d = self.dashboard
+        if d is not None and (d.colors, d.font_pt) != (theme.palette(self.settings.theme), self.settings.font_size):
+            self._rebuild_dashboard()  # its charts in the new colours and text size
 
     # --- closing -----------------------------------------------------------------------------
     def closeEvent(self, event) -> None:  # noqa: N802 - Qt's name

@@ -163,17 +163,42 @@ class ReplyStreaming:
         else:
             self.send(self.input.toPlainText())
 
-    def regenerate(self) -> None:
-        """A new version of the last reply; the earlier ones stay, browsable as ‹ 1/2 ›."""
+    def regenerate(self, message_id: int | None = None) -> None:
+        """A new version of a reply (None: the last); the earlier ones stay, browsable as ‹ 1/2 ›.
+        An earlier reply's new version starts a branch there: what followed it stays in the old one."""
         if self.busy or self.flow.model is None:
             return
         msgs = self.history.messages(self.conv_id)
         if not msgs:
             return
-        if msgs[-1].role == "assistant":
-            self.regenerating = msgs[-1].id
-            self.history.select(self.conv_id, msgs[-1].parent_id, descend=False)  # the new one is its sibling
+        target = msgs[-1] if message_id is None else next((m for m in msgs if m.id == message_id), None)
+        if target is None:
+            return
+        if target.role == "assistant":
+            self.regenerating = target.id
+            self.history.select(self.conv_id, target.parent_id, descend=False)  # the new one is its sibling
         self._generate()
+
+    def delete_message(self, message_id: int) -> None:
+        """Delete a message and the replies below it, once the user agrees (they cannot come back)."""
+        if self.busy:
+            return
+        from PySide6.QtWidgets import QMessageBox
+        _, children = self.history.tree(self.conv_id)
+        text = self.tr("Delete this message?") if not children.get(message_id) else self.tr(
+            "Delete this message and the replies below it (every version of them)?")
+        box = QMessageBox(QMessageBox.Question, self.tr("Delete"), text, QMessageBox.Yes | QMessageBox.Cancel, self)
+        box.setObjectName("delete_message_dialog")
+        box.setDefaultButton(QMessageBox.Cancel)
+
+        def done(answer: int) -> None:
+            if answer == QMessageBox.Yes and not self.busy and not self.closed:
+                self.history.delete_from(self.conv_id, message_id)
+                self.render_conversation()
+                self.refresh_conversations()
+                self.count_context()
+        box.finished.connect(done)
+        box.open()
 
     def continue_reply(self) -> None:
         """Resume the last reply where the token limit (or Stop) cut it."""
