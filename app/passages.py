@@ -78,21 +78,24 @@ def excerpt(a: Attachment, question: str, budget_tokens: int) -> Excerpt | None:
     counted yet, or is one passage (nothing to choose from: it stays too long, and is said so)."""
     if a.tokens is None or a.tokens <= budget_tokens or budget_tokens <= 0:
         return None
-    chars = int(budget_tokens * len(a.text) / max(1, a.tokens))
+    chars = int(budget_tokens * len(a.text) / max(1, a.tokens)) - len(_head(a.name, 999_999, 999_999)) - 16
     passages = split(a.text, max(80, chars // 4))  # about four passages' worth fits
-    if len(passages) < 2:
+    if len(passages) < 2 or chars <= 0:
         return None
     scores = bm25(question, passages)
     ranked = sorted(range(len(passages)), key=lambda i: (-scores[i], i))
     chosen, used = [], 0
     for i in ranked:
-        cost = len(passages[i].text) + 24  # its heading
+        cost = len(passages[i].text) + len(a.name) + 16  # with its heading
         if used + cost <= chars:
             chosen.append(i)
             used += cost
     if not chosen:
         return None
     body = "\n\n".join(f"[{a.name}, {passages[i].where()}]\n{passages[i].text}" for i in sorted(chosen))
-    head = (f"{a.name} is too long for the context: {len(chosen)} of its {len(passages)} passages, those most "
-            f"relevant to the question, each under the lines it comes from (cite them so).\n\n")
-    return Excerpt(Attachment(a.name, a.kind, head + body), len(chosen), len(passages), budget_tokens)
+    return Excerpt(Attachment(a.name, a.kind, _head(a.name, len(chosen), len(passages)) + body), len(chosen),
+                   len(passages), budget_tokens)
+
+
+def _head(name: str, sent: int, total: int) -> str:
+    return f"{name} is longer than the context: {sent} of its {total} passages, the most relevant, by lines:\n\n"
