@@ -37,6 +37,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.reasoning import ThinkSplitter, is_reasoning_model, starts_inside
+from app.request_log import TOKENS, RequestLog, RequestRecord
 from app.server_guard import Guard, check_bind, is_loopback, protocol
 from app.server_jobs import BatchScheduler, EngineThread, Job, QueueFull, Turns
 from app.server_requests import (SAMPLING, UNSUPPORTED, ApiError, Limits, chat_messages, checked, constraint,
@@ -162,6 +163,7 @@ async def _steps(job: Job, request: Request, heartbeat_s: float | None = None) -
                 return
             if isinstance(item, BaseException):
                 raise item
+            request.scope.setdefault("state", {})[TOKENS] = (item.prompt_tokens, item.generated_tokens)
             yield item
     finally:
         job.cancel()  # harmless when the job has finished
@@ -349,7 +351,8 @@ async def completions(svc: Service, request: Request) -> Any:
 # --- the application -------------------------------------------------------------------------
 def create_app(engine: Engine, limits: Limits = Limits(), api_key: str | None = None,
                loopback_only: bool = True, turns: Turns | None = None,
-               runner: EngineThread | None = None) -> tuple[FastAPI, Service]:
+               runner: EngineThread | None = None,
+               on_request: Callable[[RequestRecord], None] | None = None) -> tuple[FastAPI, Service]:
     """The ASGI application over one engine (its scheduler's worker thread starts now); `turns`:
     the line it shares with the engine's other users (the GUI's chat); `runner`: start's."""
     svc = Service(engine, limits, api_key, loopback_only, turns, runner)
@@ -394,6 +397,8 @@ def create_app(engine: Engine, limits: Limits = Limits(), api_key: str | None = 
         return await completions(svc, request)
 
     app.add_middleware(Guard, api_key=svc.api_key, loopback_only=svc.loopback_only)
+    if on_request is not None:
+        app.add_middleware(RequestLog, sink=on_request)
     return app, svc
 
 
@@ -427,14 +432,16 @@ class ServerHandle:
 
 def start(engine_or_factory: Engine | Callable[[], Engine], host: str = DEFAULT_HOST,
           port: int = DEFAULT_PORT, api_key: str | None = None, limits: Limits = Limits(),
-          log_level: str = "warning", turns: Turns | None = None, runner: EngineThread | None = None) -> ServerHandle:
+          log_level: str = "warning", turns: Turns | None = None, runner: EngineThread | None = None,
+          on_request: Callable[[RequestRecord], None] | None = None) -> ServerHandle:
     """Serve the engine in a background thread; returns once it listens (port 0: any free port).
 
     The address is checked before a factory loads anything; an address in use raises OSError here.
     `turns`: the line in front of the engine's conversation cache (the GUI passes its own); the
     BatchScheduler needs none (each request has its own KV cache), and the GUI's replies join it
     while it serves (app.worker.EngineWorker.generate). `runner`: the thread the scheduler's loop
-    runs on (the GUI's EngineThread: one OpenMP team), else a thread of its own.
+    runs on (the GUI's EngineThread: one OpenMP team), else a thread of its own. `on_request`: called
+    on the server's thread with each request's record (app.request_log) once it is answered.
     """
     api_key = api_key or os.environ.get("COLIBRI_API_KEY") or None
     check_bind(host, api_key)
@@ -445,7 +452,8 @@ def start(engine_or_factory: Engine | Callable[[], Engine], host: str = DEFAULT_
         sock.bind((host.strip("[]"), port))
         sock.listen(2048)
         engine = engine_or_factory if isinstance(engine_or_factory, Engine) else engine_or_factory()
-        app, svc = create_app(engine, limits, api_key, loopback_only=is_loopback(host), turns=turns, runner=runner)
+        app, svc = create_app(engine, limits, api_key, loopback_only=is_loopback(host), turns=turns, runner=runner,
+                              on_request=on_request)
     except BaseException:
         sock.close()
         raise

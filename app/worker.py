@@ -203,6 +203,7 @@ class EngineWorker(QObject):
     cancelled = Signal(str)  # a conversion was cancelled: what it was converting
     picked = Signal(str)  # the first candidate model folder that opens, or "" (pick)
     served = Signal(str, str)  # the local server's address ("" when it is off), why it is off ("" if asked)
+    request_logged = Signal(object)  # app.request_log.RequestRecord: a request the server answered
     slowed = Signal(str)  # why decode is slow now (other programs take the CPU), "" once it is over
     remote_ready = Signal(object)  # StatsSnapshot (its .remote set): chat now goes to a remote endpoint
 
@@ -210,7 +211,7 @@ class EngineWorker(QObject):
         super().__init__()
         self.engine = None
         self.server = None  # app.server.ServerHandle while "Serve on localhost" is on
-        self._serve_port = 0
+        self._serve_port, self._serve_key = 0, ""
         self.turns = Turns()  # replies on the conversation cache: one at a time (a SerialScheduler's jobs too)
         # every parallel kernel of this worker's engine runs on this one thread (a load's warm-up, a
         # reply, the server's batched steps while it serves): one OpenMP team, not the QThread's beside
@@ -275,7 +276,7 @@ class EngineWorker(QObject):
             self.reasoning.emit(path, *reasoning_of(self.engine))
             self.loaded.emit(self.engine.stats())
             if serving:  # the switch stays on: the new model is served at the same address
-                self.serve(True, self._serve_port)
+                self.serve(True, self._serve_port, self._serve_key)
         except Exception as e:  # noqa: BLE001 - every failure becomes a dialog with its message
             self._fail(f"Loading {Path(path).name}", e)
 
@@ -451,9 +452,10 @@ class EngineWorker(QObject):
         except Exception as e:  # noqa: BLE001
             self._fail("Defragmenting the memory pool", e)
 
-    @Slot(bool, int)
-    def serve(self, on: bool, port: int) -> None:
-        """The GUI's "Serve on localhost": colibri-serve's API over this engine on 127.0.0.1. While it
+    @Slot(bool, int, str)
+    def serve(self, on: bool, port: int, key: str = "") -> None:
+        """The GUI's "Serve on localhost": colibri-serve's API over this engine on 127.0.0.1, or with
+        `key` (the API key clients must send) on every interface, for the local network. While it
         serves, the chat's replies decode in the server's steps beside the served requests."""
         self._stop_server()
         if not on:
@@ -468,11 +470,14 @@ class EngineWorker(QObject):
             return
         try:
             from app import server
-            self.server, self._serve_port = server.start(self.engine, "127.0.0.1", port, turns=self.turns,
-                                                         runner=self.runner), port
-            self.served.emit(self.server.url, "")
+            from app.serve_access import LAN_HOST, lan_address
+            host = LAN_HOST if key else "127.0.0.1"
+            self.server = server.start(self.engine, host, port, api_key=key or None, turns=self.turns,
+                                       runner=self.runner, on_request=self.request_logged.emit)
+            self._serve_port, self._serve_key = port, key
+            self.served.emit(self.server.url.replace(LAN_HOST, lan_address()), "")
         except (OSError, ValueError) as e:  # a port in use, most often
-            self.served.emit("", f"the server could not start on 127.0.0.1:{port}: {e}")
+            self.served.emit("", f"the server could not start on {host}:{port}: {e}")
 
     def _stop_server(self) -> None:
         if self.server is not None:

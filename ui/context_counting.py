@@ -11,7 +11,9 @@ from pathlib import Path
 from PySide6.QtCore import QEvent, QObject, Signal
 from PySide6.QtWidgets import QFileDialog
 
+from app.chat_session import reply_room
 from app.history import chat_messages
+from app.passages import excerpt
 from ui.context_ui import marker_texts
 from ui.model_flow import show_error
 
@@ -170,6 +172,8 @@ class ContextCounting:
             self._refresh_markers()
             return
         from app.attachments import with_attachments
+        for key, e in list(self.tray.excerpts.items()):  # re-ranked for the question as it reads now
+            self.tray.set_excerpt(key, excerpt(self.tray.items[key], text, e.budget))
         conv = self.history.conversation(self.conv_id)
         path = self.history.messages(conv.id)
         if self.editing is not None:  # the edited message replaces itself and what follows it (a branch)
@@ -180,9 +184,35 @@ class ContextCounting:
         self.flow.count_requested.emit(conv.id, msgs, self.history.context_policy(conv.id), "draft",
                                        self._template_vars(conv))
 
+    def _send_passages(self, p) -> bool:
+        """A message that does not fit because of long files: each long file is cut to the passages
+        most relevant to the message (app.passages), and the draft counted again; False when that
+        cannot help (a file not counted yet, or one passage long)."""
+        tray = self.tray
+        if any(a.tokens is None for a in tray.items.values()):
+            return False
+        sent = {k: len(tray.excerpts[k].attachment.text) * a.tokens // max(1, len(a.text)) if k in tray.excerpts
+                else a.tokens for k, a in tray.items.items()}
+        room = p.limit - reply_room(p.limit) - (p.tokens - sum(sent.values()))
+        if tray.excerpts:  # cut already and still too long: the characters-per-token estimate was short
+            room = min(room, int(sum(sent.values()) * 0.8))
+        room = int(room * 0.9)
+        short = {k: t for k, t in sent.items() if k not in tray.excerpts and t <= room // max(1, len(sent))}
+        long = [k for k in tray.items if k not in short]
+        each = (room - sum(short.values())) // max(1, len(long))
+        cut = {k: excerpt(tray.items[k], self.input.toPlainText(), each) for k in long}
+        if not long or any(e is None for e in cut.values()):
+            return False
+        for k, e in cut.items():
+            tray.set_excerpt(k, e)
+        self.count_draft()
+        return True
+
     def _show_draft_warning(self) -> None:
         p = self.draft_plan
         if p is None:
+            return
+        if not p.fits and p.policy != "stop" and self._send_passages(p):
             return
         if not p.fits and p.policy == "stop":
             self._set_warning(self.tr("Will not fit: with this message the chat takes {used:,} of the model's "

@@ -10,6 +10,7 @@ from PySide6.QtWidgets import (QComboBox, QHBoxLayout, QLabel, QProgressBar, QSi
 
 from app.attachments import Attachment
 from app.chat_session import LABELS, POLICIES
+from app.passages import Excerpt
 from ui.boxes import fill
 
 
@@ -112,6 +113,7 @@ class AttachmentTray(QWidget):
     def __init__(self):
         super().__init__(objectName="attachments")
         self.items: dict[int, Attachment] = {}
+        self.excerpts: dict[int, Excerpt] = {}  # a file too long for the context: the passages sent instead
         self._chips: dict[int, tuple[QWidget, QLabel]] = {}
         self._next = 0
         # the chips in a row of their own and the warning under it: beside them, a warning wrapped
@@ -154,6 +156,9 @@ class AttachmentTray(QWidget):
         chip, label = self._chips[key]
         kind = {"pdf": "PDF", "markdown": "Markdown", "code": _tr("code"), "text": _tr("text")}[a.kind]
         tokens = _tr("counting…") if a.tokens is None else _tr("{n:,} tokens").format(n=a.tokens)
+        if key in self.excerpts:
+            e = self.excerpts[key]
+            tokens += " · " + _tr("{sent} of {total} passages sent").format(sent=e.sent, total=e.total)
         label.setText(f"{a.name} · {tokens}")
         chip.setToolTip(_tr("{kind}, {chars:,} characters: sent as plain text after your message").format(
             kind=kind, chars=len(a.text)))
@@ -166,7 +171,17 @@ class AttachmentTray(QWidget):
             self._label(key)
             self.changed.emit()
 
+    def set_excerpt(self, key: int, e: Excerpt | None) -> None:
+        """Send these passages in place of the whole file (None: the whole file again)."""
+        if key in self.items and self.excerpts.get(key) != e:
+            if e is None:
+                del self.excerpts[key]
+            else:
+                self.excerpts[key] = e
+            self._label(key)
+
     def remove(self, key: int) -> None:
+        self.excerpts.pop(key, None)
         chip, _ = self._chips.pop(key)
         del self.items[key]
         chip.hide()
@@ -179,7 +194,7 @@ class AttachmentTray(QWidget):
             self.remove(key)
 
     def records(self) -> list[dict]:
-        return [a.as_dict() for a in self.items.values()]
+        return [(self.excerpts[k].attachment if k in self.excerpts else a).as_dict() for k, a in self.items.items()]
 
     def set_warning(self, text: str, level: str = "") -> None:
         self.warning.setText(text)

@@ -276,6 +276,7 @@ class MainWindow(ConversationList, ContextCounting, ReplyStreaming, ThinkingSwit
         self.serve_action.setChecked(bool(self.server_url))
         self.serve_action.setToolTip(self.tr("An OpenAI-compatible API at http://127.0.0.1:{port}/v1 for editors, "
                                              "agents and scripts").format(port=self.server_port()))
+        act(s, self.tr("Server &panel"), self.open_server_panel)
         self.remote_action = act(s, self.tr("Use a &remote endpoint…"), self.open_remote_dialog)
         s.setToolTipsVisible(True)
 

@@ -60,7 +60,7 @@ class ModelFlow(QObject):
     count_attachment_requested = Signal(int, str)  # key, the text as sent: `attachment_counted`
     fit_requested = Signal(str, dict, int)  # model folder, engine settings, extra free bytes: `fit_explained`
     set_param_requested = Signal(str, object)
-    serve_requested = Signal(bool, int)  # on/off, port: the worker answers `served`
+    serve_requested = Signal(bool, int, str)  # on/off, port, API key ("": localhost only): the worker answers `served`
     close_requested = Signal()
 
     ready = Signal(object)  # StatsSnapshot: a model is loaded and warm
