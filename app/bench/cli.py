@@ -162,6 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--doc", "--readme", dest="readme",
                    help="regenerate this page's generated memory block (docs/bench/memory.md) from the run (or --from_json)")
     m.add_argument("--from_json", help="no run: read this earlier --json result (with --doc: regenerate the page's block)")
+    m.add_argument("--gguf", help="instead of the Mixtral-style model: this MoE GGUF (e.g. make-scale's), Colibri's "
+                   "import of it against llama-bench mmap --repack 0, caps from --ram_cap (default 0.75,0.5)")
     m.add_argument("--shape", choices=("large", "moderate"), default="large",
                    help="large: 1.75B parameters (1.9 GB in Q8_0); moderate: 0.68B (0.72 GB)")
     m.add_argument("--engine_root", help="run Colibri from this checkout instead (e.g. main, for before/after)")

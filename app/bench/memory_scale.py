@@ -82,3 +82,32 @@ def run(gguf: Path, caps: list[float], threads: int, prompt: int, decode: int, d
                                   if k not in ("read_ways_mb",)}), file=sys.stderr, flush=True)
     return {"gguf": str(gguf), "gguf_mb": gguf.stat().st_size / 1e6, "threads": threads, "prompt_tokens": prompt,
             "decode_tokens": decode, "runs": runs}
+
+
+def markdown(res: dict) -> str:
+    """One line per run: cap, engine, decode, prompt, what the Colibri run read and the bound it implies."""
+    def f(v, spec=".2f"):
+        return "–" if v is None else format(v, spec)
+    lines = [f"{res['gguf']} ({res['gguf_mb']:.0f} MB), {res['threads']} threads, prompt {res['prompt_tokens']} tokens",
+             "", "| cap | engine | decode tok/s | prompt s | hit rate | missed MB/token | disk MB/s (dd direct) "
+             "| I/O bound tok/s | share | routing entropy (of max) | cgroup peak MB | OOM kills |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in res["runs"]:
+        ent = r.get("routing_entropy_bits")
+        ent = None if ent is None else f"{ent:.2f} bits ({ent / r['max_entropy_bits']:.2f})"
+        lines.append(f"| {r['ram_cap']} | {r['engine']} | {f(r.get('decode_tok_s'))} | {f(r.get('prompt_s'), '.1f')} "
+                     f"| {f(r.get('hit_rate'))} | {f(r.get('missed_mb_per_token'), '.1f')} | {f(r.get('disk_mb_s'), '.0f')} "
+                     f"| {f(r.get('io_bound_tok_s'), '.1f')} | {f(r.get('share_of_io_bound'), '.1%')} | {ent or '–'} "
+                     f"| {f(r.get('cgroup_peak_mb'), '.0f')} | {r.get('oom_kills', '–')} |"
+                     + (f" {r['error']}" if "error" in r else ""))
+    return "\n".join(lines)
+
+
+def main(args) -> int:
+    caps = [float(c) for c in (args.ram_cap or "0.75,0.5").split(",")]
+    res = run(Path(args.gguf), caps, args.threads, args.prompt_tokens, args.decode_tokens, args.decode_seconds,
+              args.repeats, args.timeout, not args.no_llama, Path(args.engine_root).resolve() if args.engine_root else None)
+    if args.json:
+        Path(args.json).write_text(json.dumps(res, indent=1) + "\n")
+    print(markdown(res))
+    return 0
