@@ -90,15 +90,16 @@ def markdown(res: dict) -> str:
         return "–" if v is None else format(v, spec)
     lines = [f"{res['gguf']} ({res['gguf_mb']:.0f} MB), {res['threads']} threads, prompt {res['prompt_tokens']} tokens",
              "", "| cap | engine | decode tok/s | prompt s | hit rate | missed MB/token | disk MB/s (dd direct) "
-             "| I/O bound tok/s | share | routing entropy (of max) | cgroup peak MB | OOM kills |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| I/O bound tok/s | share | routing entropy (of max) | cgroup peak MB | OOM kills | CPU ms/token "
+             "| major faults/token |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in res["runs"]:
         ent = r.get("routing_entropy_bits")
         ent = None if ent is None else f"{ent:.2f} bits ({ent / r['max_entropy_bits']:.2f})"
         lines.append(f"| {r['ram_cap']} | {r['engine']} | {f(r.get('decode_tok_s'))} | {f(r.get('prompt_s'), '.1f')} "
                      f"| {f(r.get('hit_rate'))} | {f(r.get('missed_mb_per_token'), '.1f')} | {f(r.get('disk_mb_s'), '.0f')} "
                      f"| {f(r.get('io_bound_tok_s'), '.1f')} | {f(r.get('share_of_io_bound'), '.1%')} | {ent or '–'} "
-                     f"| {f(r.get('cgroup_peak_mb'), '.0f')} | {r.get('oom_kills', '–')} |"
+                     f"| {f(r.get('cgroup_peak_mb'), '.0f')} | {r.get('oom_kills', '–')} "
+                     f"| {f(r.get('cpu_ms_per_token'), '.0f')} | {f(r.get('major_faults_per_token'), '.1f')} |"
                      + (f" {r['error']}" if "error" in r else ""))
     return "\n".join(lines)
 
