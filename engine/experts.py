@@ -193,28 +193,35 @@ class ExpertCache:
             return all(s is not None and s.ready.is_set() for s in slots)
 
     def order_for_use(self, layer: int, experts) -> list[int]:
-        """The experts of a step with the resident ones first; the first READ_AHEAD missing ones start
-        loading at once, together, so their reads overlap each other and the resident ones' compute."""
+        """The experts of a step with the resident ones first, so loads overlap compute (load_ahead
+        reads the missing ones in this order)."""
         experts = [int(e) for e in experts]
         with self._lock:
             ready = [e for e in experts if (s := self._slots.get((layer, e))) is not None and s.ready.is_set()]
         order = ready + [e for e in experts if e not in ready]
         self._order[layer] = order
-        if len(ready) < len(order):
-            self.load_ahead(layer, order[len(ready)])
         return order
 
     def load_ahead(self, layer: int, expert: int) -> None:
-        """Start loading the expert needed next, and those after it in the layer's order (up to READ_AHEAD
-        in flight and what the budget holds beside one token's picks), on the reader threads while this
-        one computes."""
+        """Start loading the expert needed next and the missing ones after it in the layer's order
+        (order_for_use's), READ_AHEAD in flight at most (and what the budget holds beside one token's
+        picks), on the reader threads while this one computes."""
         if not self._ahead_pays():
             return
         order = self._order.get(layer, ())
         i = order.index(expert) if expert in order else -1
         room = max(1, min(READ_AHEAD, self.budget // max(1, self.slot) - self.top_k - SPARE_SLOTS))
-        with self._lock:  # (most of the window is on its way already)
-            todo = [e for e in ([expert] if i < 0 else order[i:i + room]) if (layer, e) not in self._slots]
+        todo: list[int] = []
+        with self._lock:
+            busy = 0
+            for e in [expert] if i < 0 else order[i:]:
+                s = self._slots.get((layer, e))
+                if s is not None:
+                    busy += not s.ready.is_set()
+                elif busy + len(todo) < room:
+                    todo.append(e)
+                if busy + len(todo) >= room:
+                    break
         for e in todo:
             slot, load = self._acquire(layer, e, prefetch=False, reserve=True)
             if load:
