@@ -426,7 +426,10 @@ class ExpertCache:
                          early=reserve, mapped=mapped)
             self._slots[key] = slot
             self._count[layer] += 1
-            self._used += nbytes
+            if not mapped and (block := self._fitting_spare(nbytes)) is not None:
+                slot.block, slot.nbytes = block, block.size  # (its bytes, counted as a spare, become the slot's)
+            else:
+                self._used += nbytes
             if prefetched:
                 c.prefetched += 1
             elif not prefetch and count:
@@ -548,14 +551,24 @@ class ExpertCache:
                 slot.block.free()
             slot.block = None
 
+    def _fitting_spare(self, nbytes: int) -> Block | None:
+        """Lock held: a spare block that fits `nbytes`, taken out of the spares (its bytes stay counted)."""
+        for i, b in enumerate(self._spare):
+            if nbytes <= b.size <= 2 * nbytes:
+                return self._spare.pop(i)
+        return None
+
     def _take_block(self, slot: _Slot, nbytes: int) -> Block:
-        """A spare block that fits, else a fresh one of the size _acquire counted (slot.nbytes)."""
+        """The block _acquire handed the slot (its victim's, already faulted in: a fresh block's first
+        touch cost several times the read itself), else a spare that fits, else a fresh one of the size
+        _acquire counted (slot.nbytes)."""
         with self._lock:
-            for i, b in enumerate(self._spare):
-                if nbytes <= b.size <= 2 * nbytes:  # its bytes, counted as a spare, become the slot's
-                    self._used -= slot.nbytes
-                    slot.nbytes = b.size
-                    return self._spare.pop(i)
+            if slot.block is not None:
+                return slot.block
+            if (b := self._fitting_spare(nbytes)) is not None:  # its bytes, counted as a spare, become the slot's
+                self._used -= slot.nbytes
+                slot.nbytes = b.size
+                return b
         return self.pool.alloc(nbytes)
 
     def _drop(self, layer: int, expert: int, slot: _Slot) -> None:
