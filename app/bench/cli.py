@@ -175,7 +175,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="a run's decode stops after this many seconds (at least 3 tokens): bounds a thrashing cap")
     m.add_argument("--timeout", type=float, default=900, help="seconds per run before it counts as failed")
     m.add_argument("--json", help="also write the results to this file")
-    m.set_defaults(func=lambda a: __import__("app.bench.memory", fromlist=["main"]).main(a))
+    m.set_defaults(func=lambda a: __import__("app.bench.memory_scale" if a.gguf else "app.bench.memory",
+                                             fromlist=["main"]).main(a))
     lo = sub.add_parser("loads", help="cold and warm expert loads: each read mode, mmap, repack on a miss")
     lo.add_argument("--model", required=True, help="a converted MoE model folder")
     lo.add_argument("--against", metavar="DIR", help="the same model converted in the other expert layout "

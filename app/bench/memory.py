@@ -511,9 +511,6 @@ def _one_run(engine: str, arg: str, routing: str, cap: float | None, gguf: Path,
 
 
 def main(args) -> int:
-    if getattr(args, "gguf", None):  # any MoE GGUF at real scale (app.bench.memory_scale)
-        from app.bench import memory_scale
-        return memory_scale.main(args)
     if getattr(args, "from_json", None):  # the page's block regenerated from a finished run
         res = json.loads(Path(args.from_json).read_text())
         if args.readme:
