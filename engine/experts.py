@@ -12,6 +12,7 @@ import queue
 import threading
 import time
 from collections import Counter, OrderedDict, deque
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Iterator
@@ -38,6 +39,9 @@ LFU_DECAY = 0.98
 PREFETCH_MIN_ACCURACY = 0.6
 PREFETCH_OUTCOMES = 32
 PREFETCH_PROBE = 16
+# a layer's misses are read together, this many at a time (each on its own reader thread, its 1 MiB
+# pieces on the store's I/O threads): one miss after another left the disk mostly idle
+READ_AHEAD = 8
 
 
 def min_budget(top_k: int, slot: int) -> int:
@@ -89,6 +93,8 @@ class ExpertCache:
         self._grow = 1.0 / (decay or LFU_DECAY ** (1.0 / max(1, num_layers * top_k)))
         self._weight = 1.0
         self._heat = np.zeros((num_layers, num_experts))
+        # (layer, expert) in _slots, loaded in a pool slot (not mapped): eviction's candidates, before pins
+        self._loaded = np.zeros((num_layers, num_experts), bool)
         self.num_layers, self.num_experts, self.top_k = num_layers, num_experts, top_k
         self.per_layer = None if per_layer is None else max(1, min(per_layer, num_experts))
         self.slot = pool.block_size(store.span(store.model.config.dense_layers, 0).slot_bytes) if num_layers else 0  # a routed expert
@@ -113,6 +119,8 @@ class ExpertCache:
         self._queue: queue.Queue = queue.Queue()
         self._stop = threading.Event()
         self._loader = None
+        self._readers: ThreadPoolExecutor | None = None  # early demand loads (load_ahead), READ_AHEAD at a time
+        self._order: dict[int, list[int]] = {}  # each layer's last order_for_use: what load_ahead reads ahead in
         if prefetch_window > 0:
             self._loader = threading.Thread(target=self._prefetch_loop, name="colibri-prefetch", daemon=True)
             self._loader.start()
@@ -185,19 +193,41 @@ class ExpertCache:
             return all(s is not None and s.ready.is_set() for s in slots)
 
     def order_for_use(self, layer: int, experts) -> list[int]:
-        """The experts of a step with the resident ones first, so loads overlap compute."""
+        """The experts of a step with the resident ones first, so loads overlap compute (load_ahead
+        reads the missing ones in this order)."""
         experts = [int(e) for e in experts]
         with self._lock:
             ready = [e for e in experts if (s := self._slots.get((layer, e))) is not None and s.ready.is_set()]
-        return ready + [e for e in experts if e not in ready]
+        order = ready + [e for e in experts if e not in ready]
+        self._order[layer] = order
+        return order
 
     def load_ahead(self, layer: int, expert: int) -> None:
-        """Start loading the expert needed next on the loader thread while this one computes."""
+        """Start loading the expert needed next and the missing ones after it in the layer's order
+        (order_for_use's), READ_AHEAD in flight at most (and what the budget holds beside one token's
+        picks), on the reader threads while this one computes."""
         if not self._ahead_pays():
             return
-        slot, load = self._acquire(layer, expert, prefetch=False, reserve=True)
-        if load:
-            self._queue.put((layer, expert, slot, False))
+        order = self._order.get(layer, ())
+        i = order.index(expert) if expert in order else -1
+        room = max(1, min(READ_AHEAD, self.budget // max(1, self.slot) - self.top_k - SPARE_SLOTS))
+        todo: list[int] = []
+        with self._lock:
+            busy = 0
+            for e in [expert] if i < 0 else order[i:]:
+                s = self._slots.get((layer, e))
+                if s is not None:
+                    busy += not s.ready.is_set()
+                elif busy + len(todo) < room:
+                    todo.append(e)
+                if busy + len(todo) >= room:
+                    break
+        for e in todo:
+            slot, load = self._acquire(layer, e, prefetch=False, reserve=True)
+            if load:
+                if self._readers is None:
+                    self._readers = ThreadPoolExecutor(READ_AHEAD, "colibri-read")
+                self._readers.submit(self._load, layer, e, slot)
 
     def holds_all(self) -> bool:
         """Whether every expert of every layer is loaded (then prefetching is pointless)."""
@@ -396,7 +426,10 @@ class ExpertCache:
                          early=reserve, mapped=mapped)
             self._slots[key] = slot
             self._count[layer] += 1
-            self._used += nbytes
+            if not mapped and (block := self._fitting_spare(nbytes)) is not None:
+                slot.block, slot.nbytes = block, block.size  # (its bytes, counted as a spare, become the slot's)
+            else:
+                self._used += nbytes
             if prefetched:
                 c.prefetched += 1
             elif not prefetch and count:
@@ -430,10 +463,7 @@ class ExpertCache:
 
     def _evictable(self, layer: int) -> bool:
         """Whether _make_room could free room for one more expert of `layer` (a full layer: its own)."""
-        full = self._full(layer)
-        below = self.num_layers if self._frozen is None else self._frozen
-        return any(s.pins == 0 and not s.reserved and s.ready.is_set() and (not full or k[0] == layer) and k[0] < below
-                   for k, s in self._slots.items())
+        return self._victim(layer if self._full(layer) else None) is not None
 
     def _make_room(self, layer: int | None, nbytes: int) -> None:
         """Lock held. Evict unpinned experts (by the policy) until `nbytes` more fit (and, per_layer set,
@@ -452,12 +482,29 @@ class ExpertCache:
     def _victim(self, in_layer: int | None, among: set[int] | None = None) -> tuple[int, int] | None:
         """Lock held: the expert the policy evicts next (of `in_layer`, of the layers `among`, or any)."""
         below = self.num_layers if self._frozen is None else self._frozen
-        free = (k for k, s in self._slots.items() if (in_layer is None or k[0] == in_layer) and k[0] < below
-                and (among is None or k[0] in among) and s.pins == 0 and not s.reserved and s.ready.is_set()
-                and not s.mapped)
-        if self.policy == "lfu":
-            return min(free, key=lambda k: self._heat[k], default=None)  # the first minimum: LRU among ties
-        return next(free, None)
+        ok = lambda s: s.pins == 0 and not s.reserved and s.ready.is_set()  # noqa: E731
+        if self.policy == "lru":
+            return next((k for k, s in self._slots.items() if (in_layer is None or k[0] == in_layer) and k[0] < below
+                         and (among is None or k[0] in among) and ok(s) and not s.mapped), None)
+        rows = np.zeros(self.num_layers, bool)  # lfu: the coldest loaded expert (numpy: a scan of the
+        if in_layer is not None:  # slots in Python cost more than a miss's read at a thousand slots)
+            rows[in_layer] = in_layer < below
+        else:
+            rows[:below] = True
+        if among is not None:
+            rows &= np.isin(np.arange(self.num_layers), list(among))
+        heat = np.where(self._loaded & rows[:, None], self._heat, np.inf)
+        while (v := heat.min()) < np.inf:
+            ties = np.flatnonzero(heat == v)
+            keys = {divmod(int(t), self.num_experts) for t in ties}
+            if len(keys) == 1 and ok(self._slots[k := next(iter(keys))]):
+                return k
+            if len(keys) > 1:  # LRU among ties
+                k = next((k for k, s in self._slots.items() if k in keys and ok(s)), None)
+                if k is not None:
+                    return k
+            heat.flat[ties] = np.inf  # pinned, reserved or still loading
+        return None
 
     def _scan_victim(self, layer: int) -> tuple[int, int] | None:
         """Lock held, in scan(): of `layer` once it holds its share, else of a layer above its share."""
@@ -481,6 +528,7 @@ class ExpertCache:
 
     def _evict(self, key: tuple[int, int]) -> None:
         slot = self._slots.pop(key)
+        self._loaded[key] = False
         self._count[key[0]] -= 1
         c = self.counters[key[0]]
         if not self._quiet:
@@ -503,19 +551,30 @@ class ExpertCache:
                 slot.block.free()
             slot.block = None
 
+    def _fitting_spare(self, nbytes: int) -> Block | None:
+        """Lock held: a spare block that fits `nbytes`, taken out of the spares (its bytes stay counted)."""
+        for i, b in enumerate(self._spare):
+            if nbytes <= b.size <= 2 * nbytes:
+                return self._spare.pop(i)
+        return None
+
     def _take_block(self, slot: _Slot, nbytes: int) -> Block:
-        """A spare block that fits, else a fresh one of the size _acquire counted (slot.nbytes)."""
+        """The block _acquire handed the slot (its victim's, already faulted in: a fresh block's first
+        touch cost several times the read itself), else a spare that fits, else a fresh one of the size
+        _acquire counted (slot.nbytes)."""
         with self._lock:
-            for i, b in enumerate(self._spare):
-                if nbytes <= b.size <= 2 * nbytes:  # its bytes, counted as a spare, become the slot's
-                    self._used -= slot.nbytes
-                    slot.nbytes = b.size
-                    return self._spare.pop(i)
+            if slot.block is not None:
+                return slot.block
+            if (b := self._fitting_spare(nbytes)) is not None:  # its bytes, counted as a spare, become the slot's
+                self._used -= slot.nbytes
+                slot.nbytes = b.size
+                return b
         return self.pool.alloc(nbytes)
 
     def _drop(self, layer: int, expert: int, slot: _Slot) -> None:
         if self._slots.get((layer, expert)) is slot and slot.pins == 0:
             self._slots.pop((layer, expert))
+            self._loaded[layer, expert] = False
             self._count[layer] -= 1
             self._release(slot)
             self._holds_all = False
@@ -537,6 +596,8 @@ class ExpertCache:
             with self._lock:
                 c = self.counters[layer]
                 if slot.error is None:
+                    if not slot.mapped and self._slots.get((layer, expert)) is slot:
+                        self._loaded[layer, expert] = True
                     if fill:
                         self.fill_bytes += nbytes
                     c.bytes_loaded += nbytes
@@ -612,11 +673,14 @@ class ExpertCache:
         self._stop.set()
         if self._loader is not None:
             self._loader.join(timeout=2)
+        if self._readers is not None:
+            self._readers.shutdown(wait=True)
         with self._lock:
             for slot in self._slots.values():
                 slot.ready.wait(timeout=2)
                 self._release(slot)
             self._slots.clear()
+            self._loaded[:] = False
             self._count = [0] * self.num_layers
             for b in self._spare:
                 b.free()

@@ -1046,3 +1046,40 @@ def test_a_mapped_expert_comes_with_its_page_tables_filled(routed_model, monkeyp
         del w
     assert X._populate_works[0] is populate
     assert (faults <= len(keys) // 4) if populate else (faults >= len(keys))
+
+
+@pytest.mark.parametrize("room", ["all", "budget"])
+def test_a_layers_misses_are_read_together_and_within_the_budget(routed_model, disk_misses, room):
+    """The missing experts of a layer's order are read on the reader threads at the same time (one after
+    another left the disk idle between reads), at most READ_AHEAD and what the budget holds at once."""
+    import time
+
+    import engine.experts as experts_mod
+    path, _ = routed_model
+    store, pool = ExpertStore(open_model_dir(path)), MemoryPool()
+    slot = pool.block_size(store.span(0, 0).slot_bytes)
+    read, lock, state = store.read_into, threading.Lock(), {"now": 0, "most": 0}
+
+    def timed_read(*a, **k):  # the real read, and how many run at once
+        with lock:
+            state["now"] += 1
+            state["most"] = max(state["most"], state["now"])
+        time.sleep(0.05)
+        try:
+            return read(*a, **k)
+        finally:
+            with lock:
+                state["now"] -= 1
+    store.read_into = timed_read
+    budget = 1 << 30 if room == "all" else (E + SPARE_SLOTS) * slot  # the latter: 2 beside a token's 2 picks
+    cache = ExpertCache(store, pool, LAYERS, E, budget=budget, prefetch_window=4, top_k=2)
+    order = cache.order_for_use(0, range(E))
+    cache.load_ahead(0, order[0])
+    cache.drain()
+    assert state["most"] == (min(E, experts_mod.READ_AHEAD) if room == "all" else 2)
+    for e in order:
+        with cache.use(0, e) as ew:
+            assert ew.gate.data.size > 0
+    st = cache.stats()
+    assert (st.misses, st.hits) == (E, 0)  # each counted once, a miss, when its read began
+    cache.close()

@@ -76,3 +76,21 @@ def test_both_engines_are_fed_the_same_seeded_tokens_and_the_colibri_child_decod
     exec(_TOKENS, scope)  # what the llama.cpp child computes for the same vocabulary
     assert out["fed"] == scope["stream"] and out["decode_tokens"] == 6
     assert len(set(out["fed"])) > 1  # not one token over and over
+
+
+def test_the_scale_table_states_the_io_bound_share_and_the_entropy_beside_each_run(tmp_path):
+    from app.bench.memory_scale import dd_bandwidth, markdown as scale_markdown
+    runs = [{"engine": "colibri", "ram_cap": 0.75, "decode_tok_s": 2.0, "prompt_s": 12.5, "hit_rate": 0.62,
+             "missed_mb_per_token": 100.0, "disk_mb_s": 1000.0, "io_bound_tok_s": 10.0, "share_of_io_bound": 0.2,
+             "routing_entropy_bits": 6.93, "max_entropy_bits": 7.0, "cgroup_peak_mb": 3700.0, "oom_kills": 0},
+            {"engine": "llama.cpp", "ram_cap": 0.75, "decode_tok_s": 0.25, "oom_kills": 0}]
+    text = scale_markdown({"gguf": "m.gguf", "gguf_mb": 4960.0, "threads": 2, "prompt_tokens": 512, "runs": runs})
+    colibri, llama = text.splitlines()[-2:]
+    assert "| 10.0 | 20.0% | 6.93 bits (0.99) |" in colibri
+    assert llama.startswith("| 0.75 | llama.cpp | 0.25 |") and "| – |" in llama
+    f = tmp_path / "f.bin"
+    f.write_bytes(np.random.default_rng(0).integers(0, 255, 8 << 20, np.uint8).tobytes())
+    try:
+        assert dd_bandwidth(f, 8 << 20) > 0
+    except Exception as e:  # a filesystem without O_DIRECT (tmpfs)
+        pytest.skip(f"dd iflag=direct refused here: {e}")

@@ -165,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--doc", "--readme", dest="readme",
                    help="regenerate this page's generated memory block (docs/bench/memory.md) from the run (or --from_json)")
     m.add_argument("--from_json", help="no run: read this earlier --json result (with --doc: regenerate the page's block)")
+    m.add_argument("--gguf", help="instead of the Mixtral-style model: this MoE GGUF (e.g. make-scale's), Colibri's "
+                   "import of it against llama-bench mmap --repack 0, caps from --ram_cap (default 0.75,0.5)")
     m.add_argument("--shape", choices=("large", "moderate"), default="large",
                    help="large: 1.75B parameters (1.9 GB in Q8_0); moderate: 0.68B (0.72 GB)")
     m.add_argument("--engine_root", help="run Colibri from this checkout instead (e.g. main, for before/after)")
@@ -176,7 +178,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="a run's decode stops after this many seconds (at least 3 tokens): bounds a thrashing cap")
     m.add_argument("--timeout", type=float, default=900, help="seconds per run before it counts as failed")
     m.add_argument("--json", help="also write the results to this file")
-    m.set_defaults(func=lambda a: __import__("app.bench.memory", fromlist=["main"]).main(a))
+    m.set_defaults(func=lambda a: __import__("app.bench.memory_scale" if a.gguf else "app.bench.memory",
+                                             fromlist=["main"]).main(a))
     lo = sub.add_parser("loads", help="cold and warm expert loads: each read mode, mmap, repack on a miss")
     lo.add_argument("--model", required=True, help="a converted MoE model folder")
     lo.add_argument("--against", metavar="DIR", help="the same model converted in the other expert layout "

@@ -63,6 +63,8 @@ trace = sys.argv[6] if len(sys.argv) > 6 else ""
 max_s = float(sys.argv[7]) if len(sys.argv) > 7 else float("inf")  # decode stops after this (3 tokens at least)
 def io_read():  # bytes this process made the block layer read (page-cache hits do not count)
     return int(next(l for l in open('/proc/self/io') if l.startswith('read_bytes')).split()[1])
+def major_faults():  # pages of mapped files (dense weights, code) read back from disk: evicted under the cap
+    return int(open('/proc/self/stat').read().rsplit(')', 1)[1].split()[9])
 t0 = time.perf_counter()
 cache, *opts = cache.split("/")  # "2/p0/lru": expert_cache_size 2, prefetch_window 0, LRU eviction
 window = [int(o[1:]) for o in opts if o.startswith("p")]
@@ -77,7 +79,7 @@ if trace:  # benchmark-only hook: routing and look-ahead replayed from a real mo
 load_s = time.perf_counter() - t0
 vocab = eng.cfg.vocab_size
 %TOKENS%t = time.perf_counter(); eng.forward(ids); prefill = prompt_n / (time.perf_counter() - t)
-r0, l0 = io_read(), eng.stats().expert_cache.bytes_loaded
+r0, l0, f0 = io_read(), eng.stats().expert_cache.bytes_loaded, major_faults()
 t, n, c0 = time.perf_counter(), 0, time.process_time()
 while n < decode_n and (n < 3 or time.perf_counter() - t < max_s):
     eng.forward([stream[n]]); n += 1
@@ -94,6 +96,7 @@ print(json.dumps({"engine": "colibri", "fed": stream[:n], "cache": ec.capacity_p
     "budget_mb": getattr(ec, "budget_bytes", 0) / 1e6, "warning": getattr(st, "memory_warning", None),
     "load_s": load_s, "prefill_tok_s": prefill, "decode_tok_s": decode, "peak_rss_mb": hwm / 1e6,
     "read_mb_per_token": (io_read() - r0) / n / 1e6, "decode_tokens": n, "cpu_ms_per_token": cpu_ms,
+    "major_faults_per_token": (major_faults() - f0) / n,
     "room_after_mb": room / 1e6 if limited_by == "cgroup limit" else None,
     "missed_mb_per_token": (ec.bytes_loaded - l0) / n / 1e6,
     "hit_rate": ec.hit_rate, "served_without_wait": ec.served_without_wait,
