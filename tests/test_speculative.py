@@ -23,7 +23,7 @@ def _chi2_crit(df: int, z: float = 3.29) -> float:
 
 def _tokens(e: Engine, prompt, **kw) -> list[int]:
     e.reset()
-    return [s.token for s in e.generate(prompt, **kw) if s.token is not None]
+    return [s.token_id for s in e.generate(prompt, **kw) if s.token_id is not None]
 
 
 def test_ngram_index_drafts_what_followed_the_longest_match():
@@ -35,7 +35,9 @@ def test_ngram_index_drafts_what_followed_the_longest_match():
     toks += [1, 2]
     assert idx.draft(toks, 2) == [3, 4]  # the index grew with the list
     toks += [3, 4]
-    assert idx.draft(toks, 4) == [7, 8, 1, 2]  # the latest occurrence of "2 3 4"
+    assert idx.draft(toks, 4) == [5, 9, 2, 3]  # the longest match: "1 2 3 4", not the later "2 3 4"
+    toks += [7, 9, 2, 3, 4]
+    assert idx.draft(toks, 2) == [7, 8]  # "9 2 3 4" twice before: the latest occurrence
 
 
 @pytest.mark.parametrize("settings", [dict(temperature=0.8, top_k=5, top_p=1.0, min_p=0.0),
