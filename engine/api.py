@@ -155,8 +155,8 @@ class _Run(Reply):
                             break
                         e.cache.length += 1
                         e.tokens.append(d)
-                if spec is not None and self.t_step:  # (not the prompt's row)
-                    spec.observe(len(drafted), accepted, time.perf_counter() - self.t_step, self._expert_bytes() -
+                if self.t_step:  # (not the prompt's row) plain steps too: auto's evidence in later conversations
+                    e.spec.observe(len(drafted), accepted, time.perf_counter() - self.t_step, self._expert_bytes() -
                                  self.b_step)
                 if self.finish is not None:
                     return

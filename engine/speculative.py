@@ -22,8 +22,9 @@ import numpy as np
 
 NGRAM_MAX = 4  # longest suffix looked up
 NGRAM_MIN = 2  # a single repeated token predicts too little to pay for a wider step
+AUTO_NGRAM_MIN = 3  # auto: a 2-gram match in ordinary chat misses more often than it pays
 DRAFT_START = 4
-PLAIN_EVERY = 32  # auto: at least one plain step this often, so the comparison stays current
+PLAIN_EVERY = 64  # auto: at least one plain step this often, so the comparison stays current
 RETRY_AFTER = 64  # auto: tokens decoded plainly before speculation is tried again
 MIN_SAMPLES = 3  # auto: steps of each kind before deciding
 EMA = 0.2
@@ -55,10 +56,11 @@ class NgramIndex:
                     m[tuple(tokens[end - n:end])] = end
         self.done = max(self.done, len(tokens))
 
-    def draft(self, tokens: list[int], k: int) -> list[int]:
-        """Up to k tokens that followed the longest earlier occurrence of the list's last n tokens."""
+    def draft(self, tokens: list[int], k: int, n_min: int = NGRAM_MIN) -> list[int]:
+        """Up to k tokens that followed the longest earlier occurrence of the list's last n tokens
+        (n >= n_min)."""
         self.update(tokens)
-        for n in range(NGRAM_MAX, NGRAM_MIN - 1, -1):
+        for n in range(NGRAM_MAX, n_min - 1, -1):
             if len(tokens) <= n:
                 continue
             at = self.maps[n].get(tuple(tokens[-n:]))
@@ -95,6 +97,7 @@ class SpecTotals:
     plain_tokens: int = 0
     verify_expert_bytes: int = 0
     plain_expert_bytes: int = 0
+    plain_spt: float | None = None  # seconds per plain step (EMA over conversations): auto's first guess
 
     def snapshot(self, mode: str, state: str) -> dict[str, Any]:
         v = self.verify_tokens / self.verify_s if self.verify_s else None
@@ -116,9 +119,10 @@ class Speculator:
         self.index = NgramIndex()
         self.k = DRAFT_START
         self.totals = totals or SpecTotals()  # the engine's, across conversations
-        self.plain_spt: float | None = None  # auto: seconds per token, plain steps (EMA)
+        self.plain_spt = self.totals.plain_spt  # auto: seconds per token, plain steps (EMA), the engine's so far
         self.spec_spt: float | None = None  # auto: seconds per committed token, verify steps (EMA)
-        self.plain_n = self.spec_n = 0
+        self.plain_n = MIN_SAMPLES if self.plain_spt is not None else 0
+        self.spec_n = 0
         self.off_until = 0  # auto: no drafts until this many tokens were decoded
         self.since_plain = 0
         self.decoded = 0
@@ -146,7 +150,8 @@ class Speculator:
                 return []
             if self.plain_n and self.since_plain >= PLAIN_EVERY or self.plain_n < MIN_SAMPLES <= self.spec_n:
                 return []  # a plain step now and then: the comparison needs both
-        return self.index.draft(tokens, max(0, min(self.k, k_max, room)))
+        return self.index.draft(tokens, max(0, min(self.k, k_max, room)),
+                                AUTO_NGRAM_MIN if self.mode == "auto" else NGRAM_MIN)
 
     def observe(self, drafted: int, accepted: int, seconds: float, expert_bytes: int) -> None:
         """A step's outcome: `drafted` 0 is a plain step (one token)."""
@@ -166,7 +171,7 @@ class Speculator:
         else:
             t.plain_s, t.plain_tokens = t.plain_s + seconds, t.plain_tokens + 1
             t.plain_expert_bytes += expert_bytes
-            self.plain_spt = _ema(self.plain_spt, seconds)
+            self.plain_spt = t.plain_spt = _ema(self.plain_spt, seconds)
             self.plain_n += 1
             self.since_plain = 0
         if self.mode == "auto" and self.spec_n >= MIN_SAMPLES and self.plain_n >= MIN_SAMPLES \
