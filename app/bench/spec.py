@@ -53,6 +53,7 @@ def add_parser(sub) -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--tokens", type=int, default=96, help="tokens per reply")
     p.add_argument("--runs", type=int, default=3, help="runs of each mode per prompt (alternating)")
+    p.add_argument("--prompts", choices=("all", "repeating", "chat"), default="all")
     p.add_argument("--json", type=Path, help="write the figures as JSON")
     p.set_defaults(func=main)
 
@@ -115,7 +116,15 @@ def verify_cost(e, positions: int = 4, repeats: int = 15) -> dict:
         many.append(time.perf_counter() - t)
         c.length = n
     d, v = statistics.median(one), statistics.median(many)
-    return {"decode_s": d, "verify_s": v, "ratio": v / d, "positions": positions}
+    out = {"decode_s": d, "verify_s": v, "ratio": v / d, "positions": positions}
+    if e.cfg.is_moe:  # the batch union: distinct experts a layer reads for the positions, against top_k for one
+        routes: list = []
+        with e._lock:
+            e.net.forward(np.asarray(ids[-positions:], np.int64), c, n, all_logits=True, routes=routes)
+            c.length = n
+        out["experts_per_layer"] = float(np.mean([len(np.unique(r)) for _, r in routes]))
+        out["top_k"] = e.cfg.top_k
+    return out
 
 
 def flips(e, prompts: dict[str, str], tokens: int, width: int = 5) -> dict:
@@ -136,30 +145,41 @@ def flips(e, prompts: dict[str, str], tokens: int, width: int = 5) -> dict:
     return {"flipped": diff, "positions": total}
 
 
+def show(kind: str, name: str, row: dict) -> None:
+    t = row["tok_s"]
+    print(f"{kind:9} {name:16} off {t['off']:6.1f}  ngram {t['ngram']:6.1f} ({row['ngram_x']:.2f}x)  "
+          f"auto {t['auto']:6.1f} ({row['auto_x']:.2f}x)  same tokens: {row['same_tokens']} "
+          f"({row['tokens']} tokens)", flush=True)
+
+
 def main(args: argparse.Namespace) -> int:
     from engine.api import Engine
     results = {}
+    sets = {"repeating": REPEATING, "chat": CHAT}
+    sets = {k: v for k, v in sets.items() if args.prompts in (k, "all")}
     for path in args.model or default_models():
         with Engine(path, threads=args.threads) as e:
             e.warmup()
             print(f"== {Path(path).name} ({e.cfg.architecture}, {e.cfg.num_experts} experts), "
                   f"{args.threads} threads", flush=True)
-            r = {"repeating": rates(e, REPEATING, args.tokens, args.runs),
-                 "chat": rates(e, CHAT, args.tokens, args.runs), "verify": verify_cost(e),
-                 "flips": flips(e, REPEATING | CHAT, args.tokens), "speculative": e.stats().speculative}
-        for kind in ("repeating", "chat"):
-            for name, row in r[kind].items():
-                t = row["tok_s"]
-                print(f"{kind:9} {name:16} off {t['off']:6.1f}  ngram {t['ngram']:6.1f} ({row['ngram_x']:.2f}x)  "
-                      f"auto {t['auto']:6.1f} ({row['auto_x']:.2f}x)  same tokens: {row['same_tokens']} "
-                      f"({row['tokens']} tokens)")
-            xs = [row["ngram_x"] for row in r[kind].values()]
-            ys = [row["auto_x"] for row in r[kind].values()]
-            print(f"{kind:9} median over prompts: ngram {statistics.median(xs):.2f}x, auto {statistics.median(ys):.2f}x")
-        v, f = r["verify"], r["flips"]
-        print(f"verify {v['positions']} positions: {v['verify_s'] * 1e3:.1f} ms against one decoded token "
-              f"{v['decode_s'] * 1e3:.1f} ms ({v['ratio']:.2f}x)")
-        print(f"near-tie flips of a batched step: {f['flipped']} of {f['positions']} positions")
+            r: dict = {"verify": verify_cost(e)}
+            v = r["verify"]
+            print(f"verify {v['positions']} positions: {v['verify_s'] * 1e3:.1f} ms against one decoded token "
+                  f"{v['decode_s'] * 1e3:.1f} ms ({v['ratio']:.2f}x)" + (
+                      f"; experts read per layer {v['experts_per_layer']:.2f} against {v['top_k']} for one token"
+                      if "top_k" in v else ""), flush=True)
+            for kind, prompts in sets.items():
+                r[kind] = {}
+                for name, prompt in prompts.items():
+                    r[kind][name] = rates(e, {name: prompt}, args.tokens, args.runs)[name]
+                    show(kind, name, r[kind][name])
+                xs = [row["ngram_x"] for row in r[kind].values()]
+                ys = [row["auto_x"] for row in r[kind].values()]
+                print(f"{kind:9} median over prompts: ngram {statistics.median(xs):.2f}x, "
+                      f"auto {statistics.median(ys):.2f}x", flush=True)
+            r["flips"] = f = flips(e, {n: p for s in sets.values() for n, p in s.items()}, args.tokens)
+            print(f"near-tie flips of a batched step: {f['flipped']} of {f['positions']} positions", flush=True)
+            r["speculative"] = e.stats().speculative
         results[str(path)] = r
     if args.json:
         args.json.write_text(json.dumps(results, indent=1, default=str))
