@@ -97,6 +97,12 @@ class Service:
             v = number(body, name, int if P.PARAMS[name].type is int else float)
             if v is not None:
                 out[name] = checked(name, v)
+        spec = body.get("speculative")  # off / auto / ngram (engine.speculative)
+        if spec is not None:
+            if not isinstance(spec, str):
+                raise ApiError(400, f"speculative must be a string, got {spec!r}"[:300], param="speculative",
+                               code="invalid_type")
+            out["speculative"] = checked("speculative", spec)
         key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
         mt = number(body, key, int)
         if mt is not None:

@@ -31,6 +31,7 @@ from engine.model_dir import open_model_dir
 from engine.sysmem import MemoryBudget
 from engine.throttle import ThrottleEvent
 from engine.reply import ContextOverflowError, Reply, Step, check_ids
+from engine.speculative import Speculator, SpecTotals, refusal
 from engine.tokenizer import TextCodec
 from engine.weight_types import CacheStats
 from engine.weights import ModelWeights
@@ -74,6 +75,8 @@ class _Run(Reply):
 
     meter: Any = None  # the reply's energy, from its prefill on
     closed = False
+    t_step = 0.0  # the current decode step's start, and the expert bytes read before it (speculation)
+    b_step = 0
 
     @property
     def cache(self) -> KVCache:  # type: ignore[override]
@@ -129,22 +132,54 @@ class _Run(Reply):
             raise _Interrupted
 
     def stream(self, progress: bool) -> Iterator[Step]:
-        """The reply loop: the prompt into the cache, then a token a step until the reply finishes;
-        "cancelled" when stopped, or superseded by another call on the conversation cache."""
+        """The reply loop: the prompt into the cache, then a step at a time until the reply finishes;
+        "cancelled" when stopped, or superseded by another call on the conversation cache. A step
+        decodes the pending token, or, speculating (engine.speculative), verifies it with tokens
+        drafted after it: one row of logits per position, sampled in order while the drafts hold."""
         e = self.e
         try:
             logits = yield from self.prefill(progress)
+            spec = e.spec if e.spec.wanted(self.options["speculative"], self.sampler,
+                                           self.options["seed"] is not None) else None
+            drafted: list[int] = []
             while logits is not None:  # (None: stopped or superseded before the prompt was in)
-                yield self.feed(logits)
+                accepted = 0
+                for i, row in enumerate(logits.reshape(-1, logits.shape[-1])):
+                    d = drafted[i] if i < len(drafted) else None
+                    yield self.feed(row, d)
+                    if self.finish is not None or d is None or self.token != d:
+                        break
+                    accepted += 1
+                    with e._lock:  # the drafted token's keys and values are in the cache already: kept
+                        if not self._owner():
+                            break
+                        e.cache.length += 1
+                        e.tokens.append(d)
+                if self.t_step:  # (not the prompt's row) plain steps too: auto's evidence in later conversations
+                    e.spec.observe(len(drafted), accepted, time.perf_counter() - self.t_step, self._expert_bytes() -
+                                 self.b_step)
                 if self.finish is not None:
                     return
                 with e._lock:
-                    logits = e.decode([self.token], [e.cache]) if self._owner() else None
-                    if logits is not None:
-                        e.tokens.append(self.token)
+                    logits, drafted = self.next_logits(spec) if self._owner() else (None, [])
             yield self.end("cancelled")
         finally:
             self.close()
+
+    def next_logits(self, spec: Speculator | None) -> tuple[np.ndarray, list[int]]:
+        """The pending token through the model (under the lock, the cache owned): alone, or with
+        the tokens drafted after it (then one row of logits per position). Returns (logits, drafts)."""
+        e = self.e
+        self.t_step, self.b_step = time.perf_counter(), self._expert_bytes()
+        room = e.cache.capacity - e.cache.length - 2
+        draft = spec.draft(self.history, room, self.options["draft_max"]) if spec is not None else []
+        logits = e.verify([self.token, *draft], e.cache) if draft else e.decode([self.token], [e.cache])
+        e.tokens.append(self.token)
+        return logits, draft
+
+    def _expert_bytes(self) -> int:
+        """Expert bytes read from disk so far (a RAM cap's cost of wider steps)."""
+        return sum(c.bytes_loaded for c in self.e.weights.experts.counters)
 
     def step(self, piece: str = "", tok: int | None = None, kind: str = "token") -> Step:
         out = super().step(piece, tok, kind)
@@ -204,6 +239,8 @@ class StatsSnapshot:
     simd_path: str = ""  # the byte dot-product path and how it was chosen: "vnni (measured)" (engine.kernels.isa)
     kernels: dict[str, str] = field(default_factory=dict)  # format -> what runs for x @ W.T ("blocks32 (vnni)")
     route: str = ""  # the decoder loop's route at the last step: "fused", "layered (why)", "fused rows (4 sequences)"
+    speculative: dict[str, Any] = field(default_factory=dict)  # mode, state (and why off), drafted, accepted,
+    # acceptance, tok/s of verify and of plain steps, net_gain, expert bytes per token of each (engine.speculative)
 
 
 class Engine:
@@ -241,6 +278,7 @@ class Engine:
         self._totals = {"prefilled": 0, "generated": 0, "reused": 0}
         self._counting = threading.Lock()
         self._last = {"prefill_tok_s": 0.0, "decode_tok_s": 0.0, "ttft_s": 0.0}
+        self.spec_totals = SpecTotals()
         self._new_cache()
         if "log_level" in given:  # else the program's logging setup decides (the commands configure it)
             logging.getLogger("colibri").setLevel(_level(self.params["log_level"]))
@@ -283,6 +321,7 @@ class Engine:
                              self.params["kv_cache_quantize"], self.pool)
         self.tokens = []
         self._turn = None  # a suspended generate() finds its cache gone and ends
+        self.spec = Speculator(refusal(self.net), self.spec_totals)  # a new conversation's drafting
 
     def _expert_cache(self, store: ExpertStore, repack: bool) -> ExpertCache:
         """An empty expert cache sized by the current plan; `repack`: resident q4 experts go into
@@ -413,6 +452,7 @@ class Engine:
             self._turn = None
             self.cache.truncate(0)
             self.tokens = []
+            self.spec = Speculator(refusal(self.net), self.spec_totals)
 
     def stop(self) -> None:
         """Ask a running generate() to finish after the current token, or the current prefill
@@ -467,6 +507,18 @@ class Engine:
             logits = self.net.forward(np.asarray(tokens, np.int64), list(caches), 0, all_logits=True, routes=routes)
             if not warmup:
                 self.hw.governor.observe(self._step_threads, time.perf_counter() - t0, len(tokens))
+        return logits
+
+    def verify(self, ids: Sequence[int], cache: KVCache) -> np.ndarray:
+        """Logits (len(ids), vocab) of `ids` run at the end of `cache` in one pass, as a prompt runs
+        (each layer's experts read once for every position routed to them). The cache keeps only the
+        first position: the caller extends its length as drafted tokens are accepted, so the others
+        are forgotten exactly (speculation refuses models whose states cannot be, engine.speculative)."""
+        with self._lock:
+            chunk = self._ready()
+            pos0 = cache.length
+            logits = self.net.forward(np.asarray(ids, np.int64), cache, pos0, all_logits=True, chunk=chunk)
+            cache.length = pos0 + 1
         return logits
 
     def count(self, prefilled: int = 0, reused: int = 0, generated: int = 0) -> None:
@@ -535,7 +587,8 @@ class Engine:
             joules_per_token=None if self._energy is None else self._energy.joules_per_token,
             params={**self.params, **self.sampling}, memory_budget=self.cache_plan.budget,
             memory_warning=self.cache_plan.warning, simd_path=isa_run.in_effect(), kernels=isa_run.model_kernels(self.weights),
-            route=self.net.plan, **self._last)
+            route=self.net.plan, speculative=self.spec.totals.snapshot(self.spec.mode, self.spec.state()),
+            **self._last)
 
     def mem_pool_defrag(self) -> int:
         """Free the expert cache's spare slots and return the pool's free pages to the OS (nothing

@@ -131,6 +131,12 @@ PARAMS: dict[str, Param] = {p.name: p for p in [
           "from its logit (OpenAI's frequency_penalty); 0 = off", scope="sampling", min=-2.0, max=2.0),
     Param("presence_penalty", float, 0.0, "subtract this from the logit of every token seen in the last 64 "
           "tokens (OpenAI's presence_penalty); 0 = off", scope="sampling", min=-2.0, max=2.0),
+    Param("speculative", str, "auto", "speculative decoding: tokens drafted from the conversation's own text "
+          "(n-gram lookup) and checked in one batched step, the output unchanged; auto = on while it measurably "
+          "decodes faster in this conversation (greedy only when a seed is set), ngram = always, off = never",
+          scope="sampling", choices=("off", "auto", "ngram")),
+    Param("draft_max", int, 16, "most tokens drafted per speculative step (the length adapts below it to "
+          "what is accepted)", scope="sampling", min=1, max=64),
     Param("seed", int, None, "random seed; the same seed gives the same text", scope="sampling", min=0,
           max=2**63 - 1, nullable=True),
     Param("grammar", grammar, None, "answer in a form: a JSON schema the reply must match, or a grammar "

@@ -77,7 +77,8 @@ class Reply:
         sampling = sampling or {}
         e = self.e = engine
         from engine.sampling import Sampler  # (compiled: after engine.kernels.setup(), which Engine() ran)
-        self.sampler = Sampler(**(e.sampling | sampling))
+        self.options = e.sampling | sampling  # (speculative, draft_max: read by the reply loop)
+        self.sampler = Sampler(**self.options)
         self.max_tokens = P.check("max_tokens", sampling.get("max_tokens", e.sampling["max_tokens"]))
         spec = sampling.get("grammar", e.sampling.get("grammar"))
         ids = e.prompt_ids(prompt, template_vars, resume)
@@ -116,12 +117,17 @@ class Reply:
     def prompt_read(self) -> None:
         self.prefill_tok_s = (len(self.ids) - self.reused) / max(time.perf_counter() - self.t0, 1e-9)
 
-    def feed(self, logits: np.ndarray) -> Step:
-        """Sample the next token from `logits` (vocab,) or (1, vocab); the Step to stream."""
+    def feed(self, logits: np.ndarray, draft: int | None = None) -> Step:
+        """Sample the next token from `logits` (vocab,) or (1, vocab); the Step to stream. `draft`:
+        the token a speculative step guessed here (engine.speculative.accept decides)."""
         x = logits.reshape(-1)
         if self.constraint is not None:  # the tokens the grammar forbids get -inf
             x = self.constraint.mask(x)
-        tok = self.sampler.sample(x, self.history)
+        if draft is None:
+            tok = self.sampler.sample(x, self.history)
+        else:
+            from engine.speculative import accept
+            tok = accept(self.sampler, x, self.history, draft)
         if self.generated == 0:
             self.t_first = time.perf_counter()
             self.ttft = self.t_first - self.t0

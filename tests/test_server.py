@@ -233,6 +233,8 @@ def chat_body(**kw) -> bytes:
     (chat_body(seed=-1), 400, "seed", "invalid_value"),
     (chat_body(presence_penalty=3), 400, "presence_penalty", "invalid_value"),
     (chat_body(n=2), 400, "n", "unsupported"),
+    (chat_body(speculative="sometimes"), 400, "speculative", "invalid_value"),
+    (chat_body(speculative=1), 400, "speculative", "invalid_type"),
     (chat_body(stop=[""]), 400, "stop", "invalid_value"),
     (chat_body(stream="yes"), 400, "stream", "invalid_type"),
     (chat_body(tools=[{"type": "function", "function": {"name": "f"}}]), 400, "tools", "unsupported"),

@@ -40,6 +40,7 @@ from app.bench import routing as bench_routing
 from app.bench import scale_models as bench_scale_models
 from app.bench import schemas as bench_schemas
 from app.bench import serve as bench_serve
+from app.bench import spec as bench_spec
 from app.bench import speed as bench_speed
 from app.bench.models import shape_for_size, write_checkpoint
 from engine import kernels
@@ -150,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     bench_docs.add_parser(sub)
     bench_scale_models.add_parser(sub)
     bench_schemas.add_parser(sub)
+    bench_spec.add_parser(sub)
     m = sub.add_parser("memory", help="expert cache vs llama.cpp on a Mixtral-style model (peak RSS, tok/s)")
     m.add_argument("--workdir", help="where the benchmark model is built and kept (default ~/.cache/colibri/bench)")
     m.add_argument("--caches", default="auto,2", help="Colibri expert_cache_size values for uncapped runs (auto allowed; "
