@@ -320,11 +320,12 @@ def prepare(model: Path, workdir: Path) -> dict[str, tuple[str | None, str]]:
         open_model_dir(model)
         return {"colibri": (str(model), ""), "llama.cpp": (None, "a Colibri directory: give the GGUF/HF source"),
                 "transformers": (None, "a Colibri directory: give the GGUF/HF source")}
-    from engine.convert.convert import convert
+    from engine.convert.convert import convert, in_place_refusal
     out = workdir / f"colibri-{model.stem}"
-    if not (out / "manifest.json").exists():
-        print(f"converting {model.name} for Colibri into {out} ...", flush=True)
-        convert(model, out, force=True)
+    if not (out / "manifest.json").exists():  # a GGUF is indexed in place, as the app opens it
+        in_place = is_gguf and in_place_refusal("gguf", "keep", True, None) is None
+        print(f"{'indexing' if in_place else 'converting'} {model.name} for Colibri into {out} ...", flush=True)
+        convert(model, out, force=True, in_place=in_place)
     return {"colibri": (str(out), ""),
             "llama.cpp": (str(model), "") if is_gguf else (None, "llama.cpp needs a GGUF file"),
             "transformers": (str(model), "")}

@@ -223,6 +223,10 @@
         <source>Show or hide the last &amp;thinking</source>
         <translation>显示或隐藏最近的思考(&amp;T)</translation>
     </message>
+    <message>
+        <source>Server &amp;panel</source>
+        <translation>服务器面板(&amp;P)</translation>
+    </message>
 </context>
 <context>
     <name>ChatView</name>
@@ -309,6 +313,10 @@
     <message>
         <source>Edit</source>
         <translation>编辑</translation>
+    </message>
+    <message>
+        <source>Delete</source>
+        <translation>删除</translation>
     </message>
 </context>
 <context>
@@ -1748,6 +1756,18 @@ Load a Mixture-of-Experts model to see which experts each layer uses.</source>
         <source>Editing a message: Enter sends it as a new version (the earlier one stays, ‹ › browses them) · Esc cancels</source>
         <translation>正在编辑消息：Enter 将其作为新版本发送（旧版本保留，用 ‹ › 浏览）· Esc 取消</translation>
     </message>
+    <message>
+        <source>Delete this message?</source>
+        <translation>删除这条消息？</translation>
+    </message>
+    <message>
+        <source>Delete this message and the replies below it (every version of them)?</source>
+        <translation>删除这条消息及其下方的回复（包括它们的所有版本）？</translation>
+    </message>
+    <message>
+        <source>Delete</source>
+        <translation>删除</translation>
+    </message>
 </context>
 <context>
     <name>ServerMenu</name>
@@ -1852,6 +1872,129 @@ Load a Mixture-of-Experts model to see which experts each layer uses.</source>
     <message>
         <source>Thinking: off</source>
         <translation>思考：关</translation>
+    </message>
+</context>
+<context>
+    <name>FoundModelsPanel</name>
+    <message>
+        <source>Models found on this computer</source>
+        <translation>本机上找到的模型</translation>
+    </message>
+    <message>
+        <source>Your converted models</source>
+        <translation>你转换过的模型</translation>
+    </message>
+    <message>
+        <source>Looking for models on this computer…</source>
+        <translation>正在查找本机上的模型…</translation>
+    </message>
+    <message>
+        <source>fits: needs {need}</source>
+        <translation>放得下：需要 {need}</translation>
+    </message>
+    <message>
+        <source>too big: needs {need}, {free} free</source>
+        <translation>太大：需要 {need}，可用 {free}</translation>
+    </message>
+    <message>
+        <source>opened in place, no copy</source>
+        <translation>原地打开，不复制</translation>
+    </message>
+    <message>
+        <source>Delete a converted model</source>
+        <translation>删除一个转换过的模型</translation>
+    </message>
+    <message>
+        <source>Model</source>
+        <translation>模型</translation>
+    </message>
+    <message>
+        <source>Where</source>
+        <translation>位置</translation>
+    </message>
+    <message>
+        <source>Architecture</source>
+        <translation>架构</translation>
+    </message>
+    <message>
+        <source>Size</source>
+        <translation>大小</translation>
+    </message>
+    <message>
+        <source>Quantization</source>
+        <translation>量化</translation>
+    </message>
+    <message>
+        <source>Experts</source>
+        <translation>专家</translation>
+    </message>
+    <message>
+        <source>Memory on this computer</source>
+        <translation>本机内存</translation>
+    </message>
+    <message>
+        <source>Opening it</source>
+        <translation>打开方式</translation>
+    </message>
+    <message>
+        <source>Converted model</source>
+        <translation>转换过的模型</translation>
+    </message>
+    <message>
+        <source>On disk</source>
+        <translation>磁盘占用</translation>
+    </message>
+    <message>
+        <source>No GGUF found in Downloads, LM Studio, Ollama or the Hugging Face cache: give a path above.</source>
+        <translation>在“下载”、LM Studio、Ollama 和 Hugging Face 缓存中都没有找到 GGUF：请在上方给出路径。</translation>
+    </message>
+    <message>
+        <source>&lt;b&gt;Your converted models&lt;/b&gt;: none yet</source>
+        <translation>&lt;b&gt;你转换过的模型&lt;/b&gt;：还没有</translation>
+    </message>
+    <message>
+        <source>Delete…</source>
+        <translation>删除…</translation>
+    </message>
+    <message>
+        <source>dense</source>
+        <translation>稠密</translation>
+    </message>
+    <message>
+        <source>{used} of {n}</source>
+        <translation>{n} 选 {used}</translation>
+    </message>
+    <message>
+        <source>copies {size}</source>
+        <translation>复制 {size}</translation>
+    </message>
+    <message>
+        <source>Delete {name} ({size}) from your library? Its source file is not touched.</source>
+        <translation>从模型库删除 {name}（{size}）？源文件不会被改动。</translation>
+    </message>
+    <message>
+        <source>&lt;b&gt;Models on this computer&lt;/b&gt; ({n}): pick one to read it, or give a path above</source>
+        <translation>&lt;b&gt;本机上的模型&lt;/b&gt;（{n} 个）：选一个读取，或在上方给出路径</translation>
+    </message>
+    <message>
+        <source>&lt;b&gt;Your converted models&lt;/b&gt; ({n}, {size} on disk)</source>
+        <translation>&lt;b&gt;你转换过的模型&lt;/b&gt;（{n} 个，占用磁盘 {size}）</translation>
+    </message>
+    <message>
+        <source>Delete {name}</source>
+        <translation>删除 {name}</translation>
+    </message>
+    <message>
+        <source>Not deleted: {error}</source>
+        <translation>未删除：{error}</translation>
+    </message>
+    <message>
+        <source> ({n} parts)</source>
+        <translation>（{n} 个分片）</translation>
+    </message>
+    <message>
+        <source>{free} free now</source>
+        <translation>当前可用 {free}</translation>
     </message>
 </context>
 </TS>
