@@ -112,22 +112,22 @@ def bandwidth_limit(max_threads: int) -> tuple[float, dict[int, float]]:
     return max(each.values()), each
 
 
-def weight_bytes_per_token(model_dir: Path) -> int:
-    """Bytes of weights a decode step reads: attention, routers, the active share of the experts
-    (top_k of num_experts; shared experts always) and the output matrix."""
+def per_token(model_dir: Path) -> tuple[int, int]:
+    """Bytes and weights a decode step reads: attention, routers, the active share of the experts
+    (top_k of num_experts; shared experts always) and the output matrix. From the tensor headers,
+    so a copied directory and one indexing a GGUF in place count alike."""
     from engine.model_dir import open_model_dir
-    from engine.tensorfile import read_header
     md = open_model_dir(model_dir)
-    cfg, total = md.config, 0
-    for rel, entry in md.manifest["files"].items():
-        if rel.startswith(("attention/", "router/")):
-            total += entry["size"]
-        elif rel.startswith("experts/"):
-            share = 1.0 if (not cfg.is_moe or "shared" in rel) else cfg.top_k / cfg.num_experts
-            total += int(entry["size"] * share)
-    infos, _ = read_header(md.path / "embeddings.bin")
-    total += infos["output.weight" if "output.weight" in infos else "token_embd.weight"].nbytes
-    return total
+    cfg, nbytes, weights = md.config, 0, 0
+    for rel, infos in md.headers.items():
+        if rel == "embeddings.bin":
+            continue
+        share = cfg.top_k / cfg.num_experts if cfg.is_moe and rel.startswith("experts/") and "shared" not in rel else 1
+        nbytes += int(sum(i.nbytes for i in infos.values()) * share)
+        weights += int(sum(int(np.prod(i.shape)) for i in infos.values() if len(i.shape) >= 2) * share)
+    emb = md.headers["embeddings.bin"]
+    head = emb["output.weight" if "output.weight" in emb else "token_embd.weight"]
+    return nbytes + head.nbytes, weights + int(np.prod(head.shape))
 
 
 KV_BYTES = {"f32": 4.0, "f16": 2.0, "int8": 1.0 + 4.0 / 32}  # per element (int8: a float scale per 32)
@@ -514,8 +514,8 @@ def _run_model(name: str, paths: dict, engines: list[str], threads: list[int], r
     prompt = [int(i) for i in rng.integers(min(1000, cfg.vocab_size // 4), cfg.vocab_size * 3 // 4, prompt_tokens)]
     prompt_file = workdir / "prompt.json"
     prompt_file.write_text(json.dumps(prompt))
-    qbytes = weight_bytes_per_token(Path(paths["colibri"][0]))
-    fbytes = 4 * _weights_per_token(Path(paths["colibri"][0]))
+    qbytes, weights = per_token(Path(paths["colibri"][0]))
+    fbytes = 4 * weights
     log(f"{name}: weights read per decoded token: {qbytes / 1e6:.1f} MB (as stored), {fbytes / 1e6:.1f} MB "
         f"(float32, transformers)")
     todo = [p for p in plan if not all((p[0], p[3], t) in done for t in threads)]
@@ -551,23 +551,6 @@ def _run_model(name: str, paths: dict, engines: list[str], threads: list[int], r
              "weight_bytes_per_token": qbytes, "kv_bytes_per_token": kv_bytes_per_token(Path(paths["colibri"][0]), gen),
              "float_bytes_per_token": fbytes, "decode_scaling_vs_1_thread": scaling, "reference": reference}
     return {"model": model, "results": results, "skipped": skipped}
-
-
-def _weights_per_token(model_dir: Path) -> int:
-    """Weights (not bytes) a decode step reads, from the tensor shapes."""
-    from engine.model_dir import open_model_dir
-    from engine.tensorfile import read_header
-    md = open_model_dir(model_dir)
-    cfg, total = md.config, 0
-    for rel in md.manifest["files"]:
-        if not rel.endswith(".bin") or rel == "embeddings.bin":
-            continue
-        infos, _ = read_header(md.path / rel)
-        n = sum(int(np.prod(i.shape)) for i in infos.values() if len(i.shape) >= 2)
-        share = cfg.top_k / cfg.num_experts if cfg.is_moe and rel.startswith("experts/") and "shared" not in rel else 1
-        total += int(n * share)
-    infos, _ = read_header(md.path / "embeddings.bin")
-    return total + int(np.prod(infos["output.weight" if "output.weight" in infos else "token_embd.weight"].shape))
 
 
 def cmd_speed(args: argparse.Namespace) -> int:
