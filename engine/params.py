@@ -131,7 +131,7 @@ PARAMS: dict[str, Param] = {p.name: p for p in [
           "from its logit (OpenAI's frequency_penalty); 0 = off", scope="sampling", min=-2.0, max=2.0),
     Param("presence_penalty", float, 0.0, "subtract this from the logit of every token seen in the last 64 "
           "tokens (OpenAI's presence_penalty); 0 = off", scope="sampling", min=-2.0, max=2.0),
-    Param("speculative", str, "auto", "speculative decoding: tokens drafted from the conversation's own text "
+    Param("speculative", str, "off", "speculative decoding: tokens drafted from the conversation's own text "
           "(n-gram lookup) and checked in one batched step, the output unchanged; auto = on while it measurably "
           "decodes faster in this conversation (greedy only when a seed is set), ngram = always, off = never",
           scope="sampling", choices=("off", "auto", "ngram")),
